@@ -1,0 +1,45 @@
+use std::path::PathBuf;
+
+/// Why a key file could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The key file could not be read or written.
+    #[error("key file {path}: {source}")]
+    Io {
+        /// The file concerned.
+        path: PathBuf,
+        /// What the operating system said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A line of the key file is not `KID SECRET` with a valid id and a long enough secret.
+    #[error("key file line {line}: {reason}")]
+    KeyLine {
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The key file holds no key at all.
+    #[error("key file holds no key")]
+    NoKeys,
+}
+
+/// Why a presented token is refused. Each variant maps to one HTTP status at the enforcer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TokenError {
+    /// Not a token of a format this version understands (syntax, length, encoding).
+    #[error("malformed fencing token")]
+    Malformed,
+    /// Signed with a key id that is not in the keyring (retired or never issued).
+    #[error("fencing token signed with an unknown key")]
+    UnknownKey,
+    /// The signature does not match: forged or altered.
+    #[error("fencing token signature is invalid")]
+    BadSignature,
+    /// Genuine, but minted for another resource.
+    #[error("fencing token was issued for another resource")]
+    WrongResource,
+}

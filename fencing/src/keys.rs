@@ -1,0 +1,399 @@
+//! Signing keys and the signed wire form of tokens.
+//!
+//! Wire form: `v1.{kid}.{era}.{revision}.{resource-tag}.{mac}` where
+//! - `resource-tag` = base64url(HMAC(key, "resource" ‖ resource))[..16 bytes]: a keyed tag of the
+//!   resource, so an enforcer can tell "minted for another resource" (403) from "forged" (401)
+//!   without the token spelling out the resource name;
+//! - `mac` = base64url(HMAC-SHA256(key, "token" ‖ kid ‖ era ‖ revision ‖ resource-tag)).
+//!
+//! The MAC covers the tag, and the tag is keyed, so the token is bound to its resource as firmly
+//! as the MAC itself.
+
+use std::fmt;
+use std::path::Path;
+
+use base64::engine::general_purpose::{URL_SAFE, URL_SAFE_NO_PAD};
+use base64::Engine;
+use hmac::{Hmac, Mac};
+use rand::RngCore;
+use sha2::Sha256;
+use subtle::ConstantTimeEq;
+
+use crate::{Error, Token, TokenError};
+
+type HmacSha256 = Hmac<Sha256>;
+
+const VERSION: &str = "v1";
+const TAG_LEN: usize = 16;
+const MAC_LEN: usize = 32;
+/// Shortest secret accepted in a key file, in bytes.
+const MIN_SECRET_LEN: usize = 32;
+/// Longest wire token considered at all; anything longer is malformed without further work.
+const MAX_WIRE_LEN: usize = 256;
+const MAX_KID_LEN: usize = 32;
+
+/// A key identifier: 1–32 characters of `[A-Za-z0-9_-]`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KeyId(String);
+
+impl KeyId {
+    /// Validates a key id.
+    pub fn parse(s: &str) -> Option<Self> {
+        let ok = !s.is_empty()
+            && s.len() <= MAX_KID_LEN
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        ok.then(|| Self(s.to_owned()))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for KeyId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+struct Key {
+    id: KeyId,
+    secret: Vec<u8>,
+}
+
+impl Key {
+    fn hmac(&self) -> HmacSha256 {
+        // HMAC accepts keys of any length; ours are at least 32 bytes by construction.
+        match HmacSha256::new_from_slice(&self.secret) {
+            Ok(mac) => mac,
+            Err(_) => unreachable!("HMAC takes keys of any length"),
+        }
+    }
+
+    fn resource_tag(&self, resource: &str) -> [u8; TAG_LEN] {
+        let mut mac = self.hmac();
+        mac.update(b"lease-proxy/fencing/resource/v1\0");
+        mac.update(resource.as_bytes());
+        let full = mac.finalize().into_bytes();
+        let mut tag = [0u8; TAG_LEN];
+        tag.copy_from_slice(&full[..TAG_LEN]);
+        tag
+    }
+
+    fn token_mac(&self, token: Token, tag: &[u8; TAG_LEN]) -> HmacSha256 {
+        let mut mac = self.hmac();
+        mac.update(b"lease-proxy/fencing/token/v1\0");
+        mac.update(self.id.as_str().as_bytes());
+        mac.update(b"\0");
+        mac.update(&token.era.to_be_bytes());
+        mac.update(&token.revision.to_be_bytes());
+        mac.update(tag);
+        mac
+    }
+}
+
+/// The keys that mint and verify tokens. The first key signs; every key verifies, so keys can be
+/// rotated by prepending a new one and dropping the old one once its tokens are out of use.
+pub struct Keyring {
+    keys: Vec<Key>,
+}
+
+impl fmt::Debug for Keyring {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print secrets.
+        let ids: Vec<&str> = self.keys.iter().map(|k| k.id.as_str()).collect();
+        f.debug_struct("Keyring").field("key_ids", &ids).finish()
+    }
+}
+
+impl Keyring {
+    /// Parses a key file: one key per line, `KID SECRET` with the secret in base64url (padding
+    /// optional) of at least 32 bytes; `#` starts a comment; blank lines are ignored.
+    pub fn parse(text: &str) -> Result<Self, Error> {
+        let mut keys: Vec<Key> = Vec::new();
+        for (index, raw) in text.lines().enumerate() {
+            let line_no = index + 1;
+            let line = raw.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let bad = |reason: &str| Error::KeyLine {
+                line: line_no,
+                reason: reason.to_owned(),
+            };
+            let mut parts = line.split_whitespace();
+            let (Some(kid), Some(secret), None) = (parts.next(), parts.next(), parts.next()) else {
+                return Err(bad("expected `KID SECRET`"));
+            };
+            let id =
+                KeyId::parse(kid).ok_or_else(|| bad("key id must be 1-32 of [A-Za-z0-9_-]"))?;
+            if keys.iter().any(|k| k.id == id) {
+                return Err(bad("duplicate key id"));
+            }
+            let secret = URL_SAFE_NO_PAD
+                .decode(secret.trim_end_matches('='))
+                .or_else(|_| URL_SAFE.decode(secret))
+                .map_err(|_| bad("secret is not base64url"))?;
+            if secret.len() < MIN_SECRET_LEN {
+                return Err(bad("secret must be at least 32 bytes"));
+            }
+            keys.push(Key { id, secret });
+        }
+        if keys.is_empty() {
+            return Err(Error::NoKeys);
+        }
+        Ok(Self { keys })
+    }
+
+    /// Reads and parses a key file (see [`Keyring::parse`]).
+    pub fn load(path: &Path) -> Result<Self, Error> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text)
+    }
+
+    /// The text of a fresh key file holding one random 32-byte key with the given id.
+    pub fn generate_file(kid: &KeyId) -> String {
+        let mut secret = [0u8; MIN_SECRET_LEN];
+        rand::rng().fill_bytes(&mut secret);
+        format!(
+            "# fencing key file: `KID SECRET` per line; the first key signs, all verify\n{kid} {}\n",
+            URL_SAFE_NO_PAD.encode(secret)
+        )
+    }
+
+    /// The id of the signing key.
+    pub fn signing_key_id(&self) -> &KeyId {
+        &self.keys[0].id
+    }
+
+    /// 32 bytes derived from the signing key and `context`: the same for the same key and
+    /// context, unpredictable without the key. Used for values that must be reproducible across
+    /// replicas sharing the key file (e.g. the secret of an idempotent grant).
+    pub fn derive(&self, context: &[u8]) -> [u8; 32] {
+        let mut mac = self.keys[0].hmac();
+        mac.update(b"lease-proxy/fencing/derive/v1\0");
+        mac.update(context);
+        mac.finalize().into_bytes().into()
+    }
+
+    /// Signs `token` for `resource` with the first key.
+    pub fn mint(&self, resource: &str, token: Token) -> String {
+        let key = &self.keys[0];
+        let tag = key.resource_tag(resource);
+        let mac = key.token_mac(token, &tag).finalize().into_bytes();
+        format!(
+            "{VERSION}.{}.{}.{}.{}.{}",
+            key.id,
+            token.era,
+            token.revision,
+            URL_SAFE_NO_PAD.encode(tag),
+            URL_SAFE_NO_PAD.encode(mac)
+        )
+    }
+
+    /// Checks a wire token presented for `resource` and returns the token it carries.
+    ///
+    /// Never panics, whatever the input; the MAC and the resource tag are compared in constant
+    /// time.
+    pub fn verify(&self, resource: &str, wire: &str) -> Result<Token, TokenError> {
+        let parsed = Parsed::parse(wire)?;
+        let key = self
+            .keys
+            .iter()
+            .find(|k| k.id.as_str() == parsed.kid)
+            .ok_or(TokenError::UnknownKey)?;
+        key.token_mac(parsed.token, &parsed.tag)
+            .verify_slice(&parsed.mac)
+            .map_err(|_| TokenError::BadSignature)?;
+        if bool::from(key.resource_tag(resource).ct_eq(&parsed.tag)) {
+            Ok(parsed.token)
+        } else {
+            Err(TokenError::WrongResource)
+        }
+    }
+}
+
+/// The syntactic pieces of a wire token, before any key is consulted.
+struct Parsed<'a> {
+    kid: &'a str,
+    token: Token,
+    tag: [u8; TAG_LEN],
+    mac: [u8; MAC_LEN],
+}
+
+impl<'a> Parsed<'a> {
+    fn parse(wire: &'a str) -> Result<Self, TokenError> {
+        if wire.len() > MAX_WIRE_LEN {
+            return Err(TokenError::Malformed);
+        }
+        let mut parts = wire.split('.');
+        let mut next = || parts.next().ok_or(TokenError::Malformed);
+        let (version, kid, era, revision, tag, mac) =
+            (next()?, next()?, next()?, next()?, next()?, next()?);
+        if parts.next().is_some() || version != VERSION || KeyId::parse(kid).is_none() {
+            return Err(TokenError::Malformed);
+        }
+        Ok(Self {
+            kid,
+            token: Token::new(parse_decimal(era)?, parse_decimal(revision)?),
+            tag: decode_fixed(tag)?,
+            mac: decode_fixed(mac)?,
+        })
+    }
+}
+
+/// A canonical unsigned decimal: digits only, no sign, no leading zeros, fits in a u64.
+fn parse_decimal(s: &str) -> Result<u64, TokenError> {
+    let canonical =
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
+    if !canonical {
+        return Err(TokenError::Malformed);
+    }
+    s.parse().map_err(|_| TokenError::Malformed)
+}
+
+fn decode_fixed<const N: usize>(s: &str) -> Result<[u8; N], TokenError> {
+    let bytes = URL_SAFE_NO_PAD
+        .decode(s)
+        .map_err(|_| TokenError::Malformed)?;
+    bytes.try_into().map_err(|_| TokenError::Malformed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ring(kid: &str) -> Keyring {
+        Keyring::parse(&Keyring::generate_file(&KeyId::parse(kid).unwrap())).unwrap()
+    }
+
+    #[test]
+    fn round_trip() {
+        let k = ring("k1");
+        let t = Token::new(3, 4711);
+        let wire = k.mint("aisle-7", t);
+        assert!(wire.starts_with("v1.k1.3.4711."));
+        assert_eq!(k.verify("aisle-7", &wire), Ok(t));
+    }
+
+    #[test]
+    fn bound_to_resource() {
+        let k = ring("k1");
+        let wire = k.mint("aisle-7", Token::new(0, 9));
+        assert_eq!(k.verify("aisle-8", &wire), Err(TokenError::WrongResource));
+    }
+
+    #[test]
+    fn altered_number_is_a_bad_signature() {
+        let k = ring("k1");
+        let wire = k.mint("r", Token::new(0, 9));
+        let forged = wire.replacen(".9.", ".10.", 1);
+        assert_eq!(k.verify("r", &forged), Err(TokenError::BadSignature));
+        let max = wire.replacen(".9.", &format!(".{}.", u64::MAX), 1);
+        assert_eq!(k.verify("r", &max), Err(TokenError::BadSignature));
+    }
+
+    #[test]
+    fn other_keyring_and_unknown_kid() {
+        let a = ring("k1");
+        let b = ring("k1");
+        let c = ring("k2");
+        let wire = a.mint("r", Token::new(0, 1));
+        assert_eq!(b.verify("r", &wire), Err(TokenError::BadSignature));
+        assert_eq!(c.verify("r", &wire), Err(TokenError::UnknownKey));
+    }
+
+    #[test]
+    fn rotation_first_signs_all_verify() {
+        let old = Keyring::generate_file(&KeyId::parse("old").unwrap());
+        let new = Keyring::generate_file(&KeyId::parse("new").unwrap());
+        let before = Keyring::parse(&old).unwrap();
+        let after = Keyring::parse(&format!("{new}{old}")).unwrap();
+        let t = Token::new(0, 5);
+        let old_wire = before.mint("r", t);
+        assert_eq!(after.verify("r", &old_wire), Ok(t));
+        assert!(after.mint("r", t).starts_with("v1.new."));
+        assert_eq!(after.signing_key_id().as_str(), "new");
+    }
+
+    #[test]
+    fn key_file_errors() {
+        assert!(matches!(
+            Keyring::parse("# nothing\n\n"),
+            Err(Error::NoKeys)
+        ));
+        assert!(matches!(
+            Keyring::parse("k1 c2hvcnQ"),
+            Err(Error::KeyLine { line: 1, .. })
+        ));
+        let good = Keyring::generate_file(&KeyId::parse("k1").unwrap());
+        assert!(matches!(
+            Keyring::parse(&format!("{good}{good}")),
+            Err(Error::KeyLine { line: 4, .. })
+        ));
+        assert!(matches!(
+            Keyring::parse("bad/kid AAAA"),
+            Err(Error::KeyLine { .. })
+        ));
+        assert!(matches!(Keyring::parse("k1"), Err(Error::KeyLine { .. })));
+    }
+
+    #[test]
+    fn malformed_inputs() {
+        let k = ring("k1");
+        let wire = k.mint("r", Token::new(0, 12));
+        let cases = [
+            String::new(),
+            "v1".into(),
+            "v2".to_owned() + &wire[2..],
+            wire.replacen(".12.", ".012.", 1),
+            wire.replacen(".12.", ".+12.", 1),
+            wire.replacen(".12.", ".18446744073709551616.", 1),
+            format!("{wire}."),
+            format!("{wire}AA"),
+            "x".repeat(10_000),
+        ];
+        for case in cases {
+            assert_eq!(k.verify("r", &case), Err(TokenError::Malformed), "{case}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Parsing arbitrary text never panics and never accepts anything.
+        #[test]
+        fn arbitrary_text_is_never_accepted(s in ".{0,300}") {
+            let k = ring("k1");
+            prop_assert!(k.verify("r", &s).is_err());
+        }
+
+        /// Token-shaped strings with random fields are never accepted.
+        #[test]
+        fn token_shaped_forgeries_fail(era in any::<u64>(), rev in any::<u64>(),
+                                       tag in proptest::collection::vec(any::<u8>(), 16),
+                                       mac in proptest::collection::vec(any::<u8>(), 32)) {
+            let k = ring("k1");
+            let wire = format!("v1.k1.{era}.{rev}.{}.{}",
+                URL_SAFE_NO_PAD.encode(tag), URL_SAFE_NO_PAD.encode(mac));
+            prop_assert_eq!(k.verify("r", &wire), Err(TokenError::BadSignature));
+        }
+
+        /// Every minted token verifies for its resource and only for it.
+        #[test]
+        fn mint_verify(era in any::<u64>(), rev in any::<u64>(), r in "[a-z0-9._-]{1,40}") {
+            let k = ring("k1");
+            let t = Token::new(era, rev);
+            let wire = k.mint(&r, t);
+            prop_assert_eq!(k.verify(&r, &wire), Ok(t));
+            let other = format!("{r}x");
+            prop_assert_eq!(k.verify(&other, &wire), Err(TokenError::WrongResource));
+        }
+    }
+}

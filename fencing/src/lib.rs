@@ -1,0 +1,26 @@
+//! Fencing tokens: the number that lets protected storage refuse a write from a holder that has
+//! lost its lease.
+//!
+//! A [`Token`] is the pair `(era, revision)`: `revision` is the etcd create revision of the
+//! ownership key, so it rises with every new holder of a resource; `era` is bumped by operators
+//! after an etcd restore, which can reuse revisions. Tokens compare lexicographically.
+//!
+//! On the wire a token is signed and bound to one resource ([`Keyring::mint`],
+//! [`Keyring::verify`]), so storage can reject forged tokens and tokens minted for another
+//! resource, whatever number they carry.
+#![forbid(unsafe_code)]
+
+mod error;
+mod keys;
+mod token;
+
+pub use error::{Error, TokenError};
+pub use keys::{KeyId, Keyring};
+pub use token::Token;
+
+/// The canonical header carrying a signed fencing token.
+pub const TOKEN_HEADER: &str = "fencing-token";
+/// The legacy spelling of [`TOKEN_HEADER`], also accepted by enforcers.
+pub const TOKEN_HEADER_LEGACY: &str = "x-fencing-token";
+/// The header naming the resource a token is presented for.
+pub const RESOURCE_HEADER: &str = "fencing-resource";

@@ -1,0 +1,152 @@
+//! `/v1/leases`: the native lease API (DESIGN §5.1).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+
+use super::{body, AppState};
+use crate::lease::{validate, Acquire};
+use crate::{Error, Result};
+
+/// Default and largest page size of a listing.
+const DEFAULT_LIMIT: usize = 100;
+const MAX_LIMIT: usize = 1000;
+
+/// Body of `POST /v1/leases/{resource}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AcquireBody {
+    holder: String,
+    ttl_seconds: serde_json::Number,
+    #[serde(default)]
+    wait_ms: Option<u64>,
+    #[serde(default)]
+    metadata: Option<serde_json::Value>,
+}
+
+/// Body of `POST /v1/leases/{resource}/renew`: nothing yet, but strictly nothing.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RenewBody {}
+
+/// Query of `GET /v1/leases`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ListQuery {
+    #[serde(default)]
+    prefix: String,
+    limit: Option<usize>,
+    cursor: Option<String>,
+}
+
+fn resource(path: Result<Path<String>, PathRejection>) -> Result<String> {
+    let Path(name) = path.map_err(|e| Error::InvalidField {
+        field: "resource",
+        reason: e.body_text(),
+    })?;
+    validate::resource(&name)?;
+    Ok(name)
+}
+
+pub(super) async fn acquire(
+    State(app): State<Arc<AppState>>,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response> {
+    let resource = resource(path)?;
+    let idempotency_key = body::idempotency_key(&headers)?;
+    let req: AcquireBody = body::json(&headers, body, app.max_body_bytes).await?;
+    let limits = app.leases.limits();
+    validate::holder(&req.holder)?;
+    let ttl_seconds = validate::ttl(&req.ttl_seconds, limits.min_ttl, limits.max_ttl)?;
+    let wait = Duration::from_millis(req.wait_ms.unwrap_or(0));
+    if wait > limits.max_wait {
+        return Err(Error::InvalidField {
+            field: "wait_ms",
+            reason: format!("must be at most {}", limits.max_wait.as_millis()),
+        });
+    }
+    if let Some(m) = &req.metadata {
+        validate::metadata(m)?;
+    }
+    let grant = app
+        .leases
+        .acquire(&Acquire {
+            resource,
+            holder: req.holder,
+            ttl_seconds,
+            wait,
+            metadata: req.metadata,
+            idempotency_key,
+        })
+        .await?;
+    let location = format!("/v1/leases/{}", grant.resource);
+    let mut response = (StatusCode::CREATED, Json(grant)).into_response();
+    if let Ok(v) = HeaderValue::from_str(&location) {
+        response.headers_mut().insert(header::LOCATION, v);
+    }
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(response)
+}
+
+pub(super) async fn renew(
+    State(app): State<Arc<AppState>>,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response> {
+    let resource = resource(path)?;
+    let secret = body::secret(&headers)?;
+    let RenewBody {} = body::optional_json(&headers, body, app.max_body_bytes).await?;
+    let renewal = app.leases.renew(&resource, &secret).await?;
+    Ok(Json(renewal).into_response())
+}
+
+pub(super) async fn release(
+    State(app): State<Arc<AppState>>,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+) -> Result<StatusCode> {
+    let resource = resource(path)?;
+    let secret = body::secret(&headers)?;
+    app.leases.release(&resource, &secret).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub(super) async fn get(
+    State(app): State<Arc<AppState>>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Response> {
+    let resource = resource(path)?;
+    Ok(Json(app.leases.get(&resource).await?).into_response())
+}
+
+pub(super) async fn list(
+    State(app): State<Arc<AppState>>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Response> {
+    let Query(q) = query.map_err(|e| Error::InvalidRequest(e.body_text()))?;
+    validate::resource_prefix(&q.prefix)?;
+    let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
+    if limit == 0 || limit > MAX_LIMIT {
+        return Err(Error::InvalidField {
+            field: "limit",
+            reason: format!("must be between 1 and {MAX_LIMIT}"),
+        });
+    }
+    let page = app
+        .leases
+        .list(&q.prefix, limit, q.cursor.as_deref())
+        .await?;
+    Ok(Json(page).into_response())
+}

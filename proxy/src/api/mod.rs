@@ -1,0 +1,73 @@
+//! The HTTP surface: routes, shared state, and the problem+json mapping.
+
+mod body;
+mod leases;
+mod ops;
+mod problem;
+
+use std::any::Any;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::trace::TraceLayer;
+
+pub use problem::PROBLEM_BASE;
+
+use crate::etcd::Etcd;
+use crate::lease::Leases;
+use crate::Error;
+
+/// What every handler shares.
+pub(crate) struct AppState {
+    /// The lease service.
+    pub(crate) leases: Leases,
+    /// etcd, for readiness.
+    pub(crate) etcd: Etcd,
+    /// The key read by `/readyz`.
+    pub(crate) readiness_key: String,
+    /// Largest request body.
+    pub(crate) max_body_bytes: usize,
+    /// Set when SIGTERM arrives: `/readyz` answers 503 from then on.
+    pub(crate) draining: AtomicBool,
+}
+
+/// The router with every route and the cross-cutting layers.
+pub(crate) fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/leases", get(leases::list))
+        .route(
+            "/v1/leases/{resource}",
+            post(leases::acquire)
+                .get(leases::get)
+                .delete(leases::release),
+        )
+        .route("/v1/leases/{resource}/renew", post(leases::renew))
+        .route("/livez", get(ops::livez))
+        .route("/readyz", get(ops::readyz))
+        .fallback(|| async { Error::NoRoute })
+        .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })
+        .with_state(state)
+        .layer(TraceLayer::new_for_http())
+        .layer(CatchPanicLayer::custom(panic_response))
+}
+
+/// A panic is a bug; the client still gets a problem+json 500 and the process keeps serving.
+fn panic_response(_: Box<dyn Any + Send + 'static>) -> Response {
+    tracing::error!("handler panicked");
+    let body = serde_json::json!({
+        "type": format!("{PROBLEM_BASE}internal"),
+        "title": "Internal error",
+        "status": 500,
+        "detail": "the proxy hit an internal error",
+    });
+    (
+        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+        [(axum::http::header::CONTENT_TYPE, "application/problem+json")],
+        body.to_string(),
+    )
+        .into_response()
+}

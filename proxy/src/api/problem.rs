@@ -1,0 +1,110 @@
+//! RFC 9457 problem details: the one place where an [`Error`] becomes an HTTP response.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::Error;
+
+/// Base of every problem `type` URI; each problem is documented under this path in the README.
+pub const PROBLEM_BASE: &str = "https://lease-proxy.dev/problems/";
+
+#[derive(Serialize)]
+struct Problem<'a> {
+    #[serde(rename = "type")]
+    kind: String,
+    title: &'a str,
+    status: u16,
+    detail: String,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    extra: Option<serde_json::Value>,
+}
+
+impl Error {
+    /// The status, the problem slug and its title. The classification follows whose fault the
+    /// error is: client mistakes are 4xx, etcd trouble is 503, nothing a client sends is 5xx.
+    fn classify(&self) -> (StatusCode, &'static str, &'static str) {
+        use StatusCode as S;
+        match self {
+            Error::InvalidRequest(_) => (S::BAD_REQUEST, "invalid-request", "Invalid request"),
+            Error::InvalidField { field, .. } => match *field {
+                "resource" => (S::BAD_REQUEST, "invalid-resource", "Invalid resource name"),
+                "ttl_seconds" => (S::BAD_REQUEST, "invalid-ttl", "Invalid TTL"),
+                _ => (S::BAD_REQUEST, "invalid-field", "Invalid field value"),
+            },
+            Error::BodyTooLarge { .. } => {
+                (S::PAYLOAD_TOO_LARGE, "body-too-large", "Body too large")
+            }
+            Error::UnsupportedMediaType => (
+                S::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported-media-type",
+                "Unsupported media type",
+            ),
+            Error::MissingSecret => (S::UNAUTHORIZED, "missing-secret", "Lease secret required"),
+            Error::NotHolder => (S::FORBIDDEN, "not-holder", "Not the holder"),
+            Error::Held(_) => (S::CONFLICT, "lease-held", "Lease held"),
+            Error::Lost => (S::GONE, "lease-lost", "Lease lost"),
+            Error::NotFound => (S::NOT_FOUND, "not-found", "No lease"),
+            Error::NoRoute => (S::NOT_FOUND, "no-route", "Not found"),
+            Error::MethodNotAllowed => (
+                S::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "Method not allowed",
+            ),
+            Error::Etcd(_) | Error::EtcdTimeout(_) => (
+                S::SERVICE_UNAVAILABLE,
+                "etcd-unavailable",
+                "etcd unavailable",
+            ),
+            Error::ShuttingDown => (S::SERVICE_UNAVAILABLE, "shutting-down", "Shutting down"),
+            Error::CorruptRecord { .. } => {
+                (S::INTERNAL_SERVER_ERROR, "corrupt-record", "Corrupt record")
+            }
+        }
+    }
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let (status, slug, title) = self.classify();
+        if status.is_server_error() {
+            tracing::warn!(error = %self, status = status.as_u16(), "request failed");
+        }
+        let mut retry_after = None;
+        let extra = match &self {
+            Error::Held(conflict) => {
+                retry_after = Some(conflict.retry_after_secs());
+                serde_json::to_value(conflict.as_ref()).ok()
+            }
+            Error::Etcd(_) | Error::EtcdTimeout(_) | Error::ShuttingDown => {
+                retry_after = Some(1);
+                None
+            }
+            _ => None,
+        };
+        let body = Problem {
+            kind: format!("{PROBLEM_BASE}{slug}"),
+            title,
+            status: status.as_u16(),
+            detail: self.to_string(),
+            extra,
+        };
+        let bytes = serde_json::to_vec(&body).unwrap_or_default();
+        let mut response = (status, bytes).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(secs) = retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            headers.insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Lease-Secret"),
+            );
+        }
+        response
+    }
+}

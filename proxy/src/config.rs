@@ -1,0 +1,257 @@
+//! Configuration: one struct, from flags, `LEASE_PROXY_*` environment variables and an optional
+//! TOML file, in that order of precedence, validated before anything starts.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
+use serde::{Deserialize, Serialize};
+
+/// etcd's smallest lease TTL with default election timing; shorter TTLs are silently raised by
+/// etcd, so the proxy refuses them instead.
+pub(crate) const ETCD_MIN_TTL: u64 = 2;
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// lease-proxy's configuration.
+#[derive(Debug, Clone, Parser, Serialize, Deserialize)]
+#[command(
+    name = "lease-proxy",
+    version,
+    about = "HTTP lease service on etcd with fencing tokens"
+)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// TOML file with any of these settings (keys as the long flag names with `_`);
+    /// flags and environment variables override it.
+    #[arg(long, env = "LEASE_PROXY_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+
+    /// Address to listen on.
+    #[arg(long, env = "LEASE_PROXY_LISTEN", default_value = "127.0.0.1:7070")]
+    pub listen: SocketAddr,
+
+    /// etcd client URLs, comma-separated.
+    #[arg(
+        long,
+        env = "LEASE_PROXY_ETCD_ENDPOINTS",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:2379"
+    )]
+    pub etcd_endpoints: Vec<String>,
+
+    /// Key prefix for everything the proxy stores in etcd.
+    #[arg(long, env = "LEASE_PROXY_ETCD_PREFIX", default_value = "/lease-proxy/")]
+    pub etcd_prefix: String,
+
+    /// Fencing key file (`KID SECRET` per line, shared with fence-gateway). Without one, a
+    /// development key is generated in the data directory.
+    #[arg(long, env = "LEASE_PROXY_KEY_FILE")]
+    pub key_file: Option<PathBuf>,
+
+    /// Directory for generated files (the development key).
+    #[arg(long, env = "LEASE_PROXY_DATA_DIR", default_value = ".lease-proxy")]
+    pub data_dir: PathBuf,
+
+    /// Fencing era; bump it after restoring etcd from a snapshot.
+    #[arg(long, env = "LEASE_PROXY_ERA", default_value_t = 0)]
+    pub era: u64,
+
+    /// Shortest TTL accepted, in seconds (at least 2).
+    #[arg(long, env = "LEASE_PROXY_MIN_TTL", default_value_t = ETCD_MIN_TTL)]
+    pub min_ttl: u64,
+
+    /// Longest TTL accepted, in seconds.
+    #[arg(long, env = "LEASE_PROXY_MAX_TTL", default_value_t = 3600)]
+    pub max_ttl: u64,
+
+    /// Longest wait an acquire may ask for (`wait_ms`).
+    #[arg(long, env = "LEASE_PROXY_MAX_WAIT", default_value = "60s", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub max_wait: Duration,
+
+    /// Largest request body accepted, in bytes.
+    #[arg(long, env = "LEASE_PROXY_MAX_BODY_BYTES", default_value_t = 64 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// Deadline for each etcd call.
+    #[arg(long, env = "LEASE_PROXY_ETCD_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub etcd_timeout: Duration,
+
+    /// Number of long-lived keepalive streams renewals are spread over.
+    #[arg(long, env = "LEASE_PROXY_KEEPALIVE_STREAMS", default_value_t = 2)]
+    pub keepalive_streams: usize,
+
+    /// How long in-flight requests may take to finish after SIGTERM.
+    #[arg(long, env = "LEASE_PROXY_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+
+    /// Log format.
+    #[arg(
+        long,
+        env = "LEASE_PROXY_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+}
+
+/// A configuration that cannot be used; the binary exits with status 64 (EX_USAGE).
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {0}")]
+pub struct ConfigError(pub String);
+
+impl Config {
+    /// Parses flags and environment, layers the TOML file under them, and validates.
+    pub fn load() -> Result<Self, clap::Error> {
+        let matches = Self::command().try_get_matches()?;
+        let mut config = Self::from_arg_matches(&matches)?;
+        if let Some(path) = config.config.clone() {
+            config = config
+                .layer_file(&path, |id| {
+                    matches!(
+                        matches.value_source(id),
+                        Some(ValueSource::DefaultValue) | None
+                    )
+                })
+                .map_err(|e| Self::command().error(clap::error::ErrorKind::InvalidValue, e))?;
+        }
+        config
+            .validate()
+            .map_err(|e| Self::command().error(clap::error::ErrorKind::InvalidValue, e))?;
+        Ok(config)
+    }
+
+    /// Replaces every setting for which `from_file(name)` is true with the file's value.
+    fn layer_file(
+        &self,
+        path: &Path,
+        from_file: impl Fn(&str) -> bool,
+    ) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
+        let file: toml::Table = text
+            .parse()
+            .map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
+        let mut merged = toml::Table::try_from(self).map_err(|e| ConfigError(e.to_string()))?;
+        for (key, value) in file {
+            if key == "config" {
+                return Err(ConfigError("`config` cannot be set from the file".into()));
+            }
+            if from_file(&key) {
+                merged.insert(key, value);
+            }
+        }
+        let mut layered: Self = merged.try_into().map_err(|e: toml::de::Error| {
+            ConfigError(format!("{}: {}", path.display(), e.message()))
+        })?;
+        layered.config = self.config.clone();
+        Ok(layered)
+    }
+
+    /// Checks the settings make sense together.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |m: String| Err(ConfigError(m));
+        if self.min_ttl < ETCD_MIN_TTL {
+            return fail(format!(
+                "--min-ttl must be at least {ETCD_MIN_TTL} (etcd's minimum)"
+            ));
+        }
+        if self.max_ttl < self.min_ttl {
+            return fail("--max-ttl must not be below --min-ttl".into());
+        }
+        if self.max_ttl > i64::MAX as u64 / 1000 {
+            return fail("--max-ttl is too large".into());
+        }
+        if self.etcd_endpoints.is_empty() || self.etcd_endpoints.iter().any(|e| e.trim().is_empty())
+        {
+            return fail("--etcd-endpoints needs at least one URL".into());
+        }
+        if let Some(bad) = self
+            .etcd_endpoints
+            .iter()
+            .find(|e| !(e.starts_with("http://") || e.starts_with("https://")))
+        {
+            return fail(format!("--etcd-endpoints: `{bad}` is not an http(s) URL"));
+        }
+        if self.etcd_prefix.is_empty() || !self.etcd_prefix.ends_with('/') {
+            return fail("--etcd-prefix must be non-empty and end with `/`".into());
+        }
+        if self.keepalive_streams == 0 || self.keepalive_streams > 64 {
+            return fail("--keepalive-streams must be between 1 and 64".into());
+        }
+        if self.max_body_bytes < 1024 {
+            return fail("--max-body-bytes must be at least 1024".into());
+        }
+        if self.etcd_timeout < Duration::from_millis(100) {
+            return fail("--etcd-timeout must be at least 100ms".into());
+        }
+        Ok(())
+    }
+
+    /// The defaults, with the given etcd endpoints — for tests and embedding.
+    pub fn with_endpoints(endpoints: Vec<String>) -> Self {
+        let mut config = Self::parse_from(["lease-proxy"]);
+        config.etcd_endpoints = endpoints;
+        config
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        let c = Config::parse_from(["lease-proxy"]);
+        c.validate().unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:7070");
+        assert_eq!(c.etcd_prefix, "/lease-proxy/");
+    }
+
+    #[test]
+    fn endpoints_split_on_commas() {
+        let c = Config::parse_from(["lease-proxy", "--etcd-endpoints", "http://a:1,http://b:2"]);
+        assert_eq!(c.etcd_endpoints, vec!["http://a:1", "http://b:2"]);
+    }
+
+    #[test]
+    fn file_layers_under_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "max_ttl = 120\nera = 7\nmax_wait = \"5s\"\n").unwrap();
+        let c = Config::parse_from(["lease-proxy", "--era", "9"]);
+        let layered = c.layer_file(&path, |id| id != "era").unwrap();
+        assert_eq!(layered.max_ttl, 120);
+        assert_eq!(layered.era, 9, "a flag beats the file");
+        assert_eq!(layered.max_wait, Duration::from_secs(5));
+        std::fs::write(&path, "no_such_setting = 1\n").unwrap();
+        assert!(c.layer_file(&path, |_| true).is_err());
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        let mut c = Config::parse_from(["lease-proxy"]);
+        c.min_ttl = 1;
+        assert!(c.validate().is_err());
+        let mut c = Config::parse_from(["lease-proxy"]);
+        c.etcd_prefix = "/x".into();
+        assert!(c.validate().is_err());
+        let mut c = Config::parse_from(["lease-proxy"]);
+        c.etcd_endpoints = vec!["127.0.0.1:2379".into()];
+        assert!(c.validate().is_err());
+    }
+}

@@ -1,0 +1,77 @@
+//! The crate's one error type. Every failure a request can meet is a variant here; the mapping
+//! to an HTTP status and a problem+json body lives in one place, `api::problem`.
+
+use crate::lease::Conflict;
+
+/// Everything that can go wrong while serving a request.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The request is malformed: bad JSON, wrong types, unknown fields, missing body.
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// A request field (or path segment, or header) has a value outside what is allowed.
+    #[error("{field}: {reason}")]
+    InvalidField {
+        /// The field, path segment or header concerned.
+        field: &'static str,
+        /// Why it is refused.
+        reason: String,
+    },
+    /// The body exceeds the configured limit.
+    #[error("request body exceeds {limit} bytes")]
+    BodyTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// The body is not JSON.
+    #[error("content type must be application/json")]
+    UnsupportedMediaType,
+    /// The request needs the `Lease-Secret` header and has none.
+    #[error("the Lease-Secret header is required")]
+    MissingSecret,
+    /// The secret does not belong to the current grant of the resource.
+    #[error("the Lease-Secret does not match the current holder of this resource")]
+    NotHolder,
+    /// Another holder has the resource.
+    #[error("resource is held by another holder")]
+    Held(Box<Conflict>),
+    /// The caller's lease has expired or been released.
+    #[error("the lease has expired or was released")]
+    Lost,
+    /// Nothing holds the resource.
+    #[error("no lease is held on this resource")]
+    NotFound,
+    /// No such route.
+    #[error("no such route")]
+    NoRoute,
+    /// The route exists, not for this method.
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    /// etcd refused or failed the call.
+    #[error("etcd: {0}")]
+    Etcd(#[source] etcd_client::Error),
+    /// etcd did not answer in time.
+    #[error("etcd did not answer within {0:?}")]
+    EtcdTimeout(std::time::Duration),
+    /// The proxy is draining.
+    #[error("the proxy is shutting down")]
+    ShuttingDown,
+    /// etcd holds a value under the proxy's prefix that the proxy did not write.
+    #[error("corrupt record under key {key}: {reason}")]
+    CorruptRecord {
+        /// The etcd key.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+impl From<etcd_client::Error> for Error {
+    fn from(e: etcd_client::Error) -> Self {
+        Self::Etcd(e)
+    }
+}
+
+/// Result alias for this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,273 @@
+//! Lease renewals multiplexed over a few long-lived etcd keepalive streams.
+//!
+//! etcd-client opens one bidirectional stream per `keep_alive(id)` call, and a stream per lease
+//! collapses at thousands of leases (etcd#13536). Here a fixed number of shard tasks each own
+//! one stream; a renewal for lease `id` goes to shard `id % n`, is written on that shard's
+//! stream, and is answered when etcd's response for `id` comes back. A stream that fails or
+//! stops answering is re-opened and every outstanding renewal is sent again — keepalives are
+//! idempotent, so resending is always safe.
+//!
+//! Timing guarantee: a caller's answer always comes from a keepalive *sent after the caller
+//! asked*. Callers that arrive while a keepalive for the same lease is already on the wire wait
+//! for the next one, so a TTL reported to a client is never measured from before its request.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::Etcd;
+use crate::{Error, Result};
+
+const QUEUE: usize = 4096;
+const MIN_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Handle for renewing leases over the shared streams. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct KeepAlive {
+    shards: Vec<mpsc::Sender<Request>>,
+    timeout: Duration,
+}
+
+struct Request {
+    id: i64,
+    reply: oneshot::Sender<i64>,
+}
+
+impl KeepAlive {
+    /// Starts `streams` shard tasks (at least one) on `tracker`; they stop when `cancel` fires.
+    pub(crate) fn start(
+        etcd: &Etcd,
+        streams: usize,
+        tracker: &TaskTracker,
+        cancel: CancellationToken,
+    ) -> Self {
+        let shards = (0..streams.max(1))
+            .map(|shard| {
+                let (tx, rx) = mpsc::channel(QUEUE);
+                let task = Shard::new(etcd.client(), etcd.timeout(), rx);
+                tracker.spawn(task.run(shard, cancel.clone()));
+                tx
+            })
+            .collect();
+        Self {
+            shards,
+            timeout: etcd.timeout(),
+        }
+    }
+
+    /// Renews lease `id` once. Returns the TTL etcd granted, in seconds; `0` means etcd no longer
+    /// knows the lease (expired or revoked).
+    pub(crate) async fn renew(&self, id: i64) -> Result<i64> {
+        let shard = &self.shards[(id.unsigned_abs() % self.shards.len() as u64) as usize];
+        let (reply, answer) = oneshot::channel();
+        shard
+            .send(Request { id, reply })
+            .await
+            .map_err(|_| Error::ShuttingDown)?;
+        match tokio::time::timeout(self.timeout, answer).await {
+            Ok(Ok(ttl)) => Ok(ttl),
+            Ok(Err(_)) => Err(Error::ShuttingDown),
+            Err(_) => Err(Error::EtcdTimeout(self.timeout)),
+        }
+    }
+}
+
+/// Renewals waiting for one lease.
+#[derive(Default)]
+struct Pending {
+    /// Answered by the response to the keepalive on the wire (or the next one sent, if none is).
+    current: Vec<oneshot::Sender<i64>>,
+    /// Arrived after `current`'s keepalive was sent; answered by a later one.
+    next: Vec<oneshot::Sender<i64>>,
+    /// When the keepalive for `current` was written on the live stream, if it was.
+    sent_at: Option<Instant>,
+}
+
+impl Pending {
+    fn abandoned(&self) -> bool {
+        self.current.iter().chain(&self.next).all(|w| w.is_closed())
+    }
+}
+
+struct Shard {
+    client: Client,
+    timeout: Duration,
+    rx: mpsc::Receiver<Request>,
+    pending: HashMap<i64, Pending>,
+    stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    backoff: Duration,
+    retry_at: Instant,
+}
+
+impl Shard {
+    fn new(client: Client, timeout: Duration, rx: mpsc::Receiver<Request>) -> Self {
+        Self {
+            client,
+            timeout,
+            rx,
+            pending: HashMap::new(),
+            stream: None,
+            backoff: MIN_BACKOFF,
+            retry_at: Instant::now(),
+        }
+    }
+
+    async fn run(mut self, shard: usize, cancel: CancellationToken) {
+        let mut tick = tokio::time::interval(self.timeout / 4);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            if self.stream.is_none() && !self.pending.is_empty() && Instant::now() >= self.retry_at
+            {
+                self.open(shard).await;
+            }
+            let waiting_to_retry = self.stream.is_none() && !self.pending.is_empty();
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                request = self.rx.recv() => match request {
+                    Some(request) => self.enqueue(request).await,
+                    None => break,
+                },
+                message = next_message(&mut self.stream) => match message {
+                    Ok(Some((id, ttl))) => {
+                        self.backoff = MIN_BACKOFF;
+                        self.answer(id, ttl).await;
+                    }
+                    Ok(None) => self.lose_stream(shard, "closed by etcd"),
+                    Err(e) => self.lose_stream(shard, &e.to_string()),
+                },
+                _ = tokio::time::sleep_until(self.retry_at), if waiting_to_retry => {}
+                _ = tick.tick() => self.check_stalled(shard),
+            }
+        }
+    }
+
+    /// Opens a stream, using an outstanding renewal as the first request: etcd-client needs a live
+    /// lease to open one. A lease etcd does not know is answered as lost and another is tried.
+    async fn open(&mut self, shard: usize) {
+        let ids: Vec<i64> = self.pending.keys().copied().collect();
+        for id in ids {
+            let mut lease = self.client.lease_client();
+            match tokio::time::timeout(self.timeout, lease.keep_alive(id)).await {
+                Ok(Ok(stream)) => {
+                    tracing::debug!(shard, "keepalive stream opened");
+                    self.stream = Some(stream);
+                    // The opening response was consumed by etcd-client; send every outstanding
+                    // renewal (the opener included) again on the new stream.
+                    let all: Vec<i64> = self.pending.keys().copied().collect();
+                    for id in all {
+                        if let Some(p) = self.pending.get_mut(&id) {
+                            let later = std::mem::take(&mut p.next);
+                            p.current.extend(later);
+                            p.sent_at = None;
+                        }
+                        self.send(id).await;
+                    }
+                    return;
+                }
+                Ok(Err(e)) if super::is_lease_not_found(&e) => {
+                    if let Some(p) = self.pending.remove(&id) {
+                        reply_all(p, 0);
+                    }
+                }
+                Ok(Err(e)) => return self.retry_later(shard, &e.to_string()),
+                Err(_) => return self.retry_later(shard, "timed out opening"),
+            }
+        }
+    }
+
+    fn retry_later(&mut self, shard: usize, why: &str) {
+        tracing::warn!(shard, reason = why, backoff = ?self.backoff, "keepalive stream unavailable");
+        self.stream = None;
+        self.retry_at = Instant::now() + self.backoff;
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+    }
+
+    fn lose_stream(&mut self, shard: usize, why: &str) {
+        for p in self.pending.values_mut() {
+            p.sent_at = None;
+        }
+        self.retry_later(shard, why);
+    }
+
+    async fn enqueue(&mut self, request: Request) {
+        let entry = self.pending.entry(request.id).or_default();
+        if entry.sent_at.is_some() {
+            entry.next.push(request.reply);
+        } else {
+            entry.current.push(request.reply);
+            self.send(request.id).await;
+        }
+    }
+
+    /// Writes a keepalive for `id` on the live stream, if there is one.
+    async fn send(&mut self, id: i64) {
+        let Some((keeper, _)) = self.stream.as_mut() else {
+            return;
+        };
+        keeper.id = id;
+        if keeper.keep_alive().await.is_ok() {
+            if let Some(p) = self.pending.get_mut(&id) {
+                p.sent_at = Some(Instant::now());
+            }
+        } else {
+            self.stream = None;
+            for p in self.pending.values_mut() {
+                p.sent_at = None;
+            }
+        }
+    }
+
+    async fn answer(&mut self, id: i64, ttl: i64) {
+        let Some(p) = self.pending.get_mut(&id) else {
+            return;
+        };
+        let ttl = ttl.max(0);
+        for waiter in p.current.drain(..) {
+            let _ = waiter.send(ttl);
+        }
+        p.sent_at = None;
+        if ttl == 0 || p.next.iter().all(|w| w.is_closed()) {
+            if let Some(p) = self.pending.remove(&id) {
+                reply_all(p, ttl);
+            }
+        } else {
+            p.current = std::mem::take(&mut p.next);
+            self.send(id).await;
+        }
+    }
+
+    /// A stream that leaves a keepalive unanswered past the deadline is presumed dead (a
+    /// partitioned member answers nothing): drop it, so the next turn re-opens and resends.
+    fn check_stalled(&mut self, shard: usize) {
+        self.pending.retain(|_, p| !p.abandoned());
+        let stalled = self
+            .pending
+            .values()
+            .filter_map(|p| p.sent_at)
+            .any(|sent| sent.elapsed() > self.timeout);
+        if stalled && self.stream.is_some() {
+            self.lose_stream(shard, "keepalive unanswered");
+        }
+    }
+}
+
+fn reply_all(p: Pending, ttl: i64) {
+    for waiter in p.current.into_iter().chain(p.next) {
+        let _ = waiter.send(ttl);
+    }
+}
+
+async fn next_message(
+    stream: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+) -> Result<Option<(i64, i64)>, etcd_client::Error> {
+    match stream {
+        Some((_, responses)) => Ok(responses.message().await?.map(|r| (r.id(), r.ttl()))),
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,214 @@
+//! The proxy's use of etcd: a handful of calls, each bounded by a timeout, plus the long-lived
+//! streams (keepalive, watch) in the submodules.
+
+mod keepalive;
+mod watch;
+
+pub(crate) use keepalive::KeepAlive;
+pub(crate) use watch::{HolderEvents, Wakeup};
+
+use std::future::Future;
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp,
+    TxnOpResponse,
+};
+
+use crate::{Error, Result};
+
+/// A cheap-to-clone handle on the etcd cluster with a per-call deadline.
+#[derive(Clone)]
+pub(crate) struct Etcd {
+    client: Client,
+    timeout: Duration,
+}
+
+/// The outcome of a create-if-absent transaction.
+#[derive(Debug)]
+pub(crate) enum Create {
+    /// The key was created; this is its create revision.
+    Created(i64),
+    /// The key already existed; this is its current value.
+    Exists(Box<KeyValue>),
+}
+
+impl Etcd {
+    /// Connects lazily to the given endpoints. Calls fail with [`Error::EtcdTimeout`] after
+    /// `timeout`; requests to a member that has lost its leader fail at once (require-leader).
+    pub(crate) async fn connect(endpoints: &[String], timeout: Duration) -> Result<Self> {
+        let options = ConnectOptions::new()
+            .with_connect_timeout(timeout)
+            .with_keep_alive(Duration::from_secs(2), timeout)
+            .with_keep_alive_while_idle(true)
+            .with_require_leader(true);
+        let client = Client::connect(endpoints, Some(options)).await?;
+        Ok(Self { client, timeout })
+    }
+
+    /// The underlying client, for the stream tasks.
+    pub(crate) fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// The per-call deadline.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    async fn bounded<T>(
+        &self,
+        call: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(result) => result.map_err(Error::from),
+            Err(_) => Err(Error::EtcdTimeout(self.timeout)),
+        }
+    }
+
+    /// Grants a lease of `ttl` seconds; returns its id and the TTL etcd actually granted.
+    pub(crate) async fn grant(&self, ttl: u64) -> Result<(i64, i64)> {
+        let ttl = i64::try_from(ttl).unwrap_or(i64::MAX);
+        let resp = self
+            .bounded(self.client.lease_client().grant(ttl, None))
+            .await?;
+        Ok((resp.id(), resp.ttl()))
+    }
+
+    /// Revokes a lease, deleting every key attached to it. A lease that is already gone is not
+    /// an error: revocation is idempotent.
+    pub(crate) async fn revoke(&self, id: i64) -> Result<()> {
+        match self.bounded(self.client.lease_client().revoke(id)).await {
+            Ok(_) => Ok(()),
+            Err(Error::Etcd(e)) if is_lease_not_found(&e) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Revokes a lease without waiting, used to clean up after a failed acquire: the lease holds
+    /// no key, and if the revoke is lost too the lease lapses by its TTL.
+    pub(crate) fn revoke_in_background(&self, id: i64) {
+        let etcd = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = etcd.revoke(id).await {
+                tracing::debug!(lease_id = id, error = %e, "revoking an unused lease failed; it will lapse");
+            }
+        });
+    }
+
+    /// Remaining whole seconds of a lease, or `None` if it no longer exists.
+    pub(crate) async fn time_to_live(&self, id: i64) -> Result<Option<i64>> {
+        let resp = self
+            .bounded(self.client.lease_client().time_to_live(id, None))
+            .await?;
+        Ok((resp.ttl() >= 0).then_some(resp.ttl()))
+    }
+
+    /// One transaction: if `key` does not exist, put `value` attached to `lease`; otherwise read
+    /// it. Exactly one of any number of concurrent callers creates the key.
+    pub(crate) async fn create_if_absent(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        lease: i64,
+    ) -> Result<Create> {
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key,
+                value,
+                Some(PutOptions::new().with_lease(lease)),
+            )])
+            .or_else([TxnOp::get(key, None)]);
+        let resp = self.bounded(self.client.kv_client().txn(txn)).await?;
+        if resp.succeeded() {
+            let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
+            return Ok(Create::Created(revision));
+        }
+        for op in resp.op_responses() {
+            if let TxnOpResponse::Get(mut get) = op {
+                if let Some(kv) = get.take_kvs().into_iter().next() {
+                    return Ok(Create::Exists(Box::new(kv)));
+                }
+            }
+        }
+        // The key vanished between the compare and the read inside one transaction: impossible,
+        // since a transaction is atomic; treat it as an etcd fault rather than guessing.
+        Err(Error::CorruptRecord {
+            key: key.to_owned(),
+            reason: "transaction failed its compare but read no key".to_owned(),
+        })
+    }
+
+    /// The key's current value, linearizably.
+    pub(crate) async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
+        let mut resp = self.bounded(self.client.kv_client().get(key, None)).await?;
+        Ok(resp.take_kvs().into_iter().next())
+    }
+
+    /// Deletes `key` only if it is still the incarnation created at `create_revision`.
+    pub(crate) async fn delete_if_created_at(
+        &self,
+        key: &str,
+        create_revision: i64,
+    ) -> Result<bool> {
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                key,
+                CompareOp::Equal,
+                create_revision,
+            )])
+            .and_then([TxnOp::delete(key, None)]);
+        let resp = self.bounded(self.client.kv_client().txn(txn)).await?;
+        Ok(resp.succeeded())
+    }
+
+    /// Keys in `[start, end)` in key order, at most `limit`; the flag tells whether more follow.
+    pub(crate) async fn range(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: i64,
+    ) -> Result<(Vec<KeyValue>, bool)> {
+        let options = GetOptions::new().with_range(end).with_limit(limit);
+        let mut resp = self
+            .bounded(self.client.kv_client().get(start, Some(options)))
+            .await?;
+        let more = resp.more();
+        Ok((resp.take_kvs(), more))
+    }
+}
+
+/// etcd's answer for a lease id it does not know.
+fn is_lease_not_found(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(status) => status.code() == tonic::Code::NotFound,
+        etcd_client::Error::LeaseKeepAliveError(msg) => msg.contains("not found"),
+        _ => false,
+    }
+}
+
+/// The end of the key range holding every key that starts with `prefix` (etcd's prefix end).
+pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // All 0xff (or empty): the range runs to the end of the keyspace.
+    vec![0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_end;
+
+    #[test]
+    fn prefix_ends() {
+        assert_eq!(prefix_end(b"/a/"), b"/a0".to_vec());
+        assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
+        assert_eq!(prefix_end(b"\xff"), vec![0]);
+    }
+}

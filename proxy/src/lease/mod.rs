@@ -1,0 +1,488 @@
+//! Leases: acquire, renew, release, inspect — every transition a compare-and-set in etcd.
+//!
+//! A grant is an etcd lease plus the ownership key `{prefix}holders/{resource}` attached to it,
+//! created only if absent. The key's create revision is the fencing token: etcd gives every new
+//! incarnation of the key a larger one, so tokens rise with every new holder. When the holder
+//! dies its lease lapses, etcd deletes the key, and waiters are woken by the holder watch.
+
+mod record;
+mod secret;
+pub(crate) mod validate;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use fencing::{Keyring, Token};
+use serde::Serialize;
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::etcd::{prefix_end, Create, Etcd, HolderEvents, KeepAlive, Wakeup};
+use crate::{Error, Result};
+pub(crate) use record::{i64_string, HolderRecord};
+
+/// Bounds applied to client requests.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// Shortest TTL accepted, in seconds (at least etcd's own minimum of 2 s).
+    pub(crate) min_ttl: u64,
+    /// Longest TTL accepted, in seconds.
+    pub(crate) max_ttl: u64,
+    /// Longest `wait_ms` accepted.
+    pub(crate) max_wait: Duration,
+}
+
+/// An acquire, validated.
+#[derive(Debug, Clone)]
+pub(crate) struct Acquire {
+    /// The resource to own.
+    pub(crate) resource: String,
+    /// Who asks.
+    pub(crate) holder: String,
+    /// Requested TTL in seconds.
+    pub(crate) ttl_seconds: u64,
+    /// How long to wait for a held resource to become free.
+    pub(crate) wait: Duration,
+    /// Opaque metadata stored with the grant.
+    pub(crate) metadata: Option<serde_json::Value>,
+    /// Makes a retried acquire return the same grant.
+    pub(crate) idempotency_key: Option<String>,
+}
+
+/// A successful acquire, as returned to the client (the only time the secret is shown).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Grant {
+    /// The resource now held.
+    pub(crate) resource: String,
+    /// The holder.
+    pub(crate) holder: String,
+    /// The etcd lease id.
+    #[serde(with = "i64_string")]
+    pub(crate) lease_id: i64,
+    /// Proof of holding, required in `Lease-Secret` to renew, release and forward.
+    pub(crate) secret: String,
+    /// The fencing token's revision, as a decimal string.
+    pub(crate) token: String,
+    /// The signed fencing token to present to protected storage.
+    pub(crate) fencing_token: String,
+    /// The TTL granted.
+    pub(crate) ttl_seconds: u64,
+    /// The lease lasts at least this long from when the request reached the proxy.
+    pub(crate) expires_in_ms: u64,
+    /// Metadata stored with the grant.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) metadata: Option<serde_json::Value>,
+}
+
+/// The current holder of a resource someone else asked for. Carries no secret and no signed
+/// token: knowing who holds a resource must not let anyone act as the holder.
+#[derive(Debug, Clone, Serialize)]
+pub struct Conflict {
+    /// The resource.
+    pub resource: String,
+    /// Who holds it.
+    pub holder: String,
+    /// The holder's token (revision, decimal string).
+    pub token: String,
+    /// Remaining TTL of the holder's lease as etcd reports it.
+    pub expires_in_ms: u64,
+}
+
+impl Conflict {
+    /// Seconds until the resource may be free, for `Retry-After` (at least 1).
+    pub fn retry_after_secs(&self) -> u64 {
+        self.expires_in_ms.div_ceil(1000).max(1)
+    }
+}
+
+/// A successful renewal.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Renewal {
+    /// The resource.
+    pub(crate) resource: String,
+    /// The TTL etcd renewed the lease to.
+    pub(crate) ttl_seconds: u64,
+    /// The lease lasts at least this long from when the request reached the proxy.
+    pub(crate) expires_in_ms: u64,
+    /// The token (revision, decimal string) — unchanged by renewal.
+    pub(crate) token: String,
+    /// The signed fencing token — unchanged by renewal.
+    pub(crate) fencing_token: String,
+}
+
+/// A public view of a held resource.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Holding {
+    /// The resource.
+    pub(crate) resource: String,
+    /// Who holds it.
+    pub(crate) holder: String,
+    /// The etcd lease id.
+    #[serde(with = "i64_string")]
+    pub(crate) lease_id: i64,
+    /// The token (revision, decimal string).
+    pub(crate) token: String,
+    /// The TTL granted.
+    pub(crate) ttl_seconds: u64,
+    /// Remaining lifetime as etcd reports it (whole seconds, rounded down).
+    pub(crate) expires_in_ms: u64,
+    /// Wall-clock grant time in Unix milliseconds, for display.
+    pub(crate) acquired_at: u64,
+    /// Metadata stored with the grant.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) metadata: Option<serde_json::Value>,
+}
+
+/// One page of a listing.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Page {
+    /// Held resources in name order.
+    pub(crate) leases: Vec<Holding>,
+    /// Pass as `cursor` to get the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) next_cursor: Option<String>,
+}
+
+/// The lease service. Stateless apart from its connections: any replica can serve any lease.
+pub(crate) struct Leases {
+    etcd: Etcd,
+    keepalive: KeepAlive,
+    events: HolderEvents,
+    keys: Arc<Keyring>,
+    holders_prefix: String,
+    era: u64,
+    limits: Limits,
+    stopping: CancellationToken,
+}
+
+impl Leases {
+    /// Assembles the service. `stopping` fires when the proxy starts draining; waiting acquires
+    /// then give up at once.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        etcd: Etcd,
+        keepalive: KeepAlive,
+        events: HolderEvents,
+        keys: Arc<Keyring>,
+        holders_prefix: String,
+        era: u64,
+        limits: Limits,
+        stopping: CancellationToken,
+    ) -> Self {
+        Self {
+            etcd,
+            keepalive,
+            events,
+            keys,
+            holders_prefix,
+            era,
+            limits,
+            stopping,
+        }
+    }
+
+    /// The bounds this service enforces.
+    pub(crate) fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    fn key(&self, resource: &str) -> String {
+        format!("{}{resource}", self.holders_prefix)
+    }
+
+    fn token(&self, resource: &str, revision: i64) -> (String, String) {
+        let revision = u64::try_from(revision).unwrap_or_default();
+        let signed = self.keys.mint(resource, Token::new(self.era, revision));
+        (revision.to_string(), signed)
+    }
+
+    /// Takes `resource` for `req.holder`, waiting up to `req.wait` for it to become free.
+    pub(crate) async fn acquire(&self, req: &Acquire) -> Result<Grant> {
+        let deadline = Instant::now() + req.wait;
+        // Subscribe before the first attempt, so a release right after it is not missed.
+        let mut wakeups = (!req.wait.is_zero()).then(|| self.events.subscribe());
+        loop {
+            let conflict = match self.try_acquire(req).await? {
+                Ok(grant) => return Ok(grant),
+                Err(conflict) => conflict,
+            };
+            let Some(wakeups) = wakeups.as_mut() else {
+                return Err(Error::Held(conflict));
+            };
+            if !self
+                .wait_for_release(wakeups, &req.resource, deadline)
+                .await?
+            {
+                return Err(Error::Held(conflict));
+            }
+        }
+    }
+
+    /// Waits for a wakeup concerning `resource`; `false` when the deadline passes first.
+    async fn wait_for_release(
+        &self,
+        wakeups: &mut broadcast::Receiver<Wakeup>,
+        resource: &str,
+        deadline: Instant,
+    ) -> Result<bool> {
+        loop {
+            tokio::select! {
+                _ = self.stopping.cancelled() => return Err(Error::ShuttingDown),
+                _ = tokio::time::sleep_until(deadline) => return Ok(false),
+                wakeup = wakeups.recv() => match wakeup {
+                    Ok(w) if w.concerns(resource) => return Ok(true),
+                    Ok(_) => {}
+                    Err(broadcast::error::RecvError::Lagged(_)) => return Ok(true),
+                    Err(broadcast::error::RecvError::Closed) => return Err(Error::ShuttingDown),
+                },
+            }
+        }
+    }
+
+    /// One attempt: grant a lease, then create the ownership key if absent.
+    async fn try_acquire(&self, req: &Acquire) -> Result<Result<Grant, Box<Conflict>>> {
+        let key = self.key(&req.resource);
+        let (lease_id, granted_ttl) = self.etcd.grant(req.ttl_seconds).await?;
+        let ttl_seconds = u64::try_from(granted_ttl).unwrap_or(req.ttl_seconds);
+        let secret = match &req.idempotency_key {
+            Some(k) => secret::idempotent(&self.keys, &req.resource, &req.holder, k, lease_id),
+            None => secret::random(lease_id),
+        };
+        let record = HolderRecord {
+            holder: req.holder.clone(),
+            lease_id,
+            secret_hash: secret::hash(&secret),
+            metadata: req.metadata.clone(),
+            acquired_at: unix_millis(),
+            ttl_seconds,
+            idempotency: req
+                .idempotency_key
+                .as_deref()
+                .map(|k| secret::idempotency_marker(&req.holder, k)),
+        };
+        let created = match self
+            .etcd
+            .create_if_absent(&key, record.encode(), lease_id)
+            .await
+        {
+            Ok(created) => created,
+            Err(e) => {
+                // The outcome is unknown: the key may exist. Revoking the lease removes it too,
+                // so no grant the client never heard of can linger.
+                self.etcd.revoke_in_background(lease_id);
+                return Err(e);
+            }
+        };
+        let kv = match created {
+            Create::Created(revision) => {
+                let (token, fencing_token) = self.token(&req.resource, revision);
+                tracing::info!(resource = %req.resource, holder = %req.holder, token = %token, "granted");
+                return Ok(Ok(Grant {
+                    resource: req.resource.clone(),
+                    holder: req.holder.clone(),
+                    lease_id,
+                    secret,
+                    token,
+                    fencing_token,
+                    ttl_seconds,
+                    expires_in_ms: ttl_seconds * 1000,
+                    metadata: req.metadata.clone(),
+                }));
+            }
+            Create::Exists(kv) => kv,
+        };
+        // Held: give the unused lease back before answering, so a refused acquire leaves etcd
+        // as it found it.
+        self.etcd.revoke(lease_id).await?;
+        let existing = HolderRecord::decode(&key, kv.value())?;
+        let remaining = self.etcd.time_to_live(existing.lease_id).await?;
+        if let (Some(k), Some(remaining)) = (&req.idempotency_key, remaining) {
+            let marker = secret::idempotency_marker(&req.holder, k);
+            if existing.holder == req.holder && existing.idempotency.as_deref() == Some(&marker) {
+                // A retry of an acquire that already succeeded: the same grant again.
+                let (token, fencing_token) = self.token(&req.resource, kv.create_revision());
+                return Ok(Ok(Grant {
+                    resource: req.resource.clone(),
+                    holder: existing.holder,
+                    lease_id: existing.lease_id,
+                    secret: secret::idempotent(
+                        &self.keys,
+                        &req.resource,
+                        &req.holder,
+                        k,
+                        existing.lease_id,
+                    ),
+                    token,
+                    fencing_token,
+                    ttl_seconds: existing.ttl_seconds,
+                    expires_in_ms: secs_to_ms(remaining),
+                    metadata: existing.metadata,
+                }));
+            }
+        }
+        Ok(Err(Box::new(Conflict {
+            resource: req.resource.clone(),
+            holder: existing.holder,
+            token: kv.create_revision().to_string(),
+            expires_in_ms: secs_to_ms(remaining.unwrap_or(0)),
+        })))
+    }
+
+    /// The current record of `resource` and its create revision.
+    async fn current(&self, resource: &str) -> Result<Option<(HolderRecord, i64)>> {
+        let key = self.key(resource);
+        match self.etcd.get(&key).await? {
+            Some(kv) => Ok(Some((
+                HolderRecord::decode(&key, kv.value())?,
+                kv.create_revision(),
+            ))),
+            None => Ok(None),
+        }
+    }
+
+    /// The current grant of `resource` if `secret` proves holding it; `None` if the secret's
+    /// grant is no longer the resource's (released, expired, or replaced by another holder's).
+    async fn held_with(&self, resource: &str, secret: &str) -> Result<Option<(HolderRecord, i64)>> {
+        let lease_id = secret::lease_id(secret).ok_or(Error::NotHolder)?;
+        match self.current(resource).await? {
+            Some((record, revision)) if record.lease_id == lease_id => {
+                if secret::matches(secret, &record.secret_hash) {
+                    Ok(Some((record, revision)))
+                } else {
+                    Err(Error::NotHolder)
+                }
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Extends the holder's lease by its TTL. Fails with [`Error::Lost`] once the lease is gone.
+    pub(crate) async fn renew(&self, resource: &str, secret: &str) -> Result<Renewal> {
+        let (record, revision) = self.held_with(resource, secret).await?.ok_or(Error::Lost)?;
+        let ttl = self.keepalive.renew(record.lease_id).await?;
+        if ttl <= 0 {
+            return Err(Error::Lost);
+        }
+        let ttl_seconds = u64::try_from(ttl).unwrap_or_default();
+        let (token, fencing_token) = self.token(resource, revision);
+        Ok(Renewal {
+            resource: resource.to_owned(),
+            ttl_seconds,
+            expires_in_ms: ttl_seconds * 1000,
+            token,
+            fencing_token,
+        })
+    }
+
+    /// Gives the resource up. Idempotent: releasing a free resource succeeds.
+    pub(crate) async fn release(&self, resource: &str, secret: &str) -> Result<()> {
+        let Some((record, revision)) = self.held_with(resource, secret).await? else {
+            return Ok(());
+        };
+        // Delete only the incarnation the secret belongs to, then return its lease.
+        self.etcd
+            .delete_if_created_at(&self.key(resource), revision)
+            .await?;
+        self.etcd.revoke(record.lease_id).await?;
+        tracing::info!(%resource, holder = %record.holder, "released");
+        Ok(())
+    }
+
+    /// Who holds `resource`, without secrets.
+    pub(crate) async fn get(&self, resource: &str) -> Result<Holding> {
+        let (record, revision) = self.current(resource).await?.ok_or(Error::NotFound)?;
+        let remaining = self
+            .etcd
+            .time_to_live(record.lease_id)
+            .await?
+            .ok_or(Error::NotFound)?;
+        Ok(holding(resource.to_owned(), record, revision, remaining))
+    }
+
+    /// Held resources whose names start with `prefix`, in name order, `limit` per page, after
+    /// `cursor` (an opaque value from a previous page).
+    pub(crate) async fn list(
+        &self,
+        prefix: &str,
+        limit: usize,
+        cursor: Option<&str>,
+    ) -> Result<Page> {
+        let base = self.key(prefix).into_bytes();
+        let end = prefix_end(&base);
+        let mut start = base.clone();
+        if let Some(cursor) = cursor {
+            let after = decode_cursor(cursor)?;
+            let mut from = self.key(&after).into_bytes();
+            from.push(0);
+            start = start.max(from);
+        }
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let (kvs, more) = self.etcd.range(&start, &end, limit).await?;
+        let holders_prefix = self.holders_prefix.as_bytes();
+        let lookups = kvs.iter().map(|kv| async move {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let resource = kv
+                .key()
+                .strip_prefix(holders_prefix)
+                .map(|r| String::from_utf8_lossy(r).into_owned())
+                .unwrap_or_default();
+            let record = HolderRecord::decode(&key, kv.value())?;
+            let remaining = self.etcd.time_to_live(record.lease_id).await?;
+            Ok::<_, Error>(remaining.map(|r| holding(resource, record, kv.create_revision(), r)))
+        });
+        let mut leases = Vec::with_capacity(kvs.len());
+        for found in futures::future::join_all(lookups).await {
+            // A lease that lapsed between the range and the lookup is simply no longer held.
+            if let Some(h) = found? {
+                leases.push(h);
+            }
+        }
+        let next_cursor = more
+            .then(|| kvs.last())
+            .flatten()
+            .and_then(|kv| kv.key().strip_prefix(holders_prefix))
+            .map(|r| URL_SAFE_NO_PAD.encode(r));
+        Ok(Page {
+            leases,
+            next_cursor,
+        })
+    }
+}
+
+fn holding(resource: String, record: HolderRecord, revision: i64, remaining: i64) -> Holding {
+    Holding {
+        resource,
+        holder: record.holder,
+        lease_id: record.lease_id,
+        token: revision.to_string(),
+        ttl_seconds: record.ttl_seconds,
+        expires_in_ms: secs_to_ms(remaining),
+        acquired_at: record.acquired_at,
+        metadata: record.metadata,
+    }
+}
+
+fn decode_cursor(cursor: &str) -> Result<String> {
+    let bad = || Error::InvalidField {
+        field: "cursor",
+        reason: "not a cursor returned by this API".to_owned(),
+    };
+    let bytes = URL_SAFE_NO_PAD.decode(cursor).map_err(|_| bad())?;
+    let name = String::from_utf8(bytes).map_err(|_| bad())?;
+    validate::resource(&name).map_err(|_| bad())?;
+    Ok(name)
+}
+
+fn secs_to_ms(secs: i64) -> u64 {
+    u64::try_from(secs).unwrap_or_default().saturating_mul(1000)
+}
+
+fn unix_millis() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or_default()
+}

@@ -1,0 +1,185 @@
+//! The grammar of everything a client names: resources, holders, TTLs, metadata, keys.
+//!
+//! - **resource**: 1–200 bytes of `[A-Za-z0-9._:-]`, starting with a letter or digit, never
+//!   containing `..`. No `/`, so a name is one path segment and one etcd key suffix.
+//! - **holder**: 1–256 characters, no control characters.
+//! - **ttl_seconds**: a whole number within the configured bounds (default 2–3600); values
+//!   outside are rejected, never clamped.
+//! - **metadata**: a JSON object of at most 4 KiB, stored and returned verbatim.
+//! - **Idempotency-Key**: 1–255 visible ASCII characters.
+
+use crate::{Error, Result};
+
+/// Longest resource name.
+pub(crate) const MAX_RESOURCE_LEN: usize = 200;
+/// Longest holder identity, in characters.
+pub(crate) const MAX_HOLDER_CHARS: usize = 256;
+/// Largest metadata object, serialised.
+pub(crate) const MAX_METADATA_BYTES: usize = 4096;
+/// Longest idempotency key.
+pub(crate) const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
+
+fn resource_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-')
+}
+
+/// Checks a resource name (see the module docs).
+pub(crate) fn resource(name: &str) -> Result<()> {
+    let bad = |reason: &str| Error::InvalidField {
+        field: "resource",
+        reason: reason.to_owned(),
+    };
+    if name.is_empty() {
+        return Err(bad("must not be empty"));
+    }
+    if name.len() > MAX_RESOURCE_LEN {
+        return Err(bad("longer than 200 bytes"));
+    }
+    if !name.bytes().all(resource_byte) {
+        return Err(bad("only letters, digits and . _ : - are allowed"));
+    }
+    if !name.as_bytes()[0].is_ascii_alphanumeric() {
+        return Err(bad("must start with a letter or digit"));
+    }
+    if name.contains("..") {
+        return Err(bad("must not contain `..`"));
+    }
+    Ok(())
+}
+
+/// Checks a prefix used to list resources: empty, or a valid start of a resource name.
+pub(crate) fn resource_prefix(prefix: &str) -> Result<()> {
+    if prefix.is_empty() {
+        return Ok(());
+    }
+    resource(prefix).map_err(|_| Error::InvalidField {
+        field: "prefix",
+        reason: "must be the start of a valid resource name".to_owned(),
+    })
+}
+
+/// Checks a holder identity.
+pub(crate) fn holder(holder: &str) -> Result<()> {
+    let bad = |reason: &str| Error::InvalidField {
+        field: "holder",
+        reason: reason.to_owned(),
+    };
+    if holder.is_empty() {
+        return Err(bad("must not be empty"));
+    }
+    if holder.chars().count() > MAX_HOLDER_CHARS {
+        return Err(bad("longer than 256 characters"));
+    }
+    if holder.chars().any(char::is_control) {
+        return Err(bad("must not contain control characters"));
+    }
+    Ok(())
+}
+
+/// Checks a TTL given as a JSON number against `[min, max]` and returns it in whole seconds.
+pub(crate) fn ttl(value: &serde_json::Number, min: u64, max: u64) -> Result<u64> {
+    let bad = |reason: String| Error::InvalidField {
+        field: "ttl_seconds",
+        reason,
+    };
+    let secs = value
+        .as_u64()
+        .ok_or_else(|| bad(format!("must be a whole number of seconds, got {value}")))?;
+    if secs < min || secs > max {
+        return Err(bad(format!("must be between {min} and {max}, got {secs}")));
+    }
+    Ok(secs)
+}
+
+/// Checks metadata: an object of bounded size.
+pub(crate) fn metadata(value: &serde_json::Value) -> Result<()> {
+    let bad = |reason: &str| Error::InvalidField {
+        field: "metadata",
+        reason: reason.to_owned(),
+    };
+    if !value.is_object() {
+        return Err(bad("must be a JSON object"));
+    }
+    let size = serde_json::to_vec(value)
+        .map(|v| v.len())
+        .unwrap_or(usize::MAX);
+    if size > MAX_METADATA_BYTES {
+        return Err(bad("larger than 4096 bytes"));
+    }
+    Ok(())
+}
+
+/// Checks an `Idempotency-Key` header value.
+pub(crate) fn idempotency_key(key: &str) -> Result<()> {
+    let ok = !key.is_empty()
+        && key.len() <= MAX_IDEMPOTENCY_KEY_LEN
+        && key.bytes().all(|b| b.is_ascii_graphic());
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidField {
+            field: "Idempotency-Key",
+            reason: "must be 1-255 visible ASCII characters".to_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resources() {
+        for ok in [
+            "a",
+            "aisle-7",
+            "shard:12",
+            "job_nightly.v2",
+            &"x".repeat(200),
+        ] {
+            assert!(resource(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a..b",
+            "-a",
+            "a/b",
+            "a b",
+            "a\n",
+            "é",
+            "a%2F",
+            &"x".repeat(201),
+        ] {
+            assert!(resource(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn ttls() {
+        let n = |s: &str| serde_json::from_str::<serde_json::Number>(s).unwrap();
+        assert_eq!(ttl(&n("10"), 2, 3600).unwrap(), 10);
+        for bad in ["0", "1", "-5", "1.5", "3601", "2.0"] {
+            assert!(ttl(&n(bad), 2, 3600).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn holders_and_keys() {
+        assert!(holder("robot-1").is_ok());
+        assert!(holder("").is_err());
+        assert!(holder("a\u{7}").is_err());
+        assert!(holder(&"h".repeat(257)).is_err());
+        assert!(idempotency_key("req-1").is_ok());
+        assert!(idempotency_key("a b").is_err());
+        assert!(idempotency_key("").is_err());
+    }
+
+    #[test]
+    fn metadata_bounds() {
+        assert!(metadata(&serde_json::json!({"zone": "b"})).is_ok());
+        assert!(metadata(&serde_json::json!([1])).is_err());
+        assert!(metadata(&serde_json::json!({"x": "y".repeat(5000)})).is_err());
+    }
+}

@@ -1,0 +1,19 @@
+//! lease-proxy: exclusive, time-bounded ownership of named resources over HTTP, kept in etcd,
+//! with a fencing token on every grant.
+//!
+//! The crate is the service behind the `lease-proxy` binary; embed it with [`run`], which serves
+//! on a listener until a shutdown future resolves (tests bind port 0 and call it).
+#![forbid(unsafe_code)]
+
+mod api;
+mod config;
+mod error;
+mod etcd;
+mod lease;
+mod server;
+
+pub use api::PROBLEM_BASE;
+pub use config::{Config, ConfigError, LogFormat};
+pub use error::{Error, Result};
+pub use lease::Conflict;
+pub use server::{load_keys, run, StartError};

@@ -1,0 +1,166 @@
+//! Running the proxy: wiring, serving, and the shutdown sequence.
+//!
+//! Shutdown, once the `shutdown` future resolves (SIGTERM in the binary): `/readyz` turns 503,
+//! waiting acquires give up, the listener stops accepting, in-flight requests finish under
+//! `drain_timeout`, then the background streams are cancelled and joined.
+
+use std::future::{Future, IntoFuture};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use fencing::{KeyId, Keyring};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::api::{self, AppState};
+use crate::etcd::{Etcd, HolderEvents, KeepAlive};
+use crate::lease::{Leases, Limits};
+use crate::Config;
+
+/// Why the proxy could not start or serve.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The fencing key file is unusable.
+    #[error(transparent)]
+    Keys(#[from] fencing::Error),
+    /// The development key could not be written.
+    #[error("cannot write the development key {path}: {source}")]
+    DevKey {
+        /// Where it was to be written.
+        path: PathBuf,
+        /// Why not.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The etcd client could not be built.
+    #[error("etcd: {0}")]
+    Etcd(#[from] crate::Error),
+    /// Serving failed.
+    #[error("serving: {0}")]
+    Serve(#[from] std::io::Error),
+}
+
+/// Loads the key file, or generates (once) and loads a development key in the data directory.
+pub fn load_keys(config: &Config) -> Result<Keyring, StartError> {
+    if let Some(path) = &config.key_file {
+        return Ok(Keyring::load(path)?);
+    }
+    let path = config.data_dir.join("dev-fencing.key");
+    if !path.exists() {
+        let kid = KeyId::parse("dev").ok_or_else(|| StartError::DevKey {
+            path: path.clone(),
+            source: std::io::Error::other("invalid key id"),
+        })?;
+        write_private(&path, &Keyring::generate_file(&kid)).map_err(|source| {
+            StartError::DevKey {
+                path: path.clone(),
+                source,
+            }
+        })?;
+    }
+    tracing::warn!(
+        path = %path.display(),
+        "NO --key-file GIVEN: using a generated DEVELOPMENT fencing key. Enforcers must share \
+         this file to verify tokens; give every proxy and gateway the same --key-file in production"
+    );
+    Ok(Keyring::load(&path)?)
+}
+
+fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(path)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()
+}
+
+/// Serves the proxy on `listener` until `shutdown` resolves, then drains and returns.
+pub async fn run(
+    listener: TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), StartError> {
+    let keys = Arc::new(load_keys(&config)?);
+    let etcd = Etcd::connect(&config.etcd_endpoints, config.etcd_timeout).await?;
+    let tracker = TaskTracker::new();
+    let background = CancellationToken::new();
+    let stopping = CancellationToken::new();
+
+    let keepalive = KeepAlive::start(
+        &etcd,
+        config.keepalive_streams,
+        &tracker,
+        background.clone(),
+    );
+    let holders_prefix = format!("{}holders/", config.etcd_prefix);
+    let events = HolderEvents::start(&etcd, holders_prefix.clone(), &tracker, background.clone());
+    let limits = Limits {
+        min_ttl: config.min_ttl,
+        max_ttl: config.max_ttl,
+        max_wait: config.max_wait,
+    };
+    let leases = Leases::new(
+        etcd.clone(),
+        keepalive,
+        events,
+        keys,
+        holders_prefix,
+        config.era,
+        limits,
+        stopping.clone(),
+    );
+    let state = Arc::new(AppState {
+        leases,
+        etcd,
+        readiness_key: format!("{}readyz", config.etcd_prefix),
+        max_body_bytes: config.max_body_bytes,
+        draining: AtomicBool::new(false),
+    });
+    let app = api::router(state.clone());
+
+    tracing::info!(listen = %listener.local_addr()?, endpoints = ?config.etcd_endpoints, "lease-proxy serving");
+    let stop_accepting = stopping.clone();
+    let server = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { stop_accepting.cancelled().await })
+        .into_future();
+    let mut server = tokio::spawn(server);
+
+    let served = tokio::select! {
+        result = &mut server => Some(result),
+        () = shutdown => None,
+    };
+    let result = match served {
+        Some(result) => result,
+        None => {
+            tracing::info!(drain = ?config.drain_timeout, "shutting down: draining");
+            state.draining.store(true, Ordering::Relaxed);
+            stopping.cancel();
+            match tokio::time::timeout(config.drain_timeout, &mut server).await {
+                Ok(result) => result,
+                Err(_) => {
+                    tracing::warn!("drain deadline passed; closing remaining connections");
+                    server.abort();
+                    Ok(Ok(()))
+                }
+            }
+        }
+    };
+    stopping.cancel();
+    background.cancel();
+    tracker.close();
+    tracker.wait().await;
+    tracing::info!("stopped");
+    match result {
+        Ok(r) => r.map_err(StartError::Serve),
+        Err(join) => Err(StartError::Serve(std::io::Error::other(join))),
+    }
+}

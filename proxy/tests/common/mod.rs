@@ -1,0 +1,217 @@
+//! Helpers shared by the proxy's integration tests: an in-process proxy on a free port in front
+//! of a real etcd (from `lease-proxy-testkit`), an HTTP client, and an etcd state snapshot.
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use fencing::{KeyId, Keyring};
+use lease_proxy::Config;
+use serde_json::Value;
+use tempfile::TempDir;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub use lease_proxy_testkit::Etcd;
+
+/// A proxy running in this process.
+pub struct Proxy {
+    pub url: String,
+    pub key_file: PathBuf,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), lease_proxy::StartError>>>,
+    _dir: TempDir,
+}
+
+impl Proxy {
+    /// Starts a proxy on `endpoints` with test defaults, adjusted by `tweak`.
+    pub async fn start(endpoints: Vec<String>, tweak: impl FnOnce(&mut Config)) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let key_file = dir.path().join("fencing.key");
+        std::fs::write(
+            &key_file,
+            Keyring::generate_file(&KeyId::parse("k1").unwrap()),
+        )
+        .unwrap();
+        Self::start_with_key(endpoints, key_file, dir, tweak).await
+    }
+
+    /// Starts another replica sharing this proxy's key file.
+    pub async fn replica(&self, endpoints: Vec<String>, tweak: impl FnOnce(&mut Config)) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        Self::start_with_key(endpoints, self.key_file.clone(), dir, tweak).await
+    }
+
+    async fn start_with_key(
+        endpoints: Vec<String>,
+        key_file: PathBuf,
+        dir: TempDir,
+        tweak: impl FnOnce(&mut Config),
+    ) -> Self {
+        let mut config = Config::with_endpoints(endpoints);
+        config.key_file = Some(key_file.clone());
+        config.data_dir = dir.path().to_owned();
+        config.etcd_timeout = Duration::from_secs(3);
+        config.drain_timeout = Duration::from_secs(3);
+        tweak(&mut config);
+        config.validate().unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(lease_proxy::run(listener, config, async move {
+            let _ = stopped.await;
+        }));
+        let proxy = Self {
+            url,
+            key_file,
+            stop: Some(stop),
+            task: Some(task),
+            _dir: dir,
+        };
+        proxy.wait_ready().await;
+        proxy
+    }
+
+    async fn wait_ready(&self) {
+        let client = reqwest::Client::new();
+        for _ in 0..200 {
+            if let Ok(r) = client.get(format!("{}/readyz", self.url)).send().await {
+                if r.status() == 200 {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("proxy at {} never became ready", self.url);
+    }
+
+    /// Stops the proxy and waits for its drain to finish.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.unwrap().unwrap();
+        }
+    }
+
+    pub fn keyring(&self) -> Keyring {
+        Keyring::load(&self.key_file).unwrap()
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+/// A plain HTTP client for the tests.
+pub fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .build()
+        .unwrap()
+}
+
+/// The JSON answer of a request, with its status.
+pub async fn send(req: reqwest::RequestBuilder) -> (u16, Value) {
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    let body = if text.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or(Value::String(text))
+    };
+    (status, body)
+}
+
+/// `POST /v1/leases/{resource}`.
+pub async fn acquire(proxy: &Proxy, resource: &str, holder: &str, ttl: u64) -> (u16, Value) {
+    send(
+        http()
+            .post(format!("{}/v1/leases/{resource}", proxy.url))
+            .json(&serde_json::json!({"holder": holder, "ttl_seconds": ttl})),
+    )
+    .await
+}
+
+/// `POST /v1/leases/{resource}/renew`.
+pub async fn renew(proxy: &Proxy, resource: &str, secret: &str) -> (u16, Value) {
+    send(
+        http()
+            .post(format!("{}/v1/leases/{resource}/renew", proxy.url))
+            .header("lease-secret", secret),
+    )
+    .await
+}
+
+/// `DELETE /v1/leases/{resource}`.
+pub async fn release(proxy: &Proxy, resource: &str, secret: &str) -> (u16, Value) {
+    send(
+        http()
+            .delete(format!("{}/v1/leases/{resource}", proxy.url))
+            .header("lease-secret", secret),
+    )
+    .await
+}
+
+pub fn str_field(v: &Value, field: &str) -> String {
+    v[field]
+        .as_str()
+        .unwrap_or_else(|| panic!("no string `{field}` in {v}"))
+        .to_owned()
+}
+
+pub fn token(v: &Value) -> u64 {
+    str_field(v, "token").parse().unwrap()
+}
+
+pub fn lease_id(v: &Value) -> i64 {
+    str_field(v, "lease_id").parse().unwrap()
+}
+
+/// Everything observable in etcd: every key with its revisions and value, and the live leases.
+/// Two equal snapshots mean nothing changed in between.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    pub kvs: Vec<(Vec<u8>, i64, i64, Vec<u8>, i64)>,
+    pub leases: Vec<i64>,
+}
+
+pub async fn snapshot(etcd: &Etcd) -> Snapshot {
+    let mut client = etcd.client().await;
+    let resp = client
+        .get(
+            vec![0u8],
+            Some(etcd_client::GetOptions::new().with_from_key()),
+        )
+        .await
+        .unwrap();
+    let kvs = resp
+        .kvs()
+        .iter()
+        .map(|kv| {
+            (
+                kv.key().to_vec(),
+                kv.create_revision(),
+                kv.mod_revision(),
+                kv.value().to_vec(),
+                kv.lease(),
+            )
+        })
+        .collect();
+    let mut leases: Vec<i64> = client
+        .leases()
+        .await
+        .unwrap()
+        .leases()
+        .iter()
+        .map(|l| l.id())
+        .collect();
+    leases.sort_unstable();
+    Snapshot { kvs, leases }
+}
