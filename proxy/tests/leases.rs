@@ -76,6 +76,17 @@ async fn dead_holder_is_replaced_by_a_waiter() {
         waited <= Duration::from_secs(ttl + 1),
         "took over after {waited:?}"
     );
+    // The lifetime is measured from the request's arrival, so it includes the time waited — but
+    // never more than the client itself saw pass.
+    let expires = b["expires_in_ms"].as_u64().unwrap();
+    assert!(
+        expires > 5000 + 1000,
+        "expires_in_ms {expires} ignores the wait"
+    );
+    assert!(
+        expires <= 5000 + waited.as_millis() as u64,
+        "expires_in_ms {expires} overstates"
+    );
 
     // 2. A holder whose lease is revoked behind its back: the waiter is woken by the watch.
     let mut client = etcd.client().await;

@@ -10,6 +10,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
+use tokio::time::Instant;
 
 use super::{body, AppState};
 use crate::lease::{validate, Acquire};
@@ -61,6 +62,7 @@ pub(super) async fn acquire(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response> {
+    let received = Instant::now();
     let resource = resource(path)?;
     let idempotency_key = body::idempotency_key(&headers)?;
     let req: AcquireBody = body::json(&headers, body, app.max_body_bytes).await?;
@@ -86,6 +88,7 @@ pub(super) async fn acquire(
             wait,
             metadata: req.metadata,
             idempotency_key,
+            received,
         })
         .await?;
     let location = format!("/v1/leases/{}", grant.resource);

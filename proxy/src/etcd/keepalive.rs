@@ -14,13 +14,13 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::Etcd;
+use super::{Etcd, Pinned};
 use crate::{Error, Result};
 
 const QUEUE: usize = 4096;
@@ -50,7 +50,7 @@ impl KeepAlive {
         let shards = (0..streams.max(1))
             .map(|shard| {
                 let (tx, rx) = mpsc::channel(QUEUE);
-                let task = Shard::new(etcd.client(), etcd.timeout(), rx);
+                let task = Shard::new(etcd.clone(), rx);
                 tracker.spawn(task.run(shard, cancel.clone()));
                 tx
             })
@@ -96,20 +96,23 @@ impl Pending {
 }
 
 struct Shard {
-    client: Client,
+    etcd: Etcd,
     timeout: Duration,
     rx: mpsc::Receiver<Request>,
     pending: HashMap<i64, Pending>,
     stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    /// The etcd member the stream is on.
+    member: usize,
     backoff: Duration,
     retry_at: Instant,
 }
 
 impl Shard {
-    fn new(client: Client, timeout: Duration, rx: mpsc::Receiver<Request>) -> Self {
+    fn new(etcd: Etcd, rx: mpsc::Receiver<Request>) -> Self {
         Self {
-            client,
-            timeout,
+            timeout: etcd.timeout(),
+            etcd,
+            member: 0,
             rx,
             pending: HashMap::new(),
             stream: None,
@@ -119,7 +122,7 @@ impl Shard {
     }
 
     async fn run(mut self, shard: usize, cancel: CancellationToken) {
-        let mut tick = tokio::time::interval(self.timeout / 4);
+        let mut tick = tokio::time::interval(self.timeout / 10);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             if self.stream.is_none() && !self.pending.is_empty() && Instant::now() >= self.retry_at
@@ -152,10 +155,12 @@ impl Shard {
     async fn open(&mut self, shard: usize) {
         let ids: Vec<i64> = self.pending.keys().copied().collect();
         for id in ids {
-            let mut lease = self.client.lease_client();
-            match tokio::time::timeout(self.timeout, lease.keep_alive(id)).await {
+            let Pinned { index, client } = self.etcd.pinned();
+            self.member = index;
+            let mut lease = client.lease_client();
+            match tokio::time::timeout(self.timeout / 3, lease.keep_alive(id)).await {
                 Ok(Ok(stream)) => {
-                    tracing::debug!(shard, "keepalive stream opened");
+                    tracing::debug!(shard, member = index, "keepalive stream opened");
                     self.stream = Some(stream);
                     // The opening response was consumed by etcd-client; send every outstanding
                     // renewal (the opener included) again on the new stream.
@@ -183,6 +188,7 @@ impl Shard {
 
     fn retry_later(&mut self, shard: usize, why: &str) {
         tracing::warn!(shard, reason = why, backoff = ?self.backoff, "keepalive stream unavailable");
+        self.etcd.unpin(self.member);
         self.stream = None;
         self.retry_at = Instant::now() + self.backoff;
         self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
@@ -250,7 +256,7 @@ impl Shard {
             .pending
             .values()
             .filter_map(|p| p.sent_at)
-            .any(|sent| sent.elapsed() > self.timeout);
+            .any(|sent| sent.elapsed() > self.timeout / 3);
         if stalled && self.stream.is_some() {
             self.lose_stream(shard, "keepalive unanswered");
         }

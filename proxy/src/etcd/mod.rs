@@ -8,7 +8,11 @@ pub(crate) use keepalive::KeepAlive;
 pub(crate) use watch::{HolderEvents, Wakeup};
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp,
@@ -18,9 +22,19 @@ use etcd_client::{
 use crate::{Error, Result};
 
 /// A cheap-to-clone handle on the etcd cluster with a per-call deadline.
+///
+/// One client per endpoint, one of them *pinned* at a time (as etcd's own clientv3 does). A call
+/// that fails because the member is gone, partitioned or without a leader unpins it and is
+/// retried on the next member within the same deadline. (tonic's balancer keeps sending a share
+/// of calls to a dead member, so the proxy does its own failover.)
 #[derive(Clone)]
 pub(crate) struct Etcd {
-    client: Client,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    clients: Vec<Client>,
+    pinned: AtomicUsize,
     timeout: Duration,
 }
 
@@ -33,36 +47,97 @@ pub(crate) enum Create {
     Exists(Box<KeyValue>),
 }
 
+/// The client of the pinned member, with its index so a failure can unpin exactly it.
+pub(crate) struct Pinned {
+    pub(crate) index: usize,
+    pub(crate) client: Client,
+}
+
 impl Etcd {
-    /// Connects lazily to the given endpoints. Calls fail with [`Error::EtcdTimeout`] after
-    /// `timeout`; requests to a member that has lost its leader fail at once (require-leader).
+    /// Prepares clients for the given endpoints (connections are made lazily). Calls fail with
+    /// [`Error::EtcdTimeout`] after `timeout`; a member that has lost its leader refuses at once
+    /// (require-leader), so the call moves on to another member.
     pub(crate) async fn connect(endpoints: &[String], timeout: Duration) -> Result<Self> {
         let options = ConnectOptions::new()
-            .with_connect_timeout(timeout)
-            .with_keep_alive(Duration::from_secs(2), timeout)
+            .with_connect_timeout(timeout / 3)
+            .with_keep_alive(Duration::from_secs(2), timeout / 3)
             .with_keep_alive_while_idle(true)
             .with_require_leader(true);
-        let client = Client::connect(endpoints, Some(options)).await?;
-        Ok(Self { client, timeout })
+        let mut clients = Vec::with_capacity(endpoints.len());
+        for endpoint in endpoints {
+            clients.push(Client::connect([endpoint], Some(options.clone())).await?);
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                clients,
+                pinned: AtomicUsize::new(0),
+                timeout,
+            }),
+        })
     }
 
-    /// The underlying client, for the stream tasks.
-    pub(crate) fn client(&self) -> Client {
-        self.client.clone()
+    /// The pinned member's client, for the stream tasks.
+    pub(crate) fn pinned(&self) -> Pinned {
+        let index = self.inner.pinned.load(Ordering::Relaxed) % self.inner.clients.len();
+        Pinned {
+            index,
+            client: self.inner.clients[index].clone(),
+        }
+    }
+
+    /// Moves away from member `index` if it is still the pinned one.
+    pub(crate) fn unpin(&self, index: usize) {
+        let next = (index + 1) % self.inner.clients.len();
+        if self
+            .inner
+            .pinned
+            .compare_exchange(index, next, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+            && self.inner.clients.len() > 1
+        {
+            tracing::info!(from = index, to = next, "etcd endpoint failed over");
+        }
     }
 
     /// The per-call deadline.
     pub(crate) fn timeout(&self) -> Duration {
-        self.timeout
+        self.inner.timeout
     }
 
-    async fn bounded<T>(
-        &self,
-        call: impl Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T> {
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(result) => result.map_err(Error::from),
-            Err(_) => Err(Error::EtcdTimeout(self.timeout)),
+    /// Runs `call` on the pinned member; on a failure that another member may not have, unpins
+    /// and retries until the deadline. Every call passed here is safe to repeat.
+    async fn bounded<T, F, Fut>(&self, mut call: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let timeout = self.inner.timeout;
+        let deadline = Instant::now() + timeout;
+        // Each attempt gets a share of the deadline, so a hung member leaves time for another.
+        let attempt_budget = timeout / 3;
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            let Pinned { index, client } = self.pinned();
+            let attempt_deadline = (Instant::now() + attempt_budget).min(deadline);
+            match tokio::time::timeout_at(attempt_deadline, call(client)).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(e)) if !is_member_failure(&e) => return Err(Error::Etcd(e)),
+                Ok(Err(e)) => {
+                    self.unpin(index);
+                    if Instant::now() + backoff >= deadline {
+                        return Err(Error::Etcd(e));
+                    }
+                    tracing::debug!(error = %e, "etcd call failed; retrying on another member");
+                }
+                Err(_) => {
+                    self.unpin(index);
+                    if Instant::now() + backoff >= deadline {
+                        return Err(Error::EtcdTimeout(timeout));
+                    }
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(200));
         }
     }
 
@@ -70,7 +145,7 @@ impl Etcd {
     pub(crate) async fn grant(&self, ttl: u64) -> Result<(i64, i64)> {
         let ttl = i64::try_from(ttl).unwrap_or(i64::MAX);
         let resp = self
-            .bounded(self.client.lease_client().grant(ttl, None))
+            .bounded(|c| async move { c.lease_client().grant(ttl, None).await })
             .await?;
         Ok((resp.id(), resp.ttl()))
     }
@@ -78,7 +153,10 @@ impl Etcd {
     /// Revokes a lease, deleting every key attached to it. A lease that is already gone is not
     /// an error: revocation is idempotent.
     pub(crate) async fn revoke(&self, id: i64) -> Result<()> {
-        match self.bounded(self.client.lease_client().revoke(id)).await {
+        match self
+            .bounded(|c| async move { c.lease_client().revoke(id).await })
+            .await
+        {
             Ok(_) => Ok(()),
             Err(Error::Etcd(e)) if is_lease_not_found(&e) => Ok(()),
             Err(e) => Err(e),
@@ -99,7 +177,7 @@ impl Etcd {
     /// Remaining whole seconds of a lease, or `None` if it no longer exists.
     pub(crate) async fn time_to_live(&self, id: i64) -> Result<Option<i64>> {
         let resp = self
-            .bounded(self.client.lease_client().time_to_live(id, None))
+            .bounded(|c| async move { c.lease_client().time_to_live(id, None).await })
             .await?;
         Ok((resp.ttl() >= 0).then_some(resp.ttl()))
     }
@@ -120,7 +198,12 @@ impl Etcd {
                 Some(PutOptions::new().with_lease(lease)),
             )])
             .or_else([TxnOp::get(key, None)]);
-        let resp = self.bounded(self.client.kv_client().txn(txn)).await?;
+        let resp = self
+            .bounded(|c| {
+                let txn = txn.clone();
+                async move { c.kv_client().txn(txn).await }
+            })
+            .await?;
         if resp.succeeded() {
             let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
             return Ok(Create::Created(revision));
@@ -128,6 +211,10 @@ impl Etcd {
         for op in resp.op_responses() {
             if let TxnOpResponse::Get(mut get) = op {
                 if let Some(kv) = get.take_kvs().into_iter().next() {
+                    // A retried transaction whose first attempt committed finds its own key.
+                    if kv.lease() == lease {
+                        return Ok(Create::Created(kv.create_revision()));
+                    }
                     return Ok(Create::Exists(Box::new(kv)));
                 }
             }
@@ -142,7 +229,9 @@ impl Etcd {
 
     /// The key's current value, linearizably.
     pub(crate) async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
-        let mut resp = self.bounded(self.client.kv_client().get(key, None)).await?;
+        let mut resp = self
+            .bounded(|c| async move { c.kv_client().get(key, None).await })
+            .await?;
         Ok(resp.take_kvs().into_iter().next())
     }
 
@@ -159,7 +248,12 @@ impl Etcd {
                 create_revision,
             )])
             .and_then([TxnOp::delete(key, None)]);
-        let resp = self.bounded(self.client.kv_client().txn(txn)).await?;
+        let resp = self
+            .bounded(|c| {
+                let txn = txn.clone();
+                async move { c.kv_client().txn(txn).await }
+            })
+            .await?;
         Ok(resp.succeeded())
     }
 
@@ -170,12 +264,27 @@ impl Etcd {
         end: &[u8],
         limit: i64,
     ) -> Result<(Vec<KeyValue>, bool)> {
-        let options = GetOptions::new().with_range(end).with_limit(limit);
         let mut resp = self
-            .bounded(self.client.kv_client().get(start, Some(options)))
+            .bounded(|c| async move {
+                let options = GetOptions::new().with_range(end).with_limit(limit);
+                c.kv_client().get(start, Some(options)).await
+            })
             .await?;
         let more = resp.more();
         Ok((resp.take_kvs(), more))
+    }
+}
+
+/// Whether another member might succeed where this one failed: the member is unreachable,
+/// has no leader, or lost its leader mid-request (etcd answers all of those as Unavailable).
+fn is_member_failure(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        etcd_client::Error::GRpcStatus(status) => matches!(
+            status.code(),
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+        ),
+        _ => false,
     }
 }
 

@@ -12,7 +12,7 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::Etcd;
+use super::{Etcd, Pinned};
 
 const CHANNEL: usize = 4096;
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
@@ -72,7 +72,7 @@ async fn watch_loop(
 ) {
     let mut backoff = MIN_BACKOFF;
     loop {
-        let mut client = etcd.client();
+        let Pinned { index, mut client } = etcd.pinned();
         let opened = tokio::select! {
             _ = cancel.cancelled() => return,
             r = tokio::time::timeout(
@@ -124,6 +124,7 @@ async fn watch_loop(
             Ok(Err(e)) => tracing::warn!(error = %e, "cannot open holder watch"),
             Err(_) => tracing::warn!("opening the holder watch timed out"),
         }
+        etcd.unpin(index);
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(backoff) => {}

@@ -50,6 +50,8 @@ pub(crate) struct Acquire {
     pub(crate) metadata: Option<serde_json::Value>,
     /// Makes a retried acquire return the same grant.
     pub(crate) idempotency_key: Option<String>,
+    /// When the request reached the proxy: `expires_in_ms` is measured from here.
+    pub(crate) received: Instant,
 }
 
 /// A successful acquire, as returned to the client (the only time the secret is shown).
@@ -245,6 +247,10 @@ impl Leases {
     /// One attempt: grant a lease, then create the ownership key if absent.
     async fn try_acquire(&self, req: &Acquire) -> Result<Result<Grant, Box<Conflict>>> {
         let key = self.key(&req.resource);
+        // etcd starts the lease's clock after this instant, so the lease lasts at least until
+        // `granting + ttl` — measured from the request's arrival, that is `waited + ttl`.
+        let waited = Instant::now().saturating_duration_since(req.received);
+        let waited_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
         let (lease_id, granted_ttl) = self.etcd.grant(req.ttl_seconds).await?;
         let ttl_seconds = u64::try_from(granted_ttl).unwrap_or(req.ttl_seconds);
         let secret = match &req.idempotency_key {
@@ -288,7 +294,7 @@ impl Leases {
                     token,
                     fencing_token,
                     ttl_seconds,
-                    expires_in_ms: ttl_seconds * 1000,
+                    expires_in_ms: waited_ms.saturating_add(ttl_seconds * 1000),
                     metadata: req.metadata.clone(),
                 }));
             }

@@ -176,9 +176,12 @@ pub fn lease_id(v: &Value) -> i64 {
 
 /// Everything observable in etcd: every key with its revisions and value, and the live leases.
 /// Two equal snapshots mean nothing changed in between.
+/// One key: (key, create revision, mod revision, value, lease).
+pub type KeyState = (Vec<u8>, i64, i64, Vec<u8>, i64);
+
 #[derive(Debug, PartialEq, Eq)]
 pub struct Snapshot {
-    pub kvs: Vec<(Vec<u8>, i64, i64, Vec<u8>, i64)>,
+    pub kvs: Vec<KeyState>,
     pub leases: Vec<i64>,
 }
 

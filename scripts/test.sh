@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The test suite, from a fresh Debian machine: installs what is missing (etcd, protoc), then
+# formatting, lints and every test. Integration tests spawn their own etcd on free loopback ports.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/deps.sh
+ensure_deps
+
+echo "==> cargo fmt --check"
+cargo fmt --all --check
+echo "==> cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "==> cargo test"
+cargo test --workspace --locked
