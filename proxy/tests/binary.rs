@@ -1,0 +1,133 @@
+//! The `lease-proxy` binary: configuration errors, the development key, and the SIGTERM drain.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+use tokio::time::Instant;
+
+const BIN: &str = env!("CARGO_BIN_EXE_lease-proxy");
+
+#[test]
+fn bad_configuration_exits_64() {
+    for args in [
+        &["--min-ttl", "1"][..],
+        &["--etcd-prefix", "no-trailing-slash"],
+        &["--etcd-endpoints", "127.0.0.1:2379"],
+        &["--listen", "not-an-address"],
+        &["--no-such-flag"],
+    ] {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
+        assert!(!out.stderr.is_empty(), "{args:?} printed no reason");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.toml");
+    std::fs::write(&file, "max_ttl = \"ten\"\n").unwrap();
+    let out = Command::new(BIN)
+        .arg("--config")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert_eq!(
+        Command::new(BIN)
+            .arg("--help")
+            .output()
+            .unwrap()
+            .status
+            .code(),
+        Some(0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_and_exits_zero() {
+    let etcd = Etcd::single().await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = lease_proxy_testkit::free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut child = Command::new(BIN)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--etcd-endpoints", &etcd.endpoint(0)])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["--drain-timeout", "5s"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let client = http();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(r) = client.get(format!("{url}/readyz")).send().await {
+            if r.status() == 200 {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "binary never became ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // No --key-file: a development key was generated, private to the owner.
+    let key = dir.path().join("dev-fencing.key");
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&key).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
+    fencing::Keyring::load(&key).unwrap();
+
+    // One holder, and a second acquire waiting on it when SIGTERM arrives.
+    let (status, _) = send(
+        client
+            .post(format!("{url}/v1/leases/drain-1"))
+            .json(&json!({"holder": "a", "ttl_seconds": 30})),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let waiter = {
+        let client = client.clone();
+        let url = url.clone();
+        tokio::spawn(async move {
+            send(
+                client
+                    .post(format!("{url}/v1/leases/drain-1"))
+                    .json(&json!({"holder": "b", "ttl_seconds": 30, "wait_ms": 30000})),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let signalled = Instant::now();
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let (status, body) = waiter.await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(
+        body["type"],
+        format!("{}shutting-down", lease_proxy::PROBLEM_BASE)
+    );
+    let status = tokio::task::spawn_blocking(move || {
+        let status = child.wait().unwrap();
+        let mut err = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+        (status, err)
+    })
+    .await
+    .unwrap();
+    assert_eq!(status.0.code(), Some(0), "stderr: {}", status.1);
+    assert!(
+        status.1.contains("DEVELOPMENT fencing key"),
+        "no warning about the dev key"
+    );
+    assert!(
+        signalled.elapsed() < Duration::from_secs(5),
+        "drain took {:?}",
+        signalled.elapsed()
+    );
+}
