@@ -11,11 +11,18 @@
 #![forbid(unsafe_code)]
 
 mod error;
+pub mod gate;
+pub mod gateway;
 mod keys;
+pub mod layer;
+pub mod store;
 mod token;
 
 pub use error::{Error, TokenError};
+pub use gate::{Gate, GateError, Permit};
 pub use keys::{KeyId, Keyring};
+pub use layer::{Fence, FencingLayer, Rejection};
+pub use store::{HighWaterMarks, MemoryStore, SqliteStore, StoreError};
 pub use token::Token;
 
 /// The canonical header carrying a signed fencing token.

@@ -1,0 +1,101 @@
+//! fence-gateway's configuration: flags and `FENCE_GATEWAY_*` environment variables.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::layer::PathPattern;
+use crate::store::{HighWaterMarks, MemoryStore, SqliteStore, StoreError};
+
+/// fence-gateway's configuration.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "fence-gateway",
+    version,
+    about = "Reverse proxy that refuses stale, forged and misdirected fencing tokens"
+)]
+pub struct GatewayConfig {
+    /// Address to listen on.
+    #[arg(long, env = "FENCE_GATEWAY_LISTEN", default_value = "127.0.0.1:7071")]
+    pub listen: SocketAddr,
+
+    /// Base URL of the protected storage service (http).
+    #[arg(long, env = "FENCE_GATEWAY_UPSTREAM")]
+    pub upstream: String,
+
+    /// Where high-water marks live: `sqlite:PATH` (durable default) or `memory` (tests only).
+    #[arg(
+        long,
+        env = "FENCE_GATEWAY_STORE",
+        default_value = "sqlite:fence-marks.db"
+    )]
+    pub store: String,
+
+    /// Fencing key file shared with lease-proxy (`KID SECRET` per line).
+    #[arg(long, env = "FENCE_GATEWAY_KEY_FILE")]
+    pub key_file: PathBuf,
+
+    /// Take the resource of a write from the path, e.g. `/inventory/{resource}`; otherwise (and
+    /// for paths that do not match) from the `Fencing-Resource` header.
+    #[arg(long, env = "FENCE_GATEWAY_RESOURCE_PATH")]
+    pub resource_path: Option<String>,
+
+    /// Largest request body forwarded, in bytes.
+    #[arg(long, env = "FENCE_GATEWAY_MAX_BODY_BYTES", default_value_t = 8 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// Deadline for the upstream's answer.
+    #[arg(long, env = "FENCE_GATEWAY_UPSTREAM_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub upstream_timeout: Duration,
+
+    /// How long in-flight requests may take to finish after SIGTERM.
+    #[arg(long, env = "FENCE_GATEWAY_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {0}")]
+pub struct GatewayConfigError(pub String);
+
+impl GatewayConfig {
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), GatewayConfigError> {
+        let uri: http::Uri = self
+            .upstream
+            .parse()
+            .map_err(|e| GatewayConfigError(format!("--upstream: {e}")))?;
+        if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+            return Err(GatewayConfigError(
+                "--upstream must be an http://host:port URL".into(),
+            ));
+        }
+        if let Some(p) = &self.resource_path {
+            if PathPattern::parse(p).is_none() {
+                return Err(GatewayConfigError(
+                    "--resource-path must end with a `{resource}` segment".into(),
+                ));
+            }
+        }
+        if self.store != "memory" && !self.store.starts_with("sqlite:") {
+            return Err(GatewayConfigError(format!(
+                "--store `{}`: use sqlite:PATH or memory",
+                self.store
+            )));
+        }
+        Ok(())
+    }
+
+    /// Opens the configured store.
+    pub fn open_store(&self) -> Result<Box<dyn HighWaterMarks>, StoreError> {
+        match self.store.strip_prefix("sqlite:") {
+            Some(path) => Ok(Box::new(SqliteStore::open(path.as_ref())?)),
+            None => {
+                tracing::warn!("--store memory: marks are forgotten on restart (tests only)");
+                Ok(Box::new(MemoryStore::new()))
+            }
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! fence-gateway: a reverse proxy in front of an HTTP storage service that enforces fencing on
+//! every write (DESIGN §4, §5.3). Reads pass through; `POST /fence/{resource}` raises a mark
+//! without a write (pre-fence); `/livez`, `/readyz` and `/metrics` are answered by the gateway
+//! itself and shadow upstream paths of the same name.
+
+mod config;
+mod forward;
+
+pub use config::{GatewayConfig, GatewayConfigError};
+pub use forward::strip_hop_by_hop;
+
+use std::convert::Infallible;
+use std::future::{Future, IntoFuture};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use http::Request;
+use http_body_util::Limited;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::layer::{ByHeader, Classify, Decision, Fence, FencingLayer, PathPattern, Rejection};
+use crate::store::HighWaterMarks;
+use crate::{Gate, Keyring};
+use forward::{problem, Forwarder};
+
+/// Why the gateway could not start or serve.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GatewayError {
+    /// Bad configuration.
+    #[error(transparent)]
+    Config(#[from] GatewayConfigError),
+    /// The key file is unusable.
+    #[error(transparent)]
+    Keys(#[from] crate::Error),
+    /// The mark store cannot be opened.
+    #[error(transparent)]
+    Store(#[from] crate::StoreError),
+    /// Serving failed.
+    #[error("serving: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+struct Shared {
+    fence: Fence<Box<dyn HighWaterMarks>>,
+    draining: AtomicBool,
+}
+
+/// How the gateway tells which writes are protected: a path pattern if configured, else the
+/// `Fencing-Resource` header.
+#[derive(Clone)]
+enum Resources {
+    Header,
+    Path(PathPattern),
+}
+
+impl<B> Classify<B> for Resources {
+    fn classify(&self, req: &Request<B>) -> Decision {
+        match self {
+            Resources::Header => ByHeader.classify(req),
+            Resources::Path(p) => p.classify(req),
+        }
+    }
+}
+
+/// Serves the gateway on `listener` until `shutdown` resolves, then drains.
+pub async fn run(
+    listener: TcpListener,
+    config: GatewayConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), GatewayError> {
+    config.validate()?;
+    let keys = Arc::new(Keyring::load(&config.key_file)?);
+    let store = config.open_store()?;
+    let fence = Fence::new(keys, Arc::new(Gate::new(store)));
+    let upstream = config
+        .upstream
+        .parse()
+        .map_err(|e| GatewayConfigError(format!("--upstream: {e}")))?;
+    let forwarder = Forwarder::new(upstream, config.upstream_timeout);
+    let classify = match &config.resource_path {
+        Some(p) => Resources::Path(
+            PathPattern::parse(p).ok_or_else(|| GatewayConfigError("--resource-path".into()))?,
+        ),
+        None => Resources::Header,
+    };
+    let shared = Arc::new(Shared {
+        fence: fence.clone(),
+        draining: AtomicBool::new(false),
+    });
+    let max_body = config.max_body_bytes;
+    let proxy = tower::service_fn(move |req: Request<Body>| {
+        let forwarder = forwarder.clone();
+        async move { Ok::<_, Infallible>(forwarder.forward(req).await) }
+    });
+    let protected = tower::ServiceBuilder::new()
+        .map_request(move |req: Request<Body>| limit_body(req, max_body))
+        .layer(FencingLayer::new(fence, classify))
+        .service(proxy);
+    let app = Router::new()
+        .route("/fence/{resource}", post(prefence))
+        .route("/livez", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(shared.clone())
+        .fallback_service(
+            tower::ServiceBuilder::new()
+                .layer(axum::middleware::from_fn(
+                    move |req: Request<Body>, next: axum::middleware::Next| async move {
+                        if oversized(req.headers(), max_body) {
+                            return problem(
+                                StatusCode::PAYLOAD_TOO_LARGE,
+                                "body-too-large",
+                                "request body too large",
+                            );
+                        }
+                        next.run(req).await
+                    },
+                ))
+                .service(protected),
+        );
+
+    tracing::info!(listen = %listener.local_addr()?, upstream = %config.upstream, store = %config.store, "fence-gateway serving");
+    let stop = CancellationToken::new();
+    let stop_accepting = stop.clone();
+    let server = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { stop_accepting.cancelled().await })
+        .into_future();
+    let mut server = tokio::spawn(server);
+    let served = tokio::select! {
+        r = &mut server => Some(r),
+        () = shutdown => None,
+    };
+    let result = match served {
+        Some(r) => r,
+        None => {
+            shared.draining.store(true, Ordering::Relaxed);
+            stop.cancel();
+            match tokio::time::timeout(config.drain_timeout, &mut server).await {
+                Ok(r) => r,
+                Err(_) => {
+                    server.abort();
+                    Ok(Ok(()))
+                }
+            }
+        }
+    };
+    match result {
+        Ok(r) => Ok(r?),
+        Err(join) => Err(GatewayError::Io(std::io::Error::other(join))),
+    }
+}
+
+fn oversized(headers: &HeaderMap, limit: usize) -> bool {
+    headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|len| len > limit as u64)
+}
+
+/// Streams the body through a limit: a body that turns out larger than declared is cut off.
+fn limit_body(req: Request<Body>, limit: usize) -> Request<Body> {
+    req.map(|b| Body::new(Limited::new(b, limit)))
+}
+
+/// `POST /fence/{resource}`: raises the mark to the presented token without a write, so an
+/// evicted holder is cut off before the new holder's first write.
+async fn prefence(
+    State(shared): State<Arc<Shared>>,
+    Path(resource): Path<String>,
+    req: Request<Body>,
+) -> Response {
+    let wire = match crate::layer::presented_token(&req) {
+        Ok(w) => w.to_owned(),
+        Err(r) => return r.into_response(),
+    };
+    match shared.fence.admit(&resource, &wire).await {
+        Ok((token, permit)) => {
+            drop(permit);
+            let body = serde_json::json!({
+                "resource": resource,
+                "mark": {"era": token.era.to_string(), "revision": token.revision.to_string()},
+            });
+            (StatusCode::OK, axum::Json(body)).into_response()
+        }
+        Err(r) => r.into_response(),
+    }
+}
+
+async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, &'static str) {
+    if shared.draining.load(Ordering::Relaxed) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "draining");
+    }
+    match shared.fence.gate.store().get("readyz").await {
+        Ok(_) => (StatusCode::OK, "ok"),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "store unavailable"),
+    }
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+    let o = &shared.fence.outcomes;
+    let mut text = String::from(
+        "# HELP fence_requests_total Requests seen by the enforcer, by outcome.\n\
+         # TYPE fence_requests_total counter\n",
+    );
+    for (outcome, counter) in [
+        ("admitted", &o.admitted),
+        ("passed", &o.passed),
+        ("stale", &o.stale),
+        ("invalid", &o.invalid),
+        ("store_error", &o.store_errors),
+    ] {
+        text.push_str(&format!(
+            "fence_requests_total{{outcome=\"{outcome}\"}} {}\n",
+            counter.load(Ordering::Relaxed)
+        ));
+    }
+    (
+        [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        text,
+    )
+}
+
+impl IntoResponse for Rejection {
+    fn into_response(self) -> Response {
+        Rejection::into_response(self)
+    }
+}

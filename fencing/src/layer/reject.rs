@@ -1,0 +1,98 @@
+use axum::body::Body;
+use http::{header, HeaderValue, Response, StatusCode};
+
+use crate::gate::GateError;
+use crate::{Token, TokenError};
+
+/// Base of the problem `type` URIs, shared with lease-proxy.
+pub const PROBLEM_BASE: &str = "https://lease-proxy.dev/problems/";
+
+/// Why the enforcer refused a request. A refused request reaches nothing behind the enforcer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// A protected write without a token.
+    #[error("a fencing token is required for writes")]
+    MissingToken,
+    /// More than one token header value.
+    #[error("exactly one fencing token must be given")]
+    DuplicateToken,
+    /// A write that names no resource.
+    #[error("the Fencing-Resource header is required for writes")]
+    MissingResource,
+    /// A resource name the enforcer does not accept, or two that disagree.
+    #[error("invalid or conflicting resource name")]
+    BadResource,
+    /// The token is malformed, forged, from an unknown key, or for another resource.
+    #[error("{0}")]
+    Token(TokenError),
+    /// The token is below the resource's high-water mark.
+    #[error("fencing token {token} is below the high-water mark {mark}")]
+    Stale {
+        /// The refused token.
+        token: Token,
+        /// The mark.
+        mark: Token,
+    },
+    /// The mark store failed: fail closed.
+    #[error("the high-water-mark store is unavailable")]
+    StoreUnavailable,
+}
+
+impl From<GateError> for Rejection {
+    fn from(e: GateError) -> Self {
+        match e {
+            GateError::Stale { token, mark } => Rejection::Stale { token, mark },
+            GateError::Store(e) => {
+                tracing::error!(error = %e, "mark store failed; refusing the write");
+                Rejection::StoreUnavailable
+            }
+        }
+    }
+}
+
+impl Rejection {
+    /// Status and problem slug — the one place the enforcer maps refusals to HTTP.
+    pub fn classify(&self) -> (StatusCode, &'static str) {
+        match self {
+            Rejection::MissingToken => (StatusCode::PRECONDITION_REQUIRED, "missing-fencing-token"),
+            Rejection::DuplicateToken => (StatusCode::BAD_REQUEST, "duplicate-fencing-token"),
+            Rejection::MissingResource => (StatusCode::BAD_REQUEST, "missing-fencing-resource"),
+            Rejection::BadResource => (StatusCode::BAD_REQUEST, "invalid-fencing-resource"),
+            Rejection::Token(TokenError::WrongResource) => {
+                (StatusCode::FORBIDDEN, "wrong-resource-fencing-token")
+            }
+            Rejection::Token(_) => (StatusCode::UNAUTHORIZED, "invalid-fencing-token"),
+            Rejection::Stale { .. } => (StatusCode::CONFLICT, "stale-fencing-token"),
+            Rejection::StoreUnavailable => {
+                (StatusCode::SERVICE_UNAVAILABLE, "fence-store-unavailable")
+            }
+        }
+    }
+
+    /// The problem+json response.
+    pub fn into_response(self) -> Response<Body> {
+        let (status, slug) = self.classify();
+        let mut body = serde_json::json!({
+            "type": format!("{PROBLEM_BASE}{slug}"),
+            "title": status.canonical_reason().unwrap_or("Refused"),
+            "status": status.as_u16(),
+            "detail": self.to_string(),
+        });
+        if let Rejection::Stale { mark, .. } = &self {
+            body["mark"] = serde_json::json!({"era": mark.era.to_string(), "revision": mark.revision.to_string()});
+        }
+        let mut response = Response::new(Body::from(body.to_string()));
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}

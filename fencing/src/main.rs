@@ -1,0 +1,67 @@
+//! The `fence-gateway` binary: configuration, logging, signals.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use fencing::gateway::{self, GatewayConfig};
+use tracing_subscriber::EnvFilter;
+
+/// EX_USAGE: the configuration is wrong.
+const EXIT_CONFIG: u8 = 64;
+
+fn main() -> ExitCode {
+    let config = match GatewayConfig::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { EXIT_CONFIG } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    if let Err(e) = config.validate() {
+        eprintln!("fence-gateway: {e}");
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("fence-gateway: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(config.listen).await?;
+        gateway::run(listener, config, terminated()).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fence-gateway: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn terminated() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        () = term => {},
+    }
+}
