@@ -1,0 +1,319 @@
+//! The fence-gateway binary in front of a recording storage service: crash safety of the marks,
+//! pre-fence, pass-through reads, header hygiene and bad input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::http::HeaderMap;
+use fencing::{KeyId, Keyring, Token};
+use lease_proxy_testkit::free_port;
+
+const BIN: &str = env!("CARGO_BIN_EXE_fence-gateway");
+
+/// What the storage received: (method, path, headers, body).
+type Received = Arc<Mutex<Vec<(String, String, HeaderMap, Bytes)>>>;
+
+async fn storage() -> (String, Received) {
+    let received: Received = Arc::default();
+    let log = received.clone();
+    let app = axum::Router::new().fallback(
+        move |method: http::Method, uri: http::Uri, headers: HeaderMap, body: Bytes| {
+            let log = log.clone();
+            async move {
+                log.lock().unwrap().push((
+                    method.to_string(),
+                    uri.path().to_owned(),
+                    headers,
+                    body.clone(),
+                ));
+                (
+                    [
+                        ("x-storage", "yes"),
+                        ("connection", "x-hop"),
+                        ("x-hop", "1"),
+                    ],
+                    body,
+                )
+            }
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, received)
+}
+
+struct Gateway {
+    child: Child,
+    url: String,
+}
+
+impl Gateway {
+    async fn start(upstream: &str, store: &Path, keys: &Path, port: u16) -> Self {
+        let child = Command::new(BIN)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--upstream", upstream])
+            .arg("--store")
+            .arg(format!("sqlite:{}", store.display()))
+            .arg("--key-file")
+            .arg(keys)
+            .args(["--max-body-bytes", "65536"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let url = format!("http://127.0.0.1:{port}");
+        for _ in 0..200 {
+            if let Ok(r) = reqwest::get(format!("{url}/readyz")).await {
+                if r.status() == 200 {
+                    return Self { child, url };
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("fence-gateway did not become ready");
+    }
+
+    fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn setup() -> (tempfile::TempDir, PathBuf, Keyring) {
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("keys");
+    std::fs::write(
+        &key_file,
+        Keyring::generate_file(&KeyId::parse("k1").unwrap()),
+    )
+    .unwrap();
+    let keys = Keyring::load(&key_file).unwrap();
+    (dir, key_file, keys)
+}
+
+async fn put(gw: &Gateway, keys: &Keyring, resource: &str, revision: u64) -> u16 {
+    reqwest::Client::new()
+        .put(format!("{}/inventory/{resource}", gw.url))
+        .header("fencing-resource", resource)
+        .header(
+            "fencing-token",
+            keys.mint(resource, Token::new(0, revision)),
+        )
+        .body(format!("count from {revision}"))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn marks_survive_sigkill() {
+    let (dir, key_file, keys) = setup();
+    let (upstream, received) = storage().await;
+    let store = dir.path().join("marks.db");
+    let port = free_port();
+    let gw = Gateway::start(&upstream, &store, &key_file, port).await;
+    assert_eq!(put(&gw, &keys, "aisle-1", 10).await, 200);
+    // Killed right after accepting token 10: no graceful shutdown, no flush.
+    gw.kill();
+    let gw = Gateway::start(&upstream, &store, &key_file, port).await;
+    assert_eq!(put(&gw, &keys, "aisle-1", 9).await, 409);
+    assert_eq!(put(&gw, &keys, "aisle-1", 10).await, 200);
+    assert_eq!(put(&gw, &keys, "aisle-1", 11).await, 200);
+    let bodies: Vec<Bytes> = received
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.3.clone())
+        .collect();
+    assert_eq!(
+        bodies,
+        vec!["count from 10", "count from 10", "count from 11"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefence_reads_and_headers() {
+    let (dir, key_file, keys) = setup();
+    let (upstream, received) = storage().await;
+    let gw = Gateway::start(&upstream, &dir.path().join("m.db"), &key_file, free_port()).await;
+    let client = reqwest::Client::new();
+
+    assert_eq!(put(&gw, &keys, "aisle-2", 5).await, 200);
+    // Pre-fence with the next holder's token: the old holder is cut off before any new write.
+    let resp = client
+        .post(format!("{}/fence/aisle-2", gw.url))
+        .header("fencing-token", keys.mint("aisle-2", Token::new(0, 8)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(put(&gw, &keys, "aisle-2", 5).await, 409);
+    let stale = client
+        .put(format!("{}/inventory/aisle-2", gw.url))
+        .header("fencing-resource", "aisle-2")
+        .header("fencing-token", keys.mint("aisle-2", Token::new(0, 7)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stale.status(), 409);
+    assert_eq!(stale.headers()["content-type"], "application/problem+json");
+    let body: serde_json::Value = stale.json().await.unwrap();
+    assert!(body["type"]
+        .as_str()
+        .unwrap()
+        .ends_with("/stale-fencing-token"));
+    assert_eq!(body["mark"]["revision"], "8");
+    let before = received.lock().unwrap().len();
+    assert_eq!(before, 1, "only the first write reached storage");
+
+    // Reads pass through without a token; end-to-end headers travel, hop-by-hop ones do not.
+    let resp = client
+        .get(format!("{}/inventory/aisle-2?x=1", gw.url))
+        .header("x-end-to-end", "kept")
+        .header("connection", "x-private")
+        .header("x-private", "dropped")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-storage"], "yes");
+    assert!(resp.headers().get("x-hop").is_none());
+    let last = received.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(
+        (last.0.as_str(), last.1.as_str()),
+        ("GET", "/inventory/aisle-2")
+    );
+    assert_eq!(last.2["x-end-to-end"], "kept");
+    assert!(last.2.get("x-private").is_none());
+    assert!(last.2.get("fencing-token").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_and_changes_nothing() {
+    let (dir, key_file, keys) = setup();
+    let (upstream, received) = storage().await;
+    let store = dir.path().join("m.db");
+    let gw = Gateway::start(&upstream, &store, &key_file, free_port()).await;
+    assert_eq!(put(&gw, &keys, "bin-1", 50).await, 200);
+    received.lock().unwrap().clear();
+    let client = reqwest::Client::new();
+    let good = keys.mint("bin-1", Token::new(0, 60));
+    let url = format!("{}/inventory/bin-1", gw.url);
+    let cases: Vec<(&str, reqwest::RequestBuilder, u16)> = vec![
+        (
+            "no token",
+            client.put(&url).header("fencing-resource", "bin-1"),
+            428,
+        ),
+        (
+            "no resource",
+            client.put(&url).header("fencing-token", &good),
+            400,
+        ),
+        (
+            "two token headers",
+            client
+                .put(&url)
+                .header("fencing-resource", "bin-1")
+                .header("fencing-token", &good)
+                .header("x-fencing-token", &good),
+            400,
+        ),
+        (
+            "token twice",
+            client
+                .put(&url)
+                .header("fencing-resource", "bin-1")
+                .header("fencing-token", &good)
+                .header("fencing-token", &good),
+            400,
+        ),
+        (
+            "two resources",
+            client
+                .put(&url)
+                .header("fencing-resource", "bin-1")
+                .header("fencing-resource", "bin-2")
+                .header("fencing-token", &good),
+            400,
+        ),
+        (
+            "malformed token",
+            client
+                .put(&url)
+                .header("fencing-resource", "bin-1")
+                .header("fencing-token", "v1.k1.0.x"),
+            401,
+        ),
+        (
+            "token for another resource",
+            client
+                .put(&url)
+                .header("fencing-resource", "bin-1")
+                .header("fencing-token", keys.mint("bin-2", Token::new(0, 99))),
+            403,
+        ),
+        (
+            "oversized token header",
+            client
+                .put(&url)
+                .header("fencing-resource", "bin-1")
+                .header("fencing-token", "v".repeat(200_000)),
+            401,
+        ),
+        (
+            "oversized resource header",
+            client
+                .put(&url)
+                .header("fencing-resource", "r".repeat(10_000))
+                .header("fencing-token", &good),
+            400,
+        ),
+        (
+            "oversized body",
+            client
+                .put(&url)
+                .header("fencing-resource", "bin-1")
+                .header("fencing-token", &good)
+                .body(vec![b'x'; 100_000]),
+            413,
+        ),
+        (
+            "prefence without token",
+            client.post(format!("{}/fence/bin-1", gw.url)),
+            428,
+        ),
+        (
+            "prefence forged",
+            client
+                .post(format!("{}/fence/bin-1", gw.url))
+                .header("fencing-token", good.replacen(".60.", ".61.", 1)),
+            401,
+        ),
+    ];
+    for (name, req, want) in cases {
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), want, "{name}");
+    }
+    assert!(
+        received.lock().unwrap().is_empty(),
+        "a refused request reached storage"
+    );
+    // The mark did not move: token 50 is still admitted, 49 is not.
+    assert_eq!(put(&gw, &keys, "bin-1", 49).await, 409);
+    assert_eq!(put(&gw, &keys, "bin-1", 50).await, 200);
+}
