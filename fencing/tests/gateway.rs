@@ -66,11 +66,15 @@ impl Gateway {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let url = format!("http://127.0.0.1:{port}");
+        // Owned from here on, so a failed start is still killed (by Drop).
+        let gw = Self {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        };
         for _ in 0..200 {
-            if let Ok(r) = reqwest::get(format!("{url}/readyz")).await {
+            if let Ok(r) = reqwest::get(format!("{}/readyz", gw.url)).await {
                 if r.status() == 200 {
-                    return Self { child, url };
+                    return gw;
                 }
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
