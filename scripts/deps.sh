@@ -24,3 +24,41 @@ ensure_deps() {
     exit 1
   fi
 }
+
+as_postgres() {
+  if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else sudo -u postgres "$@"; fi
+}
+
+# A PostgreSQL server on 127.0.0.1:5432 with the role and database the tests use
+# (FENCING_TEST_POSTGRES, default postgres://lease_proxy:lease_proxy@127.0.0.1:5432/lease_proxy_test).
+ensure_postgres() {
+  command -v pg_lsclusters >/dev/null 2>&1 || apt_install postgresql
+  local sudo=()
+  if [ "$(id -u)" -ne 0 ]; then sudo=(sudo); fi
+  local cluster
+  cluster=$(pg_lsclusters -h 2>/dev/null | awk 'NR==1 {print $1" "$2}')
+  if [ -z "$cluster" ]; then
+    local version
+    version=$(ls /usr/lib/postgresql | sort -V | tail -n 1)
+    "${sudo[@]}" pg_createcluster "$version" main >/dev/null
+    cluster="$version main"
+  fi
+  # shellcheck disable=SC2086
+  if ! pg_lsclusters -h | awk -v c="$cluster" '$1" "$2==c {print $4}' | grep -q online; then
+    echo "==> starting PostgreSQL $cluster"
+    "${sudo[@]}" pg_ctlcluster $cluster start
+  fi
+  for _ in $(seq 50); do
+    (cd / && as_postgres psql -qAtc "select 1") >/dev/null 2>&1 && break
+    sleep 0.2
+  done
+  (cd / && as_postgres psql -v ON_ERROR_STOP=1 -qAt) >/dev/null <<'SQL'
+DO $$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'lease_proxy') THEN
+    CREATE ROLE lease_proxy LOGIN PASSWORD 'lease_proxy' CREATEDB;
+  END IF;
+END $$;
+SELECT 'CREATE DATABASE lease_proxy_test OWNER lease_proxy'
+  WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = 'lease_proxy_test')\gexec
+SQL
+}

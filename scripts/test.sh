@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
 ensure_deps
+ensure_postgres
 
 echo "==> cargo fmt --check"
 cargo fmt --all --check

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use dashmap::DashMap;
 use tokio::sync::Notify;
 
+use crate::admission::{Admission, Permit};
 use crate::store::{HighWaterMarks, StoreError};
 use crate::Token;
 
@@ -59,15 +60,13 @@ pub struct Gate<S> {
     ordering: bool,
 }
 
-/// An admitted write. Hold it until the write has completed at the storage; dropping it lets
-/// higher tokens waiting for this write proceed.
-#[must_use = "the write counts as in flight until the permit is dropped"]
-pub struct Permit {
+/// One in-flight write, counted until dropped.
+struct InFlight {
     entry: Arc<Entry>,
     token: Token,
 }
 
-impl Drop for Permit {
+impl Drop for InFlight {
     fn drop(&mut self) {
         if let Ok(mut state) = self.entry.state.lock() {
             if let Some(n) = state.in_flight.get_mut(&self.token) {
@@ -127,10 +126,10 @@ impl<S: HighWaterMarks> Gate<S> {
                     }
                     if token == mark {
                         *state.in_flight.entry(token).or_default() += 1;
-                        return Ok(Permit {
+                        return Ok(Permit::new(InFlight {
                             entry: entry.clone(),
                             token,
-                        });
+                        }));
                     }
                     // Above the mark: from now on lower tokens are refused.
                     state.floor = state.floor.max(token);
@@ -191,6 +190,20 @@ impl<S: HighWaterMarks> Gate<S> {
             return Ok(Some(mark).filter(|m| *m != Token::default()));
         }
         Ok(self.store.get(resource).await?)
+    }
+}
+
+impl<S: HighWaterMarks> Admission for Gate<S> {
+    fn admit<'a>(
+        &'a self,
+        resource: &'a str,
+        token: Token,
+    ) -> futures::future::BoxFuture<'a, Result<Permit, GateError>> {
+        Box::pin(Gate::admit(self, resource, token))
+    }
+
+    fn ready(&self) -> futures::future::BoxFuture<'_, bool> {
+        Box::pin(async move { self.store.get("readyz").await.is_ok() })
     }
 }
 

@@ -10,6 +10,7 @@
 //! resource, whatever number they carry.
 #![forbid(unsafe_code)]
 
+pub mod admission;
 mod error;
 pub mod gate;
 pub mod gateway;
@@ -18,11 +19,12 @@ pub mod layer;
 pub mod store;
 mod token;
 
+pub use admission::{Admission, Permit};
 pub use error::{Error, TokenError};
-pub use gate::{Gate, GateError, Permit};
+pub use gate::{Gate, GateError};
 pub use keys::{KeyId, Keyring};
 pub use layer::{Fence, FencingLayer, Rejection};
-pub use store::{HighWaterMarks, MemoryStore, SqliteStore, StoreError};
+pub use store::{HighWaterMarks, MemoryStore, PostgresStore, SharedGate, SqliteStore, StoreError};
 pub use token::Token;
 
 /// The canonical header carrying a signed fencing token.

@@ -1,120 +1,50 @@
 //! The fencing layer in process: ordering under concurrency, and forged tokens.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::HashMap;
-use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
+use common::{keyring, recording_upstream, reorderings, write, Log};
 use fencing::layer::{ByHeader, Fence, FencingLayer};
-use fencing::{Gate, HighWaterMarks, KeyId, Keyring, MemoryStore, SqliteStore, Token};
-use http::{Request, Response};
+use fencing::{Gate, HighWaterMarks, MemoryStore, SqliteStore, Token};
+use http::Request;
 use rand::Rng;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
-fn keyring(kid: &str) -> Keyring {
-    Keyring::parse(&Keyring::generate_file(&KeyId::parse(kid).unwrap())).unwrap()
-}
-
-/// What reached the storage: (resource, token revision) in arrival order.
-type Log = Arc<Mutex<Vec<(String, u64)>>>;
-
-/// A storage service that takes a random short time per write and records what it applied.
-fn recording_upstream(
-    log: Log,
-) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send>
-       + Clone
-       + Send
-       + 'static {
-    tower::service_fn(move |req: Request<Body>| {
-        let log = log.clone();
-        async move {
-            let resource = req.headers()["fencing-resource"]
-                .to_str()
-                .unwrap()
-                .to_owned();
-            let wire = req.headers()["fencing-token"].to_str().unwrap().to_owned();
-            let revision: u64 = wire.split('.').nth(3).unwrap().parse().unwrap();
-            let delay = rand::rng().random_range(0..3000);
-            tokio::time::sleep(Duration::from_micros(delay)).await;
-            log.lock().unwrap().push((resource, revision));
-            Ok::<_, Infallible>(Response::new(Body::from("ok")))
-        }
-    })
-}
-
-fn write(keys: &Keyring, resource: &str, revision: u64) -> Request<Body> {
-    Request::post("/w")
-        .header("fencing-resource", resource)
-        .header(
-            "fencing-token",
-            keys.mint(resource, Token::new(0, revision)),
-        )
-        .body(Body::empty())
-        .unwrap()
-}
-
-/// Holders with rising tokens hammer 3 resources concurrently; returns the number of times a
-/// resource's storage saw a token lower than one it had already applied.
-async fn reorderings<S: HighWaterMarks>(gate: Gate<S>) -> usize {
+/// The concurrent-holders scenario through one layer in front of `gate`.
+async fn scenario<S: HighWaterMarks>(gate: Gate<S>) -> usize {
     let keys = Arc::new(keyring("k1"));
     let log: Log = Arc::default();
-    let fence = Fence::new(keys.clone(), Arc::new(gate));
     let service = ServiceBuilder::new()
-        .layer(FencingLayer::new(fence, ByHeader))
+        .layer(FencingLayer::new(
+            Fence::new(keys.clone(), Arc::new(gate)),
+            ByHeader,
+        ))
         .service(recording_upstream(log.clone()));
-    let mut tasks = Vec::new();
-    for resource in ["a", "b", "c"] {
-        for revision in 1..=40u64 {
-            for _ in 0..4 {
-                let svc = service.clone();
-                let keys = keys.clone();
-                tasks.push(tokio::spawn(async move {
-                    // Holders overlap in time: each starts a little after the previous one.
-                    let start = revision * 500 + rand::rng().random_range(0..2000);
-                    tokio::time::sleep(Duration::from_micros(start)).await;
-                    let resp = svc.oneshot(write(&keys, resource, revision)).await.unwrap();
-                    (resource, revision, resp.status().as_u16())
-                }));
-            }
-        }
-    }
-    let mut statuses: HashMap<u16, usize> = HashMap::new();
-    for t in tasks {
-        let (_, _, status) = t.await.unwrap();
-        *statuses.entry(status).or_default() += 1;
-    }
-    assert!(
-        statuses.keys().all(|s| *s == 200 || *s == 409),
-        "{statuses:?}"
-    );
-    let log = log.lock().unwrap();
-    assert_eq!(
-        log.len(),
-        statuses.get(&200).copied().unwrap_or(0),
-        "a refused write reached storage"
-    );
-    let mut highest: HashMap<&str, u64> = HashMap::new();
-    let mut violations = 0;
-    for (resource, revision) in log.iter() {
-        let h = highest.entry(resource.as_str()).or_default();
-        if *revision < *h {
-            violations += 1;
-        }
-        *h = (*h).max(*revision);
-    }
-    violations
+    let resources: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+    reorderings(
+        vec![service],
+        keys,
+        log,
+        &resources,
+        40,
+        (Duration::from_micros(500), Duration::from_millis(2)),
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn storage_sees_tokens_in_order() {
     for _ in 0..3 {
-        assert_eq!(reorderings(Gate::new(MemoryStore::new())).await, 0);
+        assert_eq!(scenario(Gate::new(MemoryStore::new())).await, 0);
     }
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(&dir.path().join("m.db")).unwrap();
-    assert_eq!(reorderings(Gate::new(store)).await, 0);
+    assert_eq!(scenario(Gate::new(store)).await, 0);
 }
 
 /// The negative control: without the ordering gate's wait, the same scenario reorders writes.
@@ -123,7 +53,7 @@ async fn storage_sees_tokens_in_order() {
 async fn without_the_ordering_wait_writes_are_reordered() {
     let mut total = 0;
     for _ in 0..3 {
-        total += reorderings(Gate::new(MemoryStore::new()).without_ordering_for_tests()).await;
+        total += scenario(Gate::new(MemoryStore::new()).without_ordering_for_tests()).await;
     }
     assert!(
         total > 0,

@@ -6,8 +6,11 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use std::sync::Arc;
+
 use crate::layer::PathPattern;
-use crate::store::{HighWaterMarks, MemoryStore, SqliteStore, StoreError};
+use crate::store::{MemoryStore, PostgresStore, SharedGate, SqliteStore, StoreError};
+use crate::{Admission, Gate};
 
 /// fence-gateway's configuration.
 #[derive(Debug, Clone, Parser)]
@@ -25,7 +28,8 @@ pub struct GatewayConfig {
     #[arg(long, env = "FENCE_GATEWAY_UPSTREAM")]
     pub upstream: String,
 
-    /// Where high-water marks live: `sqlite:PATH` (durable default) or `memory` (tests only).
+    /// Where high-water marks live: `sqlite:PATH` (durable default, one gateway),
+    /// `postgres://user:pass@host/db` (shared by several gateways) or `memory` (tests only).
     #[arg(
         long,
         env = "FENCE_GATEWAY_STORE",
@@ -49,6 +53,10 @@ pub struct GatewayConfig {
     /// Deadline for the upstream's answer.
     #[arg(long, env = "FENCE_GATEWAY_UPSTREAM_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub upstream_timeout: Duration,
+
+    /// PostgreSQL connections (each in-flight write holds one with the shared store).
+    #[arg(long, env = "FENCE_GATEWAY_MAX_CONNECTIONS", default_value_t = 16)]
+    pub max_connections: usize,
 
     /// How long in-flight requests may take to finish after SIGTERM.
     #[arg(long, env = "FENCE_GATEWAY_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
@@ -79,23 +87,31 @@ impl GatewayConfig {
                 ));
             }
         }
-        if self.store != "memory" && !self.store.starts_with("sqlite:") {
+        let postgres =
+            self.store.starts_with("postgres://") || self.store.starts_with("postgresql://");
+        if self.store != "memory" && !self.store.starts_with("sqlite:") && !postgres {
             return Err(GatewayConfigError(format!(
-                "--store `{}`: use sqlite:PATH or memory",
+                "--store `{}`: use sqlite:PATH, postgres://… or memory",
                 self.store
             )));
+        }
+        if postgres && self.store.parse::<tokio_postgres::Config>().is_err() {
+            return Err(GatewayConfigError("--store: invalid PostgreSQL URL".into()));
         }
         Ok(())
     }
 
-    /// Opens the configured store.
-    pub fn open_store(&self) -> Result<Box<dyn HighWaterMarks>, StoreError> {
-        match self.store.strip_prefix("sqlite:") {
-            Some(path) => Ok(Box::new(SqliteStore::open(path.as_ref())?)),
-            None => {
-                tracing::warn!("--store memory: marks are forgotten on restart (tests only)");
-                Ok(Box::new(MemoryStore::new()))
-            }
+    /// Opens the configured store behind its gate: the in-process gate for SQLite and memory,
+    /// the database-wide gate for PostgreSQL (several gateways may share it).
+    pub async fn open_admission(&self) -> Result<Arc<dyn Admission>, StoreError> {
+        if let Some(path) = self.store.strip_prefix("sqlite:") {
+            return Ok(Arc::new(Gate::new(SqliteStore::open(path.as_ref())?)));
         }
+        if self.store == "memory" {
+            tracing::warn!("--store memory: marks are forgotten on restart (tests only)");
+            return Ok(Arc::new(Gate::new(MemoryStore::new())));
+        }
+        let store = PostgresStore::connect(&self.store, self.max_connections).await?;
+        Ok(Arc::new(SharedGate::new(store)))
     }
 }

@@ -26,8 +26,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::layer::{ByHeader, Classify, Decision, Fence, FencingLayer, PathPattern, Rejection};
-use crate::store::HighWaterMarks;
-use crate::{Gate, Keyring};
+use crate::{Admission, Keyring};
 use forward::{problem, Forwarder};
 
 /// Why the gateway could not start or serve.
@@ -49,7 +48,7 @@ pub enum GatewayError {
 }
 
 struct Shared {
-    fence: Fence<Box<dyn HighWaterMarks>>,
+    fence: Fence<dyn Admission>,
     draining: AtomicBool,
 }
 
@@ -78,8 +77,7 @@ pub async fn run(
 ) -> Result<(), GatewayError> {
     config.validate()?;
     let keys = Arc::new(Keyring::load(&config.key_file)?);
-    let store = config.open_store()?;
-    let fence = Fence::new(keys, Arc::new(Gate::new(store)));
+    let fence: Fence<dyn Admission> = Fence::new(keys, config.open_admission().await?);
     let upstream = config
         .upstream
         .parse()
@@ -199,9 +197,10 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, &'static str)
     if shared.draining.load(Ordering::Relaxed) {
         return (StatusCode::SERVICE_UNAVAILABLE, "draining");
     }
-    match shared.fence.gate.store().get("readyz").await {
-        Ok(_) => (StatusCode::OK, "ok"),
-        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "store unavailable"),
+    if shared.fence.gate.ready().await {
+        (StatusCode::OK, "ok")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "store unavailable")
     }
 }
 

@@ -24,23 +24,22 @@ use futures::future::BoxFuture;
 use http::{Request, Response};
 use tower::{Layer, Service};
 
-use crate::gate::Gate;
-use crate::store::HighWaterMarks;
+use crate::admission::{Admission, Permit};
 use crate::{Keyring, Token, TOKEN_HEADER, TOKEN_HEADER_LEGACY};
 
 /// Everything the layer needs, shared by all its services.
-pub struct Fence<S> {
+pub struct Fence<A: ?Sized> {
     /// Verifies tokens.
     pub keys: Arc<Keyring>,
     /// Orders and remembers.
-    pub gate: Arc<Gate<S>>,
+    pub gate: Arc<A>,
     /// Counts of what the enforcer decided.
     pub outcomes: Arc<Outcomes>,
 }
 
-impl<S> Fence<S> {
+impl<A: ?Sized> Fence<A> {
     /// A fence verifying with `keys` and admitting through `gate`.
-    pub fn new(keys: Arc<Keyring>, gate: Arc<Gate<S>>) -> Self {
+    pub fn new(keys: Arc<Keyring>, gate: Arc<A>) -> Self {
         Self {
             keys,
             gate,
@@ -49,7 +48,7 @@ impl<S> Fence<S> {
     }
 }
 
-impl<S> Clone for Fence<S> {
+impl<A: ?Sized> Clone for Fence<A> {
     fn clone(&self) -> Self {
         Self {
             keys: self.keys.clone(),
@@ -85,13 +84,9 @@ impl Outcomes {
     }
 }
 
-impl<S: HighWaterMarks> Fence<S> {
+impl<A: Admission + ?Sized> Fence<A> {
     /// Checks a presented token (`wire`) for `resource` and admits it through the gate.
-    pub async fn admit(
-        &self,
-        resource: &str,
-        wire: &str,
-    ) -> Result<(Token, crate::gate::Permit), Rejection> {
+    pub async fn admit(&self, resource: &str, wire: &str) -> Result<(Token, Permit), Rejection> {
         let token = self.keys.verify(resource, wire).map_err(Rejection::Token)?;
         let permit = self.gate.admit(resource, token).await?;
         Ok((token, permit))
@@ -115,12 +110,12 @@ pub fn token_header<B>(req: &Request<B>) -> Result<&str, Rejection> {
 }
 
 /// Layer putting [`FencingService`] in front of a service.
-pub struct FencingLayer<S, C> {
+pub struct FencingLayer<S: ?Sized, C> {
     fence: Fence<S>,
     classify: C,
 }
 
-impl<S, C: Clone> Clone for FencingLayer<S, C> {
+impl<S: ?Sized, C: Clone> Clone for FencingLayer<S, C> {
     fn clone(&self) -> Self {
         Self {
             fence: self.fence.clone(),
@@ -129,14 +124,14 @@ impl<S, C: Clone> Clone for FencingLayer<S, C> {
     }
 }
 
-impl<S, C> FencingLayer<S, C> {
+impl<S: ?Sized, C> FencingLayer<S, C> {
     /// A layer enforcing `fence` on the requests `classify` marks as protected.
     pub fn new(fence: Fence<S>, classify: C) -> Self {
         Self { fence, classify }
     }
 }
 
-impl<Inner, S, C> Layer<Inner> for FencingLayer<S, C>
+impl<Inner, S: ?Sized, C> Layer<Inner> for FencingLayer<S, C>
 where
     C: Clone,
 {
@@ -152,13 +147,13 @@ where
 }
 
 /// The service produced by [`FencingLayer`].
-pub struct FencingService<Inner, S, C> {
+pub struct FencingService<Inner, S: ?Sized, C> {
     inner: Inner,
     fence: Fence<S>,
     classify: C,
 }
 
-impl<Inner: Clone, S, C: Clone> Clone for FencingService<Inner, S, C> {
+impl<Inner: Clone, S: ?Sized, C: Clone> Clone for FencingService<Inner, S, C> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -173,7 +168,7 @@ where
     Inner: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     Inner::Future: Send,
     Inner::Error: Send,
-    S: HighWaterMarks,
+    S: Admission + ?Sized,
     C: Classify<ReqBody>,
     ReqBody: Send + 'static,
     ResBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,

@@ -1,13 +1,17 @@
 //! High-water-mark stores: where the enforcer remembers, per resource, the highest token it has
 //! admitted, so that no lower token is ever admitted again — across restarts.
 //!
-//! One trait, several backends: [`MemoryStore`] (tests only: forgets on restart) and
-//! [`SqliteStore`] (the durable default: the raise is fsynced before it returns).
+//! One trait, several backends: [`MemoryStore`] (tests only: forgets on restart),
+//! [`SqliteStore`] (the durable default for one enforcer: the raise is fsynced before it
+//! returns) and [`PostgresStore`] (shared by several enforcers, with [`SharedGate`], and by
+//! transactional writers through [`PostgresStore::fenced`]).
 
 mod memory;
+mod postgres;
 mod sqlite;
 
 pub use memory::MemoryStore;
+pub use postgres::{FencedError, PostgresStore, SharedGate};
 pub use sqlite::SqliteStore;
 
 use futures::future::BoxFuture;
