@@ -321,3 +321,52 @@ async fn bad_input_is_refused_and_changes_nothing() {
     assert_eq!(put(&gw, &keys, "bin-1", 49).await, 409);
     assert_eq!(put(&gw, &keys, "bin-1", 50).await, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_outcomes_and_sigterm_exits_zero() {
+    let (dir, key_file, keys) = setup();
+    let (upstream, _received) = storage().await;
+    let mut gw = Gateway::start(&upstream, &dir.path().join("m.db"), &key_file, free_port()).await;
+    assert_eq!(put(&gw, &keys, "m-1", 3).await, 200);
+    assert_eq!(put(&gw, &keys, "m-1", 2).await, 409);
+    assert_eq!(
+        reqwest::get(format!("{}/inventory/m-1", gw.url))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let text = reqwest::get(format!("{}/metrics", gw.url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "fence_requests_total{outcome=\"admitted\"} 1",
+        "fence_requests_total{outcome=\"stale\"} 1",
+        "fence_requests_total{outcome=\"passed\"} 1",
+        "# TYPE fence_requests_total counter",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing `{line}` in:\n{text}"
+        );
+    }
+    Command::new("kill")
+        .args(["-TERM", &gw.child.id().to_string()])
+        .status()
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let status = loop {
+        if let Some(status) = gw.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no exit after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(status.code(), Some(0));
+}

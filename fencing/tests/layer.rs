@@ -138,3 +138,71 @@ async fn ten_thousand_forgeries_are_all_refused() {
     );
     assert_eq!(store.store().get("other-vault").await.unwrap(), None);
 }
+
+/// A store that fails every call, or only raises: the enforcer must fail closed.
+struct BrokenStore {
+    reads_work: bool,
+}
+
+impl HighWaterMarks for BrokenStore {
+    fn get<'a>(
+        &'a self,
+        _: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<Option<Token>, fencing::StoreError>> {
+        let ok = self.reads_work;
+        Box::pin(async move {
+            if ok {
+                Ok(Some(Token::new(0, 5)))
+            } else {
+                Err(fencing::StoreError("disk on fire".into()))
+            }
+        })
+    }
+
+    fn raise<'a>(
+        &'a self,
+        _: &'a str,
+        _: Token,
+    ) -> futures::future::BoxFuture<'a, Result<Token, fencing::StoreError>> {
+        Box::pin(async { Err(fencing::StoreError("disk on fire".into())) })
+    }
+}
+
+#[tokio::test]
+async fn a_failing_store_fails_closed() {
+    let keys = Arc::new(keyring("k1"));
+    for reads_work in [false, true] {
+        let log: Log = Arc::default();
+        let gate = Arc::new(Gate::new(BrokenStore { reads_work }));
+        let mut service = ServiceBuilder::new()
+            .layer(FencingLayer::new(Fence::new(keys.clone(), gate), ByHeader))
+            .service(recording_upstream(log.clone()));
+        // A write needing a raise (6 > 5, or any token when reads fail) gets 503 and goes nowhere.
+        for revision in [6, 7] {
+            let resp = service
+                .ready()
+                .await
+                .unwrap()
+                .call(write(&keys, "r", revision))
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 503, "reads_work={reads_work}");
+            assert_eq!(resp.headers()["retry-after"], "1");
+        }
+        assert!(
+            log.lock().unwrap().is_empty(),
+            "a write went through a failing store"
+        );
+        if reads_work {
+            // The mark that *is* durable still admits its own holder.
+            let resp = service
+                .ready()
+                .await
+                .unwrap()
+                .call(write(&keys, "r", 5))
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+        }
+    }
+}
