@@ -99,6 +99,25 @@ pub struct Config {
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
 
+    /// Base URL holders' writes are forwarded to (`/v1/leases/{resource}/forward/…`), usually a
+    /// fence-gateway.
+    #[arg(long, env = "LEASE_PROXY_UPSTREAM")]
+    pub upstream: Option<String>,
+
+    /// Enforcer to pre-fence at every grant (`POST {url}/fence/{resource}`), so the previous
+    /// holder is cut off before the new grant is returned. A failed pre-fence withdraws the grant.
+    #[arg(long, env = "LEASE_PROXY_PREFENCE_URL")]
+    pub prefence_url: Option<String>,
+
+    /// Deadline for the upstream's answer to a forwarded request or a pre-fence.
+    #[arg(long, env = "LEASE_PROXY_FORWARD_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub forward_timeout: Duration,
+
+    /// Largest forwarded request body, in bytes.
+    #[arg(long, env = "LEASE_PROXY_MAX_FORWARD_BYTES", default_value_t = 8 * 1024 * 1024)]
+    pub max_forward_bytes: usize,
+
     /// Log format.
     #[arg(
         long,
@@ -186,6 +205,19 @@ impl Config {
             .find(|e| !(e.starts_with("http://") || e.starts_with("https://")))
         {
             return fail(format!("--etcd-endpoints: `{bad}` is not an http(s) URL"));
+        }
+        for (flag, url) in [
+            ("--upstream", &self.upstream),
+            ("--prefence-url", &self.prefence_url),
+        ] {
+            if let Some(url) = url {
+                let ok = url
+                    .parse::<http::Uri>()
+                    .is_ok_and(|u| u.scheme_str() == Some("http") && u.authority().is_some());
+                if !ok {
+                    return fail(format!("{flag}: `{url}` is not an http://host:port URL"));
+                }
+            }
         }
         if self.etcd_prefix.is_empty() || !self.etcd_prefix.ends_with('/') {
             return fail("--etcd-prefix must be non-empty and end with `/`".into());

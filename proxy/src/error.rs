@@ -54,6 +54,18 @@ pub enum Error {
     /// etcd did not answer in time.
     #[error("etcd did not answer within {0:?}")]
     EtcdTimeout(std::time::Duration),
+    /// Forwarding is not configured (no `--upstream`).
+    #[error("forwarding is not configured on this proxy")]
+    ForwardingDisabled,
+    /// The upstream could not be reached.
+    #[error("upstream unreachable: {0}")]
+    UpstreamUnavailable(String),
+    /// The upstream did not answer in time.
+    #[error("upstream did not answer within {0:?}")]
+    UpstreamTimeout(std::time::Duration),
+    /// The enforcer could not be pre-fenced, so the grant was withdrawn.
+    #[error("pre-fencing the enforcer failed, the grant was withdrawn: {0}")]
+    PrefenceFailed(String),
     /// The proxy is draining.
     #[error("the proxy is shutting down")]
     ShuttingDown,

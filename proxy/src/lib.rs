@@ -9,6 +9,7 @@ mod api;
 mod config;
 mod error;
 mod etcd;
+mod forward;
 mod lease;
 mod server;
 

@@ -15,7 +15,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::api::{self, AppState};
-use crate::etcd::{Etcd, HolderEvents, KeepAlive};
+use crate::etcd::{Etcd, Holders, KeepAlive};
+use crate::forward::Upstream;
 use crate::lease::{Leases, Limits};
 use crate::Config;
 
@@ -83,6 +84,13 @@ fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     file.sync_all()
 }
 
+/// A client for an already validated `http://` URL setting.
+fn upstream(url: &Option<String>, timeout: std::time::Duration) -> Option<Upstream> {
+    url.as_ref()
+        .and_then(|u| u.parse().ok())
+        .map(|base| Upstream::new(base, timeout))
+}
+
 /// Serves the proxy on `listener` until `shutdown` resolves, then drains and returns.
 pub async fn run(
     listener: TcpListener,
@@ -102,7 +110,7 @@ pub async fn run(
         background.clone(),
     );
     let holders_prefix = format!("{}holders/", config.etcd_prefix);
-    let events = HolderEvents::start(&etcd, holders_prefix.clone(), &tracker, background.clone());
+    let holders = Holders::start(&etcd, holders_prefix.clone(), &tracker, background.clone());
     let limits = Limits {
         min_ttl: config.min_ttl,
         max_ttl: config.max_ttl,
@@ -111,14 +119,17 @@ pub async fn run(
     let leases = Leases::new(
         etcd.clone(),
         keepalive,
-        events,
+        holders,
         keys,
         holders_prefix,
         config.era,
         limits,
+        upstream(&config.prefence_url, config.forward_timeout),
         stopping.clone(),
     );
     let state = Arc::new(AppState {
+        upstream: upstream(&config.upstream, config.forward_timeout),
+        max_forward_bytes: config.max_forward_bytes,
         leases,
         etcd,
         readiness_key: format!("{}readyz", config.etcd_prefix),

@@ -1,6 +1,7 @@
 //! The HTTP surface: routes, shared state, and the problem+json mapping.
 
 mod body;
+mod forward;
 mod leases;
 mod ops;
 mod problem;
@@ -10,11 +11,12 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::Router;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
 
+pub(crate) use body::SECRET_HEADER;
 pub use problem::PROBLEM_BASE;
 
 use crate::etcd::Etcd;
@@ -31,6 +33,10 @@ pub(crate) struct AppState {
     pub(crate) readiness_key: String,
     /// Largest request body.
     pub(crate) max_body_bytes: usize,
+    /// Where holders' writes are forwarded, if anywhere.
+    pub(crate) upstream: Option<crate::forward::Upstream>,
+    /// Largest forwarded request body.
+    pub(crate) max_forward_bytes: usize,
     /// Set when SIGTERM arrives: `/readyz` answers 503 from then on.
     pub(crate) draining: AtomicBool,
 }
@@ -46,6 +52,11 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
                 .delete(leases::release),
         )
         .route("/v1/leases/{resource}/renew", post(leases::renew))
+        .route("/v1/leases/{resource}/forward", any(forward::forward))
+        .route(
+            "/v1/leases/{resource}/forward/{*path}",
+            any(forward::forward),
+        )
         .route("/livez", get(ops::livez))
         .route("/readyz", get(ops::readyz))
         .fallback(|| async { Error::NoRoute })

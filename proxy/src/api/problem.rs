@@ -57,6 +57,22 @@ impl Error {
                 "etcd unavailable",
             ),
             Error::ShuttingDown => (S::SERVICE_UNAVAILABLE, "shutting-down", "Shutting down"),
+            Error::ForwardingDisabled => {
+                (S::NOT_FOUND, "forwarding-disabled", "Forwarding disabled")
+            }
+            Error::UpstreamUnavailable(_) => (
+                S::BAD_GATEWAY,
+                "upstream-unavailable",
+                "Upstream unavailable",
+            ),
+            Error::UpstreamTimeout(_) => {
+                (S::GATEWAY_TIMEOUT, "upstream-timeout", "Upstream timeout")
+            }
+            Error::PrefenceFailed(_) => (
+                S::SERVICE_UNAVAILABLE,
+                "prefence-failed",
+                "Pre-fence failed",
+            ),
             Error::CorruptRecord { .. } => {
                 (S::INTERNAL_SERVER_ERROR, "corrupt-record", "Corrupt record")
             }
@@ -76,7 +92,10 @@ impl IntoResponse for Error {
                 retry_after = Some(conflict.retry_after_secs());
                 serde_json::to_value(conflict.as_ref()).ok()
             }
-            Error::Etcd(_) | Error::EtcdTimeout(_) | Error::ShuttingDown => {
+            Error::Etcd(_)
+            | Error::EtcdTimeout(_)
+            | Error::ShuttingDown
+            | Error::PrefenceFailed(_) => {
                 retry_after = Some(1);
                 None
             }

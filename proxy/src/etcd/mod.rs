@@ -5,7 +5,7 @@ mod keepalive;
 mod watch;
 
 pub(crate) use keepalive::KeepAlive;
-pub(crate) use watch::{HolderEvents, Wakeup};
+pub(crate) use watch::{Holders, Wakeup};
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -255,6 +255,29 @@ impl Etcd {
             })
             .await?;
         Ok(resp.succeeded())
+    }
+
+    /// Keys in `[start, end)` at `revision` (0: the latest), at most `limit`; also whether more
+    /// follow and the revision read at.
+    pub(crate) async fn range_at(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: i64,
+        revision: i64,
+    ) -> Result<(Vec<KeyValue>, bool, i64)> {
+        let mut resp = self
+            .bounded(|c| async move {
+                let options = GetOptions::new()
+                    .with_range(end)
+                    .with_limit(limit)
+                    .with_revision(revision);
+                c.kv_client().get(start, Some(options)).await
+            })
+            .await?;
+        let at = resp.header().map(|h| h.revision()).unwrap_or(revision);
+        let more = resp.more();
+        Ok((resp.take_kvs(), more, at))
     }
 
     /// Keys in `[start, end)` in key order, at most `limit`; the flag tells whether more follow.

@@ -1,20 +1,29 @@
-//! One etcd watch over every ownership key, fanned out to the requests waiting for a resource.
+//! One etcd list-and-watch over every ownership key: a local view of who holds what, and
+//! wakeups for the requests waiting for a resource.
 //!
-//! Waiting acquires (`wait_ms`) subscribe here instead of polling or opening a watch each: the
-//! watcher task turns every deletion of `{prefix}holders/{resource}` (release or lease expiry)
-//! into a [`Wakeup::Released`]. Whenever the watch had to be re-opened, events may have been
-//! missed, so it sends [`Wakeup::All`] and every waiter tries again.
+//! The task lists `{prefix}holders/` at one revision (in pages), then watches from the next
+//! revision, so the view misses nothing between the two. Every deletion (release or lease
+//! expiry) becomes a [`Wakeup::Released`]; whenever the watch had to be re-opened, events may
+//! have been missed, so the view is rebuilt and [`Wakeup::All`] sent.
+//!
+//! The view is a fast path only: a lookup that finds nothing, or a record that does not match,
+//! must be confirmed by a linearizable read. It is never the last word on safety — the fencing
+//! token checked by the enforcer is.
 
+use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
+use dashmap::DashMap;
 use etcd_client::{EventType, WatchOptions};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{Etcd, Pinned};
+use super::{prefix_end, Etcd, Pinned};
 
 const CHANNEL: usize = 4096;
+const PAGE: i64 = 1000;
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
@@ -37,14 +46,22 @@ impl Wakeup {
     }
 }
 
-/// Subscription point for ownership-key deletions.
-#[derive(Clone)]
-pub(crate) struct HolderEvents {
-    tx: broadcast::Sender<Wakeup>,
+/// An ownership key as last seen: its value and create revision.
+#[derive(Debug, Clone)]
+pub(crate) struct Seen {
+    pub(crate) value: Vec<u8>,
+    pub(crate) create_revision: i64,
 }
 
-impl HolderEvents {
-    /// Starts the watcher on `tracker`; it stops when `cancel` fires.
+/// The watch-fed view of ownership keys, and the wakeups derived from it.
+#[derive(Clone)]
+pub(crate) struct Holders {
+    tx: broadcast::Sender<Wakeup>,
+    view: Arc<DashMap<String, Seen>>,
+}
+
+impl Holders {
+    /// Starts the list-and-watch task on `tracker`; it stops when `cancel` fires.
     pub(crate) fn start(
         etcd: &Etcd,
         holders_prefix: String,
@@ -52,8 +69,17 @@ impl HolderEvents {
         cancel: CancellationToken,
     ) -> Self {
         let (tx, _) = broadcast::channel(CHANNEL);
-        tracker.spawn(watch_loop(etcd.clone(), holders_prefix, tx.clone(), cancel));
-        Self { tx }
+        let holders = Self {
+            tx,
+            view: Arc::default(),
+        };
+        tracker.spawn(watch_loop(
+            etcd.clone(),
+            holders_prefix,
+            holders.clone(),
+            cancel,
+        ));
+        holders
     }
 
     /// A receiver of every wakeup from now on. Subscribe *before* checking the resource, so a
@@ -62,73 +88,139 @@ impl HolderEvents {
     pub(crate) fn subscribe(&self) -> broadcast::Receiver<Wakeup> {
         self.tx.subscribe()
     }
+
+    /// The ownership key of `resource` as the watch last saw it (possibly stale).
+    pub(crate) fn seen(&self, resource: &str) -> Option<Seen> {
+        self.view.get(resource).map(|s| s.clone())
+    }
 }
 
-async fn watch_loop(
-    etcd: Etcd,
-    prefix: String,
-    tx: broadcast::Sender<Wakeup>,
-    cancel: CancellationToken,
-) {
+async fn watch_loop(etcd: Etcd, prefix: String, holders: Holders, cancel: CancellationToken) {
     let mut backoff = MIN_BACKOFF;
     loop {
-        let Pinned { index, mut client } = etcd.pinned();
-        let opened = tokio::select! {
+        tokio::select! {
             _ = cancel.cancelled() => return,
-            r = tokio::time::timeout(
-                etcd.timeout(),
-                client.watch(prefix.as_str(), Some(WatchOptions::new().with_prefix())),
-            ) => r,
-        };
-        match opened {
-            Ok(Ok(mut stream)) => {
-                // The watch starts now: anything deleted while it was down was not seen.
-                let _ = tx.send(Wakeup::All);
-                loop {
-                    let message = tokio::select! {
-                        _ = cancel.cancelled() => return,
-                        m = stream.message() => m,
-                    };
-                    match message {
-                        Ok(Some(resp)) => {
-                            backoff = MIN_BACKOFF;
-                            if resp.canceled() {
-                                tracing::warn!(
-                                    reason = resp.cancel_reason(),
-                                    "holder watch cancelled by etcd"
-                                );
-                                break;
-                            }
-                            for event in resp.events() {
-                                if event.event_type() != EventType::Delete {
-                                    continue;
-                                }
-                                let Some(kv) = event.kv() else { continue };
-                                if let Some(resource) = kv
-                                    .key()
-                                    .strip_prefix(prefix.as_bytes())
-                                    .and_then(|r| std::str::from_utf8(r).ok())
-                                {
-                                    let _ = tx.send(Wakeup::Released(resource.to_owned()));
-                                }
-                            }
-                        }
-                        Ok(None) => break,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "holder watch failed");
-                            break;
-                        }
-                    }
-                }
-            }
-            Ok(Err(e)) => tracing::warn!(error = %e, "cannot open holder watch"),
-            Err(_) => tracing::warn!("opening the holder watch timed out"),
+            () = list_and_watch(&etcd, &prefix, &holders, &mut backoff) => {}
         }
-        etcd.unpin(index);
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(backoff) => {}
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
+}
+
+/// Rebuilds the view and follows the watch until it fails.
+async fn list_and_watch(etcd: &Etcd, prefix: &str, holders: &Holders, backoff: &mut Duration) {
+    let revision = match list(etcd, prefix, holders).await {
+        Ok(revision) => revision,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list ownership keys");
+            return;
+        }
+    };
+    // Whatever changed while the watch was down is in the new view; waiters re-check.
+    let _ = holders.tx.send(Wakeup::All);
+    let Pinned { index, mut client } = etcd.pinned();
+    let options = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(revision + 1);
+    let mut stream =
+        match tokio::time::timeout(etcd.timeout(), client.watch(prefix, Some(options))).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot open the holder watch");
+                etcd.unpin(index);
+                return;
+            }
+            Err(_) => {
+                tracing::warn!("opening the holder watch timed out");
+                etcd.unpin(index);
+                return;
+            }
+        };
+    loop {
+        match stream.message().await {
+            Ok(Some(resp)) => {
+                *backoff = MIN_BACKOFF;
+                if resp.canceled() {
+                    tracing::warn!(
+                        reason = resp.cancel_reason(),
+                        "holder watch cancelled by etcd"
+                    );
+                    return;
+                }
+                for event in resp.events() {
+                    let Some(kv) = event.kv() else { continue };
+                    let Some(resource) = kv
+                        .key()
+                        .strip_prefix(prefix.as_bytes())
+                        .and_then(|r| std::str::from_utf8(r).ok())
+                    else {
+                        continue;
+                    };
+                    if event.event_type() == EventType::Delete {
+                        holders.view.remove(resource);
+                        let _ = holders.tx.send(Wakeup::Released(resource.to_owned()));
+                    } else {
+                        holders.view.insert(
+                            resource.to_owned(),
+                            Seen {
+                                value: kv.value().to_vec(),
+                                create_revision: kv.create_revision(),
+                            },
+                        );
+                    }
+                }
+            }
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "holder watch failed");
+                etcd.unpin(index);
+                return;
+            }
+        }
+    }
+}
+
+/// Replaces the view with every ownership key at one revision, read in pages; returns it.
+async fn list(etcd: &Etcd, prefix: &str, holders: &Holders) -> crate::Result<i64> {
+    let end = prefix_end(prefix.as_bytes());
+    let mut start = prefix.as_bytes().to_vec();
+    let mut at_revision = 0;
+    let mut fresh: Vec<(String, Seen)> = Vec::new();
+    loop {
+        let (kvs, more, revision) = etcd.range_at(&start, &end, PAGE, at_revision).await?;
+        at_revision = revision;
+        for kv in &kvs {
+            if let Some(resource) = kv
+                .key()
+                .strip_prefix(prefix.as_bytes())
+                .and_then(|r| std::str::from_utf8(r).ok())
+            {
+                fresh.push((
+                    resource.to_owned(),
+                    Seen {
+                        value: kv.value().to_vec(),
+                        create_revision: kv.create_revision(),
+                    },
+                ));
+            }
+        }
+        match kvs.last() {
+            Some(last) if more => {
+                start = last.key().to_vec();
+                start.push(0);
+            }
+            _ => break,
+        }
+    }
+    let names: HashSet<&str> = fresh.iter().map(|(r, _)| r.as_str()).collect();
+    holders
+        .view
+        .retain(|resource, _| names.contains(resource.as_str()));
+    for (resource, seen) in fresh {
+        holders.view.insert(resource, seen);
+    }
+    Ok(at_revision)
 }

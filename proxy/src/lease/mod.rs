@@ -20,7 +20,8 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::etcd::{prefix_end, Create, Etcd, HolderEvents, KeepAlive, Wakeup};
+use crate::etcd::{prefix_end, Create, Etcd, Holders, KeepAlive, Wakeup};
+use crate::forward::Upstream;
 use crate::{Error, Result};
 pub(crate) use record::{i64_string, HolderRecord};
 
@@ -152,11 +153,12 @@ pub(crate) struct Page {
 pub(crate) struct Leases {
     etcd: Etcd,
     keepalive: KeepAlive,
-    events: HolderEvents,
+    holders: Holders,
     keys: Arc<Keyring>,
     holders_prefix: String,
     era: u64,
     limits: Limits,
+    prefence: Option<Upstream>,
     stopping: CancellationToken,
 }
 
@@ -167,21 +169,23 @@ impl Leases {
     pub(crate) fn new(
         etcd: Etcd,
         keepalive: KeepAlive,
-        events: HolderEvents,
+        holders: Holders,
         keys: Arc<Keyring>,
         holders_prefix: String,
         era: u64,
         limits: Limits,
+        prefence: Option<Upstream>,
         stopping: CancellationToken,
     ) -> Self {
         Self {
             etcd,
             keepalive,
-            events,
+            holders,
             keys,
             holders_prefix,
             era,
             limits,
+            prefence,
             stopping,
         }
     }
@@ -205,7 +209,7 @@ impl Leases {
     pub(crate) async fn acquire(&self, req: &Acquire) -> Result<Grant> {
         let deadline = Instant::now() + req.wait;
         // Subscribe before the first attempt, so a release right after it is not missed.
-        let mut wakeups = (!req.wait.is_zero()).then(|| self.events.subscribe());
+        let mut wakeups = (!req.wait.is_zero()).then(|| self.holders.subscribe());
         loop {
             let conflict = match self.try_acquire(req).await? {
                 Ok(grant) => return Ok(grant),
@@ -285,6 +289,17 @@ impl Leases {
         let kv = match created {
             Create::Created(revision) => {
                 let (token, fencing_token) = self.token(&req.resource, revision);
+                if let Some(enforcer) = &self.prefence {
+                    // The previous holder must be cut off before anyone learns of this grant; if
+                    // that cannot be done, the grant is withdrawn.
+                    if let Err(e) = enforcer.prefence(&req.resource, &fencing_token).await {
+                        if self.etcd.revoke(lease_id).await.is_err() {
+                            // Unreachable etcd: the unannounced lease lapses by its TTL.
+                            self.etcd.revoke_in_background(lease_id);
+                        }
+                        return Err(e);
+                    }
+                }
                 tracing::info!(resource = %req.resource, holder = %req.holder, token = %token, "granted");
                 return Ok(Ok(Grant {
                     resource: req.resource.clone(),
@@ -363,6 +378,29 @@ impl Leases {
             }
             _ => Ok(None),
         }
+    }
+
+    /// The grant `secret` proves holding of `resource`, with its signed fencing token — for
+    /// forwarding. Served from the watch-fed view when it confirms the secret; anything else
+    /// (no entry, another lease) is settled by a linearizable read, so a grant made through
+    /// another replica a moment ago is found.
+    pub(crate) async fn holding_for_forward(
+        &self,
+        resource: &str,
+        secret: &str,
+    ) -> Result<(HolderRecord, String)> {
+        let lease_id = secret::lease_id(secret).ok_or(Error::NotHolder)?;
+        if let Some(seen) = self.holders.seen(resource) {
+            let key = self.key(resource);
+            let record = HolderRecord::decode(&key, &seen.value)?;
+            if record.lease_id == lease_id && secret::matches(secret, &record.secret_hash) {
+                let (_, signed) = self.token(resource, seen.create_revision);
+                return Ok((record, signed));
+            }
+        }
+        let (record, revision) = self.held_with(resource, secret).await?.ok_or(Error::Lost)?;
+        let (_, signed) = self.token(resource, revision);
+        Ok((record, signed))
     }
 
     /// Extends the holder's lease by its TTL. Fails with [`Error::Lost`] once the lease is gone.

@@ -36,6 +36,16 @@ impl Proxy {
         Self::start_with_key(endpoints, key_file, dir, tweak).await
     }
 
+    /// Starts a proxy signing with an existing key file.
+    pub async fn start_with_keys(
+        endpoints: Vec<String>,
+        key_file: PathBuf,
+        tweak: impl FnOnce(&mut Config),
+    ) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        Self::start_with_key(endpoints, key_file, dir, tweak).await
+    }
+
     /// Starts another replica sharing this proxy's key file.
     pub async fn replica(&self, endpoints: Vec<String>, tweak: impl FnOnce(&mut Config)) -> Self {
         let dir = tempfile::tempdir().unwrap();

@@ -1,0 +1,49 @@
+//! `ANY /v1/leases/{resource}/forward/{path…}`: the holder's writes, forwarded with its token.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::Request;
+use axum::response::Response;
+
+use super::{body, AppState};
+use crate::forward::forwarded_path;
+use crate::lease::validate;
+use crate::{Error, Result};
+
+pub(super) async fn forward(
+    State(app): State<Arc<AppState>>,
+    path: Result<Path<Vec<(String, String)>>, PathRejection>,
+    req: Request<Body>,
+) -> Result<Response> {
+    let Path(params) = path.map_err(|e| Error::InvalidField {
+        field: "resource",
+        reason: e.body_text(),
+    })?;
+    let resource = params
+        .into_iter()
+        .find_map(|(k, v)| (k == "resource").then_some(v))
+        .unwrap_or_default();
+    validate::resource(&resource)?;
+    let upstream = app.upstream.as_ref().ok_or(Error::ForwardingDisabled)?;
+    let secret = body::secret(req.headers())?;
+    let target = forwarded_path(req.uri()).ok_or(Error::NoRoute)?;
+    if let Some(len) = req
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        if len > app.max_forward_bytes as u64 {
+            return Err(Error::BodyTooLarge {
+                limit: app.max_forward_bytes,
+            });
+        }
+    }
+    let (record, signed) = app.leases.holding_for_forward(&resource, &secret).await?;
+    tracing::debug!(%resource, holder = %record.holder, "forwarding");
+    let req = req.map(|b| Body::new(http_body_util::Limited::new(b, app.max_forward_bytes)));
+    upstream.forward(req, &target, &resource, &signed).await
+}
