@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The whole stack on localhost: etcd, lease-proxy, and a demo of workers contending for a
-# resource, one of them crashing and another taking over with a higher fencing token.
+# The whole stack on localhost: etcd, lease-proxy, fence-gateway, the inventory service, and the
+# warehouse: robots leasing aisles under chaos, then an audit of the inventory's write log.
 #   ./scripts/run.sh          run the demo, then keep the stack serving (Ctrl-C stops it)
-#   ./scripts/run.sh --once   run the demo and exit (also LEASE_PROXY_DEMO_ONCE=1)
+#   ./scripts/run.sh --once   run the demo and exit with the audit's status (also LEASE_PROXY_DEMO_ONCE=1)
+#   WAREHOUSE_DURATION=60s    how long the robots work (default 30s)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
@@ -17,7 +18,7 @@ done
 
 ensure_deps
 echo "==> building"
-cargo build --locked -q -p lease-proxy -p lease-proxy-examples
+cargo build --locked -q -p lease-proxy -p fencing -p lease-proxy-examples
 bin=target/debug
 
 work=$(mktemp -d -t lease-proxy-demo-XXXXXX)
@@ -42,12 +43,24 @@ else
 fi
 
 proxy=http://127.0.0.1:7070
-echo "==> starting lease-proxy on $proxy"
-"$bin/lease-proxy" --listen 127.0.0.1:7070 --etcd-endpoints "$etcd_url" \
-  --data-dir "$work/proxy" >"$work/proxy.log" 2>&1 &
+gateway=http://127.0.0.1:7071
+inventory=http://127.0.0.1:8080
+wait_for() { for _ in $(seq 100); do curl -fsS "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done; echo "$1 did not come up" >&2; exit 1; }
+
+echo "==> starting lease-proxy on $proxy (forwarding to and pre-fencing fence-gateway)"
+"$bin/lease-proxy" --listen 127.0.0.1:7070 --etcd-endpoints "$etcd_url" --data-dir "$work/proxy" \
+  --upstream "$gateway" --prefence-url "$gateway" >"$work/proxy.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 100); do curl -fsS "$proxy/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
-curl -fsS "$proxy/readyz" >/dev/null || { cat "$work/proxy.log"; exit 1; }
+wait_for "$proxy/readyz"
+keys="$work/proxy/dev-fencing.key"
+
+echo "==> starting the inventory service on $inventory (SQLite) behind fence-gateway on $gateway"
+"$bin/warehouse" inventory --listen 127.0.0.1:8080 --db "sqlite:$work/inventory.db" >"$work/inventory.log" 2>&1 &
+pids+=($!)
+"$bin/fence-gateway" --listen 127.0.0.1:7071 --upstream "$inventory" --store "sqlite:$work/marks.db" \
+  --key-file "$keys" >"$work/gateway.log" 2>&1 &
+pids+=($!)
+wait_for "$gateway/readyz"
 
 echo
 echo "==> a lease, granted:"
@@ -55,39 +68,26 @@ curl -sS -X POST "$proxy/v1/leases/demo-aisle" -H 'content-type: application/jso
   -d '{"holder":"curl","ttl_seconds":10}'
 echo; echo
 
-echo "==> three workers contend for aisle-1 (TTL 4 s, renewing every TTL/3)"
-declare -A worker_pid
-for name in robot-a robot-b robot-c; do
-  "$bin/worker" --proxy "$proxy" --resource aisle-1 --name "$name" --ttl 4 &
-  worker_pid[$name]=$!
-  pids+=($!)
-  sleep 0.3
-done
-sleep 3
-holder=$(curl -fsS "$proxy/v1/leases/aisle-1" | sed -E 's/.*"holder":"([^"]+)".*/\1/')
-echo "==> current holder: $holder — crashing it with SIGKILL (no release, the lease must lapse)"
-{ kill -9 "${worker_pid[$holder]}" && wait "${worker_pid[$holder]}"; } 2>/dev/null || true
-sleep 7
-echo "==> after the crash:"
-curl -fsS "$proxy/v1/leases/aisle-1"; echo
-next=$(curl -fsS "$proxy/v1/leases/aisle-1" | sed -E 's/.*"holder":"([^"]+)".*/\1/')
-echo "==> stopping $next gracefully (SIGTERM releases at once)"
-kill -TERM "${worker_pid[$next]}"
-sleep 1.5
-echo "==> after the graceful stop:"
-curl -fsS "$proxy/v1/leases/aisle-1"; echo
+duration="${WAREHOUSE_DURATION:-30s}"
+echo "==> the warehouse: robots lease aisles, count, crash (SIGKILL) and stall (SIGSTOP past the TTL)"
+status=0
+"$bin/warehouse" run --proxy "$proxy" --gateway "$gateway" --inventory "$inventory" \
+  --robots 6 --aisles 4 --ttl 3 --duration "$duration" --chaos || status=$?
 echo
 
 if [ "$once" = 1 ]; then
   echo "==> demo done (--once)"
-  exit 0
+  exit "$status"
 fi
 cat <<EOT
 ==> the stack keeps serving; try (Ctrl-C stops everything):
   curl -s -X POST $proxy/v1/leases/my-job -H 'content-type: application/json' -d '{"holder":"me","ttl_seconds":20}'
+  curl -s -X PUT $proxy/v1/leases/my-job/forward/aisles/my-job/count -H 'lease-secret: SECRET' -H 'content-type: application/json' -d '{"robot":"me","count":7}'
   curl -s -X POST $proxy/v1/leases/my-job/renew -H 'lease-secret: SECRET'
   curl -s $proxy/v1/leases/my-job
   curl -s '$proxy/v1/leases?prefix=aisle-'
   curl -s -X DELETE $proxy/v1/leases/my-job -H 'lease-secret: SECRET'
+  curl -s $inventory/log          # the inventory's write log (what the audit reads)
+  curl -s $gateway/metrics        # the enforcer's counts
 EOT
 wait

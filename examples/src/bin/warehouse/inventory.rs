@@ -1,0 +1,165 @@
+//! The inventory service. It trusts the `Fencing-Token` header only because fence-gateway sits in
+//! front of it and is the only way in; it records the token's revision with every write so the
+//! audit can check the order writes were applied in.
+
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, put};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+
+use crate::Failure;
+
+/// `warehouse inventory` options.
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: String,
+    /// `sqlite:PATH` (default) or a `postgres://` URL.
+    #[arg(long, default_value = "sqlite:warehouse.db")]
+    db: String,
+}
+
+/// One applied write, as the audit reads it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Applied {
+    pub(crate) seq: i64,
+    pub(crate) aisle: String,
+    pub(crate) robot: String,
+    pub(crate) revision: i64,
+    pub(crate) count: i64,
+}
+
+/// A count sent by a robot.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Count {
+    pub(crate) robot: String,
+    pub(crate) count: i64,
+}
+
+enum Db {
+    Sqlite(Mutex<rusqlite::Connection>),
+    Postgres(tokio_postgres::Client),
+}
+
+impl Db {
+    async fn open(url: &str) -> Result<Self, Failure> {
+        const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS applied (
+            seq INTEGER PRIMARY KEY, aisle TEXT NOT NULL, robot TEXT NOT NULL,
+            revision BIGINT NOT NULL, count BIGINT NOT NULL)";
+        if let Some(path) = url.strip_prefix("sqlite:") {
+            let conn = rusqlite::Connection::open(path)?;
+            conn.execute_batch(SCHEMA)?;
+            return Ok(Db::Sqlite(Mutex::new(conn)));
+        }
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+        tokio::spawn(connection);
+        client
+            .batch_execute(&SCHEMA.replace("seq INTEGER PRIMARY KEY", "seq BIGSERIAL PRIMARY KEY"))
+            .await?;
+        Ok(Db::Postgres(client))
+    }
+
+    async fn append(
+        &self,
+        aisle: &str,
+        robot: &str,
+        revision: i64,
+        count: i64,
+    ) -> Result<(), Failure> {
+        const INSERT: &str = "INSERT INTO applied (aisle, robot, revision, count) VALUES ";
+        match self {
+            Db::Sqlite(conn) => {
+                let conn = conn.lock().map_err(|_| "poisoned")?;
+                conn.execute(
+                    &format!("{INSERT} (?1, ?2, ?3, ?4)"),
+                    rusqlite::params![aisle, robot, revision, count],
+                )?;
+            }
+            Db::Postgres(client) => {
+                client
+                    .execute(
+                        &format!("{INSERT} ($1, $2, $3, $4)"),
+                        &[&aisle, &robot, &revision, &count],
+                    )
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn log(&self) -> Result<Vec<Applied>, Failure> {
+        const SELECT: &str = "SELECT seq, aisle, robot, revision, count FROM applied ORDER BY seq";
+        match self {
+            Db::Sqlite(conn) => {
+                let conn = conn.lock().map_err(|_| "poisoned")?;
+                let mut stmt = conn.prepare(SELECT)?;
+                let rows = stmt.query_map([], |r| {
+                    Ok(Applied {
+                        seq: r.get(0)?,
+                        aisle: r.get(1)?,
+                        robot: r.get(2)?,
+                        revision: r.get(3)?,
+                        count: r.get(4)?,
+                    })
+                })?;
+                Ok(rows.collect::<Result<_, _>>()?)
+            }
+            Db::Postgres(client) => Ok(client
+                .query(SELECT, &[])
+                .await?
+                .iter()
+                .map(|r| Applied {
+                    seq: r.get(0),
+                    aisle: r.get(1),
+                    robot: r.get(2),
+                    revision: r.get(3),
+                    count: r.get(4),
+                })
+                .collect()),
+        }
+    }
+}
+
+/// Serves the inventory until killed.
+pub(crate) async fn serve(args: Args) -> Result<std::process::ExitCode, Failure> {
+    let db = Arc::new(Db::open(&args.db).await?);
+    let app = Router::new()
+        .route("/aisles/{aisle}/count", put(record))
+        .route("/log", get(log))
+        .with_state(db);
+    let listener = tokio::net::TcpListener::bind(&args.listen).await?;
+    axum::serve(listener, app).await?;
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+async fn record(
+    State(db): State<Arc<Db>>,
+    Path(aisle): Path<String>,
+    headers: HeaderMap,
+    Json(count): Json<Count>,
+) -> (StatusCode, String) {
+    // `v1.{kid}.{era}.{revision}.…`, already verified by the gateway in front.
+    let revision = headers
+        .get("fencing-token")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|t| t.split('.').nth(3))
+        .and_then(|r| r.parse::<i64>().ok());
+    let Some(revision) = revision else {
+        return (StatusCode::BAD_REQUEST, "no fencing token".into());
+    };
+    match db.append(&aisle, &count.robot, revision, count.count).await {
+        Ok(()) => (StatusCode::OK, "recorded".into()),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+async fn log(State(db): State<Arc<Db>>) -> Result<Json<Vec<Applied>>, (StatusCode, String)> {
+    db.log()
+        .await
+        .map(Json)
+        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+}

@@ -1,0 +1,116 @@
+//! One robot: lease an aisle, count it, send the counts, renew at TTL/4, release, repeat.
+//!
+//! It deliberately does not check its own deadline before writing — like a client paused by a GC
+//! right after such a check — so when it is stopped past its TTL and continued, its next write is
+//! a zombie write that fencing must refuse. It prints one `event …` line per outcome for the
+//! orchestrator.
+
+use std::time::Duration;
+
+use lease_proxy_examples::{Error, LeaseClient};
+use rand::Rng;
+use tokio::time::Instant;
+
+use crate::inventory::Count;
+use crate::Failure;
+
+/// `warehouse robot` options.
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// lease-proxy's base URL.
+    #[arg(long)]
+    proxy: String,
+    /// fence-gateway's base URL (for `--direct`).
+    #[arg(long)]
+    gateway: String,
+    /// Aisles to choose from, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    aisles: Vec<String>,
+    /// Robot name.
+    #[arg(long)]
+    name: String,
+    /// Lease TTL in seconds.
+    #[arg(long, default_value_t = 3)]
+    ttl: u64,
+    /// Write straight to the gateway with the token instead of through the proxy.
+    #[arg(long)]
+    direct: bool,
+}
+
+/// Works until killed.
+pub(crate) async fn work(args: Args) -> Result<std::process::ExitCode, Failure> {
+    let client = LeaseClient::new(&args.proxy);
+    let http = reqwest::Client::new();
+    let ttl = Duration::from_secs(args.ttl);
+    loop {
+        let aisle = args.aisles[rand::rng().random_range(0..args.aisles.len())].clone();
+        let mut held = match client
+            .acquire(&aisle, &args.name, ttl, Duration::from_secs(5))
+            .await
+        {
+            Ok(held) => held,
+            Err(Error::Held { .. }) => continue,
+            Err(e) => {
+                println!("event error acquire {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        println!("event acquired {aisle} {}", held.grant.token);
+        let mut renewed = Instant::now();
+        let updates = rand::rng().random_range(3..9);
+        let mut lost = false;
+        for _ in 0..updates {
+            // Counting takes a while.
+            let pause = rand::rng().random_range(100..400);
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+            let count = Count {
+                robot: args.name.clone(),
+                count: rand::rng().random_range(0..500),
+            };
+            let path = format!("/aisles/{aisle}/count");
+            let request = if args.direct {
+                http.put(format!("{}{path}", args.gateway))
+                    .header("fencing-resource", &aisle)
+                    .header("fencing-token", &held.grant.fencing_token)
+            } else {
+                http.put(format!("{}/v1/leases/{aisle}/forward{path}", args.proxy))
+                    .header("lease-secret", &held.grant.secret)
+            };
+            let status = match request.json(&count).send().await {
+                Ok(resp) => resp.status().as_u16(),
+                Err(_) => 0,
+            };
+            match status {
+                200 => println!("event write-ok {aisle}"),
+                409 => {
+                    println!("event stale-enforcer {aisle}");
+                    lost = true;
+                }
+                403 | 410 => {
+                    println!("event stale-proxy {aisle}");
+                    lost = true;
+                }
+                other => println!("event write-error {other}"),
+            }
+            if lost {
+                break;
+            }
+            if renewed.elapsed() >= ttl / 4 {
+                match client.renew(&mut held).await {
+                    Ok(()) => renewed = Instant::now(),
+                    Err(Error::Lost) => {
+                        println!("event lost {aisle}");
+                        lost = true;
+                        break;
+                    }
+                    Err(e) => println!("event error renew {e}"),
+                }
+            }
+        }
+        if !lost {
+            let _ = client.release(&held).await;
+            println!("event released {aisle}");
+        }
+    }
+}
