@@ -4,6 +4,7 @@
 #   ./scripts/run.sh          run the demo, then keep the stack serving (Ctrl-C stops it)
 #   ./scripts/run.sh --once   run the demo and exit with the audit's status (also LEASE_PROXY_DEMO_ONCE=1)
 #   WAREHOUSE_DURATION=60s    how long the robots work (default 30s)
+#   WAREHOUSE_DB=postgres://… the inventory on PostgreSQL instead of SQLite
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
@@ -55,7 +56,7 @@ wait_for "$proxy/readyz"
 keys="$work/proxy/dev-fencing.key"
 
 echo "==> starting the inventory service on $inventory (SQLite) behind fence-gateway on $gateway"
-"$bin/warehouse" inventory --listen 127.0.0.1:8080 --db "sqlite:$work/inventory.db" >"$work/inventory.log" 2>&1 &
+"$bin/warehouse" inventory --listen 127.0.0.1:8080 --db "${WAREHOUSE_DB:-sqlite:$work/inventory.db}" >"$work/inventory.log" 2>&1 &
 pids+=($!)
 "$bin/fence-gateway" --listen 127.0.0.1:7071 --upstream "$inventory" --store "sqlite:$work/marks.db" \
   --key-file "$keys" >"$work/gateway.log" 2>&1 &
