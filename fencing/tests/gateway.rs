@@ -214,7 +214,12 @@ async fn bad_input_is_refused_and_changes_nothing() {
     let gw = Gateway::start(&upstream, &store, &key_file, free_port()).await;
     assert_eq!(put(&gw, &keys, "bin-1", 50).await, 200);
     received.lock().unwrap().clear();
-    let client = reqwest::Client::new();
+    // A fresh connection per request: after an early refusal of an oversized body the gateway
+    // closes the connection, and a pooled client could race to reuse it.
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
     let good = keys.mint("bin-1", Token::new(0, 60));
     let url = format!("{}/inventory/bin-1", gw.url);
     let cases: Vec<(&str, reqwest::RequestBuilder, u16)> = vec![

@@ -118,6 +118,11 @@ pub struct Config {
     #[arg(long, env = "LEASE_PROXY_MAX_FORWARD_BYTES", default_value_t = 8 * 1024 * 1024)]
     pub max_forward_bytes: usize,
 
+    /// Key namespace of the etcd-compatible `/v3` KV and lock API (default `{etcd-prefix}v3/kv/`);
+    /// `/v3` clients can neither see nor touch keys outside it.
+    #[arg(long, env = "LEASE_PROXY_V3_NAMESPACE")]
+    pub v3_namespace: Option<String>,
+
     /// Log format.
     #[arg(
         long,

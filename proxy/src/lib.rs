@@ -12,6 +12,7 @@ mod etcd;
 mod forward;
 mod lease;
 mod server;
+mod v3;
 
 pub use api::PROBLEM_BASE;
 pub use config::{Config, ConfigError, LogFormat};

@@ -37,6 +37,8 @@ pub(crate) struct AppState {
     pub(crate) upstream: Option<crate::forward::Upstream>,
     /// Largest forwarded request body.
     pub(crate) max_forward_bytes: usize,
+    /// etcd's JSON API, namespaced.
+    pub(crate) v3: crate::v3::V3,
     /// Set when SIGTERM arrives: `/readyz` answers 503 from then on.
     pub(crate) draining: AtomicBool,
 }
@@ -57,6 +59,9 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
             "/v1/leases/{resource}/forward/{*path}",
             any(forward::forward),
         )
+        .route("/v3/{*method}", any(v3))
+        .route("/v3beta/{*method}", any(v3))
+        .route("/v3alpha/{*method}", any(v3))
         .route("/livez", get(ops::livez))
         .route("/readyz", get(ops::readyz))
         .fallback(|| async { Error::NoRoute })
@@ -64,6 +69,13 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
         .layer(TraceLayer::new_for_http())
         .layer(CatchPanicLayer::custom(panic_response))
+}
+
+async fn v3(
+    axum::extract::State(app): axum::extract::State<Arc<AppState>>,
+    req: axum::http::Request<axum::body::Body>,
+) -> Response {
+    app.v3.handle(req).await
 }
 
 /// A panic is a bug; the client still gets a problem+json 500 and the process keeps serving.

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{Etcd, Pinned};
+use super::{Etcd, Header, Pinned};
 use crate::{Error, Result};
 
 const QUEUE: usize = 4096;
@@ -36,7 +36,16 @@ pub(crate) struct KeepAlive {
 
 struct Request {
     id: i64,
-    reply: oneshot::Sender<i64>,
+    reply: oneshot::Sender<Renewed>,
+}
+
+/// etcd's answer to one keepalive.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Renewed {
+    /// The TTL the lease was renewed to; `0` when etcd no longer knows the lease.
+    pub(crate) ttl: i64,
+    /// The response header, when etcd sent one.
+    pub(crate) header: Option<Header>,
 }
 
 impl KeepAlive {
@@ -64,6 +73,11 @@ impl KeepAlive {
     /// Renews lease `id` once. Returns the TTL etcd granted, in seconds; `0` means etcd no longer
     /// knows the lease (expired or revoked).
     pub(crate) async fn renew(&self, id: i64) -> Result<i64> {
+        Ok(self.renew_with_header(id).await?.ttl)
+    }
+
+    /// Like [`KeepAlive::renew`], with etcd's response header.
+    pub(crate) async fn renew_with_header(&self, id: i64) -> Result<Renewed> {
         let shard = &self.shards[(id.unsigned_abs() % self.shards.len() as u64) as usize];
         let (reply, answer) = oneshot::channel();
         shard
@@ -82,9 +96,9 @@ impl KeepAlive {
 #[derive(Default)]
 struct Pending {
     /// Answered by the response to the keepalive on the wire (or the next one sent, if none is).
-    current: Vec<oneshot::Sender<i64>>,
+    current: Vec<oneshot::Sender<Renewed>>,
     /// Arrived after `current`'s keepalive was sent; answered by a later one.
-    next: Vec<oneshot::Sender<i64>>,
+    next: Vec<oneshot::Sender<Renewed>>,
     /// When the keepalive for `current` was written on the live stream, if it was.
     sent_at: Option<Instant>,
 }
@@ -137,9 +151,9 @@ impl Shard {
                     None => break,
                 },
                 message = next_message(&mut self.stream) => match message {
-                    Ok(Some((id, ttl))) => {
+                    Ok(Some((id, renewed))) => {
                         self.backoff = MIN_BACKOFF;
-                        self.answer(id, ttl).await;
+                        self.answer(id, renewed).await;
                     }
                     Ok(None) => self.lose_stream(shard, "closed by etcd"),
                     Err(e) => self.lose_stream(shard, &e.to_string()),
@@ -177,7 +191,13 @@ impl Shard {
                 }
                 Ok(Err(e)) if super::is_lease_not_found(&e) => {
                     if let Some(p) = self.pending.remove(&id) {
-                        reply_all(p, 0);
+                        reply_all(
+                            p,
+                            Renewed {
+                                ttl: 0,
+                                header: None,
+                            },
+                        );
                     }
                 }
                 Ok(Err(e)) => return self.retry_later(shard, &e.to_string()),
@@ -229,18 +249,21 @@ impl Shard {
         }
     }
 
-    async fn answer(&mut self, id: i64, ttl: i64) {
+    async fn answer(&mut self, id: i64, renewed: Renewed) {
         let Some(p) = self.pending.get_mut(&id) else {
             return;
         };
-        let ttl = ttl.max(0);
+        let renewed = Renewed {
+            ttl: renewed.ttl.max(0),
+            ..renewed
+        };
         for waiter in p.current.drain(..) {
-            let _ = waiter.send(ttl);
+            let _ = waiter.send(renewed);
         }
         p.sent_at = None;
-        if ttl == 0 || p.next.iter().all(|w| w.is_closed()) {
+        if renewed.ttl == 0 || p.next.iter().all(|w| w.is_closed()) {
             if let Some(p) = self.pending.remove(&id) {
-                reply_all(p, ttl);
+                reply_all(p, renewed);
             }
         } else {
             p.current = std::mem::take(&mut p.next);
@@ -263,17 +286,25 @@ impl Shard {
     }
 }
 
-fn reply_all(p: Pending, ttl: i64) {
+fn reply_all(p: Pending, renewed: Renewed) {
     for waiter in p.current.into_iter().chain(p.next) {
-        let _ = waiter.send(ttl);
+        let _ = waiter.send(renewed);
     }
 }
 
 async fn next_message(
     stream: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
-) -> Result<Option<(i64, i64)>, etcd_client::Error> {
+) -> Result<Option<(i64, Renewed)>, etcd_client::Error> {
     match stream {
-        Some((_, responses)) => Ok(responses.message().await?.map(|r| (r.id(), r.ttl()))),
+        Some((_, responses)) => Ok(responses.message().await?.map(|r| {
+            (
+                r.id(),
+                Renewed {
+                    ttl: r.ttl(),
+                    header: r.header().map(Header::from),
+                },
+            )
+        })),
         None => std::future::pending().await,
     }
 }

@@ -34,8 +34,51 @@ pub(crate) struct Etcd {
 
 struct Inner {
     clients: Vec<Client>,
+    endpoints: Vec<String>,
     pinned: AtomicUsize,
     timeout: Duration,
+}
+
+/// An etcd response header, as etcd's JSON gateway prints it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Header {
+    pub(crate) cluster_id: u64,
+    pub(crate) member_id: u64,
+    pub(crate) revision: i64,
+    pub(crate) raft_term: u64,
+}
+
+impl From<&etcd_client::ResponseHeader> for Header {
+    fn from(h: &etcd_client::ResponseHeader) -> Self {
+        Self {
+            cluster_id: h.cluster_id(),
+            member_id: h.member_id(),
+            revision: h.revision(),
+            raft_term: h.raft_term(),
+        }
+    }
+}
+
+impl Header {
+    /// The gateway's JSON form: 64-bit numbers as strings, zero fields omitted.
+    pub(crate) fn to_json(self) -> serde_json::Value {
+        let mut m = serde_json::Map::new();
+        for (name, value, zero) in [
+            (
+                "cluster_id",
+                self.cluster_id.to_string(),
+                self.cluster_id == 0,
+            ),
+            ("member_id", self.member_id.to_string(), self.member_id == 0),
+            ("revision", self.revision.to_string(), self.revision == 0),
+            ("raft_term", self.raft_term.to_string(), self.raft_term == 0),
+        ] {
+            if !zero {
+                m.insert(name.to_owned(), serde_json::Value::String(value));
+            }
+        }
+        serde_json::Value::Object(m)
+    }
 }
 
 /// The outcome of a create-if-absent transaction.
@@ -70,6 +113,7 @@ impl Etcd {
         Ok(Self {
             inner: Arc::new(Inner {
                 clients,
+                endpoints: endpoints.to_vec(),
                 pinned: AtomicUsize::new(0),
                 timeout,
             }),
@@ -83,6 +127,11 @@ impl Etcd {
             index,
             client: self.inner.clients[index].clone(),
         }
+    }
+
+    /// The client URL of member `index`.
+    pub(crate) fn endpoint(&self, index: usize) -> &str {
+        &self.inner.endpoints[index % self.inner.endpoints.len()]
     }
 
     /// Moves away from member `index` if it is still the pinned one.
@@ -225,6 +274,38 @@ impl Etcd {
             key: key.to_owned(),
             reason: "transaction failed its compare but read no key".to_owned(),
         })
+    }
+
+    /// A fresh response header (a linearizable read of a key nobody writes).
+    pub(crate) async fn header(&self) -> Result<Header> {
+        let resp = self
+            .bounded(|c| async move { c.kv_client().get("\0lease-proxy-header", None).await })
+            .await?;
+        resp.header()
+            .map(Header::from)
+            .ok_or_else(|| Error::CorruptRecord {
+                key: String::new(),
+                reason: "etcd answered without a header".into(),
+            })
+    }
+
+    /// Puts an empty value at `key`, attached to `lease`.
+    pub(crate) async fn put_with_lease(&self, key: &str, lease: i64) -> Result<()> {
+        self.bounded(|c| async move {
+            c.kv_client()
+                .put(key, "", Some(PutOptions::new().with_lease(lease)))
+                .await
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// A key's current value by raw bytes, linearizably.
+    pub(crate) async fn get_bytes(&self, key: &[u8]) -> Result<Option<KeyValue>> {
+        let mut resp = self
+            .bounded(|c| async move { c.kv_client().get(key, None).await })
+            .await?;
+        Ok(resp.take_kvs().into_iter().next())
     }
 
     /// The key's current value, linearizably.
