@@ -6,7 +6,6 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use clap::Parser;
 use lease_proxy_testkit::{free_port, Etcd};
 
 const WAREHOUSE: &str = env!("CARGO_BIN_EXE_warehouse");
@@ -38,11 +37,7 @@ async fn chaos_leaves_the_inventory_consistent() {
     let etcd = Etcd::single().await;
     let dir = tempfile::tempdir().unwrap();
     let key_file = dir.path().join("keys");
-    std::fs::write(
-        &key_file,
-        fencing::Keyring::generate_file(&fencing::KeyId::parse("k1").unwrap()),
-    )
-    .unwrap();
+    fencing::Keyring::create_file(&key_file, &fencing::KeyId::parse("k1").unwrap()).unwrap();
 
     let inventory_port = free_port();
     let inventory = format!("http://127.0.0.1:{inventory_port}");
@@ -66,15 +61,11 @@ async fn chaos_leaves_the_inventory_consistent() {
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let gateway = format!("http://{}", listener.local_addr().unwrap());
-    let config = fencing::gateway::GatewayConfig::parse_from([
-        "fence-gateway".to_owned(),
-        "--upstream".to_owned(),
+    let config = fencing::gateway::GatewayConfig::new(
         inventory.clone(),
-        "--store".to_owned(),
         format!("sqlite:{}", dir.path().join("marks.db").display()),
-        "--key-file".to_owned(),
-        key_file.display().to_string(),
-    ]);
+        key_file.clone(),
+    );
     tokio::spawn(fencing::gateway::run(
         listener,
         config,

@@ -166,6 +166,27 @@ impl Keyring {
         )
     }
 
+    /// Writes a fresh key file (one random key with id `kid`) at `path`, readable by the owner
+    /// only; refuses to overwrite an existing file.
+    pub fn create_file(path: &Path, kid: &KeyId) -> Result<(), Error> {
+        use std::io::Write;
+        let io = |source| Error::Io {
+            path: path.to_owned(),
+            source,
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let mut file = options.open(path).map_err(io)?;
+        file.write_all(Self::generate_file(kid).as_bytes())
+            .map_err(io)?;
+        file.sync_all().map_err(io)
+    }
+
     /// The id of the signing key.
     pub fn signing_key_id(&self) -> &KeyId {
         &self.keys[0].id

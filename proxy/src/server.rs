@@ -55,12 +55,7 @@ pub fn load_keys(config: &Config) -> Result<Keyring, StartError> {
             path: path.clone(),
             source: std::io::Error::other("invalid key id"),
         })?;
-        write_private(&path, &Keyring::generate_file(&kid)).map_err(|source| {
-            StartError::DevKey {
-                path: path.clone(),
-                source,
-            }
-        })?;
+        Keyring::create_file(&path, &kid)?;
     }
     tracing::warn!(
         path = %path.display(),
@@ -68,20 +63,6 @@ pub fn load_keys(config: &Config) -> Result<Keyring, StartError> {
          this file to verify tokens; give every proxy and gateway the same --key-file in production"
     );
     Ok(Keyring::load(&path)?)
-}
-
-fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut file = options.open(path)?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()
 }
 
 /// A client for an already validated `http://` URL setting.

@@ -9,9 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
-use clap::Parser;
 use common::*;
-use fencing::gateway::GatewayConfig;
 use serde_json::json;
 
 /// What the storage applied: (method, path and query, headers, body).
@@ -79,22 +77,14 @@ async fn stack() -> Stack {
     let (storage, applied) = storage().await;
     let dir = tempfile::tempdir().unwrap();
     let key_file = dir.path().join("keys");
-    std::fs::write(
-        &key_file,
-        fencing::Keyring::generate_file(&fencing::KeyId::parse("k1").unwrap()),
-    )
-    .unwrap();
+    fencing::Keyring::create_file(&key_file, &fencing::KeyId::parse("k1").unwrap()).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let gateway = format!("http://{}", listener.local_addr().unwrap());
-    let config = GatewayConfig::parse_from([
-        "fence-gateway".to_owned(),
-        "--upstream".to_owned(),
+    let config = fencing::gateway::GatewayConfig::new(
         storage.clone(),
-        "--store".to_owned(),
         format!("sqlite:{}", dir.path().join("marks.db").display()),
-        "--key-file".to_owned(),
-        key_file.display().to_string(),
-    ]);
+        key_file.clone(),
+    );
     tokio::spawn(fencing::gateway::run(
         listener,
         config,

@@ -69,6 +69,21 @@ pub struct GatewayConfig {
 pub struct GatewayConfigError(pub String);
 
 impl GatewayConfig {
+    /// The defaults, with the three settings that have none.
+    pub fn new(upstream: impl Into<String>, store: impl Into<String>, key_file: PathBuf) -> Self {
+        let mut config = Self::parse_from([
+            "fence-gateway",
+            "--upstream",
+            "http://unset",
+            "--key-file",
+            "unset",
+        ]);
+        config.upstream = upstream.into();
+        config.store = store.into();
+        config.key_file = key_file;
+        config
+    }
+
     /// Checks the settings.
     pub fn validate(&self) -> Result<(), GatewayConfigError> {
         let uri: http::Uri = self

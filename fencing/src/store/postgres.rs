@@ -157,14 +157,7 @@ impl HighWaterMarks for PostgresStore {
     fn get<'a>(&'a self, resource: &'a str) -> BoxFuture<'a, Result<Option<Token>, StoreError>> {
         Box::pin(async move {
             let client = self.client().await?;
-            let row = client
-                .query_opt(
-                    "SELECT mark FROM fence_marks WHERE resource = $1",
-                    &[&resource],
-                )
-                .await
-                .map_err(err)?;
-            row.map(|r| decode(r.get::<_, &[u8]>(0))).transpose()
+            read_mark(&client, resource).await
         })
     }
 
