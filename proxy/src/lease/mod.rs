@@ -380,32 +380,39 @@ impl Leases {
         }
     }
 
-    /// The grant `secret` proves holding of `resource`, with its signed fencing token — for
-    /// forwarding. Served from the watch-fed view when it confirms the secret; anything else
-    /// (no entry, another lease) is settled by a linearizable read, so a grant made through
-    /// another replica a moment ago is found.
+    /// The grant `secret` proves holding of `resource`, and its create revision. Served from
+    /// the watch-fed view when the view confirms the secret; anything else (no entry, another
+    /// lease, another secret) is settled by a linearizable read, so a grant made a moment ago
+    /// through another replica is found, and a wrong secret is told from a lost lease.
+    ///
+    /// A confirming view can be stale only towards a grant that just ended; every caller then
+    /// acts on that grant's lease (a keepalive that etcd answers with TTL 0) or token (which the
+    /// enforcer refuses), never on another holder's.
+    async fn confirmed(&self, resource: &str, secret: &str) -> Result<(HolderRecord, i64)> {
+        let lease_id = secret::lease_id(secret).ok_or(Error::NotHolder)?;
+        if let Some(seen) = self.holders.seen(resource) {
+            let record = HolderRecord::decode(&self.key(resource), &seen.value)?;
+            if record.lease_id == lease_id && secret::matches(secret, &record.secret_hash) {
+                return Ok((record, seen.create_revision));
+            }
+        }
+        self.held_with(resource, secret).await?.ok_or(Error::Lost)
+    }
+
+    /// The holder's record and signed fencing token, for forwarding its request.
     pub(crate) async fn holding_for_forward(
         &self,
         resource: &str,
         secret: &str,
     ) -> Result<(HolderRecord, String)> {
-        let lease_id = secret::lease_id(secret).ok_or(Error::NotHolder)?;
-        if let Some(seen) = self.holders.seen(resource) {
-            let key = self.key(resource);
-            let record = HolderRecord::decode(&key, &seen.value)?;
-            if record.lease_id == lease_id && secret::matches(secret, &record.secret_hash) {
-                let (_, signed) = self.token(resource, seen.create_revision);
-                return Ok((record, signed));
-            }
-        }
-        let (record, revision) = self.held_with(resource, secret).await?.ok_or(Error::Lost)?;
+        let (record, revision) = self.confirmed(resource, secret).await?;
         let (_, signed) = self.token(resource, revision);
         Ok((record, signed))
     }
 
     /// Extends the holder's lease by its TTL. Fails with [`Error::Lost`] once the lease is gone.
     pub(crate) async fn renew(&self, resource: &str, secret: &str) -> Result<Renewal> {
-        let (record, revision) = self.held_with(resource, secret).await?.ok_or(Error::Lost)?;
+        let (record, revision) = self.confirmed(resource, secret).await?;
         let ttl = self.keepalive.renew(record.lease_id).await?;
         if ttl <= 0 {
             return Err(Error::Lost);
