@@ -46,7 +46,13 @@ ensure_postgres() {
   # shellcheck disable=SC2086
   if ! pg_lsclusters -h | awk -v c="$cluster" '$1" "$2==c {print $4}' | grep -q online; then
     echo "==> starting PostgreSQL $cluster"
-    "${sudo[@]}" pg_ctlcluster $cluster start
+    # A postmaster killed a moment ago may still hold its socket lock: try again shortly.
+    local tries=0
+    until "${sudo[@]}" pg_ctlcluster $cluster start; do
+      tries=$((tries + 1))
+      [ "$tries" -ge 5 ] && { echo "PostgreSQL would not start" >&2; exit 1; }
+      sleep 2
+    done
   fi
   for _ in $(seq 50); do
     (cd / && as_postgres psql -qAtc "select 1") >/dev/null 2>&1 && break
