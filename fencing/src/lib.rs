@@ -16,6 +16,7 @@ pub mod gate;
 pub mod gateway;
 mod keys;
 pub mod layer;
+pub mod serve;
 pub mod store;
 mod token;
 

@@ -4,9 +4,9 @@
 //! waiting acquires give up, the listener stops accepting, in-flight requests finish under
 //! `drain_timeout`, then the background streams are cancelled and joined.
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use fencing::{KeyId, Keyring};
@@ -134,39 +134,19 @@ pub async fn run(
     let app = api::router(state.clone());
 
     tracing::info!(listen = %listener.local_addr()?, endpoints = ?config.etcd_endpoints, "lease-proxy serving");
-    let stop_accepting = stopping.clone();
-    let server = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { stop_accepting.cancelled().await })
-        .into_future();
-    let mut server = tokio::spawn(server);
-
-    let served = tokio::select! {
-        result = &mut server => Some(result),
-        () = shutdown => None,
-    };
-    let result = match served {
-        Some(result) => result,
-        None => {
-            tracing::info!(drain = ?config.drain_timeout, "shutting down: draining");
-            state.draining.store(true, Ordering::Relaxed);
-            stopping.cancel();
-            match tokio::time::timeout(config.drain_timeout, &mut server).await {
-                Ok(result) => result,
-                Err(_) => {
-                    tracing::warn!("drain deadline passed; closing remaining connections");
-                    server.abort();
-                    Ok(Ok(()))
-                }
-            }
-        }
-    };
+    let result = fencing::serve::until_shutdown(
+        listener,
+        app,
+        shutdown,
+        &state.draining,
+        stopping.clone(),
+        config.drain_timeout,
+    )
+    .await;
     stopping.cancel();
     background.cancel();
     tracker.close();
     tracker.wait().await;
     tracing::info!("stopped");
-    match result {
-        Ok(r) => r.map_err(StartError::Serve),
-        Err(join) => Err(StartError::Serve(std::io::Error::other(join))),
-    }
+    result.map_err(StartError::Serve)
 }

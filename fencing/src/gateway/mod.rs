@@ -10,7 +10,7 @@ pub use config::{GatewayConfig, GatewayConfigError};
 pub use forward::strip_hop_by_hop;
 
 use std::convert::Infallible;
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -126,34 +126,16 @@ pub async fn run(
         );
 
     tracing::info!(listen = %listener.local_addr()?, upstream = %config.upstream, store = %config.store, "fence-gateway serving");
-    let stop = CancellationToken::new();
-    let stop_accepting = stop.clone();
-    let server = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { stop_accepting.cancelled().await })
-        .into_future();
-    let mut server = tokio::spawn(server);
-    let served = tokio::select! {
-        r = &mut server => Some(r),
-        () = shutdown => None,
-    };
-    let result = match served {
-        Some(r) => r,
-        None => {
-            shared.draining.store(true, Ordering::Relaxed);
-            stop.cancel();
-            match tokio::time::timeout(config.drain_timeout, &mut server).await {
-                Ok(r) => r,
-                Err(_) => {
-                    server.abort();
-                    Ok(Ok(()))
-                }
-            }
-        }
-    };
-    match result {
-        Ok(r) => Ok(r?),
-        Err(join) => Err(GatewayError::Io(std::io::Error::other(join))),
-    }
+    crate::serve::until_shutdown(
+        listener,
+        app,
+        shutdown,
+        &shared.draining,
+        CancellationToken::new(),
+        config.drain_timeout,
+    )
+    .await?;
+    Ok(())
 }
 
 fn oversized(headers: &HeaderMap, limit: usize) -> bool {
