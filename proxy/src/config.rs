@@ -90,6 +90,11 @@ pub struct Config {
     #[serde(with = "humantime_serde")]
     pub etcd_timeout: Duration,
 
+    /// Spare etcd leases kept for reuse by later acquires instead of being revoked (a refused
+    /// acquire's, a released grant's); 0 revokes every one at once.
+    #[arg(long, env = "LEASE_PROXY_LEASE_SPARES", default_value_t = 256)]
+    pub lease_spares: usize,
+
     /// Number of long-lived keepalive streams renewals are spread over.
     #[arg(long, env = "LEASE_PROXY_KEEPALIVE_STREAMS", default_value_t = 2)]
     pub keepalive_streams: usize,
@@ -229,6 +234,9 @@ impl Config {
         }
         if self.keepalive_streams == 0 || self.keepalive_streams > 64 {
             return fail("--keepalive-streams must be between 1 and 64".into());
+        }
+        if self.lease_spares > 100_000 {
+            return fail("--lease-spares must be at most 100000".into());
         }
         if self.max_body_bytes < 1024 {
             return fail("--max-body-bytes must be at least 1024".into());

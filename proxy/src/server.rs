@@ -119,6 +119,7 @@ pub async fn run(
         config.era,
         limits,
         upstream(&config.prefence_url, config.forward_timeout),
+        config.lease_spares,
         stopping.clone(),
     );
     let state = Arc::new(AppState {
@@ -144,6 +145,7 @@ pub async fn run(
     )
     .await;
     stopping.cancel();
+    state.leases.revoke_spares().await;
     background.cancel();
     tracker.close();
     tracker.wait().await;

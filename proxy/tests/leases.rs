@@ -12,25 +12,57 @@ use tokio::time::Instant;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_contenders_one_winner() {
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
-    let attempts = (0..50).map(|i| {
-        let proxy = &proxy;
-        async move { acquire(proxy, "aisle-1", &format!("robot-{i}"), 10).await }
-    });
-    let results = futures::future::join_all(attempts).await;
-    let winners: Vec<_> = results.iter().filter(|(s, _)| *s == 201).collect();
-    let losers: Vec<_> = results.iter().filter(|(s, _)| *s == 409).collect();
-    assert_eq!(winners.len(), 1, "{results:?}");
-    assert_eq!(losers.len(), 49, "{results:?}");
-    let winner = &winners[0].1;
-    for (_, conflict) in losers {
-        assert_eq!(conflict["holder"], winner["holder"]);
-        assert_eq!(conflict["token"], winner["token"]);
-        assert!(conflict.get("secret").is_none() && conflict.get("fencing_token").is_none());
+    // Without spare leases every refused acquire revokes its lease; with them (the default) the
+    // refused leases carry no key and are reused, so etcd's lease count stops growing.
+    for spares in [0, 256] {
+        let etcd = Etcd::single().await;
+        let proxy = Proxy::start(etcd.endpoints(), |c| c.lease_spares = spares).await;
+        let attempts = (0..50).map(|i| {
+            let proxy = &proxy;
+            async move { acquire(proxy, "aisle-1", &format!("robot-{i}"), 10).await }
+        });
+        let results = futures::future::join_all(attempts).await;
+        let winners: Vec<_> = results.iter().filter(|(s, _)| *s == 201).collect();
+        let losers: Vec<_> = results.iter().filter(|(s, _)| *s == 409).collect();
+        assert_eq!(winners.len(), 1, "{results:?}");
+        assert_eq!(losers.len(), 49, "{results:?}");
+        let winner = &winners[0].1;
+        for (_, conflict) in losers {
+            assert_eq!(conflict["holder"], winner["holder"]);
+            assert_eq!(conflict["token"], winner["token"]);
+            assert!(conflict.get("secret").is_none() && conflict.get("fencing_token").is_none());
+        }
+        // Only the winner's lease carries a key.
+        let with_keys = keys_per_lease(&etcd).await;
+        assert_eq!(
+            with_keys.keys().copied().collect::<Vec<_>>(),
+            vec![lease_id(winner)]
+        );
+        let leases = snapshot(&etcd).await.leases;
+        if spares == 0 {
+            assert_eq!(
+                leases,
+                vec![lease_id(winner)],
+                "refused leases were not given back"
+            );
+            continue;
+        }
+        // 100 more refusals, one at a time, reuse the spares: no new lease is granted.
+        for i in 0..100 {
+            assert_eq!(
+                acquire(&proxy, "aisle-1", &format!("late-{i}"), 10).await.0,
+                409
+            );
+        }
+        let after = snapshot(&etcd).await.leases;
+        assert!(
+            after.len() <= leases.len(),
+            "{} leases, then {}",
+            leases.len(),
+            after.len()
+        );
+        assert_eq!(keys_per_lease(&etcd).await, with_keys);
     }
-    // Every loser gave its etcd lease back: only the winner's remains.
-    assert_eq!(snapshot(&etcd).await.leases, vec![lease_id(winner)]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -288,7 +320,14 @@ async fn idempotency_key_returns_the_same_grant() {
         })
         .collect();
     assert_eq!(tokens.len(), 1);
-    assert_eq!(snapshot(&etcd).await.leases.len(), 1);
+    // One grant, so one lease carrying one key (spare leases carry none).
+    assert_eq!(
+        keys_per_lease(&etcd)
+            .await
+            .into_values()
+            .collect::<Vec<_>>(),
+        vec![1]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

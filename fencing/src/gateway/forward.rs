@@ -36,17 +36,18 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove("proxy-connection");
 }
 
-/// A forwarder to one upstream base URL.
+/// A forwarder to one upstream base URL: the gateway without its enforcement (the benchmarks'
+/// bare pass-through proxy is this, on the same serving stack).
 #[derive(Clone)]
-pub(super) struct Forwarder {
+pub struct Forwarder {
     client: Client<HttpConnector, Body>,
     base: Uri,
     timeout: Duration,
 }
 
 impl Forwarder {
-    /// A forwarder to `base` (already validated as http://host:port).
-    pub(super) fn new(base: Uri, timeout: Duration) -> Self {
+    /// A forwarder to `base` (an `http://host:port[/path]` URI).
+    pub fn new(base: Uri, timeout: Duration) -> Self {
         Self {
             client: Client::builder(TokioExecutor::new()).build_http(),
             base,
@@ -67,7 +68,7 @@ impl Forwarder {
 
     /// Sends `req` upstream and returns its answer; 502/504 problem+json when the upstream
     /// cannot be reached or does not answer in time.
-    pub(super) async fn forward(&self, mut req: Request<Body>) -> Response<Body> {
+    pub async fn forward(&self, mut req: Request<Body>) -> Response<Body> {
         let Some(target) = self.target(req.uri()) else {
             return problem(
                 StatusCode::BAD_REQUEST,

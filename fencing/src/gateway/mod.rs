@@ -7,7 +7,7 @@ mod config;
 mod forward;
 
 pub use config::{GatewayConfig, GatewayConfigError};
-pub use forward::strip_hop_by_hop;
+pub use forward::{strip_hop_by_hop, Forwarder};
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::layer::{ByHeader, Classify, Decision, Fence, FencingLayer, PathPattern, Rejection};
 use crate::{Admission, Keyring};
-use forward::{problem, Forwarder};
+use forward::problem;
 
 /// Why the gateway could not start or serve.
 #[derive(Debug, thiserror::Error)]

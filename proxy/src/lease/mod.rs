@@ -4,9 +4,11 @@
 //! created only if absent. The key's create revision is the fencing token: etcd gives every new
 //! incarnation of the key a larger one, so tokens rise with every new holder. When the holder
 //! dies its lease lapses, etcd deletes the key, and waiters are woken by the holder watch.
+//! Leases that end up carrying no key are reused by later acquires (see [`spares`]).
 
 mod record;
 mod secret;
+mod spares;
 pub(crate) mod validate;
 
 use std::sync::Arc;
@@ -159,12 +161,13 @@ pub(crate) struct Leases {
     era: u64,
     limits: Limits,
     prefence: Option<Upstream>,
+    spares: spares::Spares,
     stopping: CancellationToken,
 }
 
 impl Leases {
     /// Assembles the service. `stopping` fires when the proxy starts draining; waiting acquires
-    /// then give up at once.
+    /// then give up at once. Up to `spares` leases are kept for reuse.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         etcd: Etcd,
@@ -175,6 +178,7 @@ impl Leases {
         era: u64,
         limits: Limits,
         prefence: Option<Upstream>,
+        spares: usize,
         stopping: CancellationToken,
     ) -> Self {
         Self {
@@ -186,8 +190,54 @@ impl Leases {
             era,
             limits,
             prefence,
+            spares: spares::Spares::new(spares),
             stopping,
         }
+    }
+
+    /// Revokes the spare leases (at shutdown; they would lapse by their TTL anyway).
+    pub(crate) async fn revoke_spares(&self) {
+        let revokes = self
+            .spares
+            .drain()
+            .into_iter()
+            .map(|id| self.etcd.revoke(id));
+        for result in futures::future::join_all(revokes).await {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "spare lease not revoked; it lapses by its TTL");
+            }
+        }
+    }
+
+    /// A lease of `ttl` seconds for an acquire, and the instant its TTL counts from at the
+    /// latest: a spare renewed now, else a new grant.
+    async fn lease_for(&self, ttl: u64) -> Result<(i64, u64, Instant)> {
+        while let Some(id) = self.spares.take(ttl) {
+            let renewing = Instant::now();
+            match self.keepalive.renew(id).await {
+                Ok(renewed) if u64::try_from(renewed).ok() == Some(ttl) => {
+                    return Ok((id, ttl, renewing));
+                }
+                // Lapsed meanwhile (TTL 0): forget it and try the next one.
+                Ok(_) => continue,
+                Err(e) => {
+                    self.etcd.revoke_in_background(id);
+                    return Err(e);
+                }
+            }
+        }
+        let granting = Instant::now();
+        let (id, granted) = self.etcd.grant(ttl).await?;
+        Ok((id, u64::try_from(granted).unwrap_or(ttl), granting))
+    }
+
+    /// Keeps a lease that carries no key for reuse, or revokes it when the pool is full.
+    async fn give_back(&self, lease_id: i64, ttl: u64, counted_from: Instant) -> Result<()> {
+        let alive_until = counted_from + std::time::Duration::from_secs(ttl);
+        if self.spares.put(ttl, lease_id, alive_until) {
+            return Ok(());
+        }
+        self.etcd.revoke(lease_id).await
     }
 
     /// The bounds this service enforces.
@@ -248,18 +298,19 @@ impl Leases {
         }
     }
 
-    /// One attempt: grant a lease, then create the ownership key if absent.
+    /// One attempt: take a lease (a renewed spare or a new grant), then create the ownership
+    /// key if absent.
     async fn try_acquire(&self, req: &Acquire) -> Result<Result<Grant, Box<Conflict>>> {
         let key = self.key(&req.resource);
-        // etcd starts the lease's clock after this instant, so the lease lasts at least until
-        // `granting + ttl` — measured from the request's arrival, that is `waited + ttl`.
-        let waited = Instant::now().saturating_duration_since(req.received);
+        // etcd starts (or restarts) the lease's clock after `counted_from`, so the lease lasts
+        // at least until `counted_from + ttl` — measured from the request's arrival, that is
+        // `waited + ttl`.
+        let (lease_id, ttl_seconds, counted_from) = self.lease_for(req.ttl_seconds).await?;
+        let waited = counted_from.saturating_duration_since(req.received);
         let waited_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
-        let (lease_id, granted_ttl) = self.etcd.grant(req.ttl_seconds).await?;
-        let ttl_seconds = u64::try_from(granted_ttl).unwrap_or(req.ttl_seconds);
         let secret = match &req.idempotency_key {
             Some(k) => secret::idempotent(&self.keys, &req.resource, &req.holder, k, lease_id),
-            None => secret::random(lease_id),
+            None => secret::random(&self.keys, lease_id),
         };
         let record = HolderRecord {
             holder: req.holder.clone(),
@@ -315,9 +366,9 @@ impl Leases {
             }
             Create::Exists(kv) => kv,
         };
-        // Held: give the unused lease back before answering, so a refused acquire leaves etcd
-        // as it found it.
-        self.etcd.revoke(lease_id).await?;
+        // Held: the lease carries no key; keep it for the next acquire (or revoke it), so a
+        // refused acquire leaves no key and no unaccounted lease behind.
+        self.give_back(lease_id, ttl_seconds, counted_from).await?;
         let existing = HolderRecord::decode(&key, kv.value())?;
         let remaining = self.etcd.time_to_live(existing.lease_id).await?;
         if let (Some(k), Some(remaining)) = (&req.idempotency_key, remaining) {
@@ -372,6 +423,9 @@ impl Leases {
             Some((record, revision)) if record.lease_id == lease_id => {
                 if secret::matches(secret, &record.secret_hash) {
                     Ok(Some((record, revision)))
+                } else if secret::sealed(&self.keys, secret) {
+                    // An earlier grant's secret on a lease since reused for this grant.
+                    Ok(None)
                 } else {
                     Err(Error::NotHolder)
                 }
@@ -433,12 +487,34 @@ impl Leases {
         let Some((record, revision)) = self.held_with(resource, secret).await? else {
             return Ok(());
         };
-        // Delete only the incarnation the secret belongs to, then return its lease.
-        self.etcd
+        // Delete only the incarnation the secret belongs to. If that delete did not take effect,
+        // the incarnation is already gone (lapsed, or deleted by a concurrent release of the
+        // same grant, which then owns its lease): its lease must not be touched, as it may
+        // already carry someone else's grant.
+        let deleted = self
+            .etcd
             .delete_if_created_at(&self.key(resource), revision)
             .await?;
-        self.etcd.revoke(record.lease_id).await?;
+        if !deleted {
+            return Ok(());
+        }
         tracing::info!(%resource, holder = %record.holder, "released");
+        // The lease now carries no key: keep it for reuse, else revoke it.
+        if self.spares.has_room() {
+            let renewing = Instant::now();
+            match self.keepalive.renew(record.lease_id).await {
+                Ok(ttl) if ttl > 0 => {
+                    let ttl = u64::try_from(ttl).unwrap_or_default();
+                    if self.give_back(record.lease_id, ttl, renewing).await.is_ok() {
+                        return Ok(());
+                    }
+                }
+                // Lapsed already: nothing left to give back.
+                Ok(_) => return Ok(()),
+                Err(_) => {}
+            }
+        }
+        self.etcd.revoke_in_background(record.lease_id);
         Ok(())
     }
 

@@ -1,11 +1,14 @@
 //! Per-grant secrets: the proof of holding required to renew, release and forward.
 //!
-//! etcd lease ids are guessable, so holding is proven by a 256-bit secret returned once at
-//! acquire. etcd stores only its SHA-256, so nobody reading etcd can act as the holder.
+//! etcd lease ids are guessable, so holding is proven by a secret returned once at acquire.
+//! etcd stores only its SHA-256, so nobody reading etcd can act as the holder.
 //!
-//! A secret is base64url(lease id, 8 bytes big-endian ‖ 32 secret bytes). The lease id lets the
-//! proxy tell a secret of an *earlier* grant (its lease is no longer the resource's: the caller
-//! has lost the lease, 410) from a wrong secret for the *current* grant (403).
+//! A secret is base64url(lease id, 8 bytes big-endian ‖ 16-byte nonce ‖ 16-byte seal), where the
+//! seal is keyed by the fencing key over the lease id and nonce. The lease id lets the proxy
+//! tell a secret of an *earlier* grant (its lease is no longer the resource's: the caller has
+//! lost the lease, 410) from a wrong secret for the *current* grant (403); the seal keeps that
+//! distinction when a lease is reused for a later grant (see `spares`): a sealed secret that does
+//! not match is an earlier grant's, an unsealed one is forged.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -16,18 +19,47 @@ use subtle::ConstantTimeEq;
 
 const ENCODED_LEN: usize = 54;
 
-fn encode(lease_id: i64, secret: &[u8; 32]) -> String {
+fn seal(keys: &Keyring, lease_id: i64, nonce: &[u8; 16]) -> [u8; 16] {
+    let mut context = [0u8; 8 + 16 + 24];
+    context[..24].copy_from_slice(b"lease-proxy/secret/v1\0\0\0");
+    context[24..32].copy_from_slice(&lease_id.to_be_bytes());
+    context[32..].copy_from_slice(nonce);
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&keys.derive(&context)[..16]);
+    out
+}
+
+fn encode(keys: &Keyring, lease_id: i64, nonce: &[u8; 16]) -> String {
     let mut bytes = [0u8; 40];
     bytes[..8].copy_from_slice(&lease_id.to_be_bytes());
-    bytes[8..].copy_from_slice(secret);
+    bytes[8..24].copy_from_slice(nonce);
+    bytes[24..].copy_from_slice(&seal(keys, lease_id, nonce));
     URL_SAFE_NO_PAD.encode(bytes)
 }
 
 /// A fresh random secret for a grant on `lease_id`.
-pub(crate) fn random(lease_id: i64) -> String {
-    let mut bytes = [0u8; 32];
-    rand::rng().fill_bytes(&mut bytes);
-    encode(lease_id, &bytes)
+pub(crate) fn random(keys: &Keyring, lease_id: i64) -> String {
+    let mut nonce = [0u8; 16];
+    rand::rng().fill_bytes(&mut nonce);
+    encode(keys, lease_id, &nonce)
+}
+
+/// Whether `secret` was issued by a proxy holding the current signing key (for some grant).
+pub(crate) fn sealed(keys: &Keyring, secret: &str) -> bool {
+    if secret.len() != ENCODED_LEN {
+        return false;
+    }
+    let Ok(bytes) = URL_SAFE_NO_PAD.decode(secret) else {
+        return false;
+    };
+    let (Some(id), Some(nonce), Some(tag)) = (bytes.get(..8), bytes.get(8..24), bytes.get(24..))
+    else {
+        return false;
+    };
+    let (Ok(id), Ok(nonce)) = (<[u8; 8]>::try_from(id), <[u8; 16]>::try_from(nonce)) else {
+        return false;
+    };
+    seal(keys, i64::from_be_bytes(id), &nonce).ct_eq(tag).into()
 }
 
 /// The lease id a secret was issued for, if it is a well-formed secret at all.
@@ -55,7 +87,9 @@ pub(crate) fn idempotent(
         context.extend_from_slice(part);
     }
     context.extend_from_slice(&lease_id.to_be_bytes());
-    encode(lease_id, &keys.derive(&context))
+    let mut nonce = [0u8; 16];
+    nonce.copy_from_slice(&keys.derive(&context)[..16]);
+    encode(keys, lease_id, &nonce)
 }
 
 /// The stored hash of a secret.
@@ -81,15 +115,54 @@ pub(crate) fn matches(secret: &str, stored: &str) -> bool {
 mod tests {
     use super::*;
 
+    fn keys() -> Keyring {
+        Keyring::parse(&Keyring::generate_file(
+            &fencing::KeyId::parse("k1").unwrap(),
+        ))
+        .unwrap()
+    }
+
     #[test]
     fn hashing() {
-        let s = random(42);
+        let keys = keys();
+        let s = random(&keys, 42);
         assert_eq!(s.len(), ENCODED_LEN);
         assert_eq!(lease_id(&s), Some(42));
         assert!(matches(&s, &hash(&s)));
-        assert!(!matches(&random(42), &hash(&s)));
-        assert_ne!(random(7), random(7));
+        assert!(!matches(&random(&keys, 42), &hash(&s)));
+        assert_ne!(random(&keys, 7), random(&keys, 7));
         assert_eq!(lease_id("short"), None);
         assert_eq!(lease_id(&"!".repeat(ENCODED_LEN)), None);
+    }
+
+    #[test]
+    fn only_issued_secrets_are_sealed() {
+        let keys = keys();
+        let s = random(&keys, 42);
+        assert!(sealed(&keys, &s));
+        assert!(sealed(&keys, &idempotent(&keys, "r", "h", "k", 42)));
+        // Another key, a flipped byte, a different lease id, junk: not sealed.
+        assert!(!sealed(&self::keys(), &s));
+        let mut bytes = URL_SAFE_NO_PAD.decode(&s).unwrap();
+        bytes[30] ^= 1;
+        assert!(!sealed(&keys, &URL_SAFE_NO_PAD.encode(&bytes)));
+        let mut bytes = URL_SAFE_NO_PAD.decode(&s).unwrap();
+        bytes[7] ^= 1;
+        assert!(!sealed(&keys, &URL_SAFE_NO_PAD.encode(&bytes)));
+        assert!(!sealed(&keys, "short"));
+        assert!(!sealed(&keys, &"!".repeat(ENCODED_LEN)));
+    }
+
+    #[test]
+    fn idempotent_secrets_are_reproducible() {
+        let keys = keys();
+        assert_eq!(
+            idempotent(&keys, "r", "h", "k", 1),
+            idempotent(&keys, "r", "h", "k", 1)
+        );
+        assert_ne!(
+            idempotent(&keys, "r", "h", "k", 1),
+            idempotent(&keys, "r", "h", "k", 2)
+        );
     }
 }

@@ -228,3 +228,14 @@ pub async fn snapshot(etcd: &Etcd) -> Snapshot {
     leases.sort_unstable();
     Snapshot { kvs, leases }
 }
+
+/// For every etcd lease that carries keys, how many it carries.
+pub async fn keys_per_lease(etcd: &Etcd) -> std::collections::BTreeMap<i64, usize> {
+    let mut per_lease = std::collections::BTreeMap::new();
+    for kv in snapshot(etcd).await.kvs {
+        if kv.4 != 0 {
+            *per_lease.entry(kv.4).or_default() += 1;
+        }
+    }
+    per_lease
+}

@@ -1,0 +1,263 @@
+//! Closed-loop measurements of single operations: `in_flight` workers each run their share of
+//! `ops` operations back to back; every operation's latency is recorded.
+//!
+//! - `acquire`: distinct resources (released afterwards, untimed);
+//! - `contended`: every worker tries a resource someone already holds (the 409 path);
+//! - `release`: resources acquired beforehand, untimed;
+//! - `cycle`: acquire → `renewals` renewals → release, timed as one operation;
+//! - `renew`: round robin over a set of held leases.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use lease_proxy_benches::stats::Run;
+use tokio::time::Instant;
+
+use crate::backend::Backend;
+
+/// TTL of the leases taken by the closed-loop operations (long: nothing expires mid-cell).
+const TTL: u64 = 60;
+
+/// An operation to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Op {
+    /// Acquire distinct free resources.
+    Acquire,
+    /// Acquire attempts on a held resource.
+    Contended,
+    /// Release held resources.
+    Release,
+    /// Acquire, renew k times, release.
+    Cycle,
+    /// Renew held leases.
+    Renew,
+}
+
+impl Op {
+    /// The operation's name in tables.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Op::Acquire => "acquire",
+            Op::Contended => "contended",
+            Op::Release => "release",
+            Op::Cycle => "cycle",
+            Op::Renew => "renew",
+        }
+    }
+}
+
+/// Runs `ops` operations on `in_flight` workers; `f(worker, i)` is one operation.
+pub(crate) async fn closed_loop<F, Fut>(in_flight: usize, ops: usize, f: F) -> anyhow::Result<Run>
+where
+    F: Fn(usize, usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = anyhow::Result<()>> + Send,
+{
+    let f = Arc::new(f);
+    let per_worker = ops.div_ceil(in_flight.max(1));
+    let started = Instant::now();
+    let workers: Vec<_> = (0..in_flight.max(1))
+        .map(|w| {
+            let f = f.clone();
+            tokio::spawn(async move {
+                let mut latencies = Vec::with_capacity(per_worker);
+                for i in 0..per_worker {
+                    let t = Instant::now();
+                    f(w, i).await?;
+                    latencies.push(t.elapsed());
+                }
+                Ok::<_, anyhow::Error>(latencies)
+            })
+        })
+        .collect();
+    let mut latencies = Vec::with_capacity(ops);
+    for w in futures::future::join_all(workers).await {
+        latencies.extend(w.map_err(|e| anyhow!("worker: {e}"))??);
+    }
+    Ok(Run::from_latencies(latencies, started.elapsed()))
+}
+
+/// Acquires `names` on `in_flight` workers, untimed.
+pub(crate) async fn acquire_all<B: Backend>(
+    backend: &Arc<B>,
+    names: Vec<String>,
+    ttl: u64,
+    in_flight: usize,
+) -> anyhow::Result<Vec<B::Held>> {
+    let names = Arc::new(names);
+    let held = Arc::new(Mutex::new(Vec::with_capacity(names.len())));
+    let n = names.len();
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let workers: Vec<_> = (0..in_flight.max(1))
+        .map(|_| {
+            let (backend, names, held, next) =
+                (backend.clone(), names.clone(), held.clone(), next.clone());
+            tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(name) = names.get(i) else {
+                        return Ok::<_, anyhow::Error>(());
+                    };
+                    let h = backend
+                        .acquire(name.clone(), ttl)
+                        .await?
+                        .with_context(|| format!("{name} is held already"))?;
+                    held.lock().map_err(|_| anyhow!("poisoned"))?.push(h);
+                }
+            })
+        })
+        .collect();
+    for w in futures::future::join_all(workers).await {
+        w.map_err(|e| anyhow!("worker: {e}"))??;
+    }
+    let held = std::mem::take(&mut *held.lock().map_err(|_| anyhow!("poisoned"))?);
+    if held.len() != n {
+        bail!("acquired {} of {n}", held.len());
+    }
+    Ok(held)
+}
+
+/// Releases everything in `held` on `in_flight` workers, untimed.
+pub(crate) async fn release_all<B: Backend>(
+    backend: &Arc<B>,
+    held: Vec<B::Held>,
+    in_flight: usize,
+) -> anyhow::Result<()> {
+    let held = Arc::new(held);
+    let n = held.len();
+    closed_loop(in_flight.min(n.max(1)), n, {
+        let (backend, held) = (backend.clone(), held.clone());
+        move |w, i| {
+            let (backend, held) = (backend.clone(), held.clone());
+            let per = n.div_ceil(in_flight.min(n.max(1)));
+            async move {
+                match held.get(w * per + i) {
+                    Some(h) => backend.release(h).await,
+                    None => Ok(()),
+                }
+            }
+        }
+    })
+    .await?;
+    Ok(())
+}
+
+/// Measures `op` once on `backend`. `tag` makes resource names unique to this cell; `renewable`
+/// is the held set for `renew`; `renewals` the renewals per `cycle`.
+pub(crate) async fn measure<B: Backend>(
+    backend: &Arc<B>,
+    op: Op,
+    in_flight: usize,
+    ops: usize,
+    tag: &str,
+    renewable: &Arc<Vec<B::Held>>,
+    renewals: usize,
+) -> anyhow::Result<Run> {
+    let per = ops.div_ceil(in_flight.max(1));
+    let name = {
+        let tag = tag.to_owned();
+        move |w: usize, i: usize| format!("lb-{tag}-{w}-{i}")
+    };
+    match op {
+        Op::Acquire => {
+            let taken = Arc::new(Mutex::new(Vec::new()));
+            let run = closed_loop(in_flight, ops, {
+                let (backend, taken) = (backend.clone(), taken.clone());
+                move |w, i| {
+                    let (backend, taken, resource) = (backend.clone(), taken.clone(), name(w, i));
+                    async move {
+                        let h = backend
+                            .acquire(resource, TTL)
+                            .await?
+                            .context("a fresh resource was held")?;
+                        taken.lock().map_err(|_| anyhow!("poisoned"))?.push(h);
+                        Ok(())
+                    }
+                }
+            })
+            .await?;
+            let taken = std::mem::take(&mut *taken.lock().map_err(|_| anyhow!("poisoned"))?);
+            release_all(backend, taken, in_flight.max(8)).await?;
+            Ok(run)
+        }
+        Op::Contended => {
+            let hot = format!("lb-{tag}-hot");
+            let holder = backend
+                .acquire(hot.clone(), TTL)
+                .await?
+                .context("the hot resource was held")?;
+            let run = closed_loop(in_flight, ops, {
+                let backend = backend.clone();
+                move |_, _| {
+                    let (backend, hot) = (backend.clone(), hot.clone());
+                    async move {
+                        if backend.acquire(hot, TTL).await?.is_some() {
+                            bail!("a held resource was granted to a second holder");
+                        }
+                        Ok(())
+                    }
+                }
+            })
+            .await?;
+            backend.release(&holder).await?;
+            Ok(run)
+        }
+        Op::Release => {
+            let names = (0..in_flight.max(1))
+                .flat_map(|w| (0..per).map(move |i| (w, i)))
+                .map(|(w, i)| name(w, i))
+                .collect();
+            // Worker w releases entries w*per .. (w+1)*per, whatever order they were taken in.
+            let held = Arc::new(acquire_all(backend, names, TTL, in_flight.max(8)).await?);
+            closed_loop(in_flight, ops, {
+                let (backend, held) = (backend.clone(), held.clone());
+                move |w, i| {
+                    let (backend, held) = (backend.clone(), held.clone());
+                    async move {
+                        match held.get(w * per + i) {
+                            Some(h) => backend.release(h).await,
+                            None => Ok(()),
+                        }
+                    }
+                }
+            })
+            .await
+        }
+        Op::Cycle => {
+            closed_loop(in_flight, ops, {
+                let backend = backend.clone();
+                move |w, i| {
+                    let (backend, resource) = (backend.clone(), name(w, i));
+                    async move {
+                        let h = backend
+                            .acquire(resource, TTL)
+                            .await?
+                            .context("a fresh resource was held")?;
+                        for _ in 0..renewals {
+                            backend.renew(&h).await?;
+                        }
+                        backend.release(&h).await
+                    }
+                }
+            })
+            .await
+        }
+        Op::Renew => {
+            if renewable.is_empty() {
+                bail!("renew needs held leases");
+            }
+            closed_loop(in_flight, ops, {
+                let (backend, held) = (backend.clone(), renewable.clone());
+                move |w, i| {
+                    let (backend, held) = (backend.clone(), held.clone());
+                    async move { backend.renew(&held[(w + i * in_flight) % held.len()]).await }
+                }
+            })
+            .await
+        }
+    }
+}
+
+/// A pause between cells so one cell's tail (lease revocations, compaction) settles.
+pub(crate) const SETTLE: Duration = Duration::from_millis(200);

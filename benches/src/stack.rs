@@ -1,0 +1,132 @@
+//! Processes a benchmark starts for itself: etcd (through the testkit, fsync on), `lease-proxy`,
+//! `fence-gateway` or any helper binary, on free loopback ports; all killed when dropped.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+
+pub use lease_proxy_testkit::{free_port, Etcd};
+
+/// Child processes owned by a benchmark, killed on drop, with a scratch directory.
+pub struct Stack {
+    children: Vec<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A started process: its pid, for reading its memory use.
+#[derive(Debug, Clone, Copy)]
+pub struct Spawned {
+    /// The process id.
+    pub pid: u32,
+}
+
+impl Stack {
+    /// An empty stack with a fresh scratch directory.
+    pub fn new() -> anyhow::Result<Self> {
+        Ok(Self {
+            children: Vec::new(),
+            dir: tempfile::Builder::new().prefix("bench-").tempdir()?,
+        })
+    }
+
+    /// The scratch directory, removed with the stack.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Starts `cmd` with its output discarded and keeps it until the stack is dropped.
+    pub fn spawn(&mut self, mut cmd: Command) -> anyhow::Result<Spawned> {
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("cannot start {:?}", cmd.get_program()))?;
+        let pid = child.id();
+        self.children.push(child);
+        Ok(Spawned { pid })
+    }
+
+    /// Starts the `lease-proxy` at `bin` against `etcd_url`; returns its base URL once ready.
+    pub async fn lease_proxy(
+        &mut self,
+        bin: &Path,
+        etcd_url: &str,
+    ) -> anyhow::Result<(String, Spawned)> {
+        let port = free_port();
+        let mut cmd = Command::new(bin);
+        cmd.args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--etcd-endpoints", etcd_url])
+            .arg("--data-dir")
+            .arg(self.dir().join(format!("proxy-{port}")))
+            .env("RUST_LOG", "error");
+        let spawned = self.spawn(cmd)?;
+        let url = format!("http://127.0.0.1:{port}");
+        wait_ready(&format!("{url}/readyz")).await?;
+        Ok((url, spawned))
+    }
+}
+
+/// A binary built next to the running one (same target directory and profile).
+pub fn sibling(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let path = exe.with_file_name(name);
+    if !path.exists() {
+        bail!(
+            "{} not found: build it first (cargo build --release -p lease-proxy -p fencing -p lease-proxy-benches)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// Waits until `url` answers 2xx (up to 15 s).
+pub async fn wait_ready(url: &str) -> anyhow::Result<()> {
+    for _ in 0..300 {
+        if reqwest::get(url)
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(anyhow!("{url} did not become ready"))
+}
+
+/// Resident and peak resident memory of `pid` in MiB, from `/proc/{pid}/status`.
+pub fn rss_mib(pid: u32) -> Option<(f64, f64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|kb| kb.parse::<f64>().ok())
+            .map(|kb| kb / 1024.0)
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_its_own_memory() {
+        let (rss, peak) = rss_mib(std::process::id()).unwrap();
+        assert!(rss > 0.0 && peak >= rss);
+        assert!(rss_mib(u32::MAX).is_none());
+    }
+}

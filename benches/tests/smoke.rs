@@ -1,0 +1,114 @@
+//! The benchmarks run end to end (briefly: figures here mean nothing, only that the tools work
+//! and measure what they claim). Needs the `lease-proxy` and `fence-gateway` binaries next to
+//! the benchmark binaries; they are built here if missing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::Command;
+
+fn ensure_binaries(next_to: &Path) {
+    if next_to.with_file_name("lease-proxy").exists()
+        && next_to.with_file_name("fence-gateway").exists()
+    {
+        return;
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut build = Command::new(cargo);
+    build.args(["build", "-p", "lease-proxy", "-p", "fencing", "--bins"]);
+    if next_to
+        .parent()
+        .and_then(|p| p.file_name())
+        .is_some_and(|p| p == "release")
+    {
+        build.arg("--release");
+    }
+    assert!(
+        build.status().unwrap().success(),
+        "building the binaries under test failed"
+    );
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn leasebench_measures_every_operation_on_both_backends() {
+    let exe = Path::new(env!("CARGO_BIN_EXE_leasebench"));
+    ensure_binaries(exe);
+    let dir = tempfile::tempdir().unwrap();
+    let (out, svg) = (dir.path().join("lb.json"), dir.path().join("lb.svg"));
+    let status = Command::new(exe)
+        .args([
+            "--ops",
+            "40",
+            "--concurrency",
+            "1,4",
+            "--rounds",
+            "1",
+            "--held",
+            "20",
+        ])
+        .args([
+            "--sustain",
+            "60",
+            "--sustain-for",
+            "2s",
+            "--sustain-ttl",
+            "6",
+        ])
+        .arg("--json")
+        .arg(&out)
+        .arg("--chart")
+        .arg(&svg)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let doc = json(&out);
+    let rows = doc["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 5 * 2);
+    for row in rows {
+        for backend in ["etcd", "proxy"] {
+            let run = &row["backends"][backend];
+            assert!(run["ops"].as_u64().unwrap() >= 40, "{row}");
+            assert!(run["ops_per_sec"].as_f64().unwrap() > 0.0, "{row}");
+        }
+        assert!(row["ratio"].as_f64().unwrap() > 0.0);
+    }
+    let sustained = doc["sustained"].as_array().unwrap();
+    assert_eq!(sustained.len(), 3);
+    for s in sustained {
+        assert_eq!(s["failed"], 0, "{s}");
+        assert!(s["renewals"]["ops"].as_u64().unwrap() > 0, "{s}");
+    }
+    assert!(sustained[0]["rss_mib"].as_f64().unwrap() > 0.0);
+    assert!(std::fs::read_to_string(&svg)
+        .unwrap()
+        .contains("renew: throughput"));
+}
+
+#[test]
+fn fencebench_measures_three_backends_against_an_enforcing_gateway() {
+    let exe = Path::new(env!("CARGO_BIN_EXE_fencebench"));
+    ensure_binaries(exe);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("fb.json");
+    let status = Command::new(exe)
+        .args(["--ops", "100", "--concurrency", "1,4", "--rounds", "1"])
+        .arg("--json")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let rows = json(&out);
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 2 * 2);
+    for row in rows {
+        for backend in ["bare", "direct", "gateway"] {
+            assert!(
+                row["backends"][backend]["ops"].as_u64().unwrap() >= 100,
+                "{row}"
+            );
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! Spare etcd leases, kept for the next acquire instead of being revoked.
+//!
+//! A grant needs an etcd lease with the requested TTL. Granting one is a raft write, and so is
+//! revoking it; an acquire that finds the resource held, and every release, would otherwise pay
+//! for both. Instead, a lease that is known to carry no key — the fresh lease of a refused
+//! acquire, or the lease of a grant whose key this proxy has just deleted — is kept here, and
+//! the next acquire with the same TTL renews it (a keepalive: no raft write) instead of granting
+//! a new one. A spare that lapsed meanwhile is answered with TTL 0 and dropped.
+//!
+//! Why this is safe: a lease only enters this pool when it holds no ownership key (the create
+//! transaction failed, or this proxy's own compare-and-delete of the key succeeded — so of two
+//! concurrent releases only one keeps the lease), and it leaves the pool to exactly one acquire.
+//! A lease therefore never carries two grants at once, and each grant still expires on its own
+//! when its holder stops renewing. The fencing token is the ownership key's create revision and
+//! does not depend on the lease. An earlier holder of a reused lease cannot act on the new grant:
+//! its secret does not hash to the new grant's (see `secret`).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use tokio::time::Instant;
+
+/// The pool. Bounded; when full, callers revoke instead.
+pub(crate) struct Spares {
+    capacity: usize,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    by_ttl: HashMap<u64, Vec<Spare>>,
+    count: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Spare {
+    lease_id: i64,
+    /// The lease lasts at least until here (its last keepalive or grant was sent before
+    /// `alive_until - ttl`).
+    alive_until: Instant,
+}
+
+impl Spares {
+    /// A pool of at most `capacity` leases (0 disables reuse).
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            inner: Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // The pool holds plain data; a panic elsewhere cannot leave it inconsistent.
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A spare lease granted with `ttl` seconds, the most recently kept first; spares known to
+    /// have lapsed are dropped on the way. The caller must renew it before use.
+    pub(crate) fn take(&self, ttl: u64) -> Option<i64> {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        let Inner { by_ttl, count } = &mut *inner;
+        let stack = by_ttl.get_mut(&ttl)?;
+        let mut found = None;
+        while let Some(spare) = stack.pop() {
+            *count -= 1;
+            if spare.alive_until > now {
+                found = Some(spare.lease_id);
+                break;
+            }
+        }
+        if stack.is_empty() {
+            by_ttl.remove(&ttl);
+        }
+        found
+    }
+
+    /// Keeps `lease_id` (granted with `ttl` seconds, alive at least until `alive_until`), which
+    /// must carry no key. `false` when the pool is full: the caller revokes the lease instead.
+    pub(crate) fn put(&self, ttl: u64, lease_id: i64, alive_until: Instant) -> bool {
+        let mut inner = self.lock();
+        if inner.count >= self.capacity {
+            let now = Instant::now();
+            let Inner { by_ttl, count } = &mut *inner;
+            for stack in by_ttl.values_mut() {
+                let before = stack.len();
+                stack.retain(|s| s.alive_until > now);
+                *count -= before - stack.len();
+            }
+            by_ttl.retain(|_, s| !s.is_empty());
+            if *count >= self.capacity {
+                return false;
+            }
+        }
+        inner.count += 1;
+        inner.by_ttl.entry(ttl).or_default().push(Spare {
+            lease_id,
+            alive_until,
+        });
+        true
+    }
+
+    /// Whether a `put` would be accepted without evicting anything.
+    pub(crate) fn has_room(&self) -> bool {
+        self.capacity > 0 && self.lock().count < self.capacity
+    }
+
+    /// Empties the pool, returning its leases (to be revoked at shutdown).
+    pub(crate) fn drain(&self) -> Vec<i64> {
+        let mut inner = self.lock();
+        inner.count = 0;
+        inner
+            .by_ttl
+            .drain()
+            .flat_map(|(_, s)| s.into_iter().map(|s| s.lease_id))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn later(secs: u64) -> Instant {
+        Instant::now() + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn hands_out_by_ttl_freshest_first() {
+        let spares = Spares::new(10);
+        assert!(spares.put(10, 1, later(10)));
+        assert!(spares.put(10, 2, later(10)));
+        assert!(spares.put(20, 3, later(20)));
+        assert_eq!(spares.take(10), Some(2));
+        assert_eq!(spares.take(10), Some(1));
+        assert_eq!(spares.take(10), None);
+        assert_eq!(spares.take(30), None);
+        assert_eq!(spares.take(20), Some(3));
+        assert_eq!(spares.lock().count, 0);
+    }
+
+    #[test]
+    fn lapsed_spares_are_never_handed_out() {
+        let spares = Spares::new(10);
+        assert!(spares.put(10, 1, Instant::now()));
+        assert!(spares.put(10, 2, later(10)));
+        assert!(spares.put(10, 3, Instant::now()));
+        assert_eq!(spares.take(10), Some(2));
+        assert_eq!(spares.take(10), None);
+        assert_eq!(spares.lock().count, 0);
+    }
+
+    #[test]
+    fn bounded_and_lapsed_spares_make_room() {
+        let spares = Spares::new(2);
+        assert!(spares.put(10, 1, Instant::now()));
+        assert!(spares.put(10, 2, later(10)));
+        assert!(!spares.has_room());
+        // Full, but lease 1 has lapsed: it is dropped to make room.
+        assert!(spares.put(10, 3, later(10)));
+        assert!(!spares.put(10, 4, later(10)));
+        let mut drained = spares.drain();
+        drained.sort_unstable();
+        assert_eq!(drained, vec![2, 3]);
+        assert!(spares.has_room());
+    }
+
+    #[test]
+    fn capacity_zero_disables_reuse() {
+        let spares = Spares::new(0);
+        assert!(!spares.has_room());
+        assert!(!spares.put(10, 1, later(10)));
+        assert_eq!(spares.take(10), None);
+    }
+}
