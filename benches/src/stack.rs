@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{anyhow, Context};
 
 pub use lease_proxy_testkit::{free_port, Etcd};
 
@@ -78,17 +78,9 @@ impl Stack {
     }
 }
 
-/// A binary built next to the running one (same target directory and profile).
+/// A binary of the workspace built with the same profile as the running one (built if missing).
 pub fn sibling(name: &str) -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let path = exe.with_file_name(name);
-    if !path.exists() {
-        bail!(
-            "{} not found: build it first (cargo build --release -p lease-proxy -p fencing -p lease-proxy-benches)",
-            path.display()
-        );
-    }
-    Ok(path)
+    Ok(lease_proxy_testkit::workspace_binary(name))
 }
 
 /// Waits until `url` answers 2xx (up to 15 s).

@@ -6,26 +6,9 @@
 use std::path::Path;
 use std::process::Command;
 
-fn ensure_binaries(next_to: &Path) {
-    if next_to.with_file_name("lease-proxy").exists()
-        && next_to.with_file_name("fence-gateway").exists()
-    {
-        return;
-    }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut build = Command::new(cargo);
-    build.args(["build", "-p", "lease-proxy", "-p", "fencing", "--bins"]);
-    if next_to
-        .parent()
-        .and_then(|p| p.file_name())
-        .is_some_and(|p| p == "release")
-    {
-        build.arg("--release");
-    }
-    assert!(
-        build.status().unwrap().success(),
-        "building the binaries under test failed"
-    );
+fn ensure_binaries() {
+    lease_proxy_testkit::workspace_binary("lease-proxy");
+    lease_proxy_testkit::workspace_binary("fence-gateway");
 }
 
 fn json(path: &Path) -> serde_json::Value {
@@ -35,7 +18,7 @@ fn json(path: &Path) -> serde_json::Value {
 #[test]
 fn leasebench_measures_every_operation_on_both_backends() {
     let exe = Path::new(env!("CARGO_BIN_EXE_leasebench"));
-    ensure_binaries(exe);
+    ensure_binaries();
     let dir = tempfile::tempdir().unwrap();
     let (out, svg) = (dir.path().join("lb.json"), dir.path().join("lb.svg"));
     let status = Command::new(exe)
@@ -90,7 +73,7 @@ fn leasebench_measures_every_operation_on_both_backends() {
 #[test]
 fn fencebench_measures_three_backends_against_an_enforcing_gateway() {
     let exe = Path::new(env!("CARGO_BIN_EXE_fencebench"));
-    ensure_binaries(exe);
+    ensure_binaries();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("fb.json");
     let status = Command::new(exe)

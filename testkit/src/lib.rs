@@ -236,3 +236,45 @@ impl Drop for Etcd {
         }
     }
 }
+
+/// A binary of this workspace (`lease-proxy`, `fence-gateway`, …) built with the same profile
+/// as the running executable: looked up next to it (or next to its parent, for test
+/// executables in `deps/`), and built with cargo when missing.
+pub fn workspace_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current executable");
+    let mut dir = exe.parent().expect("executable directory").to_owned();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let path = dir.join(name);
+    if !path.exists() {
+        let package = match name {
+            "lease-proxy" => "lease-proxy",
+            "fence-gateway" => "fencing",
+            other => panic!("unknown workspace binary `{other}`"),
+        };
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut build = Command::new(cargo);
+        build.args(["build", "-p", package, "--bin", name]);
+        if dir.ends_with("release") {
+            build.arg("--release");
+        }
+        let ok = build.status().map(|s| s.success()).unwrap_or(false);
+        assert!(
+            ok && path.exists(),
+            "cannot build {name} ({})",
+            path.display()
+        );
+    }
+    path
+}
+
+/// Sends a signal (`"STOP"`, `"CONT"`, `"KILL"`, …) to process `pid`.
+pub fn signal_pid(pid: u32, signal: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}

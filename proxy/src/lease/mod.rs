@@ -484,8 +484,12 @@ impl Leases {
 
     /// Gives the resource up. Idempotent: releasing a free resource succeeds.
     pub(crate) async fn release(&self, resource: &str, secret: &str) -> Result<()> {
-        let Some((record, revision)) = self.held_with(resource, secret).await? else {
-            return Ok(());
+        // The view may confirm a grant that has just ended; the delete below compares the
+        // incarnation, so it then changes nothing — the same answer as for a released grant.
+        let (record, revision) = match self.confirmed(resource, secret).await {
+            Ok(found) => found,
+            Err(Error::Lost) => return Ok(()),
+            Err(e) => return Err(e),
         };
         // Delete only the incarnation the secret belongs to. If that delete did not take effect,
         // the incarnation is already gone (lapsed, or deleted by a concurrent release of the

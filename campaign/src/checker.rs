@@ -1,0 +1,216 @@
+//! The checker: judges a run's history and the storage's apply log.
+//!
+//! Safety (each a violation):
+//! 1. per resource, tokens never go down in storage order;
+//! 2. no write with token t is applied after an acquire of the same resource returned t' > t
+//!    (the pre-fence makes the enforcer refuse t before t' is announced);
+//! 3. every acknowledged write is in the storage;
+//! 4. only tokens that were granted appear in the storage;
+//! 5. the enforcer's mark survives restarts: a stale probe after a restart is refused.
+
+use std::collections::{BTreeMap, HashSet};
+
+use crate::history::{Event, Kind, Outcome};
+use crate::nemesis::Probe;
+use crate::storage::Applied;
+
+/// The probes' client name in the storage log.
+pub const PROBE_CLIENT: &str = "probe";
+
+/// Every violation found, described.
+pub fn violations(events: &[Event], applied: &[Applied], probes: &[Probe]) -> Vec<String> {
+    let mut found = Vec::new();
+    let writes: Vec<&Applied> = applied
+        .iter()
+        .filter(|a| a.client != PROBE_CLIENT)
+        .collect();
+
+    // 1. Order per resource.
+    let mut last: BTreeMap<&str, u64> = BTreeMap::new();
+    for a in &writes {
+        let l = last.entry(a.resource.as_str()).or_default();
+        if a.revision < *l {
+            found.push(format!(
+                "order: {} applied token {} after {} (client {}, op {})",
+                a.resource, a.revision, l, a.client, a.op
+            ));
+        }
+        *l = (*l).max(a.revision);
+    }
+
+    // 2. No stale write after a newer grant was announced.
+    let mut grants: BTreeMap<&str, Vec<(tokio::time::Instant, u64)>> = BTreeMap::new();
+    for e in events {
+        if let (Kind::Acquire, Outcome::Ok, Some(rev)) = (e.kind, e.outcome, e.revision) {
+            grants
+                .entry(e.resource.as_str())
+                .or_default()
+                .push((e.completed, rev));
+        }
+    }
+    for g in grants.values_mut() {
+        g.sort_unstable();
+        let mut high = 0;
+        for entry in g.iter_mut() {
+            high = high.max(entry.1);
+            entry.1 = high;
+        }
+    }
+    for a in &writes {
+        let Some(g) = grants.get(a.resource.as_str()) else {
+            continue;
+        };
+        let before = g.partition_point(|(at, _)| *at < a.at);
+        if before > 0 && g[before - 1].1 > a.revision {
+            found.push(format!(
+                "stale: {} applied token {} after token {} had been granted (client {}, op {})",
+                a.resource,
+                a.revision,
+                g[before - 1].1,
+                a.client,
+                a.op
+            ));
+        }
+    }
+
+    // 3. Acknowledged writes are in the storage.
+    let stored: HashSet<(&str, u64)> = writes.iter().map(|a| (a.client.as_str(), a.op)).collect();
+    for e in events {
+        if e.kind.is_write()
+            && e.outcome == Outcome::Ok
+            && !stored.contains(&(e.client.as_str(), e.op))
+        {
+            found.push(format!(
+                "lost: acknowledged write op {} of {} on {} is not in storage",
+                e.op, e.client, e.resource
+            ));
+        }
+    }
+
+    // 4. Only granted tokens.
+    let granted: HashSet<(&str, u64)> = events
+        .iter()
+        .filter(|e| e.kind == Kind::Acquire && e.outcome == Outcome::Ok)
+        .filter_map(|e| e.revision.map(|r| (e.resource.as_str(), r)))
+        .collect();
+    for a in &writes {
+        if !granted.contains(&(a.resource.as_str(), a.revision)) {
+            found.push(format!(
+                "unissued: {} applied token {} that was never granted (client {}, op {})",
+                a.resource, a.revision, a.client, a.op
+            ));
+        }
+    }
+
+    // 5. Marks survive restarts.
+    for p in probes {
+        if (200..300).contains(&p.status) {
+            found.push(format!(
+                "mark regressed: after a gateway restart, stale token {} on {} was accepted",
+                p.revision, p.resource
+            ));
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::*;
+
+    fn acquire(resource: &str, rev: u64, completed: Instant) -> Event {
+        Event {
+            client: "a".into(),
+            kind: Kind::Acquire,
+            resource: resource.into(),
+            revision: Some(rev),
+            op: 0,
+            invoked: completed,
+            completed,
+            outcome: Outcome::Ok,
+        }
+    }
+
+    fn write(client: &str, op: u64, rev: u64, outcome: Outcome) -> Event {
+        Event {
+            client: client.into(),
+            kind: Kind::WriteDirect,
+            resource: "r".into(),
+            revision: Some(rev),
+            op,
+            invoked: Instant::now(),
+            completed: Instant::now(),
+            outcome,
+        }
+    }
+
+    fn applied(client: &str, op: u64, rev: u64, at: Instant) -> Applied {
+        Applied {
+            resource: "r".into(),
+            revision: rev,
+            client: client.into(),
+            op,
+            at,
+        }
+    }
+
+    #[test]
+    fn a_clean_history_passes() {
+        let t0 = Instant::now();
+        let t = |ms| t0 + Duration::from_millis(ms);
+        let events = vec![
+            acquire("r", 5, t(0)),
+            write("a", 1, 5, Outcome::Ok),
+            acquire("r", 9, t(20)),
+            write("b", 2, 9, Outcome::Ok),
+            write("a", 3, 5, Outcome::Fail(409)),
+        ];
+        let log = vec![applied("a", 1, 5, t(10)), applied("b", 2, 9, t(30))];
+        assert!(violations(&events, &log, &[]).is_empty());
+    }
+
+    #[test]
+    fn each_kind_of_violation_is_found() {
+        let t0 = Instant::now();
+        let t = |ms| t0 + Duration::from_millis(ms);
+        let events = vec![
+            acquire("r", 5, t(0)),
+            acquire("r", 9, t(20)),
+            write("b", 2, 9, Outcome::Ok),
+            write("c", 7, 9, Outcome::Ok),
+        ];
+        let log = vec![
+            applied("b", 2, 9, t(30)),
+            // A zombie's write with 5 after 9 was granted: order and stale.
+            applied("a", 3, 5, t(40)),
+            // A token nobody was granted.
+            applied("x", 4, 11, t(50)),
+        ];
+        let probes = [Probe {
+            resource: "r".into(),
+            revision: 8,
+            status: 204,
+        }];
+        let found = violations(&events, &log, &probes);
+        for kind in ["order:", "stale:", "lost:", "unissued:", "mark regressed:"] {
+            assert!(
+                found.iter().any(|v| v.starts_with(kind)),
+                "{kind} not in {found:?}"
+            );
+        }
+        assert_eq!(found.len(), 5, "{found:?}");
+    }
+
+    #[test]
+    fn a_write_applied_before_the_newer_grant_is_fine() {
+        let t0 = Instant::now();
+        let t = |ms| t0 + Duration::from_millis(ms);
+        let events = vec![acquire("r", 5, t(0)), acquire("r", 9, t(20))];
+        let log = vec![applied("a", 1, 5, t(19)), applied("b", 2, 9, t(21))];
+        assert!(violations(&events, &log, &[]).is_empty());
+    }
+}

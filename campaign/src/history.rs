@@ -1,0 +1,88 @@
+//! The history: every client operation with its invocation, completion and outcome.
+
+use std::sync::Mutex;
+
+use tokio::time::Instant;
+
+/// What was attempted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Acquire a resource.
+    Acquire,
+    /// Write to the resource through the proxy's forward route.
+    WriteViaProxy,
+    /// Write to the resource directly through the enforcer with the signed token.
+    WriteDirect,
+    /// Renew the lease.
+    Renew,
+    /// Release the lease.
+    Release,
+}
+
+impl Kind {
+    /// Whether this is a write.
+    pub fn is_write(self) -> bool {
+        matches!(self, Kind::WriteViaProxy | Kind::WriteDirect)
+    }
+}
+
+/// How it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Succeeded (2xx).
+    Ok,
+    /// Definitely did not take effect (4xx), with the status.
+    Fail(u16),
+    /// Unknown: timeout, connection error, or a 5xx after which the effect is uncertain.
+    Indeterminate,
+}
+
+/// One operation.
+#[derive(Debug, Clone)]
+pub struct Event {
+    /// The client.
+    pub client: String,
+    /// What it did.
+    pub kind: Kind,
+    /// On which resource.
+    pub resource: String,
+    /// The token revision involved (granted, or held when writing), if any.
+    pub revision: Option<u64>,
+    /// The client's operation id (for writes: the id the storage logs).
+    pub op: u64,
+    /// When the client sent it.
+    pub invoked: Instant,
+    /// When the client saw the outcome.
+    pub completed: Instant,
+    /// The outcome.
+    pub outcome: Outcome,
+}
+
+/// The shared history.
+#[derive(Default)]
+pub struct History {
+    events: Mutex<Vec<Event>>,
+}
+
+impl History {
+    /// Appends an event.
+    pub fn record(&self, event: Event) {
+        if let Ok(mut e) = self.events.lock() {
+            e.push(event);
+        }
+    }
+
+    /// A copy of every event so far.
+    pub fn events(&self) -> Vec<Event> {
+        self.events.lock().map(|e| e.clone()).unwrap_or_default()
+    }
+}
+
+/// Classifies an HTTP answer (or its absence).
+pub fn outcome(status: Option<u16>) -> Outcome {
+    match status {
+        Some(s) if (200..300).contains(&s) => Outcome::Ok,
+        Some(s) if (400..500).contains(&s) => Outcome::Fail(s),
+        _ => Outcome::Indeterminate,
+    }
+}

@@ -1,0 +1,115 @@
+//! Many runs as one markdown report.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use crate::nemesis::Fault;
+use crate::run::{Percentiles, Report};
+
+/// The markdown summary of `runs`.
+pub fn markdown(runs: &[Report]) -> String {
+    let mut md = String::new();
+    let caught = runs.iter().filter(|r| !r.violations.is_empty()).count();
+    let sum = |f: &dyn Fn(&Report) -> usize| runs.iter().map(f).sum::<usize>();
+    let _ = writeln!(md, "| | total | per run (min / max) |");
+    let _ = writeln!(md, "|---|--:|--:|");
+    type Count<'a> = &'a dyn Fn(&Report) -> usize;
+    let rows: [(&str, Count); 9] = [
+        ("runs with violations", &|r| {
+            usize::from(!r.violations.is_empty())
+        }),
+        ("violations", &|r| r.violations.len()),
+        ("grants", &|r| r.grants),
+        ("writes acknowledged", &|r| r.writes_acknowledged),
+        ("writes applied", &|r| r.writes_applied),
+        ("stale writes refused by the enforcer (409)", &|r| {
+            r.stale_rejected_by_enforcer
+        }),
+        ("writes refused by a proxy, lease lost (410)", &|r| {
+            r.stale_rejected_by_proxy
+        }),
+        ("writes with unknown outcome", &|r| r.writes_indeterminate),
+        ("mark probes after gateway restarts", &|r| r.probes),
+    ];
+    for (name, f) in rows {
+        let min = runs.iter().map(f).min().unwrap_or_default();
+        let max = runs.iter().map(f).max().unwrap_or_default();
+        let _ = writeln!(md, "| {name} | {} | {min} / {max} |", sum(f));
+    }
+    let _ = writeln!(
+        md,
+        "\n{caught} of {} runs reported violations.\n",
+        runs.len()
+    );
+
+    let mut faults: BTreeMap<Fault, usize> = BTreeMap::new();
+    for r in runs {
+        for (f, n) in &r.faults {
+            *faults.entry(*f).or_default() += n;
+        }
+    }
+    let _ = writeln!(md, "| fault | injected |");
+    let _ = writeln!(md, "|---|--:|");
+    for (f, n) in &faults {
+        let name = serde_json::to_value(f)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let _ = writeln!(md, "| {name} | {n} |");
+    }
+
+    let pooled = |pick: &dyn Fn(&Report) -> &Percentiles| {
+        // Percentiles cannot be merged exactly; report the per-run medians' median and the
+        // worst p99 and max.
+        let mut p50: Vec<f64> = runs
+            .iter()
+            .map(pick)
+            .filter(|p| p.n > 0)
+            .map(|p| p.p50_ms)
+            .collect();
+        p50.sort_by(f64::total_cmp);
+        let n: usize = runs.iter().map(pick).map(|p| p.n).sum();
+        let p99 = runs.iter().map(pick).map(|p| p.p99_ms).fold(0.0, f64::max);
+        let max = runs.iter().map(pick).map(|p| p.max_ms).fold(0.0, f64::max);
+        let med = p50.get(p50.len() / 2).copied().unwrap_or_default();
+        format!("| {n} | {med:.0} | {p99:.0} | {max:.0} |")
+    };
+    let _ = writeln!(
+        md,
+        "\n| takeover after a holder died | samples | p50 ms (median of runs) | p99 ms (worst run) | max ms |"
+    );
+    let _ = writeln!(md, "|---|--:|--:|--:|--:|");
+    let _ = writeln!(md, "| etcd leader unchanged {}", pooled(&|r| &r.takeover));
+    let _ = writeln!(
+        md,
+        "| etcd leader killed or paused meanwhile {}",
+        pooled(&|r| &r.takeover_with_leader_fault)
+    );
+    let firsts: Vec<f64> = runs
+        .iter()
+        .filter_map(|r| r.first_write_after_heal_ms)
+        .collect();
+    let worst_first = firsts.iter().copied().fold(0.0, f64::max);
+    let success = runs
+        .iter()
+        .map(|r| r.write_success_after_heal)
+        .fold(1.0, f64::min);
+    let _ = writeln!(
+        md,
+        "\nAfter healing: first acknowledged write within {worst_first:.0} ms (worst run); \
+         at least {:.1} % of writes acknowledged in every run's final phase.",
+        success * 100.0
+    );
+    let examples: Vec<&String> = runs
+        .iter()
+        .flat_map(|r| r.violations.iter())
+        .take(5)
+        .collect();
+    if !examples.is_empty() {
+        let _ = writeln!(md, "\nFirst violations:\n");
+        for v in examples {
+            let _ = writeln!(md, "- {v}");
+        }
+    }
+    md
+}
