@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
+pub mod cli;
 mod error;
 pub mod gate;
 pub mod gateway;

@@ -2,14 +2,36 @@
 
 use std::process::ExitCode;
 
+use clap::CommandFactory;
 use clap::Parser;
-use fencing::gateway::{self, GatewayConfig};
+use fencing::gateway::{self, GatewayConfig, LogFormat};
 use tracing_subscriber::EnvFilter;
 
 /// EX_USAGE: the configuration is wrong.
 const EXIT_CONFIG: u8 = 64;
 
 fn main() -> ExitCode {
+    // Completions and the man page need none of the required settings.
+    let lenient = GatewayConfig::command()
+        .mut_arg("upstream", |a| a.required(false))
+        .mut_arg("key_file", |a| a.required(false));
+    if let Ok(m) = lenient.try_get_matches() {
+        let completions = m.get_one::<clap_complete::Shell>("completions").copied();
+        let mut stdout = std::io::stdout();
+        match fencing::cli::write_generated(
+            GatewayConfig::command(),
+            completions,
+            m.get_flag("man"),
+            &mut stdout,
+        ) {
+            Ok(true) => return ExitCode::SUCCESS,
+            Ok(false) => {}
+            Err(e) => {
+                eprintln!("fence-gateway: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let config = match GatewayConfig::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -22,11 +44,26 @@ fn main() -> ExitCode {
         eprintln!("fence-gateway: {e}");
         return ExitCode::from(EXIT_CONFIG);
     }
+    if config.print_config {
+        return match config.redacted_toml() {
+            Ok(toml) => {
+                print!("{toml}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("fence-gateway: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match config.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().init(),
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -375,3 +375,39 @@ async fn metrics_count_outcomes_and_sigterm_exits_zero() {
     };
     assert_eq!(status.code(), Some(0));
 }
+
+#[test]
+fn print_config_completions_and_man_page() {
+    let out = std::process::Command::new(BIN)
+        .args(["--upstream", "http://s:1", "--key-file", "k"])
+        .args([
+            "--store",
+            "postgres://fence:hunter2@db/marks",
+            "--print-config",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("store = \"postgres://***@db/marks\""),
+        "{text}"
+    );
+    assert!(!text.contains("hunter2"));
+    // Completions and the man page need no other setting.
+    let out = std::process::Command::new(BIN)
+        .args(["--completions", "bash"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--resource-path"));
+    let out = std::process::Command::new(BIN)
+        .arg("--man")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains(".TH fence-gateway"));
+    // Without them the required settings are still required.
+    let out = std::process::Command::new(BIN).output().unwrap();
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+}

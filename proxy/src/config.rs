@@ -136,6 +136,22 @@ pub struct Config {
         default_value = "text"
     )]
     pub log_format: LogFormat,
+
+    /// Print the effective configuration (flags > environment > file > defaults) as TOML, with
+    /// credentials in URLs redacted, and exit.
+    #[arg(long)]
+    #[serde(skip)]
+    pub print_config: bool,
+
+    /// Print shell completions for SHELL and exit.
+    #[arg(long, value_name = "SHELL", value_enum)]
+    #[serde(skip)]
+    pub completions: Option<clap_complete::Shell>,
+
+    /// Print the man page (roff) and exit.
+    #[arg(long)]
+    #[serde(skip)]
+    pub man: bool,
 }
 
 /// A configuration that cannot be used; the binary exits with status 64 (EX_USAGE).
@@ -164,6 +180,16 @@ impl Config {
         Ok(config)
     }
 
+    /// The effective settings as TOML, credentials in URLs redacted (for `--print-config`).
+    pub fn redacted_toml(&self) -> Result<String, ConfigError> {
+        let mut shown = self.clone();
+        let redact = fencing::cli::redact_url;
+        shown.etcd_endpoints = shown.etcd_endpoints.iter().map(|e| redact(e)).collect();
+        shown.upstream = shown.upstream.as_deref().map(redact);
+        shown.prefence_url = shown.prefence_url.as_deref().map(redact);
+        toml::to_string(&shown).map_err(|e| ConfigError(e.to_string()))
+    }
+
     /// Replaces every setting for which `from_file(name)` is true with the file's value.
     fn layer_file(
         &self,
@@ -177,8 +203,8 @@ impl Config {
             .map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
         let mut merged = toml::Table::try_from(self).map_err(|e| ConfigError(e.to_string()))?;
         for (key, value) in file {
-            if key == "config" {
-                return Err(ConfigError("`config` cannot be set from the file".into()));
+            if ["config", "print_config", "completions", "man"].contains(&key.as_str()) {
+                return Err(ConfigError(format!("`{key}` cannot be set from the file")));
             }
             if from_file(&key) {
                 merged.insert(key, value);
@@ -187,7 +213,11 @@ impl Config {
         let mut layered: Self = merged.try_into().map_err(|e: toml::de::Error| {
             ConfigError(format!("{}: {}", path.display(), e.message()))
         })?;
+        // Command-line-only settings are not in the file and must survive the round trip.
         layered.config = self.config.clone();
+        layered.print_config = self.print_config;
+        layered.completions = self.completions;
+        layered.man = self.man;
         Ok(layered)
     }
 

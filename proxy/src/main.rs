@@ -2,6 +2,7 @@
 
 use std::process::ExitCode;
 
+use clap::CommandFactory;
 use lease_proxy::{Config, LogFormat};
 use tracing_subscriber::EnvFilter;
 
@@ -17,6 +18,32 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    let mut stdout = std::io::stdout();
+    match fencing::cli::write_generated(
+        Config::command(),
+        config.completions,
+        config.man,
+        &mut stdout,
+    ) {
+        Ok(true) => return ExitCode::SUCCESS,
+        Ok(false) => {}
+        Err(e) => {
+            eprintln!("lease-proxy: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    if config.print_config {
+        return match config.redacted_toml() {
+            Ok(toml) => {
+                print!("{toml}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("lease-proxy: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     init_logging(config.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

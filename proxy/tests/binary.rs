@@ -131,3 +131,58 @@ async fn sigterm_drains_and_exits_zero() {
         signalled.elapsed()
     );
 }
+
+#[test]
+fn print_config_layers_and_redacts() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.toml");
+    std::fs::write(&file, "max_ttl = 120\nmin_ttl = 5\n").unwrap();
+    let out = Command::new(BIN)
+        .arg("--config")
+        .arg(&file)
+        .args(["--min-ttl", "3", "--print-config"])
+        .args(["--upstream", "http://robot:hunter2@storage:8080/base"])
+        .env("LEASE_PROXY_ERA", "7")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let printed: toml::Table = text.parse().unwrap();
+    // Flag over file, file over default, environment over default.
+    assert_eq!(printed["min_ttl"].as_integer(), Some(3), "{text}");
+    assert_eq!(printed["max_ttl"].as_integer(), Some(120), "{text}");
+    assert_eq!(printed["era"].as_integer(), Some(7), "{text}");
+    assert_eq!(
+        printed["upstream"].as_str(),
+        Some("http://***@storage:8080/base")
+    );
+    assert!(!text.contains("hunter2"));
+    // What it prints is a valid configuration file.
+    let again = dir.path().join("again.toml");
+    std::fs::write(&again, &text).unwrap();
+    let out = Command::new(BIN)
+        .arg("--config")
+        .arg(&again)
+        .arg("--print-config")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}
+
+#[test]
+fn completions_and_man_page() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = Command::new(BIN)
+            .args(["--completions", shell])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{shell}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(text.contains("etcd-endpoints"), "{shell}: {text}");
+    }
+    let out = Command::new(BIN).arg("--man").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let man = String::from_utf8(out.stdout).unwrap();
+    assert!(man.contains(".TH lease-proxy"), "{man}");
+    assert!(man.contains("LEASE_PROXY_LEASE_SPARES"));
+}

@@ -13,7 +13,7 @@ use crate::store::{MemoryStore, PostgresStore, SharedGate, SqliteStore, StoreErr
 use crate::{Admission, Gate};
 
 /// fence-gateway's configuration.
-#[derive(Debug, Clone, Parser)]
+#[derive(Debug, Clone, Parser, serde::Serialize)]
 #[command(
     name = "fence-gateway",
     version,
@@ -52,6 +52,7 @@ pub struct GatewayConfig {
 
     /// Deadline for the upstream's answer.
     #[arg(long, env = "FENCE_GATEWAY_UPSTREAM_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
     pub upstream_timeout: Duration,
 
     /// PostgreSQL connections (each in-flight write holds one with the shared store).
@@ -60,7 +61,42 @@ pub struct GatewayConfig {
 
     /// How long in-flight requests may take to finish after SIGTERM.
     #[arg(long, env = "FENCE_GATEWAY_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
+
+    /// Log format: `text` or `json` (one object per line); filter with `RUST_LOG`.
+    #[arg(
+        long,
+        env = "FENCE_GATEWAY_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+
+    /// Print the effective configuration as TOML, credentials in URLs redacted, and exit.
+    #[arg(long)]
+    #[serde(skip)]
+    pub print_config: bool,
+
+    /// Print shell completions for SHELL and exit.
+    #[arg(long, value_name = "SHELL", value_enum)]
+    #[serde(skip)]
+    pub completions: Option<clap_complete::Shell>,
+
+    /// Print the man page (roff) and exit.
+    #[arg(long)]
+    #[serde(skip)]
+    pub man: bool,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// A configuration that cannot be used.
@@ -82,6 +118,14 @@ impl GatewayConfig {
         config.store = store.into();
         config.key_file = key_file;
         config
+    }
+
+    /// The effective settings as TOML, credentials in URLs redacted (for `--print-config`).
+    pub fn redacted_toml(&self) -> Result<String, GatewayConfigError> {
+        let mut shown = self.clone();
+        shown.upstream = crate::cli::redact_url(&shown.upstream);
+        shown.store = crate::cli::redact_url(&shown.store);
+        toml::to_string(&shown).map_err(|e| GatewayConfigError(e.to_string()))
     }
 
     /// Checks the settings.
