@@ -1,12 +1,16 @@
-//! Serving an axum router with the drain both binaries need (lease-proxy uses it too).
+//! Serving an axum router with the drain both binaries need (lease-proxy uses it too), and the
+//! request ids both put on every request and log line.
 
 use std::future::{Future, IntoFuture};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use axum::http::{HeaderName, Request};
 use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
 
 /// Serves `app` on `listener` until `shutdown` resolves. Then: `draining` is set (readiness
 /// turns 503), `stop` is cancelled (the listener stops accepting; callers may hang other work off
@@ -46,4 +50,31 @@ pub async fn until_shutdown(
         }
     };
     result.map_err(std::io::Error::other)?
+}
+
+/// The request id header: kept when the client sent one, else set to a fresh UUID; echoed in
+/// the response, passed on by forwarding, and recorded on the request's log span.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// Wraps `app` so every request carries an `X-Request-Id` and is logged in a span with it
+/// (method, path and request id only: never a header value, so never a secret or token).
+pub fn with_request_ids(app: Router) -> Router {
+    let header = HeaderName::from_static(REQUEST_ID_HEADER);
+    app.layer(PropagateRequestIdLayer::new(header.clone()))
+        .layer(
+            TraceLayer::new_for_http().make_span_with(|req: &Request<axum::body::Body>| {
+                let id = req
+                    .headers()
+                    .get(REQUEST_ID_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
+                tracing::info_span!(
+                    "request",
+                    method = %req.method(),
+                    path = %req.uri().path(),
+                    request_id = %id,
+                )
+            }),
+        )
+        .layer(SetRequestIdLayer::new(header, MakeRequestUuid))
 }

@@ -291,6 +291,27 @@ async fn forwarding_is_transparent() {
         );
         assert!(fh.get("x-hop-request").is_none());
     }
+    // Request ids: a client's is kept, echoed and passed upstream; otherwise one is made up.
+    for sent in [Some("req-42"), None] {
+        let mut req = http()
+            .put(format!("{}/v1/leases/shelf-1/forward/items/9", s.proxy.url))
+            .header("lease-secret", &secret);
+        if let Some(id) = sent {
+            req = req.header("x-request-id", id);
+        }
+        let resp = req.send().await.unwrap();
+        let echoed = resp.headers()["x-request-id"].to_str().unwrap().to_owned();
+        match sent {
+            Some(id) => assert_eq!(echoed, id),
+            None => assert_eq!(echoed.len(), 36, "{echoed}"),
+        }
+        let applied = s.applied.lock().unwrap();
+        let (_, _, headers, _) = applied.last().unwrap();
+        assert_eq!(
+            headers.get("x-request-id").and_then(|v| v.to_str().ok()),
+            Some(echoed.as_str())
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -128,7 +128,7 @@ pub async fn run(
     tracing::info!(listen = %listener.local_addr()?, upstream = %config.upstream, store = %config.store, "fence-gateway serving");
     crate::serve::until_shutdown(
         listener,
-        app,
+        crate::serve::with_request_ids(app),
         shutdown,
         &shared.draining,
         CancellationToken::new(),

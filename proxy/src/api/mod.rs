@@ -14,7 +14,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use axum::Router;
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::trace::TraceLayer;
 
 pub(crate) use body::SECRET_HEADER;
 pub use problem::PROBLEM_BASE;
@@ -45,7 +44,7 @@ pub(crate) struct AppState {
 
 /// The router with every route and the cross-cutting layers.
 pub(crate) fn router(state: Arc<AppState>) -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/v1/leases", get(leases::list))
         .route(
             "/v1/leases/{resource}",
@@ -66,9 +65,8 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/readyz", get(ops::readyz))
         .fallback(|| async { Error::NoRoute })
         .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })
-        .with_state(state)
-        .layer(TraceLayer::new_for_http())
-        .layer(CatchPanicLayer::custom(panic_response))
+        .with_state(state);
+    fencing::serve::with_request_ids(router).layer(CatchPanicLayer::custom(panic_response))
 }
 
 async fn v3(
