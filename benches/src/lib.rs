@@ -9,3 +9,23 @@ pub mod chart;
 pub mod report;
 pub mod stack;
 pub mod stats;
+
+/// Runs `work` until it ends or the process gets SIGINT or SIGTERM. Dropping `work` drops what it
+/// started (etcd, proxies, gateways), which kills those processes instead of orphaning them.
+pub async fn until_interrupted<T>(
+    work: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        result = work => result,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        () = terminate => Err(anyhow::anyhow!("terminated")),
+    }
+}

@@ -88,7 +88,7 @@ async fn main() -> anyhow::Result<()> {
             let app = Router::new().fallback_service(tower_service(forwarder));
             serve(*listen, app).await
         }
-        None => bench(&args).await,
+        None => lease_proxy_benches::until_interrupted(bench(&args)).await,
     }
 }
 

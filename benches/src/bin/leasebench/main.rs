@@ -96,7 +96,10 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    lease_proxy_benches::until_interrupted(run(Args::parse())).await
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
     let mut stack = Stack::new()?;
     let mut _etcd = None;
     let (etcd_url, proxy_url, proxy_pid) = match (&args.etcd, &args.proxy) {
