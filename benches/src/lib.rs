@@ -15,17 +15,8 @@ pub mod stats;
 pub async fn until_interrupted<T>(
     work: impl std::future::Future<Output = anyhow::Result<T>>,
 ) -> anyhow::Result<T> {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
     tokio::select! {
         result = work => result,
-        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
-        () = terminate => Err(anyhow::anyhow!("terminated")),
+        () = fencing::serve::terminated() => Err(anyhow::anyhow!("interrupted")),
     }
 }

@@ -1,13 +1,13 @@
 //! Processes a benchmark starts for itself: etcd (through the testkit, fsync on), `lease-proxy`,
 //! `fence-gateway` or any helper binary, on free loopback ports; all killed when dropped.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 
-pub use lease_proxy_testkit::{free_port, Etcd};
+pub use lease_proxy_testkit::{free_port, workspace_binary, Etcd};
 
 /// Child processes owned by a benchmark, killed on drop, with a scratch directory.
 pub struct Stack {
@@ -76,11 +76,6 @@ impl Stack {
         wait_ready(&format!("{url}/readyz")).await?;
         Ok((url, spawned))
     }
-}
-
-/// A binary of the workspace built with the same profile as the running one (built if missing).
-pub fn sibling(name: &str) -> anyhow::Result<PathBuf> {
-    Ok(lease_proxy_testkit::workspace_binary(name))
 }
 
 /// Waits until `url` answers 2xx (up to 15 s).

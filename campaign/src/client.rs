@@ -175,6 +175,7 @@ async fn run(me: Arc<Handle>, env: Env) {
                 &grant.resource,
                 Some(grant.revision),
                 req,
+                next_op(&env),
             )
             .await;
         }
@@ -202,28 +203,14 @@ fn jitter(lo_ms: u64, hi_ms: u64) -> Duration {
     Duration::from_millis(rand::rng().random_range(lo_ms..hi_ms))
 }
 
-/// Sends `req` and records it; returns the status and body when there was an answer.
-async fn call(
-    me: &Handle,
-    env: &Env,
-    kind: Kind,
-    resource: &str,
-    revision: Option<u64>,
-    req: reqwest::RequestBuilder,
-) -> (Outcome, Option<serde_json::Value>) {
-    call_op(
-        me,
-        env,
-        kind,
-        resource,
-        revision,
-        req,
-        env.ops.fetch_add(1, Ordering::Relaxed),
-    )
-    .await
+/// A fresh operation id.
+fn next_op(env: &Env) -> u64 {
+    env.ops.fetch_add(1, Ordering::Relaxed)
 }
 
-async fn call_op(
+/// Sends `req` as operation `op` and records it; returns the outcome and the body when there
+/// was an answer.
+async fn call(
     me: &Handle,
     env: &Env,
     kind: Kind,
@@ -267,7 +254,7 @@ async fn acquire(me: &Handle, env: &Env, http: &reqwest::Client) -> Option<Grant
     let req = http
         .post(format!("{proxy}/v1/leases/{resource}"))
         .json(&json!({"holder": me.name, "ttl_seconds": TTL_SECONDS, "wait_ms": 2500}));
-    let (result, body) = call(me, env, Kind::Acquire, &resource, None, req).await;
+    let (result, body) = call(me, env, Kind::Acquire, &resource, None, req, next_op(env)).await;
     let body = body.filter(|_| result == Outcome::Ok)?;
     Some(Grant {
         secret: body["secret"].as_str()?.to_owned(),
@@ -299,6 +286,7 @@ async fn hold(me: &Handle, env: &Env, http: &reqwest::Client, grant: &Grant) -> 
                 &grant.resource,
                 Some(grant.revision),
                 req,
+                next_op(env),
             )
             .await
             .0
@@ -310,7 +298,7 @@ async fn hold(me: &Handle, env: &Env, http: &reqwest::Client, grant: &Grant) -> 
         }
         // A woken zombie writes straight to the enforcer: the path no proxy guards.
         let direct = zombie || rand::rng().random_bool(0.5);
-        let op = env.ops.fetch_add(1, Ordering::Relaxed);
+        let op = next_op(env);
         let body = json!({"client": me.name, "op": op});
         let (kind, req) = if direct {
             (
@@ -332,7 +320,7 @@ async fn hold(me: &Handle, env: &Env, http: &reqwest::Client, grant: &Grant) -> 
                 .json(&body),
             )
         };
-        let (result, _) = call_op(
+        let (result, _) = call(
             me,
             env,
             kind,

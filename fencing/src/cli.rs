@@ -1,9 +1,35 @@
-//! What both binaries' command lines share: secrets redacted from printed settings, and shell
-//! completions and a man page generated from the clap definition.
+//! What both binaries' command lines share: the log format and logging set-up, secrets redacted
+//! from printed settings, and shell completions and a man page generated from the clap
+//! definition.
 
 use std::io::Write;
 
 use clap_complete::Shell;
+use tracing_subscriber::EnvFilter;
+
+/// How log lines are written.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Logs to stderr in `format`, filtered by `RUST_LOG` (default `info`).
+pub fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().init(),
+    }
+}
 
 /// `url` with any credentials (`user:password@`) replaced by `***@`.
 pub fn redact_url(url: &str) -> String {

@@ -4,8 +4,7 @@ use std::process::ExitCode;
 
 use clap::CommandFactory;
 use clap::Parser;
-use fencing::gateway::{self, GatewayConfig, LogFormat};
-use tracing_subscriber::EnvFilter;
+use fencing::gateway::{self, GatewayConfig};
 
 /// EX_USAGE: the configuration is wrong.
 const EXIT_CONFIG: u8 = 64;
@@ -56,14 +55,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match config.log_format {
-        LogFormat::Text => logs.init(),
-        LogFormat::Json => logs.json().init(),
-    }
+    fencing::cli::init_logging(config.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -76,7 +68,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(config.listen).await?;
-        gateway::run(listener, config, terminated()).await
+        gateway::run(listener, config, fencing::serve::terminated()).await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -84,21 +76,5 @@ fn main() -> ExitCode {
             eprintln!("fence-gateway: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-/// Resolves on SIGTERM or SIGINT.
-async fn terminated() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {},
-        () = term => {},
     }
 }

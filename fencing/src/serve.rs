@@ -78,3 +78,19 @@ pub fn with_request_ids(app: Router) -> Router {
         )
         .layer(SetRequestIdLayer::new(header, MakeRequestUuid))
 }
+
+/// Resolves on SIGTERM or SIGINT: the shutdown signal of both binaries.
+pub async fn terminated() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        () = term => {},
+    }
+}

@@ -6,22 +6,14 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::parser::ValueSource;
-use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser};
 use serde::{Deserialize, Serialize};
 
 /// etcd's smallest lease TTL with default election timing; shorter TTLs are silently raised by
 /// etcd, so the proxy refuses them instead.
 pub(crate) const ETCD_MIN_TTL: u64 = 2;
 
-/// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
+pub use fencing::cli::LogFormat;
 
 /// lease-proxy's configuration.
 #[derive(Debug, Clone, Parser, Serialize, Deserialize)]

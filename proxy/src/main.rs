@@ -3,8 +3,7 @@
 use std::process::ExitCode;
 
 use clap::CommandFactory;
-use lease_proxy::{Config, LogFormat};
-use tracing_subscriber::EnvFilter;
+use lease_proxy::Config;
 
 /// EX_USAGE: the configuration is wrong.
 const EXIT_CONFIG: u8 = 64;
@@ -44,7 +43,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    init_logging(config.log_format);
+    fencing::cli::init_logging(config.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -67,38 +66,5 @@ fn main() -> ExitCode {
 
 async fn serve(config: Config) -> Result<(), lease_proxy::StartError> {
     let listener = tokio::net::TcpListener::bind(config.listen).await?;
-    lease_proxy::run(listener, config, terminated()).await
-}
-
-/// Resolves on SIGTERM or SIGINT.
-async fn terminated() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
-    }
-}
-
-fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    lease_proxy::run(listener, config, fencing::serve::terminated()).await
 }

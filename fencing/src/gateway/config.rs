@@ -71,7 +71,7 @@ pub struct GatewayConfig {
         value_enum,
         default_value = "text"
     )]
-    pub log_format: LogFormat,
+    pub log_format: crate::cli::LogFormat,
 
     /// Print the effective configuration as TOML, credentials in URLs redacted, and exit.
     #[arg(long)]
@@ -87,16 +87,6 @@ pub struct GatewayConfig {
     #[arg(long)]
     #[serde(skip)]
     pub man: bool,
-}
-
-/// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
 }
 
 /// A configuration that cannot be used.

@@ -6,7 +6,7 @@
 mod config;
 mod forward;
 
-pub use config::{GatewayConfig, GatewayConfigError, LogFormat};
+pub use config::{GatewayConfig, GatewayConfigError};
 pub use forward::{strip_hop_by_hop, Forwarder};
 
 use std::convert::Infallible;

@@ -85,7 +85,12 @@ async fn main() -> anyhow::Result<()> {
         Some(Role::Upstream { listen }) => serve(*listen, Router::new().fallback(storage)).await,
         Some(Role::Bare { listen, upstream }) => {
             let forwarder = Forwarder::new(upstream.parse()?, Duration::from_secs(30));
-            let app = Router::new().fallback_service(tower_service(forwarder));
+            let app = Router::new().fallback_service(tower::service_fn(
+                move |req: http::Request<Body>| {
+                    let forwarder = forwarder.clone();
+                    async move { Ok::<_, std::convert::Infallible>(forwarder.forward(req).await) }
+                },
+            ));
             serve(*listen, app).await
         }
         None => lease_proxy_benches::until_interrupted(bench(&args)).await,
@@ -96,23 +101,6 @@ async fn main() -> anyhow::Result<()> {
 async fn storage(body: axum::body::Bytes) -> http::StatusCode {
     std::hint::black_box(body);
     http::StatusCode::NO_CONTENT
-}
-
-fn tower_service(
-    forwarder: Forwarder,
-) -> impl tower::Service<
-    http::Request<Body>,
-    Response = http::Response<Body>,
-    Error = std::convert::Infallible,
-    Future = impl Send,
-> + Clone
-       + Send
-       + Sync
-       + 'static {
-    tower::service_fn(move |req: http::Request<Body>| {
-        let forwarder = forwarder.clone();
-        async move { Ok(forwarder.forward(req).await) }
-    })
 }
 
 /// Serves `app` the way both project binaries do, until killed.
@@ -152,7 +140,7 @@ async fn bench(args: &Args) -> anyhow::Result<()> {
     let kid = KeyId::parse("bench").context("key id")?;
     Keyring::create_file(&key_file, &kid)?;
     let keys = Arc::new(Keyring::load(&key_file)?);
-    let mut gw = Command::new(stack::sibling("fence-gateway")?);
+    let mut gw = Command::new(stack::workspace_binary("fence-gateway"));
     gw.args(["--listen", &format!("127.0.0.1:{}", ports.2)])
         .args(["--upstream", &direct])
         .arg("--store")

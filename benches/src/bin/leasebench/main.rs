@@ -108,7 +108,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             let etcd = Etcd::single().await;
             let url = etcd.endpoint(0);
             let (proxy, spawned) = stack
-                .lease_proxy(&stack::sibling("lease-proxy")?, &url)
+                .lease_proxy(&stack::workspace_binary("lease-proxy"), &url)
                 .await?;
             _etcd = Some(etcd);
             (url, proxy, Some(spawned.pid))
