@@ -1,6 +1,6 @@
 //! The bounded campaign CI runs: two 30-second runs of the real deployment must show at least
 //! 1,000 acknowledged writes each and no violation, and each negative control (no enforcer;
-//! marks in memory across gateway restarts) must be caught in every one of its runs. Runs are
+//! marks in memory across gateway restarts) must be caught in at least 2 of 3 runs. Runs are
 //! sequential: they share the machine's two cores.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -44,18 +44,20 @@ async fn bounded_campaign_and_negative_controls() {
         );
         assert!(r.write_success_after_heal > 0.5, "run {run}: {r:?}");
     }
+    // A control run can miss by chance (a paused holder's resource nobody took over in time);
+    // the acceptance is "caught in at least 90 % of runs", so CI wants 2 of 3 (a control caught
+    // 90 % of the time fails this 2.8 % of the time; one that is never caught always fails).
     for control in [Control::NoFencing, Control::MemoryMarks] {
-        for run in 0..2 {
+        let mut caught = 0;
+        for run in 0..3 {
             let r = run_once(&settings(control, 20)).await.unwrap();
             eprintln!(
                 "{control:?} run {run}: {} violations, first: {:?}",
                 r.violations.len(),
                 r.violations.first()
             );
-            assert!(
-                !r.violations.is_empty(),
-                "{control:?} run {run} went unnoticed: {r:?}"
-            );
+            caught += usize::from(!r.violations.is_empty());
         }
+        assert!(caught >= 2, "{control:?} caught in only {caught} of 3 runs");
     }
 }
