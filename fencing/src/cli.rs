@@ -1,11 +1,15 @@
-//! What both binaries' command lines share: the log format and logging set-up, secrets redacted
-//! from printed settings, and shell completions and a man page generated from the clap
-//! definition.
+//! What both binaries' command lines share: settings layered flags > environment > TOML file >
+//! defaults, the log format, secrets redacted from printed settings, and shell completions and a
+//! man page generated from the clap definition.
 
 use std::io::Write;
+use std::path::Path;
+
+use clap::parser::ValueSource;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 use clap_complete::Shell;
-use tracing_subscriber::EnvFilter;
 
 /// How log lines are written.
 #[derive(
@@ -19,16 +23,59 @@ pub enum LogFormat {
     Json,
 }
 
-/// Logs to stderr in `format`, filtered by `RUST_LOG` (default `info`).
-pub fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => logs.init(),
-        LogFormat::Json => logs.json().init(),
+/// A configuration read by clap from flags and environment variables, with an optional TOML file
+/// (keys: the long flag names with `_`) layered under them. Fields that only make sense on the
+/// command line (`--config`, `--print-config`, …) are `#[serde(skip)]`, and the struct denies
+/// unknown fields, so a file that names one is refused.
+pub trait Layered: clap::Parser + Serialize + DeserializeOwned {
+    /// The TOML file to layer, if one was named.
+    fn file(&self) -> Option<&Path>;
+
+    /// Copies the command-line-only settings from `cli` (the file cannot carry them).
+    fn keep_command_line_only(&mut self, cli: &Self);
+}
+
+/// Parses flags and environment, then layers the named TOML file under them: a setting comes
+/// from the file only when neither a flag nor the environment gave it.
+pub fn parse_layered<T: Layered>() -> Result<T, clap::Error> {
+    let command = T::command();
+    let matches = command.clone().try_get_matches()?;
+    let cli = T::from_arg_matches(&matches)?;
+    let Some(path) = cli.file().map(Path::to_owned) else {
+        return Ok(cli);
+    };
+    let given = |id: &str| {
+        command.get_arguments().any(|a| a.get_id() == id)
+            && !matches!(
+                matches.value_source(id),
+                Some(ValueSource::DefaultValue) | None
+            )
+    };
+    layer_file(&cli, &path, |id| !given(id))
+        .map_err(|e| T::command().error(clap::error::ErrorKind::InvalidValue, e))
+}
+
+/// `cli` with every setting for which `from_file(name)` is true replaced by the file's value. A
+/// key that is no setting (or a command-line-only one) is refused.
+pub fn layer_file<T: Layered>(
+    cli: &T,
+    path: &Path,
+    from_file: impl Fn(&str) -> bool,
+) -> Result<T, String> {
+    let at = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let text = std::fs::read_to_string(path).map_err(|e| at(&e))?;
+    let file: toml::Table = text.parse().map_err(|e| at(&e))?;
+    let mut merged = toml::Table::try_from(cli).map_err(|e| e.to_string())?;
+    for (key, value) in file {
+        if from_file(&key) {
+            merged.insert(key, value);
+        }
     }
+    let mut layered: T = merged
+        .try_into()
+        .map_err(|e: toml::de::Error| at(&e.message()))?;
+    layered.keep_command_line_only(cli);
+    Ok(layered)
 }
 
 /// `url` with any credentials (`user:password@`) replaced by `***@`.

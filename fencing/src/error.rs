@@ -1,6 +1,6 @@
 use std::path::PathBuf;
 
-/// Why a key file could not be loaded.
+/// Why a key file could not be loaded, or telemetry could not be set up.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -24,6 +24,9 @@ pub enum Error {
     /// The key file holds no key at all.
     #[error("key file holds no key")]
     NoKeys,
+    /// The metrics or trace pipeline could not be set up or read.
+    #[error("telemetry: {0}")]
+    Telemetry(String),
 }
 
 /// Why a presented token is refused. Each variant maps to one HTTP status at the enforcer.

@@ -19,6 +19,7 @@ mod keys;
 pub mod layer;
 pub mod serve;
 pub mod store;
+pub mod telemetry;
 mod token;
 
 pub use admission::{Admission, Permit};
@@ -33,5 +34,10 @@ pub use token::Token;
 pub const TOKEN_HEADER: &str = "fencing-token";
 /// The legacy spelling of [`TOKEN_HEADER`], also accepted by enforcers.
 pub const TOKEN_HEADER_LEGACY: &str = "x-fencing-token";
+/// The header on an enforcer's refusal naming its problem slug (`stale-fencing-token`, …), so
+/// that intermediaries can tell an enforcer's refusal from the storage's own answers.
+pub const REJECTION_HEADER: &str = "fencing-rejection";
+/// The slug of a stale token's refusal, in [`REJECTION_HEADER`].
+pub const STALE_REJECTION: &str = "stale-fencing-token";
 /// The header naming the resource a token is presented for.
 pub const RESOURCE_HEADER: &str = "fencing-resource";

@@ -3,35 +3,13 @@
 use std::process::ExitCode;
 
 use clap::CommandFactory;
-use clap::Parser;
 use fencing::gateway::{self, GatewayConfig};
 
 /// EX_USAGE: the configuration is wrong.
 const EXIT_CONFIG: u8 = 64;
 
 fn main() -> ExitCode {
-    // Completions and the man page need none of the required settings.
-    let lenient = GatewayConfig::command()
-        .mut_arg("upstream", |a| a.required(false))
-        .mut_arg("key_file", |a| a.required(false));
-    if let Ok(m) = lenient.try_get_matches() {
-        let completions = m.get_one::<clap_complete::Shell>("completions").copied();
-        let mut stdout = std::io::stdout();
-        match fencing::cli::write_generated(
-            GatewayConfig::command(),
-            completions,
-            m.get_flag("man"),
-            &mut stdout,
-        ) {
-            Ok(true) => return ExitCode::SUCCESS,
-            Ok(false) => {}
-            Err(e) => {
-                eprintln!("fence-gateway: {e}");
-                return ExitCode::FAILURE;
-            }
-        }
-    }
-    let config = match GatewayConfig::try_parse() {
+    let config = match GatewayConfig::load() {
         Ok(c) => c,
         Err(e) => {
             let code = if e.use_stderr() { EXIT_CONFIG } else { 0 };
@@ -39,6 +17,21 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    // Completions and the man page need none of the required settings.
+    let mut stdout = std::io::stdout();
+    match fencing::cli::write_generated(
+        GatewayConfig::command(),
+        config.completions,
+        config.man,
+        &mut stdout,
+    ) {
+        Ok(true) => return ExitCode::SUCCESS,
+        Ok(false) => {}
+        Err(e) => {
+            eprintln!("fence-gateway: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     if let Err(e) = config.validate() {
         eprintln!("fence-gateway: {e}");
         return ExitCode::from(EXIT_CONFIG);
@@ -55,7 +48,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    fencing::cli::init_logging(config.log_format);
+    let telemetry = fencing::telemetry::init("fence-gateway", config.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -70,6 +63,8 @@ fn main() -> ExitCode {
         let listener = tokio::net::TcpListener::bind(config.listen).await?;
         gateway::run(listener, config, fencing::serve::terminated()).await
     });
+    drop(runtime);
+    telemetry.shutdown();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -5,6 +5,7 @@ use std::future::{Future, IntoFuture};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use axum::extract::MatchedPath;
 use axum::http::{HeaderName, Request};
 use axum::Router;
 use tokio::net::TcpListener;
@@ -56,8 +57,9 @@ pub async fn until_shutdown(
 /// the response, passed on by forwarding, and recorded on the request's log span.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
-/// Wraps `app` so every request carries an `X-Request-Id` and is logged in a span with it
-/// (method, path and request id only: never a header value, so never a secret or token).
+/// Wraps `app` so every request carries an `X-Request-Id` and runs in a span with it (method,
+/// route and request id only: never a header value, so never a secret or token). The span
+/// continues the client's W3C trace (`traceparent`) when a tracer is installed.
 pub fn with_request_ids(app: Router) -> Router {
     let header = HeaderName::from_static(REQUEST_ID_HEADER);
     app.layer(PropagateRequestIdLayer::new(header.clone()))
@@ -68,12 +70,22 @@ pub fn with_request_ids(app: Router) -> Router {
                     .get(REQUEST_ID_HEADER)
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or("");
-                tracing::info_span!(
+                // The route template, never the path itself: resource names stay out of span
+                // names (and so out of any index built on them).
+                let name = match req.extensions().get::<MatchedPath>() {
+                    Some(route) => format!("{} {}", req.method(), route.as_str()),
+                    None => req.method().to_string(),
+                };
+                let span = tracing::info_span!(
                     "request",
+                    otel.name = %name,
+                    otel.kind = "server",
                     method = %req.method(),
                     path = %req.uri().path(),
                     request_id = %id,
-                )
+                );
+                crate::telemetry::continue_trace(&span, req.headers());
+                span
             }),
         )
         .layer(SetRequestIdLayer::new(header, MakeRequestUuid))

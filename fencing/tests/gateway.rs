@@ -411,3 +411,83 @@ fn print_config_completions_and_man_page() {
     let out = std::process::Command::new(BIN).output().unwrap();
     assert_eq!(out.status.code(), Some(64), "{out:?}");
 }
+
+#[test]
+fn settings_layer_flags_over_env_over_file_over_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gateway.toml");
+    std::fs::write(
+        &file,
+        "upstream = \"http://from-file:1\"\nkey_file = \"/etc/fence/keys\"\n\
+         store = \"sqlite:/from/file.db\"\nmax_body_bytes = 1234\nmax_connections = 3\n",
+    )
+    .unwrap();
+    let print = |config: &std::path::Path, args: &[&str]| {
+        let out = std::process::Command::new(BIN)
+            .arg("--config")
+            .arg(config)
+            .args(args)
+            .arg("--print-config")
+            .env("FENCE_GATEWAY_STORE", "memory")
+            .env("FENCE_GATEWAY_MAX_CONNECTIONS", "5")
+            .env_remove("FENCE_GATEWAY_UPSTREAM")
+            .env_remove("FENCE_GATEWAY_KEY_FILE")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = print(
+        &file,
+        &["--max-body-bytes", "999", "--max-connections", "7"],
+    );
+    let effective: toml::Table = text.parse().unwrap();
+    assert_eq!(
+        effective["upstream"].as_str(),
+        Some("http://from-file:1"),
+        "file"
+    );
+    assert_eq!(
+        effective["key_file"].as_str(),
+        Some("/etc/fence/keys"),
+        "file"
+    );
+    assert_eq!(
+        effective["store"].as_str(),
+        Some("memory"),
+        "env beats file"
+    );
+    assert_eq!(
+        effective["max_body_bytes"].as_integer(),
+        Some(999),
+        "flag beats file"
+    );
+    assert_eq!(
+        effective["max_connections"].as_integer(),
+        Some(7),
+        "flag beats env"
+    );
+    assert_eq!(effective["drain_timeout"].as_str(), Some("10s"), "default");
+    // What --print-config prints is a configuration file giving the same settings.
+    let printed = dir.path().join("printed.toml");
+    std::fs::write(&printed, &text).unwrap();
+    assert_eq!(
+        print(&printed, &["--max-connections", "7"]),
+        text,
+        "round trip"
+    );
+    // A file naming something that is no setting, or a command-line-only one, is refused.
+    for bad in [
+        "no_such_setting = 1\n",
+        "man = true\n",
+        "max_body_bytes = \"ten\"\n",
+    ] {
+        std::fs::write(&file, bad).unwrap();
+        let out = std::process::Command::new(BIN)
+            .args(["--upstream", "http://s:1", "--key-file", "k", "--config"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(64), "{bad}: {out:?}");
+    }
+}

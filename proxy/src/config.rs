@@ -5,8 +5,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::parser::ValueSource;
-use clap::{CommandFactory, FromArgMatches, Parser};
+use clap::{CommandFactory, Parser};
 use serde::{Deserialize, Serialize};
 
 /// etcd's smallest lease TTL with default election timing; shorter TTLs are silently raised by
@@ -146,6 +145,19 @@ pub struct Config {
     pub man: bool,
 }
 
+impl fencing::cli::Layered for Config {
+    fn file(&self) -> Option<&Path> {
+        self.config.as_deref()
+    }
+
+    fn keep_command_line_only(&mut self, cli: &Self) {
+        self.config = cli.config.clone();
+        self.print_config = cli.print_config;
+        self.completions = cli.completions;
+        self.man = cli.man;
+    }
+}
+
 /// A configuration that cannot be used; the binary exits with status 64 (EX_USAGE).
 #[derive(Debug, thiserror::Error)]
 #[error("invalid configuration: {0}")]
@@ -154,18 +166,7 @@ pub struct ConfigError(pub String);
 impl Config {
     /// Parses flags and environment, layers the TOML file under them, and validates.
     pub fn load() -> Result<Self, clap::Error> {
-        let matches = Self::command().try_get_matches()?;
-        let mut config = Self::from_arg_matches(&matches)?;
-        if let Some(path) = config.config.clone() {
-            config = config
-                .layer_file(&path, |id| {
-                    matches!(
-                        matches.value_source(id),
-                        Some(ValueSource::DefaultValue) | None
-                    )
-                })
-                .map_err(|e| Self::command().error(clap::error::ErrorKind::InvalidValue, e))?;
-        }
+        let config: Self = fencing::cli::parse_layered()?;
         config
             .validate()
             .map_err(|e| Self::command().error(clap::error::ErrorKind::InvalidValue, e))?;
@@ -180,37 +181,6 @@ impl Config {
         shown.upstream = shown.upstream.as_deref().map(redact);
         shown.prefence_url = shown.prefence_url.as_deref().map(redact);
         toml::to_string(&shown).map_err(|e| ConfigError(e.to_string()))
-    }
-
-    /// Replaces every setting for which `from_file(name)` is true with the file's value.
-    fn layer_file(
-        &self,
-        path: &Path,
-        from_file: impl Fn(&str) -> bool,
-    ) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
-        let file: toml::Table = text
-            .parse()
-            .map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
-        let mut merged = toml::Table::try_from(self).map_err(|e| ConfigError(e.to_string()))?;
-        for (key, value) in file {
-            if ["config", "print_config", "completions", "man"].contains(&key.as_str()) {
-                return Err(ConfigError(format!("`{key}` cannot be set from the file")));
-            }
-            if from_file(&key) {
-                merged.insert(key, value);
-            }
-        }
-        let mut layered: Self = merged.try_into().map_err(|e: toml::de::Error| {
-            ConfigError(format!("{}: {}", path.display(), e.message()))
-        })?;
-        // Command-line-only settings are not in the file and must survive the round trip.
-        layered.config = self.config.clone();
-        layered.print_config = self.print_config;
-        layered.completions = self.completions;
-        layered.man = self.man;
-        Ok(layered)
     }
 
     /// Checks the settings make sense together.
@@ -301,12 +271,14 @@ mod tests {
         let path = dir.path().join("c.toml");
         std::fs::write(&path, "max_ttl = 120\nera = 7\nmax_wait = \"5s\"\n").unwrap();
         let c = Config::parse_from(["lease-proxy", "--era", "9"]);
-        let layered = c.layer_file(&path, |id| id != "era").unwrap();
+        let layered = fencing::cli::layer_file(&c, &path, |id| id != "era").unwrap();
         assert_eq!(layered.max_ttl, 120);
         assert_eq!(layered.era, 9, "a flag beats the file");
         assert_eq!(layered.max_wait, Duration::from_secs(5));
         std::fs::write(&path, "no_such_setting = 1\n").unwrap();
-        assert!(c.layer_file(&path, |_| true).is_err());
+        assert!(fencing::cli::layer_file(&c, &path, |_| true).is_err());
+        std::fs::write(&path, "print_config = true\n").unwrap();
+        assert!(fencing::cli::layer_file(&c, &path, |_| true).is_err());
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod error;
 mod etcd;
 mod forward;
 mod lease;
+mod metrics;
 mod server;
 mod v3;
 

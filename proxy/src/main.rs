@@ -43,7 +43,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    fencing::cli::init_logging(config.log_format);
+    let telemetry = fencing::telemetry::init("lease-proxy", config.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -54,7 +54,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(config)) {
+    let served = runtime.block_on(serve(config));
+    drop(runtime);
+    telemetry.shutdown();
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "lease-proxy failed");

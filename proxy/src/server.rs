@@ -18,6 +18,7 @@ use crate::api::{self, AppState};
 use crate::etcd::{Etcd, Holders, KeepAlive};
 use crate::forward::Upstream;
 use crate::lease::{Leases, Limits};
+use crate::metrics::Metrics;
 use crate::Config;
 
 /// Why the proxy could not start or serve.
@@ -36,6 +37,9 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    /// The metrics could not be set up.
+    #[error("metrics: {0}")]
+    Metrics(#[source] fencing::Error),
     /// The etcd client could not be built.
     #[error("etcd: {0}")]
     Etcd(#[from] crate::Error),
@@ -66,10 +70,14 @@ pub fn load_keys(config: &Config) -> Result<Keyring, StartError> {
 }
 
 /// A client for an already validated `http://` URL setting.
-fn upstream(url: &Option<String>, timeout: std::time::Duration) -> Option<Upstream> {
+fn upstream(
+    url: &Option<String>,
+    timeout: std::time::Duration,
+    metrics: &Arc<Metrics>,
+) -> Option<Upstream> {
     url.as_ref()
         .and_then(|u| u.parse().ok())
-        .map(|base| Upstream::new(base, timeout))
+        .map(|base| Upstream::new(base, timeout, metrics.clone()))
 }
 
 /// Serves the proxy on `listener` until `shutdown` resolves, then drains and returns.
@@ -79,7 +87,8 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
     let keys = Arc::new(load_keys(&config)?);
-    let etcd = Etcd::connect(&config.etcd_endpoints, config.etcd_timeout).await?;
+    let metrics = Arc::new(Metrics::new().map_err(StartError::Metrics)?);
+    let etcd = Etcd::connect(&config.etcd_endpoints, config.etcd_timeout, metrics.clone()).await?;
     let tracker = TaskTracker::new();
     let background = CancellationToken::new();
     let stopping = CancellationToken::new();
@@ -118,12 +127,12 @@ pub async fn run(
         holders_prefix,
         config.era,
         limits,
-        upstream(&config.prefence_url, config.forward_timeout),
+        upstream(&config.prefence_url, config.forward_timeout, &metrics),
         config.lease_spares,
         stopping.clone(),
     );
     let state = Arc::new(AppState {
-        upstream: upstream(&config.upstream, config.forward_timeout),
+        upstream: upstream(&config.upstream, config.forward_timeout, &metrics),
         max_forward_bytes: config.max_forward_bytes,
         v3,
         leases,

@@ -1,4 +1,5 @@
-//! fence-gateway's configuration: flags and `FENCE_GATEWAY_*` environment variables.
+//! fence-gateway's configuration: flags, `FENCE_GATEWAY_*` environment variables and an optional
+//! TOML file, in that order of precedence, validated before anything starts.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,24 +10,33 @@ use clap::Parser;
 use std::sync::Arc;
 
 use crate::layer::PathPattern;
-use crate::store::{MemoryStore, PostgresStore, SharedGate, SqliteStore, StoreError};
+use crate::store::{
+    MemoryStore, PostgresStore, SharedGate, SqliteStore, StoreError, StoreLatency, Timed,
+};
 use crate::{Admission, Gate};
 
 /// fence-gateway's configuration.
-#[derive(Debug, Clone, Parser, serde::Serialize)]
+#[derive(Debug, Clone, Parser, serde::Serialize, serde::Deserialize)]
 #[command(
     name = "fence-gateway",
     version,
     about = "Reverse proxy that refuses stale, forged and misdirected fencing tokens"
 )]
+#[serde(deny_unknown_fields)]
 pub struct GatewayConfig {
+    /// TOML file with any of these settings (keys as the long flag names with `_`);
+    /// flags and environment variables override it.
+    #[arg(long, env = "FENCE_GATEWAY_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+
     /// Address to listen on.
     #[arg(long, env = "FENCE_GATEWAY_LISTEN", default_value = "127.0.0.1:7071")]
     pub listen: SocketAddr,
 
-    /// Base URL of the protected storage service (http).
+    /// Base URL of the protected storage service (http). Required.
     #[arg(long, env = "FENCE_GATEWAY_UPSTREAM")]
-    pub upstream: String,
+    pub upstream: Option<String>,
 
     /// Where high-water marks live: `sqlite:PATH` (durable default, one gateway),
     /// `postgres://user:pass@host/db` (shared by several gateways) or `memory` (tests only).
@@ -37,9 +47,9 @@ pub struct GatewayConfig {
     )]
     pub store: String,
 
-    /// Fencing key file shared with lease-proxy (`KID SECRET` per line).
+    /// Fencing key file shared with lease-proxy (`KID SECRET` per line). Required.
     #[arg(long, env = "FENCE_GATEWAY_KEY_FILE")]
-    pub key_file: PathBuf,
+    pub key_file: Option<PathBuf>,
 
     /// Take the resource of a write from the path, e.g. `/inventory/{resource}`; otherwise (and
     /// for paths that do not match) from the `Fencing-Resource` header.
@@ -89,41 +99,77 @@ pub struct GatewayConfig {
     pub man: bool,
 }
 
+impl crate::cli::Layered for GatewayConfig {
+    fn file(&self) -> Option<&std::path::Path> {
+        self.config.as_deref()
+    }
+
+    fn keep_command_line_only(&mut self, cli: &Self) {
+        self.config = cli.config.clone();
+        self.print_config = cli.print_config;
+        self.completions = cli.completions;
+        self.man = cli.man;
+    }
+}
+
 /// A configuration that cannot be used.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid configuration: {0}")]
 pub struct GatewayConfigError(pub String);
 
 impl GatewayConfig {
-    /// The defaults, with the three settings that have none.
+    /// Parses flags and environment and layers the TOML file under them (not validated: see
+    /// [`GatewayConfig::validate`]).
+    pub fn load() -> Result<Self, clap::Error> {
+        crate::cli::parse_layered()
+    }
+
+    /// The defaults, with the upstream, the store and the key file.
     pub fn new(upstream: impl Into<String>, store: impl Into<String>, key_file: PathBuf) -> Self {
-        let mut config = Self::parse_from([
-            "fence-gateway",
-            "--upstream",
-            "http://unset",
-            "--key-file",
-            "unset",
-        ]);
-        config.upstream = upstream.into();
+        let mut config = Self::parse_from(["fence-gateway"]);
+        config.upstream = Some(upstream.into());
         config.store = store.into();
-        config.key_file = key_file;
+        config.key_file = Some(key_file);
         config
     }
 
     /// The effective settings as TOML, credentials in URLs redacted (for `--print-config`).
     pub fn redacted_toml(&self) -> Result<String, GatewayConfigError> {
         let mut shown = self.clone();
-        shown.upstream = crate::cli::redact_url(&shown.upstream);
+        shown.upstream = shown.upstream.as_deref().map(crate::cli::redact_url);
         shown.store = crate::cli::redact_url(&shown.store);
         toml::to_string(&shown).map_err(|e| GatewayConfigError(e.to_string()))
+    }
+
+    /// The upstream's base URL.
+    pub fn upstream(&self) -> Result<&str, GatewayConfigError> {
+        self.upstream.as_deref().ok_or_else(|| {
+            GatewayConfigError(
+                "--upstream is required (flag, FENCE_GATEWAY_UPSTREAM or `upstream` in the \
+                 config file)"
+                    .into(),
+            )
+        })
+    }
+
+    /// The fencing key file.
+    pub fn key_file(&self) -> Result<&std::path::Path, GatewayConfigError> {
+        self.key_file.as_deref().ok_or_else(|| {
+            GatewayConfigError(
+                "--key-file is required (flag, FENCE_GATEWAY_KEY_FILE or `key_file` in the \
+                 config file)"
+                    .into(),
+            )
+        })
     }
 
     /// Checks the settings.
     pub fn validate(&self) -> Result<(), GatewayConfigError> {
         let uri: http::Uri = self
-            .upstream
+            .upstream()?
             .parse()
             .map_err(|e| GatewayConfigError(format!("--upstream: {e}")))?;
+        self.key_file()?;
         if uri.scheme_str() != Some("http") || uri.authority().is_none() {
             return Err(GatewayConfigError(
                 "--upstream must be an http://host:port URL".into(),
@@ -151,16 +197,21 @@ impl GatewayConfig {
     }
 
     /// Opens the configured store behind its gate: the in-process gate for SQLite and memory,
-    /// the database-wide gate for PostgreSQL (several gateways may share it).
-    pub async fn open_admission(&self) -> Result<Arc<dyn Admission>, StoreError> {
+    /// the database-wide gate for PostgreSQL (several gateways may share it). Store calls are
+    /// timed into `latency`.
+    pub async fn open_admission(
+        &self,
+        latency: StoreLatency,
+    ) -> Result<Arc<dyn Admission>, StoreError> {
         if let Some(path) = self.store.strip_prefix("sqlite:") {
-            return Ok(Arc::new(Gate::new(SqliteStore::open(path.as_ref())?)));
+            let store = SqliteStore::open(path.as_ref())?;
+            return Ok(Arc::new(Gate::new(Timed::new(store, latency))));
         }
         if self.store == "memory" {
             tracing::warn!("--store memory: marks are forgotten on restart (tests only)");
-            return Ok(Arc::new(Gate::new(MemoryStore::new())));
+            return Ok(Arc::new(Gate::new(Timed::new(MemoryStore::new(), latency))));
         }
         let store = PostgresStore::connect(&self.store, self.max_connections).await?;
-        Ok(Arc::new(SharedGate::new(store)))
+        Ok(Arc::new(SharedGate::new(store).with_latency(latency)))
     }
 }

@@ -8,6 +8,7 @@ use http::{Request, Response, StatusCode, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use tracing::Instrument as _;
 
 /// Headers that describe one connection, not the message (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [HeaderName; 8] = [
@@ -67,8 +68,18 @@ impl Forwarder {
     }
 
     /// Sends `req` upstream and returns its answer; 502/504 problem+json when the upstream
-    /// cannot be reached or does not answer in time.
-    pub async fn forward(&self, mut req: Request<Body>) -> Response<Body> {
+    /// cannot be reached or does not answer in time. The call is a span of its own, and the
+    /// trace goes on upstream in `traceparent`.
+    pub async fn forward(&self, req: Request<Body>) -> Response<Body> {
+        let span = tracing::debug_span!(
+            "upstream",
+            otel.name = %format_args!("upstream {}", req.method()),
+            otel.kind = "client",
+        );
+        self.send(req).instrument(span).await
+    }
+
+    async fn send(&self, mut req: Request<Body>) -> Response<Body> {
         let Some(target) = self.target(req.uri()) else {
             return problem(
                 StatusCode::BAD_REQUEST,
@@ -80,6 +91,7 @@ impl Forwarder {
         strip_hop_by_hop(req.headers_mut());
         // The client sets Host from the target URI.
         req.headers_mut().remove(header::HOST);
+        crate::telemetry::propagate(req.headers_mut());
         match tokio::time::timeout(self.timeout, self.client.request(req)).await {
             Ok(Ok(resp)) => {
                 let (mut parts, body) = resp.into_parts();

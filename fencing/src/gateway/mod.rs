@@ -22,10 +22,16 @@ use axum::routing::{get, post};
 use axum::Router;
 use http::Request;
 use http_body_util::Limited;
+use opentelemetry::metrics::Meter;
+use opentelemetry::KeyValue;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::layer::{ByHeader, Classify, Decision, Fence, FencingLayer, PathPattern, Rejection};
+use crate::layer::{
+    ByHeader, Classify, Decision, Fence, FencingLayer, Outcomes, PathPattern, Rejection,
+};
+use crate::store::StoreLatency;
+use crate::telemetry::Metrics;
 use crate::{Admission, Keyring};
 use forward::problem;
 
@@ -50,6 +56,7 @@ pub enum GatewayError {
 struct Shared {
     fence: Fence<dyn Admission>,
     draining: AtomicBool,
+    metrics: Metrics,
 }
 
 /// How the gateway tells which writes are protected: a path pattern if configured, else the
@@ -76,10 +83,13 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), GatewayError> {
     config.validate()?;
-    let keys = Arc::new(Keyring::load(&config.key_file)?);
-    let fence: Fence<dyn Admission> = Fence::new(keys, config.open_admission().await?);
+    let keys = Arc::new(Keyring::load(config.key_file()?)?);
+    let metrics = Metrics::new("fence-gateway")?;
+    let latency = StoreLatency::new(&metrics.meter());
+    let fence: Fence<dyn Admission> = Fence::new(keys, config.open_admission(latency).await?);
+    count_outcomes(&metrics.meter(), fence.outcomes.clone());
     let upstream = config
-        .upstream
+        .upstream()?
         .parse()
         .map_err(|e| GatewayConfigError(format!("--upstream: {e}")))?;
     let forwarder = Forwarder::new(upstream, config.upstream_timeout);
@@ -92,6 +102,7 @@ pub async fn run(
     let shared = Arc::new(Shared {
         fence: fence.clone(),
         draining: AtomicBool::new(false),
+        metrics,
     });
     let max_body = config.max_body_bytes;
     let proxy = tower::service_fn(move |req: Request<Body>| {
@@ -106,7 +117,7 @@ pub async fn run(
         .route("/fence/{resource}", post(prefence))
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(scrape))
         .with_state(shared.clone())
         .fallback_service(
             tower::ServiceBuilder::new()
@@ -125,7 +136,7 @@ pub async fn run(
                 .service(protected),
         );
 
-    tracing::info!(listen = %listener.local_addr()?, upstream = %config.upstream, store = %config.store, "fence-gateway serving");
+    tracing::info!(listen = %listener.local_addr()?, upstream = %config.upstream()?, store = %config.store, "fence-gateway serving");
     crate::serve::until_shutdown(
         listener,
         crate::serve::with_request_ids(app),
@@ -186,28 +197,32 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, &'static str)
     }
 }
 
-async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
-    let o = &shared.fence.outcomes;
-    let mut text = String::from(
-        "# HELP fence_requests_total Requests seen by the enforcer, by outcome.\n\
-         # TYPE fence_requests_total counter\n",
-    );
-    for (outcome, counter) in [
-        ("admitted", &o.admitted),
-        ("passed", &o.passed),
-        ("stale", &o.stale),
-        ("invalid", &o.invalid),
-        ("store_error", &o.store_errors),
-    ] {
-        text.push_str(&format!(
-            "fence_requests_total{{outcome=\"{outcome}\"}} {}\n",
-            counter.load(Ordering::Relaxed)
-        ));
-    }
-    (
-        [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        text,
-    )
+async fn scrape(State(shared): State<Arc<Shared>>) -> Response {
+    crate::telemetry::render(&shared.metrics)
+}
+
+/// `fence_requests_total{outcome}`: the enforcer's decisions, read from its counters at each
+/// scrape.
+fn count_outcomes(meter: &Meter, outcomes: Arc<Outcomes>) {
+    meter
+        .u64_observable_counter("fence.requests")
+        .with_description("Requests seen by the enforcer, by outcome.")
+        .with_callback(move |observer| {
+            let o = &outcomes;
+            for (outcome, counter) in [
+                ("admitted", &o.admitted),
+                ("passed", &o.passed),
+                ("stale", &o.stale),
+                ("invalid", &o.invalid),
+                ("store_error", &o.store_errors),
+            ] {
+                observer.observe(
+                    counter.load(Ordering::Relaxed),
+                    &[KeyValue::new("outcome", outcome)],
+                );
+            }
+        })
+        .build();
 }
 
 impl IntoResponse for Rejection {

@@ -88,6 +88,11 @@ impl Rejection {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        // Tells an intermediary (lease-proxy's forward route) that the enforcer refused, and
+        // why, without reading the body.
+        response
+            .headers_mut()
+            .insert(crate::REJECTION_HEADER, HeaderValue::from_static(slug));
         if status == StatusCode::SERVICE_UNAVAILABLE {
             response
                 .headers_mut()

@@ -9,10 +9,12 @@
 mod memory;
 mod postgres;
 mod sqlite;
+mod timed;
 
 pub use memory::MemoryStore;
 pub use postgres::{FencedError, PostgresStore, SharedGate};
 pub use sqlite::SqliteStore;
+pub use timed::{StoreLatency, Timed};
 
 use futures::future::BoxFuture;
 

@@ -9,7 +9,7 @@ use futures::future::BoxFuture;
 use sha2::{Digest, Sha256};
 use tokio_postgres::{NoTls, Transaction};
 
-use super::{decode, encode, HighWaterMarks, StoreError};
+use super::{decode, encode, HighWaterMarks, StoreError, StoreLatency};
 use crate::admission::{Admission, Permit};
 use crate::gate::GateError;
 use crate::Token;
@@ -188,12 +188,22 @@ impl HighWaterMarks for PostgresStore {
 #[derive(Clone, Debug)]
 pub struct SharedGate {
     store: PostgresStore,
+    latency: StoreLatency,
 }
 
 impl SharedGate {
-    /// A gate over `store`.
+    /// A gate over `store`, timing its database calls on the process-wide meter provider.
     pub fn new(store: PostgresStore) -> Self {
-        Self { store }
+        Self {
+            store,
+            latency: StoreLatency::global(),
+        }
+    }
+
+    /// Times the database calls into `latency` instead.
+    pub fn with_latency(mut self, latency: StoreLatency) -> Self {
+        self.latency = latency;
+        self
     }
 
     /// The store behind the gate.
@@ -204,18 +214,23 @@ impl SharedGate {
     async fn admit_inner(&self, resource: &str, token: Token) -> Result<Permit, GateError> {
         let key = lock_key(resource);
         loop {
-            let client = self.store.client().await?;
-            client
-                .execute("SELECT pg_advisory_lock_shared($1)", &[&key])
-                .await
-                .map_err(err)?;
-            let held = SharedLock {
-                client: Some(client),
-                key,
-            };
-            let mark = read_mark(held.client(), resource)
-                .await?
-                .unwrap_or_default();
+            // Shared lock, then the mark under it: what the store costs every write.
+            let (held, mark) = self
+                .latency
+                .time("get", async {
+                    let client = self.store.client().await?;
+                    client
+                        .execute("SELECT pg_advisory_lock_shared($1)", &[&key])
+                        .await
+                        .map_err(err)?;
+                    let held = SharedLock {
+                        client: Some(client),
+                        key,
+                    };
+                    let mark = read_mark(held.client(), resource).await?;
+                    Ok::<_, StoreError>((held, mark.unwrap_or_default()))
+                })
+                .await?;
             if token == mark {
                 return Ok(Permit::new(held));
             }
@@ -224,7 +239,11 @@ impl SharedGate {
                 return Err(GateError::Stale { token, mark });
             }
             // Above the mark: wait for every in-flight write on every enforcer, raise, go again.
-            run_exclusive(self.store.client().await?, key, resource, token).await?;
+            self.latency
+                .time("raise", async {
+                    run_exclusive(self.store.client().await?, key, resource, token).await
+                })
+                .await?;
         }
     }
 }

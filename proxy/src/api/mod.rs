@@ -63,6 +63,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/v3alpha/{*method}", any(v3))
         .route("/livez", get(ops::livez))
         .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
         .fallback(|| async { Error::NoRoute })
         .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })
         .with_state(state);

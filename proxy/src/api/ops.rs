@@ -1,4 +1,4 @@
-//! Operational endpoints: liveness and readiness.
+//! Operational endpoints: liveness, readiness and metrics.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -30,4 +30,9 @@ pub(super) async fn readyz(State(app): State<Arc<AppState>>) -> (StatusCode, Jso
             Json(json!({"status": "unavailable", "etcd": e.to_string()})),
         ),
     }
+}
+
+/// Prometheus text: every instrument of `crate::metrics`.
+pub(super) async fn metrics(State(app): State<Arc<AppState>>) -> axum::response::Response {
+    app.etcd.metrics().render()
 }

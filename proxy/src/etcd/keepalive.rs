@@ -12,6 +12,8 @@
 //! for the next one, so a TTL reported to a client is never measured from before its request.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
@@ -19,8 +21,10 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument as _;
 
 use super::{Etcd, Header, Pinned};
+use crate::metrics::Metrics;
 use crate::{Error, Result};
 
 const QUEUE: usize = 4096;
@@ -32,6 +36,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 pub(crate) struct KeepAlive {
     shards: Vec<mpsc::Sender<Request>>,
     timeout: Duration,
+    metrics: Arc<Metrics>,
 }
 
 struct Request {
@@ -67,6 +72,7 @@ impl KeepAlive {
         Self {
             shards,
             timeout: etcd.timeout(),
+            metrics: etcd.metrics().clone(),
         }
     }
 
@@ -78,6 +84,19 @@ impl KeepAlive {
 
     /// Like [`KeepAlive::renew`], with etcd's response header.
     pub(crate) async fn renew_with_header(&self, id: i64) -> Result<Renewed> {
+        let started = Instant::now();
+        let span = tracing::debug_span!(
+            "etcd",
+            otel.name = "etcd keepalive",
+            otel.kind = "client",
+            op = "keepalive"
+        );
+        let renewed = self.renew_on_stream(id).instrument(span).await;
+        self.metrics.etcd_request("keepalive", started);
+        renewed
+    }
+
+    async fn renew_on_stream(&self, id: i64) -> Result<Renewed> {
         let shard = &self.shards[(id.unsigned_abs() % self.shards.len() as u64) as usize];
         let (reply, answer) = oneshot::channel();
         shard
@@ -162,6 +181,7 @@ impl Shard {
                 _ = tick.tick() => self.check_stalled(shard),
             }
         }
+        self.set_stream(None);
     }
 
     /// Opens a stream, using an outstanding renewal as the first request: etcd-client needs a live
@@ -175,7 +195,7 @@ impl Shard {
             match tokio::time::timeout(self.timeout / 3, lease.keep_alive(id)).await {
                 Ok(Ok(stream)) => {
                     tracing::debug!(shard, member = index, "keepalive stream opened");
-                    self.stream = Some(stream);
+                    self.set_stream(Some(stream));
                     // The opening response was consumed by etcd-client; send every outstanding
                     // renewal (the opener included) again on the new stream.
                     let all: Vec<i64> = self.pending.keys().copied().collect();
@@ -206,10 +226,20 @@ impl Shard {
         }
     }
 
+    /// Replaces the stream, keeping the count of open streams.
+    fn set_stream(&mut self, stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>) {
+        let change = i64::from(stream.is_some()) - i64::from(self.stream.is_some());
+        self.etcd
+            .metrics()
+            .keepalive_streams
+            .fetch_add(change, Ordering::Relaxed);
+        self.stream = stream;
+    }
+
     fn retry_later(&mut self, shard: usize, why: &str) {
         tracing::warn!(shard, reason = why, backoff = ?self.backoff, "keepalive stream unavailable");
         self.etcd.unpin(self.member);
-        self.stream = None;
+        self.set_stream(None);
         self.retry_at = Instant::now() + self.backoff;
         self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
     }
@@ -242,7 +272,7 @@ impl Shard {
                 p.sent_at = Some(Instant::now());
             }
         } else {
-            self.stream = None;
+            self.set_stream(None);
             for p in self.pending.values_mut() {
                 p.sent_at = None;
             }

@@ -19,6 +19,9 @@ use etcd_client::{
     TxnOpResponse,
 };
 
+use tracing::Instrument as _;
+
+use crate::metrics::Metrics;
 use crate::{Error, Result};
 
 /// A cheap-to-clone handle on the etcd cluster with a per-call deadline.
@@ -37,6 +40,7 @@ struct Inner {
     endpoints: Vec<String>,
     pinned: AtomicUsize,
     timeout: Duration,
+    metrics: Arc<Metrics>,
 }
 
 /// An etcd response header, as etcd's JSON gateway prints it.
@@ -100,7 +104,11 @@ impl Etcd {
     /// Prepares clients for the given endpoints (connections are made lazily). Calls fail with
     /// [`Error::EtcdTimeout`] after `timeout`; a member that has lost its leader refuses at once
     /// (require-leader), so the call moves on to another member.
-    pub(crate) async fn connect(endpoints: &[String], timeout: Duration) -> Result<Self> {
+    pub(crate) async fn connect(
+        endpoints: &[String],
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self> {
         let options = ConnectOptions::new()
             .with_connect_timeout(timeout / 3)
             .with_keep_alive(Duration::from_secs(2), timeout / 3)
@@ -116,6 +124,7 @@ impl Etcd {
                 endpoints: endpoints.to_vec(),
                 pinned: AtomicUsize::new(0),
                 timeout,
+                metrics,
             }),
         })
     }
@@ -153,9 +162,28 @@ impl Etcd {
         self.inner.timeout
     }
 
+    /// The proxy's metrics.
+    pub(crate) fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
+    /// [`Etcd::attempts`] of the etcd request `op`, in a span of its own, its duration recorded
+    /// whatever the outcome.
+    async fn bounded<T, F, Fut>(&self, op: &'static str, call: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let started = Instant::now();
+        let span = tracing::debug_span!("etcd", otel.name = %format_args!("etcd {op}"), otel.kind = "client", op);
+        let result = self.attempts(call).instrument(span).await;
+        self.inner.metrics.etcd_request(op, started);
+        result
+    }
+
     /// Runs `call` on the pinned member; on a failure that another member may not have, unpins
     /// and retries until the deadline. Every call passed here is safe to repeat.
-    async fn bounded<T, F, Fut>(&self, mut call: F) -> Result<T>
+    async fn attempts<T, F, Fut>(&self, mut call: F) -> Result<T>
     where
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
@@ -194,7 +222,9 @@ impl Etcd {
     pub(crate) async fn grant(&self, ttl: u64) -> Result<(i64, i64)> {
         let ttl = i64::try_from(ttl).unwrap_or(i64::MAX);
         let resp = self
-            .bounded(|c| async move { c.lease_client().grant(ttl, None).await })
+            .bounded("grant", |c| async move {
+                c.lease_client().grant(ttl, None).await
+            })
             .await?;
         Ok((resp.id(), resp.ttl()))
     }
@@ -203,7 +233,10 @@ impl Etcd {
     /// an error: revocation is idempotent.
     pub(crate) async fn revoke(&self, id: i64) -> Result<()> {
         match self
-            .bounded(|c| async move { c.lease_client().revoke(id).await })
+            .bounded(
+                "revoke",
+                |c| async move { c.lease_client().revoke(id).await },
+            )
             .await
         {
             Ok(_) => Ok(()),
@@ -226,7 +259,9 @@ impl Etcd {
     /// Remaining whole seconds of a lease, or `None` if it no longer exists.
     pub(crate) async fn time_to_live(&self, id: i64) -> Result<Option<i64>> {
         let resp = self
-            .bounded(|c| async move { c.lease_client().time_to_live(id, None).await })
+            .bounded("time_to_live", |c| async move {
+                c.lease_client().time_to_live(id, None).await
+            })
             .await?;
         Ok((resp.ttl() >= 0).then_some(resp.ttl()))
     }
@@ -248,7 +283,7 @@ impl Etcd {
             )])
             .or_else([TxnOp::get(key, None)]);
         let resp = self
-            .bounded(|c| {
+            .bounded("txn_create", |c| {
                 let txn = txn.clone();
                 async move { c.kv_client().txn(txn).await }
             })
@@ -279,7 +314,9 @@ impl Etcd {
     /// A fresh response header (a linearizable read of a key nobody writes).
     pub(crate) async fn header(&self) -> Result<Header> {
         let resp = self
-            .bounded(|c| async move { c.kv_client().get("\0lease-proxy-header", None).await })
+            .bounded("get", |c| async move {
+                c.kv_client().get("\0lease-proxy-header", None).await
+            })
             .await?;
         resp.header()
             .map(Header::from)
@@ -291,7 +328,7 @@ impl Etcd {
 
     /// Puts an empty value at `key`, attached to `lease`.
     pub(crate) async fn put_with_lease(&self, key: &str, lease: i64) -> Result<()> {
-        self.bounded(|c| async move {
+        self.bounded("put", |c| async move {
             c.kv_client()
                 .put(key, "", Some(PutOptions::new().with_lease(lease)))
                 .await
@@ -303,7 +340,7 @@ impl Etcd {
     /// A key's current value by raw bytes, linearizably.
     pub(crate) async fn get_bytes(&self, key: &[u8]) -> Result<Option<KeyValue>> {
         let mut resp = self
-            .bounded(|c| async move { c.kv_client().get(key, None).await })
+            .bounded("get", |c| async move { c.kv_client().get(key, None).await })
             .await?;
         Ok(resp.take_kvs().into_iter().next())
     }
@@ -311,7 +348,7 @@ impl Etcd {
     /// The key's current value, linearizably.
     pub(crate) async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
         let mut resp = self
-            .bounded(|c| async move { c.kv_client().get(key, None).await })
+            .bounded("get", |c| async move { c.kv_client().get(key, None).await })
             .await?;
         Ok(resp.take_kvs().into_iter().next())
     }
@@ -330,7 +367,7 @@ impl Etcd {
             )])
             .and_then([TxnOp::delete(key, None)]);
         let resp = self
-            .bounded(|c| {
+            .bounded("txn_delete", |c| {
                 let txn = txn.clone();
                 async move { c.kv_client().txn(txn).await }
             })
@@ -348,7 +385,7 @@ impl Etcd {
         revision: i64,
     ) -> Result<(Vec<KeyValue>, bool, i64)> {
         let mut resp = self
-            .bounded(|c| async move {
+            .bounded("range", |c| async move {
                 let options = GetOptions::new()
                     .with_range(end)
                     .with_limit(limit)
@@ -369,7 +406,7 @@ impl Etcd {
         limit: i64,
     ) -> Result<(Vec<KeyValue>, bool)> {
         let mut resp = self
-            .bounded(|c| async move {
+            .bounded("range", |c| async move {
                 let options = GetOptions::new().with_range(end).with_limit(limit);
                 c.kv_client().get(start, Some(options)).await
             })

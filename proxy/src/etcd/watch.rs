@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::{prefix_end, Etcd, Pinned};
+use crate::metrics::Metrics;
 
 const CHANNEL: usize = 4096;
 const PAGE: i64 = 1000;
@@ -58,6 +59,10 @@ pub(crate) struct Seen {
 pub(crate) struct Holders {
     tx: broadcast::Sender<Wakeup>,
     view: Arc<DashMap<String, Seen>>,
+    /// Grants this replica made and has not released: resource → create revision. One that
+    /// disappears from etcd while still here has expired.
+    granted_here: Arc<DashMap<String, i64>>,
+    metrics: Arc<Metrics>,
 }
 
 impl Holders {
@@ -72,7 +77,16 @@ impl Holders {
         let holders = Self {
             tx,
             view: Arc::default(),
+            granted_here: Arc::default(),
+            metrics: etcd.metrics().clone(),
         };
+        let view = holders.view.clone();
+        etcd.metrics()
+            .meter()
+            .u64_observable_gauge("lease_proxy.leases.held")
+            .with_description("Resources held, cluster-wide, as this replica's watch sees them.")
+            .with_callback(move |o| o.observe(view.len() as u64, &[]))
+            .build();
         tracker.spawn(watch_loop(
             etcd.clone(),
             holders_prefix,
@@ -92,6 +106,32 @@ impl Holders {
     /// The ownership key of `resource` as the watch last saw it (possibly stale).
     pub(crate) fn seen(&self, resource: &str) -> Option<Seen> {
         self.view.get(resource).map(|s| s.clone())
+    }
+
+    /// Notes a grant made by this replica, so its expiry is counted.
+    pub(crate) fn granted(&self, resource: &str, create_revision: i64) {
+        self.granted_here
+            .insert(resource.to_owned(), create_revision);
+    }
+
+    /// Notes that this replica is releasing the grant: its end is no expiry.
+    pub(crate) fn releasing(&self, resource: &str, create_revision: i64) {
+        self.granted_here
+            .remove_if(resource, |_, revision| *revision == create_revision);
+    }
+
+    /// The ownership key of `resource` is gone from etcd (deleted, or missing after a re-list).
+    fn ended(&self, resource: &str) {
+        let Some((_, seen)) = self.view.remove(resource) else {
+            return;
+        };
+        if self
+            .granted_here
+            .remove_if(resource, |_, revision| *revision == seen.create_revision)
+            .is_some()
+        {
+            self.metrics.expirations.add(1, &[]);
+        }
     }
 }
 
@@ -160,7 +200,7 @@ async fn list_and_watch(etcd: &Etcd, prefix: &str, holders: &Holders, backoff: &
                         continue;
                     };
                     if event.event_type() == EventType::Delete {
-                        holders.view.remove(resource);
+                        holders.ended(resource);
                         let _ = holders.tx.send(Wakeup::Released(resource.to_owned()));
                     } else {
                         holders.view.insert(
@@ -216,9 +256,15 @@ async fn list(etcd: &Etcd, prefix: &str, holders: &Holders) -> crate::Result<i64
         }
     }
     let names: HashSet<&str> = fresh.iter().map(|(r, _)| r.as_str()).collect();
-    holders
+    let gone: Vec<String> = holders
         .view
-        .retain(|resource, _| names.contains(resource.as_str()));
+        .iter()
+        .filter(|e| !names.contains(e.key().as_str()))
+        .map(|e| e.key().clone())
+        .collect();
+    for resource in gone {
+        holders.ended(&resource);
+    }
     for (resource, seen) in fresh {
         holders.view.insert(resource, seen);
     }

@@ -1,18 +1,23 @@
 //! Talking to protected storage on the holder's behalf: forwarding its writes with the fencing
 //! token attached, and pre-fencing the enforcer when a new grant is made.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
 use fencing::gateway::strip_hop_by_hop;
-use fencing::{RESOURCE_HEADER, TOKEN_HEADER, TOKEN_HEADER_LEGACY};
+use fencing::{
+    REJECTION_HEADER, RESOURCE_HEADER, STALE_REJECTION, TOKEN_HEADER, TOKEN_HEADER_LEGACY,
+};
 use http::header::{self, HeaderValue};
 use http::{Request, Response, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use tracing::Instrument as _;
 
 use crate::api::SECRET_HEADER;
+use crate::metrics::{self, Metrics};
 use crate::{Error, Result};
 
 /// An HTTP client bound to one upstream base URL, with a deadline for the upstream's answer.
@@ -21,11 +26,12 @@ pub(crate) struct Upstream {
     client: Client<HttpConnector, Body>,
     base: Uri,
     timeout: Duration,
+    metrics: Arc<Metrics>,
 }
 
 impl Upstream {
     /// A client for `base` (an `http://host:port[/path]` URL).
-    pub(crate) fn new(base: Uri, timeout: Duration) -> Self {
+    pub(crate) fn new(base: Uri, timeout: Duration, metrics: Arc<Metrics>) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(timeout));
@@ -33,6 +39,7 @@ impl Upstream {
             client: Client::builder(TokioExecutor::new()).build(connector),
             base,
             timeout,
+            metrics,
         }
     }
 
@@ -57,7 +64,18 @@ impl Upstream {
             .map_err(|e| Error::InvalidRequest(format!("cannot forward to that path: {e}")))
     }
 
-    async fn send(&self, req: Request<Body>) -> Result<Response<Body>> {
+    /// Sends `req` in a span of its own, passing the trace on in `traceparent`.
+    async fn send(&self, mut req: Request<Body>, name: &'static str) -> Result<Response<Body>> {
+        let span = tracing::debug_span!("upstream", otel.name = name, otel.kind = "client",);
+        async move {
+            fencing::telemetry::propagate(req.headers_mut());
+            self.send_now(req).await
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn send_now(&self, req: Request<Body>) -> Result<Response<Body>> {
         match tokio::time::timeout(self.timeout, self.client.request(req)).await {
             Ok(Ok(resp)) => Ok(resp.map(Body::new)),
             Ok(Err(e)) => Err(Error::UpstreamUnavailable(e.to_string())),
@@ -67,8 +85,8 @@ impl Upstream {
 
     /// Forwards the holder's request to `path_and_query` on the upstream, streaming both bodies,
     /// with `Fencing-Token` and `Fencing-Resource` set by the proxy (whatever the client sent in
-    /// them is dropped) and the lease secret removed. End-to-end headers, `traceparent`
-    /// included, pass through; hop-by-hop headers do not.
+    /// them is dropped) and the lease secret removed. End-to-end headers pass through (`traceparent`
+    /// is replaced by the forward span's when traces are exported); hop-by-hop headers do not.
     pub(crate) async fn forward(
         &self,
         mut req: Request<Body>,
@@ -91,9 +109,32 @@ impl Upstream {
         headers.remove(header::HOST);
         headers.insert(TOKEN_HEADER, header_value(signed_token)?);
         headers.insert(RESOURCE_HEADER, header_value(resource)?);
-        let mut resp = self.send(req).await?;
+        let sent = self.send(req, "forward").await;
+        self.count(&sent);
+        let mut resp = sent?;
         strip_hop_by_hop(resp.headers_mut());
         Ok(resp)
+    }
+
+    fn count(&self, sent: &Result<Response<Body>>) {
+        let outcome = match sent {
+            Ok(resp) => {
+                if resp.headers().get(REJECTION_HEADER).map(|v| v.as_bytes())
+                    == Some(STALE_REJECTION.as_bytes())
+                {
+                    self.metrics.stale.add(1, &metrics::reason("enforcer"));
+                }
+                match resp.status().as_u16() {
+                    200..=299 => "2xx",
+                    300..=399 => "3xx",
+                    400..=499 => "4xx",
+                    _ => "5xx",
+                }
+            }
+            Err(Error::UpstreamTimeout(_)) => "timeout",
+            Err(_) => "unreachable",
+        };
+        self.metrics.forwards.add(1, &metrics::outcome(outcome));
     }
 
     /// Raises the enforcer's mark for `resource` to `signed_token` (`POST /fence/{resource}`).
@@ -103,7 +144,7 @@ impl Upstream {
             .body(Body::empty())
             .map_err(|e| Error::PrefenceFailed(e.to_string()))?;
         let resp = self
-            .send(req)
+            .send(req, "prefence")
             .await
             .map_err(|e| Error::PrefenceFailed(e.to_string()))?;
         if resp.status().is_success() {
@@ -157,6 +198,7 @@ mod tests {
         let up = Upstream::new(
             "http://127.0.0.1:9/base/".parse().unwrap(),
             Duration::from_secs(1),
+            Arc::new(Metrics::new().unwrap()),
         );
         assert_eq!(
             up.url("/x?y=1").unwrap().to_string(),

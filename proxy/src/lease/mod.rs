@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::etcd::{prefix_end, Create, Etcd, Holders, KeepAlive, Wakeup};
 use crate::forward::Upstream;
+use crate::metrics;
 use crate::{Error, Result};
 pub(crate) use record::{i64_string, HolderRecord};
 
@@ -265,13 +266,16 @@ impl Leases {
                 Ok(grant) => return Ok(grant),
                 Err(conflict) => conflict,
             };
-            let Some(wakeups) = wakeups.as_mut() else {
-                return Err(Error::Held(conflict));
+            let gave_up = match wakeups.as_mut() {
+                None => true,
+                Some(wakeups) => {
+                    !self
+                        .wait_for_release(wakeups, &req.resource, deadline)
+                        .await?
+                }
             };
-            if !self
-                .wait_for_release(wakeups, &req.resource, deadline)
-                .await?
-            {
+            if gave_up {
+                self.etcd.metrics().conflicts.add(1, &[]);
                 return Err(Error::Held(conflict));
             }
         }
@@ -352,6 +356,8 @@ impl Leases {
                     }
                 }
                 tracing::info!(resource = %req.resource, holder = %req.holder, token = %token, "granted");
+                self.holders.granted(&req.resource, revision);
+                self.etcd.metrics().grants.add(1, &[]);
                 return Ok(Ok(Grant {
                     resource: req.resource.clone(),
                     holder: req.holder.clone(),
@@ -459,13 +465,38 @@ impl Leases {
         resource: &str,
         secret: &str,
     ) -> Result<(HolderRecord, String)> {
-        let (record, revision) = self.confirmed(resource, secret).await?;
+        let (record, revision) = self
+            .confirmed(resource, secret)
+            .await
+            .inspect_err(|e| self.count_stale(e))?;
         let (_, signed) = self.token(resource, revision);
         Ok((record, signed))
     }
 
+    /// Counts a request refused because its grant has ended.
+    fn count_stale(&self, e: &Error) {
+        if matches!(e, Error::Lost) {
+            let metrics = self.etcd.metrics();
+            metrics.stale.add(1, &metrics::reason("lease_lost"));
+        }
+    }
+
     /// Extends the holder's lease by its TTL. Fails with [`Error::Lost`] once the lease is gone.
     pub(crate) async fn renew(&self, resource: &str, secret: &str) -> Result<Renewal> {
+        let renewed = self.renew_grant(resource, secret).await;
+        let outcome = match &renewed {
+            Ok(_) => "renewed",
+            Err(Error::Lost) => "lost",
+            Err(_) => return renewed,
+        };
+        self.etcd
+            .metrics()
+            .renewals
+            .add(1, &metrics::outcome(outcome));
+        renewed.inspect_err(|e| self.count_stale(e))
+    }
+
+    async fn renew_grant(&self, resource: &str, secret: &str) -> Result<Renewal> {
         let (record, revision) = self.confirmed(resource, secret).await?;
         let ttl = self.keepalive.renew(record.lease_id).await?;
         if ttl <= 0 {
@@ -495,6 +526,7 @@ impl Leases {
         // the incarnation is already gone (lapsed, or deleted by a concurrent release of the
         // same grant, which then owns its lease): its lease must not be touched, as it may
         // already carry someone else's grant.
+        self.holders.releasing(resource, revision);
         let deleted = self
             .etcd
             .delete_if_created_at(&self.key(resource), revision)
@@ -503,6 +535,7 @@ impl Leases {
             return Ok(());
         }
         tracing::info!(%resource, holder = %record.holder, "released");
+        self.etcd.metrics().releases.add(1, &[]);
         // The lease now carries no key: keep it for reuse, else revoke it.
         if self.spares.has_room() {
             let renewing = Instant::now();

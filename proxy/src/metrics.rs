@@ -1,0 +1,133 @@
+//! The proxy's metrics: OpenTelemetry instruments on one meter per server, served as Prometheus
+//! text at `/metrics`. Labels are small closed sets (operation, outcome), never resource names.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use fencing::telemetry::DURATION_BUCKETS;
+use opentelemetry::metrics::{Counter, Histogram, Meter};
+use opentelemetry::KeyValue;
+use tokio::time::Instant;
+
+/// Every instrument the proxy records into.
+#[derive(Debug)]
+pub(crate) struct Metrics {
+    exporter: fencing::telemetry::Metrics,
+    /// Leases granted (`lease_proxy_grants_total`).
+    pub(crate) grants: Counter<u64>,
+    /// Acquires refused because another holder has the resource (`lease_proxy_conflicts_total`).
+    pub(crate) conflicts: Counter<u64>,
+    /// Renewals, by `outcome`: `renewed` or `lost` (`lease_proxy_renewals_total`).
+    pub(crate) renewals: Counter<u64>,
+    /// Releases that ended a grant (`lease_proxy_releases_total`).
+    pub(crate) releases: Counter<u64>,
+    /// Grants made here that ended without a release through this replica
+    /// (`lease_proxy_expirations_total`).
+    pub(crate) expirations: Counter<u64>,
+    /// Requests refused because the grant they name has ended, by `reason`: `lease_lost` (the
+    /// proxy found the grant gone) or `enforcer` (the enforcer refused the forwarded write's token)
+    /// (`lease_proxy_stale_rejections_total`).
+    pub(crate) stale: Counter<u64>,
+    /// Forwarded writes, by `outcome`: `2xx`, `3xx`, `4xx`, `5xx` (the upstream's answer) or
+    /// `unreachable` / `timeout` (`lease_proxy_forwards_total`).
+    pub(crate) forwards: Counter<u64>,
+    etcd: Histogram<f64>,
+    /// Keepalive streams currently open to etcd.
+    pub(crate) keepalive_streams: Arc<AtomicI64>,
+}
+
+impl Metrics {
+    /// The proxy's instruments on a fresh meter.
+    pub(crate) fn new() -> Result<Self, fencing::Error> {
+        let exporter = fencing::telemetry::Metrics::new("lease-proxy")?;
+        let meter = exporter.meter();
+        let counter = |name: &'static str, description: &'static str| {
+            meter
+                .u64_counter(name)
+                .with_description(description)
+                .build()
+        };
+        let keepalive_streams = Arc::new(AtomicI64::new(0));
+        let open = keepalive_streams.clone();
+        meter
+            .i64_observable_gauge("lease_proxy.keepalive.streams")
+            .with_description("Keepalive streams open to etcd.")
+            .with_callback(move |o| o.observe(open.load(Ordering::Relaxed), &[]))
+            .build();
+        let metrics = Self {
+            grants: counter("lease_proxy.grants", "Leases granted."),
+            conflicts: counter(
+                "lease_proxy.conflicts",
+                "Acquires refused because another holder has the resource.",
+            ),
+            renewals: counter("lease_proxy.renewals", "Renewals, by outcome."),
+            releases: counter("lease_proxy.releases", "Releases that ended a grant."),
+            expirations: counter(
+                "lease_proxy.expirations",
+                "Grants made by this replica that ended without a release through it: their TTL ran out.",
+            ),
+            stale: counter(
+                "lease_proxy.stale_rejections",
+                "Requests refused because the grant they name has ended, by reason.",
+            ),
+            forwards: counter("lease_proxy.forwards", "Forwarded writes, by outcome."),
+            etcd: meter
+                .f64_histogram("lease_proxy.etcd.request.duration")
+                .with_unit("s")
+                .with_description("Duration of etcd requests, retries included, by operation.")
+                .with_boundaries(DURATION_BUCKETS.to_vec())
+                .build(),
+            keepalive_streams,
+            exporter,
+        };
+        metrics.start_at_zero();
+        Ok(metrics)
+    }
+
+    /// Puts every counter series on `/metrics` at 0, so rates and alerts work from the start.
+    fn start_at_zero(&self) {
+        for counter in [
+            &self.grants,
+            &self.conflicts,
+            &self.releases,
+            &self.expirations,
+        ] {
+            counter.add(0, &[]);
+        }
+        for o in ["renewed", "lost"] {
+            self.renewals.add(0, &outcome(o));
+        }
+        for r in ["lease_lost", "enforcer"] {
+            self.stale.add(0, &reason(r));
+        }
+        for o in ["2xx", "3xx", "4xx", "5xx", "unreachable", "timeout"] {
+            self.forwards.add(0, &outcome(o));
+        }
+    }
+
+    /// The meter, for instruments read from elsewhere (gauges over the holder view).
+    pub(crate) fn meter(&self) -> Meter {
+        self.exporter.meter()
+    }
+
+    /// Records an etcd request of kind `op` that started at `started`.
+    pub(crate) fn etcd_request(&self, op: &'static str, started: Instant) {
+        self.etcd
+            .record(started.elapsed().as_secs_f64(), &[KeyValue::new("op", op)]);
+    }
+
+    /// The `/metrics` answer.
+    pub(crate) fn render(&self) -> axum::response::Response {
+        fencing::telemetry::render(&self.exporter)
+    }
+}
+
+/// `[KeyValue("outcome", outcome)]`.
+pub(crate) fn outcome(outcome: &'static str) -> [KeyValue; 1] {
+    [KeyValue::new("outcome", outcome)]
+}
+
+/// `[KeyValue("reason", reason)]`.
+pub(crate) fn reason(reason: &'static str) -> [KeyValue; 1] {
+    [KeyValue::new("reason", reason)]
+}
