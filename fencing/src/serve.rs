@@ -13,17 +13,27 @@ use tokio_util::sync::CancellationToken;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
+/// How a server stops once told to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Drain {
+    /// How long to go on serving, with readiness at 503, before the listener closes: time for
+    /// load balancers (Kubernetes endpoints) to stop sending new requests here.
+    pub delay: Duration,
+    /// How long in-flight requests then get to finish before remaining connections are closed.
+    pub deadline: Duration,
+}
+
 /// Serves `app` on `listener` until `shutdown` resolves. Then: `draining` is set (readiness
-/// turns 503), `stop` is cancelled (the listener stops accepting; callers may hang other work off
-/// it), and in-flight requests get up to `drain` to finish before remaining connections are
-/// closed.
+/// turns 503) while serving goes on for `drain.delay`; then `stop` is cancelled (the listener
+/// stops accepting; callers may hang other work off it), and in-flight requests get up to
+/// `drain.deadline` to finish before remaining connections are closed.
 pub async fn until_shutdown(
     listener: TcpListener,
     app: Router,
     shutdown: impl Future<Output = ()> + Send,
     draining: &AtomicBool,
     stop: CancellationToken,
-    drain: Duration,
+    drain: Drain,
 ) -> std::io::Result<()> {
     let stop_accepting = stop.clone();
     let server = axum::serve(listener, app)
@@ -37,15 +47,24 @@ pub async fn until_shutdown(
     let result = match served {
         Some(result) => result,
         None => {
-            tracing::info!(?drain, "shutting down: draining");
+            tracing::info!(delay = ?drain.delay, deadline = ?drain.deadline, "shutting down: draining");
             draining.store(true, Ordering::Relaxed);
-            stop.cancel();
-            match tokio::time::timeout(drain, &mut server).await {
-                Ok(result) => result,
-                Err(_) => {
-                    tracing::warn!("drain deadline passed; closing remaining connections");
-                    server.abort();
-                    Ok(Ok(()))
+            let stopped_early = tokio::select! {
+                result = &mut server => Some(result),
+                () = tokio::time::sleep(drain.delay) => None,
+            };
+            match stopped_early {
+                Some(result) => result,
+                None => {
+                    stop.cancel();
+                    match tokio::time::timeout(drain.deadline, &mut server).await {
+                        Ok(result) => result,
+                        Err(_) => {
+                            tracing::warn!("drain deadline passed; closing remaining connections");
+                            server.abort();
+                            Ok(Ok(()))
+                        }
+                    }
                 }
             }
         }

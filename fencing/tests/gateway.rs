@@ -54,6 +54,16 @@ struct Gateway {
 
 impl Gateway {
     async fn start(upstream: &str, store: &Path, keys: &Path, port: u16) -> Self {
+        Self::start_with(upstream, store, keys, port, &[]).await
+    }
+
+    async fn start_with(
+        upstream: &str,
+        store: &Path,
+        keys: &Path,
+        port: u16,
+        extra: &[&str],
+    ) -> Self {
         let child = Command::new(BIN)
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--upstream", upstream])
@@ -62,6 +72,7 @@ impl Gateway {
             .arg("--key-file")
             .arg(keys)
             .args(["--max-body-bytes", "65536"])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -371,6 +382,65 @@ async fn metrics_count_outcomes_and_sigterm_exits_zero() {
             started.elapsed() < Duration::from_secs(10),
             "no exit after SIGTERM"
         );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(status.code(), Some(0));
+}
+
+/// SIGTERM with a write in flight: `/readyz` answers 503 during the shutdown delay, the write
+/// completes, the process exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_in_flight_writes_finish() {
+    let (dir, key_file, keys) = setup();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = format!("http://{}", listener.local_addr().unwrap());
+    let slow = axum::Router::new().fallback(|| async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        "stored"
+    });
+    tokio::spawn(async move { axum::serve(listener, slow).await });
+    let mut gw = Gateway::start_with(
+        &upstream,
+        &dir.path().join("d.db"),
+        &key_file,
+        free_port(),
+        &["--shutdown-delay", "1s", "--drain-timeout", "5s"],
+    )
+    .await;
+    let write = {
+        let url = gw.url.clone();
+        let token = keys.mint("d-1", Token::new(0, 4));
+        tokio::spawn(async move {
+            let resp = reqwest::Client::new()
+                .put(format!("{url}/inventory/d-1"))
+                .header("fencing-resource", "d-1")
+                .header("fencing-token", token)
+                .body("count=4")
+                .send()
+                .await
+                .unwrap();
+            (resp.status().as_u16(), resp.text().await.unwrap())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Command::new("kill")
+        .args(["-TERM", &gw.child.id().to_string()])
+        .status()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let ready = reqwest::Client::new()
+        .get(format!("{}/readyz", gw.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 503, "readyz during the drain");
+    assert_eq!(write.await.unwrap(), (200, "stored".to_owned()));
+    let started = tokio::time::Instant::now();
+    let status = loop {
+        if let Some(status) = gw.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "no exit");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(status.code(), Some(0));

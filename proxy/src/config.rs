@@ -90,7 +90,13 @@ pub struct Config {
     #[arg(long, env = "LEASE_PROXY_KEEPALIVE_STREAMS", default_value_t = 2)]
     pub keepalive_streams: usize,
 
-    /// How long in-flight requests may take to finish after SIGTERM.
+    /// After SIGTERM, how long to go on serving with `/readyz` at 503 before the listener closes,
+    /// so load balancers stop sending new requests first (Kubernetes: a few seconds).
+    #[arg(long, env = "LEASE_PROXY_SHUTDOWN_DELAY", default_value = "0s", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub shutdown_delay: Duration,
+
+    /// How long in-flight requests may take to finish after SIGTERM (and the shutdown delay).
     #[arg(long, env = "LEASE_PROXY_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,

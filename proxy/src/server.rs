@@ -1,8 +1,9 @@
 //! Running the proxy: wiring, serving, and the shutdown sequence.
 //!
-//! Shutdown, once the `shutdown` future resolves (SIGTERM in the binary): `/readyz` turns 503,
-//! waiting acquires give up, the listener stops accepting, in-flight requests finish under
-//! `drain_timeout`, then the background streams are cancelled and joined.
+//! Shutdown, once the `shutdown` future resolves (SIGTERM in the binary): `/readyz` turns 503 and
+//! serving goes on for `shutdown_delay` (load balancers stop sending); then waiting acquires give
+//! up, the listener stops accepting, in-flight requests finish under `drain_timeout`, and the
+//! background streams are cancelled and joined.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -150,7 +151,10 @@ pub async fn run(
         shutdown,
         &state.draining,
         stopping.clone(),
-        config.drain_timeout,
+        fencing::serve::Drain {
+            delay: config.shutdown_delay,
+            deadline: config.drain_timeout,
+        },
     )
     .await;
     stopping.cancel();

@@ -186,3 +186,80 @@ fn completions_and_man_page() {
     assert!(man.contains(".TH lease-proxy"), "{man}");
     assert!(man.contains("LEASE_PROXY_LEASE_SPARES"));
 }
+
+/// SIGTERM with a forwarded write in flight: during the shutdown delay `/readyz` answers 503 to
+/// new connections while the write goes on; it completes, and the process exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_in_flight_requests_finish() {
+    let etcd = Etcd::single().await;
+    let dir = tempfile::tempdir().unwrap();
+    // An upstream that takes 1.5 s to answer.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = format!("http://{}", listener.local_addr().unwrap());
+    let slow = axum::Router::new().fallback(|| async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        "stored"
+    });
+    tokio::spawn(async move { axum::serve(listener, slow).await });
+    let port = lease_proxy_testkit::free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut child = Command::new(BIN)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--etcd-endpoints", &etcd.endpoint(0)])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["--upstream", &upstream])
+        .args(["--shutdown-delay", "1s", "--drain-timeout", "5s"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let client = http();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !client
+        .get(format!("{url}/readyz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status() == 200)
+    {
+        assert!(Instant::now() < deadline, "binary never became ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, grant) = send(
+        client
+            .post(format!("{url}/v1/leases/drain-2"))
+            .json(&json!({"holder": "a", "ttl_seconds": 30})),
+    )
+    .await;
+    assert_eq!(status, 201, "{grant}");
+    let write = {
+        let client = client.clone();
+        let url = url.clone();
+        let secret = str_field(&grant, "secret");
+        tokio::spawn(async move {
+            send(
+                client
+                    .put(format!("{url}/v1/leases/drain-2/forward/inventory"))
+                    .header("lease-secret", secret)
+                    .body("count=3"),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    lease_proxy_testkit::signal_pid(child.id(), "TERM");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let ready = reqwest::Client::new()
+        .get(format!("{url}/readyz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 503, "readyz during the drain");
+    let (status, body) = write.await.unwrap();
+    assert_eq!(status, 200, "the in-flight write: {body}");
+    assert_eq!(body, "stored");
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+}

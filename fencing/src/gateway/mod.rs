@@ -143,7 +143,10 @@ pub async fn run(
         shutdown,
         &shared.draining,
         CancellationToken::new(),
-        config.drain_timeout,
+        crate::serve::Drain {
+            delay: config.shutdown_delay,
+            deadline: config.drain_timeout,
+        },
     )
     .await?;
     Ok(())

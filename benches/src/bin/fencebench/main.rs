@@ -112,7 +112,10 @@ async fn serve(listen: std::net::SocketAddr, app: Router) -> anyhow::Result<()> 
         std::future::pending(),
         &std::sync::atomic::AtomicBool::new(false),
         tokio_util::sync::CancellationToken::new(),
-        Duration::from_secs(1),
+        fencing::serve::Drain {
+            delay: Duration::ZERO,
+            deadline: Duration::from_secs(1),
+        },
     )
     .await?;
     Ok(())
