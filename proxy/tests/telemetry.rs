@@ -32,6 +32,8 @@ struct Span {
     trace_id: String,
     span_id: String,
     parent_span_id: String,
+    /// Every attribute and event, printed.
+    details: String,
 }
 
 type Spans = Arc<Mutex<Vec<Span>>>;
@@ -60,6 +62,7 @@ async fn otlp_receiver() -> (String, Spans) {
                         trace_id: hex::encode(span.trace_id),
                         span_id: hex::encode(span.span_id),
                         parent_span_id: hex::encode(span.parent_span_id),
+                        details: format!("{:?} {:?}", span.attributes, span.events),
                     });
                 }
             }
@@ -121,16 +124,19 @@ impl Running {
     }
 }
 
-fn spawn(mut cmd: Command, otlp: &str) -> Running {
+/// Starts `cmd` exporting to `otlp`, logging JSON at debug level to `log`.
+fn spawn(mut cmd: Command, otlp: &str, log: &std::path::Path) -> Running {
     Running(
-        cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", otlp)
+        cmd.args(["--log-format", "json"])
+            .env("RUST_LOG", "debug")
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", otlp)
             // Far beyond the test: spans reach the receiver only through the flush at shutdown.
             .env("OTEL_BSP_SCHEDULE_DELAY", "600000")
             .env_remove("OTEL_SERVICE_NAME")
             .env_remove("OTEL_SDK_DISABLED")
             .env_remove("OTEL_TRACES_EXPORTER")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
             .spawn()
             .unwrap(),
     )
@@ -215,7 +221,8 @@ async fn traces_join_up_and_metrics_count_operations() {
         .arg(&key_file)
         .arg("--store")
         .arg(format!("sqlite:{}", dir.path().join("marks.db").display()));
-    let gateway = spawn(cmd, &otlp);
+    let gateway_log = dir.path().join("gateway.log");
+    let gateway = spawn(cmd, &otlp, &gateway_log);
     let proxy_port = lease_proxy_testkit::free_port();
     let url = format!("http://127.0.0.1:{proxy_port}");
     let mut cmd = Command::new(PROXY);
@@ -224,7 +231,8 @@ async fn traces_join_up_and_metrics_count_operations() {
         .arg("--key-file")
         .arg(&key_file)
         .args(["--upstream", &gw_url]);
-    let proxy = spawn(cmd, &otlp);
+    let proxy_log = dir.path().join("proxy.log");
+    let proxy = spawn(cmd, &otlp, &proxy_log);
     wait_ready(&gw_url).await;
     wait_ready(&url).await;
     let before = scrape(&url).await;
@@ -459,6 +467,35 @@ async fn traces_join_up_and_metrics_count_operations() {
         vec![format!("00-{write_trace}-{}-01", upstream.span_id)],
         "the storage sees the trace, as a child of the gateway's upstream call"
     );
+    // Never a secret or a signed token in a log line or a span; every log line is JSON.
+    let credentials = [
+        secret.clone(),
+        str_field(&grant, "fencing_token"),
+        str_field(&other, "secret"),
+    ];
+    for log in [&proxy_log, &gateway_log] {
+        let text = std::fs::read_to_string(log).unwrap();
+        assert!(text.lines().count() > 5, "{}: too few lines", log.display());
+        for line in text.lines() {
+            let parsed: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line}"));
+            assert!(parsed["level"].is_string(), "{line}");
+            for credential in &credentials {
+                assert!(
+                    !line.contains(credential.as_str()),
+                    "a credential logged: {line}"
+                );
+            }
+        }
+    }
+    for span in &spans {
+        for credential in &credentials {
+            assert!(
+                !span.details.contains(credential.as_str()),
+                "a credential in {span:?}"
+            );
+        }
+    }
     let mut by_trace: HashMap<&str, usize> = HashMap::new();
     for s in &spans {
         *by_trace.entry(s.trace_id.as_str()).or_default() += 1;
