@@ -266,6 +266,30 @@ async fn traces_join_up_and_metrics_count_operations() {
     .await;
     assert_eq!(status, 200, "{body}");
 
+    // The enforcer's mark moves past the grant (a direct write with a higher token): the holder's
+    // next forwarded write is refused as stale, and the proxy counts it.
+    let keys = fencing::Keyring::load(&key_file).unwrap();
+    let granted: u64 = str_field(&grant, "token").parse().unwrap();
+    let direct = |token: u64| {
+        http()
+            .put(format!("{gw_url}/inventory/aisle-7"))
+            .header(
+                "fencing-token",
+                keys.mint("aisle-7", fencing::Token::new(0, token)),
+            )
+            .header("fencing-resource", "aisle-7")
+            .send()
+    };
+    assert_eq!(direct(granted + 1000).await.unwrap().status(), 200);
+    let (status, body) = send(
+        http()
+            .put(format!("{url}/v1/leases/aisle-7/forward/inventory/aisle-7"))
+            .header("lease-secret", &secret)
+            .body("count=13"),
+    )
+    .await;
+    assert_eq!(status, 409, "{body}");
+
     // More operations for the metrics: a conflict, a renewal, a renewal with a lost grant, a
     // release, and a grant left to expire.
     assert_eq!(
@@ -350,6 +374,18 @@ async fn traces_join_up_and_metrics_count_operations() {
         counter(&after, "lease_proxy_forwards_total", &[("outcome", "2xx")]),
         1.0
     );
+    assert_eq!(
+        counter(&after, "lease_proxy_forwards_total", &[("outcome", "4xx")]),
+        1.0
+    );
+    assert_eq!(
+        counter(
+            &after,
+            "lease_proxy_stale_rejections_total",
+            &[("reason", "enforcer")]
+        ),
+        1.0
+    );
     assert!(
         histogram_count(
             &after,
@@ -374,20 +410,12 @@ async fn traces_join_up_and_metrics_count_operations() {
         }
     }
 
-    // The gateway: the enforcer admitted the forwarded write and timed its store; a stale token
-    // sent straight to it is refused and counted.
-    let keys = fencing::Keyring::load(&key_file).unwrap();
-    let stale = keys.mint("aisle-7", fencing::Token::new(0, 1));
-    let resp = http()
-        .put(format!("{gw_url}/inventory/aisle-7"))
-        .header("fencing-token", stale)
-        .header("fencing-resource", "aisle-7")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 409);
+    // The gateway counted its decisions and timed its store; a stale token sent straight to it is
+    // refused and counted too.
+    assert_eq!(direct(1).await.unwrap().status(), 409);
     let gw_after = scrape(&gw_url).await;
-    for (outcome, change) in [("admitted", 1.0), ("stale", 1.0)] {
+    // Admitted: the forwarded write and the direct one; stale: the forwarded and the direct one.
+    for (outcome, change) in [("admitted", 2.0), ("stale", 2.0)] {
         let with = [("outcome", outcome)];
         assert_eq!(
             counter(&gw_after, "fence_requests_total", &with)
@@ -461,7 +489,13 @@ async fn traces_join_up_and_metrics_count_operations() {
     );
     let upstream = has(&write, "fence-gateway", "upstream PUT")
         .unwrap_or_else(|| panic!("no upstream span: {:?}", names(write_trace)));
-    let at_storage = traceparents.lock().unwrap().clone();
+    let at_storage: Vec<String> = traceparents
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|t| t.contains(write_trace))
+        .cloned()
+        .collect();
     assert_eq!(
         at_storage,
         vec![format!("00-{write_trace}-{}-01", upstream.span_id)],

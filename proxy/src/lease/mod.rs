@@ -530,7 +530,11 @@ impl Leases {
         let deleted = self
             .etcd
             .delete_if_created_at(&self.key(resource), revision)
-            .await?;
+            .await
+            .inspect_err(|_| {
+                // Perhaps not deleted: should the grant lapse later, that is an expiry.
+                self.holders.granted(resource, revision);
+            })?;
         if !deleted {
             return Ok(());
         }
