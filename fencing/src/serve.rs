@@ -5,7 +5,6 @@ use std::future::{Future, IntoFuture};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use axum::extract::MatchedPath;
 use axum::http::{HeaderName, Request};
 use axum::Router;
 use tokio::net::TcpListener;
@@ -91,19 +90,15 @@ pub fn with_request_ids(app: Router) -> Router {
                     .unwrap_or("");
                 // The route template, never the path itself: resource names stay out of span
                 // names (and so out of any index built on them).
-                let name = match req.extensions().get::<MatchedPath>() {
-                    Some(route) => format!("{} {}", req.method(), route.as_str()),
-                    None => req.method().to_string(),
-                };
                 let span = tracing::info_span!(
                     "request",
-                    otel.name = %name,
-                    otel.kind = "server",
+                    otel.name = tracing::field::Empty,
+                    otel.kind = tracing::field::Empty,
                     method = %req.method(),
                     path = %req.uri().path(),
                     request_id = %id,
                 );
-                crate::telemetry::continue_trace(&span, req.headers());
+                crate::telemetry::server_span(&span, req);
                 span
             }),
         )

@@ -10,7 +10,7 @@ mod metrics;
 mod trace;
 
 pub use metrics::{render, Metrics, DURATION_BUCKETS};
-pub use trace::{continue_trace, propagate};
+pub use trace::{propagate, server_span};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
