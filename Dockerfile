@@ -2,7 +2,8 @@
 #   docker build -t lease-proxy .
 #   docker run --rm lease-proxy lease-proxy --help
 #   docker run --rm lease-proxy fence-gateway --help
-FROM rust:1.85-bookworm AS build
+# The oldest Rust the locked dependencies build with (uuid 1.29 needs 1.89; tonic 0.14.9 1.88).
+FROM rust:1.89-bookworm AS build
 RUN apt-get update && apt-get install -y --no-install-recommends protobuf-compiler && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .

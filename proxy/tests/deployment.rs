@@ -1,7 +1,8 @@
-//! The Kubernetes manifests in `deploy/kubernetes/`: every object validates against the strict
-//! Kubernetes schemas (`deploy/kubernetes/schema/`, made by `scripts/kubernetes-schemas.py`), has
-//! what running the binaries safely needs, and configures its binary with settings the binary
-//! accepts.
+//! What deployment is built from. The Kubernetes manifests in `deploy/kubernetes/`: every object
+//! validates against the strict Kubernetes schemas (`deploy/kubernetes/schema/`, made by
+//! `scripts/kubernetes-schemas.py`), has what running the binaries safely needs, and configures
+//! its binary with settings the binary accepts. The Dockerfile: its Rust image is the workspace's
+//! `rust-version`, which every locked dependency of the binaries builds with.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
@@ -197,4 +198,78 @@ fn containers_configure_their_binary_with_settings_it_accepts() {
         }
     }
     assert_eq!(checked, 2, "one container per binary");
+}
+
+/// `major.minor` of a Rust version string.
+fn minor_version(v: &str) -> (u32, u32) {
+    let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap());
+    (parts.next().unwrap(), parts.next().unwrap_or(0))
+}
+
+#[test]
+fn the_dockerfile_rust_image_builds_the_locked_dependencies() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let manifest: toml::Table = std::fs::read_to_string(root.join("Cargo.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let declared = manifest["workspace"]["package"]["rust-version"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).unwrap();
+    assert!(
+        dockerfile.contains(&format!("FROM rust:{declared}-")),
+        "the Dockerfile's build image is not rust:{declared}"
+    );
+    // What the two binaries are built from, on this platform.
+    let tree = Command::new(&cargo)
+        .current_dir(&root)
+        .args(["tree", "--locked", "--prefix", "none", "-e", "normal,build"])
+        .args(["-p", "lease-proxy", "-p", "fencing"])
+        .output()
+        .unwrap();
+    assert!(tree.status.success(), "{tree:?}");
+    let built: std::collections::HashSet<(String, String)> = String::from_utf8(tree.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            Some((
+                words.next()?.to_owned(),
+                words.next()?.trim_start_matches('v').to_owned(),
+            ))
+        })
+        .collect();
+    let metadata = Command::new(&cargo)
+        .current_dir(&root)
+        .args(["metadata", "--locked", "--format-version", "1"])
+        .output()
+        .unwrap();
+    assert!(metadata.status.success(), "{metadata:?}");
+    let metadata: Value = serde_json::from_slice(&metadata.stdout).unwrap();
+    let mut too_new = Vec::new();
+    let mut checked = 0;
+    for package in metadata["packages"].as_array().unwrap() {
+        let key = (
+            package["name"].as_str().unwrap().to_owned(),
+            package["version"].as_str().unwrap().to_owned(),
+        );
+        if !built.contains(&key) {
+            continue;
+        }
+        checked += 1;
+        if let Some(needs) = package["rust_version"].as_str() {
+            if minor_version(needs) > minor_version(&declared) {
+                too_new.push(format!("{} {} needs {needs}", key.0, key.1));
+            }
+        }
+    }
+    assert!(checked > 100, "only {checked} packages matched the tree");
+    assert!(
+        too_new.is_empty(),
+        "rust-version {declared} is too old: {}",
+        too_new.join(", ")
+    );
 }
