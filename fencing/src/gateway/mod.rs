@@ -45,6 +45,9 @@ pub enum GatewayError {
     /// The key file is unusable.
     #[error(transparent)]
     Keys(#[from] crate::Error),
+    /// The metrics could not be set up.
+    #[error("metrics: {0}")]
+    Metrics(#[source] crate::Error),
     /// The mark store cannot be opened.
     #[error(transparent)]
     Store(#[from] crate::StoreError),
@@ -84,7 +87,7 @@ pub async fn run(
 ) -> Result<(), GatewayError> {
     config.validate()?;
     let keys = Arc::new(Keyring::load(config.key_file()?)?);
-    let metrics = Metrics::new("fence-gateway")?;
+    let metrics = Metrics::new("fence-gateway").map_err(GatewayError::Metrics)?;
     let latency = StoreLatency::new(&metrics.meter());
     let fence: Fence<dyn Admission> = Fence::new(keys, config.open_admission(latency).await?);
     count_outcomes(&metrics.meter(), fence.outcomes.clone());
