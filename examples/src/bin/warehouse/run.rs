@@ -106,6 +106,7 @@ fn signal(child: &Child, sig: &str) {
         let _ = std::process::Command::new("kill")
             .arg(format!("-{sig}"))
             .arg(pid.to_string())
+            .stderr(std::process::Stdio::null())
             .status();
     }
 }
@@ -163,6 +164,8 @@ pub(crate) async fn run(args: Args) -> Result<std::process::ExitCode, Failure> {
                         if let Some(pid) = stalled {
                             let _ = std::process::Command::new("kill")
                                 .args(["-CONT", &pid.to_string()])
+                                // The robot may have been killed while stalled.
+                                .stderr(std::process::Stdio::null())
                                 .status();
                         }
                     });
