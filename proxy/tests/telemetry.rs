@@ -401,6 +401,9 @@ async fn traces_join_up_and_metrics_count_operations() {
         ) >= 1
     );
     assert_eq!(gauge(&after, "lease_proxy_leases_held"), 0.0);
+    assert!(gauge(&after, "process_resident_memory_bytes") > 1e6);
+    assert!(gauge(&after, "process_open_fds") > 3.0);
+    assert!(counter(&after, "process_cpu_seconds_total", &[]) > 0.0);
     for sample in &after.samples {
         for value in sample.labels.values() {
             assert!(

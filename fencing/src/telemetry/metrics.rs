@@ -3,6 +3,7 @@
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use opentelemetry::metrics::{Meter, MeterProvider as _};
+use opentelemetry::KeyValue;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::Resource;
 use prometheus::{Encoder as _, TextEncoder};
@@ -24,7 +25,8 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Metrics of `service` (its name goes on `target_info`).
+    /// Metrics of `service` (its name and version go on `target_info`), with the process's
+    /// memory, CPU time and open file descriptors.
     pub fn new(service: &'static str) -> Result<Self, crate::Error> {
         let registry = prometheus::Registry::new();
         let exporter = opentelemetry_prometheus::exporter()
@@ -32,10 +34,15 @@ impl Metrics {
             .scope_info_enabled(false)
             .build()
             .map_err(|e| crate::Error::Telemetry(e.to_string()))?;
+        let resource = Resource::builder()
+            .with_service_name(service)
+            .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+            .build();
         let provider = SdkMeterProvider::builder()
             .with_reader(exporter)
-            .with_resource(Resource::builder().with_service_name(service).build())
+            .with_resource(resource)
             .build();
+        super::process::register(&provider.meter(service));
         Ok(Self {
             registry,
             provider,
@@ -76,7 +83,6 @@ pub fn render(metrics: &Metrics) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use opentelemetry::KeyValue;
 
     #[test]
     fn instruments_render_with_prometheus_names_and_types() {

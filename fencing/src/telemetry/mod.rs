@@ -7,6 +7,7 @@
 //! created, and a client's `traceparent` is passed on untouched.
 
 mod metrics;
+mod process;
 mod trace;
 
 pub use metrics::{render, Metrics, DURATION_BUCKETS};
