@@ -148,12 +148,26 @@ fn manifests_have_what_the_operations_guide_asks_for() {
             assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
             assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/livez");
         }
-        // Longer than the drain, so SIGTERM's drain finishes before SIGKILL.
-        assert!(
-            pod["spec"]["terminationGracePeriodSeconds"]
-                .as_u64()
+        // Longer than the shutdown delay, the drain and the span flush, so all end before SIGKILL.
+        let grace = pod["spec"]["terminationGracePeriodSeconds"]
+            .as_u64()
+            .unwrap();
+        let container = &pod["spec"]["containers"][0];
+        let seconds = |suffix: &str| {
+            container["env"]
+                .as_array()
                 .unwrap()
-                > 20
+                .iter()
+                .find(|v| v["name"].as_str().unwrap().ends_with(suffix))
+                .and_then(|v| v["value"].as_str()?.strip_suffix('s')?.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("no {suffix} in seconds"))
+        };
+        let (delay, drain) = (seconds("_SHUTDOWN_DELAY"), seconds("_DRAIN_TIMEOUT"));
+        let flush = fencing::telemetry::FLUSH_DEADLINE.as_secs();
+        assert!(delay > 0, "endpoints need time to drop the pod");
+        assert!(
+            grace > delay + drain + flush,
+            "grace {grace} s ≤ delay {delay} + drain {drain} + span flush {flush} s"
         );
     }
 }

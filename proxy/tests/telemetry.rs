@@ -600,3 +600,48 @@ async fn without_an_endpoint_the_client_trace_passes_through() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(*traceparents.lock().unwrap(), vec![traceparent.to_owned()]);
 }
+
+/// A collector that accepts connections and never answers must not hold up the exit: SIGTERM
+/// still ends the proxy, with status 0, within the drain and the flush deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unresponsive_collector_does_not_hold_up_the_exit() {
+    let etcd = Etcd::single().await;
+    let dir = tempfile::tempdir().unwrap();
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let otlp = format!("http://{}", silent.local_addr().unwrap());
+    let held = Arc::new(Mutex::new(Vec::new()));
+    let keep = held.clone();
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = silent.accept().await {
+            keep.lock().unwrap().push(conn);
+        }
+    });
+    let port = lease_proxy_testkit::free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut cmd = Command::new(PROXY);
+    cmd.args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--etcd-endpoints", &etcd.endpoint(0)])
+        .arg("--data-dir")
+        .arg(dir.path());
+    let proxy = spawn(cmd, &otlp, &dir.path().join("proxy.log"));
+    wait_ready(&url).await;
+    let (status, grant) = acquire_at(&url, "silent-1").await;
+    assert_eq!(status, 201, "{grant}");
+    let signalled = Instant::now();
+    assert_eq!(proxy.terminate().await, Some(0));
+    let took = signalled.elapsed();
+    assert!(
+        took < fencing::telemetry::FLUSH_DEADLINE + Duration::from_secs(3),
+        "exit took {took:?}"
+    );
+    assert!(!held.lock().unwrap().is_empty(), "the exporter never tried");
+}
+
+async fn acquire_at(url: &str, resource: &str) -> (u16, serde_json::Value) {
+    send(
+        http()
+            .post(format!("{url}/v1/leases/{resource}"))
+            .json(&serde_json::json!({"holder": "robot-1", "ttl_seconds": 10})),
+    )
+    .await
+}

@@ -35,6 +35,10 @@ pub(crate) fn exporting() -> bool {
     EXPORTING.load(Ordering::Relaxed)
 }
 
+/// The longest the final span export may hold up the exit (count it in a pod's termination grace
+/// period, after the shutdown delay and the drain).
+pub const FLUSH_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// What [`init`] set up that must be flushed before the process exits.
 #[must_use = "dropping it without `shutdown` may lose the last spans"]
 #[derive(Debug)]
@@ -43,11 +47,12 @@ pub struct Telemetry {
 }
 
 impl Telemetry {
-    /// Exports the spans still buffered and stops the exporter. Call outside the async runtime
-    /// (the exporter's HTTP client blocks).
+    /// Exports the spans still buffered and stops the exporter, waiting at most
+    /// [`FLUSH_DEADLINE`] for an unresponsive collector. Call outside the async runtime (the
+    /// exporter's HTTP client blocks).
     pub fn shutdown(self) {
         if let Some(tracer) = self.tracer {
-            if let Err(e) = tracer.shutdown() {
+            if let Err(e) = tracer.shutdown_with_timeout(FLUSH_DEADLINE) {
                 eprintln!("telemetry: flushing spans failed: {e}");
             }
         }
