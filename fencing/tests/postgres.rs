@@ -229,6 +229,28 @@ async fn two_gateway_binaries_share_marks() {
         applied.len(),
         3 + statuses.iter().filter(|s| **s == 200).count()
     );
+    // Each gateway timed its calls to the shared store: reads of the mark and raises.
+    for url in &urls {
+        let text = client
+            .get(format!("{url}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        for op in ["get", "raise"] {
+            let count = text
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix(&format!(
+                        "fence_mark_store_duration_seconds_count{{op=\"{op}\"}} "
+                    ))
+                })
+                .unwrap_or_else(|| panic!("no {op} timings at {url}:\n{text}"));
+            assert!(count.parse::<u64>().unwrap() >= 1, "{op}: {count}");
+        }
+    }
 }
 
 /// The transactional mode: the fence check and the caller's statements commit together.
