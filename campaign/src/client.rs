@@ -5,7 +5,8 @@
 //! The nemesis kills a client by aborting its task (no release: its lease must lapse) and
 //! pauses one by making it stop dead before its next write for longer than its TTL — the
 //! process-pause hazard: it wakes up believing it still holds the resource and writes at once,
-//! straight to the enforcer (the path no proxy guards).
+//! straight to the enforcer (the path no proxy guards). While it sleeps, the other clients go for
+//! its resource more often, so that it is likely to have a newer holder when the zombie wakes.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,6 +23,10 @@ use crate::history::{outcome, Event, History, Kind, Outcome};
 /// Lease TTL the clients ask for, in seconds.
 pub const TTL_SECONDS: u64 = 3;
 
+/// How much longer than its pause a paused client sleeps, at most, waiting for its resource to
+/// get a newer holder.
+const ZOMBIE_WAIT: Duration = Duration::from_secs(5);
+
 /// What a client needs to know about the deployment.
 #[derive(Clone)]
 pub struct Env {
@@ -35,6 +40,25 @@ pub struct Env {
     pub history: Arc<History>,
     /// Operation ids, unique across clients.
     pub ops: Arc<AtomicU64>,
+    /// The resource of a paused holder, until when: other clients go for it more often, so that
+    /// the zombie is likely to wake up to a newer holder (the hazard the enforcer exists for).
+    pub contended: Arc<Mutex<Option<(String, Instant)>>>,
+}
+
+impl Env {
+    /// The resource to go for next: the contended one 30 % of the time while it lasts, else any.
+    fn next_resource(&self) -> String {
+        let contended = self
+            .contended
+            .lock()
+            .ok()
+            .and_then(|c| c.clone())
+            .filter(|(_, until)| Instant::now() < *until);
+        match contended {
+            Some((resource, _)) if rand::rng().random_bool(0.3) => resource,
+            _ => pick(&self.resources),
+        }
+    }
 }
 
 /// A client's handle for the nemesis.
@@ -121,7 +145,11 @@ impl Clients {
         let running = self.running.lock().ok()?;
         let (handle, _) = &running[pick_victim(&running)?];
         handle.pause(d);
-        handle.holding()
+        let holding = handle.holding();
+        if let (Some(resource), Ok(mut contended)) = (&holding, self.env.contended.lock()) {
+            *contended = Some((resource.clone(), Instant::now() + d));
+        }
+        holding
     }
 
     /// Stops every client.
@@ -249,7 +277,7 @@ async fn call(
 }
 
 async fn acquire(me: &Handle, env: &Env, http: &reqwest::Client) -> Option<Grant> {
-    let resource = pick(&env.resources);
+    let resource = env.next_resource();
     let proxy = pick(&env.proxies);
     let req = http
         .post(format!("{proxy}/v1/leases/{resource}"))
@@ -272,6 +300,14 @@ async fn hold(me: &Handle, env: &Env, http: &reqwest::Client, grant: &Grant) -> 
     for _ in 0..writes {
         if let Some(d) = me.take_pause() {
             tokio::time::sleep(d).await;
+            // The worst case for the zombie: it wakes once its resource has a newer holder (if
+            // one comes within a few seconds more), so its next write is one fencing must stop.
+            let waking = Instant::now() + ZOMBIE_WAIT;
+            while Instant::now() < waking
+                && !env.history.granted_above(&grant.resource, grant.revision)
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
             zombie = true;
         }
         if !zombie && renewed.elapsed() >= Duration::from_secs(TTL_SECONDS) / 3 {

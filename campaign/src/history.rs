@@ -76,6 +76,18 @@ impl History {
     pub fn events(&self) -> Vec<Event> {
         self.events.lock().map(|e| e.clone()).unwrap_or_default()
     }
+
+    /// Whether an acquire of `resource` has returned a token above `revision`.
+    pub fn granted_above(&self, resource: &str, revision: u64) -> bool {
+        self.events.lock().is_ok_and(|events| {
+            events.iter().any(|e| {
+                e.kind == Kind::Acquire
+                    && e.outcome == Outcome::Ok
+                    && e.resource == resource
+                    && e.revision.is_some_and(|r| r > revision)
+            })
+        })
+    }
 }
 
 /// Classifies an HTTP answer (or its absence).

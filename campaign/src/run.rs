@@ -112,6 +112,7 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
             .collect(),
         history: history.clone(),
         ops: Arc::new(AtomicU64::new(1)),
+        contended: Arc::default(),
     };
     let clients = Arc::new(Clients::start(env, settings.clients));
     let log = Arc::new(nemesis::Log::default());
