@@ -66,15 +66,25 @@ impl Proc {
             .create(true)
             .append(true)
             .open(&self.log)?;
-        let child = Command::new(&self.program)
-            .args(&self.args)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting {}", self.name))?;
-        *self.slot() = Some(child);
+        {
+            // Two overlapping faults may restart the same process: a start replaces whatever
+            // runs (under the lock, so that no process is ever lost track of — it would keep
+            // running, untouched by later faults, and outlive the run).
+            let mut slot = self.slot();
+            if let Some(mut earlier) = slot.take() {
+                let _ = earlier.kill();
+                let _ = earlier.wait();
+            }
+            let child = Command::new(&self.program)
+                .args(&self.args)
+                .env("RUST_LOG", "warn")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .with_context(|| format!("starting {}", self.name))?;
+            *slot = Some(child);
+        }
         wait_ready(&self.ready_url, Duration::from_secs(30))
             .await
             .with_context(|| format!("{} not ready; see {}", self.name, self.log.display()))
