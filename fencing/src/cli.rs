@@ -2,8 +2,11 @@
 //! defaults, the log format, secrets redacted from printed settings, and shell completions and a
 //! man page generated from the clap definition.
 
+use std::fmt::Display;
+use std::future::Future;
 use std::io::Write;
 use std::path::Path;
+use std::process::ExitCode;
 
 use clap::parser::ValueSource;
 use serde::de::DeserializeOwned;
@@ -76,6 +79,94 @@ pub fn layer_file<T: Layered>(
         .map_err(|e: toml::de::Error| at(&e.message()))?;
     layered.keep_command_line_only(cli);
     Ok(layered)
+}
+
+/// Flags that make a binary print something and exit instead of serving (command line only:
+/// never in the config file).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct PrintAndExit {
+    /// Print the effective configuration (flags > environment > file > defaults) as TOML, with
+    /// credentials in URLs redacted, and exit.
+    #[arg(long)]
+    pub print_config: bool,
+
+    /// Print shell completions for SHELL and exit.
+    #[arg(long, value_name = "SHELL", value_enum)]
+    pub completions: Option<Shell>,
+
+    /// Print the man page (roff) and exit.
+    #[arg(long)]
+    pub man: bool,
+}
+
+/// EX_USAGE: the exit status of a binary whose configuration is wrong.
+pub const EXIT_CONFIG: u8 = 64;
+
+/// The exit of a binary whose command line or configuration could not be read (status 0 for
+/// `--help` and `--version`, which clap reports as errors too).
+pub fn config_error_exit(e: &clap::Error) -> ExitCode {
+    let code = if e.use_stderr() { EXIT_CONFIG } else { 0 };
+    let _ = e.print();
+    ExitCode::from(code)
+}
+
+/// Prints the completions or the man page for `cmd` if asked: `Some(exit)` when it did (or
+/// failed to), `None` to go on.
+pub fn print_generated(cmd: clap::Command, asked: &PrintAndExit) -> Option<ExitCode> {
+    let name = cmd.get_name().to_owned();
+    match write_generated(cmd, asked.completions, asked.man, &mut std::io::stdout()) {
+        Ok(true) => Some(ExitCode::SUCCESS),
+        Ok(false) => None,
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            Some(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// Prints binary `name`'s effective settings (`--print-config`).
+pub fn print_settings(name: &str, toml: Result<String, impl Display>) -> ExitCode {
+    match toml {
+        Ok(toml) => {
+            print!("{toml}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Serves as binary `service`: installs its telemetry, runs `serve` on a multi-threaded
+/// runtime, flushes spans once the runtime has stopped, and maps the outcome to the exit status.
+pub fn run_server<E: Display, F: Future<Output = Result<(), E>>>(
+    service: &'static str,
+    format: LogFormat,
+    serve: impl FnOnce() -> F,
+) -> ExitCode {
+    let telemetry = crate::telemetry::init(service, format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{service}: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let served = runtime.block_on(serve());
+    drop(runtime);
+    telemetry.shutdown();
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "{service} failed");
+            eprintln!("{service}: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// `url` with any credentials (`user:password@`) replaced by `***@`.

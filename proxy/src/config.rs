@@ -134,21 +134,10 @@ pub struct Config {
     )]
     pub log_format: LogFormat,
 
-    /// Print the effective configuration (flags > environment > file > defaults) as TOML, with
-    /// credentials in URLs redacted, and exit.
-    #[arg(long)]
+    /// `--print-config`, `--completions`, `--man`.
+    #[command(flatten)]
     #[serde(skip)]
-    pub print_config: bool,
-
-    /// Print shell completions for SHELL and exit.
-    #[arg(long, value_name = "SHELL", value_enum)]
-    #[serde(skip)]
-    pub completions: Option<clap_complete::Shell>,
-
-    /// Print the man page (roff) and exit.
-    #[arg(long)]
-    #[serde(skip)]
-    pub man: bool,
+    pub print: fencing::cli::PrintAndExit,
 }
 
 impl fencing::cli::Layered for Config {
@@ -158,9 +147,7 @@ impl fencing::cli::Layered for Config {
 
     fn keep_command_line_only(&mut self, cli: &Self) {
         self.config = cli.config.clone();
-        self.print_config = cli.print_config;
-        self.completions = cli.completions;
-        self.man = cli.man;
+        self.print = cli.print.clone();
     }
 }
 

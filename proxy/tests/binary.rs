@@ -62,16 +62,7 @@ async fn sigterm_drains_and_exits_zero() {
         .spawn()
         .unwrap();
     let client = http();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(r) = client.get(format!("{url}/readyz")).send().await {
-            if r.status() == 200 {
-                break;
-            }
-        }
-        assert!(Instant::now() < deadline, "binary never became ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_ready(&url).await;
 
     // No --key-file: a development key was generated, private to the owner.
     let key = dir.path().join("dev-fencing.key");
@@ -215,16 +206,7 @@ async fn sigterm_lets_in_flight_requests_finish() {
         .spawn()
         .unwrap();
     let client = http();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !client
-        .get(format!("{url}/readyz"))
-        .send()
-        .await
-        .is_ok_and(|r| r.status() == 200)
-    {
-        assert!(Instant::now() < deadline, "binary never became ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_ready(&url).await;
     let (status, grant) = send(
         client
             .post(format!("{url}/v1/leases/drain-2"))

@@ -124,6 +124,27 @@ impl Running {
     }
 }
 
+/// fence-gateway on `port` in front of `upstream`, marks in `store`.
+fn gateway_command(port: u16, upstream: &str, store: &str, key_file: &std::path::Path) -> Command {
+    let mut cmd = Command::new(lease_proxy_testkit::workspace_binary("fence-gateway"));
+    cmd.args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--upstream", upstream, "--store", store])
+        .arg("--key-file")
+        .arg(key_file);
+    cmd
+}
+
+/// lease-proxy on `port` over `etcd`, forwarding to `upstream`.
+fn proxy_command(port: u16, etcd: &Etcd, key_file: &std::path::Path, upstream: &str) -> Command {
+    let mut cmd = Command::new(PROXY);
+    cmd.args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--etcd-endpoints", &etcd.endpoint(0)])
+        .arg("--key-file")
+        .arg(key_file)
+        .args(["--upstream", upstream]);
+    cmd
+}
+
 /// Starts `cmd` exporting to `otlp`, logging JSON at debug level to `log`.
 fn spawn(mut cmd: Command, otlp: &str, log: &std::path::Path) -> Running {
     Running(
@@ -140,19 +161,6 @@ fn spawn(mut cmd: Command, otlp: &str, log: &std::path::Path) -> Running {
             .spawn()
             .unwrap(),
     )
-}
-
-async fn wait_ready(url: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(r) = http().get(format!("{url}/readyz")).send().await {
-            if r.status() == 200 {
-                return;
-            }
-        }
-        assert!(Instant::now() < deadline, "{url} never became ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 async fn scrape(url: &str) -> Scrape {
@@ -214,25 +222,21 @@ async fn traces_join_up_and_metrics_count_operations() {
 
     let gw_port = lease_proxy_testkit::free_port();
     let gw_url = format!("http://127.0.0.1:{gw_port}");
-    let mut cmd = Command::new(lease_proxy_testkit::workspace_binary("fence-gateway"));
-    cmd.args(["--listen", &format!("127.0.0.1:{gw_port}")])
-        .args(["--upstream", &store_url])
-        .arg("--key-file")
-        .arg(&key_file)
-        .arg("--store")
-        .arg(format!("sqlite:{}", dir.path().join("marks.db").display()));
+    let store = format!("sqlite:{}", dir.path().join("marks.db").display());
     let gateway_log = dir.path().join("gateway.log");
-    let gateway = spawn(cmd, &otlp, &gateway_log);
+    let gateway = spawn(
+        gateway_command(gw_port, &store_url, &store, &key_file),
+        &otlp,
+        &gateway_log,
+    );
     let proxy_port = lease_proxy_testkit::free_port();
     let url = format!("http://127.0.0.1:{proxy_port}");
-    let mut cmd = Command::new(PROXY);
-    cmd.args(["--listen", &format!("127.0.0.1:{proxy_port}")])
-        .args(["--etcd-endpoints", &etcd.endpoint(0)])
-        .arg("--key-file")
-        .arg(&key_file)
-        .args(["--upstream", &gw_url]);
     let proxy_log = dir.path().join("proxy.log");
-    let proxy = spawn(cmd, &otlp, &proxy_log);
+    let proxy = spawn(
+        proxy_command(proxy_port, &etcd, &key_file, &gw_url),
+        &otlp,
+        &proxy_log,
+    );
     wait_ready(&gw_url).await;
     wait_ready(&url).await;
     let before = scrape(&url).await;
@@ -564,21 +568,10 @@ async fn without_an_endpoint_the_client_trace_passes_through() {
                 .unwrap(),
         )
     };
-    let mut cmd = Command::new(lease_proxy_testkit::workspace_binary("fence-gateway"));
-    cmd.args(["--listen", &format!("127.0.0.1:{gw_port}")])
-        .args(["--upstream", &store_url, "--store", "memory"])
-        .arg("--key-file")
-        .arg(&key_file);
-    let _gateway = quiet(cmd);
+    let _gateway = quiet(gateway_command(gw_port, &store_url, "memory", &key_file));
     let proxy_port = lease_proxy_testkit::free_port();
     let url = format!("http://127.0.0.1:{proxy_port}");
-    let mut cmd = Command::new(PROXY);
-    cmd.args(["--listen", &format!("127.0.0.1:{proxy_port}")])
-        .args(["--etcd-endpoints", &etcd.endpoint(0)])
-        .arg("--key-file")
-        .arg(&key_file)
-        .args(["--upstream", &gw_url]);
-    let _proxy = quiet(cmd);
+    let _proxy = quiet(proxy_command(proxy_port, &etcd, &key_file, &gw_url));
     wait_ready(&gw_url).await;
     wait_ready(&url).await;
     let (status, grant) = send(

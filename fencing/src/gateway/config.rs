@@ -89,20 +89,10 @@ pub struct GatewayConfig {
     )]
     pub log_format: crate::cli::LogFormat,
 
-    /// Print the effective configuration as TOML, credentials in URLs redacted, and exit.
-    #[arg(long)]
+    /// `--print-config`, `--completions`, `--man`.
+    #[command(flatten)]
     #[serde(skip)]
-    pub print_config: bool,
-
-    /// Print shell completions for SHELL and exit.
-    #[arg(long, value_name = "SHELL", value_enum)]
-    #[serde(skip)]
-    pub completions: Option<clap_complete::Shell>,
-
-    /// Print the man page (roff) and exit.
-    #[arg(long)]
-    #[serde(skip)]
-    pub man: bool,
+    pub print: crate::cli::PrintAndExit,
 }
 
 impl crate::cli::Layered for GatewayConfig {
@@ -112,9 +102,7 @@ impl crate::cli::Layered for GatewayConfig {
 
     fn keep_command_line_only(&mut self, cli: &Self) {
         self.config = cli.config.clone();
-        self.print_config = cli.print_config;
-        self.completions = cli.completions;
-        self.man = cli.man;
+        self.print = cli.print.clone();
     }
 }
 

@@ -118,6 +118,23 @@ impl Drop for Proxy {
     }
 }
 
+/// Waits (up to 30 s) until `{url}/readyz` answers 200: a binary started by a test is serving.
+pub async fn wait_ready(url: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(r) = http().get(format!("{url}/readyz")).send().await {
+            if r.status() == 200 {
+                return;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{url} never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A plain HTTP client for the tests.
 pub fn http() -> reqwest::Client {
     reqwest::Client::builder()
