@@ -4,7 +4,7 @@
 #   docker run --rm lease-proxy fence-gateway --help
 # The oldest Rust the locked dependencies build with (uuid 1.29 needs 1.89; tonic 0.14.9 1.88).
 FROM rust:1.89-bookworm AS build
-RUN apt-get update && apt-get install -y --no-install-recommends protobuf-compiler && rm -rf /var/lib/apt/lists/*
+RUN apt-get update && apt-get install -y --no-install-recommends protobuf-compiler libprotobuf-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked -p lease-proxy -p fencing --bins

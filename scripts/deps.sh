@@ -1,38 +1,132 @@
 # shellcheck shell=bash
-# Installs the Debian packages the project needs when they are missing. Sourced by run.sh and
-# test.sh; works as root or through sudo on a fresh Debian machine.
+# Installs the Debian packages the project needs when they are missing. Sourced by run.sh,
+# test.sh and bench.sh; works as root or through sudo on a fresh Debian machine.
+#
+# Each check tests what the build or a script actually uses — a file, or the tool doing its job —
+# not merely that some binary of that name exists: Debian's protobuf-compiler only *recommends*
+# libprotobuf-dev, whose well-known .proto files etcd-client's build imports, so `protoc` on PATH
+# says nothing about whether the build can run.
+#
+#   DEPS_DRY_RUN=1   print what would be installed ("would install: …") and install nothing
+#
+# Why a system protoc and not a crate that ships one: etcd-client's build script runs protoc
+# through prost-build, which finds it only through PATH or the PROTOC variable. A crate that
+# vendors protoc (protoc-bin-vendored) puts it in the cargo registry, a path no configuration
+# file can name, so every command would need a wrapper exporting PROTOC; protobuf-src builds
+# protoc from C++ sources (cmake, g++) and adds minutes to every clean build. Debian's
+# protobuf-compiler + libprotobuf-dev are two small packages from the archive this script
+# already installs from.
+
+# The packages a check found missing; filled by the check_* functions.
+DEPS_MISSING=()
+
+deps_need() {
+  local pkg
+  for pkg in "$@"; do
+    [[ " ${DEPS_MISSING[*]} " == *" $pkg "* ]] || DEPS_MISSING+=("$pkg")
+  done
+}
+
+# protoc can compile a file importing a well-known type (what etcd-client's protos do).
+protoc_has_well_known_types() {
+  local dir ok=1
+  dir=$(mktemp -d) || return 1
+  printf 'syntax = "proto3";\nimport "google/protobuf/descriptor.proto";\n' >"$dir/probe.proto"
+  protoc --proto_path="$dir" --descriptor_set_out="$dir/out.pb" "$dir/probe.proto" >/dev/null 2>&1 && ok=0
+  rm -rf "$dir"
+  return "$ok"
+}
+
+# cc can compile and link a C program against libc (what libsqlite3-sys and ring build).
+cc_builds_c() {
+  local dir ok=1
+  dir=$(mktemp -d) || return 1
+  printf '#include <stdio.h>\nint main(void) { return puts("") < 0; }\n' >"$dir/probe.c"
+  cc -o "$dir/probe" "$dir/probe.c" >/dev/null 2>&1 && ok=0
+  rm -rf "$dir"
+  return "$ok"
+}
+
+# What building and running the binaries, the demo and the tests need.
+check_build_deps() {
+  type -P etcd >/dev/null || deps_need etcd-server
+  if ! type -P protoc >/dev/null; then
+    deps_need protobuf-compiler libprotobuf-dev
+  elif ! protoc_has_well_known_types; then
+    deps_need libprotobuf-dev
+  fi
+  { type -P cc >/dev/null && cc_builds_c; } || deps_need build-essential
+  type -P curl >/dev/null || deps_need curl
+  # The tests and the demo signal processes with /bin/kill (procps), not the shell builtin.
+  type -P kill >/dev/null || deps_need procps
+}
+
+# What ensure_postgres uses: the server binaries, the cluster tools and psql.
+check_postgres_deps() {
+  local servers=(/usr/lib/postgresql/*/bin/postgres)
+  if [ ! -x "${servers[0]}" ] || ! type -P pg_lsclusters >/dev/null || ! type -P pg_createcluster >/dev/null \
+    || ! type -P pg_ctlcluster >/dev/null || ! type -P psql >/dev/null; then
+    deps_need postgresql
+  fi
+}
 
 apt_install() {
   local missing=("$@")
   [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "${DEPS_DRY_RUN:-0}" = 1 ]; then
+    echo "would install: ${missing[*]}"
+    return 0
+  fi
   local sudo=()
-  if [ "$(id -u)" -ne 0 ]; then sudo=(sudo); fi
+  if [ "$(id -u)" -ne 0 ]; then
+    type -P sudo >/dev/null || { echo "missing ${missing[*]}, and not root without sudo: install them first" >&2; exit 1; }
+    sudo=(sudo)
+  fi
+  type -P apt-get >/dev/null || { echo "missing ${missing[*]} and no apt-get: install them by hand" >&2; exit 1; }
   echo "==> installing: ${missing[*]}"
   "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
   "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+# Runs a check, installs what it found missing, then runs it again: anything still missing after
+# the install is reported by name instead of surfacing later as a build or test failure.
+ensure_with() {
+  local check=$1
+  DEPS_MISSING=()
+  "$check"
+  apt_install "${DEPS_MISSING[@]}"
+  [ "${DEPS_DRY_RUN:-0}" = 1 ] && return 0
+  [ ${#DEPS_MISSING[@]} -eq 0 ] && return 0
+  DEPS_MISSING=()
+  "$check"
+  if [ ${#DEPS_MISSING[@]} -ne 0 ]; then
+    echo "still missing after installing: ${DEPS_MISSING[*]}" >&2
+    exit 1
+  fi
+}
+
 ensure_deps() {
-  local missing=()
-  command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
-  command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
-  command -v curl >/dev/null 2>&1 || missing+=(curl)
-  command -v cc >/dev/null 2>&1 || missing+=(build-essential)
-  apt_install "${missing[@]}"
-  if ! command -v cargo >/dev/null 2>&1; then
+  ensure_with check_build_deps
+  if ! type -P cargo >/dev/null; then
     echo "cargo not found: install a Rust toolchain (rustup) first" >&2
     exit 1
   fi
 }
 
 as_postgres() {
-  if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else sudo -u postgres "$@"; fi
+  if [ "$(id -u)" -eq 0 ]; then
+    type -P runuser >/dev/null || { echo "runuser (util-linux) not found: cannot act as the postgres user" >&2; exit 1; }
+    runuser -u postgres -- "$@"
+  else
+    sudo -u postgres "$@"
+  fi
 }
 
 # A PostgreSQL server on 127.0.0.1:5432 with the role and database the tests use
 # (FENCING_TEST_POSTGRES, default postgres://lease_proxy:lease_proxy@127.0.0.1:5432/lease_proxy_test).
 ensure_postgres() {
-  command -v pg_lsclusters >/dev/null 2>&1 || apt_install postgresql
+  ensure_with check_postgres_deps
+  [ "${DEPS_DRY_RUN:-0}" = 1 ] && return 0
   local sudo=()
   if [ "$(id -u)" -ne 0 ]; then sudo=(sudo); fi
   local cluster
