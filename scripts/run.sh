@@ -56,10 +56,12 @@ wait_for "$proxy/readyz"
 keys="$work/proxy/dev-fencing.key"
 
 echo "==> starting the inventory service on $inventory (SQLite) behind fence-gateway on $gateway"
+# Path mode: the aisle in /aisles/{aisle}/… is the resource fenced, so a token for one aisle can
+# never write another; non-canonical paths (.., %2e, //, …) are refused.
 "$bin/warehouse" inventory --listen 127.0.0.1:8080 --db "${WAREHOUSE_DB:-sqlite:$work/inventory.db}" >"$work/inventory.log" 2>&1 &
 pids+=($!)
 "$bin/fence-gateway" --listen 127.0.0.1:7071 --upstream "$inventory" --store "sqlite:$work/marks.db" \
-  --key-file "$keys" >"$work/gateway.log" 2>&1 &
+  --key-file "$keys" --resource-path '/aisles/{resource}' --write-grace 2s >"$work/gateway.log" 2>&1 &
 pids+=($!)
 wait_for "$gateway/readyz"
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test suite, from a fresh Debian machine: installs what is missing (etcd, protoc), then
+# The test suite, from a fresh Debian machine: installs what is missing (scripts/deps.sh), then
 # formatting, lints and every test. Integration tests spawn their own etcd on free loopback ports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,5 +11,7 @@ echo "==> cargo fmt --check"
 cargo fmt --all --check
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "==> the fencing library alone (no sqlite, postgres or server features)"
+cargo clippy -p fencing --lib --no-default-features --locked -- -D warnings
 echo "==> cargo test"
 cargo test --workspace --locked

@@ -206,6 +206,10 @@ impl Cluster {
                     key_file.display().to_string(),
                     "--drain-timeout".into(),
                     "1s".into(),
+                    // The recording storage answers in microseconds; a short grace keeps
+                    // uncertain writes (clients killed mid-request) from stalling new holders.
+                    "--write-grace".into(),
+                    "2s".into(),
                 ];
                 let p = Arc::new(Proc::new(
                     "fence-gateway",

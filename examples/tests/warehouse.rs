@@ -1,8 +1,11 @@
 //! The warehouse under chaos, end to end on real processes: etcd, lease-proxy (forwarding and
-//! pre-fencing), fence-gateway on SQLite, the inventory service, and robots that are SIGKILLed and
-//! SIGSTOPped past their TTL. The audit of the inventory's own write log must find no violation.
+//! pre-fencing), fence-gateway on SQLite in path mode (`/aisles/{resource}`, as `scripts/run.sh`
+//! runs it), the inventory service, and robots that are SIGKILLed and SIGSTOPped past their TTL.
+//! The audit of the inventory's own write log must find no violation. And the resource binding:
+//! a token for one aisle never writes another, whichever mode the gateway runs in.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -32,6 +35,51 @@ async fn wait_ready(url: &str) {
     panic!("{url} did not come up");
 }
 
+/// The inventory service on a free port, its database in `dir`.
+async fn start_inventory(dir: &Path) -> (Killed, String) {
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let inventory = Killed(
+        Command::new(WAREHOUSE)
+            .args(["inventory", "--listen", &format!("127.0.0.1:{port}")])
+            .arg("--db")
+            .arg(format!("sqlite:{}", dir.join("inventory.db").display()))
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_ready(&format!("{url}/log")).await;
+    (inventory, url)
+}
+
+/// fence-gateway in process in front of `inventory`, its marks in `marks`; in path mode when
+/// `resource_path` is given, else in header mode.
+async fn start_gateway(
+    inventory: &str,
+    marks: &Path,
+    key_file: &Path,
+    resource_path: Option<&str>,
+) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let gateway = format!("http://{}", listener.local_addr().unwrap());
+    let mut config = fencing::gateway::GatewayConfig::new(
+        inventory,
+        format!("sqlite:{}", marks.display()),
+        key_file.to_owned(),
+    );
+    config.resource_path = resource_path.map(str::to_owned);
+    // As scripts/run.sh: the inventory answers in milliseconds, so a robot killed mid-write
+    // holds its aisle for 2 s, not the default 10.
+    config.write_grace = std::time::Duration::from_secs(2);
+    tokio::spawn(fencing::gateway::run(
+        listener,
+        config,
+        std::future::pending(),
+    ));
+    wait_ready(&format!("{gateway}/readyz")).await;
+    gateway
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_leaves_the_inventory_consistent() {
     let etcd = Etcd::single().await;
@@ -39,39 +87,14 @@ async fn chaos_leaves_the_inventory_consistent() {
     let key_file = dir.path().join("keys");
     fencing::Keyring::create_file(&key_file, &fencing::KeyId::parse("k1").unwrap()).unwrap();
 
-    let inventory_port = free_port();
-    let inventory = format!("http://127.0.0.1:{inventory_port}");
-    let _inventory = Killed(
-        Command::new(WAREHOUSE)
-            .args([
-                "inventory",
-                "--listen",
-                &format!("127.0.0.1:{inventory_port}"),
-            ])
-            .arg("--db")
-            .arg(format!(
-                "sqlite:{}",
-                dir.path().join("inventory.db").display()
-            ))
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_ready(&format!("{inventory}/log")).await;
-
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let gateway = format!("http://{}", listener.local_addr().unwrap());
-    let config = fencing::gateway::GatewayConfig::new(
-        inventory.clone(),
-        format!("sqlite:{}", dir.path().join("marks.db").display()),
-        key_file.clone(),
-    );
-    tokio::spawn(fencing::gateway::run(
-        listener,
-        config,
-        std::future::pending(),
-    ));
-    wait_ready(&format!("{gateway}/readyz")).await;
+    let (_inventory, inventory) = start_inventory(dir.path()).await;
+    let gateway = start_gateway(
+        &inventory,
+        &dir.path().join("marks.db"),
+        &key_file,
+        Some("/aisles/{resource}"),
+    )
+    .await;
 
     let mut proxy_config = lease_proxy::Config::with_endpoints(etcd.endpoints());
     proxy_config.key_file = Some(key_file.clone());
@@ -128,4 +151,119 @@ async fn chaos_leaves_the_inventory_consistent() {
         "only {applied} writes: the run proves little\n{report}"
     );
     assert!(report.contains("stalled beyond their TTL"), "{report}");
+}
+
+/// A holder of aisle-3 cannot write aisle-2: in path mode the gateway refuses (the path names the
+/// resource fenced); in header mode the gateway fences the header's aisle and the inventory
+/// refuses a path naming another (it writes only the verified `Fencing-Resource`). Nothing but
+/// aisle-3's writes reaches the inventory's log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_for_one_aisle_never_writes_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("keys");
+    fencing::Keyring::create_file(&key_file, &fencing::KeyId::parse("k1").unwrap()).unwrap();
+    let keys = fencing::Keyring::load(&key_file).unwrap();
+    let (_inventory, inventory) = start_inventory(dir.path()).await;
+    let by_path = start_gateway(
+        &inventory,
+        &dir.path().join("path.db"),
+        &key_file,
+        Some("/aisles/{resource}"),
+    )
+    .await;
+    let by_header = start_gateway(&inventory, &dir.path().join("header.db"), &key_file, None).await;
+    let token = keys.mint("aisle-3", fencing::Token::new(0, 5));
+    let client = reqwest::Client::new();
+    let put = |base: &str, aisle: &str, resources: &[&str]| {
+        let mut request = client
+            .put(format!("{base}/aisles/{aisle}/count"))
+            .header("fencing-token", &token)
+            .json(&serde_json::json!({"robot": "r", "count": 1}));
+        for r in resources {
+            request = request.header("fencing-resource", *r);
+        }
+        request
+    };
+    // (what, request, status, refused by: the gateway's slug, or "" for the inventory)
+    let cases = [
+        (
+            "path mode, own aisle",
+            put(&by_path, "aisle-3", &[]),
+            200,
+            "",
+        ),
+        (
+            "path mode, own aisle, header too",
+            put(&by_path, "aisle-3", &["aisle-3"]),
+            200,
+            "",
+        ),
+        (
+            "path mode, other aisle",
+            put(&by_path, "aisle-2", &[]),
+            403,
+            "wrong-resource-fencing-token",
+        ),
+        (
+            "path mode, other aisle, own header",
+            put(&by_path, "aisle-2", &["aisle-3"]),
+            403,
+            "fencing-resource-mismatch",
+        ),
+        (
+            "header mode, own aisle",
+            put(&by_header, "aisle-3", &["aisle-3"]),
+            200,
+            "",
+        ),
+        (
+            "header mode, other aisle",
+            put(&by_header, "aisle-2", &["aisle-3"]),
+            403,
+            "",
+        ),
+        (
+            "inventory, no Fencing-Resource",
+            put(&inventory, "aisle-3", &[]),
+            403,
+            "",
+        ),
+        (
+            "inventory, two Fencing-Resource",
+            put(&inventory, "aisle-3", &["aisle-3", "aisle-3"]),
+            403,
+            "",
+        ),
+        (
+            "inventory, other aisle",
+            put(&inventory, "aisle-2", &["aisle-3"]),
+            403,
+            "",
+        ),
+    ];
+    for (what, request, status, slug) in cases {
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status().as_u16(), status, "{what}");
+        let refused_by = response
+            .headers()
+            .get(fencing::REJECTION_HEADER)
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        assert_eq!(refused_by, slug, "{what}");
+        if status == 403 {
+            assert_eq!(
+                response.headers()["content-type"],
+                "application/problem+json",
+                "{what}"
+            );
+        }
+    }
+    let log: Vec<serde_json::Value> = reqwest::get(format!("{inventory}/log"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let aisles: Vec<&str> = log.iter().map(|w| w["aisle"].as_str().unwrap()).collect();
+    assert_eq!(aisles, ["aisle-3", "aisle-3", "aisle-3"]);
 }

@@ -95,38 +95,33 @@ fn gate(c: &mut Criterion) {
     let sqlite = Gate::new(SqliteStore::open(&dir.path().join("marks.db")).unwrap());
     let mut g = c.benchmark_group("gate");
     // The steady state: the write presents the current mark (checked in memory, no store call).
-    drop(
-        rt.block_on(memory.admit("aisle-7", Token::new(1, 5)))
-            .unwrap(),
-    );
-    drop(
-        rt.block_on(sqlite.admit("aisle-7", Token::new(1, 5)))
-            .unwrap(),
-    );
+    rt.block_on(memory.admit("aisle-7", Token::new(1, 5)))
+        .unwrap()
+        .complete();
+    rt.block_on(sqlite.admit("aisle-7", Token::new(1, 5)))
+        .unwrap()
+        .complete();
     g.bench_function("memory admit at mark", |b| {
         b.iter(|| {
-            drop(
-                rt.block_on(memory.admit("aisle-7", Token::new(1, 5)))
-                    .unwrap(),
-            )
+            rt.block_on(memory.admit("aisle-7", Token::new(1, 5)))
+                .unwrap()
+                .complete()
         })
     });
     g.bench_function("sqlite admit at mark", |b| {
         b.iter(|| {
-            drop(
-                rt.block_on(sqlite.admit("aisle-7", Token::new(1, 5)))
-                    .unwrap(),
-            )
+            rt.block_on(sqlite.admit("aisle-7", Token::new(1, 5)))
+                .unwrap()
+                .complete()
         })
     });
     let mut revision = 5;
     g.bench_function("sqlite admit raising", |b| {
         b.iter(|| {
             revision += 1;
-            drop(
-                rt.block_on(sqlite.admit("aisle-7", Token::new(1, revision)))
-                    .unwrap(),
-            )
+            rt.block_on(sqlite.admit("aisle-7", Token::new(1, revision)))
+                .unwrap()
+                .complete()
         })
     });
     g.bench_function("memory refuse stale", |b| {
@@ -189,7 +184,13 @@ fn layer(c: &mut Criterion) {
         .unwrap();
     let mut svc = fenced.clone();
     let resp = rt
-        .block_on(async { svc.ready().await.unwrap().call(stale).await })
+        .block_on(async {
+            ServiceExt::<Request<Body>>::ready(&mut svc)
+                .await
+                .unwrap()
+                .call(stale)
+                .await
+        })
         .unwrap();
     assert_ne!(resp.status(), StatusCode::NO_CONTENT);
 }

@@ -1,29 +1,96 @@
 //! The seam between the fencing layer and what decides admission: the in-process [`Gate`]
 //! (one enforcer, any store) or the PostgreSQL-wide gate shared by several enforcers.
 //!
+//! An admitted write holds a [`Permit`] for as long as it is *in flight at the storage*
+//! (DESIGN §4): from admission until its exchange with the storage has completely ended. The
+//! holder then says how it ended: [`Permit::complete`] when the request was fully sent and the
+//! answer fully read, [`Permit::uncertain`] otherwise (timeout, reset, an early answer, the client
+//! gone). An uncertain write keeps the resource closed to higher tokens for the gate's *write
+//! grace*, since the storage may still be applying it. Dropping a permit is the same as
+//! [`Permit::uncertain`]: a permit lost on a path nobody thought of errs on the safe side.
+//!
 //! [`Gate`]: crate::Gate
+
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 
 use crate::gate::GateError;
 use crate::Token;
 
-/// An admitted write. Hold it until the write has completed at the storage; dropping it lets
-/// higher tokens waiting for this write proceed.
-#[must_use = "the write counts as in flight until the permit is dropped"]
+/// How long an uncertain write keeps a resource closed to higher tokens unless configured: the
+/// storage must finish (or abandon) any write within this time of its exchange ending.
+pub const DEFAULT_WRITE_GRACE: Duration = Duration::from_secs(10);
+
+/// How an admitted write's exchange with the storage ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The request was fully sent and the answer fully read: the storage is done with it.
+    Complete,
+    /// The exchange ended without a complete answer: the storage may still apply the write, so
+    /// the resource stays closed to higher tokens for the write grace.
+    Uncertain,
+}
+
+/// What an admission implementation does when a permit ends. Implemented by each gate's guard.
+pub trait Release: Send + 'static {
+    /// Ends the admitted write with `outcome`. Called exactly once, possibly outside any async
+    /// context (so it must not block; spawn if it needs to talk to a database).
+    fn release(self: Box<Self>, outcome: Outcome);
+}
+
+/// An admitted write. Hold it until the exchange with the storage has ended, then call
+/// [`Permit::complete`] or [`Permit::uncertain`]; dropping it counts as uncertain.
+#[must_use = "the write counts as in flight until the permit is ended"]
 pub struct Permit {
-    _guard: Box<dyn Send>,
+    guard: Option<Box<dyn Release>>,
 }
 
 impl Permit {
-    pub(crate) fn new(guard: impl Send + 'static) -> Self {
+    /// A permit ended through `guard`.
+    pub fn new(guard: impl Release) -> Self {
         Self {
-            _guard: Box::new(guard),
+            guard: Some(Box::new(guard)),
+        }
+    }
+
+    /// The write's exchange ended completely: higher tokens may proceed now.
+    pub fn complete(mut self) {
+        self.end(Outcome::Complete);
+    }
+
+    /// The write's exchange ended without a complete answer: higher tokens wait out the grace.
+    pub fn uncertain(mut self) {
+        self.end(Outcome::Uncertain);
+    }
+
+    /// Ends the write with `outcome`.
+    pub fn end(&mut self, outcome: Outcome) {
+        if let Some(guard) = self.guard.take() {
+            guard.release(outcome);
         }
     }
 }
 
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.end(Outcome::Uncertain);
+    }
+}
+
+impl std::fmt::Debug for Permit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Permit")
+            .field("ended", &self.guard.is_none())
+            .finish()
+    }
+}
+
 /// Admits writes in token order per resource (see [`crate::gate`] for the rules).
+///
+/// Implementations must be cancellation-safe: a caller may drop the future returned by
+/// [`Admission::admit`] at any await point (its client went away), and that must never leave a
+/// lock, a registration or a permit behind that nobody will end.
 pub trait Admission: Send + Sync + 'static {
     /// Admits a write with `token` on `resource`, or refuses it.
     fn admit<'a>(

@@ -7,14 +7,25 @@
 //! with a lower token has finished, raises the mark durably in the store, and only then runs. A
 //! write below the mark (or below a raise under way) is refused. Without the wait, an old
 //! holder's write already in flight could land after the new holder's write.
+//!
+//! "In flight" lasts until the write's [`Permit`] is ended. A write whose exchange ended without
+//! a complete answer ([`Outcome::Uncertain`]) keeps the resource closed to higher tokens for the
+//! write grace, and so does every resource for the write grace after the gate starts: a
+//! restarted enforcer cannot know what its previous life left in flight at the storage.
+//!
+//! Idle resources are forgotten after [`Gate::with_idle_eviction`]'s timeout (the mark stays in
+//! the store and is read again on next use), so the gate's memory follows the resources in use,
+//! not every resource ever seen.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use dashmap::DashMap;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
-use crate::admission::{Admission, Permit};
+use crate::admission::{Admission, Outcome, Permit, Release, DEFAULT_WRITE_GRACE};
 use crate::store::{HighWaterMarks, StoreError};
 use crate::Token;
 
@@ -34,7 +45,6 @@ pub enum GateError {
     Store(#[from] StoreError),
 }
 
-#[derive(Default)]
 struct State {
     /// The durable mark, once read from the store.
     mark: Option<Token>,
@@ -42,9 +52,12 @@ struct State {
     floor: Token,
     /// Admitted writes not yet finished, by token.
     in_flight: BTreeMap<Token, usize>,
+    /// Until when no higher token may be raised: an uncertain write may still be applied.
+    uncertain_until: Instant,
+    /// When a write last touched the resource, for idle eviction.
+    last_used: Instant,
 }
 
-#[derive(Default)]
 struct Entry {
     state: Mutex<State>,
     /// Signalled whenever an in-flight write finishes.
@@ -53,41 +66,81 @@ struct Entry {
     raising: tokio::sync::Mutex<()>,
 }
 
+/// How long an idle resource stays in the gate's memory unless configured.
+pub const DEFAULT_IDLE_EVICTION: Duration = Duration::from_secs(300);
+
 /// The gate over all resources, in front of one store.
 pub struct Gate<S> {
     store: S,
     entries: DashMap<String, Arc<Entry>>,
     ordering: bool,
+    write_grace: Duration,
+    /// Until when every resource counts as uncertain: the gate's start plus the write grace.
+    started_uncertain_until: Instant,
+    idle_eviction: Duration,
+    last_sweep: Mutex<Instant>,
 }
 
-/// One in-flight write, counted until dropped.
+/// One in-flight write, counted until its permit ends.
 struct InFlight {
     entry: Arc<Entry>,
     token: Token,
+    grace: Duration,
 }
 
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        if let Ok(mut state) = self.entry.state.lock() {
+impl Release for InFlight {
+    fn release(self: Box<Self>, outcome: Outcome) {
+        {
+            let mut state = lock(&self.entry.state);
             if let Some(n) = state.in_flight.get_mut(&self.token) {
                 *n -= 1;
                 if *n == 0 {
                     state.in_flight.remove(&self.token);
                 }
             }
+            let now = Instant::now();
+            if outcome == Outcome::Uncertain {
+                state.uncertain_until = state.uncertain_until.max(now + self.grace);
+            }
+            state.last_used = now;
         }
         self.entry.finished.notify_waiters();
     }
 }
 
 impl<S: HighWaterMarks> Gate<S> {
-    /// A gate in front of `store`.
+    /// A gate in front of `store`, with the default write grace and idle eviction.
     pub fn new(store: S) -> Self {
+        let now = Instant::now();
         Self {
             store,
             entries: DashMap::new(),
             ordering: true,
+            write_grace: DEFAULT_WRITE_GRACE,
+            started_uncertain_until: now + DEFAULT_WRITE_GRACE,
+            idle_eviction: DEFAULT_IDLE_EVICTION,
+            last_sweep: Mutex::new(now),
         }
+    }
+
+    /// How long an uncertain write (and the gate's own start) keeps a resource closed to higher
+    /// tokens; must exceed the storage's longest processing time of a write.
+    pub fn with_write_grace(mut self, grace: Duration) -> Self {
+        self.started_uncertain_until = self.started_uncertain_until - self.write_grace + grace;
+        self.write_grace = grace;
+        self
+    }
+
+    /// How long a resource with nothing in flight stays in memory before it is forgotten (its
+    /// mark stays in the store).
+    pub fn with_idle_eviction(mut self, idle: Duration) -> Self {
+        self.idle_eviction = idle;
+        self
+    }
+
+    /// How many resources the gate holds in memory now.
+    pub fn resident(&self) -> usize {
+        self.entries.len()
     }
 
     /// TEST ONLY: skips waiting for lower in-flight writes before raising the mark, to show that
@@ -104,10 +157,59 @@ impl<S: HighWaterMarks> Gate<S> {
     }
 
     fn entry(&self, resource: &str) -> Arc<Entry> {
+        self.sweep();
         if let Some(e) = self.entries.get(resource) {
             return e.clone();
         }
-        self.entries.entry(resource.to_owned()).or_default().clone()
+        self.entries
+            .entry(resource.to_owned())
+            .or_insert_with(|| {
+                let now = Instant::now();
+                Arc::new(Entry {
+                    state: Mutex::new(State {
+                        mark: None,
+                        floor: Token::default(),
+                        in_flight: BTreeMap::new(),
+                        uncertain_until: self.started_uncertain_until,
+                        last_used: now,
+                    }),
+                    finished: Notify::new(),
+                    raising: tokio::sync::Mutex::new(()),
+                })
+            })
+            .clone()
+    }
+
+    /// Forgets resources idle for longer than the eviction timeout, at most twice per timeout.
+    /// An entry is forgotten only while nobody else holds it (no write in flight or being
+    /// admitted: the map's shard lock keeps a new holder from taking it meanwhile) and no
+    /// uncertain write is pending, so the next write reads its mark from the store again and a
+    /// mark is never lowered.
+    fn sweep(&self) {
+        let now = Instant::now();
+        {
+            let mut last = match self.last_sweep.try_lock() {
+                Ok(last) => last,
+                Err(_) => return,
+            };
+            if now.duration_since(*last) < self.idle_eviction / 2 {
+                return;
+            }
+            *last = now;
+        }
+        let before = self.entries.len();
+        self.entries.retain(|_, entry| {
+            if Arc::strong_count(entry) > 1 {
+                return true;
+            }
+            let state = lock(&entry.state);
+            !state.in_flight.is_empty()
+                || state.uncertain_until > now
+                || now.duration_since(state.last_used) < self.idle_eviction
+        });
+        if self.entries.len() < before / 2 {
+            self.entries.shrink_to_fit();
+        }
     }
 
     /// Admits a write with `token` on `resource`, waiting for lower in-flight writes to finish
@@ -126,9 +228,11 @@ impl<S: HighWaterMarks> Gate<S> {
                     }
                     if token == mark {
                         *state.in_flight.entry(token).or_default() += 1;
+                        state.last_used = Instant::now();
                         return Ok(Permit::new(InFlight {
                             entry: entry.clone(),
                             token,
+                            grace: self.write_grace,
                         }));
                     }
                     // Above the mark: from now on lower tokens are refused.
@@ -141,6 +245,10 @@ impl<S: HighWaterMarks> Gate<S> {
                 let stored = self.store.get(resource).await?;
                 let mut state = lock(&entry.state);
                 if state.mark.is_none() {
+                    if stored.is_none() {
+                        // Never written: nothing of an earlier life can be in flight.
+                        state.uncertain_until = Instant::now();
+                    }
                     let mark = stored.unwrap_or_default();
                     state.mark = Some(mark);
                     state.floor = state.floor.max(mark);
@@ -171,16 +279,29 @@ impl<S: HighWaterMarks> Gate<S> {
         }
     }
 
-    /// Waits until no admitted write with a token below `token` is in flight.
+    /// Waits until no admitted write with a token below `token` is in flight and no uncertain
+    /// write's grace is running.
     async fn drain_below(&self, entry: &Entry, token: Token) {
         loop {
             let finished = entry.finished.notified();
             tokio::pin!(finished);
             finished.as_mut().enable();
-            if lock(&entry.state).in_flight.range(..token).next().is_none() {
-                return;
+            let uncertain_until = {
+                let state = lock(&entry.state);
+                if state.in_flight.range(..token).next().is_some() {
+                    None
+                } else if state.uncertain_until > Instant::now() {
+                    Some(state.uncertain_until)
+                } else {
+                    return;
+                }
+            };
+            match uncertain_until {
+                Some(until) => {
+                    let _ = tokio::time::timeout_at(until, finished).await;
+                }
+                None => finished.await,
             }
-            finished.await;
         }
     }
 
@@ -228,7 +349,7 @@ mod tests {
     async fn lower_waits_are_refused_higher_raise() {
         let gate = Gate::new(MemoryStore::new());
         let p5 = gate.admit("r", t(5)).await.unwrap();
-        drop(p5);
+        p5.complete();
         assert!(matches!(
             gate.admit("r", t(4)).await,
             Err(GateError::Stale { .. })
@@ -253,7 +374,7 @@ mod tests {
             gate.admit("r", t(1)).await,
             Err(GateError::Stale { .. })
         ));
-        drop(old);
+        old.complete();
         newer.await.unwrap().unwrap();
         assert_eq!(gate.store().get("r").await.unwrap(), Some(t(2)));
     }
@@ -271,7 +392,7 @@ mod tests {
                     let resource = format!("r{r}");
                     let token = t(rev);
                     let mark = model.get(&resource).copied().unwrap_or_default();
-                    let accepted = gate.admit(&resource, token).await.is_ok();
+                    let accepted = gate.admit(&resource, token).await.map(Permit::complete).is_ok();
                     prop_assert_eq!(accepted, token >= mark, "{} {}", resource, token);
                     if accepted {
                         model.insert(resource.clone(), mark.max(token));

@@ -8,26 +8,41 @@
 //! On the wire a token is signed and bound to one resource ([`Keyring::mint`],
 //! [`Keyring::verify`]), so storage can reject forged tokens and tokens minted for another
 //! resource, whatever number they carry.
+//!
+//! Cargo features: the library alone (`default-features = false`) is tokens, the [`Gate`], the
+//! tower [`FencingLayer`] and the memory store; `sqlite` and `postgres` add those stores;
+//! `server` (default) adds fence-gateway and the serving, CLI and telemetry plumbing the
+//! binaries share.
 #![forbid(unsafe_code)]
 
 pub mod admission;
+#[cfg(feature = "server")]
 pub mod cli;
+mod domain;
 mod error;
 pub mod gate;
+#[cfg(feature = "server")]
 pub mod gateway;
 mod keys;
 pub mod layer;
+#[cfg(feature = "server")]
 pub mod serve;
 pub mod store;
+#[cfg(feature = "server")]
 pub mod telemetry;
 mod token;
 
-pub use admission::{Admission, Permit};
+pub use admission::{Admission, Outcome, Permit, Release, DEFAULT_WRITE_GRACE};
+pub use domain::{lock_resource, LOCK_RESOURCE_PREFIX, MAX_LOCK_NAME_BYTES};
 pub use error::{Error, TokenError};
 pub use gate::{Gate, GateError};
 pub use keys::{KeyId, Keyring};
-pub use layer::{Fence, FencingLayer, Rejection};
-pub use store::{HighWaterMarks, MemoryStore, PostgresStore, SharedGate, SqliteStore, StoreError};
+pub use layer::{ExchangeIncomplete, Fence, FencingLayer, Rejection};
+#[cfg(feature = "sqlite")]
+pub use store::SqliteStore;
+pub use store::{HighWaterMarks, MemoryStore, StoreError};
+#[cfg(feature = "postgres")]
+pub use store::{PostgresStore, SharedGate};
 pub use token::Token;
 
 /// The canonical header carrying a signed fencing token.

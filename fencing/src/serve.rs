@@ -1,13 +1,20 @@
 //! Serving an axum router with the drain both binaries need (lease-proxy uses it too), and the
 //! request ids both put on every request and log line.
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{HeaderName, Request};
 use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
@@ -22,10 +29,30 @@ pub struct Drain {
     pub deadline: Duration,
 }
 
-/// Serves `app` on `listener` until `shutdown` resolves. Then: `draining` is set (readiness
-/// turns 503) while serving goes on for `drain.delay`; then `stop` is cancelled (the listener
-/// stops accepting; callers may hang other work off it), and in-flight requests get up to
-/// `drain.deadline` to finish before remaining connections are closed.
+/// What one server accepts from its clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most client connections served at once; further connections wait in the listen backlog
+    /// until one closes.
+    pub max_connections: usize,
+    /// Deadline for a client to send a request's headers (HTTP/1): a slow or silent client's
+    /// connection is closed.
+    pub header_read_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: 1024,
+            header_read_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, within `limits`. Then: `draining` is
+/// set (readiness turns 503) while serving goes on for `drain.delay`; then `stop` is cancelled
+/// (the listener stops accepting; callers may hang other work off it), and in-flight requests
+/// get up to `drain.deadline` to finish before remaining connections are closed.
 pub async fn until_shutdown(
     listener: TcpListener,
     app: Router,
@@ -33,42 +60,95 @@ pub async fn until_shutdown(
     draining: &AtomicBool,
     stop: CancellationToken,
     drain: Drain,
+    limits: Limits,
 ) -> std::io::Result<()> {
-    let stop_accepting = stop.clone();
-    let server = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { stop_accepting.cancelled().await })
-        .into_future();
-    let mut server = tokio::spawn(server);
+    let graceful = Arc::new(GracefulShutdown::new());
+    let mut server = tokio::spawn(accept(
+        listener,
+        app,
+        stop.clone(),
+        graceful.clone(),
+        limits,
+    ));
     let served = tokio::select! {
         result = &mut server => Some(result),
         () = shutdown => None,
     };
-    let result = match served {
-        Some(result) => result,
-        None => {
-            tracing::info!(delay = ?drain.delay, deadline = ?drain.deadline, "shutting down: draining");
-            draining.store(true, Ordering::Relaxed);
-            let stopped_early = tokio::select! {
-                result = &mut server => Some(result),
-                () = tokio::time::sleep(drain.delay) => None,
-            };
-            match stopped_early {
-                Some(result) => result,
-                None => {
-                    stop.cancel();
-                    match tokio::time::timeout(drain.deadline, &mut server).await {
-                        Ok(result) => result,
-                        Err(_) => {
-                            tracing::warn!("drain deadline passed; closing remaining connections");
-                            server.abort();
-                            Ok(Ok(()))
-                        }
-                    }
-                }
-            }
-        }
+    if let Some(result) = served {
+        return result.map_err(std::io::Error::other)?.map(drop);
+    }
+    tracing::info!(delay = ?drain.delay, deadline = ?drain.deadline, "shutting down: draining");
+    draining.store(true, Ordering::Relaxed);
+    let stopped_early = tokio::select! {
+        result = &mut server => Some(result),
+        () = tokio::time::sleep(drain.delay) => None,
     };
-    result.map_err(std::io::Error::other)?
+    if let Some(result) = stopped_early {
+        return result.map_err(std::io::Error::other)?.map(drop);
+    }
+    stop.cancel();
+    let mut connections = server.await.map_err(std::io::Error::other)??;
+    let graceful = Arc::try_unwrap(graceful)
+        .map_err(|_| std::io::Error::other("the accept loop still holds the connection watcher"))?;
+    if tokio::time::timeout(drain.deadline, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("drain deadline passed; closing remaining connections");
+    }
+    connections.abort_all();
+    while connections.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// Accepts connections until `stop`, at most `limits.max_connections` at once, each served
+/// under `graceful`'s watch; returns the connections still being served.
+async fn accept(
+    listener: TcpListener,
+    app: Router,
+    stop: CancellationToken,
+    graceful: Arc<GracefulShutdown>,
+    limits: Limits,
+) -> std::io::Result<JoinSet<()>> {
+    let mut connections = JoinSet::new();
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    builder.http2().timer(TokioTimer::new());
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    loop {
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => slot.map_err(std::io::Error::other)?,
+            () = stop.cancelled() => return Ok(connections),
+        };
+        while connections.try_join_next().is_some() {}
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait a little, then go on.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = stop.cancelled() => return Ok(connections),
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(app.clone());
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .into_owned();
+        let connection = graceful.watch(connection);
+        connections.spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+            drop(slot);
+        });
+    }
 }
 
 /// The request id header: kept when the client sent one, else set to a fresh UUID; echoed in

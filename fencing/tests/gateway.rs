@@ -561,3 +561,137 @@ fn settings_layer_flags_over_env_over_file_over_defaults() {
         assert_eq!(out.status.code(), Some(64), "{bad}: {out:?}");
     }
 }
+
+/// Sends `request` verbatim on a fresh connection and returns what came back (until the
+/// gateway closes the connection or 2 s pass).
+async fn raw(gw: &Gateway, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(gw.url.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    s.write_all(request).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_hygiene_protocols_and_limits() {
+    let (dir, key_file, keys) = setup();
+    let (upstream, received) = storage().await;
+    let gw = Gateway::start_with(
+        &upstream,
+        &dir.path().join("m.db"),
+        &key_file,
+        free_port(),
+        &["--header-read-timeout", "500ms"],
+    )
+    .await;
+    let token = keys.mint("aisle-5", Token::new(0, 3));
+
+    // `Connection: fencing-token` must not strip the verified token on its way to the storage,
+    // and a client's second resource header never reaches it.
+    let answer = raw(
+        &gw,
+        format!(
+            "PUT /inventory/aisle-5 HTTP/1.1\r\nhost: x\r\nconnection: close, fencing-token, \
+             fencing-resource\r\nfencing-resource: aisle-5\r\nfencing-token: {token}\r\n\
+             content-length: 2\r\n\r\nok"
+        )
+        .as_bytes(),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let last = received.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(last.2.get_all("fencing-token").iter().count(), 1);
+    assert_eq!(last.2["fencing-token"], token.as_str());
+    assert_eq!(last.2["fencing-resource"], "aisle-5");
+
+    // A read carries no client-sent fencing header to the storage.
+    let resp = reqwest::Client::new()
+        .get(format!("{}/inventory/aisle-5", gw.url))
+        .header("fencing-resource", "aisle-9")
+        .header("fencing-token", "v1.forged")
+        .header("x-fencing-token", "v1.forged")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let last = received.lock().unwrap().last().cloned().unwrap();
+    assert!(
+        last.2.keys().all(|k| !k.as_str().contains("fencing")),
+        "{:?}",
+        last.2
+    );
+
+    // h2c (prior knowledge) is served, and forwarded to the HTTP/1.1 storage.
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let resp = h2
+        .put(format!("{}/inventory/aisle-5", gw.url))
+        .header("fencing-resource", "aisle-5")
+        .header("fencing-token", &token)
+        .body("over h2")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "h2c write");
+    assert_eq!(received.lock().unwrap().last().unwrap().3, "over h2");
+
+    // A chunked body over --max-body-bytes (64 KiB here) is refused with 413, not 502.
+    let chunk = format!("{:x}\r\n{}\r\n", 40_000, "x".repeat(40_000));
+    let answer = raw(
+        &gw,
+        format!(
+            "PUT /inventory/aisle-5 HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\
+             fencing-resource: aisle-5\r\nfencing-token: {token}\r\n\
+             transfer-encoding: chunked\r\n\r\n{chunk}{chunk}0\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+
+    // A client that never finishes its headers is cut off after the header-read timeout.
+    let started = tokio::time::Instant::now();
+    let answer = raw(&gw, b"PUT /inventory/aisle-5 HTTP/1.1\r\nhost: x\r\n").await;
+    assert!(
+        started.elapsed() < Duration::from_millis(1900),
+        "a silent client kept its connection ({answer:?})"
+    );
+
+    // At most 4 connections are served at once: a fifth waits until one closes.
+    let gw = Gateway::start_with(
+        &upstream,
+        &dir.path().join("m2.db"),
+        &key_file,
+        free_port(),
+        &["--max-client-connections", "4"],
+    )
+    .await;
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        let mut s = tokio::net::TcpStream::connect(gw.url.trim_start_matches("http://"))
+            .await
+            .unwrap();
+        // A complete request keeps each connection open and past the header timeout.
+        tokio::io::AsyncWriteExt::write_all(
+            &mut s,
+            b"GET /inventory/x HTTP/1.1\r\nhost: x\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        idle.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let waiting = tokio::spawn({
+        let url = format!("{}/livez", gw.url);
+        async move { reqwest::get(url).await.map(|r| r.status().as_u16()) }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "a fifth connection was served");
+    drop(idle);
+    assert_eq!(waiting.await.unwrap().unwrap(), 200);
+}

@@ -155,6 +155,7 @@ pub async fn run(
             delay: config.shutdown_delay,
             deadline: config.drain_timeout,
         },
+        fencing::serve::Limits::default(),
     )
     .await;
     stopping.cancel();

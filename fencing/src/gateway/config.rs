@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use crate::layer::PathPattern;
 use crate::store::{
-    MemoryStore, PostgresStore, SharedGate, SqliteStore, StoreError, StoreLatency, Timed,
+    HighWaterMarks, MemoryStore, PostgresStore, SharedGate, SqliteStore, StoreError, StoreLatency,
+    Timed,
 };
 use crate::{Admission, Gate};
 
@@ -51,8 +52,11 @@ pub struct GatewayConfig {
     #[arg(long, env = "FENCE_GATEWAY_KEY_FILE")]
     pub key_file: Option<PathBuf>,
 
-    /// Take the resource of a write from the path, e.g. `/inventory/{resource}`; otherwise (and
-    /// for paths that do not match) from the `Fencing-Resource` header.
+    /// Path mode: take the resource of a write from the path, e.g. `/inventory/{resource}`. Only
+    /// canonical paths are admitted (no dot-segments, empty segments, encoded separators, or
+    /// encodings in the prefix or resource); a write whose path does not match is refused, never
+    /// classified by header. Without it (header mode) the resource is the one `Fencing-Resource`
+    /// header, which the storage must check against what it writes.
     #[arg(long, env = "FENCE_GATEWAY_RESOURCE_PATH")]
     pub resource_path: Option<String>,
 
@@ -65,7 +69,41 @@ pub struct GatewayConfig {
     #[serde(with = "humantime_serde")]
     pub upstream_timeout: Duration,
 
-    /// PostgreSQL connections (each in-flight write holds one with the shared store).
+    /// How long a write whose exchange with the upstream ended without a complete answer
+    /// (timeout, reset, early answer, client gone) keeps its resource closed to higher tokens,
+    /// and how long after start a resource written before counts as possibly in flight. The
+    /// storage must finish or abandon any write within this time.
+    #[arg(long, env = "FENCE_GATEWAY_WRITE_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub write_grace: Duration,
+
+    /// Deadline for each call to the mark store (PostgreSQL: pool wait, lock wait and every
+    /// statement); past it the write is refused with 503 and nothing changes.
+    #[arg(long, env = "FENCE_GATEWAY_STORE_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub store_timeout: Duration,
+
+    /// How long a resource with nothing in flight stays in the gateway's memory (its mark stays
+    /// in the store).
+    #[arg(long, env = "FENCE_GATEWAY_IDLE_EVICTION", default_value = "5m", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub idle_eviction: Duration,
+
+    /// Most client connections served at once; further connections wait in the listen backlog.
+    #[arg(
+        long,
+        env = "FENCE_GATEWAY_MAX_CLIENT_CONNECTIONS",
+        default_value_t = 1024
+    )]
+    pub max_client_connections: usize,
+
+    /// Deadline for a client to send a request's headers.
+    #[arg(long, env = "FENCE_GATEWAY_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+
+    /// PostgreSQL connections in the pool (held only for short statements), plus one listening
+    /// connection per gateway for wake-ups.
     #[arg(long, env = "FENCE_GATEWAY_MAX_CONNECTIONS", default_value_t = 16)]
     pub max_connections: usize,
 
@@ -172,8 +210,25 @@ impl GatewayConfig {
         if let Some(p) = &self.resource_path {
             if PathPattern::parse(p).is_none() {
                 return Err(GatewayConfigError(
-                    "--resource-path must end with a `{resource}` segment".into(),
+                    "--resource-path must be plain literal segments (no empty, `.`, `..`, `%`, \
+                     `\\` or braces) ending with a `{resource}` segment"
+                        .into(),
                 ));
+            }
+        }
+        if self.max_client_connections == 0 {
+            return Err(GatewayConfigError(
+                "--max-client-connections must be at least 1".into(),
+            ));
+        }
+        for (flag, value) in [
+            ("--upstream-timeout", self.upstream_timeout),
+            ("--store-timeout", self.store_timeout),
+            ("--header-read-timeout", self.header_read_timeout),
+            ("--idle-eviction", self.idle_eviction),
+        ] {
+            if value.is_zero() {
+                return Err(GatewayConfigError(format!("{flag} must be above zero")));
             }
         }
         let postgres =
@@ -197,15 +252,28 @@ impl GatewayConfig {
         &self,
         latency: StoreLatency,
     ) -> Result<Arc<dyn Admission>, StoreError> {
+        let local = |store: Box<dyn HighWaterMarks>| -> Arc<dyn Admission> {
+            Arc::new(
+                Gate::new(Timed::new(store, latency.clone()))
+                    .with_write_grace(self.write_grace)
+                    .with_idle_eviction(self.idle_eviction),
+            )
+        };
         if let Some(path) = self.store.strip_prefix("sqlite:") {
-            let store = SqliteStore::open(path.as_ref())?;
-            return Ok(Arc::new(Gate::new(Timed::new(store, latency))));
+            return Ok(local(Box::new(SqliteStore::open(path.as_ref())?)));
         }
         if self.store == "memory" {
             tracing::warn!("--store memory: marks are forgotten on restart (tests only)");
-            return Ok(Arc::new(Gate::new(Timed::new(MemoryStore::new(), latency))));
+            return Ok(local(Box::new(MemoryStore::new())));
         }
-        let store = PostgresStore::connect(&self.store, self.max_connections).await?;
+        let store = PostgresStore::connect_with_deadline(
+            &self.store,
+            self.max_connections,
+            self.store_timeout,
+        )
+        .await?
+        .with_max_exchange(self.upstream_timeout)
+        .with_write_grace(self.write_grace);
         Ok(Arc::new(SharedGate::new(store).with_latency(latency)))
     }
 }

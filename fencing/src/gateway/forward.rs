@@ -3,39 +3,16 @@
 use std::time::Duration;
 
 use axum::body::Body;
-use http::header::{self, HeaderMap, HeaderName};
+use http::header;
+
+use crate::layer::{problem, strip_hop_by_hop, ExchangeIncomplete};
+use http::Version;
 use http::{Request, Response, StatusCode, Uri};
+use http_body_util::LengthLimitError;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tracing::Instrument as _;
-
-/// Headers that describe one connection, not the message (RFC 9110 §7.6.1).
-const HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
-
-/// Removes hop-by-hop headers, including those named in `Connection`.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named.iter().chain(HOP_BY_HOP.iter()) {
-        headers.remove(name);
-    }
-    headers.remove("proxy-connection");
-}
 
 /// A forwarder to one upstream base URL: the gateway without its enforcement (the benchmarks'
 /// bare pass-through proxy is this, on the same serving stack).
@@ -88,16 +65,23 @@ impl Forwarder {
             );
         };
         *req.uri_mut() = target;
+        // The upstream client speaks HTTP/1.1, whatever the client spoke to us (h2c included).
+        *req.version_mut() = Version::HTTP_11;
         strip_hop_by_hop(req.headers_mut());
         // The client sets Host from the target URI.
         req.headers_mut().remove(header::HOST);
         crate::telemetry::propagate(req.headers_mut());
-        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+        let mut failed = match tokio::time::timeout(self.timeout, self.client.request(req)).await {
             Ok(Ok(resp)) => {
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
-                Response::from_parts(parts, Body::new(body))
+                return Response::from_parts(parts, Body::new(body));
             }
+            Ok(Err(e)) if caused_by::<LengthLimitError>(&e) => problem(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                "request body too large",
+            ),
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "upstream unreachable");
                 problem(
@@ -111,40 +95,21 @@ impl Forwarder {
                 "upstream-timeout",
                 "the upstream did not answer in time",
             ),
+        };
+        // The upstream may have received (part of) the write before the exchange failed.
+        failed.extensions_mut().insert(ExchangeIncomplete);
+        failed
+    }
+}
+
+/// Whether `E` is somewhere in `error`'s chain of sources.
+fn caused_by<E: std::error::Error + 'static>(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if e.is::<E>() {
+            return true;
         }
+        current = e.source();
     }
-}
-
-/// A problem+json response.
-pub(super) fn problem(status: StatusCode, slug: &str, detail: &str) -> Response<Body> {
-    let body = serde_json::json!({
-        "type": format!("{}{slug}", crate::layer::PROBLEM_BASE),
-        "title": status.canonical_reason().unwrap_or("Error"),
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    let mut response = Response::new(Body::from(body.to_string()));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/problem+json"),
-    );
-    response
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hop_by_hop_headers_go() {
-        let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, "keep-alive, x-private".parse().unwrap());
-        h.insert("x-private", "1".parse().unwrap());
-        h.insert("keep-alive", "timeout=5".parse().unwrap());
-        h.insert("x-end-to-end", "1".parse().unwrap());
-        strip_hop_by_hop(&mut h);
-        assert_eq!(h.len(), 1);
-        assert!(h.contains_key("x-end-to-end"));
-    }
+    false
 }

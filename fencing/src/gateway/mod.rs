@@ -6,8 +6,9 @@
 mod config;
 mod forward;
 
+pub use crate::layer::strip_hop_by_hop;
 pub use config::{GatewayConfig, GatewayConfigError};
-pub use forward::{strip_hop_by_hop, Forwarder};
+pub use forward::Forwarder;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -27,13 +28,13 @@ use opentelemetry::KeyValue;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::layer::problem;
 use crate::layer::{
     ByHeader, Classify, Decision, Fence, FencingLayer, Outcomes, PathPattern, Rejection,
 };
 use crate::store::StoreLatency;
 use crate::telemetry::Metrics;
 use crate::{Admission, Keyring};
-use forward::problem;
 
 /// Why the gateway could not start or serve.
 #[derive(Debug, thiserror::Error)]
@@ -114,7 +115,7 @@ pub async fn run(
     });
     let protected = tower::ServiceBuilder::new()
         .map_request(move |req: Request<Body>| limit_body(req, max_body))
-        .layer(FencingLayer::new(fence, classify))
+        .layer(FencingLayer::new(fence, classify).with_exchange_deadline(config.upstream_timeout))
         .service(proxy);
     let app = Router::new()
         .route("/fence/{resource}", post(prefence))
@@ -150,6 +151,10 @@ pub async fn run(
             delay: config.shutdown_delay,
             deadline: config.drain_timeout,
         },
+        crate::serve::Limits {
+            max_connections: config.max_client_connections,
+            header_read_timeout: config.header_read_timeout,
+        },
     )
     .await?;
     Ok(())
@@ -181,7 +186,8 @@ async fn prefence(
     };
     match shared.fence.admit(&resource, &wire).await {
         Ok((token, permit)) => {
-            drop(permit);
+            // Nothing was written: the raise alone is complete.
+            permit.complete();
             let body = serde_json::json!({
                 "resource": resource,
                 "mark": {"era": token.era.to_string(), "revision": token.revision.to_string()},

@@ -2,14 +2,35 @@
 //!
 //! For each request a [`Classify`] decision says whether it is a protected write and for which
 //! resource. A protected write must carry exactly one valid signed token for that resource
-//! (`Fencing-Token`, or `X-Fencing-Token`), and is admitted through the ordering [`Gate`]: the
-//! inner service is called only for admitted writes, and the write counts as in flight until the
-//! inner service has answered. Refusals are problem+json and reach nothing behind the layer.
+//! (`Fencing-Token`, or `X-Fencing-Token`), and is admitted through the ordering [`Gate`].
+//! Refusals are problem+json and reach nothing behind the layer.
+//!
+//! What the inner service receives: hop-by-hop headers and every client-sent fencing header
+//! (`Fencing-*`, `X-Fencing-*`) removed from every request; on an admitted write, exactly one
+//! `Fencing-Resource` (the verified resource) and one `Fencing-Token` (the verified token) set
+//! by the layer. Storage behind the layer should check that the resource it writes is the one in
+//! `Fencing-Resource`.
+//!
+//! **In flight means in flight at the storage.** The inner service is called from a task the
+//! layer owns, not from the caller's future: a client that goes away does not cancel a write
+//! half-way. The write counts as in flight (higher tokens wait) until its whole exchange has
+//! ended — request body read to its end, inner service answered, response body read to its end
+//! — or until the exchange deadline ([`FencingLayer::with_exchange_deadline`]) cuts it off. An
+//! exchange that ends any other way (client gone, body error, deadline, an early answer, a
+//! response marked [`ExchangeIncomplete`]) is *uncertain*: the gate keeps the resource closed to
+//! higher tokens for its write grace (see [`crate::admission`]). An embedder's storage must
+//! therefore finish or abandon any write within the write grace of its exchange ending.
+//!
+//! [`Gate`]: crate::Gate
 
 mod classify;
+mod exchange;
+mod headers;
 mod reject;
 
 pub use classify::{ByHeader, Classify, Decision, PathPattern};
+pub use exchange::{ExchangeDeadline, ExchangeIncomplete};
+pub use headers::strip_hop_by_hop;
 pub use reject::{Rejection, PROBLEM_BASE};
 
 #[doc(hidden)]
@@ -18,14 +39,22 @@ pub use self::token_header as presented_token;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::body::Body;
 use futures::future::BoxFuture;
-use http::{Request, Response};
+use http::{header, HeaderValue, Request, Response, StatusCode};
+use http_body::Body as _;
 use tower::{Layer, Service};
+use tracing::Instrument as _;
 
 use crate::admission::{Admission, Permit};
-use crate::{Keyring, Token, TOKEN_HEADER, TOKEN_HEADER_LEGACY};
+use crate::{Keyring, Token, RESOURCE_HEADER, TOKEN_HEADER, TOKEN_HEADER_LEGACY};
+use exchange::{Exchange, Side, Tracked};
+
+/// How long a write's whole exchange may take unless configured (see
+/// [`FencingLayer::with_exchange_deadline`]).
+pub const DEFAULT_EXCHANGE_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Everything the layer needs, shared by all its services.
 pub struct Fence<A: ?Sized> {
@@ -113,6 +142,7 @@ pub fn token_header<B>(req: &Request<B>) -> Result<&str, Rejection> {
 pub struct FencingLayer<S: ?Sized, C> {
     fence: Fence<S>,
     classify: C,
+    deadline: Duration,
 }
 
 impl<S: ?Sized, C: Clone> Clone for FencingLayer<S, C> {
@@ -120,6 +150,7 @@ impl<S: ?Sized, C: Clone> Clone for FencingLayer<S, C> {
         Self {
             fence: self.fence.clone(),
             classify: self.classify.clone(),
+            deadline: self.deadline,
         }
     }
 }
@@ -127,7 +158,19 @@ impl<S: ?Sized, C: Clone> Clone for FencingLayer<S, C> {
 impl<S: ?Sized, C> FencingLayer<S, C> {
     /// A layer enforcing `fence` on the requests `classify` marks as protected.
     pub fn new(fence: Fence<S>, classify: C) -> Self {
-        Self { fence, classify }
+        Self {
+            fence,
+            classify,
+            deadline: DEFAULT_EXCHANGE_DEADLINE,
+        }
+    }
+
+    /// Bounds a write's whole exchange (request body, the inner service's answer, response
+    /// body) from admission: past it the exchange is cut off and ends uncertain. This bounds how
+    /// long a slow or hostile client can keep higher tokens waiting.
+    pub fn with_exchange_deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
     }
 }
 
@@ -142,6 +185,7 @@ where
             inner,
             fence: self.fence.clone(),
             classify: self.classify.clone(),
+            deadline: self.deadline,
         }
     }
 }
@@ -151,6 +195,7 @@ pub struct FencingService<Inner, S: ?Sized, C> {
     inner: Inner,
     fence: Fence<S>,
     classify: C,
+    deadline: Duration,
 }
 
 impl<Inner: Clone, S: ?Sized, C: Clone> Clone for FencingService<Inner, S, C> {
@@ -159,18 +204,20 @@ impl<Inner: Clone, S: ?Sized, C: Clone> Clone for FencingService<Inner, S, C> {
             inner: self.inner.clone(),
             fence: self.fence.clone(),
             classify: self.classify.clone(),
+            deadline: self.deadline,
         }
     }
 }
 
-impl<Inner, S, C, ReqBody, ResBody> Service<Request<ReqBody>> for FencingService<Inner, S, C>
+/// Requests have axum's [`Body`] (wrap another body with `Body::new`), as does what the inner
+/// service receives.
+impl<Inner, S, C, ResBody> Service<Request<Body>> for FencingService<Inner, S, C>
 where
-    Inner: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
-    Inner::Future: Send,
-    Inner::Error: Send,
+    Inner: Service<Request<Body>, Response = Response<ResBody>> + Clone + Send + 'static,
+    Inner::Future: Send + 'static,
+    Inner::Error: Send + 'static,
     S: Admission + ?Sized,
-    C: Classify<ReqBody>,
-    ReqBody: Send + 'static,
+    C: Classify<Body>,
     ResBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     ResBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
@@ -182,24 +229,34 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
         // The clone that was driven to readiness serves this request (tower's usual dance).
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let fence = self.fence.clone();
+        let deadline = self.deadline;
         let decision = match self.classify.classify(&req) {
             Decision::Protect(resource) => match token_header(&req) {
                 Ok(wire) => Ok((resource, wire.to_owned())),
                 Err(rejection) => Err(Some(rejection)),
             },
             Decision::Reject(rejection) => Err(Some(rejection)),
+            // A read with a body the headers did not announce (HTTP/2 needs neither
+            // Content-Length nor Transfer-Encoding): it may be a write to a lenient storage.
+            Decision::Pass if is_read(req.method()) && !req.body().is_end_stream() => {
+                Err(Some(Rejection::ReadWithBody))
+            }
             Decision::Pass => Err(None),
         };
+        let (mut parts, body) = req.into_parts();
+        headers::strip_hop_by_hop(&mut parts.headers);
+        headers::strip_fencing(&mut parts.headers);
         Box::pin(async move {
             let (resource, wire) = match decision {
                 Ok(protected) => protected,
                 Err(None) => {
                     fence.outcomes.passed.fetch_add(1, Ordering::Relaxed);
+                    let req = Request::from_parts(parts, body);
                     return Ok(inner.call(req).await?.map(Body::new));
                 }
                 Err(Some(rejection)) => {
@@ -217,10 +274,89 @@ where
             };
             fence.outcomes.admitted.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(%resource, %token, "write admitted");
-            let response = inner.call(req).await;
-            // The write is done at the storage once it has answered: later tokens may go now.
-            drop(permit);
-            Ok(response?.map(Body::new))
+            // Verified: the resource and the token as presented (already checked to be one
+            // well-formed value each).
+            for (name, value) in [(RESOURCE_HEADER, resource.as_str()), (TOKEN_HEADER, &wire)] {
+                if let Ok(value) = HeaderValue::from_str(value) {
+                    parts.headers.insert(name, value);
+                }
+            }
+            let exchange = Exchange::new(permit, tokio::time::Instant::now() + deadline);
+            let req = Request::from_parts(
+                parts,
+                Body::new(Tracked::new(body, exchange.clone(), Side::Request)),
+            );
+            // The exchange runs in a task of its own: the caller going away must not cancel a
+            // write half-way, nor end its permit early.
+            let (answer, answered) = tokio::sync::oneshot::channel();
+            tokio::spawn(
+                async move {
+                    let until = exchange.deadline();
+                    let response = match tokio::time::timeout_at(until, inner.call(req)).await {
+                        Ok(Ok(response)) => response.map(Body::new),
+                        Ok(Err(e)) => {
+                            let _ = answer.send(Err(e));
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::warn!("write passed its exchange deadline");
+                            let _ = answer.send(Ok(exchange_timeout()));
+                            return;
+                        }
+                    };
+                    if response.extensions().get::<ExchangeIncomplete>().is_none() {
+                        exchange.answered();
+                    }
+                    let response =
+                        response.map(|b| Body::new(Tracked::new(b, exchange, Side::Response)));
+                    if let Err(Ok(unwanted)) = answer.send(Ok(response)) {
+                        // Nobody waits for the answer: read it to its end here, so a write the
+                        // storage completed counts as complete.
+                        let _ = http_body_util::BodyExt::collect(unwanted.into_body()).await;
+                    }
+                }
+                .in_current_span(),
+            );
+            match answered.await {
+                Ok(result) => result,
+                // The task panicked: the permit ended (uncertain) with it.
+                Err(_) => Ok(exchange_timeout()),
+            }
         })
     }
+}
+
+fn is_read(method: &http::Method) -> bool {
+    matches!(
+        *method,
+        http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
+    )
+}
+
+/// The answer when a write's exchange did not produce one in time.
+fn exchange_timeout() -> Response<Body> {
+    let mut response = problem(
+        StatusCode::GATEWAY_TIMEOUT,
+        "upstream-timeout",
+        "the storage did not answer within the write's deadline",
+    );
+    response.extensions_mut().insert(ExchangeIncomplete);
+    response
+}
+
+/// A problem+json response.
+pub(crate) fn problem(status: StatusCode, slug: &str, detail: &str) -> Response<Body> {
+    let body = serde_json::json!({
+        "type": format!("{}{slug}", PROBLEM_BASE),
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    let mut response = Response::new(Body::from(body.to_string()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/problem+json"),
+    );
+    response
 }

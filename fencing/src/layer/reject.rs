@@ -20,9 +20,32 @@ pub enum Rejection {
     /// A write that names no resource.
     #[error("the Fencing-Resource header is required for writes")]
     MissingResource,
-    /// A resource name the enforcer does not accept, or two that disagree.
-    #[error("invalid or conflicting resource name")]
+    /// A resource name outside the resource grammar (1–200 bytes of `[A-Za-z0-9._:-]`, starting
+    /// with a letter or digit, no `..`), in the `Fencing-Resource` header or the path.
+    #[error("invalid resource name")]
     BadResource,
+    /// More than one `Fencing-Resource` header value: which one the storage would use is
+    /// anybody's guess.
+    #[error("exactly one Fencing-Resource header may be given")]
+    DuplicateResource,
+    /// A `Fencing-Resource` header naming another resource than the path (path mode): a token
+    /// must not be replayed against another resource's path.
+    #[error("the Fencing-Resource header disagrees with the resource in the path")]
+    ResourceMismatch,
+    /// A write whose path is not canonical (path mode): dot-segments, empty segments, encoded
+    /// `.`, `/`, `\` or `%`, a raw backslash or non-ASCII byte, or any encoding in the prefix or
+    /// the resource segment. The storage might resolve it to another resource than the one
+    /// checked, so it is refused rather than normalised.
+    #[error("the path is not canonical: it could name another resource at the storage")]
+    AmbiguousPath,
+    /// A write whose path does not match the configured resource pattern (path mode): no
+    /// resource to fence, and no fallback to the header.
+    #[error("writes are accepted only on paths matching the resource pattern")]
+    UnmatchedPath,
+    /// A GET, HEAD or OPTIONS with a body (`Content-Length` other than 0, or any
+    /// `Transfer-Encoding`): a lenient storage could apply it as an unfenced write.
+    #[error("a read must not carry a body")]
+    ReadWithBody,
     /// The token is malformed, forged, from an unknown key, or for another resource.
     #[error("{0}")]
     Token(TokenError),
@@ -59,6 +82,11 @@ impl Rejection {
             Rejection::DuplicateToken => (StatusCode::BAD_REQUEST, "duplicate-fencing-token"),
             Rejection::MissingResource => (StatusCode::BAD_REQUEST, "missing-fencing-resource"),
             Rejection::BadResource => (StatusCode::BAD_REQUEST, "invalid-fencing-resource"),
+            Rejection::DuplicateResource => (StatusCode::BAD_REQUEST, "duplicate-fencing-resource"),
+            Rejection::ResourceMismatch => (StatusCode::FORBIDDEN, "fencing-resource-mismatch"),
+            Rejection::AmbiguousPath => (StatusCode::BAD_REQUEST, "ambiguous-resource-path"),
+            Rejection::UnmatchedPath => (StatusCode::BAD_REQUEST, "unfenced-write-path"),
+            Rejection::ReadWithBody => (StatusCode::BAD_REQUEST, "read-with-body"),
             Rejection::Token(TokenError::WrongResource) => {
                 (StatusCode::FORBIDDEN, "wrong-resource-fencing-token")
             }

@@ -7,14 +7,18 @@
 //! transactional writers through [`PostgresStore::fenced`]).
 
 mod memory;
+#[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "sqlite")]
 mod sqlite;
 mod timed;
 
 pub use memory::MemoryStore;
+#[cfg(feature = "postgres")]
 pub use postgres::{FencedError, PostgresStore, SharedGate};
+#[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
-pub use timed::{StoreLatency, Timed};
+pub use timed::{StoreLatency, Timed, DURATION_BUCKETS};
 
 use futures::future::BoxFuture;
 
@@ -57,6 +61,7 @@ impl HighWaterMarks for Box<dyn HighWaterMarks> {
     }
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 /// Big-endian `era ‖ revision`: byte order equals token order, so stores compare marks as blobs.
 pub(crate) fn encode(token: Token) -> [u8; 16] {
     let mut out = [0u8; 16];
@@ -65,6 +70,7 @@ pub(crate) fn encode(token: Token) -> [u8; 16] {
     out
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 /// Inverse of [`encode`].
 pub(crate) fn decode(bytes: &[u8]) -> Result<Token, StoreError> {
     let bytes: [u8; 16] = bytes
@@ -80,7 +86,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Token, StoreError> {
     ))
 }
 
-#[cfg(test)]
+#[cfg(all(test, any(feature = "sqlite", feature = "postgres")))]
 mod tests {
     use super::*;
     use proptest::prelude::*;

@@ -8,11 +8,7 @@ use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::Resource;
 use prometheus::{Encoder as _, TextEncoder};
 
-/// Bucket bounds, in seconds, of every duration histogram: 100 µs to 10 s.
-pub const DURATION_BUCKETS: [f64; 15] = [
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-    10.0,
-];
+pub use crate::store::DURATION_BUCKETS;
 
 /// One server's metrics: a meter whose instruments are collected into a Prometheus registry at
 /// each scrape. One per server (not a process-wide global), so servers embedded side by side

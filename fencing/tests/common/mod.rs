@@ -104,7 +104,10 @@ where
                         .oneshot(write(&keys, &resource, revision))
                         .await
                         .unwrap();
-                    resp.status().as_u16()
+                    let status = resp.status().as_u16();
+                    // Read to its end, as a client does: the write's exchange is then complete.
+                    let _ = http_body_util::BodyExt::collect(resp.into_body()).await;
+                    status
                 }));
             }
         }
@@ -133,4 +136,131 @@ where
         *h = (*h).max(*revision);
     }
     violations
+}
+
+/// A fresh key file `keys` in `dir` (one key, id `k1`) and the keyring it holds.
+pub fn key_file(dir: &std::path::Path) -> (std::path::PathBuf, Keyring) {
+    let path = dir.join("keys");
+    Keyring::create_file(&path, &KeyId::parse("k1").unwrap()).unwrap();
+    let keys = Keyring::load(&path).unwrap();
+    (path, keys)
+}
+
+/// One request as it reached a [`RecordingStorage`]: method, raw path, raw query, and every
+/// value of the fencing headers (as bytes, in order).
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub method: String,
+    pub path: String,
+    pub query: Option<String>,
+    pub resources: Vec<Vec<u8>>,
+    pub tokens: Vec<Vec<u8>>,
+    pub legacy_tokens: Vec<Vec<u8>>,
+}
+
+/// A storage service on a loopback port that answers 200 `stored` to everything and records
+/// what reached it, without normalising the path.
+pub struct RecordingStorage {
+    pub url: String,
+    pub received: Arc<Mutex<Vec<Received>>>,
+}
+
+impl RecordingStorage {
+    pub async fn start() -> Self {
+        let received: Arc<Mutex<Vec<Received>>> = Arc::default();
+        let log = received.clone();
+        let app = axum::Router::new().fallback(
+            move |method: http::Method, uri: http::Uri, headers: http::HeaderMap| {
+                let log = log.clone();
+                async move {
+                    let all = |name: &str| {
+                        headers
+                            .get_all(name)
+                            .iter()
+                            .map(|v| v.as_bytes().to_vec())
+                            .collect()
+                    };
+                    log.lock().unwrap().push(Received {
+                        method: method.to_string(),
+                        path: uri.path().to_owned(),
+                        query: uri.query().map(str::to_owned),
+                        resources: all("fencing-resource"),
+                        tokens: all("fencing-token"),
+                        legacy_tokens: all("x-fencing-token"),
+                    });
+                    "stored"
+                }
+            },
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self { url, received }
+    }
+
+    /// Everything received so far, emptying the record.
+    pub fn take(&self) -> Vec<Received> {
+        std::mem::take(&mut *self.received.lock().unwrap())
+    }
+}
+
+/// A fence-gateway process (the real binary) on a free loopback port with a memory mark store,
+/// killed when dropped.
+pub struct GatewayProcess {
+    pub child: std::process::Child,
+    pub addr: std::net::SocketAddr,
+    pub url: String,
+}
+
+impl GatewayProcess {
+    /// Starts the gateway (memory store) in front of `upstream` with `key_file` and the
+    /// `extra` flags, and waits (at most 10 s) until `/readyz` answers 200.
+    pub async fn start(upstream: &str, key_file: &std::path::Path, extra: &[&str]) -> Self {
+        Self::start_with_store(upstream, "memory", key_file, extra).await
+    }
+
+    /// [`GatewayProcess::start`] with marks in `store` (`memory`, `sqlite:PATH`, a PostgreSQL
+    /// URL).
+    pub async fn start_with_store(
+        upstream: &str,
+        store: &str,
+        key_file: &std::path::Path,
+        extra: &[&str],
+    ) -> Self {
+        let port = lease_proxy_testkit::free_port();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_fence-gateway"))
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--upstream", upstream, "--store", store])
+            .arg("--key-file")
+            .arg(key_file)
+            .args(extra)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Owned from here on, so a failed start is still killed (by Drop).
+        let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+        let gw = Self {
+            child,
+            addr,
+            url: format!("http://{addr}"),
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while tokio::time::Instant::now() < deadline {
+            if let Ok(r) = reqwest::get(format!("{}/readyz", gw.url)).await {
+                if r.status() == 200 {
+                    return gw;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("fence-gateway did not become ready");
+    }
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

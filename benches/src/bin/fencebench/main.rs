@@ -116,6 +116,7 @@ async fn serve(listen: std::net::SocketAddr, app: Router) -> anyhow::Result<()> 
             delay: Duration::ZERO,
             deadline: Duration::from_secs(1),
         },
+        fencing::serve::Limits::default(),
     )
     .await?;
     Ok(())

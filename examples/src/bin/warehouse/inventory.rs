@@ -1,11 +1,18 @@
-//! The inventory service. It trusts the `Fencing-Token` header only because fence-gateway sits in
-//! front of it and is the only way in; it records the token's revision with every write so the
-//! audit can check the order writes were applied in.
+//! The inventory service. It trusts the `Fencing-Token` and `Fencing-Resource` headers only
+//! because fence-gateway sits in front of it and is the only way in; it records the token's
+//! revision with every write so the audit can check the order writes were applied in.
+//!
+//! What every storage behind the gateway should do (DESIGN §4 "Resource binding"): write only the
+//! resource the gateway verified the token for. The gateway sends exactly one `Fencing-Resource`
+//! and one `Fencing-Token` with every write it admits; a write whose path names another aisle,
+//! or that comes with no or several of either header, is refused here with 403 — defence in
+//! depth, and the only binding of path to resource when the gateway runs in header mode.
 
 use std::sync::{Arc, Mutex};
 
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
@@ -141,20 +148,50 @@ async fn record(
     Path(aisle): Path<String>,
     headers: HeaderMap,
     Json(count): Json<Count>,
-) -> (StatusCode, String) {
+) -> Response {
+    // The aisle the gateway checked the token for, and the token: exactly one of each.
+    let (Some(verified), Some(token)) = (
+        single(&headers, fencing::RESOURCE_HEADER),
+        single(&headers, fencing::TOKEN_HEADER),
+    ) else {
+        return refused("exactly one Fencing-Resource and one Fencing-Token are required");
+    };
+    if verified != aisle {
+        return refused("the path names another aisle than the verified Fencing-Resource");
+    }
     // `v1.{kid}.{era}.{revision}.…`, already verified by the gateway in front.
-    let revision = headers
-        .get("fencing-token")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|t| t.split('.').nth(3))
-        .and_then(|r| r.parse::<i64>().ok());
-    let Some(revision) = revision else {
-        return (StatusCode::BAD_REQUEST, "no fencing token".into());
+    let Some(revision) = token.split('.').nth(3).and_then(|r| r.parse::<i64>().ok()) else {
+        return refused("malformed Fencing-Token");
     };
     match db.append(&aisle, &count.robot, revision, count.count).await {
-        Ok(()) => (StatusCode::OK, "recorded".into()),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        Ok(()) => (StatusCode::OK, "recorded").into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
+}
+
+/// The value of header `name` if it was sent exactly once, as text.
+fn single<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    let mut values = headers.get_all(name).iter();
+    match (values.next(), values.next()) {
+        (Some(value), None) => value.to_str().ok(),
+        _ => None,
+    }
+}
+
+/// 403 problem+json: the write does not carry what the gateway verifies for the aisle it names.
+fn refused(detail: &str) -> Response {
+    let body = serde_json::json!({
+        "type": format!("{}fencing-resource-mismatch", fencing::layer::PROBLEM_BASE),
+        "title": "Forbidden",
+        "status": 403,
+        "detail": detail,
+    });
+    (
+        StatusCode::FORBIDDEN,
+        [(header::CONTENT_TYPE, "application/problem+json")],
+        body.to_string(),
+    )
+        .into_response()
 }
 
 async fn log(State(db): State<Arc<Db>>) -> Result<Json<Vec<Applied>>, (StatusCode, String)> {

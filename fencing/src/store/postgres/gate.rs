@@ -1,0 +1,422 @@
+//! [`SharedGate`]: the ordering gate across every enforcer sharing one PostgreSQL database.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio::sync::{oneshot, Notify};
+use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
+
+use super::inflight::{self, Entry, Polled, Registered};
+use super::listener::Listener;
+use super::session::bounded;
+use super::PostgresStore;
+use crate::admission::{Admission, Outcome, Permit, Release};
+use crate::gate::GateError;
+use crate::store::{HighWaterMarks, StoreError, StoreLatency};
+use crate::Token;
+
+/// How often at most a gate sweeps expired registrations left behind.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// The longest pause between two polls of a write waiting for lower in-flight writes: the
+/// fallback for when a wake-up (a local permit's end, or another gateway's notification) is
+/// missed.
+const MAX_POLL_INTERVAL: Duration = Duration::from_millis(25);
+
+/// Pauses between polls: doubling from 1 ms up to [`MAX_POLL_INTERVAL`], and never past the
+/// moment the first lower registration expires.
+#[derive(Debug)]
+pub(super) struct Backoff(Duration);
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self(Duration::from_millis(1))
+    }
+}
+
+impl Backoff {
+    pub(super) fn next(&mut self, next_expiry: Option<Duration>) -> Duration {
+        let pause = self.0;
+        self.0 = (self.0 * 2).min(MAX_POLL_INTERVAL);
+        match next_expiry {
+            // Just past it, so that the registration is expired when we look.
+            Some(expiry) => pause.min(expiry + Duration::from_millis(1)),
+            None => pause,
+        }
+    }
+}
+
+/// The ordering gate across every enforcer sharing one PostgreSQL database.
+///
+/// Each admitted write is *registered* in the database for as long as it is in flight: a row
+/// in `fence_inflight` with an expiry on the database's clock, not a lock held by a session,
+/// so a killed session, a restarted database or a cut network does not end it. The
+/// registration lasts `L = max_exchange + write_grace + deadline` (see
+/// [`PostgresStore::with_max_exchange`], [`PostgresStore::with_write_grace`],
+/// [`PostgresStore::connect_with_deadline`]) unless the permit ends sooner: a complete end
+/// deletes it, an uncertain one shortens it to the write grace. A write with a higher token
+/// raises the mark — refusing lower tokens from then on — and waits until no registration of a
+/// lower token is live, on any enforcer (woken by notifications, polling as a fallback); it
+/// gives up with a 503 after `W = L + deadline`. A write waiting like this is refused (409) if
+/// a still higher token raises the mark meanwhile.
+///
+/// Admission is cancellation-safe: the database work runs in a task the gate owns, and a
+/// registration whose caller went away is deleted. Every database step answers within the
+/// store's deadline or fails with [`GateError::Store`].
+///
+/// # What breaks it
+///
+/// - **Session settings must stick.** PgBouncer in *transaction* pooling mode (or any pooler
+///   that moves a session's statements between server connections) loses the timeouts set per
+///   session and breaks the prepared statements. Use session pooling or direct connections.
+/// - **A gateway paused for longer than its registration** (`L` after admission: GC,
+///   SIGSTOP, a VM migration, swapping) may still deliver its write after a higher token was
+///   admitted elsewhere. Configure `max_exchange` as the gateway's exchange deadline
+///   (`--upstream-timeout`); storage that checks the `Fencing-Token` itself is not exposed to
+///   this.
+/// - **A gateway that dies while a higher token waits for its write** holds that token back
+///   until its registration expires (`L`, or `L + W` if it was itself waiting); the waiting
+///   write gives up with 503 after `W` and is retried.
+/// - **The database clock must not jump forward** by more than the deadline (a jump shortens
+///   every registration), nor run much faster than the gateways' clocks; slew it (chrony/ntpd
+///   default), don't step it.
+/// - **Committed must mean durable.** A raise and a registration are committed synchronously;
+///   `synchronous_commit = off` on the role or database, or a failover to an asynchronous
+///   standby, can lose them (and lower a mark). Use synchronous replication if you fail over.
+/// - **All gateways sharing a database must run this protocol** with consistent
+///   `max_exchange` and `write_grace`: an older gateway ordering writes with advisory locks, or
+///   an in-process [`Gate`](crate::Gate) over a [`PostgresStore`], does not see registrations
+///   and is not seen by them.
+/// - **The storage must finish or abandon a write within the write grace** of its exchange
+///   ending (as for every gate).
+///
+/// Cost per admitted write: one pipelined transaction (a row lock on the mark, an insert, a
+/// count) committed synchronously (one WAL flush), and a delete at the end committed
+/// asynchronously (losing it in a crash only makes the registration last until it expires);
+/// plus one idle connection per gate for notifications.
+#[derive(Clone, Debug)]
+pub struct SharedGate {
+    store: PostgresStore,
+    latency: StoreLatency,
+    tasks: TaskTracker,
+    /// Signalled when one of this gate's permits has ended in the database, so local waiters
+    /// poll at once instead of at their next backoff.
+    ended: Arc<Notify>,
+    /// Wakes `ended` on the ends of other gateways' permits; stops with the last clone.
+    _listener: Option<Arc<Listener>>,
+    last_sweep: Arc<Mutex<Instant>>,
+}
+
+impl SharedGate {
+    /// A gate over `store`, timing its database calls on the process-wide meter provider.
+    /// Registrations last as configured on the store ([`PostgresStore::with_max_exchange`],
+    /// [`PostgresStore::with_write_grace`]).
+    ///
+    /// Within a tokio runtime, the gate also keeps one connection of its own (outside the pool)
+    /// listening for other gateways' permits ending, so that its waiting writes go ahead at once;
+    /// without one they notice at their next poll.
+    pub fn new(store: PostgresStore) -> Self {
+        let ended = Arc::new(Notify::new());
+        let listener = Listener::start(store.config.clone(), store.deadline, ended.clone());
+        Self {
+            store,
+            latency: StoreLatency::global(),
+            tasks: TaskTracker::new(),
+            ended,
+            _listener: listener.map(Arc::new),
+            last_sweep: Arc::new(Mutex::new(Instant::now())),
+        }
+    }
+
+    /// Times the database calls into `latency` instead.
+    pub fn with_latency(mut self, latency: StoreLatency) -> Self {
+        self.latency = latency;
+        self
+    }
+
+    /// The store behind the gate.
+    pub fn store(&self) -> &PostgresStore {
+        &self.store
+    }
+
+    /// Waits until the database work this gate runs in the background has finished: admissions
+    /// whose callers went away, the ends of permits, sweeps (each bounded by the store
+    /// deadline). Call it before exiting, so that ended writes stop holding back higher tokens
+    /// now rather than when their registrations expire.
+    pub async fn drain(&self) {
+        self.tasks.close();
+        self.tasks.wait().await;
+        self.tasks.reopen();
+    }
+
+    async fn admit_inner(&self, resource: &str, token: Token) -> Result<Permit, GateError> {
+        self.sweep_now_and_then();
+        let (reply, answer) = oneshot::channel();
+        let gate = self.clone();
+        let resource = resource.to_owned();
+        self.tasks
+            .spawn(async move { gate.admission(resource, token, reply).await });
+        let mut answer = Answer(answer);
+        // The task bounds each step itself; this is the last resort.
+        let last_resort = self.store.max_wait() + self.store.deadline * 4;
+        match tokio::time::timeout(last_resort, &mut answer.0).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(store_error("the admission task ended without an answer")),
+            Err(_) => Err(store_error(format!(
+                "admission did not finish within {last_resort:?}"
+            ))),
+        }
+    }
+
+    /// Registers the write and waits out lower in-flight writes, then hands the permit to the
+    /// caller — or, if the caller has gone, ends it at once.
+    async fn admission(
+        self,
+        resource: String,
+        token: Token,
+        mut reply: oneshot::Sender<Result<Permit, GateError>>,
+    ) {
+        if reply.is_closed() {
+            return;
+        }
+        let result = self.register_and_wait(&resource, token, &mut reply).await;
+        match result {
+            Ok(permit) => {
+                if let Err(Ok(permit)) = reply.send(Ok(permit)) {
+                    // Nothing was sent to the storage under it.
+                    permit.complete();
+                }
+            }
+            Err(e) => {
+                let _ = reply.send(Err(e));
+            }
+        }
+    }
+
+    async fn register_and_wait(
+        &self,
+        resource: &str,
+        token: Token,
+        reply: &mut oneshot::Sender<Result<Permit, GateError>>,
+    ) -> Result<Permit, GateError> {
+        let deadline = self.store.deadline;
+        // Armed before each look at the database, so that an end between the look and the
+        // wait is not missed.
+        let wake = self.ended.notified();
+        tokio::pin!(wake);
+        let entry = Entry {
+            id: rand::random(),
+            resource,
+            token,
+            lifetime: self.store.lifetime(),
+            max_wait: self.store.max_wait(),
+        };
+        // Taken before the registration commits, so that the registration (lengthened by the
+        // longest wait if it has to wait) outlasts the wait by a whole lifetime.
+        let give_up = Instant::now() + entry.max_wait;
+        let mut registered = self
+            .latency
+            .time(
+                "get",
+                bounded(deadline, "register the write", async {
+                    let session = self.store.session().await?;
+                    let registered = inflight::register_at_mark(&session, &entry).await?;
+                    session.done();
+                    Ok(registered)
+                }),
+            )
+            .await;
+        if let Ok(Registered::NeedsRaise) = registered {
+            registered = self
+                .latency
+                .time(
+                    "raise",
+                    bounded(deadline, "raise the mark", async {
+                        let mut session = self.store.session().await?;
+                        let registered = inflight::raise_and_register(&mut session, &entry).await?;
+                        session.done();
+                        Ok(registered)
+                    }),
+                )
+                .await;
+        }
+        let lower = match registered {
+            Ok(Registered::Yes { lower }) => lower,
+            Ok(Registered::Stale(mark)) => return Err(GateError::Stale { token, mark }),
+            Ok(Registered::NeedsRaise) => {
+                return Err(store_error("the mark changed twice during admission"))
+            }
+            Err(e) => {
+                // The registration may have committed without our hearing of it.
+                self.permit(entry.id).complete();
+                return Err(e.into());
+            }
+        };
+        // From here on every way out ends the registration: a permit that never reached its
+        // caller protected no write, so it ends as complete.
+        let registration = self.permit(entry.id);
+        if lower.live == 0 {
+            return Ok(registration);
+        }
+        tracing::debug!(resource, %token, lower = lower.live, "waiting for lower in-flight writes");
+        let mut backoff = Backoff::default();
+        let mut next_expiry = lower.next_expiry;
+        loop {
+            tokio::select! {
+                _ = reply.closed() => {
+                    registration.complete();
+                    return Err(store_error("the caller went away"));
+                }
+                _ = &mut wake => {}
+                _ = tokio::time::sleep(backoff.next(next_expiry)) => {}
+            }
+            wake.set(self.ended.notified());
+            // Past this, the registration would no longer cover a whole exchange.
+            if Instant::now() >= give_up {
+                registration.complete();
+                return Err(store_error(format!(
+                    "lower-token writes still in flight after {:?}",
+                    entry.max_wait
+                )));
+            }
+            let polled = self
+                .latency
+                .time(
+                    "wait",
+                    bounded(deadline, "wait for lower writes", async {
+                        let session = self.store.session().await?;
+                        let polled = inflight::poll(&session, &entry).await?;
+                        session.done();
+                        Ok(polled)
+                    }),
+                )
+                .await;
+            match polled {
+                Ok(Polled::Clear) => return Ok(registration),
+                Ok(Polled::Waiting(expiry)) => next_expiry = expiry,
+                Ok(Polled::Overtaken(mark)) => {
+                    registration.complete();
+                    return Err(GateError::Stale { token, mark });
+                }
+                Err(e) => {
+                    registration.complete();
+                    return Err(e.into());
+                }
+            }
+        }
+    }
+
+    /// The permit of registration `id`.
+    fn permit(&self, id: i64) -> Permit {
+        Permit::new(Registration {
+            gate: self.clone(),
+            id,
+        })
+    }
+
+    /// Ends registration `id` in the database (see [`inflight::end`]) and wakes local waiters.
+    async fn end(&self, id: i64, outcome: Outcome) {
+        let ended = bounded(self.store.deadline, "end the write", async {
+            let session = self.store.session().await?;
+            inflight::end(&session, id, outcome, self.store.write_grace).await?;
+            session.done();
+            Ok(())
+        });
+        match self.latency.time("release", ended).await {
+            Ok(()) => self.ended.notify_waiters(),
+            Err(e) => tracing::warn!(
+                id,
+                ?outcome,
+                error = %e,
+                "could not end a write's registration: it lasts until it expires"
+            ),
+        }
+    }
+
+    /// Starts a sweep of expired registrations if none ran for a while.
+    fn sweep_now_and_then(&self) {
+        {
+            let mut last = match self.last_sweep.try_lock() {
+                Ok(last) => last,
+                Err(_) => return,
+            };
+            if last.elapsed() < SWEEP_EVERY {
+                return;
+            }
+            *last = Instant::now();
+        }
+        let gate = self.clone();
+        self.tasks.spawn(async move {
+            let swept = bounded(gate.store.deadline, "sweep", async {
+                let session = gate.store.session().await?;
+                let n = inflight::sweep(&session).await?;
+                session.done();
+                Ok(n)
+            })
+            .await;
+            match swept {
+                Ok(n) => tracing::debug!(deleted = n, "swept expired write registrations"),
+                Err(e) => tracing::debug!(error = %e, "sweep of expired registrations failed"),
+            }
+        });
+    }
+}
+
+fn store_error(message: impl Into<String>) -> GateError {
+    GateError::Store(StoreError(message.into()))
+}
+
+/// The caller's end of an admission. If the caller goes away (or times out) after the task has
+/// already answered, the permit in the channel protected no write: end it as complete rather
+/// than let it drop as uncertain.
+struct Answer(oneshot::Receiver<Result<Permit, GateError>>);
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        self.0.close();
+        if let Ok(Ok(permit)) = self.0.try_recv() {
+            permit.complete();
+        }
+    }
+}
+
+/// An admitted write's registration; ending the permit ends it in the database.
+struct Registration {
+    gate: SharedGate,
+    id: i64,
+}
+
+impl Release for Registration {
+    fn release(self: Box<Self>, outcome: Outcome) {
+        let Registration { gate, id } = *self;
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let tasks = gate.tasks.clone();
+                tasks.spawn_on(async move { gate.end(id, outcome).await }, &runtime);
+            }
+            // Nowhere to talk to the database from: the registration's expiry covers the write.
+            Err(_) => tracing::debug!(id, "no runtime to end a write's registration"),
+        }
+    }
+}
+
+impl Admission for SharedGate {
+    fn admit<'a>(
+        &'a self,
+        resource: &'a str,
+        token: Token,
+    ) -> BoxFuture<'a, Result<Permit, GateError>> {
+        Box::pin(self.admit_inner(resource, token))
+    }
+
+    fn ready(&self) -> BoxFuture<'_, bool> {
+        Box::pin(async move {
+            // `get` is bounded by the deadline; the timeout is the last resort.
+            tokio::time::timeout(self.store.deadline * 2, self.store.get("readyz"))
+                .await
+                .is_ok_and(|r| r.is_ok())
+        })
+    }
+}
