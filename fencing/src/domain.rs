@@ -49,7 +49,12 @@ mod tests {
         assert_eq!(lock_resource(b"aisle-1"), "lock/6169736c652d31");
         assert_ne!(lock_resource(b"\xff"), lock_resource("\u{fffd}".as_bytes()));
         assert_ne!(lock_resource(b"a"), lock_resource(b"a\0"));
-        for name in [b"a".as_slice(), b"\0", b"\xff\xfe", &[7; MAX_LOCK_NAME_BYTES]] {
+        for name in [
+            b"a".as_slice(),
+            b"\0",
+            b"\xff\xfe",
+            &[7; MAX_LOCK_NAME_BYTES],
+        ] {
             assert!(is_lock_resource(&lock_resource(name)), "{name:?}");
         }
         for bad in [

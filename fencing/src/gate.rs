@@ -66,6 +66,9 @@ struct Entry {
     raising: tokio::sync::Mutex<()>,
 }
 
+/// How long a store call may take unless configured ([`Gate::with_store_timeout`]).
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// How long an idle resource stays in the gate's memory unless configured.
 pub const DEFAULT_IDLE_EVICTION: Duration = Duration::from_secs(300);
 
@@ -79,6 +82,7 @@ pub struct Gate<S> {
     started_uncertain_until: Instant,
     idle_eviction: Duration,
     last_sweep: Mutex<Instant>,
+    store_timeout: Duration,
 }
 
 /// One in-flight write, counted until its permit ends.
@@ -120,6 +124,29 @@ impl<S: HighWaterMarks> Gate<S> {
             started_uncertain_until: now + DEFAULT_WRITE_GRACE,
             idle_eviction: DEFAULT_IDLE_EVICTION,
             last_sweep: Mutex::new(now),
+            store_timeout: DEFAULT_STORE_TIMEOUT,
+        }
+    }
+
+    /// Bounds every call to the store: past it the write is refused (fail closed) and the
+    /// readiness probe answers not ready. A call that timed out may still complete in the
+    /// store; the mark is read again before the next decision, so that never lowers it.
+    pub fn with_store_timeout(mut self, timeout: Duration) -> Self {
+        self.store_timeout = timeout;
+        self
+    }
+
+    async fn bounded<T>(
+        &self,
+        op: &str,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.store_timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError(format!(
+                "{op} did not answer within {:?}",
+                self.store_timeout
+            ))),
         }
     }
 
@@ -242,7 +269,7 @@ impl<S: HighWaterMarks> Gate<S> {
             let _raising = entry.raising.lock().await;
             let loaded = lock(&entry.state).mark.is_some();
             if !loaded {
-                let stored = self.store.get(resource).await?;
+                let stored = self.bounded("get", self.store.get(resource)).await?;
                 let mut state = lock(&entry.state);
                 if state.mark.is_none() {
                     if stored.is_none() {
@@ -261,7 +288,10 @@ impl<S: HighWaterMarks> Gate<S> {
             if self.ordering {
                 self.drain_below(&entry, token).await;
             }
-            match self.store.raise(resource, token).await {
+            match self
+                .bounded("raise", self.store.raise(resource, token))
+                .await
+            {
                 Ok(mark) => {
                     let mut state = lock(&entry.state);
                     state.mark = Some(state.mark.unwrap_or_default().max(mark));
@@ -310,7 +340,7 @@ impl<S: HighWaterMarks> Gate<S> {
         if let Some(mark) = lock(&self.entry(resource).state).mark {
             return Ok(Some(mark).filter(|m| *m != Token::default()));
         }
-        Ok(self.store.get(resource).await?)
+        Ok(self.bounded("get", self.store.get(resource)).await?)
     }
 }
 
@@ -324,7 +354,7 @@ impl<S: HighWaterMarks> Admission for Gate<S> {
     }
 
     fn ready(&self) -> futures::future::BoxFuture<'_, bool> {
-        Box::pin(async move { self.store.get("readyz").await.is_ok() })
+        Box::pin(async move { self.bounded("get", self.store.get("readyz")).await.is_ok() })
     }
 }
 

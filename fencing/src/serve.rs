@@ -2,8 +2,8 @@
 //! request ids both put on every request and log line.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::http::{HeaderName, Request};
@@ -15,6 +15,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
@@ -35,9 +36,12 @@ pub struct Limits {
     /// Most client connections served at once; further connections wait in the listen backlog
     /// until one closes.
     pub max_connections: usize,
-    /// Deadline for a client to send a request's headers (HTTP/1): a slow or silent client's
-    /// connection is closed.
+    /// Deadline for a client to send a request's headers: a connection that has not sent its
+    /// first request's headers this long after it was accepted (a silent client, an HTTP/2
+    /// preface alone) is closed, and so is one trickling an HTTP/1 header.
     pub header_read_timeout: Duration,
+    /// How long a connection with no request in flight (its last answer fully sent) stays open.
+    pub idle_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -45,7 +49,51 @@ impl Default for Limits {
         Self {
             max_connections: 1024,
             header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
         }
+    }
+}
+
+/// What one connection is doing, for its idle deadline.
+struct Activity {
+    /// Requests whose answers are not yet fully sent.
+    busy: AtomicUsize,
+    /// Whether a request has arrived at all.
+    served: AtomicBool,
+    /// When the last request ended (or the connection was accepted).
+    last: Mutex<Instant>,
+}
+
+/// One request in flight on a connection; ends when its answer's body is dropped.
+struct Busy(Arc<Activity>);
+
+impl Busy {
+    fn new(activity: Arc<Activity>) -> Self {
+        activity.busy.fetch_add(1, Ordering::AcqRel);
+        activity.served.store(true, Ordering::Release);
+        Self(activity)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        *self.0.last.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        self.0.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Activity {
+    /// When the connection is to be closed if nothing happens before: `None` while busy.
+    fn deadline(&self, limits: &Limits) -> Option<Instant> {
+        if self.busy.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let limit = if self.served.load(Ordering::Acquire) {
+            limits.idle_timeout
+        } else {
+            limits.header_read_timeout
+        };
+        Some(*self.last.lock().unwrap_or_else(|p| p.into_inner()) + limit)
     }
 }
 
@@ -137,18 +185,62 @@ async fn accept(
             () = stop.cancelled() => return Ok(connections),
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(app.clone());
+        let activity = Arc::new(Activity {
+            busy: AtomicUsize::new(0),
+            served: AtomicBool::new(false),
+            last: Mutex::new(Instant::now()),
+        });
+        let service = TowerToHyperService::new(tracked(app.clone(), activity.clone()));
         let connection = builder
             .serve_connection_with_upgrades(TokioIo::new(stream), service)
             .into_owned();
         let connection = graceful.watch(connection);
         connections.spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "connection ended with an error");
+            tokio::pin!(connection);
+            loop {
+                let check = activity
+                    .deadline(&limits)
+                    .unwrap_or_else(|| Instant::now() + limits.idle_timeout);
+                match tokio::time::timeout_at(check, &mut connection).await {
+                    Ok(Err(e)) => tracing::debug!(error = %e, "connection ended with an error"),
+                    Ok(Ok(())) => {}
+                    Err(_) => match activity.deadline(&limits) {
+                        Some(deadline) if deadline <= Instant::now() => {
+                            tracing::debug!("closing an idle connection");
+                        }
+                        _ => continue,
+                    },
+                }
+                break;
             }
             drop(slot);
         });
     }
+}
+
+/// `app`, counting each request as busy on `activity` until its answer's body is dropped.
+fn tracked(
+    app: Router,
+    activity: Arc<Activity>,
+) -> impl tower::Service<
+    Request<hyper::body::Incoming>,
+    Response = http::Response<axum::body::Body>,
+    Error = std::convert::Infallible,
+    Future = impl Future + Send,
+> + Clone {
+    tower::service_fn(move |req: Request<hyper::body::Incoming>| {
+        let busy = Busy::new(activity.clone());
+        let answer = tower::ServiceExt::oneshot(app.clone(), req);
+        async move {
+            let response = answer.await?;
+            Ok(response.map(|body| {
+                axum::body::Body::new(http_body_util::BodyExt::map_frame(body, move |frame| {
+                    let _ = &busy;
+                    frame
+                }))
+            }))
+        }
+    })
 }
 
 /// The request id header: kept when the client sent one, else set to a fresh UUID; echoed in

@@ -388,6 +388,23 @@ fn path_mode_rows(keys: &Keyring) -> Vec<Row> {
         attack("dot-dot", b"/inventory/aisle-1/../aisle-2"),
         attack("dot-dot deeper", b"/inventory/aisle-1/x/../../aisle-2"),
         attack("%2e%2e", b"/inventory/aisle-1/%2e%2e/aisle-2"),
+        // Encoded non-ASCII that NFKC or a lenient UTF-8 decoder turns into dots or a slash.
+        attack(
+            "encoded fullwidth dots",
+            b"/inventory/aisle-1/%ef%bc%8e%ef%bc%8e/aisle-2",
+        ),
+        attack(
+            "encoded ideographic full stops",
+            b"/inventory/aisle-1/%E3%80%82%E3%80%82/aisle-2",
+        ),
+        attack(
+            "overlong-UTF-8 dots",
+            b"/inventory/aisle-1/%c0%ae%c0%ae/aisle-2",
+        ),
+        attack(
+            "overlong-UTF-8 slashes",
+            b"/inventory/aisle-1/%c0%af..%c0%afaisle-2",
+        ),
         attack("%2E%2E", b"/inventory/aisle-1/%2E%2E/aisle-2"),
         attack("%2e%2E mixed case", b"/inventory/aisle-1/%2e%2E/aisle-2"),
         attack(".%2e half encoded", b"/inventory/aisle-1/.%2e/aisle-2"),

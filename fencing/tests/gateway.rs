@@ -607,6 +607,26 @@ async fn header_hygiene_protocols_and_limits() {
     assert_eq!(last.2["fencing-token"], token.as_str());
     assert_eq!(last.2["fencing-resource"], "aisle-5");
 
+    // Underscore spellings, which CGI/WSGI/Rack/PHP storages read as the same header, are
+    // fencing headers too: none reaches the storage.
+    let answer = raw(
+        &gw,
+        format!(
+            "PUT /inventory/aisle-5 HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\
+             fencing_resource: aisle-8\r\nx_fencing_token: forged\r\nFENCING_TOKEN: forged\r\n\
+             fencing-resource: aisle-5\r\nfencing-token: {token}\r\ncontent-length: 2\r\n\r\nok"
+        )
+        .as_bytes(),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let last = received.lock().unwrap().last().cloned().unwrap();
+    assert!(
+        last.2.keys().all(|k| !k.as_str().contains("fencing_")),
+        "{:?}",
+        last.2
+    );
+
     // A read carries no client-sent fencing header to the storage.
     let resp = reqwest::Client::new()
         .get(format!("{}/inventory/aisle-5", gw.url))
@@ -694,4 +714,131 @@ async fn header_hygiene_protocols_and_limits() {
     assert!(!waiting.is_finished(), "a fifth connection was served");
     drop(idle);
     assert_eq!(waiting.await.unwrap().unwrap(), 200);
+}
+
+/// Reads until the gateway closes the connection; how long after `since` that was (`None` if
+/// still open at `since + within`).
+async fn closed_at(
+    stream: &mut tokio::net::TcpStream,
+    since: tokio::time::Instant,
+    within: Duration,
+) -> Option<Duration> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout_at(since + within, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(since.elapsed()),
+            Ok(Ok(_)) => continue,
+            Err(_) => return None,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_idle_and_preface_only_connections_are_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (dir, key_file, keys) = setup();
+    let (upstream, received) = storage().await;
+    let gw = Gateway::start_with(
+        &upstream,
+        &dir.path().join("m.db"),
+        &key_file,
+        free_port(),
+        &["--header-read-timeout", "600ms", "--idle-timeout", "900ms"],
+    )
+    .await;
+    let addr = gw.url.trim_start_matches("http://").to_owned();
+    let t0 = tokio::time::Instant::now();
+
+    // Silent: not a byte sent (hyper's own header timeout never starts for these).
+    let mut silent = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    // An HTTP/2 preface and SETTINGS, then nothing.
+    let mut preface = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    preface
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .unwrap();
+    // One request answered, then idle on keep-alive.
+    let mut idle = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    idle.write_all(b"GET /inventory/x HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    // A write whose body trickles in for longer than the idle timeout: busy, never cut.
+    let mut busy = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let token = keys.mint("aisle-6", Token::new(0, 2));
+    busy.write_all(
+        format!(
+            "PUT /inventory/aisle-6 HTTP/1.1\r\nhost: x\r\nfencing-resource: aisle-6\r\n\
+             fencing-token: {token}\r\ncontent-length: 4\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    for byte in b"slow" {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        busy.write_all(&[*byte]).await.unwrap();
+    }
+    let mut answer = [0u8; 12];
+    busy.read_exact(&mut answer).await.unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 200", "a busy connection was cut");
+    assert_eq!(received.lock().unwrap().last().unwrap().3, "slow");
+
+    let within = Duration::from_secs(5);
+    for (name, stream, limit) in [
+        ("silent", &mut silent, Duration::from_millis(600)),
+        ("preface only", &mut preface, Duration::from_millis(600)),
+        ("idle", &mut idle, Duration::from_millis(900)),
+    ] {
+        let at = closed_at(stream, t0, within)
+            .await
+            .unwrap_or_else(|| panic!("{name} connection still open after {within:?}"));
+        assert!(at >= limit, "{name} closed before its limit ({at:?})");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_sqlite_store_fails_closed_within_the_store_timeout() {
+    let (dir, key_file, keys) = setup();
+    let (upstream, received) = storage().await;
+    let marks = dir.path().join("m.db");
+    let gw = Gateway::start_with(
+        &upstream,
+        &marks,
+        &key_file,
+        free_port(),
+        &["--store-timeout", "1s"],
+    )
+    .await;
+    // Another process holds the database's write lock.
+    let locker = rusqlite::Connection::open(&marks).unwrap();
+    locker.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let client = reqwest::Client::new();
+    for resource in ["new-1", "new-2", "new-3"] {
+        let started = tokio::time::Instant::now();
+        let status = put(&gw, &keys, resource, 4).await;
+        let took = started.elapsed();
+        assert_eq!(status, 503, "{resource}");
+        // One deadline per call, not a queue of them: at most a couple of seconds each.
+        assert!(took < Duration::from_secs(3), "{resource} took {took:?}");
+    }
+    let started = tokio::time::Instant::now();
+    let _ = client
+        .get(format!("{}/readyz", gw.url))
+        .send()
+        .await
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(3), "/readyz hung");
+    assert!(received.lock().unwrap().is_empty(), "a write went through");
+    locker.execute_batch("ROLLBACK").unwrap();
+    // The store recovers.
+    let mut status = 0;
+    for _ in 0..50 {
+        status = put(&gw, &keys, "new-1", 4).await;
+        if status == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, 200);
 }

@@ -50,6 +50,7 @@ async fn storage() -> (String, Applied) {
             let (parts, body) = req.into_parts();
             let write = revision(&parts.headers);
             let mode = parts.headers["x-mode"].to_str().unwrap().to_owned();
+            let early = mode == "early";
             let apply = async move {
                 let _ = body.collect().await;
                 if mode == "slow" {
@@ -60,7 +61,7 @@ async fn storage() -> (String, Applied) {
             // Applied by a task of its own, as a real storage would: a connection closed by
             // the gateway does not undo work under way.
             let applying = tokio::spawn(apply);
-            if parts.headers["x-mode"] != "early" {
+            if !early {
                 let _ = applying.await;
             }
             Response::new(Body::from("applied"))

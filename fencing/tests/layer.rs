@@ -206,3 +206,49 @@ async fn a_failing_store_fails_closed() {
         }
     }
 }
+
+/// An inner service that answers at once and reads the body afterwards (in a task of its own)
+/// may still be applying the write when its answer has been read: the exchange is uncertain, so
+/// a higher token waits out the write grace instead of going ahead when the body has been read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_before_the_body_was_read_leaves_the_write_uncertain() {
+    let keys = Arc::new(keyring("k1"));
+    let gate = Arc::new(Gate::new(MemoryStore::new()).with_write_grace(Duration::from_secs(30)));
+    let early = tower::service_fn(|req: Request<Body>| async move {
+        tokio::spawn(async move {
+            let _ = http_body_util::BodyExt::collect(req.into_body()).await;
+        });
+        Ok::<_, std::convert::Infallible>(http::Response::new(Body::from("accepted")))
+    });
+    let service = ServiceBuilder::new()
+        .layer(FencingLayer::new(Fence::new(keys.clone(), gate), ByHeader))
+        .service(early);
+    let first = service.clone().oneshot(write(&keys, "r", 1)).await.unwrap();
+    assert_eq!(first.status(), 200);
+    let _ = http_body_util::BodyExt::collect(first.into_body()).await;
+
+    // Token 2's body arrives in two parts; the storage answers after the first.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, std::io::Error>>(2);
+    let body = Body::from_stream(futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|chunk| (chunk, rx))
+    }));
+    let mut req = write(&keys, "r", 2);
+    *req.body_mut() = body;
+    tx.send(Ok("part 1".into())).await.unwrap();
+    let answer = service.clone().oneshot(req).await.unwrap();
+    assert_eq!(answer.status(), 200);
+    let _ = http_body_util::BodyExt::collect(answer.into_body()).await;
+    tx.send(Ok("part 2".into())).await.unwrap();
+    drop(tx);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The body has now been read to its end and the answer too; but the answer came first.
+    let third = tokio::time::timeout(
+        Duration::from_millis(500),
+        service.clone().oneshot(write(&keys, "r", 3)),
+    )
+    .await;
+    assert!(
+        third.is_err(),
+        "a higher token went ahead of a write answered before its body was read"
+    );
+}

@@ -97,10 +97,16 @@ pub struct GatewayConfig {
     )]
     pub max_client_connections: usize,
 
-    /// Deadline for a client to send a request's headers.
+    /// Deadline for a client to send a request's headers, the first one counted from the
+    /// connection's start (a silent connection is closed after it).
     #[arg(long, env = "FENCE_GATEWAY_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,
+
+    /// How long a client connection with no request in flight stays open.
+    #[arg(long, env = "FENCE_GATEWAY_IDLE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
 
     /// PostgreSQL connections in the pool (held only for short statements), plus one listening
     /// connection per gateway for wake-ups.
@@ -225,6 +231,7 @@ impl GatewayConfig {
             ("--upstream-timeout", self.upstream_timeout),
             ("--store-timeout", self.store_timeout),
             ("--header-read-timeout", self.header_read_timeout),
+            ("--idle-timeout", self.idle_timeout),
             ("--idle-eviction", self.idle_eviction),
         ] {
             if value.is_zero() {
@@ -256,7 +263,8 @@ impl GatewayConfig {
             Arc::new(
                 Gate::new(Timed::new(store, latency.clone()))
                     .with_write_grace(self.write_grace)
-                    .with_idle_eviction(self.idle_eviction),
+                    .with_idle_eviction(self.idle_eviction)
+                    .with_store_timeout(self.store_timeout),
             )
         };
         if let Some(path) = self.store.strip_prefix("sqlite:") {

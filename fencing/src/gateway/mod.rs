@@ -154,6 +154,7 @@ pub async fn run(
         crate::serve::Limits {
             max_connections: config.max_client_connections,
             header_read_timeout: config.header_read_timeout,
+            idle_timeout: config.idle_timeout,
         },
     )
     .await?;

@@ -210,8 +210,9 @@ fn is_dot_segment(segment: &str) -> bool {
 }
 
 /// Every `%` starts a well-formed escape that decodes to something that is neither a path
-/// delimiter (`/`, `\`), a dot, a `%` (which a second decoding would turn into one of those) nor
-/// a control character.
+/// delimiter (`/`, `\`), a dot, a `%` (which a second decoding would turn into one of those), a
+/// control character, nor a byte above 0x7F (decoded and NFKC-normalised, `%ef%bc%8e` is a dot;
+/// overlong UTF-8 such as `%c0%ae` is one to lenient decoders).
 fn harmless_encodings(segment: &str) -> bool {
     let bytes = segment.as_bytes();
     let mut i = 0;
@@ -222,7 +223,7 @@ fn harmless_encodings(segment: &str) -> bool {
                 (Some(hi), Some(lo)) => hi * 16 + lo,
                 _ => return false,
             };
-            if decoded < 0x20 || matches!(decoded, 0x7f | 0x25 | 0x2e | 0x2f | 0x5c) {
+            if !(0x20..0x7f).contains(&decoded) || matches!(decoded, 0x25 | 0x2e | 0x2f | 0x5c) {
                 return false;
             }
             i += 3;
@@ -388,6 +389,10 @@ mod tests {
             "/inventory/aisle-1/a%5Cb",
             "/inventory/aisle-1/a%00b",
             "/inventory/aisle-1/a%zzb",
+            "/inventory/aisle-1/%ef%bc%8e%ef%bc%8e/aisle-2",
+            "/inventory/aisle-1/%E3%80%82%E3%80%82/aisle-2",
+            "/inventory/aisle-1/%c0%ae%c0%ae/aisle-2",
+            "/inventory/aisle-1/%c0%af..%c0%afaisle-2",
             "/inventory/aisle-1/a%2",
             "/inventory/aisle-1/a%",
             "/inventory/aisle-1%2f..%2faisle-2",
@@ -556,7 +561,10 @@ mod tests {
         // In path mode a `/` ends the resource segment: a lock domain cannot be named, and the
         // header naming one disagrees with the path's resource.
         let p = pattern();
-        assert_eq!(p.classify(&req("PUT", "/inventory/lock/61", &[])), protect("lock"));
+        assert_eq!(
+            p.classify(&req("PUT", "/inventory/lock/61", &[])),
+            protect("lock")
+        );
         assert_eq!(
             p.classify(&req("PUT", "/inventory/lock/61", &[b"lock/61"])),
             reject(Rejection::ResourceMismatch)

@@ -48,9 +48,13 @@ impl Exchange {
         })
     }
 
-    /// The storage answered, with an answer that says it came from the storage.
+    /// The storage answered, with an answer that says it came from the storage. An answer that
+    /// arrives before the request body was handed over in full is an *early* answer: the storage
+    /// may still be reading (and applying) the rest, so the exchange stays uncertain.
     pub(super) fn answered(&self) {
-        self.answered.store(true, Ordering::Release);
+        if self.request_done.load(Ordering::Acquire) {
+            self.answered.store(true, Ordering::Release);
+        }
     }
 
     pub(super) fn deadline(&self) -> Instant {

@@ -31,9 +31,10 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// Whether `name` is a fencing header (`Fencing-*`, `X-Fencing-*`): only the enforcer may set
-/// those on what reaches the storage.
+/// those on what reaches the storage. `_` counts as `-`: CGI, WSGI, Rack and PHP map both to the
+/// same variable, so `fencing_resource` would reach such a storage as a second `Fencing-Resource`.
 fn is_fencing(name: &HeaderName) -> bool {
-    let name = name.as_str();
+    let name = name.as_str().replace('_', "-");
     name.starts_with("fencing-") || name.starts_with("x-fencing-")
 }
 
@@ -69,6 +70,9 @@ mod tests {
             "Fencing-Resource",
             "x-fencing-token",
             "fencing-anything",
+            "fencing_resource",
+            "x_fencing-token",
+            "X_FENCING_TOKEN",
         ] {
             h.append(
                 HeaderName::from_bytes(name.as_bytes()).unwrap(),
