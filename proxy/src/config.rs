@@ -121,9 +121,23 @@ pub struct Config {
     pub max_forward_bytes: usize,
 
     /// Key namespace of the etcd-compatible `/v3` KV and lock API (default `{etcd-prefix}v3/kv/`);
-    /// `/v3` clients can neither see nor touch keys outside it.
+    /// `/v3` clients can neither see nor touch keys outside it. Must be non-empty and disjoint
+    /// from the proxy's own keys: inside `--etcd-prefix` only under `{etcd-prefix}v3/kv/`, and
+    /// never a prefix of `--etcd-prefix`.
     #[arg(long, env = "LEASE_PROXY_V3_NAMESPACE")]
     pub v3_namespace: Option<String>,
+
+    /// Most keepalive requests (JSON objects) in one `/v3/lease/keepalive` body.
+    #[arg(long, env = "LEASE_PROXY_V3_MAX_KEEPALIVE_IDS", default_value_t = 64)]
+    pub v3_max_keepalive_ids: usize,
+
+    /// Most compares and operations in one `/v3/kv/txn`, counted at every nesting depth.
+    #[arg(long, env = "LEASE_PROXY_V3_MAX_TXN_OPS", default_value_t = 256)]
+    pub v3_max_txn_ops: usize,
+
+    /// Deepest nesting of transactions inside a `/v3/kv/txn` (0: no nested transactions).
+    #[arg(long, env = "LEASE_PROXY_V3_MAX_TXN_DEPTH", default_value_t = 4)]
+    pub v3_max_txn_depth: usize,
 
     /// Log format.
     #[arg(
@@ -229,7 +243,57 @@ impl Config {
         if self.etcd_timeout < Duration::from_millis(100) {
             return fail("--etcd-timeout must be at least 100ms".into());
         }
+        self.validate_v3()
+    }
+
+    /// The `/v3` namespace is usable and cannot reach the proxy's own keys; the `/v3` limits
+    /// are sane.
+    fn validate_v3(&self) -> Result<(), ConfigError> {
+        let fail = |m: String| Err(ConfigError(m));
+        let namespace = self.v3_namespace_or_default();
+        let prefix = &self.etcd_prefix;
+        let reserved = format!("{prefix}v3/kv/");
+        if namespace.is_empty() {
+            return fail("--v3-namespace must not be empty (it would expose every key)".into());
+        }
+        // Every key of the proxy's own lies under --etcd-prefix. A namespace that is a prefix of
+        // it covers them all; one inside it must stay in the subtree reserved for /v3 data.
+        if prefix.starts_with(&namespace) {
+            return fail(format!(
+                "--v3-namespace `{namespace}` covers --etcd-prefix `{prefix}` and so the \
+                 proxy's own keys (holders, lease markers)"
+            ));
+        }
+        if namespace.starts_with(prefix.as_str()) && !namespace.starts_with(&reserved) {
+            return fail(format!(
+                "--v3-namespace `{namespace}` lies among the proxy's own keys under \
+                 `{prefix}`; inside it only `{reserved}…` is for /v3"
+            ));
+        }
+        for (flag, value, max) in [
+            ("--v3-max-keepalive-ids", self.v3_max_keepalive_ids, 10_000),
+            ("--v3-max-txn-ops", self.v3_max_txn_ops, 100_000),
+        ] {
+            if value == 0 || value > max {
+                return fail(format!("{flag} must be between 1 and {max}"));
+            }
+        }
+        if self.v3_max_txn_depth > 16 {
+            return fail("--v3-max-txn-depth must be at most 16".into());
+        }
         Ok(())
+    }
+
+    /// The `/v3` namespace in effect.
+    pub(crate) fn v3_namespace_or_default(&self) -> String {
+        self.v3_namespace
+            .clone()
+            .unwrap_or_else(|| format!("{}v3/kv/", self.etcd_prefix))
+    }
+
+    /// Where the markers of `/v3` leases live (outside every valid `/v3` namespace).
+    pub(crate) fn v3_lease_markers(&self) -> String {
+        format!("{}v3/leases/", self.etcd_prefix)
     }
 
     /// The defaults, with the given etcd endpoints — for tests and embedding.
@@ -284,6 +348,40 @@ mod tests {
         assert!(c.validate().is_err());
         let mut c = Config::parse_from(["lease-proxy"]);
         c.etcd_endpoints = vec!["127.0.0.1:2379".into()];
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn the_v3_namespace_is_disjoint_from_the_proxys_keys() {
+        let with = |ns: &str| {
+            let mut c = Config::parse_from(["lease-proxy"]);
+            c.v3_namespace = Some(ns.into());
+            c.validate()
+        };
+        for ok in [
+            "/lease-proxy/v3/kv/",
+            "/lease-proxy/v3/kv/team-a/",
+            "/apps/",
+            "x",
+        ] {
+            assert!(with(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "/",
+            "/lease",
+            "/lease-proxy/",
+            "/lease-proxy/holders/",
+            "/lease-proxy/v3/",
+            "/lease-proxy/v3/leases/",
+            "/lease-proxy/v3/kv",
+            "/lease-proxy/readyz",
+            "/lease-proxy/other/",
+        ] {
+            assert!(with(bad).is_err(), "{bad:?}");
+        }
+        let mut c = Config::parse_from(["lease-proxy"]);
+        c.v3_max_txn_ops = 0;
         assert!(c.validate().is_err());
     }
 }

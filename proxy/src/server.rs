@@ -100,19 +100,7 @@ pub async fn run(
         &tracker,
         background.clone(),
     );
-    let v3 = crate::v3::V3::new(
-        etcd.clone(),
-        keepalive.clone(),
-        keys.clone(),
-        config.era,
-        config
-            .v3_namespace
-            .clone()
-            .unwrap_or_else(|| format!("{}v3/kv/", config.etcd_prefix))
-            .into_bytes(),
-        format!("{}v3/leases/", config.etcd_prefix),
-        config.max_body_bytes,
-    );
+    let v3 = crate::v3::V3::new(etcd.clone(), keepalive.clone(), keys.clone(), &config);
     let holders_prefix = format!("{}holders/", config.etcd_prefix);
     let holders = Holders::start(&etcd, holders_prefix.clone(), &tracker, background.clone());
     let limits = Limits {

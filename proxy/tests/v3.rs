@@ -13,6 +13,8 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use common::*;
@@ -294,6 +296,91 @@ async fn same_requests_same_answers_as_real_etcd() {
         ),
         ("POST", "/v3/lease/grant", "not json".into(), None),
         ("POST", "/v3/kv/range", r#"{"key":"#.into(), None),
+        // etcd's own checks, on the client's keys (the namespace must not hide an empty key).
+        ("POST", "/v3/kv/range", r#"{"key":""}"#.into(), None),
+        ("POST", "/v3/kv/range", "{}".into(), None),
+        ("POST", "/v3/kv/range", String::new(), None),
+        (
+            "POST",
+            "/v3/kv/txn",
+            r#"{"compare":[{"target":"CREATE","result":"EQUAL"}]}"#.into(),
+            None,
+        ),
+        ("POST", "/v3/kv/txn", r#"{"success":[{}]}"#.into(), None),
+        (
+            "POST",
+            "/v3/kv/txn",
+            r#"{"success":[{"request_put":null}]}"#.into(),
+            None,
+        ),
+        // Go's base64 errors, offsets and all.
+        ("POST", "/v3/kv/range", r#"{"key":"YQ="}"#.into(), None),
+        ("POST", "/v3/kv/range", r#"{"key":"Y==="}"#.into(), None),
+        ("POST", "/v3/kv/range", r#"{"key":"YQ==x"}"#.into(), None),
+        ("POST", "/v3/kv/range", r#"{"key":"abcde"}"#.into(), None),
+        (
+            "POST",
+            "/v3/kv/range",
+            r#"{"key":"YWJjZA\n\n"}"#.into(),
+            None,
+        ),
+        (
+            "POST",
+            "/v3/kv/range",
+            r#"{"key":"AA==","sort_order":"\u0044ESCEND"}"#.into(),
+            None,
+        ),
+        (
+            "POST",
+            "/v3/kv/put",
+            format!(r#"{{"key":"{b}","value":"eA==","ignore_value":true}}"#),
+            None,
+        ),
+        (
+            "POST",
+            "/v3/kv/put",
+            format!(r#"{{"key":"{b}","value":"eA==","lease":"999"}}"#),
+            None,
+        ),
+        // Both spellings (one at a time), numeric enums, null fields, unknown enum names, types.
+        (
+            "POST",
+            "/v3/kv/range",
+            format!(
+                r#"{{"key":"{pfx}","rangeEnd":"{pfx_end}","keysOnly":true,"sort_order":2,"sortTarget":0}}"#
+            ),
+            None,
+        ),
+        (
+            "POST",
+            "/v3/kv/range",
+            format!(r#"{{"key":"{b}","range_end":null,"limit":null}}"#),
+            None,
+        ),
+        (
+            "POST",
+            "/v3/kv/range",
+            format!(r#"{{"key":"{b}","sort_order":"descend"}}"#),
+            None,
+        ),
+        ("POST", "/v3/kv/range", r#"{"key":5}"#.into(), None),
+        (
+            "POST",
+            "/v3/kv/range",
+            format!(r#"{{"key":"{b}","keys_only":"true"}}"#),
+            None,
+        ),
+        ("POST", "/v3/kv/range", "[]".into(), None),
+        ("POST", "/v3/lease/leases", "null".into(), None),
+        // Leases etcd does not know.
+        ("POST", "/v3/lease/keepalive", r#"{"ID":0}"#.into(), None),
+        ("POST", "/v3/lease/timetolive", r#"{"ID":"0"}"#.into(), None),
+        ("POST", "/v3/lease/revoke", r#"{"ID":0}"#.into(), None),
+        // Paths and discovery.
+        ("POST", "/v3/kv/nosuch", "{}".into(), None),
+        ("GET", "/version", String::new(), None),
+        ("POST", "/version", String::new(), None),
+        ("GET", "/health", String::new(), None),
         (
             "POST",
             "/v3/lease/keepalive",
@@ -406,7 +493,7 @@ async fn same_requests_same_answers_as_real_etcd() {
         ("GET", "/v3/lease/leases", String::new(), None),
         ("POST", "/v3alpha/lease/leases", "{}".into(), None),
     ];
-    assert!(script.len() >= 40);
+    assert!(script.len() >= 52, "{} steps", script.len());
     for (i, (method, path, body, capture)) in script.iter().enumerate() {
         let (s1, t1) = etcd.send(method, path, body).await;
         let (s2, t2) = ours.send(method, path, body).await;
@@ -454,7 +541,8 @@ async fn the_namespace_cannot_be_escaped() {
     for (key, end) in everything {
         let body = format!(r#"{{"key":"{key}","range_end":"{end}"}}"#);
         let (status, text) = send_v3("/v3/kv/range", body.clone()).await;
-        assert_eq!(status, 200, "{text}");
+        // As etcd: a request without a key is refused ("key is not provided").
+        assert_eq!(status, if key.is_empty() { 400 } else { 200 }, "{text}");
         assert!(
             !text.contains("kvs"),
             "range {body} saw keys outside the namespace: {text}"
@@ -553,8 +641,11 @@ async fn a_lock_blocks_the_next_and_tokens_rise() {
         .await
         .unwrap()
         .unwrap();
-    let t1 = keys.verify("robot-arm", &first_token).unwrap();
-    let t2 = keys.verify("robot-arm", &second_token).unwrap();
+    // Lock tokens live in the lock's own domain, never the /v1 resource of the same name.
+    let domain = fencing::lock_resource(b"robot-arm");
+    assert!(keys.verify("robot-arm", &first_token).is_err());
+    let t1 = keys.verify(&domain, &first_token).unwrap();
+    let t2 = keys.verify(&domain, &second_token).unwrap();
     assert!(t2 > t1, "{t2} after {t1}");
     // 2. Released by the holder's lease expiring (the second holder's lease: TTL 30 — revoke
     //    the key's lease through etcd directly to make it lapse now).
@@ -569,5 +660,238 @@ async fn a_lock_blocks_the_next_and_tokens_rise() {
         .await
         .unwrap()
         .unwrap();
-    assert!(keys.verify("robot-arm", &third_token).unwrap() > t2);
+    assert!(keys.verify(&domain, &third_token).unwrap() > t2);
+}
+
+/// The answer to a `/v3` call: status, body, and the `Fencing-Token` header if any.
+async fn v3_call(base: &str, path: &str, body: String) -> (u16, Value, Option<String>) {
+    let resp = http()
+        .post(format!("{base}{path}"))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let token = resp
+        .headers()
+        .get("fencing-token")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let text = resp.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        token,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_token_never_fences_a_v1_resource() {
+    let etcd = Etcd::single().await;
+    let (storage, received) = recording_storage().await;
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("keys");
+    fencing::Keyring::create_file(&key_file, &fencing::KeyId::parse("k1").unwrap()).unwrap();
+    let gateway = start_gateway(&storage, &key_file).await;
+    let proxy = Proxy::start_with_keys(etcd.endpoints(), key_file, |c| {
+        c.upstream = Some(gateway.clone());
+    })
+    .await;
+    // A /v1 holder of aisle-1 writes through the proxy and the gateway.
+    let (status, grant) = acquire(&proxy, "aisle-1", "robot-1", 60).await;
+    assert_eq!(status, 201, "{grant}");
+    let secret = str_field(&grant, "secret");
+    let forward = |n: u32| {
+        let (url, secret) = (proxy.url.clone(), secret.clone());
+        async move {
+            http()
+                .put(format!("{url}/v1/leases/aisle-1/forward/shelf/{n}"))
+                .header("lease-secret", secret)
+                .body("1 box")
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(forward(1).await, 200);
+
+    // Later, a /v3 client locks a lock named like the resource: a newer revision.
+    let (_, lease, _) = v3_call(&proxy.url, "/v3/lease/grant", r#"{"TTL":60}"#.into()).await;
+    let lease = lease["ID"].as_str().unwrap().to_owned();
+    let resp = http()
+        .post(format!("{}/v3/lock/lock", proxy.url))
+        .body(format!(
+            r#"{{"name":"{}","lease":"{lease}"}}"#,
+            b64("aisle-1")
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let domain = fencing::lock_resource(b"aisle-1");
+    let lock_token = resp.headers()["fencing-token"].to_str().unwrap().to_owned();
+    let named = resp.headers().get("fencing-resource").cloned();
+
+    // Its token is refused for the /v1 resource (403, another resource's token)…
+    let direct = |resource: String| {
+        let (url, token) = (gateway.clone(), lock_token.clone());
+        async move {
+            let resp = http()
+                .put(format!("{url}/shelf/9"))
+                .header("fencing-token", token)
+                .header("fencing-resource", resource)
+                .body("lock holder's write")
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.text().await.unwrap())
+        }
+    };
+    let (status, text) = direct("aisle-1".into()).await;
+    assert_eq!(status, 403, "{text}");
+    assert!(text.contains("wrong-resource"), "{text}");
+    // …so the /v1 holder goes on writing…
+    assert_eq!(forward(2).await, 200);
+    // …and the lock token fences its own domain, which the lock answer names.
+    assert_eq!(named.unwrap(), domain.as_str());
+    let (status, text) = direct(domain.clone()).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(forward(3).await, 200);
+    let seen = received.lock().unwrap().clone();
+    assert_eq!(
+        seen.iter().map(|(r, _)| r.as_str()).collect::<Vec<_>>(),
+        ["aisle-1", "aisle-1", domain.as_str(), "aisle-1"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v3_answers_within_the_deadline_while_a_member_is_stopped() {
+    let etcd = Etcd::cluster(3).await;
+    let deadline = Duration::from_secs(2);
+    let proxy = Proxy::start(etcd.endpoints(), |c| c.etcd_timeout = deadline).await;
+    let (_, lease, _) = v3_call(&proxy.url, "/v3/lease/grant", r#"{"TTL":60}"#.into()).await;
+    let lease = lease["ID"].as_str().unwrap().to_owned();
+    let (key, value) = (b64("k"), b64("v"));
+
+    // The proxy pins the first endpoint first: stop that member.
+    etcd.signal(0, "STOP");
+    // First a write that goes straight to etcd (no lease check before it): it cannot be tried
+    // twice, so it answers 503 at the deadline or succeeds; the member is unpinned either way.
+    let calls: Vec<(&str, String)> = vec![
+        (
+            "/v3/kv/deleterange",
+            format!(r#"{{"key":"{}"}}"#, b64("gone")),
+        ),
+        (
+            "/v3/kv/put",
+            format!(r#"{{"key":"{key}","value":"{value}","lease":"{lease}"}}"#),
+        ),
+        ("/v3/kv/range", format!(r#"{{"key":"{key}"}}"#)),
+        (
+            "/v3/kv/txn",
+            format!(
+                r#"{{"compare":[{{"key":"{key}","target":"VERSION","result":"GREATER","version":"0"}}],"success":[{{"request_range":{{"key":"{key}"}}}}]}}"#
+            ),
+        ),
+        ("/v3/lease/grant", r#"{"TTL":30}"#.into()),
+        ("/v3/lease/keepalive", format!(r#"{{"ID":"{lease}"}}"#)),
+        (
+            "/v3/lease/timetolive",
+            format!(r#"{{"ID":"{lease}","keys":true}}"#),
+        ),
+        ("/v3/lease/leases", "{}".into()),
+        (
+            "/v3/lock/lock",
+            format!(r#"{{"name":"{}","lease":"{lease}"}}"#, b64("m")),
+        ),
+        (
+            "/v3/lock/unlock",
+            format!(r#"{{"key":"{}"}}"#, b64("m/none")),
+        ),
+    ];
+    let mut succeeded = vec![false; calls.len()];
+    let slack = Duration::from_millis(750);
+    for round in 0..4 {
+        for (i, (path, body)) in calls.iter().enumerate() {
+            let started = Instant::now();
+            let resp = http()
+                .post(format!("{}{path}", proxy.url))
+                .timeout(deadline * 3)
+                .body(body.clone())
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: {path} had no answer: {e}"));
+            let took = started.elapsed();
+            let status = resp.status().as_u16();
+            let text = resp.text().await.unwrap();
+            println!("round {round}: {path} → {status} in {took:?}");
+            assert!(
+                took <= deadline + slack,
+                "round {round}: {path} took {took:?} (deadline {deadline:?}): {status} {text}"
+            );
+            assert!(
+                status == 200 || status == 503,
+                "round {round}: {path}: {status} {text}"
+            );
+            succeeded[i] |= status == 200;
+        }
+        if succeeded.iter().all(|s| *s) {
+            break;
+        }
+    }
+    for ((path, _), ok) in calls.iter().zip(&succeeded) {
+        assert!(ok, "{path} never succeeded through another member");
+    }
+    // Discovery fails over too.
+    let started = Instant::now();
+    let health = http()
+        .get(format!("{}/health", proxy.url))
+        .send()
+        .await
+        .unwrap();
+    assert!(started.elapsed() <= deadline + slack);
+    assert_eq!(health.status(), 200);
+    etcd.signal(0, "CONT");
+}
+
+#[test]
+fn a_v3_namespace_over_the_proxys_own_keys_is_refused_at_start() {
+    let bin = env!("CARGO_BIN_EXE_lease-proxy");
+    for namespace in [
+        "",
+        "/",
+        "/lease-proxy/",
+        "/lease-proxy/holders/",
+        "/lease-proxy/v3/",
+    ] {
+        let mut child = std::process::Command::new(bin)
+            .args(["--listen", "127.0.0.1:0", "--v3-namespace", namespace])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A proxy that accepted the namespace would go on serving: give it a few seconds.
+        let mut status = None;
+        for _ in 0..100 {
+            status = child.try_wait().unwrap();
+            if status.is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if status.is_none() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert_eq!(
+            status.and_then(|s| s.code()),
+            Some(64),
+            "{namespace:?} was accepted: {stderr}"
+        );
+        assert!(stderr.contains("v3-namespace"), "{stderr}");
+    }
 }

@@ -61,6 +61,8 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/v3/{*method}", any(v3))
         .route("/v3beta/{*method}", any(v3))
         .route("/v3alpha/{*method}", any(v3))
+        .route("/version", any(etcd_version))
+        .route("/health", any(etcd_health))
         .route("/livez", get(ops::livez))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
@@ -75,6 +77,22 @@ async fn v3(
     req: axum::http::Request<axum::body::Body>,
 ) -> Response {
     app.v3.handle(req).await
+}
+
+/// etcd's `GET /version`, for gateway clients that discover the API path from it.
+async fn etcd_version(
+    axum::extract::State(app): axum::extract::State<Arc<AppState>>,
+    method: axum::http::Method,
+) -> Response {
+    app.v3.version(&method).await
+}
+
+/// etcd's `GET /health`.
+async fn etcd_health(
+    axum::extract::State(app): axum::extract::State<Arc<AppState>>,
+    method: axum::http::Method,
+) -> Response {
+    app.v3.health(&method).await
 }
 
 /// A panic is a bug; the client still gets a problem+json 500 and the process keeps serving.

@@ -168,8 +168,8 @@ impl Etcd {
     }
 
     /// [`Etcd::attempts`] of the etcd request `op`, in a span of its own, its duration recorded
-    /// whatever the outcome.
-    async fn bounded<T, F, Fut>(&self, op: &'static str, call: F) -> Result<T>
+    /// whatever the outcome. For calls that are safe to repeat.
+    pub(crate) async fn bounded<T, F, Fut>(&self, op: &'static str, call: F) -> Result<T>
     where
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
@@ -177,6 +177,53 @@ impl Etcd {
         let started = Instant::now();
         let span = tracing::debug_span!("etcd", otel.name = %format_args!("etcd {op}"), otel.kind = "client", op);
         let result = self.attempts(call).instrument(span).await;
+        self.inner.metrics.etcd_request(op, started);
+        result
+    }
+
+    /// Like [`Etcd::bounded`], for a call that must not take effect twice (a write whose outcome
+    /// a timeout leaves unknown, as etcd's own client treats mutations): it is tried on another
+    /// member only after a failure that shows it never reached etcd (no connection, no leader).
+    /// An attempt that times out or fails otherwise unpins its member and ends the call, with
+    /// the whole deadline as its budget.
+    pub(crate) async fn bounded_once<T, F, Fut>(&self, op: &'static str, mut call: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let started = Instant::now();
+        let span = tracing::debug_span!("etcd", otel.name = %format_args!("etcd {op}"), otel.kind = "client", op);
+        let timeout = self.inner.timeout;
+        let deadline = started + timeout;
+        let result = async {
+            let mut backoff = Duration::from_millis(20);
+            loop {
+                let Pinned { index, client } = self.pinned();
+                match tokio::time::timeout_at(deadline, call(client)).await {
+                    Ok(Ok(value)) => return Ok(value),
+                    Ok(Err(e)) if is_undelivered(&e) => {
+                        self.unpin(index);
+                        if Instant::now() + backoff >= deadline {
+                            return Err(Error::Etcd(e));
+                        }
+                    }
+                    Ok(Err(e)) => {
+                        if is_member_failure(&e) {
+                            self.unpin(index);
+                        }
+                        return Err(Error::Etcd(e));
+                    }
+                    Err(_) => {
+                        self.unpin(index);
+                        return Err(Error::EtcdTimeout(timeout));
+                    }
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(200));
+            }
+        }
+        .instrument(span)
+        .await;
         self.inner.metrics.etcd_request(op, started);
         result
     }
@@ -425,6 +472,24 @@ fn is_member_failure(e: &etcd_client::Error) -> bool {
             status.code(),
             tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
         ),
+        _ => false,
+    }
+}
+
+/// Whether a failed call certainly never reached etcd's state machine, so that trying it on
+/// another member cannot make it take effect twice: the connection could not be made, or the
+/// member refused it for want of a leader (require-leader) before proposing anything.
+fn is_undelivered(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::TransportError(_) => true,
+        etcd_client::Error::GRpcStatus(status) => {
+            status.code() == tonic::Code::Unavailable && {
+                let message = status.message();
+                message.contains("no leader")
+                    || message.contains("error trying to connect")
+                    || message.contains("tcp connect error")
+            }
+        }
         _ => false,
     }
 }

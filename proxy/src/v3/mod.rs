@@ -1,36 +1,59 @@
-//! `/v3`: etcd's own JSON gateway API for leases, locks and KV, served by the proxy (DESIGN §5.2).
+//! `/v3`: etcd's JSON gateway API for leases, locks and KV, served by the proxy (DESIGN §5.2).
 //!
-//! Requests are passed to etcd's JSON gateway on the pinned member, so encodings, field order
-//! and errors are etcd's own, byte for byte. The proxy adds what etcd alone does not:
-//! - KV and locks are confined to a namespace (see [`namespace`]);
-//! - leases are confined too: a lease granted here gets a marker key attached, and revoke,
-//!   time-to-live, keepalive, listing and locking only see marked leases — the proxy's own
-//!   leases (whose ids are guessable) are invisible and untouchable from `/v3`;
+//! Fails closed (DESIGN §7.6). Every request body is read into typed requests exactly as etcd's
+//! gateway would read it ([`json`], [`request`]); whatever the proxy cannot read exactly as etcd
+//! would is refused with etcd's error shape (HTTP 400, gRPC code 3), never passed on. The typed
+//! values go to etcd through etcd-client's gRPC API — no client bytes reach etcd — under the
+//! same deadline and member failover as `/v1`, and etcd's answers are printed as its gateway
+//! prints them ([`encode`]). On top of etcd, the proxy adds:
+//! - KV and locks are confined to a namespace ([`namespace`]);
+//! - leases are confined too ([`lease`]): only leases granted through `/v3` can be revoked,
+//!   renewed, inspected, listed, or named by a put or a lock;
 //! - keepalives go through the proxy's shared, multiplexed keepalive streams;
-//! - a lock answer carries the lock key's fencing token in `Fencing-Token`.
+//! - a lock answer carries a fencing token in the lock's own token domain ([`lock`]);
+//! - per-request limits: ids per keepalive body, operations and nesting per transaction.
 
+mod discovery;
+mod encode;
+mod gobase64;
+mod json;
+mod kv;
+mod lease;
+mod lock;
 mod namespace;
+mod request;
+mod status;
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::http::{header, HeaderValue, Method, Request, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::{Method, Request, StatusCode};
+use axum::response::Response;
 use bytes::Bytes;
-use fencing::{Keyring, Token};
+use fencing::Keyring;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use serde_json::{json, Value};
 
-pub(crate) use namespace::Namespace;
+use crate::etcd::{Etcd, KeepAlive};
+use crate::Config;
+use json::{JsonError, Reader, Value};
+use lease::Markers;
+use namespace::Namespace;
+use request::Message;
+use status::{json as json_response, plain, Code, Status};
 
-use crate::etcd::{prefix_end, Etcd, KeepAlive};
-
-/// etcd's error for a lease it does not know (HTTP 404, gRPC NotFound).
-const LEASE_NOT_FOUND: &str = "etcdserver: requested lease not found";
+/// Per-request limits of `/v3`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// Lease ids (JSON objects) in one keepalive body.
+    pub(crate) keepalive_ids: usize,
+    /// Compares and operations in one transaction, counted at every depth.
+    pub(crate) txn_ops: usize,
+    /// Transactions nested inside a transaction.
+    pub(crate) txn_depth: usize,
+}
 
 /// Everything `/v3` needs.
 pub(crate) struct V3 {
@@ -39,436 +62,250 @@ pub(crate) struct V3 {
     keys: Arc<Keyring>,
     era: u64,
     namespace: Namespace,
-    /// Marker keys of leases granted through `/v3`: `{prefix}{lease id}`.
-    lease_markers: String,
-    http: Client<HttpConnector, Full<Bytes>>,
+    leases: Markers,
+    limits: Limits,
     max_body: usize,
+    /// For relaying `/version` and `/health`.
+    http: Client<HttpConnector, Full<Bytes>>,
 }
 
-/// An answer from etcd's gateway.
-struct Gateway {
-    status: StatusCode,
-    body: Bytes,
+/// A `/v3` method the proxy serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    Range,
+    Put,
+    DeleteRange,
+    Txn,
+    Grant,
+    Revoke,
+    TimeToLive,
+    Leases,
+    KeepAlive,
+    Lock,
+    Unlock,
+}
+
+impl Call {
+    fn from_path(method: &str) -> Option<Self> {
+        Some(match method {
+            "kv/range" => Call::Range,
+            "kv/put" => Call::Put,
+            "kv/deleterange" => Call::DeleteRange,
+            "kv/txn" => Call::Txn,
+            "lease/grant" => Call::Grant,
+            "lease/revoke" | "kv/lease/revoke" => Call::Revoke,
+            "lease/timetolive" | "kv/lease/timetolive" => Call::TimeToLive,
+            "lease/leases" | "kv/lease/leases" => Call::Leases,
+            "lease/keepalive" => Call::KeepAlive,
+            "lock/lock" => Call::Lock,
+            "lock/unlock" => Call::Unlock,
+            _ => return None,
+        })
+    }
+}
+
+/// Methods of etcd 3.4's gateway that the proxy does not serve: answered Unimplemented rather
+/// than "Not Found", so a client learns why.
+const UNSERVED: &[&str] = &[
+    "kv/compaction",
+    "watch",
+    "cluster/member/add",
+    "cluster/member/remove",
+    "cluster/member/update",
+    "cluster/member/list",
+    "cluster/member/promote",
+    "maintenance/alarm",
+    "maintenance/status",
+    "maintenance/defragment",
+    "maintenance/hash",
+    "maintenance/snapshot",
+    "maintenance/transfer-leadership",
+    "auth/enable",
+    "auth/disable",
+    "auth/authenticate",
+    "election/campaign",
+    "election/proclaim",
+    "election/leader",
+    "election/observe",
+    "election/resign",
+];
+
+impl From<JsonError> for Status {
+    fn from(e: JsonError) -> Self {
+        match e {
+            JsonError::Go(message) => Status::invalid(message),
+            JsonError::Refused(reason) => Status::refused(reason),
+        }
+    }
+}
+
+/// The request in a unary call's body: its first JSON value (none or `null`: an empty
+/// request), decoded by `decode`; data after that value is refused (etcd would ignore it).
+fn unary<T>(
+    body: &[u8],
+    decode: impl FnOnce(Message<'_>) -> Result<T, Status>,
+) -> Result<T, Status> {
+    let mut reader = Reader::new(body);
+    let value = reader.next_value()?.unwrap_or(Value::Null);
+    let request = decode(Message::of(&value)?)?;
+    if !reader.at_end() {
+        return Err(Status::refused(
+            "data after the JSON request (etcd would ignore it)",
+        ));
+    }
+    Ok(request)
+}
+
+/// The lease ids of a keepalive body: JSON objects back to back, each read as etcd reads a
+/// unary body, at most `max` of them.
+fn keepalive_ids(body: &[u8], max: usize) -> Result<Vec<i64>, Status> {
+    let mut reader = Reader::new(body);
+    let mut ids = Vec::new();
+    while let Some(value) = reader.next_value()? {
+        if ids.len() == max {
+            return Err(Status::refused(format!(
+                "more than {max} keepalive requests in one body (--v3-max-keepalive-ids)"
+            )));
+        }
+        ids.push(request::lease_id(Message::of(&value)?)?);
+    }
+    Ok(ids)
+}
+
+fn ok(v: &serde_json::Value) -> Response {
+    json_response(StatusCode::OK, v.to_string())
 }
 
 impl V3 {
-    /// Serves `/v3` with the given namespaces.
+    /// Serves `/v3` for `config` (its namespace, lease markers and limits).
     pub(crate) fn new(
         etcd: Etcd,
         keepalive: KeepAlive,
         keys: Arc<Keyring>,
-        era: u64,
-        namespace: Vec<u8>,
-        lease_markers: String,
-        max_body: usize,
+        config: &Config,
     ) -> Self {
         Self {
+            leases: Markers::new(etcd.clone(), config.v3_lease_markers()),
             etcd,
             keepalive,
             keys,
-            era,
-            namespace: Namespace::new(namespace),
-            lease_markers,
+            era: config.era,
+            namespace: Namespace::new(config.v3_namespace_or_default().into_bytes()),
+            limits: Limits {
+                keepalive_ids: config.v3_max_keepalive_ids,
+                txn_ops: config.v3_max_txn_ops,
+                txn_depth: config.v3_max_txn_depth,
+            },
+            max_body: config.max_body_bytes,
             http: Client::builder(TokioExecutor::new()).build_http(),
-            max_body,
         }
     }
 
-    /// Handles any request under `/v3` or `/v3beta`.
+    /// Handles any request under `/v3`, `/v3beta` (etcd 3.4's alias) or `/v3alpha` (which etcd
+    /// 3.4 no longer serves).
     pub(crate) async fn handle(&self, req: Request<Body>) -> Response {
-        let path = req.uri().path().to_owned();
+        let path = req.uri().path();
         let Some(method) = path
             .strip_prefix("/v3/")
             .or_else(|| path.strip_prefix("/v3beta/"))
-            .map(str::to_owned)
         else {
-            return not_found();
+            return plain(StatusCode::NOT_FOUND, "404 page not found\n");
         };
-        let known = matches!(
-            method.as_str(),
-            "kv/range"
-                | "kv/put"
-                | "kv/deleterange"
-                | "kv/txn"
-                | "lease/grant"
-                | "lease/revoke"
-                | "kv/lease/revoke"
-                | "lease/timetolive"
-                | "kv/lease/timetolive"
-                | "lease/leases"
-                | "kv/lease/leases"
-                | "lease/keepalive"
-                | "lock/lock"
-                | "lock/unlock"
-        );
-        if !known {
-            return not_found();
-        }
+        let Some(call) = Call::from_path(method) else {
+            if UNSERVED.contains(&method) || method.starts_with("auth/") {
+                return Status::new(
+                    Code::Unimplemented,
+                    format!("lease-proxy: /v3/{method} is not served by lease-proxy"),
+                )
+                .response();
+            }
+            // grpc-gateway's own answer for a path it has no method for.
+            return plain(StatusCode::NOT_FOUND, "Not Found\n");
+        };
         if req.method() != Method::POST {
             return plain(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed\n");
         }
-        let raw = match Limited::new(req.into_body(), self.max_body).collect().await {
+        let body = match Limited::new(req.into_body(), self.max_body).collect().await {
             Ok(b) => b.to_bytes(),
-            Err(_) => {
-                return grpc_error(StatusCode::PAYLOAD_TOO_LARGE, 8, "request body too large")
-            }
+            Err(_) => return Status::too_large(self.max_body).response(),
         };
-        let Ok(mut body) = serde_json::from_slice::<Value>(&raw) else {
-            if method == "lease/keepalive" {
-                return self.keepalive(&path, &raw).await;
+        match self.call(call, &body).await {
+            Ok(response) => response,
+            Err(status) => {
+                tracing::debug!(
+                    ?call,
+                    code = status.code(),
+                    message = status.message(),
+                    "/v3 call refused or failed"
+                );
+                status.response()
             }
-            // etcd phrases its own parse errors; a request it cannot parse changes nothing.
-            return self.pass(&path, raw).await;
-        };
-        match method.as_str() {
-            "kv/range" | "kv/put" | "kv/deleterange" | "kv/txn" | "lock/unlock" => {
-                self.namespaced(&path, &method, raw, body).await
-            }
-            "lock/lock" => self.lock(&path, raw, body).await,
-            "lease/grant" => self.grant(&path, raw).await,
-            "lease/revoke" | "kv/lease/revoke" => match self.own_lease(&body).await {
-                Ok(true) => self.pass(&path, raw).await,
-                Ok(false) => grpc_error(StatusCode::NOT_FOUND, 5, LEASE_NOT_FOUND),
-                Err(r) => r,
-            },
-            "lease/timetolive" | "kv/lease/timetolive" => match self.own_lease(&body).await {
-                Ok(true) => self.time_to_live(&path, raw).await,
-                Ok(false) => self.unknown_lease_ttl(&mut body).await,
-                Err(r) => r,
-            },
-            "lease/leases" | "kv/lease/leases" => self.leases(&path, raw).await,
-            _ => self.keepalive(&path, &raw).await,
         }
     }
 
-    /// Sends `body` to etcd's gateway at `path` on the pinned member.
-    async fn gateway(&self, path: &str, body: Bytes) -> Result<Gateway, Response> {
-        let pinned = self.etcd.pinned();
-        let url = format!(
-            "{}{path}",
-            self.etcd.endpoint(pinned.index).trim_end_matches('/')
+    async fn call(&self, call: Call, body: &[u8]) -> Result<Response, Status> {
+        let answer = match call {
+            Call::Range => self.range(unary(body, request::Range::decode)?).await?,
+            Call::Put => self.put(unary(body, request::Put::decode)?).await?,
+            Call::DeleteRange => {
+                self.delete_range(unary(body, request::DeleteRange::decode)?)
+                    .await?
+            }
+            Call::Txn => self.txn(unary(body, request::Txn::decode)?).await?,
+            Call::Grant => {
+                self.grant(unary(body, request::LeaseGrant::decode)?)
+                    .await?
+            }
+            Call::Revoke => self.revoke(unary(body, request::lease_id)?).await?,
+            Call::TimeToLive => {
+                self.time_to_live(unary(body, request::TimeToLive::decode)?)
+                    .await?
+            }
+            Call::Leases => {
+                unary(body, |_| Ok(()))?;
+                self.leases().await?
+            }
+            Call::KeepAlive => {
+                let ids = keepalive_ids(body, self.limits.keepalive_ids)?;
+                let lines = self.keepalive(ids).await?;
+                return Ok(json_response(StatusCode::OK, lines));
+            }
+            Call::Lock => return self.lock(unary(body, request::Lock::decode)?).await,
+            Call::Unlock => self.unlock(unary(body, request::unlock_key)?).await?,
+        };
+        Ok(ok(&answer))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_are_one_value_and_nothing_after() {
+        let ttl = |body: &str| unary(body.as_bytes(), request::LeaseGrant::decode);
+        assert_eq!(ttl(r#"{"TTL":"10"}"#).unwrap().ttl, 10);
+        assert_eq!(ttl(" \n").unwrap().ttl, 0);
+        assert_eq!(ttl("null").unwrap().ttl, 0);
+        assert_eq!(ttl(r#"{"TTL":10} "#).unwrap().ttl, 10);
+        for bad in [r#"{"TTL":10} x"#, r#"{"TTL":10}{}"#, "[]", "1"] {
+            assert_eq!(ttl(bad).unwrap_err().code(), 3, "{bad}");
+        }
+        assert_eq!(
+            ttl("not json").unwrap_err(),
+            Status::invalid("invalid character 'o' in literal null (expecting 'u')")
         );
-        let req = http::Request::post(url)
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Full::new(body))
-            .map_err(|e| grpc_error(StatusCode::SERVICE_UNAVAILABLE, 14, &e.to_string()))?;
-        let resp = match self.http.request(req).await {
-            Ok(r) => r,
-            Err(e) => {
-                self.etcd.unpin(pinned.index);
-                return Err(grpc_error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    14,
-                    &e.to_string(),
-                ));
-            }
-        };
-        let status = resp.status();
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| grpc_error(StatusCode::SERVICE_UNAVAILABLE, 14, &e.to_string()))?
-            .to_bytes();
-        Ok(Gateway { status, body })
     }
 
-    async fn pass(&self, path: &str, body: Bytes) -> Response {
-        match self.gateway(path, body).await {
-            Ok(g) => json_response(g.status, g.body),
-            Err(r) => r,
-        }
+    #[test]
+    fn keepalive_bodies_hold_a_bounded_number_of_ids() {
+        assert_eq!(
+            keepalive_ids(br#"{"ID":"1"} {"ID":2}{}"#, 3).unwrap(),
+            vec![1, 2, 0]
+        );
+        assert!(keepalive_ids(br#"{"ID":1}{"ID":2}"#, 1).is_err());
+        assert!(keepalive_ids(br#"{"ID":1} x"#, 5).is_err());
+        assert!(keepalive_ids(br#"{"ID":" 1"}"#, 5).is_err());
+        assert_eq!(keepalive_ids(b"", 5).unwrap(), Vec::<i64>::new());
     }
-
-    /// KV calls and unlock: keys into the namespace, etcd's answer back out of it.
-    async fn namespaced(&self, path: &str, method: &str, raw: Bytes, mut body: Value) -> Response {
-        if self.namespace.wrap_request(method, &mut body).is_err() {
-            return self.pass(path, raw).await;
-        }
-        let g = match self.gateway(path, Bytes::from(body.to_string())).await {
-            Ok(g) => g,
-            Err(r) => return r,
-        };
-        self.unwrapped(g)
-    }
-
-    fn unwrapped(&self, g: Gateway) -> Response {
-        if !g.status.is_success() {
-            return json_response(g.status, g.body);
-        }
-        match serde_json::from_slice::<Value>(&g.body) {
-            Ok(mut v) => {
-                self.namespace.unwrap_response(&mut v);
-                json_response(g.status, Bytes::from(v.to_string()))
-            }
-            Err(_) => json_response(g.status, g.body),
-        }
-    }
-
-    /// The lease id of a lease request (`ID`, string or number), if any.
-    fn lease_id(body: &Value) -> Option<i64> {
-        match body.get("ID").or_else(|| body.get("id"))? {
-            Value::String(s) => s.parse().ok(),
-            Value::Number(n) => n.as_i64(),
-            _ => None,
-        }
-    }
-
-    fn marker(&self, id: i64) -> String {
-        format!("{}{id}", self.lease_markers)
-    }
-
-    /// Whether the request's lease was granted through `/v3`. A request without a usable id is
-    /// treated as ours, so etcd answers it as it would.
-    async fn own_lease(&self, body: &Value) -> Result<bool, Response> {
-        let Some(id) = Self::lease_id(body) else {
-            return Ok(true);
-        };
-        self.etcd
-            .get(&self.marker(id))
-            .await
-            .map(|kv| kv.is_some())
-            .map_err(|e| grpc_error(StatusCode::SERVICE_UNAVAILABLE, 14, &e.to_string()))
-    }
-
-    async fn grant(&self, path: &str, raw: Bytes) -> Response {
-        let g = match self.gateway(path, raw).await {
-            Ok(g) => g,
-            Err(r) => return r,
-        };
-        if g.status.is_success() {
-            let id = serde_json::from_slice::<Value>(&g.body)
-                .ok()
-                .and_then(|v| Self::lease_id(&v));
-            if let Some(id) = id {
-                // Mark the lease as /v3's: the marker lives and dies with the lease.
-                if let Err(e) = self.etcd.put_with_lease(&self.marker(id), id).await {
-                    let _ = self.etcd.revoke(id).await;
-                    return grpc_error(StatusCode::SERVICE_UNAVAILABLE, 14, &e.to_string());
-                }
-            }
-        }
-        json_response(g.status, g.body)
-    }
-
-    /// TimeToLive of one of our leases: attached keys outside the namespace (the marker) hidden.
-    async fn time_to_live(&self, path: &str, raw: Bytes) -> Response {
-        let g = match self.gateway(path, raw).await {
-            Ok(g) => g,
-            Err(r) => return r,
-        };
-        let Ok(mut v) = serde_json::from_slice::<Value>(&g.body) else {
-            return json_response(g.status, g.body);
-        };
-        if let Some(Value::Array(keys)) = v.get_mut("keys") {
-            let visible: Vec<Value> = keys
-                .iter()
-                .filter_map(|k| {
-                    let raw = base64_decode(k.as_str()?)?;
-                    self.namespace
-                        .strip(&raw)
-                        .map(|inner| json!(base64_encode(&inner)))
-                })
-                .collect();
-            *keys = visible;
-            if keys.is_empty() {
-                if let Value::Object(m) = &mut v {
-                    m.remove("keys");
-                }
-            }
-        }
-        json_response(g.status, Bytes::from(v.to_string()))
-    }
-
-    /// What etcd answers for a lease it does not know: `TTL: -1`.
-    async fn unknown_lease_ttl(&self, body: &mut Value) -> Response {
-        let header = match self.etcd.header().await {
-            Ok(h) => h,
-            Err(e) => return grpc_error(StatusCode::SERVICE_UNAVAILABLE, 14, &e.to_string()),
-        };
-        let id = Self::lease_id(body).unwrap_or_default();
-        let v = json!({"header": header.to_json(), "ID": id.to_string(), "TTL": "-1"});
-        json_response(StatusCode::OK, Bytes::from(v.to_string()))
-    }
-
-    /// etcd lists every lease of the cluster; only ours are shown.
-    async fn leases(&self, path: &str, raw: Bytes) -> Response {
-        let g = match self.gateway(path, raw).await {
-            Ok(g) => g,
-            Err(r) => return r,
-        };
-        let Ok(mut v) = serde_json::from_slice::<Value>(&g.body) else {
-            return json_response(g.status, g.body);
-        };
-        let ours = match self.marked_leases().await {
-            Ok(s) => s,
-            Err(r) => return r,
-        };
-        if let Value::Object(m) = &mut v {
-            if let Some(Value::Array(list)) = m.get_mut("leases") {
-                list.retain(|l| Self::lease_id(l).is_some_and(|id| ours.contains(&id)));
-                if list.is_empty() {
-                    m.remove("leases");
-                }
-            }
-        }
-        json_response(g.status, Bytes::from(v.to_string()))
-    }
-
-    async fn marked_leases(&self) -> Result<HashSet<i64>, Response> {
-        let start = self.lease_markers.as_bytes();
-        let end = prefix_end(start);
-        let mut ids = HashSet::new();
-        let mut from = start.to_vec();
-        loop {
-            let (kvs, more) = self
-                .etcd
-                .range(&from, &end, 1000)
-                .await
-                .map_err(|e| grpc_error(StatusCode::SERVICE_UNAVAILABLE, 14, &e.to_string()))?;
-            for kv in &kvs {
-                if let Some(id) = kv
-                    .key()
-                    .strip_prefix(start)
-                    .and_then(|s| std::str::from_utf8(s).ok())
-                    .and_then(|s| s.parse().ok())
-                {
-                    ids.insert(id);
-                }
-            }
-            match kvs.last() {
-                Some(last) if more => {
-                    from = last.key().to_vec();
-                    from.push(0);
-                }
-                _ => return Ok(ids),
-            }
-        }
-    }
-
-    /// Keepalives, possibly several JSON objects in one body, each answered on its own line,
-    /// renewed over the proxy's shared streams.
-    async fn keepalive(&self, path: &str, raw: &Bytes) -> Response {
-        let requests: Result<Vec<Value>, _> = serde_json::Deserializer::from_slice(raw)
-            .into_iter::<Value>()
-            .collect();
-        let Ok(requests) = requests else {
-            return self.pass(path, raw.clone()).await;
-        };
-        let mut out = String::new();
-        for request in requests {
-            let id = Self::lease_id(&request).unwrap_or_default();
-            let ours = match self.own_lease(&request).await {
-                Ok(ours) => ours && id != 0,
-                Err(r) => return r,
-            };
-            let renewed = if ours {
-                match self.keepalive.renew_with_header(id).await {
-                    Ok(r) => Some(r),
-                    Err(e) => {
-                        return grpc_error(StatusCode::SERVICE_UNAVAILABLE, 14, &e.to_string())
-                    }
-                }
-            } else {
-                None
-            };
-            let header = match renewed.and_then(|r| r.header) {
-                Some(h) => h,
-                None => match self.etcd.header().await {
-                    Ok(h) => h,
-                    Err(e) => {
-                        return grpc_error(StatusCode::SERVICE_UNAVAILABLE, 14, &e.to_string())
-                    }
-                },
-            };
-            let mut result = serde_json::Map::new();
-            result.insert("header".into(), header.to_json());
-            result.insert("ID".into(), json!(id.to_string()));
-            if let Some(r) = renewed.filter(|r| r.ttl > 0) {
-                result.insert("TTL".into(), json!(r.ttl.to_string()));
-            }
-            out.push_str(&json!({ "result": result }).to_string());
-            out.push('\n');
-        }
-        json_response(StatusCode::OK, Bytes::from(out))
-    }
-
-    /// Lock: only with a lease of ours; the answer also carries the lock key's fencing token.
-    async fn lock(&self, path: &str, raw: Bytes, mut body: Value) -> Response {
-        let lease = body.get("lease").and_then(|v| match v {
-            Value::String(s) => s.parse::<i64>().ok(),
-            Value::Number(n) => n.as_i64(),
-            _ => None,
-        });
-        if let Some(lease) = lease.filter(|l| *l != 0) {
-            match self.own_lease(&json!({"ID": lease})).await {
-                Ok(true) => {}
-                // What etcd's lock service answers for a lease it does not know: the error
-                // surfaces untyped (gRPC Unknown, HTTP 500), unlike LeaseRevoke's NotFound.
-                Ok(false) => {
-                    return grpc_error(StatusCode::INTERNAL_SERVER_ERROR, 2, LEASE_NOT_FOUND)
-                }
-                Err(r) => return r,
-            }
-        }
-        let name = body
-            .get("name")
-            .and_then(Value::as_str)
-            .and_then(base64_decode)
-            .map(|n| String::from_utf8_lossy(&n).into_owned());
-        if self.namespace.wrap_request("lock/lock", &mut body).is_err() {
-            return self.pass(path, raw).await;
-        }
-        let g = match self.gateway(path, Bytes::from(body.to_string())).await {
-            Ok(g) => g,
-            Err(r) => return r,
-        };
-        let key = serde_json::from_slice::<Value>(&g.body)
-            .ok()
-            .and_then(|v| v.get("key").and_then(Value::as_str).and_then(base64_decode));
-        let mut response = self.unwrapped(g);
-        if let (Some(key), Some(name)) = (key, name) {
-            // The lock is held while its key exists; its create revision orders holders.
-            if let Ok(Some(kv)) = self.etcd.get_bytes(&key).await {
-                let token = Token::new(self.era, u64::try_from(kv.create_revision()).unwrap_or(0));
-                if let Ok(v) = HeaderValue::from_str(&self.keys.mint(&name, token)) {
-                    response.headers_mut().insert(fencing::TOKEN_HEADER, v);
-                }
-            }
-        }
-        response
-    }
-}
-
-fn base64_decode(s: &str) -> Option<Vec<u8>> {
-    use base64::Engine;
-    base64::engine::general_purpose::STANDARD.decode(s).ok()
-}
-
-fn base64_encode(b: &[u8]) -> String {
-    use base64::Engine;
-    base64::engine::general_purpose::STANDARD.encode(b)
-}
-
-fn json_response(status: StatusCode, body: Bytes) -> Response {
-    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
-}
-
-fn plain(status: StatusCode, text: &'static str) -> Response {
-    (
-        status,
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        text,
-    )
-        .into_response()
-}
-
-fn not_found() -> Response {
-    plain(StatusCode::NOT_FOUND, "404 page not found\n")
-}
-
-/// An error in the gateway's shape.
-fn grpc_error(status: StatusCode, code: u16, message: &str) -> Response {
-    let body = json!({"error": message, "message": message, "code": code});
-    json_response(status, Bytes::from(body.to_string()))
 }

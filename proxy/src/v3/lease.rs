@@ -1,0 +1,200 @@
+//! Leases through `/v3`, confined like keys: a lease granted here gets a marker key attached
+//! (`{prefix}v3/leases/{id}`, living and dying with the lease), and revoke, keepalive,
+//! time-to-live, listing, and every `lease` a put or a lock names only accept marked leases. Any
+//! other lease — the proxy's own `/v1` grants and sessions (whose ids are guessable), its spare
+//! pool, anyone else's — is answered as etcd answers a lease it does not know. An id that does
+//! not parse is refused before any of this ([`super::request`]), never taken for "ours".
+
+use std::collections::HashSet;
+
+use etcd_client::{LeaseGrantOptions, LeaseTimeToLiveOptions};
+use serde_json::Value;
+
+use super::encode::{self, Object};
+use super::request::{LeaseGrant, TimeToLive};
+use super::status::{Code, Status, LEASE_NOT_FOUND};
+use super::V3;
+use crate::etcd::{prefix_end, Etcd};
+
+/// The marker keys of `/v3` leases.
+pub(crate) struct Markers {
+    etcd: Etcd,
+    prefix: String,
+}
+
+impl Markers {
+    /// Markers under `prefix`.
+    pub(crate) fn new(etcd: Etcd, prefix: String) -> Self {
+        Self { etcd, prefix }
+    }
+
+    fn key(&self, id: i64) -> String {
+        format!("{}{id}", self.prefix)
+    }
+
+    /// Marks lease `id` as granted through `/v3`.
+    async fn mark(&self, id: i64) -> Result<(), Status> {
+        Ok(self.etcd.put_with_lease(&self.key(id), id).await?)
+    }
+
+    /// Whether lease `id` was granted through `/v3` and still exists (a linearizable read).
+    pub(crate) async fn owned(&self, id: i64) -> Result<bool, Status> {
+        if id == 0 {
+            return Ok(false);
+        }
+        Ok(self.etcd.get(&self.key(id)).await?.is_some())
+    }
+
+    /// Every lease named in `ids` (0 meaning none) is a `/v3` lease; otherwise etcd's error for
+    /// an unknown lease.
+    pub(crate) async fn require_all(
+        &self,
+        ids: impl IntoIterator<Item = i64>,
+    ) -> Result<(), Status> {
+        for id in ids.into_iter().filter(|id| *id != 0) {
+            if !self.owned(id).await? {
+                return Err(Status::new(Code::NotFound, LEASE_NOT_FOUND));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every `/v3` lease.
+    async fn all(&self) -> Result<HashSet<i64>, Status> {
+        let start = self.prefix.as_bytes();
+        let end = prefix_end(start);
+        let mut ids = HashSet::new();
+        let mut from = start.to_vec();
+        loop {
+            let (kvs, more) = self.etcd.range(&from, &end, 1000).await?;
+            ids.extend(kvs.iter().filter_map(|kv| {
+                let id = kv.key().strip_prefix(start)?;
+                std::str::from_utf8(id).ok()?.parse::<i64>().ok()
+            }));
+            match kvs.last() {
+                Some(last) if more => {
+                    from = last.key().to_vec();
+                    from.push(0);
+                }
+                _ => return Ok(ids),
+            }
+        }
+    }
+}
+
+impl V3 {
+    /// `lease/grant`, then the marker; if marking fails the lease is revoked again.
+    pub(super) async fn grant(&self, g: LeaseGrant) -> Result<Value, Status> {
+        let resp = self
+            .etcd
+            .bounded_once("v3_grant", |c| async move {
+                c.lease_client()
+                    .grant(g.ttl, Some(LeaseGrantOptions::new().with_id(g.id)))
+                    .await
+            })
+            .await?;
+        if resp.id() != 0 {
+            if let Err(e) = self.leases.mark(resp.id()).await {
+                self.etcd.revoke_in_background(resp.id());
+                return Err(e);
+            }
+        }
+        Ok(encode::lease_grant(&resp.0))
+    }
+
+    /// `lease/revoke`: of a `/v3` lease, else etcd's 404 for an unknown lease.
+    pub(super) async fn revoke(&self, id: i64) -> Result<Value, Status> {
+        if !self.leases.owned(id).await? {
+            return Err(Status::new(Code::NotFound, LEASE_NOT_FOUND));
+        }
+        let resp = self
+            .etcd
+            .bounded_once(
+                "v3_revoke",
+                |c| async move { c.lease_client().revoke(id).await },
+            )
+            .await?;
+        Ok(Object::new()
+            .message("header", encode::header(resp.0.header.as_ref()))
+            .done())
+    }
+
+    /// `lease/timetolive`: of a `/v3` lease (its keys outside the namespace, such as the marker,
+    /// not listed), else etcd's answer for an unknown lease: `TTL: -1`.
+    pub(super) async fn time_to_live(&self, t: TimeToLive) -> Result<Value, Status> {
+        if !self.leases.owned(t.id).await? {
+            let header = self.etcd.header().await?;
+            return Ok(Object::new()
+                .message("header", Some(header.to_json()))
+                .int("ID", t.id)
+                .int("TTL", -1)
+                .done());
+        }
+        let options = if t.keys {
+            LeaseTimeToLiveOptions::new().with_keys()
+        } else {
+            LeaseTimeToLiveOptions::new()
+        };
+        let resp = self
+            .etcd
+            .bounded("v3_time_to_live", |c| {
+                let options = options.clone();
+                async move { c.lease_client().time_to_live(t.id, Some(options)).await }
+            })
+            .await?;
+        Ok(encode::time_to_live(&self.namespace, &resp.0))
+    }
+
+    /// `lease/leases`: the `/v3` leases among etcd's, in etcd's order.
+    pub(super) async fn leases(&self) -> Result<Value, Status> {
+        let resp = self
+            .etcd
+            .bounded(
+                "v3_leases",
+                |c| async move { c.lease_client().leases().await },
+            )
+            .await?;
+        let ours = self.leases.all().await?;
+        let leases = resp
+            .0
+            .leases
+            .iter()
+            .filter(|l| ours.contains(&l.id))
+            .map(|l| Object::new().int("ID", l.id).done())
+            .collect();
+        Ok(Object::new()
+            .message("header", encode::header(resp.0.header.as_ref()))
+            .list("leases", leases)
+            .done())
+    }
+
+    /// `lease/keepalive`: each id renewed over the proxy's shared keepalive streams if it is a
+    /// `/v3` lease, else answered as etcd answers an unknown lease (no TTL); one result line each.
+    pub(super) async fn keepalive(&self, ids: Vec<i64>) -> Result<String, Status> {
+        let mut out = String::new();
+        for id in ids {
+            let renewed = if self.leases.owned(id).await? {
+                Some(self.keepalive.renew_with_header(id).await?)
+            } else {
+                None
+            };
+            let header = match renewed.and_then(|r| r.header) {
+                Some(h) => h,
+                None => self.etcd.header().await?,
+            };
+            let result = Object::new()
+                .message("header", Some(header.to_json()))
+                .int("ID", id)
+                .int("TTL", renewed.map_or(0, |r| r.ttl.max(0)))
+                .done();
+            out.push_str(
+                &Object::new()
+                    .message("result", Some(result))
+                    .done()
+                    .to_string(),
+            );
+            out.push('\n');
+        }
+        Ok(out)
+    }
+}

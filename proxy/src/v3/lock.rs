@@ -1,0 +1,262 @@
+//! `lock/lock` and `lock/unlock`, as etcd's lock service does them (`concurrency.Mutex`): the
+//! lock `name` is held by the oldest key under `{namespace}{name}/`; a locker puts
+//! `{name}/{lease id in hex}` attached to its lease and waits until every older key is gone.
+//!
+//! The proxy runs that algorithm itself rather than calling etcd's lock service, so that every
+//! step is an etcd call under the proxy's deadline and failover, and waiting for a holder (which
+//! may take as long as the holder likes) is a watch that is re-checked with a fresh read every
+//! deadline — so a stopped member cannot hold a waiter forever. A locker that goes away while
+//! waiting leaves no key behind.
+//!
+//! The answer carries a fencing token for the lock key's create revision, minted for the lock's
+//! own fencing domain, [`fencing::lock_resource`] (`lock/` + hex of the name's bytes) — never
+//! for a `/v1` resource, whatever the name — and names that domain in `Fencing-Resource`.
+
+use std::time::Duration;
+
+use axum::http::HeaderValue;
+use axum::response::Response;
+use etcd_client::proto::PbTxnOpResponse;
+use etcd_client::{
+    Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    WatchOptions,
+};
+use fencing::Token;
+use serde_json::Value;
+
+use super::encode::{self, Object};
+use super::request::Lock;
+use super::status::{self, Code, Status, EMPTY_KEY, LEASE_NOT_FOUND};
+use super::V3;
+use crate::etcd::{prefix_end, Etcd, Header};
+
+/// Deletes a waiting locker's key if the wait is abandoned (the client went away, or the wait
+/// failed), as etcd's lock service does, so a lock nobody waits for any more blocks nobody.
+struct Abandoned {
+    etcd: Etcd,
+    key: Vec<u8>,
+    create_revision: i64,
+    armed: bool,
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (etcd, key, rev) = (self.etcd.clone(), self.key.clone(), self.create_revision);
+        // Only this incarnation of the key: the same lease may have locked again since.
+        tokio::spawn(async move {
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)])
+                .and_then([TxnOp::delete(key, None)]);
+            let deleted = etcd
+                .bounded("v3_lock_abandon", |c| {
+                    let txn = txn.clone();
+                    async move { c.kv_client().txn(txn).await }
+                })
+                .await;
+            if let Err(e) = deleted {
+                tracing::debug!(error = %e, "removing an abandoned lock key failed; it goes with its lease");
+            }
+        });
+    }
+}
+
+/// The key under `prefix` with the highest create revision at most `max`, and the header.
+async fn last_before(
+    etcd: &Etcd,
+    prefix: &[u8],
+    max: i64,
+) -> Result<(Option<Vec<u8>>, Header), Status> {
+    let options = GetOptions::new()
+        .with_range(prefix_end(prefix))
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_max_create_revision(max)
+        .with_limit(1);
+    let mut resp = etcd
+        .bounded("v3_lock_wait", |c| {
+            let options = options.clone();
+            async move { c.kv_client().get(prefix, Some(options)).await }
+        })
+        .await?;
+    let header = resp.header().map(Header::from).ok_or_else(no_header)?;
+    let key = resp
+        .take_kvs()
+        .into_iter()
+        .next()
+        .map(|kv| kv.key().to_vec());
+    Ok((key, header))
+}
+
+fn no_header() -> Status {
+    Status::new(Code::Unknown, "etcd answered without a header")
+}
+
+/// Waits (at most `patience`) for `key` to be deleted after `revision`. Any failure or a quiet
+/// watch just returns: the caller reads again.
+async fn deleted_after(etcd: &Etcd, key: Vec<u8>, revision: i64, patience: Duration) {
+    let wait = async {
+        let client = etcd.pinned().client;
+        let options = WatchOptions::new().with_start_revision(revision + 1);
+        let Ok(mut stream) = client.watch_client().watch(key, Some(options)).await else {
+            // Not a busy loop of reads while watches fail.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            return;
+        };
+        while let Ok(Some(resp)) = stream.message().await {
+            if resp.canceled()
+                || resp
+                    .events()
+                    .iter()
+                    .any(|e| e.event_type() == EventType::Delete)
+            {
+                return;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(patience, wait).await;
+}
+
+impl V3 {
+    /// `lock/lock`.
+    pub(super) async fn lock(&self, l: Lock) -> Result<Response, Status> {
+        if l.name.is_empty() || l.name.len() > fencing::MAX_LOCK_NAME_BYTES {
+            return Err(Status::refused(format!(
+                "a lock name must be 1 to {} bytes (its fencing domain is lock/ + its hex)",
+                fencing::MAX_LOCK_NAME_BYTES
+            )));
+        }
+        if l.lease == 0 {
+            return Err(Status::refused(
+                "a lock needs a lease granted through /v3 (etcd would grant one the proxy cannot \
+                 account for)",
+            ));
+        }
+        // etcd's lock service reports a lease it does not know untyped: gRPC Unknown, HTTP 500.
+        if !self.leases.owned(l.lease).await? {
+            return Err(Status::new(Code::Unknown, LEASE_NOT_FOUND));
+        }
+        let untyped = |s: Status| {
+            if s.code() == Code::Unavailable as i32 {
+                s
+            } else {
+                Status::new(Code::Unknown, s.message().to_owned())
+            }
+        };
+        let mut prefix = self.namespace.key(&l.name);
+        prefix.push(b'/');
+        let mut key = prefix.clone();
+        key.extend_from_slice(format!("{:x}", l.lease).as_bytes());
+
+        // Join the queue (or find our key from an earlier call with the same lease) and read the
+        // oldest key, in one transaction. Safe to repeat: a repeat finds the key it created.
+        let owner = GetOptions::new()
+            .with_range(prefix_end(&prefix))
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(
+                    key.clone(),
+                    Vec::new(),
+                    Some(PutOptions::new().with_lease(l.lease)),
+                ),
+                TxnOp::get(prefix.clone(), Some(owner.clone())),
+            ])
+            .or_else([
+                TxnOp::get(key.clone(), None),
+                TxnOp::get(prefix.clone(), Some(owner)),
+            ]);
+        let resp = self
+            .etcd
+            .bounded("v3_lock", |c| {
+                let txn = txn.clone();
+                async move { c.kv_client().txn(txn).await }
+            })
+            .await
+            .map_err(|e| untyped(e.into()))?;
+        let ranges: Vec<_> = resp
+            .0
+            .responses
+            .iter()
+            .filter_map(|op| match &op.response {
+                Some(PbTxnOpResponse::ResponseRange(r)) => Some(r),
+                _ => None,
+            })
+            .collect();
+        let mine = if resp.0.succeeded {
+            resp.0.header.as_ref().map(|h| h.revision)
+        } else {
+            ranges
+                .first()
+                .and_then(|r| r.kvs.first())
+                .map(|kv| kv.create_revision)
+        }
+        .ok_or_else(no_header)?;
+        let oldest = ranges
+            .last()
+            .and_then(|r| r.kvs.first())
+            .map(|kv| kv.create_revision);
+        let mut header = encode::header(resp.0.header.as_ref()).ok_or_else(no_header)?;
+
+        if oldest.is_some_and(|oldest| oldest != mine) {
+            let mut abandoned = Abandoned {
+                etcd: self.etcd.clone(),
+                key: key.clone(),
+                create_revision: mine,
+                armed: resp.0.succeeded,
+            };
+            loop {
+                let (older, at) = last_before(&self.etcd, &prefix, mine - 1).await?;
+                let Some(older) = older else {
+                    header = at.to_json();
+                    break;
+                };
+                deleted_after(&self.etcd, older, at.revision, self.etcd.timeout()).await;
+            }
+            // The lease may have lapsed while waiting, taking the key with it.
+            let still = self.etcd.get_bytes(&key).await.map_err(Status::from)?;
+            if still.is_none_or(|kv| kv.create_revision() != mine) {
+                return Err(Status::new(Code::Unknown, LEASE_NOT_FOUND));
+            }
+            abandoned.armed = false;
+        }
+
+        let client_key = self.namespace.strip(&key).unwrap_or_default();
+        let body = Object::new()
+            .message("header", Some(header))
+            .bytes("key", client_key)
+            .done();
+        let mut response = status::json(axum::http::StatusCode::OK, body.to_string());
+        let resource = fencing::lock_resource(&l.name);
+        let token = Token::new(self.era, u64::try_from(mine).unwrap_or(0));
+        let headers = response.headers_mut();
+        if let Ok(v) = HeaderValue::from_str(&self.keys.mint(&resource, token)) {
+            headers.insert(fencing::TOKEN_HEADER, v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&resource) {
+            headers.insert(fencing::RESOURCE_HEADER, v);
+        }
+        Ok(response)
+    }
+
+    /// `lock/unlock`: deletes the lock key (inside the namespace), as etcd's lock service does.
+    pub(super) async fn unlock(&self, key: Vec<u8>) -> Result<Value, Status> {
+        if key.is_empty() {
+            return Err(Status::new(Code::Unknown, EMPTY_KEY));
+        }
+        let key = self.namespace.key(&key);
+        let resp = self
+            .etcd
+            .bounded_once("v3_unlock", |c| {
+                let key = key.clone();
+                async move { c.kv_client().delete(key, None).await }
+            })
+            .await?;
+        Ok(Object::new()
+            .message("header", encode::header(resp.0.header.as_ref()))
+            .done())
+    }
+}
