@@ -6,9 +6,16 @@
 //!    (the pre-fence makes the enforcer refuse t before t' is announced);
 //! 3. every acknowledged write is in the storage;
 //! 4. only tokens that were granted appear in the storage;
-//! 5. the enforcer's mark survives restarts: a stale probe after a restart is refused.
+//! 5. the enforcer's mark survives restarts: a stale probe after a restart is refused;
+//! 6. each token belongs to exactly one holder: no two clients were granted, or wrote to the
+//!    storage with, the same token for one resource;
+//! 7. no refused write reached the storage: a write answered with a 4xx (409 stale from the
+//!    enforcer, 410 from a proxy, any other refusal) is not in the apply log.
+//!
+//! Writes are identified by (client, op), which the client puts in the body and the storage
+//! logs.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use crate::history::{Event, Kind, Outcome};
 use crate::nemesis::Probe;
@@ -102,6 +109,50 @@ pub fn violations(events: &[Event], applied: &[Applied], probes: &[Probe]) -> Ve
         }
     }
 
+    // 6. One holder per token: in the grants, and in what the storage applied.
+    let mut holders: BTreeMap<(&str, u64), BTreeSet<&str>> = BTreeMap::new();
+    for e in events {
+        if let (Kind::Acquire, Outcome::Ok, Some(rev)) = (e.kind, e.outcome, e.revision) {
+            holders
+                .entry((e.resource.as_str(), rev))
+                .or_default()
+                .insert(e.client.as_str());
+        }
+    }
+    for ((resource, rev), clients) in &holders {
+        if clients.len() > 1 {
+            found.push(format!(
+                "shared token: {resource} token {rev} was granted to {clients:?}"
+            ));
+        }
+    }
+    let mut writers: BTreeMap<(&str, u64), BTreeSet<&str>> = BTreeMap::new();
+    for a in &writes {
+        writers
+            .entry((a.resource.as_str(), a.revision))
+            .or_default()
+            .insert(a.client.as_str());
+    }
+    for ((resource, rev), clients) in &writers {
+        if clients.len() > 1 && holders.get(&(*resource, *rev)).is_none_or(|h| h.len() < 2) {
+            found.push(format!(
+                "shared token: {resource} token {rev} was written to storage by {clients:?}"
+            ));
+        }
+    }
+
+    // 7. No refused write reached the storage.
+    for e in events {
+        if let (true, Outcome::Fail(status)) = (e.kind.is_write(), e.outcome) {
+            if stored.contains(&(e.client.as_str(), e.op)) {
+                found.push(format!(
+                    "refused applied: write op {} of {} on {} was refused ({status}) yet applied",
+                    e.op, e.client, e.resource
+                ));
+            }
+        }
+    }
+
     // 5. Marks survive restarts.
     for p in probes {
         if (200..300).contains(&p.status) {
@@ -135,6 +186,13 @@ mod tests {
         }
     }
 
+    fn grant(client: &str, resource: &str, rev: u64, completed: Instant) -> Event {
+        Event {
+            client: client.into(),
+            ..acquire(resource, rev, completed)
+        }
+    }
+
     fn write(client: &str, op: u64, rev: u64, outcome: Outcome) -> Event {
         Event {
             client: client.into(),
@@ -154,8 +212,13 @@ mod tests {
             revision: rev,
             client: client.into(),
             op,
+            received: at,
             at,
         }
+    }
+
+    fn kinds(found: &[String]) -> Vec<&str> {
+        found.iter().filter_map(|v| v.split(':').next()).collect()
     }
 
     #[test]
@@ -211,6 +274,69 @@ mod tests {
         let t = |ms| t0 + Duration::from_millis(ms);
         let events = vec![acquire("r", 5, t(0)), acquire("r", 9, t(20))];
         let log = vec![applied("a", 1, 5, t(19)), applied("b", 2, 9, t(21))];
+        assert!(violations(&events, &log, &[]).is_empty());
+    }
+
+    /// One history per violation class, each otherwise clean: the checker finds exactly that
+    /// class.
+    #[test]
+    fn each_class_is_found_alone() {
+        let t0 = Instant::now();
+        let t = |ms| t0 + Duration::from_millis(ms);
+        let base = || {
+            vec![
+                grant("a", "r", 5, t(0)),
+                write("a", 1, 5, Outcome::Ok),
+                grant("b", "r", 9, t(20)),
+                write("b", 2, 9, Outcome::Ok),
+            ]
+        };
+        let base_log = || vec![applied("a", 1, 5, t(10)), applied("b", 2, 9, t(30))];
+        assert!(violations(&base(), &base_log(), &[]).is_empty());
+
+        // Reordering: token 5 applied after token 9, both before the grant of 9 was seen
+        // (no "stale"), e.g. a write the enforcer forgot while the storage still applied it.
+        let mut log = base_log();
+        log.swap(0, 1);
+        let events = vec![
+            grant("a", "r", 5, t(0)),
+            grant("b", "r", 9, t(50)),
+            write("a", 1, 5, Outcome::Ok),
+            write("b", 2, 9, Outcome::Ok),
+        ];
+        assert_eq!(kinds(&violations(&events, &log, &[])), ["order"]);
+
+        // Two holders granted the same token.
+        let mut events = base();
+        events.push(grant("c", "r", 9, t(25)));
+        assert_eq!(
+            kinds(&violations(&events, &base_log(), &[])),
+            ["shared token"]
+        );
+
+        // Two clients wrote to the storage with one token (only one was granted it).
+        let mut log = base_log();
+        log.push(applied("c", 3, 9, t(40)));
+        assert_eq!(kinds(&violations(&base(), &log, &[])), ["shared token"]);
+
+        // A write refused (409) that reached the storage anyway.
+        let mut events = base();
+        events.push(write("b", 3, 9, Outcome::Fail(409)));
+        let mut log = base_log();
+        log.push(applied("b", 3, 9, t(40)));
+        assert_eq!(kinds(&violations(&events, &log, &[])), ["refused applied"]);
+
+        // An acknowledged write missing from the storage.
+        let mut events = base();
+        events.push(write("b", 4, 9, Outcome::Ok));
+        assert_eq!(kinds(&violations(&events, &base_log(), &[])), ["lost"]);
+
+        // An unanswered write that was applied is fine; so is an unanswered one that was not.
+        let mut events = base();
+        events.push(write("b", 5, 9, Outcome::Indeterminate));
+        events.push(write("b", 6, 9, Outcome::Indeterminate));
+        let mut log = base_log();
+        log.push(applied("b", 5, 9, t(60)));
         assert!(violations(&events, &log, &[]).is_empty());
     }
 }

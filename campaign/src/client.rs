@@ -2,23 +2,33 @@
 //! resources through random proxies, and records everything in the history. Writes go through
 //! a proxy's forward route or straight to the enforcer with the signed token.
 //!
-//! The nemesis kills a client by aborting its task (no release: its lease must lapse) and
-//! pauses one by making it stop dead before its next write for longer than its TTL — the
-//! process-pause hazard: it wakes up believing it still holds the resource and writes at once,
-//! straight to the enforcer (the path no proxy guards). While it sleeps, the other clients go for
-//! its resource more often, so that it is likely to have a newer holder when the zombie wakes.
+//! Every client draws its choices (resource, proxy, route, number of writes, pauses between
+//! them, release or walk away) from its own stream of the run's seed ([`crate::plan::stream`]).
+//!
+//! The nemesis kills a client by aborting its task (no release: its lease must lapse) — anywhere,
+//! or while one of its writes is in flight (clients are in-process tasks: aborting the task
+//! mid-request is this harness's SIGKILL of a client mid-request) — and pauses one by making it
+//! stop dead before its next write for longer than its TTL — the process-pause hazard: it wakes
+//! up believing it still holds the resource and writes at once, straight to the enforcer (the
+//! path no proxy guards). While it sleeps, the other clients go for its resource more often, so
+//! that it is likely to have a newer holder when the zombie wakes. It also makes a client's next
+//! write give up ([`Quirk`]): socket closed while the body streams, or while the answer is
+//! awaited, or a timeout shorter than the storage's processing.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::Rng;
 use serde_json::json;
+use tokio::io::AsyncWriteExt;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::history::{outcome, Event, History, Kind, Outcome};
+use crate::plan::stream;
 
 /// Lease TTL the clients ask for, in seconds.
 pub const TTL_SECONDS: u64 = 3;
@@ -43,11 +53,15 @@ pub struct Env {
     /// The resource of a paused holder, until when: other clients go for it more often, so that
     /// the zombie is likely to wake up to a newer holder (the hazard the enforcer exists for).
     pub contended: Arc<Mutex<Option<(String, Instant)>>>,
+    /// The run's seed: client `cN` draws from stream `("client", N)`.
+    pub seed: u64,
+    /// The storage's shortest processing time: a [`Quirk::ShortTimeout`] write gives up before.
+    pub processing_min: Duration,
 }
 
 impl Env {
     /// The resource to go for next: the contended one 30 % of the time while it lasts, else any.
-    fn next_resource(&self) -> String {
+    fn next_resource(&self, rng: &mut StdRng) -> String {
         let contended = self
             .contended
             .lock()
@@ -55,10 +69,21 @@ impl Env {
             .and_then(|c| c.clone())
             .filter(|(_, until)| Instant::now() < *until);
         match contended {
-            Some((resource, _)) if rand::rng().random_bool(0.3) => resource,
-            _ => pick(&self.resources),
+            Some((resource, _)) if rng.random_bool(0.3) => resource,
+            _ => pick(rng, &self.resources),
         }
     }
+}
+
+/// How a client's next write gives up (a client fault).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quirk {
+    /// Send the headers and half the body, wait this long, close the socket.
+    GiveUpMidBody(Duration),
+    /// Send the whole write, wait this long, close the socket without reading the answer.
+    GiveUpAwaitingAnswer(Duration),
+    /// Give up after half the storage's shortest processing time.
+    ShortTimeout,
 }
 
 /// A client's handle for the nemesis.
@@ -66,7 +91,9 @@ pub struct Handle {
     /// The client's name.
     pub name: String,
     pause: Mutex<Option<Duration>>,
+    quirk: Mutex<Option<Quirk>>,
     holding: Mutex<Option<String>>,
+    writing: std::sync::atomic::AtomicBool,
 }
 
 impl Handle {
@@ -84,6 +111,10 @@ impl Handle {
 
     fn take_pause(&self) -> Option<Duration> {
         self.pause.lock().ok().and_then(|mut p| p.take())
+    }
+
+    fn take_quirk(&self) -> Option<Quirk> {
+        self.quirk.lock().ok().and_then(|mut q| q.take())
     }
 
     fn set_holding(&self, r: Option<String>) {
@@ -115,41 +146,80 @@ impl Clients {
     }
 
     fn spawn(&self) {
+        let index = self.next.fetch_add(1, Ordering::Relaxed);
         let handle = Arc::new(Handle {
-            name: format!("c{}", self.next.fetch_add(1, Ordering::Relaxed)),
+            name: format!("c{index}"),
             pause: Mutex::new(None),
+            quirk: Mutex::new(None),
             holding: Mutex::new(None),
+            writing: std::sync::atomic::AtomicBool::new(false),
         });
-        let task = tokio::spawn(run(handle.clone(), self.env.clone()));
+        let rng = stream(self.env.seed, "client", index);
+        let task = tokio::spawn(run(handle.clone(), self.env.clone(), rng));
         if let Ok(mut r) = self.running.lock() {
             r.push((handle, task));
         }
     }
 
-    /// Kills a random client, preferring one that holds a resource (and starts a
-    /// replacement); returns what it held.
-    pub fn kill_one(&self) -> Option<String> {
+    /// Kills client `choice` (modulo the candidates), preferring clients that hold a resource,
+    /// and starts a replacement; returns its name and what it held.
+    pub fn kill_one(&self, choice: u64) -> Option<(String, Option<String>)> {
         let (handle, task) = {
             let mut running = self.running.lock().ok()?;
-            let i = pick_victim(&running)?;
+            let i = pick_victim(&running, choice, |_| true)?;
             running.swap_remove(i)
         };
         task.abort();
         self.spawn();
-        handle.holding()
+        Some((handle.name.clone(), handle.holding()))
     }
 
-    /// Pauses a random client, preferring one that holds a resource, for `d` before its next
-    /// write; returns what it holds now.
-    pub fn pause_one(&self, d: Duration) -> Option<String> {
+    /// Aborts client `choice`'s task while one of its writes is in flight (waiting up to 2 s
+    /// for a write to be in flight, then aborting wherever it is) and starts a replacement;
+    /// returns its name and what it held. Clients are tasks: this is their SIGKILL mid-request.
+    pub async fn abort_mid_request(&self, choice: u64) -> Option<(String, Option<String>)> {
+        let handle = {
+            let running = self.running.lock().ok()?;
+            let i = pick_victim(&running, choice, |_| true)?;
+            running[i].0.clone()
+        };
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !handle.writing.load(Ordering::Acquire) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let task = {
+            let mut running = self.running.lock().ok()?;
+            let i = running.iter().position(|(h, _)| Arc::ptr_eq(h, &handle))?;
+            running.swap_remove(i).1
+        };
+        task.abort();
+        self.spawn();
+        Some((handle.name.clone(), handle.holding()))
+    }
+
+    /// Pauses client `choice` (modulo the candidates), preferring clients that hold a resource,
+    /// for `d` before its next write; returns its name and what it holds now.
+    pub fn pause_one(&self, choice: u64, d: Duration) -> Option<(String, Option<String>)> {
         let running = self.running.lock().ok()?;
-        let (handle, _) = &running[pick_victim(&running)?];
+        let (handle, _) = &running[pick_victim(&running, choice, |_| true)?];
         handle.pause(d);
         let holding = handle.holding();
         if let (Some(resource), Ok(mut contended)) = (&holding, self.env.contended.lock()) {
             *contended = Some((resource.clone(), Instant::now() + d));
         }
-        holding
+        Some((handle.name.clone(), holding))
+    }
+
+    /// Makes client `choice`'s next write give up as `quirk` (preferring holders that are not
+    /// paused); returns its name and what it holds now.
+    pub fn quirk_one(&self, choice: u64, quirk: Quirk) -> Option<(String, Option<String>)> {
+        let running = self.running.lock().ok()?;
+        let unpaused = |h: &Handle| h.pause.lock().is_ok_and(|p| p.is_none());
+        let (handle, _) = &running[pick_victim(&running, choice, unpaused)?];
+        if let Ok(mut q) = handle.quirk.lock() {
+            *q = Some(quirk);
+        }
+        Some((handle.name.clone(), handle.holding()))
     }
 
     /// Stops every client.
@@ -175,7 +245,7 @@ struct Grant {
     revision: u64,
 }
 
-async fn run(me: Arc<Handle>, env: Env) {
+async fn run(me: Arc<Handle>, env: Env, mut rng: StdRng) {
     let http = match reqwest::Client::builder()
         .timeout(Duration::from_secs(3))
         .build()
@@ -184,15 +254,15 @@ async fn run(me: Arc<Handle>, env: Env) {
         Err(_) => return,
     };
     loop {
-        let Some(grant) = acquire(&me, &env, &http).await else {
-            tokio::time::sleep(jitter(10, 40)).await;
+        let Some(grant) = acquire(&me, &env, &http, &mut rng).await else {
+            tokio::time::sleep(jitter(&mut rng, 10, 40)).await;
             continue;
         };
         me.set_holding(Some(grant.resource.clone()));
-        let lost = hold(&me, &env, &http, &grant).await;
+        let lost = hold(&me, &env, &http, &grant, &mut rng).await;
         me.set_holding(None);
-        if !lost && rand::rng().random_bool(0.9) {
-            let proxy = pick(&env.proxies);
+        if !lost && rng.random_bool(0.9) {
+            let proxy = pick(&mut rng, &env.proxies);
             let req = http
                 .delete(format!("{proxy}/v1/leases/{}", grant.resource))
                 .header("lease-secret", &grant.secret);
@@ -210,25 +280,37 @@ async fn run(me: Arc<Handle>, env: Env) {
     }
 }
 
-/// A random holder if any client holds something, else any client.
-fn pick_victim(running: &[(Arc<Handle>, JoinHandle<()>)]) -> Option<usize> {
-    let holders: Vec<usize> = (0..running.len())
+/// Candidate `choice` (modulo their number) among the clients that pass `eligible` and hold
+/// something, else among those that pass it, else among all.
+fn pick_victim(
+    running: &[(Arc<Handle>, JoinHandle<()>)],
+    choice: u64,
+    eligible: impl Fn(&Handle) -> bool,
+) -> Option<usize> {
+    let all: Vec<usize> = (0..running.len()).collect();
+    let passing: Vec<usize> = all
+        .iter()
+        .copied()
+        .filter(|&i| eligible(&running[i].0))
+        .collect();
+    let holders: Vec<usize> = passing
+        .iter()
+        .copied()
         .filter(|&i| running[i].0.holding().is_some())
         .collect();
-    let pool: Vec<usize> = if holders.is_empty() {
-        (0..running.len()).collect()
-    } else {
-        holders
-    };
-    pool.choose(&mut rand::rng()).copied()
+    let pool = [holders, passing, all]
+        .into_iter()
+        .find(|p| !p.is_empty())?;
+    let n = u64::try_from(pool.len()).ok()?;
+    pool.get(usize::try_from(choice % n).ok()?).copied()
 }
 
-fn pick(urls: &[String]) -> String {
-    urls.choose(&mut rand::rng()).cloned().unwrap_or_default()
+fn pick(rng: &mut StdRng, urls: &[String]) -> String {
+    urls.choose(rng).cloned().unwrap_or_default()
 }
 
-fn jitter(lo_ms: u64, hi_ms: u64) -> Duration {
-    Duration::from_millis(rand::rng().random_range(lo_ms..hi_ms))
+fn jitter(rng: &mut StdRng, lo_ms: u64, hi_ms: u64) -> Duration {
+    Duration::from_millis(rng.random_range(lo_ms..hi_ms))
 }
 
 /// A fresh operation id.
@@ -276,9 +358,14 @@ async fn call(
     (result, body)
 }
 
-async fn acquire(me: &Handle, env: &Env, http: &reqwest::Client) -> Option<Grant> {
-    let resource = env.next_resource();
-    let proxy = pick(&env.proxies);
+async fn acquire(
+    me: &Handle,
+    env: &Env,
+    http: &reqwest::Client,
+    rng: &mut StdRng,
+) -> Option<Grant> {
+    let resource = env.next_resource(rng);
+    let proxy = pick(rng, &env.proxies);
     let req = http
         .post(format!("{proxy}/v1/leases/{resource}"))
         .json(&json!({"holder": me.name, "ttl_seconds": TTL_SECONDS, "wait_ms": 2500}));
@@ -293,10 +380,16 @@ async fn acquire(me: &Handle, env: &Env, http: &reqwest::Client) -> Option<Grant
 }
 
 /// Writes and renews under `grant`; `true` when the grant turned out to be lost.
-async fn hold(me: &Handle, env: &Env, http: &reqwest::Client, grant: &Grant) -> bool {
+async fn hold(
+    me: &Handle,
+    env: &Env,
+    http: &reqwest::Client,
+    grant: &Grant,
+    rng: &mut StdRng,
+) -> bool {
     let mut renewed = Instant::now();
     let mut zombie = false;
-    let writes = rand::rng().random_range(10..30);
+    let writes = rng.random_range(10..30);
     for _ in 0..writes {
         if let Some(d) = me.take_pause() {
             tokio::time::sleep(d).await;
@@ -311,7 +404,7 @@ async fn hold(me: &Handle, env: &Env, http: &reqwest::Client, grant: &Grant) -> 
             zombie = true;
         }
         if !zombie && renewed.elapsed() >= Duration::from_secs(TTL_SECONDS) / 3 {
-            let proxy = pick(&env.proxies);
+            let proxy = pick(rng, &env.proxies);
             let req = http
                 .post(format!("{proxy}/v1/leases/{}/renew", grant.resource))
                 .header("lease-secret", &grant.secret);
@@ -333,43 +426,136 @@ async fn hold(me: &Handle, env: &Env, http: &reqwest::Client, grant: &Grant) -> 
             }
         }
         // A woken zombie writes straight to the enforcer: the path no proxy guards.
-        let direct = zombie || rand::rng().random_bool(0.5);
+        let direct = zombie || rng.random_bool(0.5);
         let op = next_op(env);
         let body = json!({"client": me.name, "op": op});
-        let (kind, req) = if direct {
+        let (kind, url, headers) = if direct {
             (
                 Kind::WriteDirect,
-                http.put(format!("{}/items/{}", env.direct, grant.resource))
-                    .header(fencing::TOKEN_HEADER, &grant.fencing_token)
-                    .header(fencing::RESOURCE_HEADER, &grant.resource)
-                    .json(&body),
+                format!("{}/items/{}", env.direct, grant.resource),
+                vec![
+                    (fencing::TOKEN_HEADER, grant.fencing_token.clone()),
+                    (fencing::RESOURCE_HEADER, grant.resource.clone()),
+                ],
             )
         } else {
-            let proxy = pick(&env.proxies);
+            let proxy = pick(rng, &env.proxies);
             (
                 Kind::WriteViaProxy,
-                http.put(format!(
+                format!(
                     "{proxy}/v1/leases/{}/forward/items/{}",
                     grant.resource, grant.resource
-                ))
-                .header("lease-secret", &grant.secret)
-                .json(&body),
+                ),
+                vec![("lease-secret", grant.secret.clone())],
             )
         };
-        let (result, _) = call(
-            me,
-            env,
-            kind,
-            &grant.resource,
-            Some(grant.revision),
-            req,
-            op,
-        )
-        .await;
+        let result = match me.take_quirk() {
+            Some(quirk) if !zombie => {
+                give_up(me, env, kind, grant, op, quirk, &url, &headers, &body).await
+            }
+            _ => {
+                let mut req = http.put(&url).json(&body);
+                for (name, value) in &headers {
+                    req = req.header(*name, value);
+                }
+                me.writing.store(true, Ordering::Release);
+                let (result, _) = call(
+                    me,
+                    env,
+                    kind,
+                    &grant.resource,
+                    Some(grant.revision),
+                    req,
+                    op,
+                )
+                .await;
+                me.writing.store(false, Ordering::Release);
+                result
+            }
+        };
         if let Outcome::Fail(_) = result {
             return true;
         }
-        tokio::time::sleep(jitter(2, 12)).await;
+        tokio::time::sleep(jitter(rng, 2, 12)).await;
     }
     false
+}
+
+/// A write that gives up as `quirk`: recorded with an unknown outcome (the client cannot know
+/// whether it took effect), unless an answer came in time.
+#[allow(clippy::too_many_arguments)]
+async fn give_up(
+    me: &Handle,
+    env: &Env,
+    kind: Kind,
+    grant: &Grant,
+    op: u64,
+    quirk: Quirk,
+    url: &str,
+    headers: &[(&str, String)],
+    body: &serde_json::Value,
+) -> Outcome {
+    let invoked = Instant::now();
+    let status = match quirk {
+        Quirk::ShortTimeout => {
+            let timeout = env.processing_min / 2;
+            let mut req = reqwest::Client::new()
+                .put(url)
+                .json(body)
+                .timeout(timeout.max(Duration::from_millis(1)));
+            for (name, value) in headers {
+                req = req.header(*name, value);
+            }
+            req.send().await.ok().map(|r| r.status().as_u16())
+        }
+        Quirk::GiveUpMidBody(wait) | Quirk::GiveUpAwaitingAnswer(wait) => {
+            let whole = matches!(quirk, Quirk::GiveUpAwaitingAnswer(_));
+            // Errors only mean the socket went away sooner: the outcome is unknown either way.
+            let _ = raw_write(url, headers, body, whole, wait).await;
+            None
+        }
+    };
+    let result = outcome(status);
+    env.history.record(Event {
+        client: me.name.clone(),
+        kind,
+        resource: grant.resource.clone(),
+        revision: Some(grant.revision),
+        op,
+        invoked,
+        completed: Instant::now(),
+        outcome: result,
+    });
+    result
+}
+
+/// Sends a PUT by hand over a fresh connection: the headers (announcing the whole body's
+/// length), then the whole body or only its first half, waits `wait`, and closes the socket
+/// without reading anything.
+async fn raw_write(
+    url: &str,
+    headers: &[(&str, String)],
+    body: &serde_json::Value,
+    whole: bool,
+    wait: Duration,
+) -> std::io::Result<()> {
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let bytes = serde_json::to_vec(body)?;
+    let mut head = format!(
+        "PUT {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
+        bytes.len()
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    let mut socket = tokio::net::TcpStream::connect(host).await?;
+    socket.set_nodelay(true)?;
+    socket.write_all(head.as_bytes()).await?;
+    let sent = if whole { bytes.len() } else { bytes.len() / 2 };
+    socket.write_all(&bytes[..sent]).await?;
+    tokio::time::sleep(wait).await;
+    drop(socket);
+    Ok(())
 }

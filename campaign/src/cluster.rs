@@ -1,6 +1,6 @@
 //! The system under test, all on loopback: 3 etcd members, two lease-proxy replicas and
 //! fence-gateway (SQLite marks) in front of the recording storage, with a fault relay on every
-//! client→proxy, proxy→gateway and proxy→etcd path.
+//! client→proxy, proxy→gateway and proxy→etcd path, and on the gateway→storage hop.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -16,7 +16,9 @@ use crate::relay::{Mode, Relay};
 use crate::storage::Storage;
 
 /// A negative control: a deliberately broken deployment the checker must catch. Test-only.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Control {
     /// The real deployment.
@@ -25,7 +27,27 @@ pub enum Control {
     NoFencing,
     /// The enforcer keeps its marks in memory only, so a restart forgets them.
     MemoryMarks,
+    /// The enforcer forgets in-flight writes early: `--upstream-timeout` below the storage's
+    /// shortest processing time and `--write-grace 1ms`, so a write still being applied no
+    /// longer holds its resource closed to higher tokens.
+    ForgetInFlight,
 }
+
+/// What the deployment is made of, besides the control.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    /// The deployment or a negative control.
+    pub control: Control,
+    /// The run's seed (the storage draws its processing times from it).
+    pub seed: u64,
+    /// The storage's processing time per write: shortest and longest.
+    pub processing: (Duration, Duration),
+}
+
+/// The gateway's write grace in the real deployment: above the storage's longest processing
+/// time plus the longest delay fault on the storage hop (the storage must finish a write within
+/// the grace after its exchange ended).
+pub const WRITE_GRACE: Duration = Duration::from_secs(2);
 
 /// One restartable process.
 pub struct Proc {
@@ -169,6 +191,8 @@ pub struct Cluster {
     pub keys: Keyring,
     /// Clients → the gateway (or the storage without fencing): direct writes.
     pub direct: Relay,
+    /// The gateway → the storage (the gateway's `--upstream`).
+    pub storage_path: Relay,
     _dir: tempfile::TempDir,
 }
 
@@ -178,39 +202,59 @@ fn addr(url: &str) -> anyhow::Result<SocketAddr> {
 
 impl Cluster {
     /// Starts everything and waits until it is ready.
-    pub async fn start(control: Control) -> anyhow::Result<Self> {
+    pub async fn start(shape: Shape) -> anyhow::Result<Self> {
+        let control = shape.control;
         let dir = tempfile::Builder::new().prefix("campaign-").tempdir()?;
         let key_file = dir.path().join("fencing.key");
         Keyring::create_file(&key_file, &KeyId::parse("c1").context("key id")?)?;
         let keys = Keyring::load(&key_file)?;
-        let storage = Storage::start(Keyring::load(&key_file)?).await?;
+        let storage = Storage::start(
+            Keyring::load(&key_file)?,
+            shape.processing,
+            crate::plan::stream(shape.seed, "storage", 0),
+        )
+        .await?;
+        let storage_path = Relay::start(addr(storage.url())?).await?;
         let etcd = Etcd::cluster(3).await;
 
         let gateway_port = free_port();
         let gateway_url = format!("http://127.0.0.1:{gateway_port}");
         let gateway = match control {
             Control::NoFencing => None,
-            Control::None | Control::MemoryMarks => {
+            Control::None | Control::MemoryMarks | Control::ForgetInFlight => {
                 let store = match control {
                     Control::MemoryMarks => "memory".to_owned(),
                     _ => format!("sqlite:{}", dir.path().join("marks.db").display()),
                 };
-                let args = vec![
+                let mut args = vec![
                     "--listen".into(),
                     format!("127.0.0.1:{gateway_port}"),
                     "--upstream".into(),
-                    storage.url().to_owned(),
+                    storage_path.url(),
                     "--store".into(),
                     store,
                     "--key-file".into(),
                     key_file.display().to_string(),
                     "--drain-timeout".into(),
                     "1s".into(),
-                    // The recording storage answers in microseconds; a short grace keeps
-                    // uncertain writes (clients killed mid-request) from stalling new holders.
-                    "--write-grace".into(),
-                    "2s".into(),
                 ];
+                if control == Control::ForgetInFlight {
+                    let below = (shape.processing.0 / 2).max(Duration::from_millis(1));
+                    args.extend([
+                        "--write-grace".into(),
+                        "1ms".into(),
+                        "--upstream-timeout".into(),
+                        format!("{}ms", below.as_millis()),
+                    ]);
+                } else {
+                    // Above the storage's processing time (tens of milliseconds), short enough
+                    // that uncertain writes (clients killed mid-request, resets) do not stall
+                    // new holders for long.
+                    args.extend([
+                        "--write-grace".into(),
+                        humantime::format_duration(WRITE_GRACE).to_string(),
+                    ]);
+                }
                 let p = Arc::new(Proc::new(
                     "fence-gateway",
                     workspace_binary("fence-gateway"),
@@ -281,6 +325,7 @@ impl Cluster {
             proxies,
             paths,
             direct,
+            storage_path,
             gateway,
             gateway_url,
             storage,
@@ -301,7 +346,7 @@ impl Cluster {
             .paths
             .iter()
             .flat_map(ProxyPaths::all)
-            .chain([&self.direct])
+            .chain([&self.direct, &self.storage_path])
         {
             relay.set(Mode::Pass);
         }

@@ -1,11 +1,12 @@
-//! The fault campaign (issue 7, DESIGN §7): on one machine, loopback only, a 3-member etcd, two
-//! lease-proxy replicas, fence-gateway on SQLite in front of a recording storage, and competing
-//! clients, under a nemesis that kills, pauses, partitions and delays; a checker then judges
-//! the history against the storage's own apply log.
+//! The fault campaign (issues 7 and 17, DESIGN §7): on one machine, loopback only, a 3-member
+//! etcd, two lease-proxy replicas, fence-gateway on SQLite in front of a storage that takes time
+//! to apply, and competing clients, under a seeded nemesis that kills, pauses, partitions,
+//! delays and resets; a checker then judges the history against the storage's own apply log.
 //!
 //! - [`cluster`]: the deployment and its fault relays; [`relay`]: the TCP fault relay;
 //! - [`storage`]: the recording storage; [`client`]: the competing clients;
-//! - [`nemesis`]: the faults; [`history`] and [`checker`]: what happened and whether it was safe;
+//! - [`plan`]: a run's fault schedule, drawn from its seed; [`nemesis`]: the faults;
+//! - [`history`] and [`checker`]: what happened and whether it was safe;
 //! - [`run`]: one run and its report; [`report`]: many runs as markdown.
 
 pub mod checker;
@@ -13,6 +14,7 @@ pub mod client;
 pub mod cluster;
 pub mod history;
 pub mod nemesis;
+pub mod plan;
 pub mod relay;
 pub mod report;
 pub mod run;

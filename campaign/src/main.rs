@@ -1,8 +1,10 @@
 //! `campaign`: runs the fault campaign and writes its report.
 //!
-//! `campaign --runs 50 --duration 30s --report docs/campaign` runs fifty 30-second runs and
-//! writes `docs/campaign.md` and `docs/campaign.json`. Exit status 1 when the real deployment
-//! shows a violation, or when a negative control is caught in fewer than 90 % of its runs.
+//! `campaign --runs 50 --duration 30s --seed 1000 --report campaign/data/c` runs fifty
+//! 30-second runs with seeds 1000…1049 and writes `campaign/data/c.md` and `c.json` (each run
+//! with its seed and plan). `--seed S --runs 1` replays run S's fault schedule. Exit status 1
+//! when the real deployment shows a violation, or when a negative control is caught in fewer
+//! than 90 % of its runs.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -35,38 +37,71 @@ struct Args {
     /// Run a negative control instead of the real deployment (test-only deployments).
     #[arg(long, value_enum, default_value = "none")]
     control: Control,
+    /// Seed of the first run (run i has seed + i); drawn at random and printed when absent.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// The storage's shortest processing time per write.
+    #[arg(long, default_value = "10ms", value_parser = humantime::parse_duration)]
+    processing_min: Duration,
+    /// The storage's longest processing time per write (must stay below the gateway's write
+    /// grace, 2 s).
+    #[arg(long, default_value = "60ms", value_parser = humantime::parse_duration)]
+    processing_max: Duration,
     /// Write `PATH.md` and `PATH.json`.
     #[arg(long)]
     report: Option<PathBuf>,
+    /// Run nothing: print the markdown report of committed data (`PATH.json`, as written by
+    /// `--report`) and exit.
+    #[arg(long, conflicts_with = "report")]
+    render: Option<PathBuf>,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<std::process::ExitCode> {
     let args = Args::parse();
-    let settings = Settings {
-        duration: args.duration,
-        final_phase: args.final_phase,
-        clients: args.clients,
-        resources: args.resources,
-        control: args.control,
-    };
+    if let Some(path) = &args.render {
+        let runs: Vec<lease_proxy_campaign::run::Report> =
+            serde_json::from_str(&std::fs::read_to_string(path)?)?;
+        print!("{}", report::markdown(&runs));
+        return Ok(std::process::ExitCode::SUCCESS);
+    }
+    let first_seed = args.seed.unwrap_or_else(rand::random);
+    println!(
+        "seeds {first_seed}…{}",
+        first_seed.wrapping_add(args.runs.saturating_sub(1) as u64)
+    );
     let mut runs = Vec::new();
     let mut broken = 0;
     for i in 0..args.runs {
+        let settings = Settings {
+            duration: args.duration,
+            final_phase: args.final_phase,
+            clients: args.clients,
+            resources: args.resources,
+            control: args.control,
+            seed: first_seed.wrapping_add(i as u64),
+            processing: (args.processing_min, args.processing_max),
+        };
         // A run the harness itself could not complete (e.g. etcd never elected a leader after
         // a fault) judges nothing: it is counted and reported, not silently dropped.
         let r = match run_once(&settings).await {
             Ok(r) => r,
             Err(e) => {
                 broken += 1;
-                eprintln!("run {}/{}: the harness failed: {e:#}", i + 1, args.runs);
+                eprintln!(
+                    "run {}/{} (seed {}): the harness failed: {e:#}",
+                    i + 1,
+                    args.runs,
+                    settings.seed
+                );
                 continue;
             }
         };
         println!(
-            "run {}/{}: {} writes acknowledged, {} applied, {} stale refused, {} faults, {} violations{}",
+            "run {}/{} (seed {}): {} writes acknowledged, {} applied, {} stale refused, {} faults, {} violations{}",
             i + 1,
             args.runs,
+            r.seed,
             r.writes_acknowledged,
             r.writes_applied,
             r.stale_rejected_by_enforcer + r.stale_rejected_by_proxy,

@@ -1,30 +1,39 @@
-//! The nemesis: injects faults at random, each healed by the task that injected it.
-//! Infrastructure faults (proxies, gateway, etcd leader, relays) come one or two at a time: a
-//! run opens with a gateway restart, meets every other kind once in random order, then draws
-//! at random. Client faults (kills, pauses beyond the TTL) come on their own every 1.5–3 s, a
-//! pause first — clients die independently of the infrastructure, and they are what fencing
-//! exists for.
+//! The nemesis: executes a run's [`Plan`](crate::plan::Plan), each fault healed by the task
+//! that injected it and logged with its time and target. Infrastructure faults (proxies,
+//! gateway, etcd leader, relays, the gateway→storage hop) come one or two at a time: a run opens
+//! with a gateway restart, meets every other kind once in random order, then draws at random.
+//! Client faults (kills, pauses beyond the TTL, aborts and give-ups mid-request, timeouts
+//! shorter than the storage's processing) come on their own every 1.5–3 s, a pause first —
+//! clients die independently of the infrastructure, and they are what fencing exists for.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rand::seq::{IndexedRandom, SliceRandom};
-use rand::Rng;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::client::{Clients, TTL_SECONDS};
+use crate::client::{Clients, Quirk};
 use crate::cluster::Cluster;
+use crate::plan::{Plan, Step, MAX_CONCURRENT};
 use crate::relay::Mode;
 
 /// A kind of fault.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Fault {
-    /// SIGKILL-equivalent of a client: it vanishes without releasing.
+    /// SIGKILL-equivalent of a client: its task is aborted wherever it is, without releasing.
     ClientKill,
     /// A client stops dead beyond its TTL, then writes.
     ClientPause,
+    /// SIGKILL-equivalent of a client mid-request: its task (clients are in-process tasks) is
+    /// aborted while one of its writes is in flight.
+    ClientAbortMidRequest,
+    /// A client closes its socket while its write's body is still streaming.
+    ClientGiveUpMidBody,
+    /// A client sends a whole write, then closes its socket before the answer.
+    ClientGiveUpAwaitingAnswer,
+    /// A client's next write has a timeout shorter than the storage's processing time.
+    ClientShortTimeout,
     /// SIGKILL of a proxy, restarted after a moment.
     ProxyKill,
     /// SIGSTOP of a proxy while writes are in flight, then SIGCONT.
@@ -47,24 +56,20 @@ pub enum Fault {
     DelayProxyGateway,
     /// One proxy → etcd: delayed.
     DelayProxyEtcd,
+    /// The gateway → the storage: every chunk delayed.
+    DelayGatewayStorage,
+    /// The gateway → the storage: every connection reset (RST), new ones too.
+    ResetGatewayStorage,
+    /// The gateway → the storage: nothing moves (a partition TCP rides out).
+    BlackholeGatewayStorage,
 }
 
-/// The faults of the deployment (client faults run on their own schedule).
-const INFRASTRUCTURE: [Fault; 11] = [
-    Fault::ProxyKill,
-    Fault::ProxyPause,
-    Fault::GatewayKill,
-    Fault::LeaderKill,
-    Fault::LeaderPause,
-    Fault::BlackholeClientProxy,
-    Fault::BlackholeProxyGateway,
-    Fault::BlackholeProxyEtcd,
-    Fault::DelayClientProxy,
-    Fault::DelayProxyGateway,
-    Fault::DelayProxyEtcd,
-];
-
 impl Fault {
+    /// Whether the fault exists only with an enforcer (a restart of it, or its storage hop).
+    pub fn needs_gateway(self) -> bool {
+        matches!(self, Fault::GatewayKill) || self.touches_storage_path()
+    }
+
     fn touches_etcd(self) -> bool {
         matches!(self, Fault::LeaderKill | Fault::LeaderPause)
     }
@@ -75,19 +80,45 @@ impl Fault {
             Fault::GatewayKill | Fault::BlackholeProxyGateway | Fault::DelayProxyGateway
         )
     }
+
+    fn touches_storage_path(self) -> bool {
+        matches!(
+            self,
+            Fault::DelayGatewayStorage
+                | Fault::ResetGatewayStorage
+                | Fault::BlackholeGatewayStorage
+        )
+    }
+
+    /// Whether two faults must take turns: faults on etcd's leader; faults on the paths to the
+    /// gateway (a restart probes the marks with every path to it shut, so that no write
+    /// re-raises a forgotten mark first); faults on the storage hop, and a gateway restart with
+    /// them (a probe stalled on the storage hop would show nothing).
+    pub fn conflicts(self, other: Fault) -> bool {
+        let storage = |f: Fault| f.touches_storage_path() || f == Fault::GatewayKill;
+        (self.touches_etcd() && other.touches_etcd())
+            || (self.touches_gateway_paths() && other.touches_gateway_paths())
+            || (storage(self) && storage(other))
+    }
 }
 
 /// One injected fault.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Injected {
     /// What.
     pub fault: Fault,
-    /// When it began and ended, in seconds since the run started.
+    /// When the plan had it due, in seconds since the run started.
+    pub planned_s: f64,
+    /// When it began, in seconds since the run started.
     pub from_s: f64,
-    /// End of the fault, in seconds since the run started.
+    /// When it ended (healed), in seconds since the run started.
     pub to_s: f64,
+    /// What it hit: a process (`lease-proxy-1`, `etcd-2`, `fence-gateway`), a relay
+    /// (`lease-proxy-0→etcd`, `gateway→storage`) or a client (`c7`); empty when nothing was
+    /// there to hit (no etcd leader, no client with a write in flight).
+    pub target: String,
     /// For client faults on a holder: the resource it held.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none", default)]
     pub resource: Option<String>,
     #[serde(skip)]
     pub(crate) from: Option<Instant>,
@@ -115,143 +146,123 @@ pub struct Log {
     pub probes: Mutex<Vec<Probe>>,
 }
 
-/// Runs faults until `until`, then waits for all of them to heal. Infrastructure faults come
-/// one or two at a time; client faults (kills and pauses, clients dying independently of the
-/// infrastructure) come on their own every 1.5–3 s.
+/// Executes `plan`, then waits for every fault to heal. Each infrastructure fault starts when
+/// due, or once the part it touches is free and fewer than two others are active (the plan
+/// keeps to that with planned lengths; real restarts may take longer). Client faults start
+/// when due.
 pub async fn run(
+    plan: &Plan,
     cluster: Arc<Cluster>,
     clients: Arc<Clients>,
     log: Arc<Log>,
     started: Instant,
-    until: Instant,
 ) {
-    let infrastructure = infrastructure(
-        cluster.clone(),
-        clients.clone(),
-        log.clone(),
-        started,
-        until,
-    );
-    let clients_fail = async {
-        let mut active = tokio::task::JoinSet::new();
-        let mut first = true;
-        while Instant::now() < until {
-            // The first client fault is a pause: every run has a zombie early.
-            let fault = if first || rand::rng().random_bool(0.6) {
-                Fault::ClientPause
-            } else {
-                Fault::ClientKill
-            };
-            first = false;
-            let (cluster, clients, log) = (cluster.clone(), clients.clone(), log.clone());
-            active.spawn(async move { inject(fault, &cluster, &clients, &log, started).await });
-            let pause = Duration::from_millis(rand::rng().random_range(1500..3000));
-            tokio::time::sleep(pause).await;
-        }
-        while active.join_next().await.is_some() {}
-    };
-    tokio::join!(infrastructure, clients_fail);
-}
-
-async fn infrastructure(
-    cluster: Arc<Cluster>,
-    clients: Arc<Clients>,
-    log: Arc<Log>,
-    started: Instant,
-    until: Instant,
-) {
-    let with_gateway = cluster.gateway.is_some();
-    let mut schedule: Vec<Fault> = INFRASTRUCTURE
-        .iter()
-        .copied()
-        .filter(|f| with_gateway || *f != Fault::GatewayKill)
-        .collect();
-    schedule.shuffle(&mut rand::rng());
-    // Popped from the end: the gateway restart (the enforcer's memory) comes first, then every
-    // other kind once in random order, then random draws.
-    if let Some(i) = schedule.iter().position(|f| *f == Fault::GatewayKill) {
-        let f = schedule.remove(i);
-        schedule.push(f);
-    }
-    // Faults on one part take turns: etcd's leader, and the paths to the gateway (a restart
-    // probes the marks with every path to the gateway shut, so no write re-raises them first).
-    // Two seconds of calm first, so the first faults find grants held and marks to remember.
-    tokio::time::sleep(Duration::from_secs(2)).await;
     let etcd_busy = Arc::new(tokio::sync::Mutex::new(()));
     let gateway_busy = Arc::new(tokio::sync::Mutex::new(()));
+    let storage_busy = Arc::new(tokio::sync::Mutex::new(()));
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT));
     let mut active = tokio::task::JoinSet::new();
-    while Instant::now() < until {
-        while active.try_join_next().is_some() {}
-        if active.len() < 2 {
-            let fault = schedule.pop().unwrap_or_else(|| draw(with_gateway));
-            let busy = if fault.touches_etcd() {
-                Some(&etcd_busy)
-            } else if fault.touches_gateway_paths() {
-                Some(&gateway_busy)
-            } else {
-                None
-            };
-            let guard = match busy.map(|b| b.clone().try_lock_owned()) {
-                Some(Ok(g)) => Some(g),
-                Some(Err(_)) => continue,
-                None => None,
-            };
-            let (cluster, clients, log) = (cluster.clone(), clients.clone(), log.clone());
-            active.spawn(async move {
-                let _guard = guard;
-                inject(fault, &cluster, &clients, &log, started).await;
-            });
+    let mut infrastructure = plan.infrastructure.iter().peekable();
+    let mut client_faults = plan.clients.iter().peekable();
+    loop {
+        // The next due step of either schedule, in time order.
+        let next = match (infrastructure.peek(), client_faults.peek()) {
+            (Some(i), Some(c)) if i.at_ms <= c.at_ms => infrastructure.next(),
+            (Some(_), Some(_)) => client_faults.next(),
+            (Some(_), None) => infrastructure.next(),
+            (None, Some(_)) => client_faults.next(),
+            (None, None) => break,
+        };
+        let Some(step) = next.cloned() else { break };
+        tokio::time::sleep_until(started + Duration::from_millis(step.at_ms)).await;
+        let (cluster, clients, log) = (cluster.clone(), clients.clone(), log.clone());
+        if step.fault.is_client() {
+            active.spawn(async move { inject(&step, &cluster, &clients, &log, started).await });
+            continue;
         }
-        let pause = Duration::from_millis(rand::rng().random_range(500..1500));
-        tokio::time::sleep(pause).await;
+        let slots = slots.clone();
+        let locks: Vec<Arc<tokio::sync::Mutex<()>>> = [
+            (step.fault.touches_etcd(), &etcd_busy),
+            (step.fault.touches_gateway_paths(), &gateway_busy),
+            (
+                step.fault.touches_storage_path() || step.fault == Fault::GatewayKill,
+                &storage_busy,
+            ),
+        ]
+        .into_iter()
+        .filter(|(takes, _)| *takes)
+        .map(|(_, lock)| lock.clone())
+        .collect();
+        active.spawn(async move {
+            // Always in the same order (etcd, gateway, storage, then a slot): no deadlock.
+            let mut guards = Vec::new();
+            for lock in locks {
+                guards.push(lock.lock_owned().await);
+            }
+            let _slot = slots.acquire_owned().await;
+            inject(&step, &cluster, &clients, &log, started).await;
+        });
+        while active.try_join_next().is_some() {}
     }
     while active.join_next().await.is_some() {}
 }
 
-fn draw(with_gateway: bool) -> Fault {
-    let kinds: Vec<Fault> = INFRASTRUCTURE
-        .iter()
-        .copied()
-        .filter(|f| with_gateway || *f != Fault::GatewayKill)
-        .collect();
-    kinds
-        .choose(&mut rand::rng())
-        .copied()
-        .unwrap_or(Fault::ProxyKill)
+impl Fault {
+    fn is_client(self) -> bool {
+        matches!(
+            self,
+            Fault::ClientKill
+                | Fault::ClientPause
+                | Fault::ClientAbortMidRequest
+                | Fault::ClientGiveUpMidBody
+                | Fault::ClientGiveUpAwaitingAnswer
+                | Fault::ClientShortTimeout
+        )
+    }
 }
 
-fn hold() -> Duration {
-    Duration::from_millis(rand::rng().random_range(1000..3500))
-}
-
-async fn inject(fault: Fault, cluster: &Cluster, clients: &Clients, log: &Log, started: Instant) {
+async fn inject(step: &Step, cluster: &Cluster, clients: &Clients, log: &Log, started: Instant) {
+    let fault = step.fault;
     let from = Instant::now();
-    let mut resource = None;
-    let proxy = rand::rng().random_range(0..cluster.proxies.len());
+    let hold = Duration::from_millis(step.hold_ms);
+    let mut hit = None;
+    let proxy = usize::try_from(step.target).unwrap_or(0) % cluster.proxies.len().max(1);
+    let mut target = String::new();
     match fault {
-        Fault::ClientKill => resource = clients.kill_one(),
+        Fault::ClientKill => hit = clients.kill_one(step.target),
+        Fault::ClientAbortMidRequest => hit = clients.abort_mid_request(step.target).await,
         Fault::ClientPause => {
-            let beyond = Duration::from_secs(TTL_SECONDS)
-                + Duration::from_millis(rand::rng().random_range(1000..4000));
-            resource = clients.pause_one(beyond);
-            tokio::time::sleep(beyond).await;
+            hit = clients.pause_one(step.target, hold);
+            tokio::time::sleep(hold).await;
+        }
+        Fault::ClientGiveUpMidBody => {
+            hit = clients.quirk_one(step.target, Quirk::GiveUpMidBody(hold));
+        }
+        Fault::ClientGiveUpAwaitingAnswer => {
+            hit = clients.quirk_one(step.target, Quirk::GiveUpAwaitingAnswer(hold));
+        }
+        Fault::ClientShortTimeout => {
+            hit = clients.quirk_one(step.target, Quirk::ShortTimeout);
         }
         Fault::ProxyKill => {
             let p = &cluster.proxies[proxy];
+            target = p.name().to_owned();
             p.kill();
-            tokio::time::sleep(hold()).await;
+            tokio::time::sleep(hold).await;
             if let Err(e) = p.start().await {
                 eprintln!("nemesis: restarting {}: {e:#}", p.name());
             }
         }
         Fault::ProxyPause => {
             let p = &cluster.proxies[proxy];
+            target = p.name().to_owned();
             p.signal("STOP");
-            tokio::time::sleep(hold()).await;
+            tokio::time::sleep(hold).await;
             p.signal("CONT");
         }
         Fault::GatewayKill => {
             if let Some(g) = &cluster.gateway {
+                target = g.name().to_owned();
                 // Every path to the gateway is shut while it restarts and is probed, so that
                 // no write re-raises a forgotten mark before the probe sees it.
                 let paths: Vec<&crate::relay::Relay> = cluster
@@ -265,8 +276,7 @@ async fn inject(fault: Fault, cluster: &Cluster, clients: &Clients, log: &Log, s
                 }
                 let before = highest_applied(cluster);
                 g.kill();
-                let down = Duration::from_millis(rand::rng().random_range(200..1500));
-                tokio::time::sleep(down).await;
+                tokio::time::sleep(hold).await;
                 if let Err(e) = g.start().await {
                     eprintln!("nemesis: restarting the gateway: {e:#}");
                 }
@@ -279,18 +289,33 @@ async fn inject(fault: Fault, cluster: &Cluster, clients: &Clients, log: &Log, s
         Fault::LeaderKill => {
             let leader = cluster.etcd.lock().await.leader().await;
             if let Some(i) = leader {
+                target = format!("etcd-{i}");
                 cluster.etcd.lock().await.kill(i);
-                tokio::time::sleep(hold()).await;
+                tokio::time::sleep(hold).await;
                 cluster.etcd.lock().await.restart(i).await;
             }
         }
         Fault::LeaderPause => {
             let leader = cluster.etcd.lock().await.leader().await;
             if let Some(i) = leader {
+                target = format!("etcd-{i}");
                 cluster.etcd.lock().await.signal(i, "STOP");
-                tokio::time::sleep(hold()).await;
+                tokio::time::sleep(hold).await;
                 cluster.etcd.lock().await.signal(i, "CONT");
             }
+        }
+        Fault::DelayGatewayStorage
+        | Fault::ResetGatewayStorage
+        | Fault::BlackholeGatewayStorage => {
+            target = "gateway→storage".to_owned();
+            let mode = match fault {
+                Fault::DelayGatewayStorage => Mode::Delay(Duration::from_millis(step.delay_ms)),
+                Fault::ResetGatewayStorage => Mode::Reset,
+                _ => Mode::Blackhole,
+            };
+            cluster.storage_path.set(mode);
+            tokio::time::sleep(hold).await;
+            cluster.storage_path.set(Mode::Pass);
         }
         Fault::BlackholeClientProxy
         | Fault::BlackholeProxyGateway
@@ -299,32 +324,50 @@ async fn inject(fault: Fault, cluster: &Cluster, clients: &Clients, log: &Log, s
         | Fault::DelayProxyGateway
         | Fault::DelayProxyEtcd => {
             let paths = &cluster.paths[proxy];
-            let relays: Vec<&crate::relay::Relay> = match fault {
-                Fault::BlackholeClientProxy | Fault::DelayClientProxy => vec![&paths.clients],
-                Fault::BlackholeProxyGateway | Fault::DelayProxyGateway => vec![&paths.gateway],
-                _ => paths.etcd.iter().collect(),
+            let name = cluster.proxies[proxy].name();
+            let (relays, to): (Vec<&crate::relay::Relay>, &str) = match fault {
+                Fault::BlackholeClientProxy | Fault::DelayClientProxy => {
+                    (vec![&paths.clients], "clients→")
+                }
+                Fault::BlackholeProxyGateway | Fault::DelayProxyGateway => {
+                    (vec![&paths.gateway], "→gateway")
+                }
+                _ => (paths.etcd.iter().collect(), "→etcd"),
+            };
+            target = match to.strip_suffix('→') {
+                Some(from) => format!("{from}→{name}"),
+                None => format!("{name}{to}"),
             };
             let mode = match fault {
                 Fault::DelayClientProxy | Fault::DelayProxyGateway | Fault::DelayProxyEtcd => {
-                    Mode::Delay(Duration::from_millis(rand::rng().random_range(50..400)))
+                    Mode::Delay(Duration::from_millis(step.delay_ms))
                 }
                 _ => Mode::Blackhole,
             };
             for r in &relays {
                 r.set(mode);
             }
-            tokio::time::sleep(hold()).await;
+            tokio::time::sleep(hold).await;
             for r in &relays {
                 r.set(Mode::Pass);
             }
         }
     }
+    let resource = match hit {
+        Some((client, resource)) => {
+            target = client;
+            resource
+        }
+        None => None,
+    };
     let to = Instant::now();
     if let Ok(mut f) = log.faults.lock() {
         f.push(Injected {
             fault,
+            planned_s: step.at_ms as f64 / 1e3,
             from_s: from.duration_since(started).as_secs_f64(),
             to_s: to.duration_since(started).as_secs_f64(),
+            target,
             resource,
             from: Some(from),
             to: Some(to),

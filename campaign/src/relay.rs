@@ -1,6 +1,6 @@
 //! A TCP fault relay: forwards connections from a loopback port to a target, and on command
 //! stalls them (blackhole: nothing moves either way until healed, like a partition that TCP
-//! rides out) or delays every chunk.
+//! rides out), delays every chunk, or resets them (RST both ways, new connections too).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -19,6 +19,9 @@ pub enum Mode {
     Blackhole,
     /// Hold every chunk this long before forwarding it.
     Delay(Duration),
+    /// Reset every connection, both ways (RST: what was in flight through the relay is lost),
+    /// and every new one at once, until the mode changes.
+    Reset,
 }
 
 /// A running relay; stops when dropped.
@@ -47,20 +50,7 @@ impl Relay {
                     continue;
                 };
                 let watching = watching.clone();
-                connections.spawn(async move {
-                    let mut w = watching.clone();
-                    passable(&mut w).await;
-                    if let Ok(outbound) = TcpStream::connect(target).await {
-                        let _ = inbound.set_nodelay(true);
-                        let _ = outbound.set_nodelay(true);
-                        let (ri, wi) = inbound.into_split();
-                        let (ro, wo) = outbound.into_split();
-                        tokio::join!(
-                            pump(ri, wo, watching.clone()),
-                            pump(ro, wi, watching.clone())
-                        );
-                    }
-                });
+                connections.spawn(connection(inbound, target, watching));
                 while connections.try_join_next().is_some() {}
             }
         });
@@ -88,9 +78,48 @@ async fn passable(mode: &mut watch::Receiver<Mode>) {
     let _ = mode.wait_for(|m| *m != Mode::Blackhole).await;
 }
 
+/// One relayed connection: pumps both ways until both ends are done, or the mode turns to
+/// [`Mode::Reset`].
+async fn connection(
+    mut inbound: TcpStream,
+    target: SocketAddr,
+    mut watching: watch::Receiver<Mode>,
+) {
+    passable(&mut watching).await;
+    let resetting = *watching.borrow() == Mode::Reset;
+    let outbound = if resetting {
+        None
+    } else {
+        TcpStream::connect(target).await.ok()
+    };
+    let Some(mut outbound) = outbound else {
+        let _ = inbound.set_zero_linger();
+        return;
+    };
+    let _ = inbound.set_nodelay(true);
+    let _ = outbound.set_nodelay(true);
+    {
+        let (ri, wi) = inbound.split();
+        let (ro, wo) = outbound.split();
+        let mut reset = watching.clone();
+        tokio::select! {
+            _ = async {
+                tokio::join!(
+                    pump(ri, wo, watching.clone()),
+                    pump(ro, wi, watching.clone())
+                )
+            } => return,
+            _ = reset.wait_for(|m| *m == Mode::Reset) => {}
+        }
+    }
+    // Closing with a zero linger sends RST, discarding what the kernel still buffers.
+    let _ = inbound.set_zero_linger();
+    let _ = outbound.set_zero_linger();
+}
+
 async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut from: tokio::net::tcp::ReadHalf<'_>,
+    mut to: tokio::net::tcp::WriteHalf<'_>,
     mut mode: watch::Receiver<Mode>,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
@@ -168,5 +197,21 @@ mod tests {
         let mut b = [0u8; 1];
         s.read_exact(&mut b).await.unwrap();
         assert!(t.elapsed() >= Duration::from_millis(290));
+    }
+
+    #[tokio::test]
+    async fn resets_existing_and_new_connections() {
+        let relay = Relay::start(echo().await).await.unwrap();
+        let mut s = TcpStream::connect(relay.addr()).await.unwrap();
+        assert_eq!(round_trip(&mut s).await, Some(b'x'));
+        relay.set(Mode::Reset);
+        let mut b = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(1), s.read(&mut b)).await;
+        assert!(matches!(read, Ok(Err(_)) | Ok(Ok(0))), "{read:?}");
+        let mut fresh = TcpStream::connect(relay.addr()).await.unwrap();
+        assert_eq!(round_trip(&mut fresh).await, None);
+        relay.set(Mode::Pass);
+        let mut healed = TcpStream::connect(relay.addr()).await.unwrap();
+        assert_eq!(round_trip(&mut healed).await, Some(b'x'));
     }
 }

@@ -9,12 +9,26 @@ use crate::run::{Percentiles, Report};
 /// The markdown summary of `runs`.
 pub fn markdown(runs: &[Report]) -> String {
     let mut md = String::new();
+    let seeds: Vec<String> = runs.iter().map(|r| r.seed.to_string()).collect();
+    let _ = writeln!(
+        md,
+        "{} run(s), control `{}`, seeds {}; storage processing {} ms per write.\n",
+        runs.len(),
+        runs.first()
+            .and_then(|r| serde_json::to_value(r.control).ok())
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default(),
+        seeds.join(", "),
+        runs.first()
+            .map(|r| format!("{}–{}", r.processing_ms.0, r.processing_ms.1))
+            .unwrap_or_default(),
+    );
     let caught = runs.iter().filter(|r| !r.violations.is_empty()).count();
     let sum = |f: &dyn Fn(&Report) -> usize| runs.iter().map(f).sum::<usize>();
     let _ = writeln!(md, "| | total | per run (min / max) |");
     let _ = writeln!(md, "|---|--:|--:|");
     type Count<'a> = &'a dyn Fn(&Report) -> usize;
-    let rows: [(&str, Count); 9] = [
+    let rows: [(&str, Count); 12] = [
         ("runs with violations", &|r| {
             usize::from(!r.violations.is_empty())
         }),
@@ -28,7 +42,14 @@ pub fn markdown(runs: &[Report]) -> String {
         ("writes refused by a proxy, lease lost (410)", &|r| {
             r.stale_rejected_by_proxy
         }),
+        ("writes refused otherwise (other 4xx)", &|r| {
+            r.refused_otherwise
+        }),
         ("writes with unknown outcome", &|r| r.writes_indeterminate),
+        ("… of which applied by the storage", &|r| {
+            r.applied_unanswered
+        }),
+        ("faults injected", &|r| r.fault_log.len()),
         ("mark probes after gateway restarts", &|r| r.probes),
     ];
     for (name, f) in rows {
@@ -57,6 +78,7 @@ pub fn markdown(runs: &[Report]) -> String {
             .unwrap_or_default();
         let _ = writeln!(md, "| {name} | {n} |");
     }
+    let _ = writeln!(md, "| **total** | {} |", faults.values().sum::<usize>());
 
     let pooled = |pick: &dyn Fn(&Report) -> &Percentiles| {
         // Percentiles cannot be merged exactly; report the per-run medians' median and the

@@ -6,14 +6,15 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::checker;
 use crate::client::{Clients, Env};
-use crate::cluster::{Cluster, Control};
+use crate::cluster::{Cluster, Control, Shape};
 use crate::history::{Event, History, Kind, Outcome};
 use crate::nemesis::{self, Fault, Injected};
+use crate::plan::Plan;
 
 /// How a run is shaped.
 #[derive(Debug, Clone)]
@@ -28,10 +29,27 @@ pub struct Settings {
     pub resources: usize,
     /// A negative control, or the real deployment.
     pub control: Control,
+    /// The seed: it decides the fault schedule, every client's choices and the storage's
+    /// processing times.
+    pub seed: u64,
+    /// The storage's processing time per write: shortest and longest.
+    pub processing: (Duration, Duration),
+}
+
+impl Settings {
+    /// The fault phase: the whole run less the final phase.
+    pub fn chaos(&self) -> Duration {
+        self.duration.saturating_sub(self.final_phase)
+    }
+
+    /// The plan this run follows.
+    pub fn plan(&self) -> Plan {
+        Plan::generate(self.seed, self.chaos(), self.control != Control::NoFencing)
+    }
 }
 
 /// Latency percentiles in milliseconds.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Percentiles {
     /// Samples.
     pub n: usize,
@@ -63,10 +81,24 @@ impl Percentiles {
 }
 
 /// Everything a run found.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
     /// The control (or `none`).
     pub control: Control,
+    /// The seed (`campaign --seed S --runs 1` with the same settings replays the plan).
+    pub seed: u64,
+    /// The run's configured length, in milliseconds.
+    pub duration_ms: u64,
+    /// Its fault-free final phase, in milliseconds.
+    pub final_phase_ms: u64,
+    /// The storage's processing time per write, shortest and longest, in milliseconds.
+    pub processing_ms: (u64, u64),
+    /// Clients and resources.
+    pub clients: usize,
+    /// Resources.
+    pub resources: usize,
+    /// The fault schedule the seed decided.
+    pub plan: Plan,
     /// Run length in seconds.
     pub seconds: f64,
     /// Faults injected, by kind.
@@ -83,6 +115,10 @@ pub struct Report {
     pub stale_rejected_by_enforcer: usize,
     /// Writes refused by a proxy because the lease was lost (410).
     pub stale_rejected_by_proxy: usize,
+    /// Writes refused with another 4xx.
+    pub refused_otherwise: usize,
+    /// Writes the storage applied whose client saw no answer (a timeout, a reset, gave up).
+    pub applied_unanswered: usize,
     /// Writes with an unknown outcome.
     pub writes_indeterminate: usize,
     /// Mark probes after gateway restarts (all must be refused).
@@ -102,7 +138,21 @@ pub struct Report {
 
 /// Runs once.
 pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
-    let cluster = Arc::new(Cluster::start(settings.control).await?);
+    let plan = settings.plan();
+    eprintln!(
+        "campaign run: seed {} ({:?}, {} s)",
+        settings.seed,
+        settings.control,
+        settings.duration.as_secs()
+    );
+    let cluster = Arc::new(
+        Cluster::start(Shape {
+            control: settings.control,
+            seed: settings.seed,
+            processing: settings.processing,
+        })
+        .await?,
+    );
     let history = Arc::new(History::default());
     let env = Env {
         proxies: cluster.proxy_urls(),
@@ -113,17 +163,18 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
         history: history.clone(),
         ops: Arc::new(AtomicU64::new(1)),
         contended: Arc::default(),
+        seed: settings.seed,
+        processing_min: settings.processing.0,
     };
     let clients = Arc::new(Clients::start(env, settings.clients));
     let log = Arc::new(nemesis::Log::default());
     let started = Instant::now();
-    let chaos_until = started + settings.duration.saturating_sub(settings.final_phase);
     nemesis::run(
+        &plan,
         cluster.clone(),
         clients.clone(),
         log.clone(),
         started,
-        chaos_until,
     )
     .await;
     cluster.heal().await?;
@@ -131,8 +182,10 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
     tokio::time::sleep_until((started + settings.duration).max(healed + settings.final_phase / 2))
         .await;
     clients.stop();
-    // Let requests the aborted clients left in flight land before reading the log.
+    // Let requests the aborted clients left in flight reach the storage, and every write it
+    // received be applied, before reading its log.
     tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster.storage.settle().await;
     let events = history.events();
     let applied = cluster.storage.log();
     let faults = log.faults.lock().map(|f| f.clone()).unwrap_or_default();
@@ -143,8 +196,20 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
     let (takeover, with_leader) = takeovers(&events, &faults);
     let after: Vec<&Event> = writes().filter(|e| e.invoked >= healed).collect();
     let ok_after = after.iter().filter(|e| e.outcome == Outcome::Ok).count();
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let unanswered: std::collections::HashSet<(&str, u64)> = writes()
+        .filter(|e| e.outcome == Outcome::Indeterminate)
+        .map(|e| (e.client.as_str(), e.op))
+        .collect();
     Ok(Report {
         control: settings.control,
+        seed: settings.seed,
+        duration_ms: ms(settings.duration),
+        final_phase_ms: ms(settings.final_phase),
+        processing_ms: (ms(settings.processing.0), ms(settings.processing.1)),
+        clients: settings.clients,
+        resources: settings.resources,
+        plan,
         seconds: started.elapsed().as_secs_f64(),
         faults: faults.iter().fold(BTreeMap::new(), |mut m, f| {
             *m.entry(f.fault).or_default() += 1;
@@ -162,6 +227,13 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
             .count(),
         stale_rejected_by_enforcer: writes().filter(|e| e.outcome == Outcome::Fail(409)).count(),
         stale_rejected_by_proxy: writes().filter(|e| e.outcome == Outcome::Fail(410)).count(),
+        refused_otherwise: writes()
+            .filter(|e| matches!(e.outcome, Outcome::Fail(s) if s != 409 && s != 410))
+            .count(),
+        applied_unanswered: applied
+            .iter()
+            .filter(|a| unanswered.contains(&(a.client.as_str(), a.op)))
+            .count(),
         writes_indeterminate: writes()
             .filter(|e| e.outcome == Outcome::Indeterminate)
             .count(),

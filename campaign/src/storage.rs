@@ -1,19 +1,28 @@
-//! The protected storage: an HTTP service that applies every write it receives, in arrival
-//! order, and keeps its own apply log — the ground truth the checker judges. It trusts nobody
-//! and checks nothing: whatever reaches it is applied, so whatever the enforcer lets through
-//! shows in the log.
+//! The protected storage: an HTTP service that applies every write it receives and keeps its
+//! own apply log — the ground truth the checker judges. It trusts nobody and checks nothing:
+//! whatever reaches it is applied, so whatever the enforcer lets through shows in the log.
+//!
+//! Like a real storage it takes time: once a write's body has been read in full, applying it
+//! takes a processing time drawn between the configured bounds, and the answer comes only after
+//! that, so "applied" ≠ "answered". The apply runs in a task of its own: a caller that goes away
+//! (the gateway's timeout, a reset) does not stop it — as with a database that commits a
+//! transaction whose client has disconnected. A body that never arrives whole is never applied.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::put;
 use axum::Router;
 use fencing::Keyring;
+use rand::rngs::StdRng;
+use rand::Rng;
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 
 /// One applied write.
 #[derive(Debug, Clone)]
@@ -24,9 +33,11 @@ pub struct Applied {
     pub revision: u64,
     /// The writing client, from the body.
     pub client: String,
-    /// The client's operation id, from the body.
+    /// The client's operation id, from the body: with `client`, the write's id.
     pub op: u64,
-    /// When it was applied.
+    /// When its body had been read in full.
+    pub received: Instant,
+    /// When it was applied (the log is in this order).
     pub at: Instant,
 }
 
@@ -39,9 +50,12 @@ struct Write {
 struct Shared {
     keys: Keyring,
     log: Mutex<Vec<Applied>>,
+    processing: (Duration, Duration),
+    rng: Mutex<StdRng>,
+    applying: TaskTracker,
 }
 
-/// The running storage; stops when dropped.
+/// The running storage; stops when dropped (writes being applied are abandoned then).
 pub struct Storage {
     url: String,
     shared: Arc<Shared>,
@@ -56,13 +70,21 @@ impl Drop for Storage {
 
 impl Storage {
     /// Starts the storage on a free loopback port. `keys` reads the presented token's revision
-    /// (for the log only: the storage itself refuses nothing).
-    pub async fn start(keys: Keyring) -> std::io::Result<Self> {
+    /// (for the log only: the storage itself refuses nothing). Each write takes a processing
+    /// time drawn uniformly from `processing` (inclusive bounds) with `rng`.
+    pub async fn start(
+        keys: Keyring,
+        processing: (Duration, Duration),
+        rng: StdRng,
+    ) -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
         let shared = Arc::new(Shared {
             keys,
             log: Mutex::new(Vec::new()),
+            processing: (processing.0, processing.1.max(processing.0)),
+            rng: Mutex::new(rng),
+            applying: TaskTracker::new(),
         });
         let app = Router::new()
             .route("/items/{resource}", put(apply))
@@ -86,6 +108,13 @@ impl Storage {
             .map(|l| l.clone())
             .unwrap_or_default()
     }
+
+    /// Waits until every write received so far has been applied.
+    pub async fn settle(&self) {
+        self.shared.applying.close();
+        self.shared.applying.wait().await;
+        self.shared.applying.reopen();
+    }
 }
 
 async fn apply(
@@ -94,6 +123,7 @@ async fn apply(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> StatusCode {
+    let received = Instant::now();
     let Ok(write) = serde_json::from_slice::<Write>(&body) else {
         return StatusCode::BAD_REQUEST;
     };
@@ -102,15 +132,95 @@ async fn apply(
         .and_then(|v| v.to_str().ok())
         .and_then(|wire| shared.keys.verify(&resource, wire).ok())
         .map_or(0, |t| t.revision);
-    let Ok(mut log) = shared.log.lock() else {
-        return StatusCode::INTERNAL_SERVER_ERROR;
-    };
-    log.push(Applied {
-        resource,
-        revision,
-        client: write.client,
-        op: write.op,
-        at: Instant::now(),
+    let (lo, hi) = shared.processing;
+    let processing = shared
+        .rng
+        .lock()
+        .map(|mut rng| rng.random_range(lo..=hi))
+        .unwrap_or(hi);
+    let (done, applied) = tokio::sync::oneshot::channel();
+    let state = shared.clone();
+    // Its own task: dropping this handler (the caller went away) does not stop the apply.
+    shared.applying.spawn(async move {
+        tokio::time::sleep(processing).await;
+        if let Ok(mut log) = state.log.lock() {
+            log.push(Applied {
+                resource,
+                revision,
+                client: write.client,
+                op: write.op,
+                received,
+                at: Instant::now(),
+            });
+            let _ = done.send(());
+        }
     });
-    StatusCode::NO_CONTENT
+    match applied.await {
+        Ok(()) => StatusCode::NO_CONTENT,
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use rand::SeedableRng;
+    use tokio::io::AsyncWriteExt;
+
+    fn keys() -> Keyring {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("k");
+        Keyring::create_file(&file, &fencing::KeyId::parse("t").unwrap()).unwrap();
+        Keyring::load(&file).unwrap()
+    }
+
+    #[tokio::test]
+    async fn applies_after_processing_even_when_the_caller_is_gone() {
+        let processing = Duration::from_millis(300);
+        let storage = Storage::start(keys(), (processing, processing), StdRng::seed_from_u64(1))
+            .await
+            .unwrap();
+        let addr = storage.url().trim_start_matches("http://").to_owned();
+        let body = br#"{"client":"a","op":1}"#;
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let head = format!(
+            "PUT /items/r HTTP/1.1\r\nhost: {addr}\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        s.write_all(body).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(s);
+        assert!(
+            storage.log().is_empty(),
+            "applied before its processing time"
+        );
+        storage.settle().await;
+        let log = storage.log();
+        assert_eq!(log.len(), 1);
+        assert!(log[0].at - log[0].received >= processing);
+
+        // An answer comes only once the write is applied.
+        let sent = Instant::now();
+        let status = reqwest::Client::new()
+            .put(format!("{}/items/r", storage.url()))
+            .body(r#"{"client":"b","op":2}"#)
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status, 204);
+        assert!(sent.elapsed() >= processing);
+        assert_eq!(storage.log().len(), 2, "answered before applied");
+
+        // Half a body, then gone: never applied.
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        s.write_all(head.as_bytes()).await.unwrap();
+        s.write_all(&body[..5]).await.unwrap();
+        drop(s);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        storage.settle().await;
+        assert_eq!(storage.log().len(), 2);
+    }
 }

@@ -1,0 +1,274 @@
+//! A run's schedule, drawn from its seed before anything starts: which fault comes when, on
+//! which target, for how long, and every client's random stream. Planning is separate from
+//! execution so that a seed reproduces the schedule exactly (a test compares two generations,
+//! and the committed data against a fresh one); execution then follows the plan, and only what
+//! the deployment does in between (timings, who holds what when a fault fires) varies.
+
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::seq::{IndexedRandom, SliceRandom};
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use crate::nemesis::Fault;
+
+/// An independent random stream of a run: `name` and `index` pick the stream (the nemesis,
+/// client 7, the storage), `seed` the run. Same inputs, same stream (rand's `StdRng`, pinned by
+/// `Cargo.lock`).
+pub fn stream(seed: u64, name: &str, index: u64) -> StdRng {
+    // FNV-1a over the name, mixed with the index: distinct streams for distinct parts, so that
+    // one part drawing more or less does not shift the others.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes().chain(index.to_le_bytes()) {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    StdRng::seed_from_u64(seed ^ h)
+}
+
+/// One planned fault.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Step {
+    /// When it is due, in milliseconds after the run started (it may start later if the part
+    /// it touches is still busy with an earlier fault; the fault log has the real times).
+    pub at_ms: u64,
+    /// What.
+    pub fault: Fault,
+    /// Which proxy replica (path faults, proxy faults), or which client among the candidates
+    /// (client faults: taken modulo their number when the fault fires).
+    pub target: u64,
+    /// How long the fault lasts (hold, pause beyond the TTL, or time down), in milliseconds.
+    pub hold_ms: u64,
+    /// The delay per chunk for delay faults, in milliseconds; 0 otherwise.
+    pub delay_ms: u64,
+}
+
+/// Everything a seed decides about a run's faults.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    /// The seed.
+    pub seed: u64,
+    /// Infrastructure faults, in order.
+    pub infrastructure: Vec<Step>,
+    /// Client faults, in order.
+    pub clients: Vec<Step>,
+}
+
+/// The faults of the deployment (client faults run on their own schedule).
+pub const INFRASTRUCTURE: [Fault; 14] = [
+    Fault::ProxyKill,
+    Fault::ProxyPause,
+    Fault::GatewayKill,
+    Fault::LeaderKill,
+    Fault::LeaderPause,
+    Fault::BlackholeClientProxy,
+    Fault::BlackholeProxyGateway,
+    Fault::BlackholeProxyEtcd,
+    Fault::DelayClientProxy,
+    Fault::DelayProxyGateway,
+    Fault::DelayProxyEtcd,
+    Fault::DelayGatewayStorage,
+    Fault::ResetGatewayStorage,
+    Fault::BlackholeGatewayStorage,
+];
+
+/// The client faults and their weights.
+pub const CLIENT: [(Fault, u32); 6] = [
+    (Fault::ClientPause, 40),
+    (Fault::ClientKill, 12),
+    (Fault::ClientAbortMidRequest, 12),
+    (Fault::ClientGiveUpMidBody, 12),
+    (Fault::ClientGiveUpAwaitingAnswer, 12),
+    (Fault::ClientShortTimeout, 12),
+];
+
+/// Infrastructure faults at most this many at a time.
+pub const MAX_CONCURRENT: usize = 2;
+
+impl Plan {
+    /// The plan for a run of `chaos` (the fault phase) with seed `seed`; `with_gateway` is false
+    /// for the control without an enforcer (no gateway restarts, no gateway→storage hop).
+    pub fn generate(seed: u64, chaos: Duration, with_gateway: bool) -> Self {
+        let until = u64::try_from(chaos.as_millis()).unwrap_or(u64::MAX);
+        Self {
+            seed,
+            infrastructure: infrastructure(&mut stream(seed, "nemesis", 0), until, with_gateway),
+            clients: clients(&mut stream(seed, "client-faults", 0), until),
+        }
+    }
+}
+
+fn kinds(with_gateway: bool) -> Vec<Fault> {
+    INFRASTRUCTURE
+        .iter()
+        .copied()
+        .filter(|f| with_gateway || !f.needs_gateway())
+        .collect()
+}
+
+/// Planned length of a fault, for keeping to the concurrency limits while planning: its hold
+/// plus what a restart usually takes.
+fn planned_length(step: &Step) -> u64 {
+    match step.fault {
+        Fault::ProxyKill | Fault::GatewayKill | Fault::LeaderKill => step.hold_ms + 1000,
+        _ => step.hold_ms,
+    }
+}
+
+fn infrastructure(rng: &mut StdRng, until: u64, with_gateway: bool) -> Vec<Step> {
+    let mut schedule = kinds(with_gateway);
+    schedule.shuffle(rng);
+    // Popped from the end: the gateway restart (the enforcer's memory) comes first, then every
+    // other kind once in random order, then random draws.
+    if let Some(i) = schedule.iter().position(|f| *f == Fault::GatewayKill) {
+        let f = schedule.remove(i);
+        schedule.push(f);
+    }
+    let all = kinds(with_gateway);
+    let mut steps = Vec::new();
+    let mut active: Vec<(u64, Fault)> = Vec::new();
+    // Two seconds of calm first, so the first faults find grants held and marks to remember.
+    let mut now = 2000;
+    while now < until {
+        active.retain(|(end, _)| *end > now);
+        if active.len() < MAX_CONCURRENT {
+            // The next kind not yet met whose part is free, else a random draw whose part is
+            // free (a few tries); a busy part's kind waits for a later turn.
+            let free = |f: &Fault| !active.iter().any(|(_, a)| a.conflicts(*f));
+            let fault = match schedule.iter().rposition(free) {
+                Some(i) => Some(schedule.remove(i)),
+                None if schedule.is_empty() => {
+                    (0..8).filter_map(|_| all.choose(rng).copied()).find(free)
+                }
+                None => None,
+            };
+            if let Some(fault) = fault {
+                let step = draw_step(rng, now, fault);
+                active.push((now + planned_length(&step), fault));
+                steps.push(step);
+            }
+        }
+        now += rng.random_range(500..1500);
+    }
+    steps
+}
+
+fn draw_step(rng: &mut StdRng, at_ms: u64, fault: Fault) -> Step {
+    let target = rng.random_range(0..2);
+    let (hold_ms, delay_ms) = match fault {
+        Fault::GatewayKill => (rng.random_range(200..1500), 0),
+        Fault::ResetGatewayStorage => (rng.random_range(100..600), 0),
+        Fault::DelayClientProxy
+        | Fault::DelayProxyGateway
+        | Fault::DelayProxyEtcd
+        | Fault::DelayGatewayStorage => (rng.random_range(1000..3500), rng.random_range(50..400)),
+        _ => (rng.random_range(1000..3500), 0),
+    };
+    Step {
+        at_ms,
+        fault,
+        target,
+        hold_ms,
+        delay_ms,
+    }
+}
+
+fn clients(rng: &mut StdRng, until: u64) -> Vec<Step> {
+    let mut steps = Vec::new();
+    let mut now = 0;
+    while now < until {
+        // The first client fault is a pause: every run has a zombie early.
+        let fault = if steps.is_empty() {
+            Fault::ClientPause
+        } else {
+            CLIENT
+                .choose_weighted(rng, |(_, w)| *w)
+                .map_or(Fault::ClientPause, |(f, _)| *f)
+        };
+        let hold_ms = match fault {
+            // Beyond the TTL: the lease lapses while the client sleeps.
+            Fault::ClientPause => crate::client::TTL_SECONDS * 1000 + rng.random_range(1000..4000),
+            // How long a client giving up waits before closing its socket.
+            Fault::ClientGiveUpMidBody | Fault::ClientGiveUpAwaitingAnswer => {
+                rng.random_range(0..40)
+            }
+            _ => 0,
+        };
+        steps.push(Step {
+            at_ms: now,
+            fault,
+            target: rng.random(),
+            hold_ms,
+            delay_ms: 0,
+        });
+        now += rng.random_range(1500..3000);
+    }
+    steps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_reproduces_its_schedule() {
+        let chaos = Duration::from_secs(24);
+        for seed in [0, 1, 17, u64::MAX] {
+            let a = Plan::generate(seed, chaos, true);
+            let b = Plan::generate(seed, chaos, true);
+            assert_eq!(a, b);
+            assert_eq!(
+                serde_json::to_string(&a).ok(),
+                serde_json::to_string(&b).ok()
+            );
+        }
+        assert_ne!(
+            Plan::generate(1, chaos, true),
+            Plan::generate(2, chaos, true)
+        );
+    }
+
+    #[test]
+    fn a_plan_meets_every_kind_and_keeps_the_limits() {
+        let plan = Plan::generate(42, Duration::from_secs(24), true);
+        assert_eq!(
+            plan.infrastructure.first().map(|s| s.fault),
+            Some(Fault::GatewayKill)
+        );
+        for f in INFRASTRUCTURE {
+            assert!(
+                plan.infrastructure.iter().any(|s| s.fault == f),
+                "{f:?} never planned"
+            );
+        }
+        assert_eq!(
+            plan.clients.first().map(|s| s.fault),
+            Some(Fault::ClientPause)
+        );
+        for (i, s) in plan.infrastructure.iter().enumerate() {
+            let overlapping: Vec<&Step> = plan.infrastructure[..i]
+                .iter()
+                .filter(|e| e.at_ms + planned_length(e) > s.at_ms)
+                .collect();
+            assert!(overlapping.len() < MAX_CONCURRENT, "{s:?}");
+            assert!(
+                overlapping.iter().all(|e| !e.fault.conflicts(s.fault)),
+                "{s:?}"
+            );
+        }
+        let without = Plan::generate(42, Duration::from_secs(24), false);
+        assert!(without
+            .infrastructure
+            .iter()
+            .all(|s| !s.fault.needs_gateway()));
+    }
+
+    #[test]
+    fn streams_are_independent() {
+        let a: u64 = stream(5, "client", 0).random();
+        let b: u64 = stream(5, "client", 1).random();
+        let c: u64 = stream(5, "client", 0).random();
+        assert_ne!(a, b);
+        assert_eq!(a, c);
+    }
+}

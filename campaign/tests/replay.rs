@@ -1,0 +1,50 @@
+//! Published data replays: for every run in the committed campaign data (`campaign/data/*.json`),
+//! generating the plan from its seed and settings gives exactly the schedule the run recorded,
+//! and the faults it logged are exactly the planned ones.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use lease_proxy_campaign::cluster::Control;
+use lease_proxy_campaign::nemesis::Fault;
+use lease_proxy_campaign::plan::Plan;
+
+#[test]
+fn committed_seeds_reproduce_their_schedules() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).expect("campaign/data") {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let runs: Vec<serde_json::Value> =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        for run in runs {
+            let seed = run["seed"].as_u64().unwrap();
+            let control: Control = serde_json::from_value(run["control"].clone()).unwrap();
+            let chaos = Duration::from_millis(
+                run["duration_ms"].as_u64().unwrap() - run["final_phase_ms"].as_u64().unwrap(),
+            );
+            let recorded: Plan = serde_json::from_value(run["plan"].clone()).unwrap();
+            let plan = Plan::generate(seed, chaos, control != Control::NoFencing);
+            assert_eq!(plan, recorded, "{}: seed {seed}", path.display());
+
+            let mut planned: BTreeMap<Fault, u64> = BTreeMap::new();
+            for step in plan.infrastructure.iter().chain(&plan.clients) {
+                *planned.entry(step.fault).or_default() += 1;
+            }
+            let logged: BTreeMap<Fault, u64> =
+                serde_json::from_value(run["faults"].clone()).unwrap();
+            assert_eq!(planned, logged, "{}: seed {seed}", path.display());
+            checked += 1;
+        }
+    }
+    eprintln!("{checked} committed runs replayed");
+    assert!(
+        checked > 0,
+        "no committed campaign data in {}",
+        dir.display()
+    );
+}
