@@ -149,16 +149,19 @@ async fn same_requests_same_answers_as_real_etcd() {
             r#"{"TTL":10}"#.into(),
             Some(("$L1", "ID")),
         ),
+        // An explicit non-zero `ID` is refused by the proxy (a /v3 client could otherwise
+        // probe for, or pre-take, the ids of the proxy's own leases): see
+        // `explicit_lease_ids_are_refused`. `ID` 0 means "etcd chooses", as on etcd.
         (
             "POST",
             "/v3/lease/grant",
-            r#"{"TTL":10,"ID":"4660"}"#.into(),
-            None,
+            r#"{"TTL":10,"ID":"0"}"#.into(),
+            Some(("$L2", "ID")),
         ),
         (
             "POST",
             "/v3/lease/grant",
-            r#"{"TTL":"10","ID":4661}"#.into(),
+            r#"{"TTL":"10","ID":0}"#.into(),
             None,
         ),
         (
@@ -390,7 +393,7 @@ async fn same_requests_same_answers_as_real_etcd() {
         (
             "POST",
             "/v3/lease/keepalive",
-            r#"{"ID":"$L1"} {"ID":"4660"}"#.into(),
+            r#"{"ID":"$L1"} {"ID":"$L2"}"#.into(),
             None,
         ),
         (
@@ -894,4 +897,36 @@ fn a_v3_namespace_over_the_proxys_own_keys_is_refused_at_start() {
         );
         assert!(stderr.contains("v3-namespace"), "{stderr}");
     }
+}
+
+/// A `/v3` grant may not choose its lease id: with an explicit id a client could learn whether
+/// the proxy's own (or spare) leases exist ("lease already exists"), and take ids ahead of
+/// etcd's counter so that `/v1` acquires fail. Refused with code 3; nothing is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explicit_lease_ids_are_refused() {
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let (_, grant) = acquire(&proxy, "aisle-1", "native", 30).await;
+    let native = str_field(&grant, "lease_id");
+    let mut client = etcd.client().await;
+    let before = client.leases().await.unwrap().leases().len();
+    for body in [
+        format!(r#"{{"TTL":10,"ID":"{native}"}}"#),
+        r#"{"TTL":10,"ID":"4660"}"#.to_owned(),
+        r#"{"TTL":10,"ID":4661}"#.to_owned(),
+        r#"{"TTL":10,"ID":"-7"}"#.to_owned(),
+    ] {
+        let (status, answer, _) = v3_call(&proxy.url, "/v3/lease/grant", body.clone()).await;
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert_eq!(answer["code"], 3, "{body}: {answer}");
+    }
+    assert_eq!(client.leases().await.unwrap().leases().len(), before);
+    // An id of etcd's choosing still works.
+    let (status, answer, _) = v3_call(
+        &proxy.url,
+        "/v3/lease/grant",
+        r#"{"TTL":10,"ID":"0"}"#.into(),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
 }

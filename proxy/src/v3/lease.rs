@@ -84,7 +84,16 @@ impl Markers {
 
 impl V3 {
     /// `lease/grant`, then the marker; if marking fails the lease is revoked again.
+    ///
+    /// An explicit non-zero `ID` is refused (code 3): with it a client could learn whether any
+    /// lease exists (etcd answers "lease already exists") and take ids ahead of etcd's counter,
+    /// so that the proxy's own grants fail with that error.
     pub(super) async fn grant(&self, g: LeaseGrant) -> Result<Value, Status> {
+        if g.id != 0 {
+            return Err(Status::invalid(
+                "lease-proxy: an explicit lease ID is not accepted; leave it 0 and etcd chooses",
+            ));
+        }
         let resp = self
             .etcd
             .bounded_once("v3_grant", |c| async move {
