@@ -86,9 +86,39 @@ pub struct Config {
     #[arg(long, env = "LEASE_PROXY_LEASE_SPARES", default_value_t = 256)]
     pub lease_spares: usize,
 
+    /// How long after a grant a retried acquire with the same `Idempotency-Key` (and holder)
+    /// still returns it (at least half of this, at most this, by etcd's clock); later retries
+    /// are answered like any other acquire. Keep it short: until clients authenticate, the key
+    /// is all that binds a retry to the original caller.
+    #[arg(long, env = "LEASE_PROXY_IDEMPOTENCY_WINDOW", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub idempotency_window: Duration,
+
     /// Number of long-lived keepalive streams renewals are spread over.
     #[arg(long, env = "LEASE_PROXY_KEEPALIVE_STREAMS", default_value_t = 2)]
     pub keepalive_streams: usize,
+
+    /// Most client connections served at once; further connections wait in the listen backlog
+    /// until one closes.
+    #[arg(
+        long,
+        env = "LEASE_PROXY_MAX_CLIENT_CONNECTIONS",
+        default_value_t = 1024
+    )]
+    pub max_client_connections: usize,
+
+    /// Deadline for a client to send a request's headers, the first one counted from the
+    /// connection's start (a silent connection is closed after it), and the whole JSON body of
+    /// a `/v1` or `/v3` call (408 or code 3 past it; forwarded bodies: `--forward-timeout`).
+    #[arg(long, env = "LEASE_PROXY_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+
+    /// How long a client connection with no request in flight stays open (a waiting acquire is
+    /// in flight).
+    #[arg(long, env = "LEASE_PROXY_IDLE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
 
     /// After SIGTERM, how long to go on serving with `/readyz` at 503 before the listener closes,
     /// so load balancers stop sending new requests first (Kubernetes: a few seconds).
@@ -233,6 +263,22 @@ impl Config {
         }
         if self.keepalive_streams == 0 || self.keepalive_streams > 64 {
             return fail("--keepalive-streams must be between 1 and 64".into());
+        }
+        if self.idempotency_window < Duration::from_secs(ETCD_MIN_TTL)
+            || self.idempotency_window > Duration::from_secs(3600)
+        {
+            return fail("--idempotency-window must be between 2s and 1h".into());
+        }
+        if self.max_client_connections == 0 {
+            return fail("--max-client-connections must be at least 1".into());
+        }
+        for (flag, value) in [
+            ("--header-read-timeout", self.header_read_timeout),
+            ("--idle-timeout", self.idle_timeout),
+        ] {
+            if value.is_zero() {
+                return fail(format!("{flag} must be above zero"));
+            }
         }
         if self.lease_spares > 100_000 {
             return fail("--lease-spares must be at most 100000".into());

@@ -24,6 +24,9 @@ pub enum Error {
         /// The limit in bytes.
         limit: usize,
     },
+    /// The body did not arrive in full within the deadline (`--header-read-timeout`).
+    #[error("the request body did not arrive within {0:?}")]
+    BodyTimeout(std::time::Duration),
     /// The body is not JSON.
     #[error("content type must be application/json")]
     UnsupportedMediaType,

@@ -18,7 +18,7 @@ use tokio_util::task::TaskTracker;
 use crate::api::{self, AppState};
 use crate::etcd::{Etcd, Holders, KeepAlive};
 use crate::forward::Upstream;
-use crate::lease::{Leases, Limits};
+use crate::lease::{Layout, Leases, Limits};
 use crate::metrics::Metrics;
 use crate::Config;
 
@@ -108,16 +108,22 @@ pub async fn run(
         max_ttl: config.max_ttl,
         max_wait: config.max_wait,
     };
+    let layout = Layout {
+        holders_prefix,
+        idempotency_prefix: format!("{}idempotency/", config.etcd_prefix),
+        idempotency_window: config.idempotency_window,
+    };
     let leases = Leases::new(
         etcd.clone(),
         keepalive,
         holders,
         keys,
-        holders_prefix,
+        layout,
         config.era,
         limits,
         upstream(&config.prefence_url, config.forward_timeout, &metrics),
         config.lease_spares,
+        tracker.clone(),
         stopping.clone(),
     );
     let state = Arc::new(AppState {
@@ -127,7 +133,10 @@ pub async fn run(
         leases,
         etcd,
         readiness_key: format!("{}readyz", config.etcd_prefix),
-        max_body_bytes: config.max_body_bytes,
+        body: crate::api::BodyLimits {
+            bytes: config.max_body_bytes,
+            deadline: config.header_read_timeout,
+        },
         draining: AtomicBool::new(false),
     });
     let app = api::router(state.clone());
@@ -143,7 +152,11 @@ pub async fn run(
             delay: config.shutdown_delay,
             deadline: config.drain_timeout,
         },
-        fencing::serve::Limits::default(),
+        fencing::serve::Limits {
+            max_connections: config.max_client_connections,
+            header_read_timeout: config.header_read_timeout,
+            idle_timeout: config.idle_timeout,
+        },
     )
     .await;
     stopping.cancel();

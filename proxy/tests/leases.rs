@@ -320,14 +320,17 @@ async fn idempotency_key_returns_the_same_grant() {
         })
         .collect();
     assert_eq!(tokens.len(), 1);
-    // One grant, so one lease carrying one key (spare leases carry none).
-    assert_eq!(
-        keys_per_lease(&etcd)
-            .await
-            .into_values()
-            .collect::<Vec<_>>(),
-        vec![1]
-    );
+    // One grant, so one lease carrying one ownership key (spare leases carry none; the replay
+    // window's keys live on a lease of their own).
+    let holding: Vec<i64> = snapshot(&etcd)
+        .await
+        .kvs
+        .into_iter()
+        .filter(|kv| kv.0.starts_with(b"/lease-proxy/holders/"))
+        .map(|kv| kv.4)
+        .collect();
+    assert_eq!(holding.len(), 1);
+    assert_eq!(keys_per_lease(&etcd).await.get(&holding[0]), Some(&1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

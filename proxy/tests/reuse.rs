@@ -1,6 +1,6 @@
-//! Reuse of etcd leases across grants (spare leases): a lease carries at most one grant at a
-//! time, every grant still expires on its own, and an earlier holder of a reused lease can
-//! neither act on nor prolong the later grant.
+//! Reuse of etcd leases (spare leases): only leases that never carried a key are reused, so a
+//! lease carries at most one grant in its life; every grant still expires on its own, and an
+//! earlier holder can neither act on nor prolong a later grant.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -12,56 +12,57 @@ use serde_json::json;
 use tokio::time::Instant;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reused_lease_serves_one_grant_and_expires_with_it() {
+async fn a_released_lease_is_never_reused_and_its_secret_stays_dead() {
     let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let (storage, received) = recording_storage().await;
+    let proxy = Proxy::start(etcd.endpoints(), |c| c.upstream = Some(storage)).await;
 
-    // A's lease goes back to the pool on release and carries B's grant next.
+    // A's lease is revoked on release, never pooled: the next grant gets another lease.
     let (_, a) = acquire(&proxy, "r1", "a", 4).await;
     let secret_a = str_field(&a, "secret");
     assert_eq!(release(&proxy, "r1", &secret_a).await.0, 204);
+    assert!(
+        !snapshot(&etcd).await.leases.contains(&lease_id(&a)),
+        "a released grant's lease outlived its release"
+    );
     let (status, b) = acquire(&proxy, "r2", "b", 4).await;
     assert_eq!(status, 201, "{b}");
-    assert_eq!(
-        lease_id(&b),
-        lease_id(&a),
-        "the released lease was not reused"
-    );
+    assert_ne!(lease_id(&b), lease_id(&a));
     assert!(token(&b) > token(&a));
     assert_eq!(
         keys_per_lease(&etcd).await.into_iter().collect::<Vec<_>>(),
         vec![(lease_id(&b), 1)]
     );
 
-    // A's old secret is an earlier grant's: lost (410) on both resources, never accepted, and
-    // releasing with it changes nothing.
+    // A's old secret is an ended grant's: lost (410) on both resources, for renewals and
+    // forwards alike (nothing reaches the storage), and releasing with it changes nothing.
     let before = snapshot(&etcd).await;
     for resource in ["r1", "r2"] {
         let (status, body) = renew(&proxy, resource, &secret_a).await;
         assert_eq!(status, 410, "{resource}: {body}");
+        let (status, body) = send(
+            http()
+                .post(format!("{}/v1/leases/{resource}/forward/x", proxy.url))
+                .header("lease-secret", &secret_a),
+        )
+        .await;
+        assert_eq!(
+            status, 410,
+            "forward to {resource} with an ended grant's secret: {body}"
+        );
     }
-    let forward = http()
-        .post(format!("{}/v1/leases/r2/forward/x", proxy.url))
-        .header("lease-secret", &secret_a)
-        .send()
-        .await
-        .unwrap();
-    assert!(
-        forward.status() == 410 || forward.status() == 404,
-        "forward with an earlier grant's secret: {}",
-        forward.status()
-    );
+    assert!(received.lock().unwrap().is_empty());
     assert_eq!(release(&proxy, "r2", &secret_a).await.0, 204);
     assert_eq!(snapshot(&etcd).await, before);
-    // A forgery on the same lease id is still told apart from an earlier grant: 403.
-    let mut forged = secret_a.clone();
+    // A forgery on B's lease id is refused (403), never taken for an ended grant.
+    let mut forged = str_field(&b, "secret");
     let last = forged.pop().unwrap();
     forged.push(if last == 'A' { 'B' } else { 'A' });
     assert_eq!(renew(&proxy, "r2", &forged).await.0, 403);
     assert_eq!(renew(&proxy, "r2", &str_field(&b, "secret")).await.0, 200);
 
-    // B stops renewing. A keeps trying with its old secret; that must not keep B's grant (on
-    // A's former lease) alive: a waiter gets r2 within B's TTL.
+    // B stops renewing. A keeps trying with its old secret; that must not keep B's grant
+    // alive: a waiter gets r2 within B's TTL.
     let stop = tokio::sync::watch::channel(false);
     let hammer = {
         let url = proxy.url.clone();
@@ -145,21 +146,26 @@ async fn refused_acquires_reuse_their_leases() {
 async fn a_lapsed_spare_is_never_handed_out() {
     let etcd = Etcd::single().await;
     let proxy = Proxy::start(etcd.endpoints(), |c| c.min_ttl = 2).await;
-    let (_, a) = acquire(&proxy, "short", "a", 2).await;
-    assert_eq!(
-        release(&proxy, "short", &str_field(&a, "secret")).await.0,
-        204
-    );
-    // The spare's TTL runs out in the pool.
+    let (_, _owner) = acquire(&proxy, "busy", "owner", 30).await;
+    let before = snapshot(&etcd).await.leases;
+    // A refused acquire's lease becomes a spare, whose TTL then runs out in the pool.
+    assert_eq!(acquire(&proxy, "busy", "a", 2).await.0, 409);
+    let spare: Vec<i64> = snapshot(&etcd)
+        .await
+        .leases
+        .into_iter()
+        .filter(|l| !before.contains(l))
+        .collect();
+    assert_eq!(spare.len(), 1, "the refused acquire's lease is kept");
     tokio::time::sleep(Duration::from_millis(3500)).await;
     let (status, b) = acquire(&proxy, "short-2", "b", 2).await;
     assert_eq!(status, 201, "{b}");
-    assert_ne!(lease_id(&b), lease_id(&a));
+    assert_ne!(lease_id(&b), spare[0]);
     assert_eq!(
         renew(&proxy, "short-2", &str_field(&b, "secret")).await.0,
         200
     );
-    assert_eq!(keys_per_lease(&etcd).await.into_values().sum::<usize>(), 1);
+    assert!(keys_per_lease(&etcd).await.values().all(|&n| n == 1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -202,16 +208,16 @@ async fn concurrent_releases_keep_a_lease_at_most_once() {
 async fn shutdown_revokes_the_spares() {
     let etcd = Etcd::single().await;
     let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
-    for i in 0..5 {
-        let (_, g) = acquire(&proxy, &format!("r{i}"), "a", 30).await;
-        assert_eq!(
-            release(&proxy, &format!("r{i}"), &str_field(&g, "secret"))
-                .await
-                .0,
-            204
-        );
+    let (_, owner) = acquire(&proxy, "hot", "owner", 60).await;
+    // Refused acquires with five TTLs leave five spares.
+    for ttl in 30..35 {
+        assert_eq!(acquire(&proxy, "hot", "a", ttl).await.0, 409);
     }
-    assert!(!snapshot(&etcd).await.leases.is_empty());
+    assert_eq!(
+        release(&proxy, "hot", &str_field(&owner, "secret")).await.0,
+        204
+    );
+    assert_eq!(snapshot(&etcd).await.leases.len(), 5);
     proxy.stop().await;
     assert_eq!(snapshot(&etcd).await.leases, Vec::<i64>::new());
 }

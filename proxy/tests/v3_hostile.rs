@@ -675,15 +675,25 @@ async fn a_hostile_client_cannot_reach_outside_the_namespace() {
     for (key, value) in planted().into_iter().chain(hidden()) {
         client.put(key, value, None).await.unwrap();
     }
-    // A live /v1 grant, and a spare lease (a released grant's, kept by the proxy for reuse).
+    // A live /v1 grant, and a spare lease (a refused acquire's, kept by the proxy for reuse).
     let (status, grant) = acquire(&proxy, "aisle-1", "robot-1", 60).await;
     assert_eq!(status, 201, "{grant}");
     let native = lease_id(&grant);
-    let (status, spare_grant) = acquire(&proxy, "spare-maker", "robot-2", 60).await;
-    assert_eq!(status, 201, "{spare_grant}");
-    let spare = lease_id(&spare_grant);
-    let (status, _) = release(&proxy, "spare-maker", &str_field(&spare_grant, "secret")).await;
-    assert_eq!(status, 204);
+    let leases_before = snapshot(&etcd).await.leases;
+    let (status, refused) = acquire(&proxy, "aisle-1", "robot-2", 60).await;
+    assert_eq!(status, 409, "{refused}");
+    let spares: Vec<i64> = snapshot(&etcd)
+        .await
+        .leases
+        .into_iter()
+        .filter(|l| !leases_before.contains(l))
+        .collect();
+    assert_eq!(
+        spares.len(),
+        1,
+        "the refused acquire's lease is kept as a spare"
+    );
+    let spare = spares[0];
     // The client's own /v3 lease.
     let own: serde_json::Value = http()
         .post(format!("{}/v3/lease/grant", proxy.url))

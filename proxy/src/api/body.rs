@@ -14,12 +14,22 @@ pub(crate) const SECRET_HEADER: &str = "lease-secret";
 pub(crate) const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 const MAX_SECRET_LEN: usize = 128;
 
-/// Reads at most `limit` bytes of body. An empty body gives `None`.
+/// How much body a request may send, and how long it may take to send all of it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BodyLimits {
+    /// Largest body, in bytes.
+    pub(crate) bytes: usize,
+    /// Deadline for the whole body (a client trickling or stalling gets 408).
+    pub(crate) deadline: std::time::Duration,
+}
+
+/// Reads at most `limits.bytes` of body within `limits.deadline`. An empty body gives `None`.
 pub(crate) async fn read(
     headers: &HeaderMap,
     body: Body,
-    limit: usize,
+    limits: BodyLimits,
 ) -> Result<Option<bytes::Bytes>> {
+    let limit = limits.bytes;
     if let Some(len) = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -29,13 +39,16 @@ pub(crate) async fn read(
             return Err(Error::BodyTooLarge { limit });
         }
     }
-    let collected = Limited::new(body, limit).collect().await.map_err(|e| {
-        if e.downcast_ref::<LengthLimitError>().is_some() {
-            Error::BodyTooLarge { limit }
-        } else {
-            Error::InvalidRequest(format!("could not read the body: {e}"))
-        }
-    })?;
+    let collected = tokio::time::timeout(limits.deadline, Limited::new(body, limit).collect())
+        .await
+        .map_err(|_| Error::BodyTimeout(limits.deadline))?
+        .map_err(|e| {
+            if e.downcast_ref::<LengthLimitError>().is_some() {
+                Error::BodyTooLarge { limit }
+            } else {
+                Error::InvalidRequest(format!("could not read the body: {e}"))
+            }
+        })?;
     let bytes = collected.to_bytes();
     if bytes.is_empty() {
         return Ok(None);
@@ -60,9 +73,9 @@ pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
 pub(crate) async fn json<T: DeserializeOwned>(
     headers: &HeaderMap,
     body: Body,
-    limit: usize,
+    limits: BodyLimits,
 ) -> Result<T> {
-    match read(headers, body, limit).await? {
+    match read(headers, body, limits).await? {
         Some(bytes) => parse(&bytes),
         None => Err(Error::InvalidRequest("a JSON body is required".to_owned())),
     }
@@ -72,9 +85,9 @@ pub(crate) async fn json<T: DeserializeOwned>(
 pub(crate) async fn optional_json<T: DeserializeOwned + Default>(
     headers: &HeaderMap,
     body: Body,
-    limit: usize,
+    limits: BodyLimits,
 ) -> Result<T> {
-    match read(headers, body, limit).await? {
+    match read(headers, body, limits).await? {
         Some(bytes) => parse(&bytes),
         None => Ok(T::default()),
     }

@@ -65,7 +65,7 @@ pub(super) async fn acquire(
     let received = Instant::now();
     let resource = resource(path)?;
     let idempotency_key = body::idempotency_key(&headers)?;
-    let req: AcquireBody = body::json(&headers, body, app.max_body_bytes).await?;
+    let req: AcquireBody = body::json(&headers, body, app.body).await?;
     let limits = app.leases.limits();
     validate::holder(&req.holder)?;
     let ttl_seconds = validate::ttl(&req.ttl_seconds, limits.min_ttl, limits.max_ttl)?;
@@ -110,7 +110,7 @@ pub(super) async fn renew(
 ) -> Result<Response> {
     let resource = resource(path)?;
     let secret = body::secret(&headers)?;
-    let RenewBody {} = body::optional_json(&headers, body, app.max_body_bytes).await?;
+    let RenewBody {} = body::optional_json(&headers, body, app.body).await?;
     let renewal = app.leases.renew(&resource, &secret).await?;
     Ok(Json(renewal).into_response())
 }

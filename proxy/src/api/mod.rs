@@ -15,7 +15,7 @@ use axum::routing::{any, get, post};
 use axum::Router;
 use tower_http::catch_panic::CatchPanicLayer;
 
-pub(crate) use body::SECRET_HEADER;
+pub(crate) use body::{BodyLimits, SECRET_HEADER};
 pub use problem::PROBLEM_BASE;
 
 use crate::etcd::Etcd;
@@ -30,8 +30,8 @@ pub(crate) struct AppState {
     pub(crate) etcd: Etcd,
     /// The key read by `/readyz`.
     pub(crate) readiness_key: String,
-    /// Largest request body.
-    pub(crate) max_body_bytes: usize,
+    /// Largest request body, and how long it may take to arrive.
+    pub(crate) body: body::BodyLimits,
     /// Where holders' writes are forwarded, if anywhere.
     pub(crate) upstream: Option<crate::forward::Upstream>,
     /// Largest forwarded request body.

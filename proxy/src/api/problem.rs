@@ -35,6 +35,7 @@ impl Error {
             Error::BodyTooLarge { .. } => {
                 (S::PAYLOAD_TOO_LARGE, "body-too-large", "Body too large")
             }
+            Error::BodyTimeout(_) => (S::REQUEST_TIMEOUT, "body-timeout", "Body too slow"),
             Error::UnsupportedMediaType => (
                 S::UNSUPPORTED_MEDIA_TYPE,
                 "unsupported-media-type",

@@ -24,6 +24,10 @@ use tracing::Instrument as _;
 use crate::metrics::Metrics;
 use crate::{Error, Result};
 
+/// How often the gRPC connection to etcd is pinged while streams are open: twice etcd's default
+/// `--grpc-keepalive-min-time`, so timer jitter never makes two pings look too close.
+const KEEPALIVE_PING_INTERVAL: Duration = Duration::from_secs(10);
+
 /// A cheap-to-clone handle on the etcd cluster with a per-call deadline.
 ///
 /// One client per endpoint, one of them *pinned* at a time (as etcd's own clientv3 does). A call
@@ -90,8 +94,19 @@ impl Header {
 pub(crate) enum Create {
     /// The key was created; this is its create revision.
     Created(i64),
-    /// The key already existed; this is its current value.
-    Exists(Box<KeyValue>),
+    /// The key already existed; this is its current value, and the companion key's (if one was
+    /// asked for and exists).
+    Exists(Box<KeyValue>, Option<Box<KeyValue>>),
+}
+
+/// A key written (empty) in the same transaction as a created key, so at the same revision,
+/// attached to a lease of its own; read alongside the key when the creation is refused.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Companion<'a> {
+    /// The companion key.
+    pub(crate) key: &'a str,
+    /// The lease it is attached to (its lifetime).
+    pub(crate) lease: i64,
 }
 
 /// The client of the pinned member, with its index so a failure can unpin exactly it.
@@ -109,10 +124,14 @@ impl Etcd {
         timeout: Duration,
         metrics: Arc<Metrics>,
     ) -> Result<Self> {
+        // HTTP/2 pings within what etcd's defaults accept: a member closes the connection
+        // (GOAWAY "too_many_pings") after a few pings less than `--grpc-keepalive-min-time`
+        // (5 s) apart, or any ping with no stream open (`--grpc-keepalive-permit-without-stream`
+        // off). Every ping it refuses cost the watch and every keepalive stream.
         let options = ConnectOptions::new()
             .with_connect_timeout(timeout / 3)
-            .with_keep_alive(Duration::from_secs(2), timeout / 3)
-            .with_keep_alive_while_idle(true)
+            .with_keep_alive(KEEPALIVE_PING_INTERVAL, timeout / 3)
+            .with_keep_alive_while_idle(false)
             .with_require_leader(true);
         let mut clients = Vec::with_capacity(endpoints.len());
         for endpoint in endpoints {
@@ -279,6 +298,12 @@ impl Etcd {
     /// Revokes a lease, deleting every key attached to it. A lease that is already gone is not
     /// an error: revocation is idempotent.
     pub(crate) async fn revoke(&self, id: i64) -> Result<()> {
+        self.revoke_existing(id).await.map(|_| ())
+    }
+
+    /// Like [`Etcd::revoke`]; `true` when the lease still existed (this call ended it, or a
+    /// concurrent one did while it was retried).
+    pub(crate) async fn revoke_existing(&self, id: i64) -> Result<bool> {
         match self
             .bounded(
                 "revoke",
@@ -286,8 +311,8 @@ impl Etcd {
             )
             .await
         {
-            Ok(_) => Ok(()),
-            Err(Error::Etcd(e)) if is_lease_not_found(&e) => Ok(()),
+            Ok(_) => Ok(true),
+            Err(Error::Etcd(e)) if is_lease_not_found(&e) => Ok(false),
             Err(e) => Err(e),
         }
     }
@@ -313,24 +338,40 @@ impl Etcd {
         Ok((resp.ttl() >= 0).then_some(resp.ttl()))
     }
 
-    /// One transaction: if `key` does not exist, put `value` attached to `lease`; otherwise read
-    /// it. Exactly one of any number of concurrent callers creates the key.
+    /// One transaction: if `key` does not exist, put `value` attached to `lease` (and the
+    /// `companion`, if any); otherwise read both. Exactly one of any number of concurrent
+    /// callers creates the key.
+    ///
+    /// Tried once (see [`Etcd::bounded_once`]): an attempt whose outcome is unknown is not
+    /// repeated, since a late first attempt could otherwise create the key after a second one
+    /// answered "exists" and the caller reused the lease.
     pub(crate) async fn create_if_absent(
         &self,
         key: &str,
         value: Vec<u8>,
         lease: i64,
+        companion: Option<Companion<'_>>,
     ) -> Result<Create> {
+        let mut puts = vec![TxnOp::put(
+            key,
+            value,
+            Some(PutOptions::new().with_lease(lease)),
+        )];
+        let mut gets = vec![TxnOp::get(key, None)];
+        if let Some(c) = companion {
+            puts.push(TxnOp::put(
+                c.key,
+                "",
+                Some(PutOptions::new().with_lease(c.lease)),
+            ));
+            gets.push(TxnOp::get(c.key, None));
+        }
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(
-                key,
-                value,
-                Some(PutOptions::new().with_lease(lease)),
-            )])
-            .or_else([TxnOp::get(key, None)]);
+            .and_then(puts)
+            .or_else(gets);
         let resp = self
-            .bounded("txn_create", |c| {
+            .bounded_once("txn_create", |c| {
                 let txn = txn.clone();
                 async move { c.kv_client().txn(txn).await }
             })
@@ -339,23 +380,24 @@ impl Etcd {
             let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
             return Ok(Create::Created(revision));
         }
-        for op in resp.op_responses() {
-            if let TxnOpResponse::Get(mut get) = op {
-                if let Some(kv) = get.take_kvs().into_iter().next() {
-                    // A retried transaction whose first attempt committed finds its own key.
-                    if kv.lease() == lease {
-                        return Ok(Create::Created(kv.create_revision()));
-                    }
-                    return Ok(Create::Exists(Box::new(kv)));
-                }
-            }
+        let mut found = resp.op_responses().into_iter().map(|op| match op {
+            TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
+            _ => None,
+        });
+        let Some(kv) = found.next().flatten() else {
+            // The key vanished between the compare and the read inside one transaction:
+            // impossible, since a transaction is atomic; treat it as an etcd fault.
+            return Err(Error::CorruptRecord {
+                key: key.to_owned(),
+                reason: "transaction failed its compare but read no key".to_owned(),
+            });
+        };
+        // An attempt retried after a failure that looked undelivered finds its own key.
+        if kv.lease() == lease {
+            return Ok(Create::Created(kv.create_revision()));
         }
-        // The key vanished between the compare and the read inside one transaction: impossible,
-        // since a transaction is atomic; treat it as an etcd fault rather than guessing.
-        Err(Error::CorruptRecord {
-            key: key.to_owned(),
-            reason: "transaction failed its compare but read no key".to_owned(),
-        })
+        let companion = found.next().flatten().map(Box::new);
+        Ok(Create::Exists(Box::new(kv), companion))
     }
 
     /// A fresh response header (a linearizable read of a key nobody writes).
@@ -398,28 +440,6 @@ impl Etcd {
             .bounded("get", |c| async move { c.kv_client().get(key, None).await })
             .await?;
         Ok(resp.take_kvs().into_iter().next())
-    }
-
-    /// Deletes `key` only if it is still the incarnation created at `create_revision`.
-    pub(crate) async fn delete_if_created_at(
-        &self,
-        key: &str,
-        create_revision: i64,
-    ) -> Result<bool> {
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                key,
-                CompareOp::Equal,
-                create_revision,
-            )])
-            .and_then([TxnOp::delete(key, None)]);
-        let resp = self
-            .bounded("txn_delete", |c| {
-                let txn = txn.clone();
-                async move { c.kv_client().txn(txn).await }
-            })
-            .await?;
-        Ok(resp.succeeded())
     }
 
     /// Keys in `[start, end)` at `revision` (0: the latest), at most `limit`; also whether more

@@ -120,6 +120,13 @@ impl Holders {
             .remove_if(resource, |_, revision| *revision == create_revision);
     }
 
+    /// Drops the view's entry for this incarnation of `resource` (this replica has just ended
+    /// it), so the view never confirms it again.
+    pub(crate) fn forget(&self, resource: &str, create_revision: i64) {
+        self.view
+            .remove_if(resource, |_, seen| seen.create_revision == create_revision);
+    }
+
     /// The ownership key of `resource` is gone from etcd (deleted, or missing after a re-list).
     fn ended(&self, resource: &str) {
         let Some((_, seen)) = self.view.remove(resource) else {
@@ -264,6 +271,22 @@ async fn list(etcd: &Etcd, prefix: &str, holders: &Holders) -> crate::Result<i64
         .collect();
     for resource in gone {
         holders.ended(&resource);
+    }
+    // Grants of this replica made and gone while the watch was down never reached the view;
+    // not released by this replica (that forgets them), so they expired. Grants newer than the
+    // listing are not judged by it.
+    let alive: std::collections::HashMap<&str, i64> = fresh
+        .iter()
+        .map(|(r, seen)| (r.as_str(), seen.create_revision))
+        .collect();
+    let mut expired = 0;
+    holders.granted_here.retain(|resource, revision| {
+        let keep = *revision > at_revision || alive.get(resource.as_str()) == Some(revision);
+        expired += u64::from(!keep);
+        keep
+    });
+    if expired > 0 {
+        holders.metrics.expirations.add(expired, &[]);
     }
     for (resource, seen) in fresh {
         holders.view.insert(resource, seen);

@@ -18,11 +18,13 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use fencing::{Keyring, Token};
 use serde::Serialize;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument as _;
 
-use crate::etcd::{prefix_end, Create, Etcd, Holders, KeepAlive, Wakeup};
+use crate::etcd::{prefix_end, Companion, Create, Etcd, Holders, KeepAlive, Wakeup};
 use crate::forward::Upstream;
 use crate::metrics;
 use crate::{Error, Result};
@@ -153,33 +155,105 @@ pub(crate) struct Page {
 }
 
 /// The lease service. Stateless apart from its connections: any replica can serve any lease.
+/// Cheap to clone (an acquire attempt runs in a task of its own with a clone).
+#[derive(Clone)]
 pub(crate) struct Leases {
     etcd: Etcd,
     keepalive: KeepAlive,
     holders: Holders,
     keys: Arc<Keyring>,
     holders_prefix: String,
+    idempotency_prefix: String,
     era: u64,
     limits: Limits,
     prefence: Option<Upstream>,
-    spares: spares::Spares,
+    spares: Arc<spares::Spares>,
+    window: Arc<Window>,
+    tracker: TaskTracker,
     stopping: CancellationToken,
+}
+
+/// Where the proxy keeps its keys in etcd, and the idempotency replay window.
+#[derive(Debug, Clone)]
+pub(crate) struct Layout {
+    /// `{prefix}holders/`: the ownership keys.
+    pub(crate) holders_prefix: String,
+    /// `{prefix}idempotency/`: one replay-window key per resource whose grant carried an
+    /// `Idempotency-Key`.
+    pub(crate) idempotency_prefix: String,
+    /// How long (at most) after a grant a retry with its `Idempotency-Key` returns it.
+    pub(crate) idempotency_window: Duration,
+}
+
+/// The etcd lease the replay-window keys of this replica live on: granted with the window as
+/// its TTL and replaced once half of it has passed, so a window key lasts at least half the
+/// window and at most the window (by etcd's clock; a leader change may extend it, as it does
+/// every lease).
+struct Window {
+    ttl: u64,
+    current: tokio::sync::Mutex<Option<(i64, Instant)>>,
+}
+
+impl Window {
+    fn new(window: Duration) -> Self {
+        Self {
+            ttl: window.as_secs().max(crate::config::ETCD_MIN_TTL),
+            current: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The lease for a window key written now.
+    async fn lease(&self, etcd: &Etcd) -> Result<i64> {
+        let mut current = self.current.lock().await;
+        if let Some((id, granted)) = *current {
+            if granted.elapsed() < Duration::from_secs(self.ttl) / 2 {
+                return Ok(id);
+            }
+        }
+        let granting = Instant::now();
+        let (id, _) = etcd.grant(self.ttl).await?;
+        *current = Some((id, granting));
+        Ok(id)
+    }
+
+    /// Stops using `id` (a write with it failed: it may be gone).
+    async fn forget(&self, id: i64) {
+        let mut current = self.current.lock().await;
+        if current.is_some_and(|(current, _)| current == id) {
+            *current = None;
+        }
+    }
+}
+
+/// What one acquire attempt came to.
+enum Attempt {
+    /// A new grant, at this create revision.
+    Granted(Grant, i64),
+    /// An earlier grant returned again to a retry with its `Idempotency-Key`.
+    Replayed(Grant),
+    /// Someone else holds the resource.
+    Held(Box<Conflict>),
+    /// The grant a retry found was withdrawn meanwhile (its first attempt's client was gone):
+    /// try again at once.
+    Again,
 }
 
 impl Leases {
     /// Assembles the service. `stopping` fires when the proxy starts draining; waiting acquires
-    /// then give up at once. Up to `spares` leases are kept for reuse.
+    /// then give up at once. Up to `spares` leases are kept for reuse. Acquire attempts run on
+    /// `tracker`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         etcd: Etcd,
         keepalive: KeepAlive,
         holders: Holders,
         keys: Arc<Keyring>,
-        holders_prefix: String,
+        layout: Layout,
         era: u64,
         limits: Limits,
         prefence: Option<Upstream>,
         spares: usize,
+        tracker: TaskTracker,
         stopping: CancellationToken,
     ) -> Self {
         Self {
@@ -187,11 +261,14 @@ impl Leases {
             keepalive,
             holders,
             keys,
-            holders_prefix,
+            holders_prefix: layout.holders_prefix,
+            idempotency_prefix: layout.idempotency_prefix,
             era,
             limits,
             prefence,
-            spares: spares::Spares::new(spares),
+            spares: Arc::new(spares::Spares::new(spares)),
+            window: Arc::new(Window::new(layout.idempotency_window)),
+            tracker,
             stopping,
         }
     }
@@ -262,9 +339,10 @@ impl Leases {
         // Subscribe before the first attempt, so a release right after it is not missed.
         let mut wakeups = (!req.wait.is_zero()).then(|| self.holders.subscribe());
         loop {
-            let conflict = match self.try_acquire(req).await? {
-                Ok(grant) => return Ok(grant),
-                Err(conflict) => conflict,
+            let conflict = match self.attempt(req).await? {
+                Attempt::Granted(grant, _) | Attempt::Replayed(grant) => return Ok(grant),
+                Attempt::Held(conflict) => conflict,
+                Attempt::Again => continue,
             };
             let gave_up = match wakeups.as_mut() {
                 None => true,
@@ -302,18 +380,58 @@ impl Leases {
         }
     }
 
+    /// One attempt, run to its end in a task of its own whatever the caller does: once the
+    /// create transaction may have committed, the grant is either pre-fenced and handed to the
+    /// caller or withdrawn. A caller that has gone away (client disconnected, request timed
+    /// out) cannot take it, so a grant made for it is revoked rather than left to its TTL.
+    async fn attempt(&self, req: &Acquire) -> Result<Attempt> {
+        let (answer, answered) = oneshot::channel();
+        let this = self.clone();
+        let req = req.clone();
+        // The task stays in the request's span, so its etcd calls and pre-fence join its trace.
+        self.tracker.spawn(
+            async move {
+                let outcome = this.try_acquire(&req).await;
+                if let Err(Ok(Attempt::Granted(grant, revision))) = answer.send(outcome) {
+                    tracing::info!(resource = %grant.resource, "acquiring client gone; withdrawing its grant");
+                    this.withdraw(&grant.resource, grant.lease_id, revision).await;
+                }
+            }
+            .instrument(tracing::Span::current()),
+        );
+        answered.await.map_err(|_| Error::ShuttingDown)?
+    }
+
+    /// Ends a grant nobody was told of: its lease carries its key and nothing else.
+    async fn withdraw(&self, resource: &str, lease_id: i64, revision: i64) {
+        self.holders.releasing(resource, revision);
+        if self.etcd.revoke(lease_id).await.is_err() {
+            // Unreachable etcd: the unannounced lease lapses by its TTL.
+            self.etcd.revoke_in_background(lease_id);
+        }
+    }
+
     /// One attempt: take a lease (a renewed spare or a new grant), then create the ownership
     /// key if absent.
-    async fn try_acquire(&self, req: &Acquire) -> Result<Result<Grant, Box<Conflict>>> {
+    async fn try_acquire(&self, req: &Acquire) -> Result<Attempt> {
         let key = self.key(&req.resource);
+        let idempotent = req.idempotency_key.as_deref().map(|k| (k, secret::salt()));
+        // The replay window: a key written with the grant, on a short lease of its own. A retry
+        // is answered with this grant only while that key (of this incarnation) exists.
+        let window = match idempotent {
+            Some(_) => Some(self.window.lease(&self.etcd).await?),
+            None => None,
+        };
         // etcd starts (or restarts) the lease's clock after `counted_from`, so the lease lasts
         // at least until `counted_from + ttl` — measured from the request's arrival, that is
         // `waited + ttl`.
         let (lease_id, ttl_seconds, counted_from) = self.lease_for(req.ttl_seconds).await?;
         let waited = counted_from.saturating_duration_since(req.received);
         let waited_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
-        let secret = match &req.idempotency_key {
-            Some(k) => secret::idempotent(&self.keys, &req.resource, &req.holder, k, lease_id),
+        let secret = match idempotent {
+            Some((k, salt)) => {
+                secret::idempotent(&self.keys, &req.resource, &req.holder, k, lease_id, &salt)
+            }
             None => secret::random(&self.keys, lease_id),
         };
         let record = HolderRecord {
@@ -323,14 +441,18 @@ impl Leases {
             metadata: req.metadata.clone(),
             acquired_at: unix_millis(),
             ttl_seconds,
-            idempotency: req
-                .idempotency_key
-                .as_deref()
-                .map(|k| secret::idempotency_marker(&req.holder, k)),
+            idempotency: idempotent.map(|(k, salt)| {
+                secret::idempotency_marker(&self.keys, &req.resource, &req.holder, k, &salt)
+            }),
         };
+        let window_key = format!("{}{}", self.idempotency_prefix, req.resource);
+        let companion = window.map(|lease| Companion {
+            key: &window_key,
+            lease,
+        });
         let created = match self
             .etcd
-            .create_if_absent(&key, record.encode(), lease_id)
+            .create_if_absent(&key, record.encode(), lease_id, companion)
             .await
         {
             Ok(created) => created,
@@ -338,27 +460,25 @@ impl Leases {
                 // The outcome is unknown: the key may exist. Revoking the lease removes it too,
                 // so no grant the client never heard of can linger.
                 self.etcd.revoke_in_background(lease_id);
+                if let Some(window) = window {
+                    self.window.forget(window).await;
+                }
                 return Err(e);
             }
         };
-        let kv = match created {
+        let (kv, window_kv) = match created {
             Create::Created(revision) => {
                 let (token, fencing_token) = self.token(&req.resource, revision);
-                if let Some(enforcer) = &self.prefence {
-                    // The previous holder must be cut off before anyone learns of this grant; if
-                    // that cannot be done, the grant is withdrawn.
-                    if let Err(e) = enforcer.prefence(&req.resource, &fencing_token).await {
-                        if self.etcd.revoke(lease_id).await.is_err() {
-                            // Unreachable etcd: the unannounced lease lapses by its TTL.
-                            self.etcd.revoke_in_background(lease_id);
-                        }
-                        return Err(e);
-                    }
+                if let Err(e) = self.prefence(&req.resource, &fencing_token).await {
+                    // A grant the enforcer does not know of would leave the previous holder
+                    // able to write: withdrawn.
+                    self.withdraw(&req.resource, lease_id, revision).await;
+                    return Err(e);
                 }
                 tracing::info!(resource = %req.resource, holder = %req.holder, token = %token, "granted");
                 self.holders.granted(&req.resource, revision);
                 self.etcd.metrics().grants.add(1, &[]);
-                return Ok(Ok(Grant {
+                let grant = Grant {
                     resource: req.resource.clone(),
                     holder: req.holder.clone(),
                     lease_id,
@@ -368,9 +488,10 @@ impl Leases {
                     ttl_seconds,
                     expires_in_ms: waited_ms.saturating_add(ttl_seconds * 1000),
                     metadata: req.metadata.clone(),
-                }));
+                };
+                return Ok(Attempt::Granted(grant, revision));
             }
-            Create::Exists(kv) => kv,
+            Create::Exists(kv, window_kv) => (kv, window_kv),
         };
         // Held: the lease carries no key; keep it for the next acquire (or revoke it), so a
         // refused acquire leaves no key and no unaccounted lease behind.
@@ -378,21 +499,33 @@ impl Leases {
         let existing = HolderRecord::decode(&key, kv.value())?;
         let remaining = self.etcd.time_to_live(existing.lease_id).await?;
         if let (Some(k), Some(remaining)) = (&req.idempotency_key, remaining) {
-            let marker = secret::idempotency_marker(&req.holder, k);
-            if existing.holder == req.holder && existing.idempotency.as_deref() == Some(&marker) {
-                // A retry of an acquire that already succeeded: the same grant again.
+            // A retry of an acquire that already succeeded gets the same grant again, if it
+            // names the same holder and key (checked against a keyed marker) and comes while
+            // the grant's window key is still there (written with it: same revision).
+            let in_window = window_kv.is_some_and(|w| w.mod_revision() == kv.create_revision());
+            let salt = existing.idempotency.as_deref().and_then(|marker| {
+                secret::idempotency_salt(&self.keys, marker, &req.resource, &req.holder, k)
+            });
+            if let (true, true, Some(salt)) = (in_window, existing.holder == req.holder, salt) {
                 let (token, fencing_token) = self.token(&req.resource, kv.create_revision());
-                return Ok(Ok(Grant {
+                // The first attempt may still be pre-fencing (or have failed to): the grant is
+                // only ever returned once the enforcer knows its token.
+                self.prefence(&req.resource, &fencing_token).await?;
+                if self.etcd.time_to_live(existing.lease_id).await?.is_none() {
+                    return Ok(Attempt::Again);
+                }
+                return Ok(Attempt::Replayed(Grant {
                     resource: req.resource.clone(),
-                    holder: existing.holder,
-                    lease_id: existing.lease_id,
                     secret: secret::idempotent(
                         &self.keys,
                         &req.resource,
                         &req.holder,
                         k,
                         existing.lease_id,
+                        &salt,
                     ),
+                    holder: existing.holder,
+                    lease_id: existing.lease_id,
                     token,
                     fencing_token,
                     ttl_seconds: existing.ttl_seconds,
@@ -401,12 +534,20 @@ impl Leases {
                 }));
             }
         }
-        Ok(Err(Box::new(Conflict {
+        Ok(Attempt::Held(Box::new(Conflict {
             resource: req.resource.clone(),
             holder: existing.holder,
             token: kv.create_revision().to_string(),
             expires_in_ms: secs_to_ms(remaining.unwrap_or(0)),
         })))
+    }
+
+    /// Raises the enforcer's mark for `resource` to this token, if pre-fencing is configured.
+    async fn prefence(&self, resource: &str, fencing_token: &str) -> Result<()> {
+        match &self.prefence {
+            Some(enforcer) => enforcer.prefence(resource, fencing_token).await,
+            None => Ok(()),
+        }
     }
 
     /// The current record of `resource` and its create revision.
@@ -445,9 +586,9 @@ impl Leases {
     /// lease, another secret) is settled by a linearizable read, so a grant made a moment ago
     /// through another replica is found, and a wrong secret is told from a lost lease.
     ///
-    /// A confirming view can be stale only towards a grant that just ended; every caller then
-    /// acts on that grant's lease (a keepalive that etcd answers with TTL 0) or token (which the
-    /// enforcer refuses), never on another holder's.
+    /// A confirming view may be stale towards a grant that has just ended. Only callers that
+    /// then act on that grant's *lease* may use it: the lease carried that grant and no other,
+    /// and a release revokes it before answering, so etcd answers its keepalive with TTL 0.
     async fn confirmed(&self, resource: &str, secret: &str) -> Result<(HolderRecord, i64)> {
         let lease_id = secret::lease_id(secret).ok_or(Error::NotHolder)?;
         if let Some(seen) = self.holders.seen(resource) {
@@ -459,15 +600,18 @@ impl Leases {
         self.held_with(resource, secret).await?.ok_or(Error::Lost)
     }
 
-    /// The holder's record and signed fencing token, for forwarding its request.
+    /// The holder's record and signed fencing token, for forwarding its request. Always a
+    /// linearizable read: a forward acts on the token, not the lease, so a view that has not yet
+    /// seen a completed release (on any replica) must not be trusted here.
     pub(crate) async fn holding_for_forward(
         &self,
         resource: &str,
         secret: &str,
     ) -> Result<(HolderRecord, String)> {
         let (record, revision) = self
-            .confirmed(resource, secret)
+            .held_with(resource, secret)
             .await
+            .and_then(|held| held.ok_or(Error::Lost))
             .inspect_err(|e| self.count_stale(e))?;
         let (_, signed) = self.token(resource, revision);
         Ok((record, signed))
@@ -514,48 +658,33 @@ impl Leases {
     }
 
     /// Gives the resource up. Idempotent: releasing a free resource succeeds.
+    ///
+    /// Revokes the grant's lease before answering. A grant's lease carries that grant's key and
+    /// nothing else, ever (released leases are not reused; only leases that never carried a key
+    /// are), so the revoke deletes exactly this incarnation — or nothing, if it has already
+    /// ended. Once it has returned, etcd answers every keepalive of the lease with TTL 0, so no
+    /// replica renews the grant any more, whatever its view says; forwards read linearizably.
     pub(crate) async fn release(&self, resource: &str, secret: &str) -> Result<()> {
-        // The view may confirm a grant that has just ended; the delete below compares the
-        // incarnation, so it then changes nothing — the same answer as for a released grant.
         let (record, revision) = match self.confirmed(resource, secret).await {
             Ok(found) => found,
             Err(Error::Lost) => return Ok(()),
             Err(e) => return Err(e),
         };
-        // Delete only the incarnation the secret belongs to. If that delete did not take effect,
-        // the incarnation is already gone (lapsed, or deleted by a concurrent release of the
-        // same grant, which then owns its lease): its lease must not be touched, as it may
-        // already carry someone else's grant.
         self.holders.releasing(resource, revision);
-        let deleted = self
+        let ended = self
             .etcd
-            .delete_if_created_at(&self.key(resource), revision)
+            .revoke_existing(record.lease_id)
             .await
             .inspect_err(|_| {
-                // Perhaps not deleted: should the grant lapse later, that is an expiry.
+                // Perhaps not ended: should the grant lapse later, that is an expiry.
                 self.holders.granted(resource, revision);
             })?;
-        if !deleted {
-            return Ok(());
+        // This replica's view must not confirm the grant once the release has answered.
+        self.holders.forget(resource, revision);
+        if ended {
+            tracing::info!(%resource, holder = %record.holder, "released");
+            self.etcd.metrics().releases.add(1, &[]);
         }
-        tracing::info!(%resource, holder = %record.holder, "released");
-        self.etcd.metrics().releases.add(1, &[]);
-        // The lease now carries no key: keep it for reuse, else revoke it.
-        if self.spares.has_room() {
-            let renewing = Instant::now();
-            match self.keepalive.renew(record.lease_id).await {
-                Ok(ttl) if ttl > 0 => {
-                    let ttl = u64::try_from(ttl).unwrap_or_default();
-                    if self.give_back(record.lease_id, ttl, renewing).await.is_ok() {
-                        return Ok(());
-                    }
-                }
-                // Lapsed already: nothing left to give back.
-                Ok(_) => return Ok(()),
-                Err(_) => {}
-            }
-        }
-        self.etcd.revoke_in_background(record.lease_id);
         Ok(())
     }
 

@@ -21,7 +21,8 @@ pub(crate) struct HolderRecord {
     pub(crate) acquired_at: u64,
     /// The TTL granted by etcd, in seconds.
     pub(crate) ttl_seconds: u64,
-    /// base64url(SHA-256(holder ‖ Idempotency-Key)) when the acquire carried one.
+    /// `v2.{salt}.{HMAC(fencing key; resource, holder, Idempotency-Key, salt)}` when the
+    /// acquire carried an `Idempotency-Key` (see `secret::idempotency_marker`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) idempotency: Option<String>,
 }

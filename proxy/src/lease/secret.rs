@@ -73,37 +73,95 @@ pub(crate) fn lease_id(secret: &str) -> Option<i64> {
 }
 
 /// The secret of an idempotent grant: derived from the shared key, so any replica answering a
-/// retried acquire with the same `Idempotency-Key` returns the same secret.
+/// retried acquire with the same `Idempotency-Key` returns the same secret. `salt` is the grant's
+/// own random value (stored in its idempotency marker), so no two grants share a secret even
+/// with the same resource, holder, key and (reused) lease.
 pub(crate) fn idempotent(
     keys: &Keyring,
     resource: &str,
     holder: &str,
     key: &str,
     lease_id: i64,
+    salt: &[u8; SALT_LEN],
 ) -> String {
-    let mut context = Vec::with_capacity(resource.len() + holder.len() + key.len() + 32);
-    for part in [resource.as_bytes(), holder.as_bytes(), key.as_bytes()] {
-        context.extend_from_slice(&(part.len() as u64).to_be_bytes());
-        context.extend_from_slice(part);
-    }
+    let mut context = framed(b"lease-proxy/idempotent-secret/v2", resource, holder, key);
     context.extend_from_slice(&lease_id.to_be_bytes());
+    context.extend_from_slice(salt);
     let mut nonce = [0u8; 16];
     nonce.copy_from_slice(&keys.derive(&context)[..16]);
     encode(keys, lease_id, &nonce)
 }
 
+/// Length of an idempotency marker's salt.
+pub(crate) const SALT_LEN: usize = 16;
+
+/// `label` followed by each part, length-prefixed, so no two inputs frame alike.
+fn framed(label: &[u8], resource: &str, holder: &str, key: &str) -> Vec<u8> {
+    let mut context =
+        Vec::with_capacity(label.len() + resource.len() + holder.len() + key.len() + 64);
+    context.extend_from_slice(label);
+    context.push(0);
+    for part in [resource.as_bytes(), holder.as_bytes(), key.as_bytes()] {
+        context.extend_from_slice(&(part.len() as u64).to_be_bytes());
+        context.extend_from_slice(part);
+    }
+    context
+}
+
+fn marker_mac(keys: &Keyring, resource: &str, holder: &str, key: &str, salt: &[u8]) -> [u8; 32] {
+    let mut context = framed(b"lease-proxy/idempotency-marker/v2", resource, holder, key);
+    context.extend_from_slice(salt);
+    keys.derive(&context)
+}
+
+/// A fresh random salt for an idempotent grant.
+pub(crate) fn salt() -> [u8; SALT_LEN] {
+    let mut salt = [0u8; SALT_LEN];
+    rand::rng().fill_bytes(&mut salt);
+    salt
+}
+
+/// The stored marker of an `Idempotency-Key`: `v2.{salt}.{mac}`, the MAC keyed by the fencing
+/// key over resource, holder, key and salt. Without the key, nobody reading etcd can test
+/// guesses of the `Idempotency-Key` against it (a bare hash can be brute-forced offline).
+pub(crate) fn idempotency_marker(
+    keys: &Keyring,
+    resource: &str,
+    holder: &str,
+    key: &str,
+    salt: &[u8; SALT_LEN],
+) -> String {
+    format!(
+        "v2.{}.{}",
+        URL_SAFE_NO_PAD.encode(salt),
+        URL_SAFE_NO_PAD.encode(marker_mac(keys, resource, holder, key, salt))
+    )
+}
+
+/// The salt of `marker` if it was made for this resource, holder and key (constant-time
+/// comparison); `None` for anything else, including markers of the earlier, unkeyed form.
+pub(crate) fn idempotency_salt(
+    keys: &Keyring,
+    marker: &str,
+    resource: &str,
+    holder: &str,
+    key: &str,
+) -> Option<[u8; SALT_LEN]> {
+    let mut parts = marker.split('.');
+    let (Some("v2"), Some(salt), Some(mac), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return None;
+    };
+    let salt: [u8; SALT_LEN] = URL_SAFE_NO_PAD.decode(salt).ok()?.try_into().ok()?;
+    let mac = URL_SAFE_NO_PAD.decode(mac).ok()?;
+    let want = marker_mac(keys, resource, holder, key, &salt);
+    bool::from(want.as_slice().ct_eq(&mac)).then_some(salt)
+}
+
 /// The stored hash of a secret.
 pub(crate) fn hash(secret: &str) -> String {
     URL_SAFE_NO_PAD.encode(Sha256::digest(secret.as_bytes()))
-}
-
-/// The stored marker of an idempotency key, scoped to the holder.
-pub(crate) fn idempotency_marker(holder: &str, key: &str) -> String {
-    let mut h = Sha256::new();
-    h.update((holder.len() as u64).to_be_bytes());
-    h.update(holder.as_bytes());
-    h.update(key.as_bytes());
-    URL_SAFE_NO_PAD.encode(h.finalize())
 }
 
 /// Whether `secret` hashes to `stored`, compared in constant time.
@@ -140,7 +198,10 @@ mod tests {
         let keys = keys();
         let s = random(&keys, 42);
         assert!(sealed(&keys, &s));
-        assert!(sealed(&keys, &idempotent(&keys, "r", "h", "k", 42)));
+        assert!(sealed(
+            &keys,
+            &idempotent(&keys, "r", "h", "k", 42, &[0; SALT_LEN])
+        ));
         // Another key, a flipped byte, a different lease id, junk: not sealed.
         assert!(!sealed(&self::keys(), &s));
         let mut bytes = URL_SAFE_NO_PAD.decode(&s).unwrap();
@@ -154,15 +215,50 @@ mod tests {
     }
 
     #[test]
-    fn idempotent_secrets_are_reproducible() {
+    fn idempotent_secrets_are_reproducible_and_distinct_per_grant() {
         let keys = keys();
+        let (a, b) = (salt(), salt());
+        assert_ne!(a, b);
         assert_eq!(
-            idempotent(&keys, "r", "h", "k", 1),
-            idempotent(&keys, "r", "h", "k", 1)
+            idempotent(&keys, "r", "h", "k", 1, &a),
+            idempotent(&keys, "r", "h", "k", 1, &a)
+        );
+        // Another lease, or another grant (salt) on the same lease: another secret.
+        assert_ne!(
+            idempotent(&keys, "r", "h", "k", 1, &a),
+            idempotent(&keys, "r", "h", "k", 2, &a)
         );
         assert_ne!(
-            idempotent(&keys, "r", "h", "k", 1),
-            idempotent(&keys, "r", "h", "k", 2)
+            idempotent(&keys, "r", "h", "k", 1, &a),
+            idempotent(&keys, "r", "h", "k", 1, &b)
         );
+    }
+
+    #[test]
+    fn markers_are_keyed_and_bound() {
+        let keys = keys();
+        let salt = salt();
+        let marker = idempotency_marker(&keys, "r", "h", "order-4711", &salt);
+        assert_eq!(
+            idempotency_salt(&keys, &marker, "r", "h", "order-4711"),
+            Some(salt)
+        );
+        for (r, h, k) in [
+            ("r", "h", "order-4712"),
+            ("r", "g", "order-4711"),
+            ("q", "h", "order-4711"),
+        ] {
+            assert_eq!(idempotency_salt(&keys, &marker, r, h, k), None);
+        }
+        // Another key (another deployment, or an attacker without it) cannot make or check one.
+        assert_eq!(
+            idempotency_salt(&self::keys(), &marker, "r", "h", "order-4711"),
+            None
+        );
+        // Neither the key nor an unkeyed hash of it appears in the marker.
+        assert!(!marker.contains("order"));
+        for junk in ["", "v2", "v2..", "v1.x.y", &format!("{marker}.x")] {
+            assert_eq!(idempotency_salt(&keys, junk, "r", "h", "order-4711"), None);
+        }
     }
 }

@@ -1,19 +1,19 @@
 //! Spare etcd leases, kept for the next acquire instead of being revoked.
 //!
 //! A grant needs an etcd lease with the requested TTL. Granting one is a raft write, and so is
-//! revoking it; an acquire that finds the resource held, and every release, would otherwise pay
-//! for both. Instead, a lease that is known to carry no key — the fresh lease of a refused
-//! acquire, or the lease of a grant whose key this proxy has just deleted — is kept here, and
-//! the next acquire with the same TTL renews it (a keepalive: no raft write) instead of granting
-//! a new one. A spare that lapsed meanwhile is answered with TTL 0 and dropped.
+//! revoking it; an acquire that finds the resource held would otherwise pay for both. Instead,
+//! the fresh lease of a refused acquire — which never carried a key — is kept here, and the next
+//! acquire with the same TTL renews it (a keepalive: no raft write) instead of granting a new
+//! one. A spare that lapsed meanwhile is answered with TTL 0 and dropped.
 //!
-//! Why this is safe: a lease only enters this pool when it holds no ownership key (the create
-//! transaction failed, or this proxy's own compare-and-delete of the key succeeded — so of two
-//! concurrent releases only one keeps the lease), and it leaves the pool to exactly one acquire.
-//! A lease therefore never carries two grants at once, and each grant still expires on its own
-//! when its holder stops renewing. The fencing token is the ownership key's create revision and
-//! does not depend on the lease. An earlier holder of a reused lease cannot act on the new grant:
-//! its secret does not hash to the new grant's (see `secret`).
+//! Why this is safe: a lease only enters this pool when it has never held an ownership key (its
+//! create transaction answered "exists"; that transaction is never retried once it may have
+//! reached etcd, so no late attempt can attach a key afterwards), and it leaves the pool to
+//! exactly one acquire. A lease therefore carries at most one grant in its life, and each grant
+//! still expires on its own when its holder stops renewing. Released grants' leases are revoked,
+//! never pooled: a release must leave every later keepalive of the grant's lease answered with
+//! TTL 0. The fencing token is the ownership key's create revision and does not depend on the
+//! lease.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -103,6 +103,7 @@ impl Spares {
     }
 
     /// Whether a `put` would be accepted without evicting anything.
+    #[cfg(test)]
     pub(crate) fn has_room(&self) -> bool {
         self.capacity > 0 && self.lock().count < self.capacity
     }

@@ -65,6 +65,8 @@ pub(crate) struct V3 {
     leases: Markers,
     limits: Limits,
     max_body: usize,
+    /// Deadline for a request's whole body (`--header-read-timeout`).
+    body_deadline: std::time::Duration,
     /// For relaying `/version` and `/health`.
     http: Client<HttpConnector, Full<Bytes>>,
 }
@@ -197,6 +199,7 @@ impl V3 {
                 txn_depth: config.v3_max_txn_depth,
             },
             max_body: config.max_body_bytes,
+            body_deadline: config.header_read_timeout,
             http: Client::builder(TokioExecutor::new()).build_http(),
         }
     }
@@ -225,9 +228,17 @@ impl V3 {
         if req.method() != Method::POST {
             return plain(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed\n");
         }
-        let body = match Limited::new(req.into_body(), self.max_body).collect().await {
-            Ok(b) => b.to_bytes(),
-            Err(_) => return Status::too_large(self.max_body).response(),
+        let collect = Limited::new(req.into_body(), self.max_body).collect();
+        let body = match tokio::time::timeout(self.body_deadline, collect).await {
+            Ok(Ok(b)) => b.to_bytes(),
+            Ok(Err(_)) => return Status::too_large(self.max_body).response(),
+            Err(_) => {
+                return Status::invalid(format!(
+                    "lease-proxy: the request body did not arrive within {:?}",
+                    self.body_deadline
+                ))
+                .response()
+            }
         };
         match self.call(call, &body).await {
             Ok(response) => response,
