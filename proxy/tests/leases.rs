@@ -362,8 +362,27 @@ async fn list_paginates_in_name_order() {
     }
     let want: Vec<String> = (0..7).map(|i| format!("aisle-{i}")).collect();
     assert_eq!(seen, want);
-    let (_, all) = send(http().get(format!("{}/v1/leases", proxy.url))).await;
+    // One page is one range read, whatever its size: no TTL look-up per lease.
+    let calls = |method: &'static str| {
+        let etcd = &etcd;
+        async move { grpc_calls(etcd, method).await }
+    };
+    let (ranges, lookups) = (calls("Range").await, calls("LeaseTimeToLive").await);
+    let (_, all) = send(http().get(format!("{}/v1/leases?limit=1000", proxy.url))).await;
     assert_eq!(all["leases"].as_array().unwrap().len(), 8);
+    assert_eq!(
+        (
+            calls("Range").await - ranges,
+            calls("LeaseTimeToLive").await - lookups
+        ),
+        (1, 0),
+        "(range reads, TTL look-ups) for one page of 8 leases"
+    );
+    for l in all["leases"].as_array().unwrap() {
+        // At most the grant's TTL is left.
+        let expires = l["expires_in_ms"].as_u64().unwrap();
+        assert!(expires > 0 && expires <= 30_000, "{l}");
+    }
     assert_eq!(
         send(http().get(format!("{}/v1/leases/free-one", proxy.url)))
             .await
@@ -395,6 +414,23 @@ async fn renewals_share_a_few_keepalive_streams() {
         (1..=2).contains(&opened),
         "300 renewals opened {opened} keepalive streams"
     );
+}
+
+/// etcd's own count of unary calls of `method` it has handled.
+async fn grpc_calls(etcd: &Etcd, method: &str) -> u64 {
+    let text = http()
+        .get(format!("{}/metrics", etcd.endpoint(0)))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let label = format!("grpc_method=\"{method}\"");
+    text.lines()
+        .filter(|l| l.starts_with("grpc_server_handled_total") && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
 }
 
 /// etcd's own count of LeaseKeepAlive streams it has accepted.

@@ -241,16 +241,20 @@ struct Enforcer {
     url: String,
     status: Arc<AtomicU16>,
     fenced: Arc<Mutex<Vec<String>>>,
+    /// How long each pre-fence takes, in ms, read when it arrives.
+    delay_ms: Arc<AtomicU64>,
 }
 
 async fn enforcer(delay: Duration) -> Enforcer {
     let status = Arc::new(AtomicU16::new(200));
     let fenced: Arc<Mutex<Vec<String>>> = Arc::default();
-    let (s, f) = (status.clone(), fenced.clone());
+    let delay_ms = Arc::new(AtomicU64::new(delay.as_millis() as u64));
+    let (s, f, d) = (status.clone(), fenced.clone(), delay_ms.clone());
     let app = axum::Router::new().route(
         "/fence/{resource}",
         axum::routing::post(move |headers: axum::http::HeaderMap| {
             let (s, f) = (s.clone(), f.clone());
+            let delay = Duration::from_millis(d.load(Ordering::Relaxed));
             async move {
                 tokio::time::sleep(delay).await;
                 let token = headers
@@ -273,6 +277,7 @@ async fn enforcer(delay: Duration) -> Enforcer {
         url,
         status,
         fenced,
+        delay_ms,
     }
 }
 
@@ -321,7 +326,9 @@ async fn a_disconnected_acquire_leaves_no_grant_and_a_retry_only_fenced_ones() {
     );
 
     // Gone during the pre-fence, with a key, and retried at once: the retry's grant must have
-    // been pre-fenced before it is answered, and must be alive.
+    // been pre-fenced before it is answered, and must be alive. The first pre-fence is the slow
+    // one, so the retry is answered before the first attempt learns its client is gone.
+    fence.delay_ms.store(2000, Ordering::Relaxed);
     let gone = impatient
         .post(format!("{}/v1/leases/job", proxy.url))
         .header("idempotency-key", "attempt-1")
@@ -329,6 +336,7 @@ async fn a_disconnected_acquire_leaves_no_grant_and_a_retry_only_fenced_ones() {
         .send()
         .await;
     assert!(gone.is_err());
+    fence.delay_ms.store(50, Ordering::Relaxed);
     let (status, grant) = send(acquire_with_key(&proxy, "job", "h", "attempt-1")).await;
     assert_eq!(status, 201, "{grant}");
     let fenced = fence.fenced.lock().unwrap().clone();
@@ -339,6 +347,15 @@ async fn a_disconnected_acquire_leaves_no_grant_and_a_retry_only_fenced_ones() {
     assert_eq!(
         renew(&proxy, "job", &str_field(&grant, "secret")).await.0,
         200
+    );
+    // Once the first attempt's own pre-fence is over it finds its client gone — but the grant
+    // was handed out by the retry, so it must not be withdrawn (a hostile pass saw the retry's
+    // 201 grant revoked a moment later, renew then 410).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        renew(&proxy, "job", &str_field(&grant, "secret")).await.0,
+        200,
+        "the retried grant was withdrawn after it was answered"
     );
     // One grant for the resource, on one lease carrying one ownership key.
     let record = stored_record(&etcd, "job").await.unwrap();

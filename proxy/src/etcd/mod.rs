@@ -1,9 +1,11 @@
 //! The proxy's use of etcd: a handful of calls, each bounded by a timeout, plus the long-lived
 //! streams (keepalive, watch) in the submodules.
 
+mod deletions;
 mod keepalive;
 mod watch;
 
+pub(crate) use deletions::{Deleted, Deletions};
 pub(crate) use keepalive::KeepAlive;
 pub(crate) use watch::{Holders, Wakeup};
 
@@ -15,8 +17,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp,
-    TxnOpResponse,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse,
 };
 
 use tracing::Instrument as _;
@@ -424,6 +426,68 @@ impl Etcd {
         })
         .await?;
         Ok(())
+    }
+
+    /// Puts an empty value at `key` (a name nobody else uses) attached to `lease`, and returns
+    /// the key's create revision. Safe to repeat: a retry that finds the key already written by
+    /// its first attempt reports that attempt's create revision (etcd's previous value).
+    pub(crate) async fn put_unique(&self, key: &str, lease: i64) -> Result<i64> {
+        let resp = self
+            .bounded("put", |c| async move {
+                let options = PutOptions::new().with_lease(lease).with_prev_key();
+                c.kv_client().put(key, "", Some(options)).await
+            })
+            .await?;
+        match (resp.prev_key(), resp.header()) {
+            (Some(prev), _) => Ok(prev.create_revision()),
+            (None, Some(header)) => Ok(header.revision()),
+            (None, None) => Err(Error::CorruptRecord {
+                key: key.to_owned(),
+                reason: "etcd answered a put without a header".into(),
+            }),
+        }
+    }
+
+    /// Deletes `key` (nothing if it does not exist). Safe to repeat.
+    pub(crate) async fn delete(&self, key: &str) -> Result<()> {
+        self.bounded("delete", |c| async move {
+            c.kv_client().delete(key, None).await
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// The key under `prefix` created last before `before` (create revision below it), if any
+    /// — etcd's `concurrency.Mutex` way of finding the waiter just ahead. Linearizable.
+    pub(crate) async fn last_created_before(
+        &self,
+        prefix: &str,
+        before: i64,
+    ) -> Result<Option<Vec<u8>>> {
+        // etcd reads a maximum of 0 as "no bound"; no key has a create revision below 2.
+        if before <= 1 {
+            return Ok(None);
+        }
+        let end = prefix_end(prefix.as_bytes());
+        let mut resp = self
+            .bounded("range", |c| {
+                let end = end.clone();
+                async move {
+                    let options = GetOptions::new()
+                        .with_range(end)
+                        .with_max_create_revision(before - 1)
+                        .with_sort(SortTarget::Create, SortOrder::Descend)
+                        .with_limit(1)
+                        .with_keys_only();
+                    c.kv_client().get(prefix, Some(options)).await
+                }
+            })
+            .await?;
+        Ok(resp
+            .take_kvs()
+            .into_iter()
+            .next()
+            .map(|kv| kv.key().to_vec()))
     }
 
     /// A key's current value by raw bytes, linearizably.

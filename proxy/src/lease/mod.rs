@@ -6,6 +6,7 @@
 //! dies its lease lapses, etcd deletes the key, and waiters are woken by the holder watch.
 //! Leases that end up carrying no key are reused by later acquires (see [`spares`]).
 
+mod queue;
 mod record;
 mod secret;
 mod spares;
@@ -24,7 +25,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
-use crate::etcd::{prefix_end, Companion, Create, Etcd, Holders, KeepAlive, Wakeup};
+use crate::etcd::{
+    prefix_end, Companion, Create, Deleted, Deletions, Etcd, Holders, KeepAlive, Wakeup,
+};
 use crate::forward::Upstream;
 use crate::metrics;
 use crate::{Error, Result};
@@ -135,7 +138,8 @@ pub(crate) struct Holding {
     pub(crate) token: String,
     /// The TTL granted.
     pub(crate) ttl_seconds: u64,
-    /// Remaining lifetime as etcd reports it (whole seconds, rounded down).
+    /// Remaining lifetime: for one resource as etcd reports it (whole seconds, rounded down);
+    /// in a listing the grant's TTL, the most the lease can have left (no look-up per lease).
     pub(crate) expires_in_ms: u64,
     /// Wall-clock grant time in Unix milliseconds, for display.
     pub(crate) acquired_at: u64,
@@ -169,6 +173,8 @@ pub(crate) struct Leases {
     prefence: Option<Upstream>,
     spares: Arc<spares::Spares>,
     window: Arc<Window>,
+    queue: Arc<queue::WaitQueue>,
+    deletions: Deletions,
     tracker: TaskTracker,
     stopping: CancellationToken,
 }
@@ -225,6 +231,16 @@ impl Window {
     }
 }
 
+/// Why a wait ended.
+enum Woken<T> {
+    /// The event waited for.
+    By(T),
+    /// Events were missed: look again.
+    Lagged,
+    /// The wait's deadline passed.
+    Deadline,
+}
+
 /// What one acquire attempt came to.
 enum Attempt {
     /// A new grant, at this create revision.
@@ -256,6 +272,22 @@ impl Leases {
         tracker: TaskTracker,
         stopping: CancellationToken,
     ) -> Self {
+        // The wait queues live beside the ownership keys: `{etcd-prefix}waiters/`.
+        let waiters_prefix = format!(
+            "{}waiters/",
+            layout
+                .holders_prefix
+                .strip_suffix("holders/")
+                .unwrap_or(&layout.holders_prefix)
+        );
+        let deletions = Deletions::start(&etcd, waiters_prefix.clone(), &tracker, stopping.clone());
+        let queue = queue::WaitQueue::start(
+            etcd.clone(),
+            keepalive.clone(),
+            waiters_prefix,
+            tracker.clone(),
+            stopping.clone(),
+        );
         Self {
             etcd,
             keepalive,
@@ -268,13 +300,17 @@ impl Leases {
             prefence,
             spares: Arc::new(spares::Spares::new(spares)),
             window: Arc::new(Window::new(layout.idempotency_window)),
+            queue,
+            deletions,
             tracker,
             stopping,
         }
     }
 
-    /// Revokes the spare leases (at shutdown; they would lapse by their TTL anyway).
+    /// Revokes the spare leases and the wait queue's lease (at shutdown; they would lapse by
+    /// their TTL anyway).
     pub(crate) async fn revoke_spares(&self) {
+        self.queue.revoke().await;
         let revokes = self
             .spares
             .drain()
@@ -334,46 +370,127 @@ impl Leases {
     }
 
     /// Takes `resource` for `req.holder`, waiting up to `req.wait` for it to become free.
+    ///
+    /// Without a wait this is one attempt: it succeeds exactly when nobody holds the resource,
+    /// whether or not others are waiting for it (see [`queue`] for why). With a wait, the
+    /// request stands in the resource's wait queue and is served first come, first served
+    /// across all replicas: it tries to take the resource only once nobody is ahead of it,
+    /// woken by the watch, never by polling. When the wait runs out it leaves the line and is
+    /// answered as an acquire without a wait would be at that moment (409 if held).
     pub(crate) async fn acquire(&self, req: &Acquire) -> Result<Grant> {
         let deadline = Instant::now() + req.wait;
-        // Subscribe before the first attempt, so a release right after it is not missed.
-        let mut wakeups = (!req.wait.is_zero()).then(|| self.holders.subscribe());
-        loop {
-            let conflict = match self.attempt(req).await? {
-                Attempt::Granted(grant, _) | Attempt::Replayed(grant) => return Ok(grant),
-                Attempt::Held(conflict) => conflict,
-                Attempt::Again => continue,
-            };
-            let gave_up = match wakeups.as_mut() {
-                None => true,
-                Some(wakeups) => {
-                    !self
-                        .wait_for_release(wakeups, &req.resource, deadline)
-                        .await?
+        if req.wait.is_zero() {
+            return self.try_once(req).await;
+        }
+        // A retried acquire (same Idempotency-Key) whose grant exists must get it back, not
+        // queue behind it.
+        if req.idempotency_key.is_some() {
+            if let Some((record, _)) = self.current(&req.resource).await? {
+                if record.holder == req.holder && record.idempotency.is_some() {
+                    match self.attempt(req).await? {
+                        Attempt::Granted(grant, _) | Attempt::Replayed(grant) => return Ok(grant),
+                        Attempt::Held(_) | Attempt::Again => {}
+                    }
                 }
+            }
+        }
+        let mut place = self.queue.enqueue(&req.resource).await?;
+        // 1. Wait until nobody is ahead in line.
+        loop {
+            // Subscribed before the read, so a deletion right after it is not missed.
+            let mut deletions = self.deletions.subscribe();
+            let Some(ahead) = self
+                .etcd
+                .last_created_before(&place.line, place.revision)
+                .await?
+            else {
+                break;
             };
-            if gave_up {
-                self.etcd.metrics().conflicts.add(1, &[]);
-                return Err(Error::Held(conflict));
+            let own = place.key().as_bytes().to_vec();
+            let woken = self
+                .wait_for(&mut deletions, deadline, |d: &Deleted| {
+                    d.concerns(&ahead) || d.concerns(&own)
+                })
+                .await?;
+            match woken {
+                Woken::Deadline => {
+                    drop(place);
+                    return self.try_once(req).await;
+                }
+                Woken::By(Deleted::Key(k)) if k == own => {
+                    // Our own entry lapsed with the replica's queue lease (etcd unreachable
+                    // for a while): stand in line again rather than wait behind nothing.
+                    drop(place);
+                    place = self.queue.enqueue(&req.resource).await?;
+                }
+                Woken::By(_) | Woken::Lagged => {}
+            }
+        }
+        // 2. First in line: take the resource as soon as it is free. Only this waiter watches
+        // the ownership key, so a release wakes one waiter, not every one.
+        let key = self.key(&req.resource);
+        loop {
+            let mut released = self.holders.subscribe();
+            let conflict = match self.etcd.get(&key).await? {
+                // Held: wait for its end without a write (a create txn would be refused).
+                Some(_) => None,
+                None => match self.attempt(req).await? {
+                    Attempt::Granted(grant, _) | Attempt::Replayed(grant) => {
+                        // Leaving the line (the drop of `place`) wakes the next waiter.
+                        drop(place);
+                        return Ok(grant);
+                    }
+                    Attempt::Held(conflict) => Some(conflict),
+                    Attempt::Again => continue,
+                },
+            };
+            let resource = req.resource.as_str();
+            let woken = self
+                .wait_for(&mut released, deadline, |w: &Wakeup| w.concerns(resource))
+                .await?;
+            if let Woken::Deadline = woken {
+                drop(place);
+                return match conflict {
+                    Some(conflict) => {
+                        self.etcd.metrics().conflicts.add(1, &[]);
+                        Err(Error::Held(conflict))
+                    }
+                    None => self.try_once(req).await,
+                };
             }
         }
     }
 
-    /// Waits for a wakeup concerning `resource`; `false` when the deadline passes first.
-    async fn wait_for_release(
+    /// One attempt, answered as a conflict when the resource is held.
+    async fn try_once(&self, req: &Acquire) -> Result<Grant> {
+        loop {
+            match self.attempt(req).await? {
+                Attempt::Granted(grant, _) | Attempt::Replayed(grant) => return Ok(grant),
+                Attempt::Held(conflict) => {
+                    self.etcd.metrics().conflicts.add(1, &[]);
+                    return Err(Error::Held(conflict));
+                }
+                Attempt::Again => continue,
+            }
+        }
+    }
+
+    /// Waits for a broadcast that `wanted` says concerns the waiter, or the deadline. A
+    /// lagging receiver may have missed one, so it is woken too.
+    async fn wait_for<T: Clone>(
         &self,
-        wakeups: &mut broadcast::Receiver<Wakeup>,
-        resource: &str,
+        events: &mut broadcast::Receiver<T>,
         deadline: Instant,
-    ) -> Result<bool> {
+        wanted: impl Fn(&T) -> bool,
+    ) -> Result<Woken<T>> {
         loop {
             tokio::select! {
                 _ = self.stopping.cancelled() => return Err(Error::ShuttingDown),
-                _ = tokio::time::sleep_until(deadline) => return Ok(false),
-                wakeup = wakeups.recv() => match wakeup {
-                    Ok(w) if w.concerns(resource) => return Ok(true),
+                _ = tokio::time::sleep_until(deadline) => return Ok(Woken::Deadline),
+                event = events.recv() => match event {
+                    Ok(e) if wanted(&e) => return Ok(Woken::By(e)),
                     Ok(_) => {}
-                    Err(broadcast::error::RecvError::Lagged(_)) => return Ok(true),
+                    Err(broadcast::error::RecvError::Lagged(_)) => return Ok(Woken::Lagged),
                     Err(broadcast::error::RecvError::Closed) => return Err(Error::ShuttingDown),
                 },
             }
@@ -383,7 +500,9 @@ impl Leases {
     /// One attempt, run to its end in a task of its own whatever the caller does: once the
     /// create transaction may have committed, the grant is either pre-fenced and handed to the
     /// caller or withdrawn. A caller that has gone away (client disconnected, request timed
-    /// out) cannot take it, so a grant made for it is revoked rather than left to its TTL.
+    /// out) cannot take it, so a grant made for it is revoked rather than left to its TTL —
+    /// unless the request carried an `Idempotency-Key`: then a retry may take (or already have
+    /// taken) that grant, so it is kept, and lapses by its TTL if no retry comes.
     async fn attempt(&self, req: &Acquire) -> Result<Attempt> {
         let (answer, answered) = oneshot::channel();
         let this = self.clone();
@@ -393,8 +512,15 @@ impl Leases {
             async move {
                 let outcome = this.try_acquire(&req).await;
                 if let Err(Ok(Attempt::Granted(grant, revision))) = answer.send(outcome) {
-                    tracing::info!(resource = %grant.resource, "acquiring client gone; withdrawing its grant");
-                    this.withdraw(&grant.resource, grant.lease_id, revision).await;
+                    if req.idempotency_key.is_some() {
+                        // Kept for the retry the key announces: a retry may already have been
+                        // answered with this very grant (on any replica). Without one it lapses
+                        // by its TTL.
+                        tracing::info!(resource = %grant.resource, "acquiring client gone; keyed grant kept for its retry");
+                    } else {
+                        tracing::info!(resource = %grant.resource, "acquiring client gone; withdrawing its grant");
+                        this.withdraw(&grant.resource, grant.lease_id, revision).await;
+                    }
                 }
             }
             .instrument(tracing::Span::current()),
@@ -719,7 +845,12 @@ impl Leases {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let (kvs, more) = self.etcd.range(&start, &end, limit).await?;
         let holders_prefix = self.holders_prefix.as_bytes();
-        let lookups = kvs.iter().map(|kv| async move {
+        // One range read per page, no look-up per lease (a page of 1,000 made 1,000 TTL
+        // look-ups): every key read is held, since etcd deletes a lease's keys in the same
+        // step that ends the lease. The remaining lifetime is reported from the record as the
+        // grant's TTL, the most the lease can have left; `get` asks etcd for the exact value.
+        let mut leases = Vec::with_capacity(kvs.len());
+        for kv in &kvs {
             let key = String::from_utf8_lossy(kv.key()).into_owned();
             let resource = kv
                 .key()
@@ -727,15 +858,8 @@ impl Leases {
                 .map(|r| String::from_utf8_lossy(r).into_owned())
                 .unwrap_or_default();
             let record = HolderRecord::decode(&key, kv.value())?;
-            let remaining = self.etcd.time_to_live(record.lease_id).await?;
-            Ok::<_, Error>(remaining.map(|r| holding(resource, record, kv.create_revision(), r)))
-        });
-        let mut leases = Vec::with_capacity(kvs.len());
-        for found in futures::future::join_all(lookups).await {
-            // A lease that lapsed between the range and the lookup is simply no longer held.
-            if let Some(h) = found? {
-                leases.push(h);
-            }
+            let most = i64::try_from(record.ttl_seconds).unwrap_or(i64::MAX);
+            leases.push(holding(resource, record, kv.create_revision(), most));
         }
         let next_cursor = more
             .then(|| kvs.last())

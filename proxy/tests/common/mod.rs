@@ -302,3 +302,45 @@ pub async fn start_gateway(upstream: &str, key_file: &std::path::Path) -> String
     wait_ready(&url).await;
     url
 }
+
+/// `POST {url}/v1/leases/{resource}` with a `wait_ms`.
+pub async fn acquire_waiting(
+    url: &str,
+    resource: &str,
+    holder: &str,
+    ttl: u64,
+    wait_ms: u64,
+) -> (u16, Value) {
+    send(
+        http()
+            .post(format!("{url}/v1/leases/{resource}"))
+            .json(&serde_json::json!({"holder": holder, "ttl_seconds": ttl, "wait_ms": wait_ms})),
+    )
+    .await
+}
+
+/// The sum of etcd's own metric `name` (every label set) from `/metrics` on its first client
+/// URL.
+pub async fn etcd_metric(etcd: &Etcd, name: &str) -> f64 {
+    let text = http()
+        .get(format!("{}/metrics", etcd.endpoint(0)))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Raft proposals etcd has committed: every write (put, delete, txn with a write, lease grant
+/// and revoke) is one; reads and lease renewals are none.
+pub async fn etcd_proposals(etcd: &Etcd) -> u64 {
+    etcd_metric(etcd, "etcd_server_proposals_committed_total").await as u64
+}
