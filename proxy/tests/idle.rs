@@ -15,21 +15,8 @@ use common::*;
 
 /// etcd's count of streams it has started for `method`.
 async fn streams_started(etcd: &Etcd, method: &str) -> u64 {
-    let text = http()
-        .get(format!("{}/metrics", etcd.endpoint(0)))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| {
-            l.starts_with("grpc_server_started_total")
-                && l.contains(&format!("grpc_method=\"{method}\""))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    let labels = format!("grpc_method=\"{method}\"");
+    etcd_metric_where(etcd, "grpc_server_started_total", &labels).await as u64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -418,33 +418,12 @@ async fn renewals_share_a_few_keepalive_streams() {
 
 /// etcd's own count of unary calls of `method` it has handled.
 async fn grpc_calls(etcd: &Etcd, method: &str) -> u64 {
-    let text = http()
-        .get(format!("{}/metrics", etcd.endpoint(0)))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let label = format!("grpc_method=\"{method}\"");
-    text.lines()
-        .filter(|l| l.starts_with("grpc_server_handled_total") && l.contains(&label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    let labels = format!("grpc_method=\"{method}\"");
+    etcd_metric_where(etcd, "grpc_server_handled_total", &labels).await as u64
 }
 
 /// etcd's own count of LeaseKeepAlive streams it has accepted.
 async fn keepalive_streams_started(etcd: &Etcd) -> u64 {
-    let text = http()
-        .get(format!("{}/metrics", etcd.endpoint(0)))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with("grpc_server_started_total") && l.contains("LeaseKeepAlive"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    let labels = "grpc_method=\"LeaseKeepAlive\"";
+    etcd_metric_where(etcd, "grpc_server_started_total", labels).await as u64
 }

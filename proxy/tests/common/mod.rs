@@ -322,6 +322,11 @@ pub async fn acquire_waiting(
 /// The sum of etcd's own metric `name` (every label set) from `/metrics` on its first client
 /// URL.
 pub async fn etcd_metric(etcd: &Etcd, name: &str) -> f64 {
+    etcd_metric_where(etcd, name, "").await
+}
+
+/// [`etcd_metric`] over the label sets containing `labels` (e.g. `grpc_method="Watch"`).
+pub async fn etcd_metric_where(etcd: &Etcd, name: &str, labels: &str) -> f64 {
     let text = http()
         .get(format!("{}/metrics", etcd.endpoint(0)))
         .send()
@@ -334,6 +339,7 @@ pub async fn etcd_metric(etcd: &Etcd, name: &str) -> f64 {
         .filter(|l| {
             l.strip_prefix(name)
                 .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+                && l.contains(labels)
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
