@@ -13,7 +13,7 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{Etcd, Pinned};
+use super::Etcd;
 
 const CHANNEL: usize = 4096;
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
@@ -97,25 +97,13 @@ async fn watch(etcd: &Etcd, prefix: &str, tx: &broadcast::Sender<Deleted>, backo
     };
     // Whatever was deleted while the watch was down: every waiter looks again.
     let _ = tx.send(Deleted::All);
-    let Pinned { index, mut client } = etcd.pinned();
     let options = WatchOptions::new()
         .with_prefix()
         .with_filters([WatchFilterType::NoPut])
         .with_start_revision(revision + 1);
-    let mut stream =
-        match tokio::time::timeout(etcd.timeout(), client.watch(prefix, Some(options))).await {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "cannot open the queue watch");
-                etcd.unpin(index);
-                return;
-            }
-            Err(_) => {
-                tracing::warn!("opening the queue watch timed out");
-                etcd.unpin(index);
-                return;
-            }
-        };
+    let Some((index, mut stream)) = etcd.open_watch(prefix, options, "queue").await else {
+        return;
+    };
     loop {
         match stream.message().await {
             Ok(Some(resp)) => {

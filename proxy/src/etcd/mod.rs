@@ -178,6 +178,31 @@ impl Etcd {
         }
     }
 
+    /// Opens a watch of `prefix` on the pinned member within the call deadline; on failure the
+    /// member is unpinned and `None` returned (`what` names the watch in the log). Gives the
+    /// member's index too, to unpin it when the stream fails later.
+    pub(crate) async fn open_watch(
+        &self,
+        prefix: &str,
+        options: etcd_client::WatchOptions,
+        what: &str,
+    ) -> Option<(usize, etcd_client::WatchStream)> {
+        let Pinned { index, mut client } = self.pinned();
+        match tokio::time::timeout(self.timeout(), client.watch(prefix, Some(options))).await {
+            Ok(Ok(stream)) => Some((index, stream)),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot open the {what} watch");
+                self.unpin(index);
+                None
+            }
+            Err(_) => {
+                tracing::warn!("opening the {what} watch timed out");
+                self.unpin(index);
+                None
+            }
+        }
+    }
+
     /// The per-call deadline.
     pub(crate) fn timeout(&self) -> Duration {
         self.inner.timeout

@@ -20,7 +20,7 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{prefix_end, Etcd, Pinned};
+use super::{prefix_end, Etcd};
 use crate::metrics::Metrics;
 
 const CHANNEL: usize = 4096;
@@ -168,24 +168,12 @@ async fn list_and_watch(etcd: &Etcd, prefix: &str, holders: &Holders, backoff: &
     };
     // Whatever changed while the watch was down is in the new view; waiters re-check.
     let _ = holders.tx.send(Wakeup::All);
-    let Pinned { index, mut client } = etcd.pinned();
     let options = WatchOptions::new()
         .with_prefix()
         .with_start_revision(revision + 1);
-    let mut stream =
-        match tokio::time::timeout(etcd.timeout(), client.watch(prefix, Some(options))).await {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "cannot open the holder watch");
-                etcd.unpin(index);
-                return;
-            }
-            Err(_) => {
-                tracing::warn!("opening the holder watch timed out");
-                etcd.unpin(index);
-                return;
-            }
-        };
+    let Some((index, mut stream)) = etcd.open_watch(prefix, options, "holder").await else {
+        return;
+    };
     loop {
         match stream.message().await {
             Ok(Some(resp)) => {
