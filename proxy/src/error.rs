@@ -39,6 +39,10 @@ pub enum Error {
     /// Another holder has the resource.
     #[error("resource is held by another holder")]
     Held(Box<Conflict>),
+    /// An acquire retried with an `Idempotency-Key` whose grant has already ended (released or
+    /// expired) within the replay window: answered as used, never granted anew.
+    #[error("this Idempotency-Key's grant has already ended; use a new key")]
+    IdempotencyKeyUsed,
     /// The caller's lease has expired or been released.
     #[error("the lease has expired or was released")]
     Lost,

@@ -118,16 +118,22 @@ async fn a_replay_after_the_window_gets_no_secret() {
 }
 
 /// Issue 16 item 2: acquire with key "boot", release, acquire again with "boot" gave the same
-/// spare lease and the same secret, so a leftover process renewed the second grant.
+/// spare lease and the same secret, so a leftover process renewed the second grant. Now the
+/// key, once its grant has ended, is refused for the rest of its window (a late duplicate of
+/// the acquire must not create a grant nobody holds — found by a hostile pass), and after the
+/// window the same key makes a new grant with a new secret.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_grants_never_share_a_secret() {
     let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let proxy = Proxy::start(etcd.endpoints(), |c| {
+        c.idempotency_window = Duration::from_secs(2);
+    })
+    .await;
     let mut secrets = std::collections::HashSet::new();
     let mut previous: Option<String> = None;
-    for round in 0..5 {
+    for round in 0..3 {
         let (status, g) = send(acquire_with_key(&proxy, "boot-r", "node", "boot")).await;
-        assert_eq!(status, 201, "{g}");
+        assert_eq!(status, 201, "round {round}: {g}");
         let secret = str_field(&g, "secret");
         assert!(
             secrets.insert(secret.clone()),
@@ -141,7 +147,25 @@ async fn two_grants_never_share_a_secret() {
             );
         }
         assert_eq!(release(&proxy, "boot-r", &secret).await.0, 204);
+        // A late duplicate of this very acquire, after the release, inside the window.
+        let (status, body) = send(acquire_with_key(&proxy, "boot-r", "node", "boot")).await;
+        assert_eq!(
+            status, 409,
+            "round {round}: a used key was granted again: {body}"
+        );
+        assert!(
+            body["type"]
+                .as_str()
+                .unwrap()
+                .ends_with("/idempotency-key-used"),
+            "{body}"
+        );
+        assert!(
+            stored_record(&etcd, "boot-r").await.is_none(),
+            "round {round}: a grant nobody holds"
+        );
         previous = Some(secret);
+        tokio::time::sleep(Duration::from_millis(2600)).await;
     }
     // The same with a refused acquire's spare lease carrying the idempotent grant.
     let (_, owner) = acquire(&proxy, "spare-r", "owner", 60).await;

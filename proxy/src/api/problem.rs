@@ -44,6 +44,11 @@ impl Error {
             Error::MissingSecret => (S::UNAUTHORIZED, "missing-secret", "Lease secret required"),
             Error::NotHolder => (S::FORBIDDEN, "not-holder", "Not the holder"),
             Error::Held(_) => (S::CONFLICT, "lease-held", "Lease held"),
+            Error::IdempotencyKeyUsed => (
+                S::CONFLICT,
+                "idempotency-key-used",
+                "Idempotency key already used",
+            ),
             Error::Lost => (S::GONE, "lease-lost", "Lease lost"),
             Error::NotFound => (S::NOT_FOUND, "not-found", "No lease"),
             Error::NoRoute => (S::NOT_FOUND, "no-route", "Not found"),

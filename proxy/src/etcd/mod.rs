@@ -107,6 +107,8 @@ pub(crate) enum Create {
 pub(crate) struct Companion<'a> {
     /// The companion key.
     pub(crate) key: &'a str,
+    /// Its value.
+    pub(crate) value: &'a [u8],
     /// The lease it is attached to (its lifetime).
     pub(crate) lease: i64,
 }
@@ -388,7 +390,7 @@ impl Etcd {
         if let Some(c) = companion {
             puts.push(TxnOp::put(
                 c.key,
-                "",
+                c.value,
                 Some(PutOptions::new().with_lease(c.lease)),
             ));
             gets.push(TxnOp::get(c.key, None));

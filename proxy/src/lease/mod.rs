@@ -528,6 +528,35 @@ impl Leases {
         answered.await.map_err(|_| Error::ShuttingDown)?
     }
 
+    /// Refuses a retry whose key was used on this resource within the replay window by this
+    /// holder, but whose grant has ended (released or expired): a late duplicate of an acquire
+    /// must not create a second grant nobody holds. The window key carries the marker of the
+    /// last keyed grant of the resource; if that grant is still the resource's, the retry goes
+    /// on and is answered with it.
+    async fn refuse_a_used_key(&self, req: &Acquire, key: &str, window_key: &str) -> Result<()> {
+        let Some(window) = self.etcd.get(window_key).await? else {
+            return Ok(());
+        };
+        let used = std::str::from_utf8(window.value())
+            .ok()
+            .and_then(|marker| {
+                secret::idempotency_salt(&self.keys, marker, &req.resource, &req.holder, key)
+            })
+            .is_some();
+        if !used {
+            return Ok(());
+        }
+        let alive = self
+            .current(&req.resource)
+            .await?
+            .is_some_and(|(_, created)| created == window.mod_revision());
+        if alive {
+            Ok(())
+        } else {
+            Err(Error::IdempotencyKeyUsed)
+        }
+    }
+
     /// Ends a grant nobody was told of: its lease carries its key and nothing else.
     async fn withdraw(&self, resource: &str, lease_id: i64, revision: i64) {
         self.holders.releasing(resource, revision);
@@ -544,6 +573,10 @@ impl Leases {
         let idempotent = req.idempotency_key.as_deref().map(|k| (k, secret::salt()));
         // The replay window: a key written with the grant, on a short lease of its own. A retry
         // is answered with this grant only while that key (of this incarnation) exists.
+        let window_key = format!("{}{}", self.idempotency_prefix, req.resource);
+        if let Some((k, _)) = idempotent {
+            self.refuse_a_used_key(req, k, &window_key).await?;
+        }
         let window = match idempotent {
             Some(_) => Some(self.window.lease(&self.etcd).await?),
             None => None,
@@ -571,9 +604,10 @@ impl Leases {
                 secret::idempotency_marker(&self.keys, &req.resource, &req.holder, k, &salt)
             }),
         };
-        let window_key = format!("{}{}", self.idempotency_prefix, req.resource);
+        let marker = record.idempotency.clone().unwrap_or_default();
         let companion = window.map(|lease| Companion {
             key: &window_key,
+            value: marker.as_bytes(),
             lease,
         });
         let created = match self
