@@ -716,24 +716,6 @@ async fn header_hygiene_protocols_and_limits() {
     assert_eq!(waiting.await.unwrap().unwrap(), 200);
 }
 
-/// Reads until the gateway closes the connection; how long after `since` that was (`None` if
-/// still open at `since + within`).
-async fn closed_at(
-    stream: &mut tokio::net::TcpStream,
-    since: tokio::time::Instant,
-    within: Duration,
-) -> Option<Duration> {
-    use tokio::io::AsyncReadExt;
-    let mut buf = [0u8; 4096];
-    loop {
-        match tokio::time::timeout_at(since + within, stream.read(&mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return Some(since.elapsed()),
-            Ok(Ok(_)) => continue,
-            Err(_) => return None,
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_idle_and_preface_only_connections_are_closed() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -790,7 +772,7 @@ async fn silent_idle_and_preface_only_connections_are_closed() {
         ("preface only", &mut preface, Duration::from_millis(600)),
         ("idle", &mut idle, Duration::from_millis(900)),
     ] {
-        let at = closed_at(stream, t0, within)
+        let at = lease_proxy_testkit::closed_at(stream, t0, within)
             .await
             .unwrap_or_else(|| panic!("{name} connection still open after {within:?}"));
         assert!(at >= limit, "{name} closed before its limit ({at:?})");

@@ -273,23 +273,6 @@ async fn start_binary(etcd: &Etcd, dir: &std::path::Path, extra: &[&str]) -> (Ru
     (Running(child), url)
 }
 
-/// When the peer closed `stream` (measured from `since`), if within `within`.
-async fn closed_at(
-    stream: &mut tokio::net::TcpStream,
-    since: Instant,
-    within: Duration,
-) -> Option<Duration> {
-    use tokio::io::AsyncReadExt;
-    let mut buf = [0u8; 4096];
-    loop {
-        match tokio::time::timeout_at(since + within, stream.read(&mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return Some(since.elapsed()),
-            Ok(Ok(_)) => continue,
-            Err(_) => return None,
-        }
-    }
-}
-
 /// One `GET /livez` on `s`, read to the end of its answer; the status line.
 async fn livez(s: &mut tokio::net::TcpStream) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -366,7 +349,7 @@ async fn server_limits_close_slow_and_idle_connections_and_bound_their_number() 
         ("silent", &mut silent, Duration::from_millis(600)),
         ("idle", &mut idle, Duration::from_millis(900)),
     ] {
-        let at = closed_at(stream, t0, within)
+        let at = lease_proxy_testkit::closed_at(stream, t0, within)
             .await
             .unwrap_or_else(|| panic!("{name} connection still open after {within:?}"));
         assert!(at >= limit, "{name} closed before its limit ({at:?})");

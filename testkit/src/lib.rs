@@ -278,3 +278,21 @@ pub fn signal_pid(pid: u32, signal: &str) {
         .stderr(Stdio::null())
         .status();
 }
+
+/// When the peer closed `stream`, measured from `since`; `None` if it was still open at
+/// `since + within`. Whatever the peer sends meanwhile is read and dropped.
+pub async fn closed_at(
+    stream: &mut tokio::net::TcpStream,
+    since: tokio::time::Instant,
+    within: Duration,
+) -> Option<Duration> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout_at(since + within, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(since.elapsed()),
+            Ok(Ok(_)) => continue,
+            Err(_) => return None,
+        }
+    }
+}
