@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The campaign data docs/RELIABILITY.md quotes, and the tables it shows.
 #   ./scripts/campaign-data.sh render   print the markdown of every committed data file (no runs)
+#   ./scripts/campaign-data.sh doc      regenerate docs/RELIABILITY.md from campaign/doc/reliability.md
+#                                       and the committed data (no runs)
 #   ./scripts/campaign-data.sh run      re-measure: run the campaign with the published seeds and
 #                                       settings into campaign/data/ (minutes; overwrites the files)
-#   CAMPAIGN_RUNS=50 CAMPAIGN_PROFILE=release ./scripts/campaign-data.sh run   the long campaign
+#   CAMPAIGN_RUNS=50 CAMPAIGN_CONTROL_RUNS=10 CAMPAIGN_PROFILE=release ./scripts/campaign-data.sh run
+#                                       the published campaign (about an hour on 2 cores)
 # Each data file holds every run's seed, settings, fault plan, fault log and figures;
 # `cargo test -p lease-proxy-campaign --test replay` checks that each seed reproduces its plan.
 set -euo pipefail
@@ -19,7 +22,31 @@ case "$profile" in
 esac
 cargo build --profile "$profile" -p lease-proxy -p fencing -p lease-proxy-campaign --bins
 
+# The data files in the order docs/RELIABILITY.md shows them.
+data_files() {
+  echo campaign/data/deployment.json
+  for control in no-fencing memory-marks forget-in-flight release-with-caller local-gate no-prefence; do
+    [ -f "campaign/data/control-$control.json" ] && echo "campaign/data/control-$control.json"
+  done
+}
+
 case "${1:-render}" in
+  doc)
+    # docs/RELIABILITY.md = the prose of campaign/doc/reliability.md with every data file's
+    # rendering at its `<!-- data -->` line.
+    src=campaign/doc/reliability.md
+    {
+      sed '/^<!-- data -->$/,$d' "$src"
+      for f in $(data_files); do
+        echo "### \`$(basename "$f" .json)\` (\`$f\`)"
+        echo
+        "$bin" --render "$f"
+        echo
+      done
+      sed '1,/^<!-- data -->$/d' "$src"
+    } > docs/RELIABILITY.md
+    echo "wrote docs/RELIABILITY.md"
+    ;;
   render)
     for f in campaign/data/*.json; do
       echo "### $f"
@@ -35,12 +62,12 @@ case "${1:-render}" in
     status=0
     "$bin" --runs "$runs" --duration 30s --seed 1000 --report "campaign/data/deployment" || status=1
     seed=2000
-    for control in no-fencing memory-marks forget-in-flight; do
-      "$bin" --runs "$control_runs" --duration 20s --seed "$seed" --control "$control" \
+    for control in no-fencing memory-marks forget-in-flight release-with-caller local-gate no-prefence; do
+      "$bin" --runs "$control_runs" --duration 30s --seed "$seed" --control "$control" \
         --report "campaign/data/control-$control" || status=1
       seed=$((seed + 1000))
     done
     exit "$status"
     ;;
-  *) echo "usage: $0 [render|run]" >&2; exit 64 ;;
+  *) echo "usage: $0 [render|doc|run]" >&2; exit 64 ;;
 esac

@@ -153,12 +153,21 @@ pub fn violations(events: &[Event], applied: &[Applied], probes: &[Probe]) -> Ve
         }
     }
 
-    // 5. Marks survive restarts.
+    // 5. Marks survive restarts: the restarted gateway refuses a token below the highest
+    // applied, and the store itself still holds a mark at least that high.
     for p in probes {
         if (200..300).contains(&p.status) {
             found.push(format!(
-                "mark regressed: after a gateway restart, stale token {} on {} was accepted",
+                "mark regressed: after a restart, stale token {} on {} was accepted",
                 p.revision, p.resource
+            ));
+        }
+        if p.verified && p.stored.is_none_or(|stored| stored <= p.revision) {
+            found.push(format!(
+                "mark lost: after a restart the store holds {:?} for {}, below {} applied",
+                p.stored,
+                p.resource,
+                p.revision + 1
             ));
         }
     }
@@ -253,19 +262,46 @@ mod tests {
             // A token nobody was granted.
             applied("x", 4, 11, t(50)),
         ];
-        let probes = [Probe {
-            resource: "r".into(),
-            revision: 8,
-            status: 204,
-        }];
+        let probes = [
+            Probe {
+                resource: "r".into(),
+                revision: 8,
+                status: 204,
+                stored: Some(9),
+                verified: true,
+            },
+            // Refused, but the store lost the mark.
+            Probe {
+                resource: "r".into(),
+                revision: 8,
+                status: 409,
+                stored: Some(7),
+                verified: true,
+            },
+            // Not readable: not judged by the store.
+            Probe {
+                resource: "r".into(),
+                revision: 8,
+                status: 409,
+                stored: None,
+                verified: false,
+            },
+        ];
         let found = violations(&events, &log, &probes);
-        for kind in ["order:", "stale:", "lost:", "unissued:", "mark regressed:"] {
+        for kind in [
+            "order:",
+            "stale:",
+            "lost:",
+            "unissued:",
+            "mark regressed:",
+            "mark lost:",
+        ] {
             assert!(
                 found.iter().any(|v| v.starts_with(kind)),
                 "{kind} not in {found:?}"
             );
         }
-        assert_eq!(found.len(), 5, "{found:?}");
+        assert_eq!(found.len(), 6, "{found:?}");
     }
 
     #[test]

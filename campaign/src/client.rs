@@ -13,9 +13,10 @@
 //! path no proxy guards). While it sleeps, the other clients go for its resource more often, so
 //! that it is likely to have a newer holder when the zombie wakes. It also makes a client's next
 //! write give up ([`Quirk`]): socket closed while the body streams, or while the answer is
-//! awaited, or a timeout shorter than the storage's processing.
+//! awaited, or a timeout shorter than the storage's processing, or a slow write the client stalls
+//! with (its lease lapsing) and then abandons while the storage is still applying it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,6 +34,9 @@ use crate::plan::stream;
 /// Lease TTL the clients ask for, in seconds.
 pub const TTL_SECONDS: u64 = 3;
 
+/// How long an acquire waits for a held resource, in milliseconds.
+const ACQUIRE_WAIT_MS: u64 = 2500;
+
 /// How much longer than its pause a paused client sleeps, at most, waiting for its resource to
 /// get a newer holder.
 const ZOMBIE_WAIT: Duration = Duration::from_secs(5);
@@ -42,8 +46,10 @@ const ZOMBIE_WAIT: Duration = Duration::from_secs(5);
 pub struct Env {
     /// Proxy base URLs (through the client→proxy relays).
     pub proxies: Vec<String>,
-    /// Where direct writes go (the enforcer).
-    pub direct: String,
+    /// Where direct writes go (the enforcers, through their relays).
+    pub direct: Vec<String>,
+    /// Acquires in flight, by proxy index (the nemesis aims proxy kills at them).
+    pub acquiring: Arc<Vec<AtomicUsize>>,
     /// Resource names.
     pub resources: Vec<String>,
     /// The shared history.
@@ -52,25 +58,55 @@ pub struct Env {
     pub ops: Arc<AtomicU64>,
     /// The resource of a paused holder, until when: other clients go for it more often, so that
     /// the zombie is likely to wake up to a newer holder (the hazard the enforcer exists for).
-    pub contended: Arc<Mutex<Option<(String, Instant)>>>,
+    pub contended: Arc<Mutex<Option<Contended>>>,
     /// The run's seed: client `cN` draws from stream `("client", N)`.
     pub seed: u64,
     /// The storage's shortest processing time: a [`Quirk::ShortTimeout`] write gives up before.
     pub processing_min: Duration,
 }
 
+/// A resource the other clients go for more often, for a while: a paused or stalled holder's,
+/// so that it is likely to have a newer holder while the old one's write is still possible.
+#[derive(Debug, Clone)]
+pub struct Contended {
+    /// The resource.
+    pub resource: String,
+    /// Until when.
+    pub until: Instant,
+    /// How often a client picks it for its next acquire.
+    pub share: f64,
+    /// For a stalled write: the enforcer it went to. Contenders then acquire through a proxy
+    /// that pre-fences at another one, when there is one — the hard case for shared marks.
+    pub gateway: Option<usize>,
+}
+
 impl Env {
-    /// The resource to go for next: the contended one 30 % of the time while it lasts, else any.
-    fn next_resource(&self, rng: &mut StdRng) -> String {
+    /// The resource to go for next (the contended one at its share while it lasts, else any),
+    /// and the proxy to acquire it through.
+    fn next_acquire(&self, rng: &mut StdRng) -> (String, usize) {
         let contended = self
             .contended
             .lock()
             .ok()
             .and_then(|c| c.clone())
-            .filter(|(_, until)| Instant::now() < *until);
+            .filter(|c| Instant::now() < c.until);
+        let any_proxy = rng.random_range(0..self.proxies.len().max(1));
         match contended {
-            Some((resource, _)) if rng.random_bool(0.3) => resource,
-            _ => pick(rng, &self.resources),
+            Some(c) if rng.random_bool(c.share) => {
+                // Proxy i pre-fences at gateway i mod their number.
+                let proxy = match c.gateway {
+                    Some(g) if self.direct.len() > 1 => (g + 1) % self.proxies.len().max(1),
+                    _ => any_proxy,
+                };
+                (c.resource, proxy)
+            }
+            _ => (pick(rng, &self.resources), any_proxy),
+        }
+    }
+
+    fn contend(&self, contended: Contended) {
+        if let Ok(mut c) = self.contended.lock() {
+            *c = Some(contended);
         }
     }
 }
@@ -84,7 +120,16 @@ pub enum Quirk {
     GiveUpAwaitingAnswer(Duration),
     /// Give up after half the storage's shortest processing time.
     ShortTimeout,
+    /// Send a write the storage takes [`SLOW_WRITE`] to apply, straight to an enforcer, stall
+    /// with it (no renewals: the lease lapses) for the TTL and this much more, then close the
+    /// socket before the answer.
+    StallMidWrite(Duration),
 }
+
+/// How long the storage takes to apply a stalled client's write: longer than the TTL plus the
+/// client's stall, so that it is still being applied when the client gives up and, the lease
+/// having lapsed, another client may already be waiting for the resource.
+pub const SLOW_WRITE: Duration = Duration::from_secs(TTL_SECONDS + 2);
 
 /// A client's handle for the nemesis.
 pub struct Handle {
@@ -94,6 +139,7 @@ pub struct Handle {
     quirk: Mutex<Option<Quirk>>,
     holding: Mutex<Option<String>>,
     writing: std::sync::atomic::AtomicBool,
+    stalling: std::sync::atomic::AtomicBool,
 }
 
 impl Handle {
@@ -107,6 +153,14 @@ impl Handle {
     /// The resource the client holds (as far as it knows), if any.
     pub fn holding(&self) -> Option<String> {
         self.holding.lock().ok().and_then(|h| h.clone())
+    }
+
+    /// Whether another fault already has this client: a pause or a give-up armed, or a stall
+    /// under way. Other faults leave it alone, so that the armed one happens.
+    fn busy(&self) -> bool {
+        self.pause.lock().is_ok_and(|p| p.is_some())
+            || self.quirk.lock().is_ok_and(|q| q.is_some())
+            || self.stalling.load(Ordering::Acquire)
     }
 
     fn take_pause(&self) -> Option<Duration> {
@@ -153,6 +207,7 @@ impl Clients {
             quirk: Mutex::new(None),
             holding: Mutex::new(None),
             writing: std::sync::atomic::AtomicBool::new(false),
+            stalling: std::sync::atomic::AtomicBool::new(false),
         });
         let rng = stream(self.env.seed, "client", index);
         let task = tokio::spawn(run(handle.clone(), self.env.clone(), rng));
@@ -166,7 +221,7 @@ impl Clients {
     pub fn kill_one(&self, choice: u64) -> Option<(String, Option<String>)> {
         let (handle, task) = {
             let mut running = self.running.lock().ok()?;
-            let i = pick_victim(&running, choice, |_| true)?;
+            let i = pick_victim(&running, choice, |h| !h.busy())?;
             running.swap_remove(i)
         };
         task.abort();
@@ -180,7 +235,7 @@ impl Clients {
     pub async fn abort_mid_request(&self, choice: u64) -> Option<(String, Option<String>)> {
         let handle = {
             let running = self.running.lock().ok()?;
-            let i = pick_victim(&running, choice, |_| true)?;
+            let i = pick_victim(&running, choice, |h| !h.busy())?;
             running[i].0.clone()
         };
         let deadline = Instant::now() + Duration::from_secs(2);
@@ -201,25 +256,58 @@ impl Clients {
     /// for `d` before its next write; returns its name and what it holds now.
     pub fn pause_one(&self, choice: u64, d: Duration) -> Option<(String, Option<String>)> {
         let running = self.running.lock().ok()?;
-        let (handle, _) = &running[pick_victim(&running, choice, |_| true)?];
+        let (handle, _) = &running[pick_victim(&running, choice, |h| !h.busy())?];
         handle.pause(d);
         let holding = handle.holding();
-        if let (Some(resource), Ok(mut contended)) = (&holding, self.env.contended.lock()) {
-            *contended = Some((resource.clone(), Instant::now() + d));
+        if let Some(resource) = &holding {
+            self.env.contend(Contended {
+                resource: resource.clone(),
+                until: Instant::now() + d,
+                share: 0.3,
+                gateway: None,
+            });
         }
         Some((handle.name.clone(), holding))
     }
 
-    /// Makes client `choice`'s next write give up as `quirk` (preferring holders that are not
-    /// paused); returns its name and what it holds now.
+    /// Makes client `choice`'s next write give up as `quirk` (preferring holders no other fault
+    /// has); returns its name and what it holds now. A client stalling mid-write makes its
+    /// resource contended, as a paused one does.
     pub fn quirk_one(&self, choice: u64, quirk: Quirk) -> Option<(String, Option<String>)> {
         let running = self.running.lock().ok()?;
-        let unpaused = |h: &Handle| h.pause.lock().is_ok_and(|p| p.is_none());
-        let (handle, _) = &running[pick_victim(&running, choice, unpaused)?];
+        let (handle, _) = &running[pick_victim(&running, choice, |h| !h.busy())?];
         if let Ok(mut q) = handle.quirk.lock() {
             *q = Some(quirk);
         }
-        Some((handle.name.clone(), handle.holding()))
+        let holding = handle.holding();
+        if let (Quirk::StallMidWrite(_), Some(resource)) = (quirk, &holding) {
+            self.env.contend(Contended {
+                resource: resource.clone(),
+                until: Instant::now() + SLOW_WRITE * 2,
+                share: 0.6,
+                gateway: None,
+            });
+        }
+        Some((handle.name.clone(), holding))
+    }
+
+    /// Waits up to `within` until an acquire is in flight through proxy `proxy`; whether one was.
+    pub async fn acquire_in_flight(&self, proxy: usize, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        loop {
+            if self
+                .env
+                .acquiring
+                .get(proxy)
+                .is_some_and(|n| n.load(Ordering::Acquire) > 0)
+            {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 
     /// Stops every client.
@@ -364,12 +452,22 @@ async fn acquire(
     http: &reqwest::Client,
     rng: &mut StdRng,
 ) -> Option<Grant> {
-    let resource = env.next_resource(rng);
-    let proxy = pick(rng, &env.proxies);
+    let (resource, index) = env.next_acquire(rng);
+    let proxy = env.proxies.get(index).cloned().unwrap_or_default();
     let req = http
         .post(format!("{proxy}/v1/leases/{resource}"))
-        .json(&json!({"holder": me.name, "ttl_seconds": TTL_SECONDS, "wait_ms": 2500}));
+        .json(&json!({"holder": me.name, "ttl_seconds": TTL_SECONDS, "wait_ms": ACQUIRE_WAIT_MS}))
+        // Waiting for the resource, then the pre-fence (which waits for the old holder's writes
+        // still in flight): give it that long before calling the outcome unknown.
+        .timeout(Duration::from_millis(ACQUIRE_WAIT_MS) + Duration::from_millis(3500));
+    let counter = env.acquiring.get(index);
+    if let Some(n) = counter {
+        n.fetch_add(1, Ordering::AcqRel);
+    }
     let (result, body) = call(me, env, Kind::Acquire, &resource, None, req, next_op(env)).await;
+    if let Some(n) = counter {
+        n.fetch_sub(1, Ordering::AcqRel);
+    }
     let body = body.filter(|_| result == Outcome::Ok)?;
     Some(Grant {
         secret: body["secret"].as_str()?.to_owned(),
@@ -425,14 +523,31 @@ async fn hold(
                 Outcome::Indeterminate => {}
             }
         }
-        // A woken zombie writes straight to the enforcer: the path no proxy guards.
-        let direct = zombie || rng.random_bool(0.5);
+        let quirk = if zombie { None } else { me.take_quirk() };
+        // A woken zombie writes straight to an enforcer: the path no proxy guards; so does a
+        // client about to stall mid-write.
+        let stall = matches!(quirk, Some(Quirk::StallMidWrite(_)));
+        let direct = zombie || stall || rng.random_bool(0.5);
         let op = next_op(env);
-        let body = json!({"client": me.name, "op": op});
+        let body = if stall {
+            json!({"client": me.name, "op": op, "slow_ms": SLOW_WRITE.as_millis()})
+        } else {
+            json!({"client": me.name, "op": op})
+        };
         let (kind, url, headers) = if direct {
+            let g = rng.random_range(0..env.direct.len().max(1));
+            let gateway = env.direct.get(g).cloned().unwrap_or_default();
+            if stall {
+                env.contend(Contended {
+                    resource: grant.resource.clone(),
+                    until: Instant::now() + SLOW_WRITE * 2,
+                    share: 0.6,
+                    gateway: Some(g),
+                });
+            }
             (
                 Kind::WriteDirect,
-                format!("{}/items/{}", env.direct, grant.resource),
+                format!("{gateway}/items/{}", grant.resource),
                 vec![
                     (fencing::TOKEN_HEADER, grant.fencing_token.clone()),
                     (fencing::RESOURCE_HEADER, grant.resource.clone()),
@@ -449,11 +564,9 @@ async fn hold(
                 vec![("lease-secret", grant.secret.clone())],
             )
         };
-        let result = match me.take_quirk() {
-            Some(quirk) if !zombie => {
-                give_up(me, env, kind, grant, op, quirk, &url, &headers, &body).await
-            }
-            _ => {
+        let result = match quirk {
+            Some(quirk) => give_up(me, env, kind, grant, op, quirk, &url, &headers, &body).await,
+            None => {
                 let mut req = http.put(&url).json(&body);
                 for (name, value) in &headers {
                     req = req.header(*name, value);
@@ -507,6 +620,14 @@ async fn give_up(
                 req = req.header(*name, value);
             }
             req.send().await.ok().map(|r| r.status().as_u16())
+        }
+        Quirk::StallMidWrite(beyond) => {
+            // No renewals while it waits: the lease lapses during the stall.
+            let wait = Duration::from_secs(TTL_SECONDS) + beyond;
+            me.stalling.store(true, Ordering::Release);
+            let _ = raw_write(url, headers, body, true, wait).await;
+            me.stalling.store(false, Ordering::Release);
+            None
         }
         Quirk::GiveUpMidBody(wait) | Quirk::GiveUpAwaitingAnswer(wait) => {
             let whole = matches!(quirk, Quirk::GiveUpAwaitingAnswer(_));

@@ -1,6 +1,8 @@
-//! The system under test, all on loopback: 3 etcd members, two lease-proxy replicas and
-//! fence-gateway (SQLite marks) in front of the recording storage, with a fault relay on every
-//! client→proxy, proxy→gateway and proxy→etcd path, and on the gateway→storage hop.
+//! The system under test, all on loopback: 3 etcd members, two lease-proxy replicas (and a third
+//! that stays idle for 30 s before it serves), two fence-gateways sharing their marks in a private
+//! PostgreSQL (or one gateway on SQLite) in front of the recording storage, with a fault relay on
+//! every client→proxy, proxy→gateway, client→gateway and proxy→etcd path, and on the
+//! gateway→storage hop.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -12,6 +14,7 @@ use anyhow::{bail, Context};
 use fencing::{KeyId, Keyring};
 use lease_proxy_testkit::{free_port, signal_pid, workspace_binary, Etcd};
 
+use crate::postgres::Postgres;
 use crate::relay::{Mode, Relay};
 use crate::storage::Storage;
 
@@ -31,6 +34,28 @@ pub enum Control {
     /// shortest processing time and `--write-grace 1ms`, so a write still being applied no
     /// longer holds its resource closed to higher tokens.
     ForgetInFlight,
+    /// The enforcer ends a write's permit with the caller's request (fence-gateway's test-only
+    /// `--negative-control release-with-caller`): a client that gives up frees the resource
+    /// while the storage is still applying its write.
+    ReleaseWithCaller,
+    /// The gateways share their marks in PostgreSQL but not their writes in flight
+    /// (`--negative-control local-gate`): one gateway raises over another's write in flight,
+    /// as when a killed session's lock vanished.
+    LocalGate,
+    /// The proxies do not pre-fence: a grant is announced before the enforcer's mark is raised.
+    NoPrefence,
+}
+
+/// Where the gateways keep their marks.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Marks {
+    /// Two gateways sharing a private PostgreSQL (session kills and restarts in the plan).
+    Postgres,
+    /// One gateway on a SQLite file.
+    Sqlite,
 }
 
 /// What the deployment is made of, besides the control.
@@ -42,12 +67,38 @@ pub struct Shape {
     pub seed: u64,
     /// The storage's processing time per write: shortest and longest.
     pub processing: (Duration, Duration),
+    /// Where the marks live.
+    pub marks: Marks,
 }
 
-/// The gateway's write grace in the real deployment: above the storage's longest processing
-/// time plus the longest delay fault on the storage hop (the storage must finish a write within
-/// the grace after its exchange ended).
-pub const WRITE_GRACE: Duration = Duration::from_secs(2);
+impl Shape {
+    /// How many gateways the deployment runs: none without fencing, one with memory marks or
+    /// SQLite, two sharing PostgreSQL.
+    pub fn gateways(&self) -> usize {
+        match (self.control, self.marks) {
+            (Control::NoFencing, _) => 0,
+            (Control::MemoryMarks, _) | (_, Marks::Sqlite) => 1,
+            (_, Marks::Postgres) => 2,
+        }
+    }
+
+    /// Whether the marks are in the private PostgreSQL.
+    pub fn on_postgres(&self) -> bool {
+        self.gateways() == 2
+    }
+}
+
+/// The gateway's write grace in the real deployment. It must exceed the storage's longest
+/// processing time — the slow writes of stalled clients ([`crate::client::SLOW_WRITE`]) — plus
+/// the longest delay fault on the storage hop: the storage must finish a write within the grace
+/// after its exchange ended (e.g. its connection was reset after the body arrived). A shorter
+/// grace is a misconfigured deployment, and the campaign shows it (seed 7 with a 2 s grace:
+/// a stalled write reset at 4.4 s was applied at 9 s, after a newer holder's).
+pub const WRITE_GRACE: Duration = Duration::from_secs(7);
+
+/// The gateways' `--upstream-timeout`: above the slowest write, so that a slow write is not cut
+/// off (and left uncertain) only for being slow.
+pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(8);
 
 /// One restartable process.
 pub struct Proc {
@@ -135,7 +186,8 @@ impl Drop for Proc {
     }
 }
 
-async fn wait_ready(url: &str, within: Duration) -> anyhow::Result<()> {
+/// Waits until `url` answers 2xx.
+pub async fn wait_ready(url: &str, within: Duration) -> anyhow::Result<()> {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_millis(500))
         .build()?;
@@ -173,31 +225,48 @@ impl ProxyPaths {
     }
 }
 
+/// How long the idle replica serves nothing before the run uses it: etcd connections left alone
+/// this long with default keepalive settings must still work.
+pub const IDLE: Duration = Duration::from_secs(30);
+
 /// The running deployment.
 pub struct Cluster {
     /// The etcd members.
     pub etcd: tokio::sync::Mutex<Etcd>,
-    /// The lease-proxy replicas.
+    /// The lease-proxy replicas clients use from the start.
     pub proxies: Vec<Arc<Proc>>,
     /// Each replica's relays, by replica index.
     pub paths: Vec<ProxyPaths>,
-    /// The enforcer (absent with [`Control::NoFencing`]).
-    pub gateway: Option<Arc<Proc>>,
-    /// The enforcer's own URL (not relayed).
-    pub gateway_url: String,
+    /// A third replica nobody uses until it has been idle for [`IDLE`] (no relays, no faults).
+    pub idle: Arc<Proc>,
+    /// Its URL.
+    pub idle_url: String,
+    /// The enforcers (none with [`Control::NoFencing`]); proxy *i* uses gateway *i* mod their
+    /// number.
+    pub gateways: Vec<Arc<Proc>>,
+    /// The enforcers' own URLs (not relayed), by gateway index.
+    pub gateway_urls: Vec<String>,
     /// The storage.
     pub storage: Storage,
-    /// The signing keys shared by proxies and gateway.
+    /// The signing keys shared by proxies and gateways.
     pub keys: Keyring,
-    /// Clients → the gateway (or the storage without fencing): direct writes.
-    pub direct: Relay,
-    /// The gateway → the storage (the gateway's `--upstream`).
+    /// Clients → each gateway (or the storage without fencing): direct writes.
+    pub direct: Vec<Relay>,
+    /// The gateways → the storage (their `--upstream`).
     pub storage_path: Relay,
+    /// The gateways' shared mark store, when on PostgreSQL.
+    pub postgres: Option<Postgres>,
+    sqlite: Option<PathBuf>,
     _dir: tempfile::TempDir,
 }
 
 fn addr(url: &str) -> anyhow::Result<SocketAddr> {
     Ok(url.trim_start_matches("http://").parse()?)
+}
+
+/// The PostgreSQL `application_name` of gateway `i`'s sessions.
+pub fn gateway_app(i: usize) -> String {
+    format!("fence-gateway-{i}")
 }
 
 impl Cluster {
@@ -216,29 +285,39 @@ impl Cluster {
         .await?;
         let storage_path = Relay::start(addr(storage.url())?).await?;
         let etcd = Etcd::cluster(3).await;
+        let postgres = if shape.on_postgres() {
+            Some(Postgres::start().await?)
+        } else {
+            None
+        };
+        let sqlite = dir.path().join("marks.db");
 
-        let gateway_port = free_port();
-        let gateway_url = format!("http://127.0.0.1:{gateway_port}");
-        let gateway = match control {
-            Control::NoFencing => None,
-            Control::None | Control::MemoryMarks | Control::ForgetInFlight => {
-                let store = match control {
-                    Control::MemoryMarks => "memory".to_owned(),
-                    _ => format!("sqlite:{}", dir.path().join("marks.db").display()),
-                };
-                let mut args = vec![
-                    "--listen".into(),
-                    format!("127.0.0.1:{gateway_port}"),
-                    "--upstream".into(),
-                    storage_path.url(),
-                    "--store".into(),
-                    store,
-                    "--key-file".into(),
-                    key_file.display().to_string(),
-                    "--drain-timeout".into(),
-                    "1s".into(),
-                ];
-                if control == Control::ForgetInFlight {
+        let mut gateways = Vec::new();
+        let mut gateway_urls = Vec::new();
+        for i in 0..shape.gateways() {
+            let port = free_port();
+            let url = format!("http://127.0.0.1:{port}");
+            let store = match (&postgres, control) {
+                (_, Control::MemoryMarks) => "memory".to_owned(),
+                (Some(pg), _) => pg.url(&gateway_app(i)),
+                (None, _) => format!("sqlite:{}", sqlite.display()),
+            };
+            let mut args = vec![
+                "--listen".into(),
+                format!("127.0.0.1:{port}"),
+                "--upstream".into(),
+                storage_path.url(),
+                "--store".into(),
+                store,
+                "--key-file".into(),
+                key_file.display().to_string(),
+                "--drain-timeout".into(),
+                "1s".into(),
+                "--store-timeout".into(),
+                "2s".into(),
+            ];
+            match control {
+                Control::ForgetInFlight => {
                     let below = (shape.processing.0 / 2).max(Duration::from_millis(1));
                     args.extend([
                         "--write-grace".into(),
@@ -246,29 +325,46 @@ impl Cluster {
                         "--upstream-timeout".into(),
                         format!("{}ms", below.as_millis()),
                     ]);
-                } else {
-                    // Above the storage's processing time (tens of milliseconds), short enough
-                    // that uncertain writes (clients killed mid-request, resets) do not stall
-                    // new holders for long.
+                }
+                _ => {
                     args.extend([
                         "--write-grace".into(),
                         humantime::format_duration(WRITE_GRACE).to_string(),
+                        "--upstream-timeout".into(),
+                        humantime::format_duration(UPSTREAM_TIMEOUT).to_string(),
                     ]);
                 }
-                let p = Arc::new(Proc::new(
-                    "fence-gateway",
-                    workspace_binary("fence-gateway"),
-                    args,
-                    dir.path(),
-                    format!("{gateway_url}/readyz"),
-                ));
-                p.start().await?;
-                Some(p)
             }
-        };
-        let protected = match &gateway {
-            Some(_) => gateway_url.clone(),
-            None => storage.url().to_owned(),
+            match control {
+                Control::ReleaseWithCaller => {
+                    args.extend(["--negative-control".into(), "release-with-caller".into()]);
+                }
+                Control::LocalGate => {
+                    args.extend(["--negative-control".into(), "local-gate".into()]);
+                }
+                _ => {}
+            }
+            let name = if shape.gateways() == 1 {
+                "fence-gateway".to_owned()
+            } else {
+                format!("fence-gateway-{i}")
+            };
+            let p = Arc::new(Proc::new(
+                &name,
+                workspace_binary("fence-gateway"),
+                args,
+                dir.path(),
+                format!("{url}/readyz"),
+            ));
+            p.start().await?;
+            gateways.push(p);
+            gateway_urls.push(url);
+        }
+        // Where writes go: the gateways, or the storage itself without fencing.
+        let protected: Vec<String> = if gateway_urls.is_empty() {
+            vec![storage.url().to_owned()]
+        } else {
+            gateway_urls.clone()
         };
 
         let mut proxies = Vec::new();
@@ -276,34 +372,21 @@ impl Cluster {
         for i in 0..2 {
             let port = free_port();
             let clients = Relay::start(addr(&format!("http://127.0.0.1:{port}"))?).await?;
-            let to_gateway = Relay::start(addr(&protected)?).await?;
+            let to_gateway = Relay::start(addr(&protected[i % protected.len()])?).await?;
             let mut to_etcd = Vec::new();
             for url in etcd.endpoints() {
                 to_etcd.push(Relay::start(addr(&url)?).await?);
             }
             let endpoints: Vec<String> = to_etcd.iter().map(Relay::url).collect();
-            let mut args = vec![
-                "--listen".into(),
-                format!("127.0.0.1:{port}"),
-                "--etcd-endpoints".into(),
-                endpoints.join(","),
-                "--key-file".into(),
-                key_file.display().to_string(),
-                "--data-dir".into(),
-                dir.path().join(format!("proxy-{i}")).display().to_string(),
-                "--etcd-timeout".into(),
-                "2s".into(),
-                "--forward-timeout".into(),
-                "3s".into(),
-                "--drain-timeout".into(),
-                "1s".into(),
-                "--upstream".into(),
-                to_gateway.url(),
-            ];
-            if gateway.is_some() {
-                args.push("--prefence-url".into());
-                args.push(to_gateway.url());
-            }
+            let prefence = !gateways.is_empty() && control != Control::NoPrefence;
+            let args = proxy_args(
+                port,
+                &endpoints,
+                &key_file,
+                &dir.path().join(format!("proxy-{i}")),
+                &to_gateway.url(),
+                prefence,
+            );
             let p = Arc::new(Proc::new(
                 &format!("lease-proxy-{i}"),
                 workspace_binary("lease-proxy"),
@@ -319,17 +402,42 @@ impl Cluster {
                 etcd: to_etcd,
             });
         }
-        let direct = Relay::start(addr(&protected)?).await?;
+        // The idle replica: default settings towards etcd, straight to every member.
+        let idle_port = free_port();
+        let idle_url = format!("http://127.0.0.1:{idle_port}");
+        let idle = Arc::new(Proc::new(
+            "lease-proxy-idle",
+            workspace_binary("lease-proxy"),
+            proxy_args(
+                idle_port,
+                &etcd.endpoints(),
+                &key_file,
+                &dir.path().join("proxy-idle"),
+                &protected[0],
+                !gateways.is_empty() && control != Control::NoPrefence,
+            ),
+            dir.path(),
+            format!("{idle_url}/readyz"),
+        ));
+        idle.start().await?;
+        let mut direct = Vec::new();
+        for url in &protected {
+            direct.push(Relay::start(addr(url)?).await?);
+        }
         Ok(Self {
             etcd: tokio::sync::Mutex::new(etcd),
             proxies,
             paths,
+            idle,
+            idle_url,
             direct,
             storage_path,
-            gateway,
-            gateway_url,
+            gateways,
+            gateway_urls,
             storage,
             keys,
+            sqlite: (shape.gateways() == 1 && control != Control::MemoryMarks).then_some(sqlite),
+            postgres,
             _dir: dir,
         })
     }
@@ -339,6 +447,29 @@ impl Cluster {
         self.paths.iter().map(|p| p.clients.url()).collect()
     }
 
+    /// The URLs clients write straight to the enforcers at (through their relays).
+    pub fn direct_urls(&self) -> Vec<String> {
+        self.direct.iter().map(Relay::url).collect()
+    }
+
+    /// The mark of `resource` as the gateways' store holds it, read from the store itself
+    /// (`None` when the deployment keeps no durable marks, or the resource has none).
+    pub async fn stored_mark(&self, resource: &str) -> anyhow::Result<Option<fencing::Token>> {
+        if let Some(pg) = &self.postgres {
+            return pg.mark(resource).await;
+        }
+        let Some(path) = &self.sqlite else {
+            return Ok(None);
+        };
+        let store = fencing::SqliteStore::open(path)?;
+        Ok(fencing::HighWaterMarks::get(&store, resource).await?)
+    }
+
+    /// Whether marks are kept durably where [`Cluster::stored_mark`] can read them.
+    pub fn marks_readable(&self) -> bool {
+        self.postgres.is_some() || self.sqlite.is_some()
+    }
+
     /// Undoes every fault: relays pass, paused processes continue, everything is running and
     /// ready, etcd has a leader.
     pub async fn heal(&self) -> anyhow::Result<()> {
@@ -346,7 +477,8 @@ impl Cluster {
             .paths
             .iter()
             .flat_map(ProxyPaths::all)
-            .chain([&self.direct, &self.storage_path])
+            .chain(self.direct.iter())
+            .chain([&self.storage_path])
         {
             relay.set(Mode::Pass);
         }
@@ -359,7 +491,7 @@ impl Cluster {
                 bail!("etcd has no leader after healing");
             }
         }
-        for p in self.proxies.iter().chain(self.gateway.iter()) {
+        for p in self.proxies.iter().chain(self.gateways.iter()) {
             p.signal("CONT");
             if p.slot().is_none() {
                 p.start().await?;
@@ -368,4 +500,38 @@ impl Cluster {
         }
         Ok(())
     }
+}
+
+/// A lease-proxy replica's flags.
+fn proxy_args(
+    port: u16,
+    endpoints: &[String],
+    key_file: &Path,
+    data_dir: &Path,
+    gateway: &str,
+    prefence: bool,
+) -> Vec<String> {
+    let mut args = vec![
+        "--listen".into(),
+        format!("127.0.0.1:{port}"),
+        "--etcd-endpoints".into(),
+        endpoints.join(","),
+        "--key-file".into(),
+        key_file.display().to_string(),
+        "--data-dir".into(),
+        data_dir.display().to_string(),
+        "--etcd-timeout".into(),
+        "2s".into(),
+        "--forward-timeout".into(),
+        "3s".into(),
+        "--drain-timeout".into(),
+        "1s".into(),
+        "--upstream".into(),
+        gateway.to_owned(),
+    ];
+    if prefence {
+        args.push("--prefence-url".into());
+        args.push(gateway.to_owned());
+    }
+    args
 }

@@ -7,14 +7,17 @@
 //! - [`storage`]: the recording storage; [`client`]: the competing clients;
 //! - [`plan`]: a run's fault schedule, drawn from its seed; [`nemesis`]: the faults;
 //! - [`history`] and [`checker`]: what happened and whether it was safe;
+//! - [`hostile`]: background hostile `/v3` traffic, and what it must not change;
 //! - [`run`]: one run and its report; [`report`]: many runs as markdown.
 
 pub mod checker;
 pub mod client;
 pub mod cluster;
 pub mod history;
+pub mod hostile;
 pub mod nemesis;
 pub mod plan;
+pub mod postgres;
 pub mod relay;
 pub mod report;
 pub mod run;

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use lease_proxy_campaign::cluster::Control;
+use lease_proxy_campaign::cluster::{Control, Marks};
 use lease_proxy_campaign::report;
 use lease_proxy_campaign::run::{run_once, Settings};
 
@@ -37,6 +37,10 @@ struct Args {
     /// Run a negative control instead of the real deployment (test-only deployments).
     #[arg(long, value_enum, default_value = "none")]
     control: Control,
+    /// Where the gateways keep their marks: two gateways sharing a private PostgreSQL (with
+    /// session kills and restarts), or one gateway on SQLite.
+    #[arg(long, value_enum, default_value = "postgres")]
+    marks: Marks,
     /// Seed of the first run (run i has seed + i); drawn at random and printed when absent.
     #[arg(long)]
     seed: Option<u64>,
@@ -47,6 +51,9 @@ struct Args {
     /// grace, 2 s).
     #[arg(long, default_value = "60ms", value_parser = humantime::parse_duration)]
     processing_max: Duration,
+    /// Write each run's history and the storage's applied log to `DIR/history-SEED.txt`.
+    #[arg(long)]
+    history_dir: Option<PathBuf>,
     /// Write `PATH.md` and `PATH.json`.
     #[arg(long)]
     report: Option<PathBuf>,
@@ -81,6 +88,11 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
             control: args.control,
             seed: first_seed.wrapping_add(i as u64),
             processing: (args.processing_min, args.processing_max),
+            marks: args.marks,
+            history_file: args
+                .history_dir
+                .as_ref()
+                .map(|d| d.join(format!("history-{}.txt", first_seed.wrapping_add(i as u64)))),
         };
         // A run the harness itself could not complete (e.g. etcd never elected a leader after
         // a fault) judges nothing: it is counted and reported, not silently dropped.

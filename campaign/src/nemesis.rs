@@ -34,10 +34,20 @@ pub enum Fault {
     ClientGiveUpAwaitingAnswer,
     /// A client's next write has a timeout shorter than the storage's processing time.
     ClientShortTimeout,
+    /// A client sends a write the storage takes longer than the TTL to apply, stalls with it
+    /// in flight (no renewals: its lease lapses, and its resource is contended), then gives up
+    /// on the answer while the storage is still applying it.
+    ClientStallMidWrite,
     /// SIGKILL of a proxy, restarted after a moment.
     ProxyKill,
     /// SIGSTOP of a proxy while writes are in flight, then SIGCONT.
     ProxyPause,
+    /// SIGKILL of a proxy while an acquire is in flight through it, restarted after a moment.
+    ProxyKillMidAcquire,
+    /// `pg_terminate_backend` of every gateway session in the mark store's PostgreSQL.
+    PgTerminateSessions,
+    /// SIGKILL of the mark store's PostgreSQL, restarted after a moment (crash recovery).
+    PgRestart,
     /// SIGKILL of the gateway, restarted after a moment.
     GatewayKill,
     /// SIGKILL of the etcd leader, restarted after a moment.
@@ -70,6 +80,11 @@ impl Fault {
         matches!(self, Fault::GatewayKill) || self.touches_storage_path()
     }
 
+    /// Whether the fault exists only with the marks in PostgreSQL.
+    pub fn needs_postgres(self) -> bool {
+        matches!(self, Fault::PgTerminateSessions | Fault::PgRestart)
+    }
+
     fn touches_etcd(self) -> bool {
         matches!(self, Fault::LeaderKill | Fault::LeaderPause)
     }
@@ -77,7 +92,19 @@ impl Fault {
     fn touches_gateway_paths(self) -> bool {
         matches!(
             self,
-            Fault::GatewayKill | Fault::BlackholeProxyGateway | Fault::DelayProxyGateway
+            Fault::GatewayKill
+                | Fault::BlackholeProxyGateway
+                | Fault::DelayProxyGateway
+                | Fault::PgRestart
+        )
+    }
+
+    /// Faults on the marks' store and on the gateways take turns: the probes after a gateway
+    /// or PostgreSQL restart need the store up and every path to the gateways shut.
+    fn touches_marks(self) -> bool {
+        matches!(
+            self,
+            Fault::GatewayKill | Fault::PgTerminateSessions | Fault::PgRestart
         )
     }
 
@@ -95,7 +122,7 @@ impl Fault {
     /// re-raises a forgotten mark first); faults on the storage hop, and a gateway restart with
     /// them (a probe stalled on the storage hop would show nothing).
     pub fn conflicts(self, other: Fault) -> bool {
-        let storage = |f: Fault| f.touches_storage_path() || f == Fault::GatewayKill;
+        let storage = |f: Fault| f.touches_storage_path() || f.touches_marks();
         (self.touches_etcd() && other.touches_etcd())
             || (self.touches_gateway_paths() && other.touches_gateway_paths())
             || (storage(self) && storage(other))
@@ -126,7 +153,7 @@ pub struct Injected {
     pub(crate) to: Option<Instant>,
 }
 
-/// A mark-regression probe after a gateway restart.
+/// A mark-regression probe after a gateway or mark-store restart.
 #[derive(Debug, Clone, Serialize)]
 pub struct Probe {
     /// The resource probed.
@@ -135,6 +162,11 @@ pub struct Probe {
     pub revision: u64,
     /// The gateway's answer.
     pub status: u16,
+    /// The mark's revision read from the gateways' store itself right after the restart
+    /// (`None`: no mark; not checked when the deployment keeps no readable marks).
+    pub stored: Option<u64>,
+    /// Whether `stored` was read (the store is readable and answered).
+    pub verified: bool,
 }
 
 /// What the nemesis did.
@@ -158,6 +190,7 @@ pub async fn run(
     started: Instant,
 ) {
     let etcd_busy = Arc::new(tokio::sync::Mutex::new(()));
+    let marks_busy = Arc::new(tokio::sync::Mutex::new(()));
     let gateway_busy = Arc::new(tokio::sync::Mutex::new(()));
     let storage_busy = Arc::new(tokio::sync::Mutex::new(()));
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT));
@@ -185,16 +218,17 @@ pub async fn run(
             (step.fault.touches_etcd(), &etcd_busy),
             (step.fault.touches_gateway_paths(), &gateway_busy),
             (
-                step.fault.touches_storage_path() || step.fault == Fault::GatewayKill,
+                step.fault.touches_storage_path() || step.fault.touches_marks(),
                 &storage_busy,
             ),
+            (step.fault.touches_marks(), &marks_busy),
         ]
         .into_iter()
         .filter(|(takes, _)| *takes)
         .map(|(_, lock)| lock.clone())
         .collect();
         active.spawn(async move {
-            // Always in the same order (etcd, gateway, storage, then a slot): no deadlock.
+            // Always in the same order (etcd, gateway, storage, marks, then a slot): no deadlock.
             let mut guards = Vec::new();
             for lock in locks {
                 guards.push(lock.lock_owned().await);
@@ -217,6 +251,7 @@ impl Fault {
                 | Fault::ClientGiveUpMidBody
                 | Fault::ClientGiveUpAwaitingAnswer
                 | Fault::ClientShortTimeout
+                | Fault::ClientStallMidWrite
         )
     }
 }
@@ -244,6 +279,57 @@ async fn inject(step: &Step, cluster: &Cluster, clients: &Clients, log: &Log, st
         Fault::ClientShortTimeout => {
             hit = clients.quirk_one(step.target, Quirk::ShortTimeout);
         }
+        Fault::ClientStallMidWrite => {
+            hit = clients.quirk_one(step.target, Quirk::StallMidWrite(hold));
+        }
+        Fault::ProxyKillMidAcquire => {
+            let p = &cluster.proxies[proxy];
+            // Aimed at an acquire: wait (up to 2 s) until one is in flight through it.
+            let mid = clients
+                .acquire_in_flight(proxy, Duration::from_secs(2))
+                .await;
+            target = format!("{}{}", p.name(), if mid { " (mid-acquire)" } else { "" });
+            p.kill();
+            tokio::time::sleep(hold).await;
+            if let Err(e) = p.start().await {
+                eprintln!("nemesis: restarting {}: {e:#}", p.name());
+            }
+        }
+        Fault::PgTerminateSessions => {
+            if let Some(pg) = &cluster.postgres {
+                match pg.terminate_sessions("fence-gateway-").await {
+                    Ok(n) => target = format!("postgres: {n} gateway sessions"),
+                    Err(e) => eprintln!("nemesis: terminating sessions: {e:#}"),
+                }
+            }
+        }
+        Fault::PgRestart => {
+            if let Some(pg) = &cluster.postgres {
+                target = "postgres".to_owned();
+                // Every path to the gateways is shut while the store restarts and is probed,
+                // so that the probes judge what the store kept, not what a write re-raised.
+                let paths = gateway_paths(cluster, None);
+                for r in &paths {
+                    r.set(Mode::Blackhole);
+                }
+                let before = highest_applied(cluster);
+                if let Err(e) = pg.crash_and_restart(hold).await {
+                    eprintln!("nemesis: restarting PostgreSQL: {e:#}");
+                }
+                // The gateways reconnect on their own; give them the moment it takes.
+                for url in &cluster.gateway_urls {
+                    let _ = crate::cluster::wait_ready(
+                        &format!("{url}/readyz"),
+                        Duration::from_secs(10),
+                    )
+                    .await;
+                }
+                probe(cluster, log, before, None).await;
+                for r in &paths {
+                    r.set(Mode::Pass);
+                }
+            }
+        }
         Fault::ProxyKill => {
             let p = &cluster.proxies[proxy];
             target = p.name().to_owned();
@@ -261,16 +347,14 @@ async fn inject(step: &Step, cluster: &Cluster, clients: &Clients, log: &Log, st
             p.signal("CONT");
         }
         Fault::GatewayKill => {
-            if let Some(g) = &cluster.gateway {
+            let n = cluster.gateways.len();
+            if n > 0 {
+                let i = usize::try_from(step.target).unwrap_or(0) % n;
+                let g = &cluster.gateways[i];
                 target = g.name().to_owned();
                 // Every path to the gateway is shut while it restarts and is probed, so that
                 // no write re-raises a forgotten mark before the probe sees it.
-                let paths: Vec<&crate::relay::Relay> = cluster
-                    .paths
-                    .iter()
-                    .map(|p| &p.gateway)
-                    .chain([&cluster.direct])
-                    .collect();
+                let paths = gateway_paths(cluster, Some(i));
                 for r in &paths {
                     r.set(Mode::Blackhole);
                 }
@@ -280,7 +364,7 @@ async fn inject(step: &Step, cluster: &Cluster, clients: &Clients, log: &Log, st
                 if let Err(e) = g.start().await {
                     eprintln!("nemesis: restarting the gateway: {e:#}");
                 }
-                probe(cluster, log, before).await;
+                probe(cluster, log, before, Some(i)).await;
                 for r in &paths {
                     r.set(Mode::Pass);
                 }
@@ -385,30 +469,84 @@ fn highest_applied(cluster: &Cluster) -> std::collections::BTreeMap<String, u64>
     highest
 }
 
-/// After a gateway restart: for every resource written before it, a write with a token one
-/// below the highest applied must be refused — the mark survived the restart.
-async fn probe(cluster: &Cluster, log: &Log, before: std::collections::BTreeMap<String, u64>) {
-    let http = reqwest::Client::new();
+/// The relays through which writes reach gateway `which` (every gateway when `None`): its
+/// proxies' paths and the clients' direct path.
+fn gateway_paths(cluster: &Cluster, which: Option<usize>) -> Vec<&crate::relay::Relay> {
+    let n = cluster.gateways.len().max(1);
+    let reaches = |g: usize| which.is_none_or(|w| w == g);
+    cluster
+        .paths
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| reaches(i % n))
+        .map(|(_, p)| &p.gateway)
+        .chain(
+            cluster
+                .direct
+                .iter()
+                .enumerate()
+                .filter(|(g, _)| reaches(*g))
+                .map(|(_, r)| r),
+        )
+        .collect()
+}
+
+/// After a gateway (or mark store) restart: for every resource written before it, the mark read
+/// from the store itself must be at least the highest token applied, and a write with a token
+/// one below that, sent to the restarted gateway (every gateway when `which` is `None`), must
+/// be refused — the mark survived the restart.
+async fn probe(
+    cluster: &Cluster,
+    log: &Log,
+    before: std::collections::BTreeMap<String, u64>,
+    which: Option<usize>,
+) {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap_or_default();
+    let urls: Vec<&String> = cluster
+        .gateway_urls
+        .iter()
+        .enumerate()
+        .filter(|(g, _)| which.is_none_or(|w| w == *g))
+        .map(|(_, u)| u)
+        .collect();
     for (resource, revision) in before {
         if revision < 2 {
             continue;
         }
+        let (stored, verified) = if cluster.marks_readable() {
+            match cluster.stored_mark(&resource).await {
+                Ok(mark) => (mark.map(|t| t.revision), true),
+                Err(e) => {
+                    eprintln!("nemesis: reading the mark of {resource}: {e:#}");
+                    (None, false)
+                }
+            }
+        } else {
+            (None, false)
+        };
         let stale = revision - 1;
-        let token = cluster.keys.mint(&resource, fencing::Token::new(0, stale));
-        let status = http
-            .put(format!("{}/items/{resource}", cluster.gateway_url))
-            .header(fencing::TOKEN_HEADER, token)
-            .header(fencing::RESOURCE_HEADER, &resource)
-            .json(&serde_json::json!({"client": crate::checker::PROBE_CLIENT, "op": u64::MAX}))
-            .send()
-            .await
-            .map_or(0, |r| r.status().as_u16());
-        if let Ok(mut p) = log.probes.lock() {
-            p.push(Probe {
-                resource,
-                revision: stale,
-                status,
-            });
+        for url in &urls {
+            let token = cluster.keys.mint(&resource, fencing::Token::new(0, stale));
+            let status = http
+                .put(format!("{url}/items/{resource}"))
+                .header(fencing::TOKEN_HEADER, token)
+                .header(fencing::RESOURCE_HEADER, &resource)
+                .json(&serde_json::json!({"client": crate::checker::PROBE_CLIENT, "op": u64::MAX}))
+                .send()
+                .await
+                .map_or(0, |r| r.status().as_u16());
+            if let Ok(mut p) = log.probes.lock() {
+                p.push(Probe {
+                    resource: resource.clone(),
+                    revision: stale,
+                    status,
+                    stored,
+                    verified,
+                });
+            }
         }
     }
 }

@@ -55,9 +55,12 @@ pub struct Plan {
 }
 
 /// The faults of the deployment (client faults run on their own schedule).
-pub const INFRASTRUCTURE: [Fault; 14] = [
+pub const INFRASTRUCTURE: [Fault; 17] = [
     Fault::ProxyKill,
+    Fault::ProxyKillMidAcquire,
     Fault::ProxyPause,
+    Fault::PgTerminateSessions,
+    Fault::PgRestart,
     Fault::GatewayKill,
     Fault::LeaderKill,
     Fault::LeaderPause,
@@ -73,8 +76,9 @@ pub const INFRASTRUCTURE: [Fault; 14] = [
 ];
 
 /// The client faults and their weights.
-pub const CLIENT: [(Fault, u32); 6] = [
+pub const CLIENT: [(Fault, u32); 7] = [
     (Fault::ClientPause, 40),
+    (Fault::ClientStallMidWrite, 40),
     (Fault::ClientKill, 12),
     (Fault::ClientAbortMidRequest, 12),
     (Fault::ClientGiveUpMidBody, 12),
@@ -86,23 +90,41 @@ pub const CLIENT: [(Fault, u32); 6] = [
 pub const MAX_CONCURRENT: usize = 2;
 
 impl Plan {
-    /// The plan for a run of `chaos` (the fault phase) with seed `seed`; `with_gateway` is false
-    /// for the control without an enforcer (no gateway restarts, no gateway→storage hop).
-    pub fn generate(seed: u64, chaos: Duration, with_gateway: bool) -> Self {
+    /// The plan for a run of `chaos` (the fault phase) with seed `seed` on a deployment of
+    /// `parts`.
+    pub fn generate(seed: u64, chaos: Duration, parts: Parts) -> Self {
         let until = u64::try_from(chaos.as_millis()).unwrap_or(u64::MAX);
         Self {
             seed,
-            infrastructure: infrastructure(&mut stream(seed, "nemesis", 0), until, with_gateway),
+            infrastructure: infrastructure(&mut stream(seed, "nemesis", 0), until, parts),
             clients: clients(&mut stream(seed, "client-faults", 0), until),
         }
     }
 }
 
-fn kinds(with_gateway: bool) -> Vec<Fault> {
+/// Which parts a deployment has, for the faults that need them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parts {
+    /// An enforcer (gateway restarts, the gateway→storage hop).
+    pub gateway: bool,
+    /// Marks in PostgreSQL (session kills, restarts).
+    pub postgres: bool,
+}
+
+impl Parts {
+    /// Everything: gateways sharing PostgreSQL.
+    pub const ALL: Parts = Parts {
+        gateway: true,
+        postgres: true,
+    };
+}
+
+fn kinds(parts: Parts) -> Vec<Fault> {
     INFRASTRUCTURE
         .iter()
         .copied()
-        .filter(|f| with_gateway || !f.needs_gateway())
+        .filter(|f| parts.gateway || !f.needs_gateway())
+        .filter(|f| parts.postgres || !f.needs_postgres())
         .collect()
 }
 
@@ -110,13 +132,17 @@ fn kinds(with_gateway: bool) -> Vec<Fault> {
 /// plus what a restart usually takes.
 fn planned_length(step: &Step) -> u64 {
     match step.fault {
-        Fault::ProxyKill | Fault::GatewayKill | Fault::LeaderKill => step.hold_ms + 1000,
+        Fault::ProxyKill | Fault::ProxyKillMidAcquire | Fault::GatewayKill | Fault::LeaderKill => {
+            step.hold_ms + 1000
+        }
+        Fault::PgRestart => step.hold_ms + 2000,
+        Fault::PgTerminateSessions => 500,
         _ => step.hold_ms,
     }
 }
 
-fn infrastructure(rng: &mut StdRng, until: u64, with_gateway: bool) -> Vec<Step> {
-    let mut schedule = kinds(with_gateway);
+fn infrastructure(rng: &mut StdRng, until: u64, parts: Parts) -> Vec<Step> {
+    let mut schedule = kinds(parts);
     schedule.shuffle(rng);
     // Popped from the end: the gateway restart (the enforcer's memory) comes first, then every
     // other kind once in random order, then random draws.
@@ -124,7 +150,7 @@ fn infrastructure(rng: &mut StdRng, until: u64, with_gateway: bool) -> Vec<Step>
         let f = schedule.remove(i);
         schedule.push(f);
     }
-    let all = kinds(with_gateway);
+    let all = kinds(parts);
     let mut steps = Vec::new();
     let mut active: Vec<(u64, Fault)> = Vec::new();
     // Two seconds of calm first, so the first faults find grants held and marks to remember.
@@ -132,10 +158,16 @@ fn infrastructure(rng: &mut StdRng, until: u64, with_gateway: bool) -> Vec<Step>
     while now < until {
         active.retain(|(end, _)| *end > now);
         if active.len() < MAX_CONCURRENT {
-            // The next kind not yet met whose part is free, else a random draw whose part is
-            // free (a few tries); a busy part's kind waits for a later turn.
+            // The next kind not yet met whose part is free — the storage hop's and the marks'
+            // kinds first, as they all take turns with each other — else a random draw whose
+            // part is free (a few tries); a busy part's kind waits for a later turn.
             let free = |f: &Fault| !active.iter().any(|(_, a)| a.conflicts(*f));
-            let fault = match schedule.iter().rposition(free) {
+            let serial = |f: &Fault| free(f) && f.conflicts(Fault::GatewayKill);
+            let unmet = schedule
+                .iter()
+                .rposition(serial)
+                .or_else(|| schedule.iter().rposition(free));
+            let fault = match unmet {
                 Some(i) => Some(schedule.remove(i)),
                 None if schedule.is_empty() => {
                     (0..8).filter_map(|_| all.choose(rng).copied()).find(free)
@@ -148,7 +180,12 @@ fn infrastructure(rng: &mut StdRng, until: u64, with_gateway: bool) -> Vec<Step>
                 steps.push(step);
             }
         }
-        now += rng.random_range(500..1500);
+        // Denser while kinds are still unmet, so that a 30 s run meets every one.
+        now += if schedule.is_empty() {
+            rng.random_range(500..1500)
+        } else {
+            rng.random_range(300..900)
+        };
     }
     steps
 }
@@ -157,12 +194,14 @@ fn draw_step(rng: &mut StdRng, at_ms: u64, fault: Fault) -> Step {
     let target = rng.random_range(0..2);
     let (hold_ms, delay_ms) = match fault {
         Fault::GatewayKill => (rng.random_range(200..1500), 0),
+        Fault::PgRestart => (rng.random_range(200..1500), 0),
+        Fault::PgTerminateSessions => (0, 0),
         Fault::ResetGatewayStorage => (rng.random_range(100..600), 0),
         Fault::DelayClientProxy
         | Fault::DelayProxyGateway
         | Fault::DelayProxyEtcd
-        | Fault::DelayGatewayStorage => (rng.random_range(1000..3500), rng.random_range(50..400)),
-        _ => (rng.random_range(1000..3500), 0),
+        | Fault::DelayGatewayStorage => (rng.random_range(700..2500), rng.random_range(50..400)),
+        _ => (rng.random_range(700..2500), 0),
     };
     Step {
         at_ms,
@@ -177,9 +216,12 @@ fn clients(rng: &mut StdRng, until: u64) -> Vec<Step> {
     let mut steps = Vec::new();
     let mut now = 0;
     while now < until {
-        // The first client fault is a pause: every run has a zombie early.
+        // The first client fault is a pause and the second a stall mid-write: every run has
+        // a zombie early, and a write still being applied when its writer's lease has lapsed.
         let fault = if steps.is_empty() {
             Fault::ClientPause
+        } else if steps.len() == 1 {
+            Fault::ClientStallMidWrite
         } else {
             CLIENT
                 .choose_weighted(rng, |(_, w)| *w)
@@ -192,6 +234,8 @@ fn clients(rng: &mut StdRng, until: u64) -> Vec<Step> {
             Fault::ClientGiveUpMidBody | Fault::ClientGiveUpAwaitingAnswer => {
                 rng.random_range(0..40)
             }
+            // How long after its lease lapsed the stalled client gives up on its slow write.
+            Fault::ClientStallMidWrite => rng.random_range(300..1200),
             _ => 0,
         };
         steps.push(Step {
@@ -214,8 +258,8 @@ mod tests {
     fn a_seed_reproduces_its_schedule() {
         let chaos = Duration::from_secs(24);
         for seed in [0, 1, 17, u64::MAX] {
-            let a = Plan::generate(seed, chaos, true);
-            let b = Plan::generate(seed, chaos, true);
+            let a = Plan::generate(seed, chaos, Parts::ALL);
+            let b = Plan::generate(seed, chaos, Parts::ALL);
             assert_eq!(a, b);
             assert_eq!(
                 serde_json::to_string(&a).ok(),
@@ -223,14 +267,20 @@ mod tests {
             );
         }
         assert_ne!(
-            Plan::generate(1, chaos, true),
-            Plan::generate(2, chaos, true)
+            Plan::generate(1, chaos, Parts::ALL),
+            Plan::generate(2, chaos, Parts::ALL)
         );
     }
 
     #[test]
     fn a_plan_meets_every_kind_and_keeps_the_limits() {
-        let plan = Plan::generate(42, Duration::from_secs(24), true);
+        for seed in 0..500 {
+            meets_every_kind_and_keeps_the_limits(seed);
+        }
+    }
+
+    fn meets_every_kind_and_keeps_the_limits(seed: u64) {
+        let plan = Plan::generate(seed, Duration::from_secs(24), Parts::ALL);
         assert_eq!(
             plan.infrastructure.first().map(|s| s.fault),
             Some(Fault::GatewayKill)
@@ -238,7 +288,7 @@ mod tests {
         for f in INFRASTRUCTURE {
             assert!(
                 plan.infrastructure.iter().any(|s| s.fault == f),
-                "{f:?} never planned"
+                "seed {seed}: {f:?} never planned"
             );
         }
         assert_eq!(
@@ -256,11 +306,18 @@ mod tests {
                 "{s:?}"
             );
         }
-        let without = Plan::generate(42, Duration::from_secs(24), false);
+        let without = Plan::generate(
+            42,
+            Duration::from_secs(24),
+            Parts {
+                gateway: false,
+                postgres: false,
+            },
+        );
         assert!(without
             .infrastructure
             .iter()
-            .all(|s| !s.fault.needs_gateway()));
+            .all(|s| !s.fault.needs_gateway() && !s.fault.needs_postgres()));
     }
 
     #[test]

@@ -23,12 +23,33 @@ pub fn markdown(runs: &[Report]) -> String {
             .map(|r| format!("{}–{}", r.processing_ms.0, r.processing_ms.1))
             .unwrap_or_default(),
     );
+    if let Some(r) = runs.first() {
+        let marks = serde_json::to_value(r.marks)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let _ = writeln!(
+            md,
+            "Deployment: {} gateway(s), marks in {marks}; runs of {} s ({} s fault-free at the \
+             end), {} clients on {} resources.\n",
+            r.gateways,
+            r.duration_ms / 1000,
+            r.final_phase_ms / 1000,
+            r.clients,
+            r.resources
+        );
+    }
     let caught = runs.iter().filter(|r| !r.violations.is_empty()).count();
     let sum = |f: &dyn Fn(&Report) -> usize| runs.iter().map(f).sum::<usize>();
     let _ = writeln!(md, "| | total | per run (min / max) |");
     let _ = writeln!(md, "|---|--:|--:|");
     type Count<'a> = &'a dyn Fn(&Report) -> usize;
-    let rows: [(&str, Count); 12] = [
+    let hostile = |r: &Report, f: &dyn Fn(&crate::hostile::Stats) -> u64| {
+        r.hostile
+            .as_ref()
+            .map_or(0, |h| usize::try_from(f(h)).unwrap_or(usize::MAX))
+    };
+    let rows: [(&str, Count); 16] = [
         ("runs with violations", &|r| {
             usize::from(!r.violations.is_empty())
         }),
@@ -50,7 +71,20 @@ pub fn markdown(runs: &[Report]) -> String {
             r.applied_unanswered
         }),
         ("faults injected", &|r| r.fault_log.len()),
-        ("mark probes after gateway restarts", &|r| r.probes),
+        ("proxy kills that found an acquire in flight", &|r| {
+            r.fault_log
+                .iter()
+                .filter(|f| f.target.ends_with("(mid-acquire)"))
+                .count()
+        }),
+        ("mark probes after gateway and PostgreSQL restarts", &|r| {
+            r.probes
+        }),
+        ("hostile /v3 requests sent", &|r| hostile(r, &|h| h.sent)),
+        ("… answered", &|r| hostile(r, &|h| h.answered)),
+        ("… aimed at a live /v1 lease", &|r| {
+            hostile(r, &|h| h.aimed_at_native)
+        }),
     ];
     for (name, f) in rows {
         let min = runs.iter().map(f).min().unwrap_or_default();
@@ -122,6 +156,35 @@ pub fn markdown(runs: &[Report]) -> String {
          at least {:.1} % of writes acknowledged in every run's final phase.",
         success * 100.0
     );
+    let idle: Vec<&crate::run::IdleProbe> = runs.iter().filter_map(|r| r.idle.as_ref()).collect();
+    if !idle.is_empty() {
+        let firsts: Vec<f64> = idle.iter().filter_map(|i| i.first_acquire_ms).collect();
+        let ok: usize = idle.iter().map(|i| i.succeeded).sum();
+        let all: usize = idle.iter().map(|i| i.operations).sum();
+        let _ = writeln!(
+            md,
+            "\nThe idle replica, after {:.0}–{:.0} s serving nothing: first acquire within {:.0} ms \
+             (worst run; {} of {} runs acquired), {ok} of {all} operations through it succeeded.",
+            idle.iter().map(|i| i.idle_s).fold(f64::INFINITY, f64::min),
+            idle.iter().map(|i| i.idle_s).fold(0.0, f64::max),
+            firsts.iter().copied().fold(0.0, f64::max),
+            firsts.len(),
+            idle.len(),
+        );
+    }
+    let mut classes: BTreeMap<&str, usize> = BTreeMap::new();
+    for v in runs.iter().flat_map(|r| r.violations.iter()) {
+        *classes
+            .entry(v.split_once(':').map_or(v.as_str(), |(c, _)| c))
+            .or_default() += 1;
+    }
+    if !classes.is_empty() {
+        let _ = writeln!(md, "\n| violation class | found |");
+        let _ = writeln!(md, "|---|--:|");
+        for (class, n) in &classes {
+            let _ = writeln!(md, "| {class} | {n} |");
+        }
+    }
     let examples: Vec<&String> = runs
         .iter()
         .flat_map(|r| r.violations.iter())

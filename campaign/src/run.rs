@@ -6,15 +6,17 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rand::Rng as _;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::checker;
 use crate::client::{Clients, Env};
-use crate::cluster::{Cluster, Control, Shape};
+use crate::cluster::{Cluster, Control, Marks, Shape, IDLE};
 use crate::history::{Event, History, Kind, Outcome};
+use crate::hostile;
 use crate::nemesis::{self, Fault, Injected};
-use crate::plan::Plan;
+use crate::plan::{Parts, Plan};
 
 /// How a run is shaped.
 #[derive(Debug, Clone)]
@@ -34,9 +36,25 @@ pub struct Settings {
     pub seed: u64,
     /// The storage's processing time per write: shortest and longest.
     pub processing: (Duration, Duration),
+    /// Where the gateways keep their marks.
+    pub marks: Marks,
+    /// Write the history and the storage's applied log here, one line each (seconds since the
+    /// start: invoked/received, completed/applied; client, kind, resource, token, outcome), for
+    /// reading a run's violations.
+    pub history_file: Option<std::path::PathBuf>,
 }
 
 impl Settings {
+    /// The deployment's shape.
+    pub fn shape(&self) -> Shape {
+        Shape {
+            control: self.control,
+            seed: self.seed,
+            processing: self.processing,
+            marks: self.marks,
+        }
+    }
+
     /// The fault phase: the whole run less the final phase.
     pub fn chaos(&self) -> Duration {
         self.duration.saturating_sub(self.final_phase)
@@ -44,7 +62,15 @@ impl Settings {
 
     /// The plan this run follows.
     pub fn plan(&self) -> Plan {
-        Plan::generate(self.seed, self.chaos(), self.control != Control::NoFencing)
+        let shape = self.shape();
+        Plan::generate(
+            self.seed,
+            self.chaos(),
+            Parts {
+                gateway: shape.gateways() > 0,
+                postgres: shape.on_postgres(),
+            },
+        )
     }
 }
 
@@ -93,6 +119,12 @@ pub struct Report {
     pub final_phase_ms: u64,
     /// The storage's processing time per write, shortest and longest, in milliseconds.
     pub processing_ms: (u64, u64),
+    /// Where the gateways kept their marks, and how many gateways there were.
+    #[serde(default = "default_marks")]
+    pub marks: Marks,
+    /// Gateways in the deployment.
+    #[serde(default)]
+    pub gateways: usize,
     /// Clients and resources.
     pub clients: usize,
     /// Resources.
@@ -134,6 +166,29 @@ pub struct Report {
     pub first_write_after_heal_ms: Option<f64>,
     /// After healing: share of writes acknowledged.
     pub write_success_after_heal: f64,
+    /// The replica left idle for 30 s, then used.
+    #[serde(default)]
+    pub idle: Option<IdleProbe>,
+    /// The hostile `/v3` traffic in the background.
+    #[serde(default)]
+    pub hostile: Option<hostile::Stats>,
+}
+
+fn default_marks() -> Marks {
+    Marks::Sqlite
+}
+
+/// What happened when the idle replica was first used.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IdleProbe {
+    /// How long it had served nothing, in seconds.
+    pub idle_s: f64,
+    /// Time to its first successful acquire, in milliseconds (retrying for up to 5 s).
+    pub first_acquire_ms: Option<f64>,
+    /// Operations through it after the idle stretch: acquire, writes, renew, release.
+    pub operations: usize,
+    /// Of which succeeded.
+    pub succeeded: usize,
 }
 
 /// Runs once.
@@ -145,27 +200,44 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
         settings.control,
         settings.duration.as_secs()
     );
-    let cluster = Arc::new(
-        Cluster::start(Shape {
-            control: settings.control,
-            seed: settings.seed,
-            processing: settings.processing,
-        })
-        .await?,
-    );
+    let shape = settings.shape();
+    let cluster = Arc::new(Cluster::start(shape).await?);
+    let idle_since = Instant::now();
     let history = Arc::new(History::default());
+    let env_ops = Arc::new(AtomicU64::new(1));
     let env = Env {
         proxies: cluster.proxy_urls(),
-        direct: cluster.direct.url(),
+        direct: cluster.direct_urls(),
+        acquiring: Arc::new(
+            (0..cluster.proxies.len())
+                .map(|_| std::sync::atomic::AtomicUsize::new(0))
+                .collect(),
+        ),
         resources: (0..settings.resources)
             .map(|i| format!("shard-{i}"))
             .collect(),
         history: history.clone(),
-        ops: Arc::new(AtomicU64::new(1)),
+        ops: env_ops.clone(),
         contended: Arc::default(),
         seed: settings.seed,
         processing_min: settings.processing.0,
     };
+    // Hostile /v3 traffic through the proxies' client relays (faults reach it too), aimed at
+    // the live /v1 holders' leases; sentinels planted outside the namespace first.
+    let etcd_endpoints = cluster.etcd.lock().await.endpoints();
+    let sentinels = {
+        let mut etcd = cluster.etcd.lock().await.client().await;
+        hostile::plant(&mut etcd).await?
+    };
+    let stop_hostile = tokio_util::sync::CancellationToken::new();
+    let hostile_traffic = tokio::spawn(hostile::traffic(
+        hostile::Settings::new(
+            cluster.proxy_urls(),
+            etcd_endpoints.clone(),
+            crate::plan::stream(settings.seed, "hostile", 0).random(),
+        ),
+        stop_hostile.clone(),
+    ));
     let clients = Arc::new(Clients::start(env, settings.clients));
     let log = Arc::new(nemesis::Log::default());
     let started = Instant::now();
@@ -181,16 +253,77 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
     let healed = Instant::now();
     tokio::time::sleep_until((started + settings.duration).max(healed + settings.final_phase / 2))
         .await;
+    // The idle replica, once idle long enough, serves a holder while the others still work
+    // (in runs at least that long: shorter ones, e.g. CI's control runs, skip it).
+    let idle = if settings.duration >= IDLE {
+        tokio::time::sleep_until(idle_since + IDLE).await;
+        Some(idle_probe(&cluster.idle_url, &history, &env_ops, idle_since).await)
+    } else {
+        None
+    };
     clients.stop();
+    stop_hostile.cancel();
+    let hostile_stats = hostile_traffic.await.unwrap_or_default();
+    let hostile_after = {
+        let mut etcd = cluster.etcd.lock().await.client().await;
+        hostile::verify(&mut etcd, &sentinels).await
+    };
     // Let requests the aborted clients left in flight reach the storage, and every write it
     // received be applied, before reading its log.
     tokio::time::sleep(Duration::from_millis(500)).await;
     cluster.storage.settle().await;
     let events = history.events();
+    if let Some(path) = &settings.history_file {
+        let rows: Vec<String> = events
+            .iter()
+            .map(|e| {
+                format!(
+                    "{:.3} {:.3} {} {:?} {} {:?} {:?}",
+                    e.invoked.duration_since(started).as_secs_f64(),
+                    e.completed.duration_since(started).as_secs_f64(),
+                    e.client,
+                    e.kind,
+                    e.resource,
+                    e.revision,
+                    e.outcome
+                )
+            })
+            .chain(cluster.storage.log().iter().map(|a| {
+                format!(
+                    "{:.3} {:.3} APPLIED {} {} {} op{}",
+                    a.received.duration_since(started).as_secs_f64(),
+                    a.at.duration_since(started).as_secs_f64(),
+                    a.client,
+                    a.resource,
+                    a.revision,
+                    a.op
+                )
+            }))
+            .collect();
+        if let Err(e) = std::fs::write(path, rows.join("\n") + "\n") {
+            eprintln!("writing {}: {e}", path.display());
+        }
+    }
     let applied = cluster.storage.log();
     let faults = log.faults.lock().map(|f| f.clone()).unwrap_or_default();
     let probes = log.probes.lock().map(|p| p.clone()).unwrap_or_default();
-    let violations = checker::violations(&events, &applied, &probes);
+    let mut violations = checker::violations(&events, &applied, &probes);
+    violations.extend(
+        hostile_stats
+            .violations
+            .iter()
+            .chain(&hostile_after)
+            .map(|v| format!("v3: {v}")),
+    );
+    if let Some(idle) = idle
+        .as_ref()
+        .filter(|i| i.first_acquire_ms.is_none() || i.succeeded < i.operations)
+    {
+        violations.push(format!(
+            "idle: after {:.0} s idle, the replica served {} of {} operations",
+            idle.idle_s, idle.succeeded, idle.operations
+        ));
+    }
 
     let writes = || events.iter().filter(|e| e.kind.is_write());
     let (takeover, with_leader) = takeovers(&events, &faults);
@@ -207,6 +340,8 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
         duration_ms: ms(settings.duration),
         final_phase_ms: ms(settings.final_phase),
         processing_ms: (ms(settings.processing.0), ms(settings.processing.1)),
+        marks: settings.marks,
+        gateways: shape.gateways(),
         clients: settings.clients,
         resources: settings.resources,
         plan,
@@ -251,7 +386,130 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
         } else {
             ok_after as f64 / after.len() as f64
         },
+        idle,
+        hostile: Some(hostile_stats),
     })
+}
+
+/// The client that uses the idle replica, and its resource (no other client competes for it).
+const IDLE_CLIENT: &str = "idle";
+
+/// After the idle stretch: acquire (retrying for up to 5 s), three writes forwarded through it,
+/// a renewal and a release, all through the replica that served nothing for [`IDLE`], recorded
+/// in the history like any client's.
+async fn idle_probe(
+    url: &str,
+    history: &History,
+    ops: &AtomicU64,
+    idle_since: Instant,
+) -> IdleProbe {
+    let idle_s = idle_since.elapsed().as_secs_f64();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(3))
+        .build()
+        .unwrap_or_default();
+    let resource = "idle-0";
+    let mut operations = 0;
+    let mut succeeded = 0;
+    let op = || ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let record =
+        |kind: Kind, revision: Option<u64>, op: u64, invoked: Instant, status: Option<u16>| {
+            let outcome = crate::history::outcome(status);
+            history.record(Event {
+                client: IDLE_CLIENT.to_owned(),
+                kind,
+                resource: resource.to_owned(),
+                revision,
+                op,
+                invoked,
+                completed: Instant::now(),
+                outcome,
+            });
+            outcome == Outcome::Ok
+        };
+    let start = Instant::now();
+    let mut grant = None;
+    while grant.is_none() && start.elapsed() < Duration::from_secs(5) {
+        let invoked = Instant::now();
+        let answer = http
+            .post(format!("{url}/v1/leases/{resource}"))
+            .json(&serde_json::json!({"holder": IDLE_CLIENT, "ttl_seconds": 10}))
+            .send()
+            .await;
+        let (status, body) = match answer {
+            Ok(r) => {
+                let status = r.status().as_u16();
+                (Some(status), r.json::<serde_json::Value>().await.ok())
+            }
+            Err(_) => (None, None),
+        };
+        let revision = body
+            .as_ref()
+            .and_then(|b| b["token"].as_str())
+            .and_then(|t| t.parse::<u64>().ok());
+        if record(Kind::Acquire, revision, op(), invoked, status) {
+            grant = body
+                .and_then(|b| b["secret"].as_str().map(str::to_owned))
+                .zip(revision);
+        } else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let first_acquire_ms = grant.as_ref().map(|_| start.elapsed().as_secs_f64() * 1e3);
+    if let Some((secret, revision)) = grant {
+        operations += 1;
+        succeeded += 1;
+        for _ in 0..3 {
+            let op = op();
+            let invoked = Instant::now();
+            let status = http
+                .put(format!(
+                    "{url}/v1/leases/{resource}/forward/items/{resource}"
+                ))
+                .header("lease-secret", &secret)
+                .json(&serde_json::json!({"client": IDLE_CLIENT, "op": op}))
+                .send()
+                .await
+                .ok()
+                .map(|r| r.status().as_u16());
+            operations += 1;
+            succeeded += usize::from(record(
+                Kind::WriteViaProxy,
+                Some(revision),
+                op,
+                invoked,
+                status,
+            ));
+        }
+        for (kind, req) in [
+            (
+                Kind::Renew,
+                http.post(format!("{url}/v1/leases/{resource}/renew")),
+            ),
+            (
+                Kind::Release,
+                http.delete(format!("{url}/v1/leases/{resource}")),
+            ),
+        ] {
+            let invoked = Instant::now();
+            let status = req
+                .header("lease-secret", &secret)
+                .send()
+                .await
+                .ok()
+                .map(|r| r.status().as_u16());
+            operations += 1;
+            succeeded += usize::from(record(kind, Some(revision), op(), invoked, status));
+        }
+    } else {
+        operations += 1;
+    }
+    IdleProbe {
+        idle_s,
+        first_acquire_ms,
+        operations,
+        succeeded,
+    }
 }
 
 /// Takeover latencies (ms) after holders died: without and with an overlapping leader fault.

@@ -7,6 +7,7 @@
 //! that, so "applied" ≠ "answered". The apply runs in a task of its own: a caller that goes away
 //! (the gateway's timeout, a reset) does not stop it — as with a database that commits a
 //! transaction whose client has disconnected. A body that never arrives whole is never applied.
+//! A write may ask for its own processing time (`slow_ms` in its body): a slow transaction.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -45,6 +46,9 @@ pub struct Applied {
 struct Write {
     client: String,
     op: u64,
+    /// A processing time the write asks for instead of a drawn one (a slow transaction).
+    #[serde(default)]
+    slow_ms: Option<u64>,
 }
 
 struct Shared {
@@ -133,11 +137,12 @@ async fn apply(
         .and_then(|wire| shared.keys.verify(&resource, wire).ok())
         .map_or(0, |t| t.revision);
     let (lo, hi) = shared.processing;
-    let processing = shared
+    let drawn = shared
         .rng
         .lock()
         .map(|mut rng| rng.random_range(lo..=hi))
         .unwrap_or(hi);
+    let processing = write.slow_ms.map_or(drawn, Duration::from_millis);
     let (done, applied) = tokio::sync::oneshot::channel();
     let state = shared.clone();
     // Its own task: dropping this handler (the caller went away) does not stop the apply.

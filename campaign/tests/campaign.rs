@@ -1,13 +1,15 @@
-//! The bounded campaign CI runs, with fixed seeds (printed, and in each report): two 30-second
-//! runs of the real deployment must show no violation (and at least 700 acknowledged writes
-//! each, a liveness smoke check), and each negative control (no enforcer; marks in memory across gateway restarts;
-//! in-flight writes forgotten early) must be caught in at least 2 of 3 runs. Runs are
-//! sequential: they share the machine's two cores.
+//! The bounded campaign CI runs, with fixed seeds (printed, and in each report): three 30-second
+//! runs of the real deployment (two gateways sharing PostgreSQL, every fault class) must show no
+//! violation (and at least 400 acknowledged writes each, a liveness smoke check on a debug
+//! build), and each negative control must be caught in at least 2 of 3 runs: no enforcer; marks
+//! in memory across gateway restarts; in-flight writes forgotten early; permits ended with the
+//! caller; in-flight writes not shared between gateways; no pre-fence. Runs are sequential:
+//! they share the machine's two cores.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 
-use lease_proxy_campaign::cluster::Control;
+use lease_proxy_campaign::cluster::{Control, Marks};
 use lease_proxy_campaign::run::{run_once, Settings};
 
 fn settings(control: Control, seconds: u64, seed: u64) -> Settings {
@@ -19,12 +21,14 @@ fn settings(control: Control, seconds: u64, seed: u64) -> Settings {
         control,
         seed,
         processing: (Duration::from_millis(10), Duration::from_millis(60)),
+        marks: Marks::Postgres,
+        history_file: None,
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bounded_campaign_and_negative_controls() {
-    for seed in [1, 2] {
+    for seed in [1, 2, 3] {
         let r = run_once(&settings(Control::None, 30, seed)).await.unwrap();
         eprintln!(
             "seed {seed}: {} acknowledged, {} applied ({} unanswered), {} stale refused, faults {:?}, takeover p50 {:.0} ms",
@@ -36,13 +40,19 @@ async fn bounded_campaign_and_negative_controls() {
             r.takeover.p50_ms
         );
         assert!(r.violations.is_empty(), "seed {seed}: {:#?}", r.violations);
-        // A liveness smoke check, not the published figure (≥ 1,000 per run, measured on a quiet
-        // machine by scripts/campaign-data.sh): with the storage's 10–60 ms processing a run
-        // here acknowledged 1,017–1,285 writes while other builds shared the cores.
+        // A liveness smoke check, not the published figure (≥ 1,000 per run, measured with a
+        // release build on a quiet machine by scripts/campaign-data.sh).
         assert!(
-            r.writes_acknowledged >= 700,
+            r.writes_acknowledged >= 400,
             "seed {seed}: only {} writes acknowledged",
             r.writes_acknowledged
+        );
+        assert!(
+            r.idle
+                .as_ref()
+                .is_some_and(|i| i.first_acquire_ms.is_some()),
+            "seed {seed}: the idle replica was not used: {:?}",
+            r.idle
         );
         assert!(
             r.fault_log.len() >= 10,
@@ -58,10 +68,13 @@ async fn bounded_campaign_and_negative_controls() {
         (Control::NoFencing, [11, 12, 13]),
         (Control::MemoryMarks, [21, 22, 23]),
         (Control::ForgetInFlight, [31, 32, 33]),
+        (Control::ReleaseWithCaller, [41, 42, 43]),
+        (Control::LocalGate, [51, 52, 53]),
+        (Control::NoPrefence, [61, 62, 63]),
     ] {
         let mut caught = 0;
         for seed in seeds {
-            let r = run_once(&settings(control, 20, seed)).await.unwrap();
+            let r = run_once(&settings(control, 25, seed)).await.unwrap();
             eprintln!(
                 "{control:?} seed {seed}: {} violations, first: {:?}",
                 r.violations.len(),

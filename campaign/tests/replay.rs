@@ -6,9 +6,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use lease_proxy_campaign::cluster::Control;
+use lease_proxy_campaign::cluster::{Control, Marks, Shape};
 use lease_proxy_campaign::nemesis::Fault;
-use lease_proxy_campaign::plan::Plan;
+use lease_proxy_campaign::plan::{Parts, Plan};
 
 #[test]
 fn committed_seeds_reproduce_their_schedules() {
@@ -28,7 +28,18 @@ fn committed_seeds_reproduce_their_schedules() {
                 run["duration_ms"].as_u64().unwrap() - run["final_phase_ms"].as_u64().unwrap(),
             );
             let recorded: Plan = serde_json::from_value(run["plan"].clone()).unwrap();
-            let plan = Plan::generate(seed, chaos, control != Control::NoFencing);
+            let marks: Marks = serde_json::from_value(run["marks"].clone()).unwrap();
+            let shape = Shape {
+                control,
+                seed,
+                processing: (Duration::ZERO, Duration::ZERO),
+                marks,
+            };
+            let parts = Parts {
+                gateway: shape.gateways() > 0,
+                postgres: shape.on_postgres(),
+            };
+            let plan = Plan::generate(seed, chaos, parts);
             assert_eq!(plan, recorded, "{}: seed {seed}", path.display());
 
             let mut planned: BTreeMap<Fault, u64> = BTreeMap::new();
@@ -47,4 +58,29 @@ fn committed_seeds_reproduce_their_schedules() {
         "no committed campaign data in {}",
         dir.display()
     );
+}
+
+/// Every figure in docs/RELIABILITY.md is traceable: the rendering of each committed data file
+/// appears there verbatim (`./scripts/campaign-data.sh doc` writes it).
+#[test]
+fn the_published_tables_are_the_committed_data() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(root.join("../docs/RELIABILITY.md")).unwrap();
+    let mut checked = 0;
+    for entry in std::fs::read_dir(root.join("data")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let runs: Vec<lease_proxy_campaign::run::Report> =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let rendered = lease_proxy_campaign::report::markdown(&runs);
+        assert!(
+            page.contains(&rendered),
+            "docs/RELIABILITY.md does not show {} as rendered (run ./scripts/campaign-data.sh doc)",
+            path.display()
+        );
+        checked += 1;
+    }
+    assert!(checked > 0);
 }

@@ -102,3 +102,45 @@ pub trait Admission: Send + Sync + 'static {
     /// Whether the mark store answers, for readiness probes.
     fn ready(&self) -> BoxFuture<'_, bool>;
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// Records how each permit ended.
+    #[derive(Clone, Default)]
+    struct Ends(Arc<Mutex<Vec<Outcome>>>);
+
+    impl Release for Ends {
+        fn release(self: Box<Self>, outcome: Outcome) {
+            self.0.lock().unwrap().push(outcome);
+        }
+    }
+
+    impl Ends {
+        fn take(&self) -> Vec<Outcome> {
+            std::mem::take(&mut *self.0.lock().unwrap())
+        }
+    }
+
+    #[test]
+    fn a_permit_ends_once_and_dropping_it_is_uncertain() {
+        let ends = Ends::default();
+        Permit::new(ends.clone()).complete();
+        assert_eq!(ends.take(), [Outcome::Complete]);
+        Permit::new(ends.clone()).uncertain();
+        assert_eq!(ends.take(), [Outcome::Uncertain]);
+        // A permit lost on an unforeseen path errs on the safe side.
+        drop(Permit::new(ends.clone()));
+        assert_eq!(ends.take(), [Outcome::Uncertain]);
+        // Ended explicitly, then dropped: released exactly once.
+        let mut permit = Permit::new(ends.clone());
+        assert_eq!(format!("{permit:?}"), "Permit { ended: false }");
+        permit.end(Outcome::Complete);
+        assert_eq!(format!("{permit:?}"), "Permit { ended: true }");
+        drop(permit);
+        assert_eq!(ends.take(), [Outcome::Complete]);
+    }
+}

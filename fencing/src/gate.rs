@@ -409,6 +409,180 @@ mod tests {
         assert_eq!(gate.store().get("r").await.unwrap(), Some(t(2)));
     }
 
+    /// A store whose `get` of resource `held` waits until the test lets it answer: an
+    /// admission of it stays under way meanwhile.
+    struct HeldGet {
+        inner: MemoryStore,
+        held: &'static str,
+        open: tokio::sync::Semaphore,
+    }
+
+    impl HighWaterMarks for HeldGet {
+        fn get<'a>(
+            &'a self,
+            resource: &'a str,
+        ) -> futures::future::BoxFuture<'a, Result<Option<Token>, StoreError>> {
+            Box::pin(async move {
+                if resource == self.held {
+                    let _open = self.open.acquire().await;
+                }
+                self.inner.get(resource).await
+            })
+        }
+
+        fn raise<'a>(
+            &'a self,
+            resource: &'a str,
+            token: Token,
+        ) -> futures::future::BoxFuture<'a, Result<Token, StoreError>> {
+            self.inner.raise(resource, token)
+        }
+    }
+
+    /// Whether `admit` is decided within `within` (paused time: nothing else advances it).
+    async fn admitted_within(
+        gate: &Gate<impl HighWaterMarks>,
+        token: Token,
+        within: Duration,
+    ) -> Option<Result<Permit, GateError>> {
+        tokio::time::timeout(within, gate.admit("r", token))
+            .await
+            .ok()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_complete_write_lets_a_higher_token_in_at_once() {
+        let gate = Gate::new(MemoryStore::new());
+        gate.admit("r", t(1)).await.unwrap().complete();
+        let p2 = admitted_within(&gate, t(2), Duration::from_millis(1)).await;
+        assert!(
+            matches!(p2, Some(Ok(_))),
+            "a completed write imposed a wait"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_uncertain_write_holds_higher_tokens_for_the_grace() {
+        let grace = Duration::from_secs(3);
+        for end in [Permit::uncertain as fn(Permit), drop] {
+            let gate = Gate::new(MemoryStore::new()).with_write_grace(grace);
+            end(gate.admit("r", t(1)).await.unwrap());
+            let started = Instant::now();
+            let early = admitted_within(&gate, t(2), grace - Duration::from_millis(100)).await;
+            assert!(
+                early.is_none(),
+                "a higher token was admitted within the grace"
+            );
+            // The refused wait raised the floor: the uncertain holder is cut off meanwhile.
+            assert!(matches!(
+                gate.admit("r", t(1)).await,
+                Err(GateError::Stale { .. })
+            ));
+            gate.admit("r", t(2)).await.unwrap().complete();
+            assert!(started.elapsed() >= grace);
+            assert!(started.elapsed() < grace + Duration::from_millis(200));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_restarted_gate_waits_out_the_grace_for_written_resources_only() {
+        let store = MemoryStore::new();
+        store.raise("r", t(1)).await.unwrap();
+        let grace = Duration::from_secs(2);
+        let gate = Gate::new(store).with_write_grace(grace);
+        // A resource never written: nothing of an earlier life can be in flight.
+        let fresh = tokio::time::timeout(Duration::from_millis(1), gate.admit("fresh", t(1)));
+        fresh.await.unwrap().unwrap().complete();
+        // The mark itself is admitted at once; a higher token waits until start + grace.
+        match admitted_within(&gate, t(1), Duration::from_millis(1)).await {
+            Some(Ok(permit)) => permit.complete(),
+            other => panic!("the mark was not admitted at once: {other:?}"),
+        }
+        let started = Instant::now();
+        gate.admit("r", t(2)).await.unwrap().complete();
+        assert!(started.elapsed() >= grace - Duration::from_millis(10));
+        assert!(started.elapsed() <= grace + Duration::from_millis(10));
+    }
+
+    #[tokio::test]
+    async fn mark_reports_what_was_admitted() {
+        let gate = Gate::new(MemoryStore::new());
+        assert_eq!(gate.mark("r").await.unwrap(), None);
+        gate.admit("r", t(5)).await.unwrap().complete();
+        assert_eq!(gate.mark("r").await.unwrap(), Some(t(5)));
+        // Loaded but never written: the gate holds the zero token, reported as no mark.
+        let _ = gate.admit("zero", Token::default()).await.unwrap();
+        assert_eq!(gate.mark("zero").await.unwrap(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_resources_are_forgotten_and_their_marks_kept() {
+        let idle = Duration::from_secs(10);
+        let gate = Gate::new(MemoryStore::new())
+            .with_write_grace(Duration::from_secs(1))
+            .with_idle_eviction(idle);
+        gate.admit("a", t(5)).await.unwrap().complete();
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        // A sweep: "a", used 6 s ago, is kept.
+        gate.admit("c", t(1)).await.unwrap().complete();
+        assert_eq!(gate.resident(), 2);
+        tokio::time::sleep(Duration::from_millis(4500)).await;
+        // "a" is idle now, but the last sweep was 4.5 s ago: sweeps run at most every 5 s.
+        gate.admit("d", t(1)).await.unwrap().complete();
+        assert_eq!(
+            gate.resident(),
+            3,
+            "swept more often than every half timeout"
+        );
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // 12 s after "a"'s last write and 6 s after the last sweep: "a" goes, "c" and "d" stay.
+        gate.admit("b", t(1)).await.unwrap().complete();
+        assert_eq!(
+            gate.resident(),
+            3,
+            "idle `a` not forgotten, or `c` or `d` forgotten early"
+        );
+        assert!(matches!(
+            gate.admit("a", t(4)).await,
+            Err(GateError::Stale { .. })
+        ));
+        assert_eq!(gate.resident(), 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn resources_in_use_or_in_their_grace_are_never_forgotten() {
+        // Sweeps run at most every 2 s; an uncertain write keeps its resource closed for 5 s.
+        let gate = Arc::new(
+            Gate::new(HeldGet {
+                inner: MemoryStore::new(),
+                held: "r",
+                open: tokio::sync::Semaphore::new(0),
+            })
+            .with_write_grace(Duration::from_secs(5))
+            .with_idle_eviction(Duration::from_secs(4))
+            .with_store_timeout(Duration::from_secs(600)),
+        );
+        // "r": an admission under way (its store read has not answered), nothing in flight.
+        let g = gate.clone();
+        let loading = tokio::spawn(async move { g.admit("r", t(1)).await.map(Permit::complete) });
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        // A sweep runs (6 s after the start, past the gate's start grace): "r" is idle by
+        // every clock but held by its admission.
+        gate.admit("u", t(1)).await.unwrap().uncertain();
+        assert_eq!(gate.resident(), 2, "an entry being admitted was forgotten");
+        // 4.5 s later "u" is idle, but its uncertain write's grace runs 0.5 s more.
+        tokio::time::sleep(Duration::from_millis(4500)).await;
+        gate.admit("x", t(1)).await.unwrap().complete();
+        assert_eq!(
+            gate.resident(),
+            3,
+            "an entry in its write grace was forgotten"
+        );
+        gate.store().open.add_permits(1);
+        loading.await.unwrap().unwrap();
+    }
+
     proptest! {
         /// Against a reference model: a request is accepted iff its token is at least the mark,
         /// and the mark never goes down.

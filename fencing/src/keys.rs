@@ -385,6 +385,103 @@ mod tests {
         }
     }
 
+    #[test]
+    fn every_signed_field_is_covered_by_the_mac() {
+        let k = ring("k1");
+        let a = k.mint("a", Token::new(2, 9));
+        let b = k.mint("b", Token::new(2, 5));
+        let field = |wire: &str, i: usize| wire.split('.').nth(i).unwrap().to_owned();
+        let with = |i: usize, value: &str| {
+            let mut fields: Vec<String> = a.split('.').map(str::to_owned).collect();
+            fields[i] = value.to_owned();
+            fields.join(".")
+        };
+        // Another era; another resource's tag spliced in (a valid tag, for "b").
+        assert_eq!(k.verify("a", &with(2, "3")), Err(TokenError::BadSignature));
+        let spliced = with(4, &field(&b, 4));
+        assert_eq!(k.verify("b", &spliced), Err(TokenError::BadSignature));
+        assert_eq!(k.verify("a", &spliced), Err(TokenError::BadSignature));
+        // Another key id of the same ring (same secret, other name): still not this token.
+        let text = Keyring::generate_file(&KeyId::parse("k1").unwrap());
+        let secret = text.lines().nth(1).unwrap().split(' ').nth(1).unwrap();
+        let twins = Keyring::parse(&format!("k1 {secret}\nk2 {secret}\n")).unwrap();
+        let renamed = twins
+            .mint("a", Token::new(2, 9))
+            .replacen("v1.k1.", "v1.k2.", 1);
+        assert_eq!(twins.verify("a", &renamed), Err(TokenError::BadSignature));
+    }
+
+    #[test]
+    fn key_ids_have_a_grammar() {
+        for ok in ["a", "K-1_z", "0", &"k".repeat(MAX_KID_LEN)] {
+            assert_eq!(KeyId::parse(ok).map(|k| k.to_string()), Some(ok.to_owned()));
+        }
+        for bad in [
+            "",
+            &"k".repeat(MAX_KID_LEN + 1),
+            "a.b",
+            "a/b",
+            "a b",
+            "k\u{e9}",
+            "a\0",
+        ] {
+            assert_eq!(KeyId::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn derived_values_are_keyed_and_bound_to_their_context() {
+        let (a, b) = (ring("k1"), ring("k1"));
+        let text = Keyring::generate_file(&KeyId::parse("k1").unwrap());
+        let (a1, a2) = (
+            Keyring::parse(&text).unwrap(),
+            Keyring::parse(&text).unwrap(),
+        );
+        // Reproducible across replicas sharing the key file ...
+        assert_eq!(a1.derive(b"ctx"), a2.derive(b"ctx"));
+        // ... and unpredictable without it, or for another context.
+        assert_ne!(a.derive(b"ctx"), b.derive(b"ctx"));
+        assert_ne!(a.derive(b"ctx"), a.derive(b"ctx2"));
+        for constant in [[0u8; 32], [1u8; 32]] {
+            assert_ne!(a.derive(b"ctx"), constant);
+        }
+    }
+
+    #[test]
+    fn debug_names_keys_but_never_secrets() {
+        let text = Keyring::generate_file(&KeyId::parse("k1").unwrap());
+        let secret = text.lines().nth(1).unwrap().split(' ').nth(1).unwrap();
+        let debug = format!("{:?}", Keyring::parse(&text).unwrap());
+        assert!(debug.contains("k1"), "{debug}");
+        assert!(!debug.contains(secret), "{debug}");
+    }
+
+    #[test]
+    fn created_key_files_are_private_loadable_and_never_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("new/dir/keys");
+        let kid = KeyId::parse("k7").unwrap();
+        Keyring::create_file(&path, &kid).unwrap();
+        let ring = Keyring::load(&path).unwrap();
+        assert_eq!(ring.signing_key_id(), &kid);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        let before = std::fs::read(&path).unwrap();
+        assert!(matches!(
+            Keyring::create_file(&path, &kid),
+            Err(Error::Io { .. })
+        ));
+        assert_eq!(std::fs::read(&path).unwrap(), before);
+        assert!(matches!(
+            Keyring::load(&dir.path().join("absent")),
+            Err(Error::Io { .. })
+        ));
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2000))]
 

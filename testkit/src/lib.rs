@@ -3,6 +3,9 @@
 //! [`Etcd::single`] starts one member, [`Etcd::cluster`] a cluster of any size; each member gets
 //! its own temporary data directory, and every process is killed when the [`Etcd`] is dropped.
 //! The `etcd` binary is taken from `$ETCD_BIN`, else from `PATH`.
+//!
+//! [`v3_hostile`] is the seeded hostile `/v3` request generator and its sentinels, shared by the
+//! proxy's tests and the fault campaign.
 #![forbid(unsafe_code)]
 #![allow(clippy::expect_used)] // a test helper that cannot start etcd must stop the test loudly
 
@@ -12,6 +15,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use tempfile::TempDir;
+
+pub mod v3_hostile;
 
 /// How long a member or cluster may take to elect a leader and answer.
 const READY_DEADLINE: Duration = Duration::from_secs(30);

@@ -124,6 +124,12 @@ pub struct GatewayConfig {
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
 
+    /// Test-only: re-introduces a fixed defect so the fault campaign can show its checker
+    /// catches it (a negative control). Never set it in a deployment.
+    #[arg(long, env = "FENCE_GATEWAY_NEGATIVE_CONTROL", value_enum, hide = true)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub negative_control: Option<NegativeControl>,
+
     /// Log format: `text` or `json` (one object per line); filter with `RUST_LOG`.
     #[arg(
         long,
@@ -148,6 +154,22 @@ impl crate::cli::Layered for GatewayConfig {
         self.config = cli.config.clone();
         self.print = cli.print.clone();
     }
+}
+
+/// A deliberately broken enforcer, for the fault campaign's negative controls only.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum NegativeControl {
+    /// A write's permit ends, as complete, with the caller's request: when the answer's headers
+    /// reach the caller, or the caller goes away while the storage is still working (the
+    /// defect of issue 14, item 1b).
+    ReleaseWithCaller,
+    /// On PostgreSQL, writes in flight are known only to the gateway that admitted them (the
+    /// marks are shared, in-flight writes are not): another gateway raises over them, as when
+    /// a dead session's lock vanished (issue 14, item 3).
+    LocalGate,
 }
 
 /// A configuration that cannot be used.
@@ -273,6 +295,16 @@ impl GatewayConfig {
         if self.store == "memory" {
             tracing::warn!("--store memory: marks are forgotten on restart (tests only)");
             return Ok(local(Box::new(MemoryStore::new())));
+        }
+        if self.negative_control == Some(NegativeControl::LocalGate) {
+            tracing::warn!("negative control local-gate: in-flight writes are not shared");
+            let store = PostgresStore::connect_with_deadline(
+                &self.store,
+                self.max_connections,
+                self.store_timeout,
+            )
+            .await?;
+            return Ok(local(Box::new(store)));
         }
         let store = PostgresStore::connect_with_deadline(
             &self.store,

@@ -115,7 +115,16 @@ pub async fn run(
     });
     let protected = tower::ServiceBuilder::new()
         .map_request(move |req: Request<Body>| limit_body(req, max_body))
-        .layer(FencingLayer::new(fence, classify).with_exchange_deadline(config.upstream_timeout))
+        .layer({
+            let layer =
+                FencingLayer::new(fence, classify).with_exchange_deadline(config.upstream_timeout);
+            if config.negative_control == Some(config::NegativeControl::ReleaseWithCaller) {
+                tracing::warn!("negative control release-with-caller: permits end with the caller");
+                layer.negative_control_release_with_caller()
+            } else {
+                layer
+            }
+        })
         .service(proxy);
     let app = Router::new()
         .route("/fence/{resource}", post(prefence))

@@ -60,6 +60,29 @@ impl Exchange {
     pub(super) fn deadline(&self) -> Instant {
         self.deadline
     }
+
+    /// Ends the permit now, whatever the exchange is doing: only for the negative control that
+    /// ties the permit to the caller ([`super::FencingLayer::negative_control_release_with_caller`]).
+    fn end_now(&self, outcome: Outcome) {
+        let permit = self
+            .permit
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(mut permit) = permit {
+            permit.end(outcome);
+        }
+    }
+}
+
+/// Negative control: ends its exchange's permit, as complete, when the caller's request ends
+/// (answered or abandoned) — the defect the exchange exists to fix.
+pub(super) struct CallerRelease(pub(super) Arc<Exchange>);
+
+impl Drop for CallerRelease {
+    fn drop(&mut self) {
+        self.0.end_now(Outcome::Complete);
+    }
 }
 
 impl Drop for Exchange {

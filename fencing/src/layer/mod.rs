@@ -50,7 +50,7 @@ use tracing::Instrument as _;
 
 use crate::admission::{Admission, Permit};
 use crate::{Keyring, Token, RESOURCE_HEADER, TOKEN_HEADER, TOKEN_HEADER_LEGACY};
-use exchange::{Exchange, Side, Tracked};
+use exchange::{CallerRelease, Exchange, Side, Tracked};
 
 /// How long a write's whole exchange may take unless configured (see
 /// [`FencingLayer::with_exchange_deadline`]).
@@ -143,6 +143,7 @@ pub struct FencingLayer<S: ?Sized, C> {
     fence: Fence<S>,
     classify: C,
     deadline: Duration,
+    release_with_caller: bool,
 }
 
 impl<S: ?Sized, C: Clone> Clone for FencingLayer<S, C> {
@@ -151,6 +152,7 @@ impl<S: ?Sized, C: Clone> Clone for FencingLayer<S, C> {
             fence: self.fence.clone(),
             classify: self.classify.clone(),
             deadline: self.deadline,
+            release_with_caller: self.release_with_caller,
         }
     }
 }
@@ -162,6 +164,7 @@ impl<S: ?Sized, C> FencingLayer<S, C> {
             fence,
             classify,
             deadline: DEFAULT_EXCHANGE_DEADLINE,
+            release_with_caller: false,
         }
     }
 
@@ -170,6 +173,15 @@ impl<S: ?Sized, C> FencingLayer<S, C> {
     /// long a slow or hostile client can keep higher tokens waiting.
     pub fn with_exchange_deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;
+        self
+    }
+
+    /// **Broken on purpose**, for the fault campaign's negative control only: a write's permit
+    /// ends, as complete, with the caller's request (when the answer's headers reach the caller,
+    /// or the caller goes away), while the storage may still be working on the write.
+    #[doc(hidden)]
+    pub fn negative_control_release_with_caller(mut self) -> Self {
+        self.release_with_caller = true;
         self
     }
 }
@@ -186,6 +198,7 @@ where
             fence: self.fence.clone(),
             classify: self.classify.clone(),
             deadline: self.deadline,
+            release_with_caller: self.release_with_caller,
         }
     }
 }
@@ -196,6 +209,7 @@ pub struct FencingService<Inner, S: ?Sized, C> {
     fence: Fence<S>,
     classify: C,
     deadline: Duration,
+    release_with_caller: bool,
 }
 
 impl<Inner: Clone, S: ?Sized, C: Clone> Clone for FencingService<Inner, S, C> {
@@ -205,6 +219,7 @@ impl<Inner: Clone, S: ?Sized, C: Clone> Clone for FencingService<Inner, S, C> {
             fence: self.fence.clone(),
             classify: self.classify.clone(),
             deadline: self.deadline,
+            release_with_caller: self.release_with_caller,
         }
     }
 }
@@ -235,6 +250,7 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let fence = self.fence.clone();
         let deadline = self.deadline;
+        let release_with_caller = self.release_with_caller;
         let decision = match self.classify.classify(&req) {
             Decision::Protect(resource) => match token_header(&req) {
                 Ok(wire) => Ok((resource, wire.to_owned())),
@@ -282,6 +298,7 @@ where
                 }
             }
             let exchange = Exchange::new(permit, tokio::time::Instant::now() + deadline);
+            let _caller = release_with_caller.then(|| CallerRelease(exchange.clone()));
             let req = Request::from_parts(
                 parts,
                 Body::new(Tracked::new(body, exchange.clone(), Side::Request)),

@@ -134,4 +134,15 @@ mod tests {
         assert_eq!(store.get("r").await.unwrap(), Some(Token::new(1, 1)));
         assert_eq!(store.get("other").await.unwrap(), None);
     }
+
+    #[tokio::test]
+    async fn opens_in_a_directory_not_yet_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("a/b/marks.db")).unwrap();
+        assert_eq!(
+            store.raise("r", Token::new(0, 1)).await.unwrap(),
+            Token::new(0, 1)
+        );
+        assert_eq!(format!("{store:?}"), "SqliteStore { .. }");
+    }
 }

@@ -941,3 +941,93 @@ fn unix_millis() -> u64 {
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds_and_is_never_zero() {
+        let conflict = |expires_in_ms| Conflict {
+            resource: "r".into(),
+            holder: "h".into(),
+            token: "1".into(),
+            expires_in_ms,
+        };
+        for (ms, secs) in [(0, 1), (1, 1), (1000, 1), (1001, 2), (29_500, 30)] {
+            assert_eq!(conflict(ms).retry_after_secs(), secs, "{ms} ms");
+        }
+    }
+
+    #[test]
+    fn remaining_seconds_become_milliseconds_never_negative() {
+        assert_eq!(secs_to_ms(7), 7000);
+        assert_eq!(secs_to_ms(0), 0);
+        // etcd answers -1 for a lease it no longer knows.
+        assert_eq!(secs_to_ms(-1), 0);
+        assert_eq!(secs_to_ms(i64::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn cursors_name_a_resource_or_are_refused() {
+        let cursor = URL_SAFE_NO_PAD.encode("aisle-7");
+        assert_eq!(decode_cursor(&cursor).unwrap(), "aisle-7");
+        let bad = [
+            String::new(),
+            "!!".into(),
+            URL_SAFE_NO_PAD.encode([0xff]),
+            URL_SAFE_NO_PAD.encode("a/b"),
+        ];
+        for bad in bad {
+            assert!(
+                matches!(
+                    decode_cursor(&bad),
+                    Err(Error::InvalidField {
+                        field: "cursor",
+                        ..
+                    })
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_holding_shows_the_grant_and_its_token_but_no_secret() {
+        let record = HolderRecord {
+            holder: "h".into(),
+            lease_id: 7,
+            secret_hash: "hash".into(),
+            metadata: Some(serde_json::json!({"zone": "b"})),
+            acquired_at: 1234,
+            ttl_seconds: 30,
+            idempotency: None,
+        };
+        let h = holding("r".into(), record, 42, 5);
+        assert_eq!(
+            (
+                h.resource.as_str(),
+                h.holder.as_str(),
+                h.lease_id,
+                h.token.as_str()
+            ),
+            ("r", "h", 7, "42")
+        );
+        assert_eq!(
+            (h.ttl_seconds, h.expires_in_ms, h.acquired_at),
+            (30, 5000, 1234)
+        );
+        assert_eq!(h.metadata, Some(serde_json::json!({"zone": "b"})));
+        assert!(!serde_json::to_string(&h).unwrap().contains("hash"));
+    }
+
+    #[test]
+    fn grant_times_are_unix_milliseconds() {
+        let now = unix_millis();
+        // 2020-09-13 .. 2286-11-20: milliseconds, not seconds or nanoseconds.
+        assert!(
+            (1_600_000_000_000..10_000_000_000_000).contains(&now),
+            "{now}"
+        );
+    }
+}

@@ -157,6 +157,44 @@ mod tests {
     }
 
     #[test]
+    fn prefixes() {
+        for ok in ["", "a", "aisle-", "shard:1"] {
+            assert!(resource_prefix(ok).is_ok(), "{ok:?}");
+        }
+        for bad in ["-a", "a/", "a..", "é", &"x".repeat(201)] {
+            assert!(
+                matches!(
+                    resource_prefix(bad),
+                    Err(Error::InvalidField {
+                        field: "prefix",
+                        ..
+                    })
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_bound_is_inclusive() {
+        let n = |v: u64| serde_json::Number::from(v);
+        assert_eq!(ttl(&n(2), 2, 3600).unwrap(), 2);
+        assert_eq!(ttl(&n(3600), 2, 3600).unwrap(), 3600);
+        assert!(holder(&"h".repeat(MAX_HOLDER_CHARS)).is_ok());
+        assert!(idempotency_key(&"k".repeat(MAX_IDEMPOTENCY_KEY_LEN)).is_ok());
+        assert!(idempotency_key(&"k".repeat(MAX_IDEMPOTENCY_KEY_LEN + 1)).is_err());
+        // `{"x":"…"}` is 8 bytes around the string.
+        let exactly = serde_json::json!({ "x": "y".repeat(MAX_METADATA_BYTES - 8) });
+        assert_eq!(
+            serde_json::to_vec(&exactly).unwrap().len(),
+            MAX_METADATA_BYTES
+        );
+        assert!(metadata(&exactly).is_ok());
+        let over = serde_json::json!({ "x": "y".repeat(MAX_METADATA_BYTES - 7) });
+        assert!(metadata(&over).is_err());
+    }
+
+    #[test]
     fn ttls() {
         let n = |s: &str| serde_json::from_str::<serde_json::Number>(s).unwrap();
         assert_eq!(ttl(&n("10"), 2, 3600).unwrap(), 10);
