@@ -7,6 +7,8 @@
 #
 # Needs `cargo install cargo-mutants --locked` (the report used 27.1.0). Unit tests only
 # (`--lib`): no etcd, no PostgreSQL. Niced, one build at a time, so it can share a machine.
+# The scratch copy has no target/: the dependencies are built first (long at one job) unless
+# CARGO_TARGET_DIR points at an existing target directory, e.g. this tree's.
 set -euo pipefail
 src="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-$src/target/mutants}"

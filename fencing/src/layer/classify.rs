@@ -410,6 +410,23 @@ mod tests {
     }
 
     #[test]
+    fn a_harmless_escape_does_not_hide_the_next_one() {
+        // Every escape after the resource is checked, however far along the segment: decoded
+        // once, the second path is `/inventory/aisle-1/abcdefghij /../../aisle-2`.
+        let p = pattern();
+        for path in [
+            "/inventory/aisle-1/ab%20%2fx",
+            "/inventory/aisle-1/abcdefghij%20%2f..%2f..%2faisle-2",
+        ] {
+            assert_eq!(
+                p.classify(&req("PUT", path, &[])),
+                reject(Rejection::AmbiguousPath),
+                "{path}"
+            );
+        }
+    }
+
+    #[test]
     fn raw_bytes_the_uri_type_rejects_are_still_checked() {
         // `Uri` refuses a raw backslash or non-ASCII byte, but a custom `Classify` caller may
         // hand over any path: the check itself must hold.
