@@ -29,10 +29,10 @@ struct Args {
     #[arg(long, default_value = "6s", value_parser = humantime::parse_duration)]
     final_phase: Duration,
     /// Competing clients.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 40)]
     clients: usize,
     /// Resources they compete for.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 20)]
     resources: usize,
     /// Run a negative control instead of the real deployment (test-only deployments).
     #[arg(long, value_enum, default_value = "none")]

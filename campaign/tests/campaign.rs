@@ -16,8 +16,8 @@ fn settings(control: Control, seconds: u64, seed: u64) -> Settings {
     Settings {
         duration: Duration::from_secs(seconds),
         final_phase: Duration::from_secs(6),
-        clients: 32,
-        resources: 16,
+        clients: 40,
+        resources: 20,
         control,
         seed,
         processing: (Duration::from_millis(10), Duration::from_millis(60)),
