@@ -88,8 +88,8 @@ pub struct Config {
 
     /// How long after a grant a retried acquire with the same `Idempotency-Key` (and holder)
     /// still returns it (at least half of this, at most this, by etcd's clock); later retries
-    /// are answered like any other acquire. Keep it short: until clients authenticate, the key
-    /// is all that binds a retry to the original caller.
+    /// are answered like any other acquire. Keep it short: without `--auth-tokens` the key is
+    /// all that binds a retry to the original caller (with it, the principal must match too).
     #[arg(long, env = "LEASE_PROXY_IDEMPOTENCY_WINDOW", default_value = "30s", value_parser = humantime::parse_duration)]
     #[serde(with = "humantime_serde")]
     pub idempotency_window: Duration,
@@ -168,6 +168,19 @@ pub struct Config {
     /// Deepest nesting of transactions inside a `/v3/kv/txn` (0: no nested transactions).
     #[arg(long, env = "LEASE_PROXY_V3_MAX_TXN_DEPTH", default_value_t = 4)]
     pub v3_max_txn_depth: usize,
+
+    /// Bearer-token file turning client authentication on: lines `PRINCIPAL SHA256HEX
+    /// PERM[,PERM…]`, `PERM` = `OP:PREFIX` (`acquire`, `read`, `forward`, `v3`; `*` for every
+    /// resource), `#` comments. Reloaded on SIGHUP and when the file changes; a reload that does
+    /// not parse keeps the previous table. Without it anyone who can connect may call.
+    #[arg(long, env = "LEASE_PROXY_AUTH_TOKENS")]
+    pub auth_tokens: Option<PathBuf>,
+
+    /// Audit log: one JSON line per grant, release, refused renewal and refusal by
+    /// authentication or authorisation, appended by a background writer (a full queue drops
+    /// events and counts them, `lease_proxy_audit_dropped_total`).
+    #[arg(long, env = "LEASE_PROXY_AUDIT_LOG")]
+    pub audit_log: Option<PathBuf>,
 
     /// Log format.
     #[arg(
@@ -289,6 +302,11 @@ impl Config {
         if self.etcd_timeout < Duration::from_millis(100) {
             return fail("--etcd-timeout must be at least 100ms".into());
         }
+        if let Some(path) = &self.auth_tokens {
+            // Parsed here so a bad file stops the binary with 64 before anything starts; the
+            // server loads it again (and from then on on every reload).
+            crate::auth::Table::load(path).map_err(ConfigError)?;
+        }
         self.validate_v3()
     }
 
@@ -395,6 +413,20 @@ mod tests {
         let mut c = Config::parse_from(["lease-proxy"]);
         c.etcd_endpoints = vec!["127.0.0.1:2379".into()];
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn a_token_file_is_checked_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens");
+        let mut c = Config::parse_from(["lease-proxy"]);
+        c.auth_tokens = Some(path.clone());
+        assert!(c.validate().is_err(), "a missing file");
+        std::fs::write(&path, "alice not-a-hash read:*\n").unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("line 1"), "{err}");
+        std::fs::write(&path, format!("alice {} read:*\n", "ab".repeat(32))).unwrap();
+        c.validate().unwrap();
     }
 
     #[test]

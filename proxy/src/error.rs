@@ -36,6 +36,23 @@ pub enum Error {
     /// The secret does not belong to the current grant of the resource.
     #[error("the Lease-Secret does not match the current holder of this resource")]
     NotHolder,
+    /// Client authentication is on (`--auth-tokens`) and the request names no known principal.
+    #[error("authentication required: {0}")]
+    Unauthenticated(&'static str),
+    /// The principal may not do this operation on this resource (the token file's permissions).
+    #[error("principal `{principal}` may not {op} {target}")]
+    Forbidden {
+        /// Who asked.
+        principal: String,
+        /// The operation (`acquire`, `read`, `forward`, `v3`).
+        op: &'static str,
+        /// The resource, or what else was asked for.
+        target: String,
+    },
+    /// The grant was acquired by another principal: only that principal may renew, release,
+    /// forward or replay it, whatever secret or key is shown.
+    #[error("this grant belongs to another principal")]
+    OtherPrincipal,
     /// Another holder has the resource.
     #[error("resource is held by another holder")]
     Held(Box<Conflict>),

@@ -6,6 +6,8 @@
 #![forbid(unsafe_code)]
 
 mod api;
+mod audit;
+mod auth;
 mod config;
 mod error;
 mod etcd;

@@ -31,6 +31,13 @@ pub(crate) struct Metrics {
     /// Forwarded writes, by `outcome`: `2xx`, `3xx`, `4xx`, `5xx` (the upstream's answer) or
     /// `unreachable` / `timeout` (`lease_proxy_forwards_total`).
     pub(crate) forwards: Counter<u64>,
+    /// Requests judged by `--auth-tokens`, by `outcome` (`authenticated`, `unauthenticated`,
+    /// `forbidden`) and `route` (`acquire`, `read`, `forward`, `v3`)
+    /// (`lease_proxy_auth_requests_total`).
+    pub(crate) auth: Counter<u64>,
+    /// Audit events dropped because the writer's queue was full
+    /// (`lease_proxy_audit_dropped_total`).
+    pub(crate) audit_dropped: Counter<u64>,
     etcd: Histogram<f64>,
     /// Keepalive streams currently open to etcd.
     pub(crate) keepalive_streams: Arc<AtomicI64>,
@@ -71,6 +78,14 @@ impl Metrics {
                 "Requests refused because the grant they name has ended, by reason.",
             ),
             forwards: counter("lease_proxy.forwards", "Forwarded writes, by outcome."),
+            auth: counter(
+                "lease_proxy.auth.requests",
+                "Requests judged by the token file, by outcome and route.",
+            ),
+            audit_dropped: counter(
+                "lease_proxy.audit.dropped",
+                "Audit events dropped because the audit writer's queue was full.",
+            ),
             etcd: meter
                 .f64_histogram("lease_proxy.etcd.request.duration")
                 .with_unit("s")
@@ -91,6 +106,7 @@ impl Metrics {
             &self.conflicts,
             &self.releases,
             &self.expirations,
+            &self.audit_dropped,
         ] {
             counter.add(0, &[]);
         }
@@ -103,6 +119,22 @@ impl Metrics {
         for o in ["2xx", "3xx", "4xx", "5xx", "unreachable", "timeout"] {
             self.forwards.add(0, &outcome(o));
         }
+        for o in ["authenticated", "unauthenticated", "forbidden"] {
+            for route in ["acquire", "read", "forward", "v3"] {
+                self.auth_request(o, route, 0);
+            }
+        }
+    }
+
+    /// Counts `n` requests judged `outcome` on a route of class `route`.
+    pub(crate) fn auth_request(&self, outcome: &'static str, route: &'static str, n: u64) {
+        self.auth.add(
+            n,
+            &[
+                KeyValue::new("outcome", outcome),
+                KeyValue::new("route", route),
+            ],
+        );
     }
 
     /// The meter, for instruments read from elsewhere (gauges over the holder view).

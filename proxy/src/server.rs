@@ -16,6 +16,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::api::{self, AppState};
+use crate::audit::Audit;
+use crate::auth::Auth;
 use crate::etcd::{Etcd, Holders, KeepAlive};
 use crate::forward::Upstream;
 use crate::lease::{Layout, Leases, Limits};
@@ -33,6 +35,18 @@ pub enum StartError {
     #[error("cannot write the development key {path}: {source}")]
     DevKey {
         /// Where it was to be written.
+        path: PathBuf,
+        /// Why not.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The token file is unusable.
+    #[error("{0}")]
+    Auth(String),
+    /// The audit log could not be opened.
+    #[error("cannot open the audit log {path}: {source}")]
+    AuditLog {
+        /// The file.
         path: PathBuf,
         /// Why not.
         #[source]
@@ -88,6 +102,10 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
     let keys = Arc::new(load_keys(&config)?);
+    let auth = match &config.auth_tokens {
+        Some(path) => Some(Arc::new(Auth::load(path).map_err(StartError::Auth)?)),
+        None => None,
+    };
     let metrics = Arc::new(Metrics::new().map_err(StartError::Metrics)?);
     let etcd = Etcd::connect(&config.etcd_endpoints, config.etcd_timeout, metrics.clone()).await?;
     let tracker = TaskTracker::new();
@@ -100,9 +118,29 @@ pub async fn run(
         &tracker,
         background.clone(),
     );
+    if let Some(auth) = &auth {
+        auth.watch(&tracker, background.clone());
+    }
+    // The writer outlives the drain (cancelled with the other background tasks), so the
+    // events of requests finishing during it are written.
+    let audit = match &config.audit_log {
+        Some(path) => Audit::start(path, metrics.clone(), &tracker, background.clone())
+            .await
+            .map_err(|source| StartError::AuditLog {
+                path: path.clone(),
+                source,
+            })?,
+        None => Audit::off(metrics.clone()),
+    };
     let v3 = crate::v3::V3::new(etcd.clone(), keepalive.clone(), keys.clone(), &config);
     let holders_prefix = format!("{}holders/", config.etcd_prefix);
-    let holders = Holders::start(&etcd, holders_prefix.clone(), &tracker, background.clone());
+    let holders = Holders::start(
+        &etcd,
+        holders_prefix.clone(),
+        audit.clone(),
+        &tracker,
+        background.clone(),
+    );
     let limits = Limits {
         min_ttl: config.min_ttl,
         max_ttl: config.max_ttl,
@@ -138,6 +176,8 @@ pub async fn run(
             deadline: config.header_read_timeout,
         },
         draining: AtomicBool::new(false),
+        auth,
+        audit,
     });
     let app = api::router(state.clone());
 

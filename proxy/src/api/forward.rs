@@ -8,7 +8,9 @@ use axum::extract::{Path, State};
 use axum::http::Request;
 use axum::response::Response;
 
+use super::authz::{self, Target};
 use super::{body, AppState};
+use crate::auth::Op;
 use crate::forward::forwarded_path;
 use crate::lease::validate;
 use crate::{Error, Result};
@@ -27,6 +29,12 @@ pub(super) async fn forward(
         .find_map(|(k, v)| (k == "resource").then_some(v))
         .unwrap_or_default();
     validate::resource(&resource)?;
+    let caller = authz::authorize(
+        &app,
+        req.headers(),
+        Op::Forward,
+        Target::Resource(&resource),
+    )?;
     let upstream = app.upstream.as_ref().ok_or(Error::ForwardingDisabled)?;
     let secret = body::secret(req.headers())?;
     let target = forwarded_path(req.uri()).ok_or(Error::NoRoute)?;
@@ -42,8 +50,21 @@ pub(super) async fn forward(
             });
         }
     }
-    let (record, signed) = app.leases.holding_for_forward(&resource, &secret).await?;
+    let principal = authz::name(&caller);
+    let (record, signed) = app
+        .leases
+        .holding_for_forward(&resource, &secret, principal.as_deref())
+        .await
+        .inspect_err(|e| {
+            authz::audit_refusal(&app, req.headers(), &caller, Op::Forward, &resource, e);
+        })?;
     tracing::debug!(%resource, holder = %record.holder, "forwarding");
-    let req = req.map(|b| Body::new(http_body_util::Limited::new(b, app.max_forward_bytes)));
+    let mut req = req.map(|b| Body::new(http_body_util::Limited::new(b, app.max_forward_bytes)));
+    if caller.is_some() {
+        // The bearer token is the client's credential towards this proxy: the upstream must
+        // never see it (it could call the proxy as the client). Without authentication the
+        // header is the client's business and passes through.
+        req.headers_mut().remove(http::header::AUTHORIZATION);
+    }
     upstream.forward(req, &target, &resource, &signed).await
 }

@@ -12,7 +12,10 @@ use axum::Json;
 use serde::Deserialize;
 use tokio::time::Instant;
 
+use super::authz::{self, Target};
 use super::{body, AppState};
+use crate::audit::Event;
+use crate::auth::Op;
 use crate::lease::{validate, Acquire};
 use crate::{Error, Result};
 
@@ -64,6 +67,7 @@ pub(super) async fn acquire(
 ) -> Result<Response> {
     let received = Instant::now();
     let resource = resource(path)?;
+    let caller = authz::authorize(&app, &headers, Op::Acquire, Target::Resource(&resource))?;
     let idempotency_key = body::idempotency_key(&headers)?;
     let req: AcquireBody = body::json(&headers, body, app.body).await?;
     let limits = app.leases.limits();
@@ -82,15 +86,25 @@ pub(super) async fn acquire(
     let grant = app
         .leases
         .acquire(&Acquire {
-            resource,
+            resource: resource.clone(),
             holder: req.holder,
+            principal: authz::name(&caller),
             ttl_seconds,
             wait,
             metadata: req.metadata,
             idempotency_key,
             received,
         })
-        .await?;
+        .await
+        .inspect_err(|e| {
+            authz::audit_refusal(&app, &headers, &caller, Op::Acquire, &resource, e)
+        })?;
+    app.audit.record(Event {
+        principal: authz::name(&caller),
+        resource: Some(resource),
+        token: Some(grant.token.clone()),
+        ..Event::new("grant", "ok", &headers)
+    });
     let location = format!("/v1/leases/{}", grant.resource);
     let mut response = (StatusCode::CREATED, Json(grant)).into_response();
     if let Ok(v) = HeaderValue::from_str(&location) {
@@ -109,9 +123,21 @@ pub(super) async fn renew(
     body: Body,
 ) -> Result<Response> {
     let resource = resource(path)?;
+    let caller = authz::authorize(&app, &headers, Op::Acquire, Target::Resource(&resource))?;
     let secret = body::secret(&headers)?;
     let RenewBody {} = body::optional_json(&headers, body, app.body).await?;
-    let renewal = app.leases.renew(&resource, &secret).await?;
+    let principal = authz::name(&caller);
+    let renewal = app
+        .leases
+        .renew(&resource, &secret, principal.as_deref())
+        .await
+        .inspect_err(|e| {
+            app.audit.record(Event {
+                principal: principal.clone(),
+                resource: Some(resource.clone()),
+                ..Event::new("renew", e.slug(), &headers)
+            });
+        })?;
     Ok(Json(renewal).into_response())
 }
 
@@ -121,23 +147,43 @@ pub(super) async fn release(
     headers: HeaderMap,
 ) -> Result<StatusCode> {
     let resource = resource(path)?;
+    let caller = authz::authorize(&app, &headers, Op::Acquire, Target::Resource(&resource))?;
     let secret = body::secret(&headers)?;
-    app.leases.release(&resource, &secret).await?;
+    let principal = authz::name(&caller);
+    let ended = app
+        .leases
+        .release(&resource, &secret, principal.as_deref())
+        .await
+        .inspect_err(|e| {
+            authz::audit_refusal(&app, &headers, &caller, Op::Acquire, &resource, e)
+        })?;
+    if let Some(token) = ended {
+        app.audit.record(Event {
+            principal,
+            resource: Some(resource),
+            token: Some(token),
+            ..Event::new("release", "ok", &headers)
+        });
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 
 pub(super) async fn get(
     State(app): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
 ) -> Result<Response> {
     let resource = resource(path)?;
+    authz::authorize(&app, &headers, Op::Read, Target::Resource(&resource))?;
     Ok(Json(app.leases.get(&resource).await?).into_response())
 }
 
 pub(super) async fn list(
     State(app): State<Arc<AppState>>,
     query: Result<Query<ListQuery>, QueryRejection>,
+    headers: HeaderMap,
 ) -> Result<Response> {
+    let caller = authz::authorize(&app, &headers, Op::Read, Target::Some)?;
     let Query(q) = query.map_err(|e| Error::InvalidRequest(e.body_text()))?;
     validate::resource_prefix(&q.prefix)?;
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
@@ -147,9 +193,14 @@ pub(super) async fn list(
             reason: format!("must be between 1 and {MAX_LIMIT}"),
         });
     }
-    let page = app
+    let mut page = app
         .leases
         .list(&q.prefix, limit, q.cursor.as_deref())
         .await?;
+    if let Some(principal) = &caller {
+        // Filtered after the read, so a page may hold fewer than `limit` entries (even none)
+        // while `next_cursor` still leads on: the cursor never depends on who asks.
+        page.leases.retain(|h| principal.may(Op::Read, &h.resource));
+    }
     Ok(Json(page).into_response())
 }

@@ -1,5 +1,6 @@
 //! The HTTP surface: routes, shared state, and the problem+json mapping.
 
+mod authz;
 mod body;
 mod forward;
 mod leases;
@@ -16,6 +17,7 @@ use axum::Router;
 use tower_http::catch_panic::CatchPanicLayer;
 
 pub(crate) use body::{BodyLimits, SECRET_HEADER};
+pub(crate) use problem::BEARER_CHALLENGE;
 pub use problem::PROBLEM_BASE;
 
 use crate::etcd::Etcd;
@@ -38,6 +40,10 @@ pub(crate) struct AppState {
     pub(crate) max_forward_bytes: usize,
     /// etcd's JSON API, namespaced.
     pub(crate) v3: crate::v3::V3,
+    /// The token table, when `--auth-tokens` is given; `None`: anyone may call.
+    pub(crate) auth: Option<Arc<crate::auth::Auth>>,
+    /// The audit log (a no-op without `--audit-log`).
+    pub(crate) audit: crate::audit::Audit,
     /// Set when SIGTERM arrives: `/readyz` answers 503 from then on.
     pub(crate) draining: AtomicBool,
 }
@@ -76,6 +82,10 @@ async fn v3(
     axum::extract::State(app): axum::extract::State<Arc<AppState>>,
     req: axum::http::Request<axum::body::Body>,
 ) -> Response {
+    let target = authz::Target::All;
+    if let Err(e) = authz::authorize(&app, req.headers(), crate::auth::Op::V3, target) {
+        return crate::v3::refusal(e);
+    }
     app.v3.handle(req).await
 }
 

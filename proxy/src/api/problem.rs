@@ -9,6 +9,9 @@ use crate::Error;
 /// Base of every problem `type` URI; each problem is documented under this path in the README.
 pub const PROBLEM_BASE: &str = "https://lease-proxy.dev/problems/";
 
+/// The challenge of a 401 for a missing, malformed or unknown bearer token.
+pub(crate) const BEARER_CHALLENGE: &str = "Bearer realm=\"lease-proxy\"";
+
 #[derive(Serialize)]
 struct Problem<'a> {
     #[serde(rename = "type")]
@@ -43,6 +46,13 @@ impl Error {
             ),
             Error::MissingSecret => (S::UNAUTHORIZED, "missing-secret", "Lease secret required"),
             Error::NotHolder => (S::FORBIDDEN, "not-holder", "Not the holder"),
+            Error::Unauthenticated(_) => (
+                S::UNAUTHORIZED,
+                "unauthenticated",
+                "Authentication required",
+            ),
+            Error::Forbidden { .. } => (S::FORBIDDEN, "forbidden", "Not permitted"),
+            Error::OtherPrincipal => (S::FORBIDDEN, "other-principal", "Another principal's grant"),
             Error::Held(_) => (S::CONFLICT, "lease-held", "Lease held"),
             Error::IdempotencyKeyUsed => (
                 S::CONFLICT,
@@ -86,6 +96,13 @@ impl Error {
     }
 }
 
+impl Error {
+    /// The problem slug (the last segment of its `type`), for audit lines.
+    pub(crate) fn slug(&self) -> &'static str {
+        self.classify().1
+    }
+}
+
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
         let (status, slug, title) = self.classify();
@@ -125,10 +142,13 @@ impl IntoResponse for Error {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         if status == StatusCode::UNAUTHORIZED {
-            headers.insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Lease-Secret"),
-            );
+            // RFC 9110: a 401 names the scheme that would work — the client's bearer token, or
+            // (authenticated or not) the grant's secret.
+            let scheme = match &self {
+                Error::Unauthenticated(_) => BEARER_CHALLENGE,
+                _ => "Lease-Secret",
+            };
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(scheme));
         }
         response
     }

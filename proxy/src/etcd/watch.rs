@@ -21,6 +21,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::{prefix_end, Etcd};
+use crate::audit::{Audit, Event};
+use crate::lease::HolderRecord;
 use crate::metrics::Metrics;
 
 const CHANNEL: usize = 4096;
@@ -63,13 +65,17 @@ pub(crate) struct Holders {
     /// disappears from etcd while still here has expired.
     granted_here: Arc<DashMap<String, i64>>,
     metrics: Arc<Metrics>,
+    /// Where the expiries of those grants are written.
+    audit: Audit,
 }
 
 impl Holders {
-    /// Starts the list-and-watch task on `tracker`; it stops when `cancel` fires.
+    /// Starts the list-and-watch task on `tracker`; it stops when `cancel` fires. Expiries of
+    /// grants made here go to `audit`.
     pub(crate) fn start(
         etcd: &Etcd,
         holders_prefix: String,
+        audit: Audit,
         tracker: &TaskTracker,
         cancel: CancellationToken,
     ) -> Self {
@@ -79,6 +85,7 @@ impl Holders {
             view: Arc::default(),
             granted_here: Arc::default(),
             metrics: etcd.metrics().clone(),
+            audit,
         };
         let view = holders.view.clone();
         etcd.metrics()
@@ -138,7 +145,23 @@ impl Holders {
             .is_some()
         {
             self.metrics.expirations.add(1, &[]);
+            // The record as last seen names the principal; a value that does not parse still
+            // leaves resource and token.
+            let principal = HolderRecord::decode(resource, &seen.value)
+                .ok()
+                .and_then(|r| r.principal);
+            self.expired(resource, seen.create_revision, principal);
         }
+    }
+
+    /// Audits the expiry of a grant made here.
+    fn expired(&self, resource: &str, create_revision: i64, principal: Option<String>) {
+        self.audit.record(Event {
+            principal,
+            resource: Some(resource.to_owned()),
+            token: Some(create_revision.to_string()),
+            ..Event::unrequested("expire", "ok")
+        });
     }
 }
 
@@ -270,7 +293,11 @@ async fn list(etcd: &Etcd, prefix: &str, holders: &Holders) -> crate::Result<i64
     let mut expired = 0;
     holders.granted_here.retain(|resource, revision| {
         let keep = *revision > at_revision || alive.get(resource.as_str()) == Some(revision);
-        expired += u64::from(!keep);
+        if !keep {
+            // Gone while the watch was down: its last record was never seen, so no principal.
+            holders.expired(resource, *revision, None);
+            expired += 1;
+        }
         keep
     });
     if expired > 0 {

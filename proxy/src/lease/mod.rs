@@ -51,6 +51,8 @@ pub(crate) struct Acquire {
     pub(crate) resource: String,
     /// Who asks.
     pub(crate) holder: String,
+    /// The authenticated principal, recorded in the grant (`None` with authentication off).
+    pub(crate) principal: Option<String>,
     /// Requested TTL in seconds.
     pub(crate) ttl_seconds: u64,
     /// How long to wait for a held resource to become free.
@@ -600,6 +602,7 @@ impl Leases {
             metadata: req.metadata.clone(),
             acquired_at: unix_millis(),
             ttl_seconds,
+            principal: req.principal.clone(),
             idempotency: idempotent.map(|(k, salt)| {
                 secret::idempotency_marker(&self.keys, &req.resource, &req.holder, k, &salt)
             }),
@@ -667,6 +670,9 @@ impl Leases {
                 secret::idempotency_salt(&self.keys, marker, &req.resource, &req.holder, k)
             });
             if let (true, true, Some(salt)) = (in_window, existing.holder == req.holder, salt) {
+                // The key and holder are right, but an Idempotency-Key is no credential: a
+                // retry is answered with the grant only for the principal that acquired it.
+                existing.owned_by(req.principal.as_deref())?;
                 let (token, fencing_token) = self.token(&req.resource, kv.create_revision());
                 // The first attempt may still be pre-fencing (or have failed to): the grant is
                 // only ever returned once the enforcer knows its token.
@@ -767,12 +773,14 @@ impl Leases {
         &self,
         resource: &str,
         secret: &str,
+        principal: Option<&str>,
     ) -> Result<(HolderRecord, String)> {
         let (record, revision) = self
             .held_with(resource, secret)
             .await
             .and_then(|held| held.ok_or(Error::Lost))
             .inspect_err(|e| self.count_stale(e))?;
+        record.owned_by(principal)?;
         let (_, signed) = self.token(resource, revision);
         Ok((record, signed))
     }
@@ -786,8 +794,14 @@ impl Leases {
     }
 
     /// Extends the holder's lease by its TTL. Fails with [`Error::Lost`] once the lease is gone.
-    pub(crate) async fn renew(&self, resource: &str, secret: &str) -> Result<Renewal> {
-        let renewed = self.renew_grant(resource, secret).await;
+    /// Only `principal` (the caller, `None` with authentication off) may renew its grant.
+    pub(crate) async fn renew(
+        &self,
+        resource: &str,
+        secret: &str,
+        principal: Option<&str>,
+    ) -> Result<Renewal> {
+        let renewed = self.renew_grant(resource, secret, principal).await;
         let outcome = match &renewed {
             Ok(_) => "renewed",
             Err(Error::Lost) => "lost",
@@ -800,8 +814,14 @@ impl Leases {
         renewed.inspect_err(|e| self.count_stale(e))
     }
 
-    async fn renew_grant(&self, resource: &str, secret: &str) -> Result<Renewal> {
+    async fn renew_grant(
+        &self,
+        resource: &str,
+        secret: &str,
+        principal: Option<&str>,
+    ) -> Result<Renewal> {
         let (record, revision) = self.confirmed(resource, secret).await?;
+        record.owned_by(principal)?;
         let ttl = self.keepalive.renew(record.lease_id).await?;
         if ttl <= 0 {
             return Err(Error::Lost);
@@ -824,12 +844,21 @@ impl Leases {
     /// are), so the revoke deletes exactly this incarnation — or nothing, if it has already
     /// ended. Once it has returned, etcd answers every keepalive of the lease with TTL 0, so no
     /// replica renews the grant any more, whatever its view says; forwards read linearizably.
-    pub(crate) async fn release(&self, resource: &str, secret: &str) -> Result<()> {
+    ///
+    /// Only `principal` (the caller, `None` with authentication off) may release its grant.
+    /// Answers the token of the grant this call ended, if it ended one.
+    pub(crate) async fn release(
+        &self,
+        resource: &str,
+        secret: &str,
+        principal: Option<&str>,
+    ) -> Result<Option<String>> {
         let (record, revision) = match self.confirmed(resource, secret).await {
             Ok(found) => found,
-            Err(Error::Lost) => return Ok(()),
+            Err(Error::Lost) => return Ok(None),
             Err(e) => return Err(e),
         };
+        record.owned_by(principal)?;
         self.holders.releasing(resource, revision);
         let ended = self
             .etcd
@@ -841,11 +870,12 @@ impl Leases {
             })?;
         // This replica's view must not confirm the grant once the release has answered.
         self.holders.forget(resource, revision);
-        if ended {
-            tracing::info!(%resource, holder = %record.holder, "released");
-            self.etcd.metrics().releases.add(1, &[]);
+        if !ended {
+            return Ok(None);
         }
-        Ok(())
+        tracing::info!(%resource, holder = %record.holder, "released");
+        self.etcd.metrics().releases.add(1, &[]);
+        Ok(Some(revision.to_string()))
     }
 
     /// Who holds `resource`, without secrets.
@@ -1002,6 +1032,7 @@ mod tests {
             acquired_at: 1234,
             ttl_seconds: 30,
             idempotency: None,
+            principal: None,
         };
         let h = holding("r".into(), record, 42, 5);
         assert_eq!(

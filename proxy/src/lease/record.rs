@@ -21,6 +21,11 @@ pub(crate) struct HolderRecord {
     pub(crate) acquired_at: u64,
     /// The TTL granted by etcd, in seconds.
     pub(crate) ttl_seconds: u64,
+    /// The principal that acquired (with `--auth-tokens`): only it may renew, release, forward
+    /// or replay the grant. Absent in grants made without authentication (and in records
+    /// written before the field existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) principal: Option<String>,
     /// `v2.{salt}.{HMAC(fencing key; resource, holder, Idempotency-Key, salt)}` when the
     /// acquire carried an `Idempotency-Key` (see `secret::idempotency_marker`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -28,6 +33,16 @@ pub(crate) struct HolderRecord {
 }
 
 impl HolderRecord {
+    /// Refuses `principal` (the caller, `None` with authentication off) unless it acquired
+    /// this grant. With authentication on, a grant that records no principal (made while it
+    /// was off) is nobody's: it lapses or is released by an operator, never taken over.
+    pub(crate) fn owned_by(&self, principal: Option<&str>) -> Result<()> {
+        match principal {
+            Some(p) if self.principal.as_deref() != Some(p) => Err(Error::OtherPrincipal),
+            _ => Ok(()),
+        }
+    }
+
     /// Parses a stored record; a value the proxy cannot read is reported, not guessed at.
     pub(crate) fn decode(key: &str, value: &[u8]) -> Result<Self> {
         serde_json::from_slice(value).map_err(|e| Error::CorruptRecord {
@@ -81,11 +96,19 @@ mod tests {
             acquired_at: 1,
             ttl_seconds: 10,
             idempotency: None,
+            principal: None,
         };
         let bytes = r.encode();
         assert!(String::from_utf8_lossy(&bytes).contains("\"7385237249237762323\""));
         let back = HolderRecord::decode("k", &bytes).unwrap();
         assert_eq!(back.lease_id, r.lease_id);
         assert!(HolderRecord::decode("k", b"nope").is_err());
+        assert!(!String::from_utf8_lossy(&bytes).contains("principal"));
+        let owned = HolderRecord {
+            principal: Some("alice".into()),
+            ..back
+        };
+        let back = HolderRecord::decode("k", &owned.encode()).unwrap();
+        assert_eq!(back.principal.as_deref(), Some("alice"));
     }
 }

@@ -44,6 +44,12 @@ use namespace::Namespace;
 use request::Message;
 use status::{json as json_response, plain, Code, Status};
 
+/// A request refused before it reached the `/v3` API (authentication, authorisation), in etcd's
+/// shape.
+pub(crate) fn refusal(e: crate::Error) -> Response {
+    Status::from(e).response()
+}
+
 /// Per-request limits of `/v3`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Limits {

@@ -16,15 +16,22 @@ pub(crate) const EMPTY_KEY: &str = "etcdserver: key is not provided";
 /// etcd's error for an empty operation in a transaction (gRPC InvalidArgument).
 pub(crate) const EMPTY_OP: &str = "etcdserver: key not found";
 
+/// etcd's error for a request whose auth token it does not accept (gRPC Unauthenticated).
+pub(crate) const INVALID_AUTH_TOKEN: &str = "etcdserver: invalid auth token";
+/// etcd's error for a user without the role a request needs (gRPC PermissionDenied).
+pub(crate) const PERMISSION_DENIED: &str = "etcdserver: permission denied";
+
 /// A gRPC status code (the subset `/v3` answers with).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Code {
     Unknown = 2,
     InvalidArgument = 3,
     NotFound = 5,
+    PermissionDenied = 7,
     ResourceExhausted = 8,
     Unimplemented = 12,
     Unavailable = 14,
+    Unauthenticated = 16,
 }
 
 /// A refusal or failure of a `/v3` call.
@@ -108,10 +115,17 @@ impl Status {
             body.insert("message".into(), self.message.as_ref().into());
         }
         body.insert("code".into(), self.code.into());
-        json(
+        let mut response = json(
             self.http_status(),
             serde_json::Value::Object(body).to_string(),
-        )
+        );
+        if self.code == Code::Unauthenticated as i32 {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static(crate::api::BEARER_CHALLENGE),
+            );
+        }
+        response
     }
 }
 
@@ -129,6 +143,12 @@ impl From<Error> for Status {
                 Self::new(Code::Unavailable, e.to_string())
             }
             Error::Etcd(other) => Self::new(Code::Unavailable, format!("etcd: {other}")),
+            // The proxy's token check, worded as etcd's own auth refuses, so etcd clients
+            // recognise it.
+            Error::Unauthenticated(_) => Self::new(Code::Unauthenticated, INVALID_AUTH_TOKEN),
+            Error::Forbidden { .. } | Error::OtherPrincipal => {
+                Self::new(Code::PermissionDenied, PERMISSION_DENIED)
+            }
             other => Self::new(Code::Unknown, other.to_string()),
         }
     }
@@ -172,6 +192,8 @@ mod tests {
             (Code::Unknown, 500),
             (Code::Unavailable, 503),
             (Code::Unimplemented, 501),
+            (Code::PermissionDenied, 403),
+            (Code::Unauthenticated, 401),
         ] {
             assert_eq!(Status::new(code, "x").http_status().as_u16(), http);
         }

@@ -1,0 +1,110 @@
+//! Every route's check of who calls: the request's principal (when `--auth-tokens` is on), its
+//! permission for the route's operation on the resource, the count in `/metrics`, and an audit
+//! line for every refusal. With authentication off every request passes as "no principal".
+
+use std::sync::Arc;
+
+use axum::http::HeaderMap;
+
+use super::AppState;
+use crate::audit::Event;
+use crate::auth::{Op, Principal};
+use crate::{Error, Result};
+
+/// Who a request comes from: `None` when authentication is off, so nothing is checked.
+pub(super) type Caller = Option<Arc<Principal>>;
+
+/// What a request asks to do.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Target<'a> {
+    /// One resource.
+    Resource(&'a str),
+    /// Some resources, to be filtered afterwards (the list): the principal must have the
+    /// operation on at least one prefix.
+    Some,
+    /// Everything (the `/v3` API).
+    All,
+}
+
+impl Target<'_> {
+    fn resource(&self) -> Option<String> {
+        match self {
+            Target::Resource(r) => Some((*r).to_owned()),
+            Target::Some | Target::All => None,
+        }
+    }
+}
+
+/// The caller of the request, allowed to do `op` on `target`; a 401 or 403 otherwise.
+pub(super) fn authorize(
+    app: &AppState,
+    headers: &HeaderMap,
+    op: Op,
+    target: Target<'_>,
+) -> Result<Caller> {
+    let Some(auth) = &app.auth else {
+        return Ok(None);
+    };
+    let metrics = app.etcd.metrics();
+    let principal = match auth.authenticate(headers) {
+        Ok(principal) => principal,
+        Err(why) => {
+            metrics.auth_request("unauthenticated", op.as_str(), 1);
+            app.audit.record(Event {
+                op: Some(op.as_str()),
+                resource: target.resource(),
+                ..Event::new("authz", "unauthenticated", headers)
+            });
+            return Err(Error::Unauthenticated(why.as_str()));
+        }
+    };
+    let allowed = match target {
+        Target::Resource(resource) => principal.may(op, resource),
+        Target::Some => principal.may_any(op),
+        Target::All => principal.may(op, ""),
+    };
+    if !allowed {
+        metrics.auth_request("forbidden", op.as_str(), 1);
+        app.audit.record(Event {
+            principal: Some(principal.name.clone()),
+            op: Some(op.as_str()),
+            resource: target.resource(),
+            ..Event::new("authz", "forbidden", headers)
+        });
+        return Err(Error::Forbidden {
+            principal: principal.name.clone(),
+            op: op.as_str(),
+            target: match target {
+                Target::Resource(r) => format!("`{r}`"),
+                Target::Some => "any resource".to_owned(),
+                Target::All => "the /v3 API".to_owned(),
+            },
+        });
+    }
+    metrics.auth_request("authenticated", op.as_str(), 1);
+    Ok(Some(principal))
+}
+
+/// The name a grant records for `caller`.
+pub(super) fn name(caller: &Caller) -> Option<String> {
+    caller.as_ref().map(|p| p.name.clone())
+}
+
+/// Records a refusal of `op` on `resource` because the grant is another principal's.
+pub(super) fn audit_refusal(
+    app: &AppState,
+    headers: &HeaderMap,
+    caller: &Caller,
+    op: Op,
+    resource: &str,
+    error: &Error,
+) {
+    if matches!(error, Error::OtherPrincipal) {
+        app.audit.record(Event {
+            principal: name(caller),
+            op: Some(op.as_str()),
+            resource: Some(resource.to_owned()),
+            ..Event::new("authz", "other-principal", headers)
+        });
+    }
+}
