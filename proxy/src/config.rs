@@ -176,6 +176,17 @@ pub struct Config {
     #[arg(long, env = "LEASE_PROXY_AUTH_TOKENS")]
     pub auth_tokens: Option<PathBuf>,
 
+    /// Most grants one principal may hold at once, across every replica (needs
+    /// `--auth-tokens`); the next acquire is answered 429 `quota-exceeded`.
+    #[arg(long, env = "LEASE_PROXY_QUOTA_HELD")]
+    pub quota_held: Option<u64>,
+
+    /// Acquires a second one principal may make through one replica, a token bucket with a
+    /// burst of max(1, ⌈R⌉) (needs `--auth-tokens`); more are answered 429 `quota-exceeded`.
+    /// Per replica: K replicas let a principal make up to K·R.
+    #[arg(long, env = "LEASE_PROXY_QUOTA_ACQUIRE_RATE")]
+    pub quota_acquire_rate: Option<f64>,
+
     /// Audit log: one JSON line per grant, release, refused renewal and refusal by
     /// authentication or authorisation, appended by a background writer (a full queue drops
     /// events and counts them, `lease_proxy_audit_dropped_total`).
@@ -302,6 +313,22 @@ impl Config {
         if self.etcd_timeout < Duration::from_millis(100) {
             return fail("--etcd-timeout must be at least 100ms".into());
         }
+        if self.auth_tokens.is_none()
+            && (self.quota_held.is_some() || self.quota_acquire_rate.is_some())
+        {
+            return fail(
+                "--quota-held and --quota-acquire-rate are per principal and need --auth-tokens"
+                    .into(),
+            );
+        }
+        if self.quota_held == Some(0) {
+            return fail("--quota-held must be at least 1".into());
+        }
+        if let Some(rate) = self.quota_acquire_rate {
+            if !(rate.is_finite() && rate > 0.0 && rate <= 1e6) {
+                return fail("--quota-acquire-rate must be a number above 0 (at most 1e6)".into());
+            }
+        }
         if let Some(path) = &self.auth_tokens {
             // Parsed here so a bad file stops the binary with 64 before anything starts; the
             // server loads it again (and from then on on every reload).
@@ -427,6 +454,28 @@ mod tests {
         assert!(err.contains("line 1"), "{err}");
         std::fs::write(&path, format!("alice {} read:*\n", "ab".repeat(32))).unwrap();
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn quotas_need_authentication_and_sane_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens");
+        std::fs::write(&path, format!("alice {} read:*\n", "ab".repeat(32))).unwrap();
+        let with = |held: Option<u64>, rate: Option<f64>, auth: bool| {
+            let mut c = Config::parse_from(["lease-proxy"]);
+            c.quota_held = held;
+            c.quota_acquire_rate = rate;
+            c.auth_tokens = auth.then(|| path.clone());
+            c.validate()
+        };
+        assert!(with(Some(3), None, false).is_err());
+        assert!(with(None, Some(1.0), false).is_err());
+        assert!(with(Some(0), None, true).is_err());
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 2e6] {
+            assert!(with(None, Some(bad), true).is_err(), "{bad}");
+        }
+        with(Some(3), Some(0.5), true).unwrap();
+        with(None, None, false).unwrap();
     }
 
     #[test]

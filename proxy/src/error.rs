@@ -53,6 +53,14 @@ pub enum Error {
     /// forward or replay it, whatever secret or key is shown.
     #[error("this grant belongs to another principal")]
     OtherPrincipal,
+    /// The principal is over one of its quotas (`--quota-held`, `--quota-acquire-rate`).
+    #[error("over the {quota} quota of this principal; retry in {retry_after} s")]
+    QuotaExceeded {
+        /// Which quota: `held` or `rate`.
+        quota: &'static str,
+        /// Whole seconds until trying again makes sense (`Retry-After`).
+        retry_after: u64,
+    },
     /// Another holder has the resource.
     #[error("resource is held by another holder")]
     Held(Box<Conflict>),

@@ -35,6 +35,9 @@ pub(crate) struct Metrics {
     /// `forbidden`) and `route` (`acquire`, `read`, `forward`, `v3`)
     /// (`lease_proxy_auth_requests_total`).
     pub(crate) auth: Counter<u64>,
+    /// Acquires refused by a per-principal quota, by `quota` (`held`, `rate`)
+    /// (`lease_proxy_quota_refusals_total`).
+    pub(crate) quota_refusals: Counter<u64>,
     /// Audit events dropped because the writer's queue was full
     /// (`lease_proxy_audit_dropped_total`).
     pub(crate) audit_dropped: Counter<u64>,
@@ -82,6 +85,10 @@ impl Metrics {
                 "lease_proxy.auth.requests",
                 "Requests judged by the token file, by outcome and route.",
             ),
+            quota_refusals: counter(
+                "lease_proxy.quota.refusals",
+                "Acquires refused by a per-principal quota, by quota.",
+            ),
             audit_dropped: counter(
                 "lease_proxy.audit.dropped",
                 "Audit events dropped because the audit writer's queue was full.",
@@ -119,11 +126,19 @@ impl Metrics {
         for o in ["2xx", "3xx", "4xx", "5xx", "unreachable", "timeout"] {
             self.forwards.add(0, &outcome(o));
         }
+        for q in ["held", "rate"] {
+            self.quota_refusals.add(0, &[KeyValue::new("quota", q)]);
+        }
         for o in ["authenticated", "unauthenticated", "forbidden"] {
             for route in ["acquire", "read", "forward", "v3"] {
                 self.auth_request(o, route, 0);
             }
         }
+    }
+
+    /// Counts an acquire refused by the `quota` (`held`, `rate`) quota.
+    pub(crate) fn quota_refusal(&self, quota: &'static str) {
+        self.quota_refusals.add(1, &[KeyValue::new("quota", quota)]);
     }
 
     /// Counts `n` requests judged `outcome` on a route of class `route`.

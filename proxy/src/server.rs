@@ -145,11 +145,15 @@ pub async fn run(
         min_ttl: config.min_ttl,
         max_ttl: config.max_ttl,
         max_wait: config.max_wait,
+        // Quotas are per principal: without authentication there is none (the config refuses
+        // the flags without --auth-tokens).
+        quota_held: config.quota_held.filter(|_| auth.is_some()),
     };
     let layout = Layout {
         holders_prefix,
         idempotency_prefix: format!("{}idempotency/", config.etcd_prefix),
         idempotency_window: config.idempotency_window,
+        principals_prefix: format!("{}principals/", config.etcd_prefix),
     };
     let leases = Leases::new(
         etcd.clone(),
@@ -176,6 +180,10 @@ pub async fn run(
             deadline: config.header_read_timeout,
         },
         draining: AtomicBool::new(false),
+        acquire_rate: config
+            .quota_acquire_rate
+            .filter(|_| auth.is_some())
+            .map(crate::api::AcquireRate::new),
         auth,
         audit,
     });

@@ -607,9 +607,22 @@ fn a_bad_token_file_stops_the_binary_with_64() {
     )
     .unwrap();
     let missing = dir.path().join("missing");
+    // A principal name is a key segment of its /v3 namespace: no `/`, nothing but [A-Za-z0-9._-].
+    let slash = dir.path().join("slash");
+    std::fs::write(
+        &slash,
+        format!(
+            "{first}
+team/a {} read:*
+",
+            sha256_hex("s")
+        ),
+    )
+    .unwrap();
     for (file, says) in [
         (&tokens, "line 2"),
         (&missing, "cannot read the token file"),
+        (&slash, "line 2: the principal name"),
     ] {
         let (code, stderr) = exit_of(&[
             "--auth-tokens".as_ref(),

@@ -90,7 +90,8 @@ pub(super) fn name(caller: &Caller) -> Option<String> {
     caller.as_ref().map(|p| p.name.clone())
 }
 
-/// Records a refusal of `op` on `resource` because the grant is another principal's.
+/// Records a refusal of `op` on `resource` because the grant is another principal's, or
+/// because the principal is over a quota (then counted in `/metrics` too).
 pub(super) fn audit_refusal(
     app: &AppState,
     headers: &HeaderMap,
@@ -99,6 +100,15 @@ pub(super) fn audit_refusal(
     resource: &str,
     error: &Error,
 ) {
+    if let Error::QuotaExceeded { quota, .. } = error {
+        app.etcd.metrics().quota_refusal(quota);
+        app.audit.record(Event {
+            principal: name(caller),
+            op: Some(op.as_str()),
+            resource: Some(resource.to_owned()),
+            ..Event::new("quota", quota, headers)
+        });
+    }
     if matches!(error, Error::OtherPrincipal) {
         app.audit.record(Event {
             principal: name(caller),

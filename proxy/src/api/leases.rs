@@ -83,6 +83,16 @@ pub(super) async fn acquire(
     if let Some(m) = &req.metadata {
         validate::metadata(m)?;
     }
+    if let (Some(rate), Some(principal)) = (&app.acquire_rate, &caller) {
+        if let Err(retry_after) = rate.take(&principal.name) {
+            let e = Error::QuotaExceeded {
+                quota: "rate",
+                retry_after,
+            };
+            authz::audit_refusal(&app, &headers, &caller, Op::Acquire, &resource, &e);
+            return Err(e);
+        }
+    }
     let grant = app
         .leases
         .acquire(&Acquire {

@@ -6,6 +6,7 @@ mod forward;
 mod leases;
 mod ops;
 mod problem;
+mod rate;
 
 use std::any::Any;
 use std::sync::atomic::AtomicBool;
@@ -19,6 +20,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 pub(crate) use body::{BodyLimits, SECRET_HEADER};
 pub(crate) use problem::BEARER_CHALLENGE;
 pub use problem::PROBLEM_BASE;
+pub(crate) use rate::AcquireRate;
 
 use crate::etcd::Etcd;
 use crate::lease::Leases;
@@ -42,6 +44,8 @@ pub(crate) struct AppState {
     pub(crate) v3: crate::v3::V3,
     /// The token table, when `--auth-tokens` is given; `None`: anyone may call.
     pub(crate) auth: Option<Arc<crate::auth::Auth>>,
+    /// Acquires a second per principal on this replica (`--quota-acquire-rate`).
+    pub(crate) acquire_rate: Option<AcquireRate>,
     /// The audit log (a no-op without `--audit-log`).
     pub(crate) audit: crate::audit::Audit,
     /// Set when SIGTERM arrives: `/readyz` answers 503 from then on.
@@ -83,10 +87,13 @@ async fn v3(
     req: axum::http::Request<axum::body::Body>,
 ) -> Response {
     let target = authz::Target::All;
-    if let Err(e) = authz::authorize(&app, req.headers(), crate::auth::Op::V3, target) {
-        return crate::v3::refusal(e);
-    }
-    app.v3.handle(req).await
+    let caller = match authz::authorize(&app, req.headers(), crate::auth::Op::V3, target) {
+        Ok(caller) => caller,
+        Err(e) => return crate::v3::refusal(e),
+    };
+    app.v3
+        .handle(req, caller.as_deref().map(|p| p.name.as_str()))
+        .await
 }
 
 /// etcd's `GET /version`, for gateway clients that discover the API path from it.

@@ -53,6 +53,9 @@ impl Error {
             ),
             Error::Forbidden { .. } => (S::FORBIDDEN, "forbidden", "Not permitted"),
             Error::OtherPrincipal => (S::FORBIDDEN, "other-principal", "Another principal's grant"),
+            Error::QuotaExceeded { .. } => {
+                (S::TOO_MANY_REQUESTS, "quota-exceeded", "Quota exceeded")
+            }
             Error::Held(_) => (S::CONFLICT, "lease-held", "Lease held"),
             Error::IdempotencyKeyUsed => (
                 S::CONFLICT,
@@ -114,6 +117,13 @@ impl IntoResponse for Error {
             Error::Held(conflict) => {
                 retry_after = Some(conflict.retry_after_secs());
                 serde_json::to_value(conflict.as_ref()).ok()
+            }
+            Error::QuotaExceeded {
+                quota,
+                retry_after: secs,
+            } => {
+                retry_after = Some(*secs);
+                Some(serde_json::json!({ "quota": quota }))
             }
             Error::Etcd(_)
             | Error::EtcdTimeout(_)

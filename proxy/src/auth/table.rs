@@ -121,8 +121,11 @@ impl Table {
                     fields.len()
                 )));
             };
-            if name.chars().any(char::is_control) || name.len() > 256 {
-                return Err(at("the principal name is not printable or too long".into()));
+            if !valid_name(name) {
+                return Err(at(format!(
+                    "the principal name must be 1 to {MAX_NAME_BYTES} of A-Z a-z 0-9 . _ - \
+                     (it is a key segment of the principal's /v3 namespace)"
+                )));
             }
             let hash = parse_hash(hash).ok_or_else(|| {
                 at("the token hash must be 64 hexadecimal digits (`printf %s \"$TOKEN\" | sha256sum`)".into())
@@ -167,6 +170,21 @@ impl Table {
     }
 }
 
+/// The longest principal name.
+const MAX_NAME_BYTES: usize = 64;
+
+/// Whether `name` can be a principal: it becomes a key segment (`{--v3-namespace}{name}/`) and
+/// a part of lock fencing domains, so no `/`, nothing a key or a log would show ambiguously;
+/// and `.`/`..` are refused so that no name reads like a path step.
+fn valid_name(name: &str) -> bool {
+    (1..=MAX_NAME_BYTES).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && name != "."
+        && name != ".."
+}
+
 fn parse_hash(hex_digits: &str) -> Option<[u8; 32]> {
     if hex_digits.len() != 64 {
         return None;
@@ -198,10 +216,12 @@ fn parse_permission(perm: &str) -> Result<Permission, String> {
         p => p.to_owned(),
     };
     if op == Op::V3 && !prefix.is_empty() {
-        // /v3 keys are not resource names; a namespace per principal is not served yet, and a
-        // prefix that looked like a limit but was not would be worse than none.
+        // /v3 keys are not resource names: `v3:*` gives the principal the /v3 API in a
+        // namespace of its own (`{--v3-namespace}{principal}/`), and a prefix that looked like a
+        // further limit but was not would be worse than none.
         return Err(format!(
-            "permission `{perm}`: /v3 is all or nothing for now, write `v3:*`"
+            "permission `{perm}`: /v3 is all or nothing (in the principal's own namespace), \
+             write `v3:*`"
         ));
     }
     Ok(Permission { op, prefix })
@@ -254,6 +274,12 @@ mod tests {
             format!("alice {h} read:a/b"),
             format!("alice {h} v3:team-"),
             format!("alice {h} read:*\nbob {h} read:*"),
+            format!("al/ice {h} read:*"),
+            format!("al ice {h} read:*"),
+            format!("{} {h} read:*", "a".repeat(65)),
+            format!("alicé {h} read:*"),
+            format!("a:b {h} read:*"),
+            format!(".. {h} read:*"),
         ] {
             let err = Table::parse(&format!("# ok\n{bad}\n")).unwrap_err();
             // The bad line is the last one (the first is a comment).
@@ -261,6 +287,12 @@ mod tests {
             assert!(err.starts_with(&want), "{bad:?}: {err}");
         }
         assert_eq!(Table::parse("").unwrap().len(), 0);
+        let longest = format!(
+            "{} {h} read:*\nA.b_C-9 {} read:*",
+            "a".repeat(64),
+            hash("x")
+        );
+        assert_eq!(Table::parse(&longest).unwrap().len(), 2);
     }
 
     #[test]

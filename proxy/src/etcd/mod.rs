@@ -99,6 +99,26 @@ pub(crate) enum Create {
     /// The key already existed; this is its current value, and the companion key's (if one was
     /// asked for and exists).
     Exists(Box<KeyValue>, Option<Box<KeyValue>>),
+    /// The key did not exist, but the [`Quota`] guard failed: a key was written in the quota's
+    /// range since it was counted. Nothing was written; count again.
+    Crowded,
+}
+
+/// A per-principal held quota, checked in the create transaction itself: `key` (one per held
+/// grant, attached to the grant's lease) is written with the created key, and only if no key in
+/// `range..range_end` was written after `revision`, the revision at which the caller counted
+/// the range and found room. So of any number of concurrent creators (on any replica), at most
+/// the room counted at `revision` succeed: the count cannot overshoot.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Quota<'a> {
+    /// The index key of this grant.
+    pub(crate) key: &'a str,
+    /// The principal's range of index keys.
+    pub(crate) range: &'a [u8],
+    /// Its end.
+    pub(crate) range_end: &'a [u8],
+    /// The revision at which the range was counted.
+    pub(crate) revision: i64,
 }
 
 /// A key written (empty) in the same transaction as a created key, so at the same revision,
@@ -380,6 +400,7 @@ impl Etcd {
         value: Vec<u8>,
         lease: i64,
         companion: Option<Companion<'_>>,
+        quota: Option<Quota<'_>>,
     ) -> Result<Create> {
         let mut puts = vec![TxnOp::put(
             key,
@@ -395,10 +416,20 @@ impl Etcd {
             ));
             gets.push(TxnOp::get(c.key, None));
         }
-        let txn = Txn::new()
-            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-            .and_then(puts)
-            .or_else(gets);
+        let mut compares = vec![Compare::create_revision(key, CompareOp::Equal, 0)];
+        if let Some(q) = quota {
+            puts.push(TxnOp::put(
+                q.key,
+                Vec::new(),
+                Some(PutOptions::new().with_lease(lease)),
+            ));
+            // Every key of the range (none is fine) last written at or before the count.
+            compares.push(
+                Compare::mod_revision(q.range, CompareOp::Less, q.revision.saturating_add(1))
+                    .with_range(q.range_end),
+            );
+        }
+        let txn = Txn::new().when(compares).and_then(puts).or_else(gets);
         let resp = self
             .bounded_once("txn_create", |c| {
                 let txn = txn.clone();
@@ -414,6 +445,10 @@ impl Etcd {
             _ => None,
         });
         let Some(kv) = found.next().flatten() else {
+            if quota.is_some() {
+                // The key is absent, so the quota's compare is the one that failed.
+                return Ok(Create::Crowded);
+            }
             // The key vanished between the compare and the read inside one transaction:
             // impossible, since a transaction is atomic; treat it as an etcd fault.
             return Err(Error::CorruptRecord {
@@ -444,11 +479,35 @@ impl Etcd {
             })
     }
 
-    /// Puts an empty value at `key`, attached to `lease`.
-    pub(crate) async fn put_with_lease(&self, key: &str, lease: i64) -> Result<()> {
+    /// How many keys lie in `start..end`, and the revision of that count (a linearizable read).
+    pub(crate) async fn count(&self, start: &[u8], end: &[u8]) -> Result<(i64, i64)> {
+        let options = GetOptions::new().with_range(end).with_count_only();
+        let resp = self
+            .bounded("count", |c| {
+                let options = options.clone();
+                async move { c.kv_client().get(start, Some(options)).await }
+            })
+            .await?;
+        let revision = resp
+            .header()
+            .map(|h| h.revision())
+            .ok_or_else(|| Error::CorruptRecord {
+                key: String::new(),
+                reason: "etcd answered without a header".into(),
+            })?;
+        Ok((resp.count(), revision))
+    }
+
+    /// Puts `value` at `key`, attached to `lease`.
+    pub(crate) async fn put_value_with_lease(
+        &self,
+        key: &str,
+        value: &[u8],
+        lease: i64,
+    ) -> Result<()> {
         self.bounded("put", |c| async move {
             c.kv_client()
-                .put(key, "", Some(PutOptions::new().with_lease(lease)))
+                .put(key, value, Some(PutOptions::new().with_lease(lease)))
                 .await
         })
         .await?;

@@ -7,6 +7,7 @@
 //! Leases that end up carrying no key are reused by later acquires (see [`spares`]).
 
 mod queue;
+mod quota;
 mod record;
 mod secret;
 mod spares;
@@ -42,6 +43,8 @@ pub(crate) struct Limits {
     pub(crate) max_ttl: u64,
     /// Longest `wait_ms` accepted.
     pub(crate) max_wait: Duration,
+    /// Most grants one principal may hold at once (`--quota-held`), with authentication on.
+    pub(crate) quota_held: Option<u64>,
 }
 
 /// An acquire, validated.
@@ -170,6 +173,7 @@ pub(crate) struct Leases {
     keys: Arc<Keyring>,
     holders_prefix: String,
     idempotency_prefix: String,
+    principals_prefix: String,
     era: u64,
     limits: Limits,
     prefence: Option<Upstream>,
@@ -191,6 +195,8 @@ pub(crate) struct Layout {
     pub(crate) idempotency_prefix: String,
     /// How long (at most) after a grant a retry with its `Idempotency-Key` returns it.
     pub(crate) idempotency_window: Duration,
+    /// `{prefix}principals/`: one index key per grant of a principal, with `--quota-held`.
+    pub(crate) principals_prefix: String,
 }
 
 /// The etcd lease the replay-window keys of this replica live on: granted with the window as
@@ -297,6 +303,7 @@ impl Leases {
             keys,
             holders_prefix: layout.holders_prefix,
             idempotency_prefix: layout.idempotency_prefix,
+            principals_prefix: layout.principals_prefix,
             era,
             limits,
             prefence,
@@ -579,6 +586,7 @@ impl Leases {
         if let Some((k, _)) = idempotent {
             self.refuse_a_used_key(req, k, &window_key).await?;
         }
+        let held = self.count_held(req).await?;
         let window = match idempotent {
             Some(_) => Some(self.window.lease(&self.etcd).await?),
             None => None,
@@ -615,7 +623,13 @@ impl Leases {
         });
         let created = match self
             .etcd
-            .create_if_absent(&key, record.encode(), lease_id, companion)
+            .create_if_absent(
+                &key,
+                record.encode(),
+                lease_id,
+                companion,
+                held.as_ref().map(quota::Counted::guard),
+            )
             .await
         {
             Ok(created) => created,
@@ -655,6 +669,11 @@ impl Leases {
                 return Ok(Attempt::Granted(grant, revision));
             }
             Create::Exists(kv, window_kv) => (kv, window_kv),
+            Create::Crowded => {
+                // Another grant of the principal came in since the count: count again.
+                self.give_back(lease_id, ttl_seconds, counted_from).await?;
+                return Ok(Attempt::Again);
+            }
         };
         // Held: the lease carries no key; keep it for the next acquire (or revoke it), so a
         // refused acquire leaves no key and no unaccounted lease behind.

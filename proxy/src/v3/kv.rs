@@ -15,7 +15,7 @@ use super::encode;
 use super::namespace::Namespace;
 use super::request::{Against, Compare, DeleteRange, Op, Put, Range, Txn};
 use super::status::{Status, EMPTY_KEY, EMPTY_OP};
-use super::{Limits, V3};
+use super::{Limits, Scope, V3};
 
 const SORT_ORDERS: [SortOrder; 3] = [SortOrder::None, SortOrder::Ascend, SortOrder::Descend];
 const SORT_TARGETS: [SortTarget; 5] = [
@@ -250,9 +250,9 @@ fn etcd_txn(ns: &Namespace, t: &Txn) -> EtcdTxn {
 
 impl V3 {
     /// `kv/range`.
-    pub(super) async fn range(&self, r: Range) -> Result<Value, Status> {
+    pub(super) async fn range(&self, s: &Scope, r: Range) -> Result<Value, Status> {
         check_range(&r)?;
-        let (key, options) = get_options(&self.namespace, &r);
+        let (key, options) = get_options(&s.namespace, &r);
         let resp = self
             .etcd
             .bounded("v3_range", |c| {
@@ -260,14 +260,14 @@ impl V3 {
                 async move { c.kv_client().get(key, Some(options)).await }
             })
             .await?;
-        Ok(encode::range(&self.namespace, &resp.0))
+        Ok(encode::range(&s.namespace, &resp.0))
     }
 
     /// `kv/put`: only with no lease or a `/v3` lease.
-    pub(super) async fn put(&self, p: Put) -> Result<Value, Status> {
+    pub(super) async fn put(&self, s: &Scope, p: Put) -> Result<Value, Status> {
         check_put(&p)?;
-        self.leases.require_all([p.lease]).await?;
-        let key = self.namespace.key(&p.key);
+        self.leases.require_all([p.lease], s).await?;
+        let key = s.namespace.key(&p.key);
         let options = put_options(&p);
         let resp = self
             .etcd
@@ -276,13 +276,13 @@ impl V3 {
                 async move { c.kv_client().put(key, value, Some(options)).await }
             })
             .await?;
-        Ok(encode::put(&self.namespace, &resp.0))
+        Ok(encode::put(&s.namespace, &resp.0))
     }
 
     /// `kv/deleterange`.
-    pub(super) async fn delete_range(&self, d: DeleteRange) -> Result<Value, Status> {
+    pub(super) async fn delete_range(&self, s: &Scope, d: DeleteRange) -> Result<Value, Status> {
         check_delete(&d)?;
-        let (key, options) = delete_options(&self.namespace, &d);
+        let (key, options) = delete_options(&s.namespace, &d);
         let resp = self
             .etcd
             .bounded_once("v3_delete", |c| {
@@ -290,15 +290,15 @@ impl V3 {
                 async move { c.kv_client().delete(key, Some(options)).await }
             })
             .await?;
-        Ok(encode::delete_range(&self.namespace, &resp.0))
+        Ok(encode::delete_range(&s.namespace, &resp.0))
     }
 
     /// `kv/txn`: every put's lease, at any depth, must be a `/v3` lease.
-    pub(super) async fn txn(&self, t: Txn) -> Result<Value, Status> {
+    pub(super) async fn txn(&self, s: &Scope, t: Txn) -> Result<Value, Status> {
         check_limits(&t, &self.limits)?;
         check_txn(&t)?;
-        self.leases.require_all(txn_leases(&t)).await?;
-        let txn = etcd_txn(&self.namespace, &t);
+        self.leases.require_all(txn_leases(&t), s).await?;
+        let txn = etcd_txn(&s.namespace, &t);
         let resp = self
             .etcd
             .bounded_once("v3_txn", |c| {
@@ -306,7 +306,7 @@ impl V3 {
                 async move { c.kv_client().txn(txn).await }
             })
             .await?;
-        Ok(encode::txn(&self.namespace, &resp.0))
+        Ok(encode::txn(&s.namespace, &resp.0))
     }
 }
 

@@ -4,6 +4,11 @@
 //! other lease — the proxy's own `/v1` grants and sessions (whose ids are guessable), its spare
 //! pool, anyone else's — is answered as etcd answers a lease it does not know. An id that does
 //! not parse is refused before any of this ([`super::request`]), never taken for "ours".
+//!
+//! With authentication on, the marker's value is the principal that granted the lease, and a
+//! lease is "ours" only for that principal ([`Scope`]): another tenant's lease is as unknown as
+//! the proxy's own. A marker with an empty value (granted with authentication off) belongs to
+//! no principal.
 
 use std::collections::HashSet;
 
@@ -13,7 +18,7 @@ use serde_json::Value;
 use super::encode::{self, Object};
 use super::request::{LeaseGrant, TimeToLive};
 use super::status::{Code, Status, LEASE_NOT_FOUND};
-use super::V3;
+use super::{Scope, V3};
 use crate::etcd::{prefix_end, Etcd};
 
 /// The marker keys of `/v3` leases.
@@ -32,17 +37,26 @@ impl Markers {
         format!("{}{id}", self.prefix)
     }
 
-    /// Marks lease `id` as granted through `/v3`.
-    async fn mark(&self, id: i64) -> Result<(), Status> {
-        Ok(self.etcd.put_with_lease(&self.key(id), id).await?)
+    /// Marks lease `id` as granted through `/v3` by `s`'s principal (if any).
+    async fn mark(&self, id: i64, s: &Scope) -> Result<(), Status> {
+        let owner = s.owner.as_deref().unwrap_or_default();
+        Ok(self
+            .etcd
+            .put_value_with_lease(&self.key(id), owner.as_bytes(), id)
+            .await?)
     }
 
-    /// Whether lease `id` was granted through `/v3` and still exists (a linearizable read).
-    pub(crate) async fn owned(&self, id: i64) -> Result<bool, Status> {
+    /// Whether lease `id` was granted through `/v3` (by `s`'s principal, when authentication is
+    /// on) and still exists (a linearizable read).
+    pub(crate) async fn owned(&self, id: i64, s: &Scope) -> Result<bool, Status> {
         if id == 0 {
             return Ok(false);
         }
-        Ok(self.etcd.get(&self.key(id)).await?.is_some())
+        Ok(self
+            .etcd
+            .get(&self.key(id))
+            .await?
+            .is_some_and(|kv| s.owns(kv.value())))
     }
 
     /// Every lease named in `ids` (0 meaning none) is a `/v3` lease; otherwise etcd's error for
@@ -50,24 +64,25 @@ impl Markers {
     pub(crate) async fn require_all(
         &self,
         ids: impl IntoIterator<Item = i64>,
+        s: &Scope,
     ) -> Result<(), Status> {
         for id in ids.into_iter().filter(|id| *id != 0) {
-            if !self.owned(id).await? {
+            if !self.owned(id, s).await? {
                 return Err(Status::new(Code::NotFound, LEASE_NOT_FOUND));
             }
         }
         Ok(())
     }
 
-    /// Every `/v3` lease.
-    async fn all(&self) -> Result<HashSet<i64>, Status> {
+    /// Every `/v3` lease of `s`'s principal (every one, with authentication off).
+    async fn all(&self, s: &Scope) -> Result<HashSet<i64>, Status> {
         let start = self.prefix.as_bytes();
         let end = prefix_end(start);
         let mut ids = HashSet::new();
         let mut from = start.to_vec();
         loop {
             let (kvs, more) = self.etcd.range(&from, &end, 1000).await?;
-            ids.extend(kvs.iter().filter_map(|kv| {
+            ids.extend(kvs.iter().filter(|kv| s.owns(kv.value())).filter_map(|kv| {
                 let id = kv.key().strip_prefix(start)?;
                 std::str::from_utf8(id).ok()?.parse::<i64>().ok()
             }));
@@ -88,7 +103,7 @@ impl V3 {
     /// An explicit non-zero `ID` is refused (code 3): with it a client could learn whether any
     /// lease exists (etcd answers "lease already exists") and take ids ahead of etcd's counter,
     /// so that the proxy's own grants fail with that error.
-    pub(super) async fn grant(&self, g: LeaseGrant) -> Result<Value, Status> {
+    pub(super) async fn grant(&self, s: &Scope, g: LeaseGrant) -> Result<Value, Status> {
         if g.id != 0 {
             return Err(Status::invalid(
                 "lease-proxy: an explicit lease ID is not accepted; leave it 0 and etcd chooses",
@@ -103,7 +118,7 @@ impl V3 {
             })
             .await?;
         if resp.id() != 0 {
-            if let Err(e) = self.leases.mark(resp.id()).await {
+            if let Err(e) = self.leases.mark(resp.id(), s).await {
                 self.etcd.revoke_in_background(resp.id());
                 return Err(e);
             }
@@ -112,8 +127,8 @@ impl V3 {
     }
 
     /// `lease/revoke`: of a `/v3` lease, else etcd's 404 for an unknown lease.
-    pub(super) async fn revoke(&self, id: i64) -> Result<Value, Status> {
-        if !self.leases.owned(id).await? {
+    pub(super) async fn revoke(&self, s: &Scope, id: i64) -> Result<Value, Status> {
+        if !self.leases.owned(id, s).await? {
             return Err(Status::new(Code::NotFound, LEASE_NOT_FOUND));
         }
         let resp = self
@@ -130,8 +145,8 @@ impl V3 {
 
     /// `lease/timetolive`: of a `/v3` lease (its keys outside the namespace, such as the marker,
     /// not listed), else etcd's answer for an unknown lease: `TTL: -1`.
-    pub(super) async fn time_to_live(&self, t: TimeToLive) -> Result<Value, Status> {
-        if !self.leases.owned(t.id).await? {
+    pub(super) async fn time_to_live(&self, s: &Scope, t: TimeToLive) -> Result<Value, Status> {
+        if !self.leases.owned(t.id, s).await? {
             let header = self.etcd.header().await?;
             return Ok(Object::new()
                 .message("header", Some(header.to_json()))
@@ -151,11 +166,11 @@ impl V3 {
                 async move { c.lease_client().time_to_live(t.id, Some(options)).await }
             })
             .await?;
-        Ok(encode::time_to_live(&self.namespace, &resp.0))
+        Ok(encode::time_to_live(&s.namespace, &resp.0))
     }
 
     /// `lease/leases`: the `/v3` leases among etcd's, in etcd's order.
-    pub(super) async fn leases(&self) -> Result<Value, Status> {
+    pub(super) async fn leases(&self, s: &Scope) -> Result<Value, Status> {
         let resp = self
             .etcd
             .bounded(
@@ -163,7 +178,7 @@ impl V3 {
                 |c| async move { c.lease_client().leases().await },
             )
             .await?;
-        let ours = self.leases.all().await?;
+        let ours = self.leases.all(s).await?;
         let leases = resp
             .0
             .leases
@@ -179,10 +194,10 @@ impl V3 {
 
     /// `lease/keepalive`: each id renewed over the proxy's shared keepalive streams if it is a
     /// `/v3` lease, else answered as etcd answers an unknown lease (no TTL); one result line each.
-    pub(super) async fn keepalive(&self, ids: Vec<i64>) -> Result<String, Status> {
+    pub(super) async fn keepalive(&self, s: &Scope, ids: Vec<i64>) -> Result<String, Status> {
         let mut out = String::new();
         for id in ids {
-            let renewed = if self.leases.owned(id).await? {
+            let renewed = if self.leases.owned(id, s).await? {
                 Some(self.keepalive.renew_with_header(id).await?)
             } else {
                 None

@@ -27,7 +27,7 @@ use serde_json::Value;
 use super::encode::{self, Object};
 use super::request::Lock;
 use super::status::{self, Code, Status, EMPTY_KEY, LEASE_NOT_FOUND};
-use super::V3;
+use super::{Scope, V3};
 use crate::etcd::{prefix_end, Etcd, Header};
 
 /// Deletes a waiting locker's key if the wait is abandoned (the client went away, or the wait
@@ -120,10 +120,14 @@ async fn deleted_after(etcd: &Etcd, key: Vec<u8>, revision: i64, patience: Durat
 
 impl V3 {
     /// `lock/lock`.
-    pub(super) async fn lock(&self, l: Lock) -> Result<Response, Status> {
-        if l.name.is_empty() || l.name.len() > fencing::MAX_LOCK_NAME_BYTES {
+    pub(super) async fn lock(&self, s: &Scope, l: Lock) -> Result<Response, Status> {
+        // A tenant's lock gets a fencing domain of its own (`{principal}/{name}`), so its token
+        // is worth nothing at another tenant's lock of the same name.
+        let domain = s.lock_domain(&l.name);
+        if l.name.is_empty() || domain.len() > fencing::MAX_LOCK_NAME_BYTES {
             return Err(Status::refused(format!(
-                "a lock name must be 1 to {} bytes (its fencing domain is lock/ + its hex)",
+                "a lock name must be 1 to {} bytes, less the principal's name and a `/` with \
+                 authentication on (its fencing domain is lock/ + its hex)",
                 fencing::MAX_LOCK_NAME_BYTES
             )));
         }
@@ -134,7 +138,7 @@ impl V3 {
             ));
         }
         // etcd's lock service reports a lease it does not know untyped: gRPC Unknown, HTTP 500.
-        if !self.leases.owned(l.lease).await? {
+        if !self.leases.owned(l.lease, s).await? {
             return Err(Status::new(Code::Unknown, LEASE_NOT_FOUND));
         }
         let untyped = |s: Status| {
@@ -144,7 +148,7 @@ impl V3 {
                 Status::new(Code::Unknown, s.message().to_owned())
             }
         };
-        let mut prefix = self.namespace.key(&l.name);
+        let mut prefix = s.namespace.key(&l.name);
         prefix.push(b'/');
         let mut key = prefix.clone();
         key.extend_from_slice(format!("{:x}", l.lease).as_bytes());
@@ -224,13 +228,13 @@ impl V3 {
             abandoned.armed = false;
         }
 
-        let client_key = self.namespace.strip(&key).unwrap_or_default();
+        let client_key = s.namespace.strip(&key).unwrap_or_default();
         let body = Object::new()
             .message("header", Some(header))
             .bytes("key", client_key)
             .done();
         let mut response = status::json(axum::http::StatusCode::OK, body.to_string());
-        let resource = fencing::lock_resource(&l.name);
+        let resource = fencing::lock_resource(&domain);
         let token = Token::new(self.era, u64::try_from(mine).unwrap_or(0));
         let headers = response.headers_mut();
         if let Ok(v) = HeaderValue::from_str(&self.keys.mint(&resource, token)) {
@@ -243,11 +247,11 @@ impl V3 {
     }
 
     /// `lock/unlock`: deletes the lock key (inside the namespace), as etcd's lock service does.
-    pub(super) async fn unlock(&self, key: Vec<u8>) -> Result<Value, Status> {
+    pub(super) async fn unlock(&self, s: &Scope, key: Vec<u8>) -> Result<Value, Status> {
         if key.is_empty() {
             return Err(Status::new(Code::Unknown, EMPTY_KEY));
         }
-        let key = self.namespace.key(&key);
+        let key = s.namespace.key(&key);
         let resp = self
             .etcd
             .bounded_once("v3_unlock", |c| {

@@ -6,9 +6,11 @@
 //! values go to etcd through etcd-client's gRPC API — no client bytes reach etcd — under the
 //! same deadline and member failover as `/v1`, and etcd's answers are printed as its gateway
 //! prints them ([`encode`]). On top of etcd, the proxy adds:
-//! - KV and locks are confined to a namespace ([`namespace`]);
+//! - KV and locks are confined to a namespace ([`namespace`]) — with `--auth-tokens`, one per
+//!   principal ([`Scope`]);
 //! - leases are confined too ([`lease`]): only leases granted through `/v3` can be revoked,
-//!   renewed, inspected, listed, or named by a put or a lock;
+//!   renewed, inspected, listed, or named by a put or a lock (with `--auth-tokens`, only by the
+//!   principal that granted them);
 //! - keepalives go through the proxy's shared, multiplexed keepalive streams;
 //! - a lock answer carries a fencing token in the lock's own token domain ([`lock`]);
 //! - per-request limits: ids per keepalive body, operations and nesting per transaction.
@@ -75,6 +77,36 @@ pub(crate) struct V3 {
     body_deadline: std::time::Duration,
     /// For relaying `/version` and `/health`.
     http: Client<HttpConnector, Full<Bytes>>,
+}
+
+/// Whose view of `/v3` a request gets: the shared namespace with authentication off; with it
+/// on, the principal's own namespace `{--v3-namespace}{principal}/` and only the leases it
+/// granted through `/v3`. Principal names are `[A-Za-z0-9._-]{1,64}` (checked when the token
+/// file is read) and contain no `/`, so no principal's namespace is inside another's.
+pub(crate) struct Scope {
+    namespace: Namespace,
+    /// The principal, `None` with authentication off.
+    owner: Option<String>,
+}
+
+impl Scope {
+    /// Whether a lease marker with `value` belongs to this scope: any marker with
+    /// authentication off (one shared namespace), only the principal's own with it on.
+    fn owns(&self, value: &[u8]) -> bool {
+        match &self.owner {
+            None => true,
+            Some(owner) => value == owner.as_bytes(),
+        }
+    }
+
+    /// The name whose fencing domain a lock `name` gets: the name itself with authentication
+    /// off, `{principal}/{name}` with it on.
+    fn lock_domain(&self, name: &[u8]) -> Vec<u8> {
+        match &self.owner {
+            None => name.to_vec(),
+            Some(owner) => [owner.as_bytes(), b"/", name].concat(),
+        }
+    }
 }
 
 /// A `/v3` method the proxy serves.
@@ -210,9 +242,27 @@ impl V3 {
         }
     }
 
+    /// The view of `/v3` for `principal` (`None`: authentication is off).
+    fn scope(&self, principal: Option<&str>) -> Scope {
+        match principal {
+            None => Scope {
+                namespace: self.namespace.clone(),
+                owner: None,
+            },
+            Some(p) => {
+                let mut prefix = self.namespace.key(p.as_bytes());
+                prefix.push(b'/');
+                Scope {
+                    namespace: Namespace::new(prefix),
+                    owner: Some(p.to_owned()),
+                }
+            }
+        }
+    }
+
     /// Handles any request under `/v3`, `/v3beta` (etcd 3.4's alias) or `/v3alpha` (which etcd
-    /// 3.4 no longer serves).
-    pub(crate) async fn handle(&self, req: Request<Body>) -> Response {
+    /// 3.4 no longer serves), in `principal`'s namespace (`None`: the shared one).
+    pub(crate) async fn handle(&self, req: Request<Body>, principal: Option<&str>) -> Response {
         let path = req.uri().path();
         let Some(method) = path
             .strip_prefix("/v3/")
@@ -246,7 +296,8 @@ impl V3 {
                 .response()
             }
         };
-        match self.call(call, &body).await {
+        let scope = self.scope(principal);
+        match self.call(&scope, call, &body).await {
             Ok(response) => response,
             Err(status) => {
                 tracing::debug!(
@@ -260,35 +311,35 @@ impl V3 {
         }
     }
 
-    async fn call(&self, call: Call, body: &[u8]) -> Result<Response, Status> {
+    async fn call(&self, s: &Scope, call: Call, body: &[u8]) -> Result<Response, Status> {
         let answer = match call {
-            Call::Range => self.range(unary(body, request::Range::decode)?).await?,
-            Call::Put => self.put(unary(body, request::Put::decode)?).await?,
+            Call::Range => self.range(s, unary(body, request::Range::decode)?).await?,
+            Call::Put => self.put(s, unary(body, request::Put::decode)?).await?,
             Call::DeleteRange => {
-                self.delete_range(unary(body, request::DeleteRange::decode)?)
+                self.delete_range(s, unary(body, request::DeleteRange::decode)?)
                     .await?
             }
-            Call::Txn => self.txn(unary(body, request::Txn::decode)?).await?,
+            Call::Txn => self.txn(s, unary(body, request::Txn::decode)?).await?,
             Call::Grant => {
-                self.grant(unary(body, request::LeaseGrant::decode)?)
+                self.grant(s, unary(body, request::LeaseGrant::decode)?)
                     .await?
             }
-            Call::Revoke => self.revoke(unary(body, request::lease_id)?).await?,
+            Call::Revoke => self.revoke(s, unary(body, request::lease_id)?).await?,
             Call::TimeToLive => {
-                self.time_to_live(unary(body, request::TimeToLive::decode)?)
+                self.time_to_live(s, unary(body, request::TimeToLive::decode)?)
                     .await?
             }
             Call::Leases => {
                 unary(body, |_| Ok(()))?;
-                self.leases().await?
+                self.leases(s).await?
             }
             Call::KeepAlive => {
                 let ids = keepalive_ids(body, self.limits.keepalive_ids)?;
-                let lines = self.keepalive(ids).await?;
+                let lines = self.keepalive(s, ids).await?;
                 return Ok(json_response(StatusCode::OK, lines));
             }
-            Call::Lock => return self.lock(unary(body, request::Lock::decode)?).await,
-            Call::Unlock => self.unlock(unary(body, request::unlock_key)?).await?,
+            Call::Lock => return self.lock(s, unary(body, request::Lock::decode)?).await,
+            Call::Unlock => self.unlock(s, unary(body, request::unlock_key)?).await?,
         };
         Ok(ok(&answer))
     }
@@ -312,6 +363,26 @@ mod tests {
             ttl("not json").unwrap_err(),
             Status::invalid("invalid character 'o' in literal null (expecting 'u')")
         );
+    }
+
+    #[test]
+    fn a_principals_scope_owns_only_its_markers_and_lock_domains() {
+        let shared = Scope {
+            namespace: Namespace::new(b"/ns/".to_vec()),
+            owner: None,
+        };
+        let acme = Scope {
+            namespace: Namespace::new(b"/ns/acme/".to_vec()),
+            owner: Some("acme".into()),
+        };
+        // With authentication off every marker is ours, whoever granted it.
+        assert!(shared.owns(b"") && shared.owns(b"acme"));
+        assert!(acme.owns(b"acme"));
+        for other in [b"".as_slice(), b"acm", b"acme2", b"globex", b"ACME"] {
+            assert!(!acme.owns(other), "{other:?}");
+        }
+        assert_eq!(shared.lock_domain(b"L"), b"L");
+        assert_eq!(acme.lock_domain(b"L"), b"acme/L");
     }
 
     #[test]

@@ -1,0 +1,84 @@
+//! The held quota (`--quota-held N`): at most N grants per principal at once, across every
+//! replica.
+//!
+//! Each grant of a principal carries an index key `{prefix}principals/{principal}/{resource}`,
+//! written in the grant's own create transaction and attached to the grant's etcd lease, so it
+//! lives exactly as long as the grant: a release (which revokes the lease) or an expiry deletes
+//! it with the ownership key, with no bookkeeping that could drift. Before creating, an
+//! attempt counts the principal's index keys (a count-only linearizable read at revision R); the
+//! create transaction then also requires that no key of that range was written after R (see
+//! [`crate::etcd::Quota`]). Keys that went away since R only make room, so two acquires racing
+//! for the last slot — on one replica or on two — cannot both succeed: the second one's compare
+//! fails, it counts again, and is refused.
+
+use super::{Acquire, Leases};
+use crate::etcd::{prefix_end, Quota};
+use crate::{Error, Result};
+
+/// How long a client refused by the held quota is told to wait: a grant ends when its holder
+/// releases it or stops renewing, which the proxy cannot predict.
+const HELD_RETRY_AFTER_SECS: u64 = 1;
+
+/// The principal's index range and this grant's key in it, counted at a revision.
+pub(super) struct Counted {
+    key: String,
+    range: Vec<u8>,
+    range_end: Vec<u8>,
+    revision: i64,
+}
+
+impl Counted {
+    /// The transaction guard.
+    pub(super) fn guard(&self) -> Quota<'_> {
+        Quota {
+            key: &self.key,
+            range: &self.range,
+            range_end: &self.range_end,
+            revision: self.revision,
+        }
+    }
+}
+
+impl Leases {
+    /// Counts the grants `req`'s principal holds. `None` when no held quota applies (no quota,
+    /// or authentication off); a [`Error::QuotaExceeded`] when the principal holds its quota,
+    /// unless this may be a retry of one of its own keyed grants (then the guard is set to
+    /// allow a create only if the principal holds nothing, so the retry is answered with its
+    /// grant, and no grant beyond the quota can be made).
+    pub(super) async fn count_held(&self, req: &Acquire) -> Result<Option<Counted>> {
+        let (Some(max), Some(principal)) = (self.limits.quota_held, &req.principal) else {
+            return Ok(None);
+        };
+        let range = format!("{}{principal}/", self.principals_prefix).into_bytes();
+        let range_end = prefix_end(&range);
+        let (held, revision) = self.etcd.count(&range, &range_end).await?;
+        let key = format!("{}{principal}/{}", self.principals_prefix, req.resource);
+        if u64::try_from(held).unwrap_or(0) < max {
+            return Ok(Some(Counted {
+                key,
+                range,
+                range_end,
+                revision,
+            }));
+        }
+        let replay = req.idempotency_key.is_some()
+            && self
+                .current(&req.resource)
+                .await?
+                .is_some_and(|(record, _)| {
+                    record.holder == req.holder && record.principal.as_ref() == Some(principal)
+                });
+        if replay {
+            return Ok(Some(Counted {
+                key,
+                range,
+                range_end,
+                revision: 0,
+            }));
+        }
+        Err(Error::QuotaExceeded {
+            quota: "held",
+            retry_after: HELD_RETRY_AFTER_SECS,
+        })
+    }
+}
