@@ -417,14 +417,7 @@ async fn permission_matrix() {
     m.cell(Alice, req(Method::GET, "/v1/leases/aisle-carol"), 404)
         .await;
 
-    let metrics = http()
-        .get(format!("{}/metrics", proxy.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&proxy.url).await;
     // Acquire, renew and release are all the acquire operation: 6 + 3 + 1 + 3 anonymous cells.
     assert_eq!(auth_count(&metrics, "unauthenticated", "acquire"), 13.0);
     assert_eq!(auth_count(&metrics, "forbidden", "v3"), 4.0);

@@ -321,14 +321,7 @@ fn quota_refusals(metrics: &str, quota: &str) -> f64 {
 }
 
 async fn metrics(proxy: &Proxy) -> String {
-    http()
-        .get(format!("{}/metrics", proxy.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    metrics_text(&proxy.url).await
 }
 
 fn assert_quota_problem(body: &Value, quota: &str) {

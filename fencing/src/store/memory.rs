@@ -54,21 +54,6 @@ mod tests {
 
     #[tokio::test]
     async fn marks_only_rise() {
-        let store = MemoryStore::new();
-        assert_eq!(store.get("r").await.unwrap(), None);
-        assert_eq!(
-            store.raise("r", Token::new(0, 5)).await.unwrap(),
-            Token::new(0, 5)
-        );
-        assert_eq!(
-            store.raise("r", Token::new(0, 3)).await.unwrap(),
-            Token::new(0, 5)
-        );
-        assert_eq!(
-            store.raise("r", Token::new(1, 0)).await.unwrap(),
-            Token::new(1, 0)
-        );
-        assert_eq!(store.get("r").await.unwrap(), Some(Token::new(1, 0)));
-        assert_eq!(store.get("other").await.unwrap(), None);
+        crate::store::assert_marks_only_rise(&MemoryStore::new()).await;
     }
 }

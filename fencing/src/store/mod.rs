@@ -100,3 +100,24 @@ mod tests {
         }
     }
 }
+
+/// The contract every store's tests check: no mark until a raise, a raise never lowers a mark,
+/// a higher era beats any revision, resources are independent.
+#[cfg(test)]
+pub(crate) async fn assert_marks_only_rise(store: &impl HighWaterMarks) {
+    assert_eq!(store.get("r").await.ok(), Some(None));
+    assert_eq!(
+        store.raise("r", Token::new(0, 5)).await.ok(),
+        Some(Token::new(0, 5))
+    );
+    assert_eq!(
+        store.raise("r", Token::new(0, 3)).await.ok(),
+        Some(Token::new(0, 5))
+    );
+    assert_eq!(
+        store.raise("r", Token::new(1, 0)).await.ok(),
+        Some(Token::new(1, 0))
+    );
+    assert_eq!(store.get("r").await.ok(), Some(Some(Token::new(1, 0))));
+    assert_eq!(store.get("other").await.ok(), Some(None));
+}

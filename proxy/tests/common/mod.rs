@@ -325,16 +325,21 @@ pub async fn etcd_metric(etcd: &Etcd, name: &str) -> f64 {
     etcd_metric_where(etcd, name, "").await
 }
 
-/// [`etcd_metric`] over the label sets containing `labels` (e.g. `grpc_method="Watch"`).
-pub async fn etcd_metric_where(etcd: &Etcd, name: &str, labels: &str) -> f64 {
-    let text = http()
-        .get(format!("{}/metrics", etcd.endpoint(0)))
+/// The Prometheus text of `{base}/metrics` (a proxy's or an etcd member's).
+pub async fn metrics_text(base: &str) -> String {
+    http()
+        .get(format!("{base}/metrics"))
         .send()
         .await
         .unwrap()
         .text()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// [`etcd_metric`] over the label sets containing `labels` (e.g. `grpc_method="Watch"`).
+pub async fn etcd_metric_where(etcd: &Etcd, name: &str, labels: &str) -> f64 {
+    let text = metrics_text(&etcd.endpoint(0)).await;
     text.lines()
         .filter(|l| {
             l.strip_prefix(name)
