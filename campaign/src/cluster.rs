@@ -158,9 +158,30 @@ impl Proc {
                 .with_context(|| format!("starting {}", self.name))?;
             *slot = Some(child);
         }
-        wait_ready(&self.ready_url, Duration::from_secs(30))
-            .await
-            .with_context(|| format!("{} not ready; see {}", self.name, self.log.display()))
+        let ready = wait_ready(&self.ready_url, Duration::from_secs(30));
+        tokio::pin!(ready);
+        let mut exit_check = tokio::time::interval(Duration::from_millis(100));
+        let failure = loop {
+            tokio::select! {
+                outcome = &mut ready => match outcome {
+                    Ok(()) => return Ok(()),
+                    Err(e) => break e,
+                },
+                _ = exit_check.tick() => {
+                    let exited = self.slot().as_mut().and_then(|c| c.try_wait().ok().flatten());
+                    if let Some(status) = exited {
+                        break anyhow::anyhow!("exited before it was ready ({status})");
+                    }
+                }
+            }
+        };
+        // The run's directory goes with the run: the error carries what the process said.
+        Err(failure.context(format!(
+            "{} not ready; the end of {}:\n{}",
+            self.name,
+            self.log.display(),
+            log_tail(&self.log)
+        )))
     }
 
     /// SIGKILLs the process.
@@ -184,6 +205,13 @@ impl Drop for Proc {
         self.signal("CONT");
         self.kill();
     }
+}
+
+/// The last lines of a process's log.
+fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
 /// Waits until `url` answers 2xx.

@@ -94,11 +94,37 @@ impl Plan {
     /// `parts`.
     pub fn generate(seed: u64, chaos: Duration, parts: Parts) -> Self {
         let until = u64::try_from(chaos.as_millis()).unwrap_or(u64::MAX);
+        let (infrastructure, quiet_from) =
+            infrastructure(&mut stream(seed, "nemesis", 0), until, parts);
         Self {
             seed,
-            infrastructure: infrastructure(&mut stream(seed, "nemesis", 0), until, parts),
-            clients: clients(&mut stream(seed, "client-faults", 0), until),
+            infrastructure,
+            clients: clients(&mut stream(seed, "client-faults", 0), until, quiet_from),
         }
+    }
+}
+
+/// How long the deployment is left alone, once every infrastructure kind has been met, for a
+/// client stalling mid-write (its window: the lease lapses within [`crate::client::TTL_SECONDS`],
+/// it gives up soon after, its slow write is applied [`crate::client::SLOW_WRITE`] after it was
+/// sent). A fault on the storage hop or the path to an enforcer during that window stops the
+/// slow write or the new holder's, and the gateway without its fix then behaves like the fixed
+/// one (docs/RELIABILITY.md: every stall `release-with-caller` missed overlapped one).
+pub const QUIET_MS: u64 = 7_000;
+
+/// When the stall starts within the quiet window: slack for faults that end later than planned.
+pub const STALL_AFTER_MS: u64 = 500;
+
+impl Plan {
+    /// When the quiet window around the planned stall mid-write ends, in milliseconds after the
+    /// start (0 without one): the run goes on at least this long, so that the stall plays out.
+    pub fn quiet_until_ms(&self) -> u64 {
+        self.clients
+            .iter()
+            .filter(|s| s.fault == Fault::ClientStallMidWrite)
+            .map(|s| s.at_ms + QUIET_MS - STALL_AFTER_MS)
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -141,7 +167,8 @@ fn planned_length(step: &Step) -> u64 {
     }
 }
 
-fn infrastructure(rng: &mut StdRng, until: u64, parts: Parts) -> Vec<Step> {
+/// The infrastructure schedule, and when its quiet window (see [`QUIET_MS`]) starts.
+fn infrastructure(rng: &mut StdRng, until: u64, parts: Parts) -> (Vec<Step>, u64) {
     let mut schedule = kinds(parts);
     schedule.shuffle(rng);
     // Popped from the end: the gateway restart (the enforcer's memory) comes first, then every
@@ -155,9 +182,16 @@ fn infrastructure(rng: &mut StdRng, until: u64, parts: Parts) -> Vec<Step> {
     let mut active: Vec<(u64, Fault)> = Vec::new();
     // Two seconds of calm first, so the first faults find grants held and marks to remember.
     let mut now = 2000;
+    // Once every kind has been met: when the faults then active end, the quiet window.
+    let mut quiet_from = None;
     while now < until {
         active.retain(|(end, _)| *end > now);
-        if active.len() < MAX_CONCURRENT {
+        if schedule.is_empty() && quiet_from.is_none() {
+            quiet_from = Some(active.iter().map(|(end, _)| *end).fold(now, u64::max));
+        }
+        // From then on nothing new starts until the window has passed.
+        let quiet = quiet_from.is_some_and(|q| now < q + QUIET_MS);
+        if active.len() < MAX_CONCURRENT && !quiet {
             // The next kind not yet met whose part is free — the storage hop's and the marks'
             // kinds first, as they all take turns with each other — else a random draw whose
             // part is free (a few tries); a busy part's kind waits for a later turn.
@@ -187,7 +221,14 @@ fn infrastructure(rng: &mut StdRng, until: u64, parts: Parts) -> Vec<Step> {
             rng.random_range(300..900)
         };
     }
-    steps
+    // Kinds still unmet when the fault phase ends: the window opens when the last fault ends.
+    let quiet_from = quiet_from.unwrap_or_else(|| {
+        steps
+            .iter()
+            .map(|s| s.at_ms + planned_length(s))
+            .fold(until, u64::max)
+    });
+    (steps, quiet_from)
 }
 
 fn draw_step(rng: &mut StdRng, at_ms: u64, fault: Fault) -> Step {
@@ -212,15 +253,23 @@ fn draw_step(rng: &mut StdRng, at_ms: u64, fault: Fault) -> Step {
     }
 }
 
-fn clients(rng: &mut StdRng, until: u64) -> Vec<Step> {
+/// The client faults; a stall mid-write opens the quiet window at `quiet_from`.
+fn clients(rng: &mut StdRng, until: u64, quiet_from: u64) -> Vec<Step> {
     let mut steps = Vec::new();
     let mut now = 0;
+    let mut stall_planned = false;
     while now < until {
-        // The first client fault is a pause and the second a stall mid-write: every run has
-        // a zombie early, and a write still being applied when its writer's lease has lapsed.
+        // The first client fault is a pause: every run has a zombie early. The first fault due
+        // in the quiet window is a stall mid-write, moved to its start: every run has a write
+        // still being applied when its writer's lease has lapsed, with nothing else in the way.
+        let stall = !stall_planned && now >= quiet_from;
+        if stall {
+            stall_planned = true;
+            now = quiet_from + STALL_AFTER_MS;
+        }
         let fault = if steps.is_empty() {
             Fault::ClientPause
-        } else if steps.len() == 1 {
+        } else if stall {
             Fault::ClientStallMidWrite
         } else {
             CLIENT
@@ -246,6 +295,16 @@ fn clients(rng: &mut StdRng, until: u64) -> Vec<Step> {
             delay_ms: 0,
         });
         now += rng.random_range(1500..3000);
+    }
+    if !stall_planned {
+        // The quiet window opens as the fault phase ends (the run waits for it).
+        steps.push(Step {
+            at_ms: quiet_from + STALL_AFTER_MS,
+            fault: Fault::ClientStallMidWrite,
+            target: rng.random(),
+            hold_ms: rng.random_range(300..1200),
+            delay_ms: 0,
+        });
     }
     steps
 }
@@ -294,6 +353,24 @@ mod tests {
         assert_eq!(
             plan.clients.first().map(|s| s.fault),
             Some(Fault::ClientPause)
+        );
+        // The quiet window: a stall mid-write at its start, no infrastructure fault planned to
+        // run into it or to start in it.
+        let (_, quiet_from) = infrastructure(&mut stream(seed, "nemesis", 0), 24_000, Parts::ALL);
+        assert!(
+            plan.clients
+                .iter()
+                .any(|s| s.fault == Fault::ClientStallMidWrite
+                    && s.at_ms == quiet_from + STALL_AFTER_MS),
+            "seed {seed}: no stall at the quiet window"
+        );
+        assert!(plan.quiet_until_ms() >= quiet_from + QUIET_MS);
+        assert!(
+            plan.infrastructure
+                .iter()
+                .all(|s| s.at_ms + planned_length(s) <= quiet_from
+                    || s.at_ms >= quiet_from + QUIET_MS),
+            "seed {seed}: a fault in the quiet window"
         );
         for (i, s) in plan.infrastructure.iter().enumerate() {
             let overlapping: Vec<&Step> = plan.infrastructure[..i]

@@ -251,8 +251,14 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
     .await;
     cluster.heal().await?;
     let healed = Instant::now();
-    tokio::time::sleep_until((started + settings.duration).max(healed + settings.final_phase / 2))
-        .await;
+    // At least the final phase's half after healing, and until the planned stall mid-write has
+    // played out.
+    tokio::time::sleep_until(
+        (started + settings.duration)
+            .max(healed + settings.final_phase / 2)
+            .max(started + Duration::from_millis(plan.quiet_until_ms())),
+    )
+    .await;
     // The idle replica, once idle long enough, serves a holder while the others still work
     // (in runs at least that long: shorter ones, e.g. CI's control runs, skip it).
     let idle = if settings.duration >= IDLE {
