@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces docs/BENCHMARKS.md: builds release binaries, then runs leasebench (every operation,
-# then sustained renewal of 1k/10k/100k held leases), fencebench and the criterion
+# then sustained renewal of 1k/10k/100k held leases, then the cost of HTTPS and bearer tokens),
+# fencebench and the criterion
 # micro-benchmarks, writing tables, JSON and SVG charts to ${OUT:-bench-results}/.
 # Needs etcd on PATH (Debian: etcd-server); takes about 20 minutes on 2 cores.
 set -euo pipefail
@@ -13,6 +14,8 @@ cargo build --release --locked -p lease-proxy -p fencing -p lease-proxy-benches
 target/release/leasebench --json "$OUT/leasebench.json" --chart "$OUT/leasebench.svg" | tee "$OUT/leasebench.md"
 target/release/leasebench --op renew --concurrency 64 --rounds 1 --sustain 1000,10000,100000 \
     --json "$OUT/sustain.json" | tee "$OUT/sustain.md"
+target/release/leasebench --secure --op acquire,renew --concurrency 1,8,64 --ops 1000 \
+    --json "$OUT/auth-tls.json" | tee "$OUT/auth-tls.md"
 target/release/fencebench --json "$OUT/fencebench.json" --chart "$OUT/fencebench.svg" | tee "$OUT/fencebench.md"
 cargo bench --locked -p fencing --bench enforcement | tee "$OUT/criterion.txt"
 echo "results in $OUT/"

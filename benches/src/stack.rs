@@ -64,6 +64,52 @@ impl Stack {
         bin: &Path,
         etcd_url: &str,
     ) -> anyhow::Result<(String, Spawned)> {
+        let (cmd, port) = self.proxy_command(bin, etcd_url);
+        let spawned = self.spawn(cmd)?;
+        let url = format!("http://127.0.0.1:{port}");
+        wait_ready(&format!("{url}/readyz")).await?;
+        Ok((url, spawned))
+    }
+
+    /// Starts the `lease-proxy` at `bin` against `etcd_url` serving HTTPS with `tls` (a
+    /// certificate and key) and authenticating bearer tokens with the token file `tokens`;
+    /// returns its base URL once ready (`/readyz` checked over TLS trusting `ca`).
+    pub async fn secure_lease_proxy(
+        &mut self,
+        bin: &Path,
+        etcd_url: &str,
+        tls: &lease_proxy_testkit::pki::Issued,
+        ca: &Path,
+        tokens: &Path,
+    ) -> anyhow::Result<(String, Spawned)> {
+        let (mut cmd, port) = self.proxy_command(bin, etcd_url);
+        cmd.arg("--tls-cert")
+            .arg(&tls.cert)
+            .arg("--tls-key")
+            .arg(&tls.key)
+            .arg("--auth-tokens")
+            .arg(tokens);
+        let spawned = self.spawn(cmd)?;
+        let url = format!("https://127.0.0.1:{port}");
+        let client = reqwest::Client::builder()
+            .use_rustls_tls()
+            .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(ca)?)?)
+            .build()?;
+        for _ in 0..300 {
+            if client
+                .get(format!("{url}/readyz"))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+            {
+                return Ok((url, spawned));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(anyhow!("{url} did not become ready"))
+    }
+
+    fn proxy_command(&self, bin: &Path, etcd_url: &str) -> (Command, u16) {
         let port = free_port();
         let mut cmd = Command::new(bin);
         cmd.args(["--listen", &format!("127.0.0.1:{port}")])
@@ -71,10 +117,7 @@ impl Stack {
             .arg("--data-dir")
             .arg(self.dir().join(format!("proxy-{port}")))
             .env("RUST_LOG", "error");
-        let spawned = self.spawn(cmd)?;
-        let url = format!("http://127.0.0.1:{port}");
-        wait_ready(&format!("{url}/readyz")).await?;
-        Ok((url, spawned))
+        (cmd, port)
     }
 }
 

@@ -38,6 +38,9 @@ pub enum Error {
     /// The request did not get an answer.
     #[error("request failed: {0}")]
     Http(#[from] reqwest::Error),
+    /// A setting (a CA file) is unusable.
+    #[error("{0}")]
+    Config(String),
 }
 
 /// A grant as returned by `POST /v1/leases/{resource}`.
@@ -85,14 +88,48 @@ pub struct Held {
 pub struct LeaseClient {
     base: String,
     http: reqwest::Client,
+    bearer: Option<String>,
+}
+
+/// An HTTP client that, for `https://` URLs, trusts the CAs in `ca` (PEM) when given (the
+/// system's otherwise).
+pub fn http_client(ca: Option<&std::path::Path>) -> Result<reqwest::Client, Error> {
+    let mut builder = reqwest::Client::builder().use_rustls_tls();
+    if let Some(ca) = ca {
+        let pem = std::fs::read(ca).map_err(|e| Error::Config(format!("{}: {e}", ca.display())))?;
+        for cert in reqwest::Certificate::from_pem_bundle(&pem)? {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    Ok(builder.build()?)
 }
 
 impl LeaseClient {
     /// A client for the proxy at `base` (e.g. `http://127.0.0.1:7070`).
     pub fn new(base: impl Into<String>) -> Self {
+        Self::with_http(base, reqwest::Client::new(), None)
+    }
+
+    /// A client for the proxy at `base` over `http` (see [`http_client`]), presenting `bearer`
+    /// as `Authorization: Bearer …` when the proxy has authentication on.
+    pub fn with_http(
+        base: impl Into<String>,
+        http: reqwest::Client,
+        bearer: Option<String>,
+    ) -> Self {
         Self {
             base: base.into().trim_end_matches('/').to_owned(),
-            http: reqwest::Client::new(),
+            http,
+            bearer,
+        }
+    }
+
+    /// A request to the proxy, with the bearer token when there is one.
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let request = self.http.request(method, format!("{}{path}", self.base));
+        match &self.bearer {
+            Some(token) => request.bearer_auth(token),
+            None => request,
         }
     }
 
@@ -106,8 +143,7 @@ impl LeaseClient {
     ) -> Result<Held, Error> {
         let sent = Instant::now();
         let resp = self
-            .http
-            .post(format!("{}/v1/leases/{resource}", self.base))
+            .request(reqwest::Method::POST, &format!("/v1/leases/{resource}"))
             .json(&serde_json::json!({
                 "holder": holder,
                 "ttl_seconds": ttl.as_secs(),
@@ -145,11 +181,10 @@ impl LeaseClient {
     pub async fn renew(&self, held: &mut Held) -> Result<(), Error> {
         let sent = Instant::now();
         let resp = self
-            .http
-            .post(format!(
-                "{}/v1/leases/{}/renew",
-                self.base, held.grant.resource
-            ))
+            .request(
+                reqwest::Method::POST,
+                &format!("/v1/leases/{}/renew", held.grant.resource),
+            )
             .header("lease-secret", &held.grant.secret)
             .send()
             .await?;
@@ -172,8 +207,10 @@ impl LeaseClient {
     /// Releases a held lease (idempotent).
     pub async fn release(&self, held: &Held) -> Result<(), Error> {
         let resp = self
-            .http
-            .delete(format!("{}/v1/leases/{}", self.base, held.grant.resource))
+            .request(
+                reqwest::Method::DELETE,
+                &format!("/v1/leases/{}", held.grant.resource),
+            )
             .header("lease-secret", &held.grant.secret)
             .send()
             .await?;

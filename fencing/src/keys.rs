@@ -149,10 +149,13 @@ impl Keyring {
 
     /// Reads and parses a key file (see [`Keyring::parse`]).
     pub fn load(path: &Path) -> Result<Self, Error> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+        let io = |source| Error::Io {
             path: path.to_owned(),
             source,
-        })?;
+        };
+        let bytes = crate::files::read_config_file(path, 1 << 20).map_err(io)?;
+        let text = String::from_utf8(bytes)
+            .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
         Self::parse(&text)
     }
 

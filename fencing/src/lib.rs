@@ -20,16 +20,21 @@ pub mod admission;
 pub mod cli;
 mod domain;
 mod error;
+pub mod files;
 pub mod gate;
 #[cfg(feature = "server")]
 pub mod gateway;
 mod keys;
 pub mod layer;
 #[cfg(feature = "server")]
+pub mod reload;
+#[cfg(feature = "server")]
 pub mod serve;
 pub mod store;
 #[cfg(feature = "server")]
 pub mod telemetry;
+#[cfg(feature = "server")]
+pub mod tls;
 mod token;
 
 pub use admission::{Admission, Outcome, Permit, Release, DEFAULT_WRITE_GRACE};

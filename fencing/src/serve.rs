@@ -10,7 +10,7 @@ use axum::http::{HeaderName, Request};
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -19,6 +19,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
+
+use crate::tls::{PeerCertificate, ServerTls};
 
 /// How a server stops once told to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,12 +99,28 @@ impl Activity {
     }
 }
 
+/// Where a server accepts connections: a TCP listener, with or without TLS.
+#[derive(Debug)]
+pub struct Listener {
+    /// The socket.
+    pub tcp: TcpListener,
+    /// TLS on every connection, when set; the handshake must end within the header read
+    /// timeout.
+    pub tls: Option<Arc<ServerTls>>,
+}
+
+impl From<TcpListener> for Listener {
+    fn from(tcp: TcpListener) -> Self {
+        Self { tcp, tls: None }
+    }
+}
+
 /// Serves `app` on `listener` until `shutdown` resolves, within `limits`. Then: `draining` is
 /// set (readiness turns 503) while serving goes on for `drain.delay`; then `stop` is cancelled
 /// (the listener stops accepting; callers may hang other work off it), and in-flight requests
 /// get up to `drain.deadline` to finish before remaining connections are closed.
 pub async fn until_shutdown(
-    listener: TcpListener,
+    listener: impl Into<Listener>,
     app: Router,
     shutdown: impl Future<Output = ()> + Send,
     draining: &AtomicBool,
@@ -112,7 +130,7 @@ pub async fn until_shutdown(
 ) -> std::io::Result<()> {
     let graceful = Arc::new(GracefulShutdown::new());
     let mut server = tokio::spawn(accept(
-        listener,
+        listener.into(),
         app,
         stop.clone(),
         graceful.clone(),
@@ -150,9 +168,10 @@ pub async fn until_shutdown(
 }
 
 /// Accepts connections until `stop`, at most `limits.max_connections` at once, each served
-/// under `graceful`'s watch; returns the connections still being served.
+/// under `graceful`'s watch (a TLS connection from the end of its handshake); returns the
+/// connections still being served.
 async fn accept(
-    listener: TcpListener,
+    listener: Listener,
     app: Router,
     stop: CancellationToken,
     graceful: Arc<GracefulShutdown>,
@@ -173,7 +192,7 @@ async fn accept(
         };
         while connections.try_join_next().is_some() {}
         let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
+            accepted = listener.tcp.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(e) => {
                     // Out of file descriptors and the like: wait a little, then go on.
@@ -185,51 +204,104 @@ async fn accept(
             () = stop.cancelled() => return Ok(connections),
         };
         let _ = stream.set_nodelay(true);
-        let activity = Arc::new(Activity {
-            busy: AtomicUsize::new(0),
-            served: AtomicBool::new(false),
-            last: Mutex::new(Instant::now()),
-        });
-        let service = TowerToHyperService::new(tracked(app.clone(), activity.clone()));
-        let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-            .into_owned();
-        let connection = graceful.watch(connection);
+        let connection = Connection {
+            builder: builder.clone(),
+            watcher: graceful.watcher(),
+            app: app.clone(),
+            limits,
+        };
+        let tls = listener.tls.as_ref().map(|tls| tls.acceptor());
         connections.spawn(async move {
-            tokio::pin!(connection);
-            loop {
-                let check = activity
-                    .deadline(&limits)
-                    .unwrap_or_else(|| Instant::now() + limits.idle_timeout);
-                match tokio::time::timeout_at(check, &mut connection).await {
-                    Ok(Err(e)) => tracing::debug!(error = %e, "connection ended with an error"),
-                    Ok(Ok(())) => {}
-                    Err(_) => match activity.deadline(&limits) {
-                        Some(deadline) if deadline <= Instant::now() => {
-                            tracing::debug!("closing an idle connection");
+            match tls {
+                None => connection.serve(TokioIo::new(stream), None).await,
+                // The handshake runs here, in the connection's own task (a slow or silent
+                // client holds its slot, not the accept loop), under the header deadline.
+                Some(acceptor) => {
+                    match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream))
+                        .await
+                    {
+                        Ok(Ok(stream)) => {
+                            let peer = PeerCertificate::of(stream.get_ref().1);
+                            connection.serve(TokioIo::new(stream), peer).await;
                         }
-                        _ => continue,
-                    },
+                        Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!("TLS handshake timed out"),
+                    }
                 }
-                break;
             }
             drop(slot);
         });
     }
 }
 
-/// `app`, counting each request as busy on `activity` until its answer's body is dropped.
+/// What serving one accepted connection needs.
+struct Connection {
+    builder: Builder<TokioExecutor>,
+    watcher: Watcher,
+    app: Router,
+    limits: Limits,
+}
+
+impl Connection {
+    /// Serves HTTP on `io` until the client closes it, it errs, or it stays idle past its
+    /// deadline; every request carries `peer` (the client certificate) as an extension.
+    async fn serve<I>(self, io: I, peer: Option<PeerCertificate>)
+    where
+        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    {
+        let Self {
+            builder,
+            watcher,
+            app,
+            limits,
+        } = self;
+        let activity = Arc::new(Activity {
+            busy: AtomicUsize::new(0),
+            served: AtomicBool::new(false),
+            last: Mutex::new(Instant::now()),
+        });
+        let service = TowerToHyperService::new(tracked(app, activity.clone(), peer));
+        let connection = builder
+            .serve_connection_with_upgrades(io, service)
+            .into_owned();
+        let connection = watcher.watch(connection);
+        tokio::pin!(connection);
+        loop {
+            let check = activity
+                .deadline(&limits)
+                .unwrap_or_else(|| Instant::now() + limits.idle_timeout);
+            match tokio::time::timeout_at(check, &mut connection).await {
+                Ok(Err(e)) => tracing::debug!(error = %e, "connection ended with an error"),
+                Ok(Ok(())) => {}
+                Err(_) => match activity.deadline(&limits) {
+                    Some(deadline) if deadline <= Instant::now() => {
+                        tracing::debug!("closing an idle connection");
+                    }
+                    _ => continue,
+                },
+            }
+            break;
+        }
+    }
+}
+
+/// `app`, counting each request as busy on `activity` until its answer's body is dropped, and
+/// giving each the connection's client certificate.
 fn tracked(
     app: Router,
     activity: Arc<Activity>,
+    peer: Option<PeerCertificate>,
 ) -> impl tower::Service<
     Request<hyper::body::Incoming>,
     Response = http::Response<axum::body::Body>,
     Error = std::convert::Infallible,
     Future = impl Future + Send,
 > + Clone {
-    tower::service_fn(move |req: Request<hyper::body::Incoming>| {
+    tower::service_fn(move |mut req: Request<hyper::body::Incoming>| {
         let busy = Busy::new(activity.clone());
+        if let Some(peer) = &peer {
+            req.extensions_mut().insert(peer.clone());
+        }
         let answer = tower::ServiceExt::oneshot(app.clone(), req);
         async move {
             let response = answer.await?;

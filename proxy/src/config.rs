@@ -187,6 +187,78 @@ pub struct Config {
     #[arg(long, env = "LEASE_PROXY_QUOTA_ACQUIRE_RATE")]
     pub quota_acquire_rate: Option<f64>,
 
+    /// Serve HTTPS with this certificate chain (PEM, the proxy's own certificate first), with
+    /// `--tls-key`. Both are reloaded on SIGHUP and when either file changes; connections open
+    /// keep the certificate they started with.
+    #[arg(long, env = "LEASE_PROXY_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of `--tls-cert`.
+    #[arg(long, env = "LEASE_PROXY_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+
+    /// CAs (PEM) that sign client certificates (mTLS; needs `--tls-cert`). A verified
+    /// certificate authenticates the principal it names (`--tls-client-principal`) when the
+    /// token file has a `PRINCIPAL cert PERMS` line for it.
+    #[arg(long, env = "LEASE_PROXY_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// With `--tls-client-ca`: whether every client must present a certificate (`required`) or
+    /// may (`optional`: clients without one authenticate with a bearer token).
+    #[arg(
+        long,
+        env = "LEASE_PROXY_TLS_CLIENT_CERTS",
+        value_enum,
+        default_value = "optional"
+    )]
+    pub tls_client_certs: fencing::tls::ClientCerts,
+
+    /// Which name of a client certificate is its principal: the subject's common name (`cn`),
+    /// or the first DNS subject alternative name that has a `cert` line (`dns`).
+    #[arg(
+        long,
+        env = "LEASE_PROXY_TLS_CLIENT_PRINCIPAL",
+        value_enum,
+        default_value = "cn"
+    )]
+    pub tls_client_principal: CertPrincipal,
+
+    /// CAs (PEM) of etcd's server certificates, for `https://` endpoints (default: the
+    /// system's CAs).
+    #[arg(long, env = "LEASE_PROXY_ETCD_CA")]
+    pub etcd_ca: Option<PathBuf>,
+
+    /// Client certificate (PEM) presented to etcd (`--client-cert-auth`), with `--etcd-key`.
+    #[arg(long, env = "LEASE_PROXY_ETCD_CERT")]
+    pub etcd_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of `--etcd-cert`.
+    #[arg(long, env = "LEASE_PROXY_ETCD_KEY")]
+    pub etcd_key: Option<PathBuf>,
+
+    /// etcd user, when etcd's authentication is enabled; the password is read from
+    /// `--etcd-password-file` (never a flag: command lines are visible to every local user).
+    #[arg(long, env = "LEASE_PROXY_ETCD_USER")]
+    pub etcd_user: Option<String>,
+
+    /// File holding the password of `--etcd-user` (one line; surrounding whitespace ignored).
+    #[arg(long, env = "LEASE_PROXY_ETCD_PASSWORD_FILE")]
+    pub etcd_password_file: Option<PathBuf>,
+
+    /// CAs (PEM) of the `--upstream` and `--prefence-url` servers, for `https://` URLs
+    /// (default: the system's CAs).
+    #[arg(long, env = "LEASE_PROXY_UPSTREAM_CA")]
+    pub upstream_ca: Option<PathBuf>,
+
+    /// Client certificate (PEM) presented to the upstream and the pre-fence enforcer, with
+    /// `--upstream-key` (fence-gateway's `--fence-principals` checks it).
+    #[arg(long, env = "LEASE_PROXY_UPSTREAM_CERT")]
+    pub upstream_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of `--upstream-cert`.
+    #[arg(long, env = "LEASE_PROXY_UPSTREAM_KEY")]
+    pub upstream_key: Option<PathBuf>,
+
     /// Audit log: one JSON line per grant, release, refused renewal and refusal by
     /// authentication or authorisation, appended by a background writer (a full queue drops
     /// events and counts them, `lease_proxy_audit_dropped_total`).
@@ -217,6 +289,17 @@ impl fencing::cli::Layered for Config {
         self.config = cli.config.clone();
         self.print = cli.print.clone();
     }
+}
+
+/// Which name of a verified client certificate is its principal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CertPrincipal {
+    /// The subject's common name.
+    #[default]
+    Cn,
+    /// The first DNS subject alternative name that has a `cert` line in the token file.
+    Dns,
 }
 
 /// A configuration that cannot be used; the binary exits with status 64 (EX_USAGE).
@@ -274,14 +357,15 @@ impl Config {
             ("--prefence-url", &self.prefence_url),
         ] {
             if let Some(url) = url {
-                let ok = url
-                    .parse::<http::Uri>()
-                    .is_ok_and(|u| u.scheme_str() == Some("http") && u.authority().is_some());
+                let ok = url.parse::<http::Uri>().is_ok_and(|u| {
+                    matches!(u.scheme_str(), Some("http" | "https")) && u.authority().is_some()
+                });
                 if !ok {
-                    return fail(format!("{flag}: `{url}` is not an http://host:port URL"));
+                    return fail(format!("{flag}: `{url}` is not an http(s)://host:port URL"));
                 }
             }
         }
+        self.validate_tls()?;
         if self.etcd_prefix.is_empty() || !self.etcd_prefix.ends_with('/') {
             return fail("--etcd-prefix must be non-empty and end with `/`".into());
         }
@@ -329,12 +413,118 @@ impl Config {
                 return fail("--quota-acquire-rate must be a number above 0 (at most 1e6)".into());
             }
         }
+        if let Some(path) = &self.key_file {
+            // Read here so that an unusable key file stops the binary with 64, naming it.
+            fencing::Keyring::load(path)
+                .map_err(|e| ConfigError(format!("--key-file {}: {e}", path.display())))?;
+        }
         if let Some(path) = &self.auth_tokens {
             // Parsed here so a bad file stops the binary with 64 before anything starts; the
             // server loads it again (and from then on on every reload).
             crate::auth::Table::load(path).map_err(ConfigError)?;
         }
         self.validate_v3()
+    }
+
+    /// The TLS and etcd credential settings go together and their files load (so that a bad
+    /// file stops the binary with 64, not the first request).
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        let fail = |m: String| Err(ConfigError(m));
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return fail("--tls-cert and --tls-key go together".into());
+        }
+        if self.tls_client_ca.is_some() && self.tls_cert.is_none() {
+            return fail("--tls-client-ca needs --tls-cert and --tls-key (HTTPS)".into());
+        }
+        if self.tls_client_certs == fencing::tls::ClientCerts::Required
+            && self.tls_client_ca.is_none()
+        {
+            return fail(
+                "--tls-client-certs required needs --tls-client-ca (the CAs that sign them)".into(),
+            );
+        }
+        if let Some(files) = self.server_tls() {
+            fencing::tls::ServerTls::load(files).map_err(|e| ConfigError(format!("TLS: {e}")))?;
+        }
+        let https = |url: &String| url.starts_with("https://");
+        let upstream_https = self.upstream.iter().chain(&self.prefence_url).any(https);
+        let etcd_https = self.etcd_endpoints.iter().any(https);
+        for (flag, files, https) in [
+            ("--upstream", self.upstream_tls(), upstream_https),
+            ("--etcd", self.etcd_tls(), etcd_https),
+        ] {
+            files
+                .validate(https)
+                .map_err(|e| ConfigError(format!("{flag}-ca/-cert/-key: {e}")))?;
+        }
+        let upstream_files = self.upstream_ca.is_some() || self.upstream_cert.is_some();
+        if upstream_files && !upstream_https {
+            return fail(
+                "--upstream-ca/--upstream-cert are for an https:// --upstream or --prefence-url"
+                    .into(),
+            );
+        }
+        if self.etcd_user.is_some() != self.etcd_password_file.is_some() {
+            return fail("--etcd-user and --etcd-password-file go together".into());
+        }
+        self.etcd_credentials()?;
+        let tls_files = self.etcd_ca.is_some() || self.etcd_cert.is_some();
+        if tls_files && self.etcd_endpoints.iter().any(|e| e.starts_with("http://")) {
+            return fail(
+                "--etcd-ca/--etcd-cert are for https:// endpoints; some --etcd-endpoints are http://"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The HTTPS server's files, when `--tls-cert` is given.
+    pub fn server_tls(&self) -> Option<fencing::tls::ServerFiles> {
+        Some(fencing::tls::ServerFiles {
+            cert: self.tls_cert.clone()?,
+            key: self.tls_key.clone()?,
+            client_ca: self.tls_client_ca.clone(),
+            client_certs: self.tls_client_certs,
+        })
+    }
+
+    /// TLS towards the upstream and the pre-fence enforcer.
+    pub fn upstream_tls(&self) -> fencing::tls::ClientFiles {
+        fencing::tls::ClientFiles {
+            ca: self.upstream_ca.clone(),
+            cert: self.upstream_cert.clone(),
+            key: self.upstream_key.clone(),
+        }
+    }
+
+    /// TLS towards etcd.
+    pub fn etcd_tls(&self) -> fencing::tls::ClientFiles {
+        fencing::tls::ClientFiles {
+            ca: self.etcd_ca.clone(),
+            cert: self.etcd_cert.clone(),
+            key: self.etcd_key.clone(),
+        }
+    }
+
+    /// etcd's user and password, read from `--etcd-password-file`.
+    pub fn etcd_credentials(&self) -> Result<Option<(String, String)>, ConfigError> {
+        let (Some(user), Some(file)) = (&self.etcd_user, &self.etcd_password_file) else {
+            return Ok(None);
+        };
+        let unreadable = |e: &dyn std::fmt::Display| {
+            ConfigError(format!("--etcd-password-file {}: {e}", file.display()))
+        };
+        let password = fencing::files::read_config_file(file, 64 << 10)
+            .map_err(|e| unreadable(&e))
+            .and_then(|bytes| String::from_utf8(bytes).map_err(|e| unreadable(&e)))?;
+        let password = password.trim();
+        if password.is_empty() {
+            return Err(ConfigError(format!(
+                "--etcd-password-file {} is empty",
+                file.display()
+            )));
+        }
+        Ok(Some((user.clone(), password.to_owned())))
     }
 
     /// The `/v3` namespace is usable and cannot reach the proxy's own keys; the `/v3` limits
@@ -440,6 +630,81 @@ mod tests {
         let mut c = Config::parse_from(["lease-proxy"]);
         c.etcd_endpoints = vec!["127.0.0.1:2379".into()];
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn tls_settings_go_together_and_their_files_load() {
+        let pki = lease_proxy_testkit::pki::Pki::new("config");
+        let server = pki.server("server");
+        let refused = |tweak: &dyn Fn(&mut Config)| {
+            let mut c = Config::parse_from(["lease-proxy"]);
+            tweak(&mut c);
+            c.validate().unwrap_err().to_string()
+        };
+        let ok = |tweak: &dyn Fn(&mut Config)| {
+            let mut c = Config::parse_from(["lease-proxy"]);
+            tweak(&mut c);
+            c.validate().unwrap();
+        };
+        ok(&|c| {
+            c.tls_cert = Some(server.cert.clone());
+            c.tls_key = Some(server.key.clone());
+            c.tls_client_ca = Some(pki.ca().to_owned());
+        });
+        let err = refused(&|c| c.tls_cert = Some(server.cert.clone()));
+        assert!(err.contains("go together"), "{err}");
+        let err = refused(&|c| c.tls_client_ca = Some(pki.ca().to_owned()));
+        assert!(err.contains("needs --tls-cert"), "{err}");
+        let err = refused(&|c| {
+            c.tls_cert = Some(server.cert.clone());
+            c.tls_key = Some(server.key.clone());
+            c.tls_client_certs = fencing::tls::ClientCerts::Required;
+        });
+        assert!(err.contains("needs --tls-client-ca"), "{err}");
+        let err = refused(&|c| c.key_file = Some(pki.ca().with_file_name("no-key")));
+        assert!(err.contains("--key-file"), "{err}");
+        // A key that is not the certificate's, a file that is not PEM.
+        let other = pki.server("other");
+        let err = refused(&|c| {
+            c.tls_cert = Some(server.cert.clone());
+            c.tls_key = Some(other.key.clone());
+        });
+        assert!(err.contains("TLS"), "{err}");
+        let err = refused(&|c| {
+            c.tls_cert = Some(pki.ca().join("missing"));
+            c.tls_key = Some(server.key.clone());
+        });
+        assert!(err.contains("missing"), "{err}");
+        // Client-side files only for https:// URLs; a user needs its password file, which
+        // must hold a password.
+        let err = refused(&|c| c.etcd_ca = Some(pki.ca().to_owned()));
+        assert!(err.contains("https://"), "{err}");
+        let err = refused(&|c| {
+            c.upstream = Some("http://127.0.0.1:1".into());
+            c.upstream_ca = Some(pki.ca().to_owned());
+        });
+        assert!(err.contains("https://"), "{err}");
+        ok(&|c| {
+            c.upstream = Some("https://127.0.0.1:1".into());
+            c.upstream_ca = Some(pki.ca().to_owned());
+            c.upstream_cert = Some(server.cert.clone());
+            c.upstream_key = Some(server.key.clone());
+        });
+        let err = refused(&|c| {
+            c.upstream = Some("https://127.0.0.1:1".into());
+            c.upstream_cert = Some(server.cert.clone());
+        });
+        assert!(err.contains("needs its key"), "{err}");
+        let err = refused(&|c| c.etcd_user = Some("root".into()));
+        assert!(err.contains("go together"), "{err}");
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, " \n").unwrap();
+        let err = refused(&|c| {
+            c.etcd_user = Some("root".into());
+            c.etcd_password_file = Some(empty.clone());
+        });
+        assert!(err.contains("empty"), "{err}");
     }
 
     #[test]

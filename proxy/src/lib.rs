@@ -18,7 +18,7 @@ mod server;
 mod v3;
 
 pub use api::PROBLEM_BASE;
-pub use config::{Config, ConfigError, LogFormat};
+pub use config::{CertPrincipal, Config, ConfigError, LogFormat};
 pub use error::{Error, Result};
 pub use lease::Conflict;
 pub use server::{load_keys, run, StartError};

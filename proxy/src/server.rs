@@ -18,7 +18,7 @@ use tokio_util::task::TaskTracker;
 use crate::api::{self, AppState};
 use crate::audit::Audit;
 use crate::auth::Auth;
-use crate::etcd::{Etcd, Holders, KeepAlive};
+use crate::etcd::{Access, Etcd, Holders, KeepAlive};
 use crate::forward::Upstream;
 use crate::lease::{Layout, Leases, Limits};
 use crate::metrics::Metrics;
@@ -55,6 +55,12 @@ pub enum StartError {
     /// The metrics could not be set up.
     #[error("metrics: {0}")]
     Metrics(#[source] fencing::Error),
+    /// A TLS certificate, key or CA file is unusable.
+    #[error("TLS: {0}")]
+    Tls(#[source] fencing::Error),
+    /// The etcd credentials or TLS files are unusable.
+    #[error("etcd access: {0}")]
+    EtcdAccess(String),
     /// The etcd client could not be built.
     #[error("etcd: {0}")]
     Etcd(#[from] crate::Error),
@@ -84,15 +90,24 @@ pub fn load_keys(config: &Config) -> Result<Keyring, StartError> {
     Ok(Keyring::load(&path)?)
 }
 
-/// A client for an already validated `http://` URL setting.
+/// A client for an already validated `http(s)://` URL setting.
 fn upstream(
     url: &Option<String>,
-    timeout: std::time::Duration,
+    config: &Config,
     metrics: &Arc<Metrics>,
-) -> Option<Upstream> {
+) -> Result<Option<Upstream>, StartError> {
     url.as_ref()
         .and_then(|u| u.parse().ok())
-        .map(|base| Upstream::new(base, timeout, metrics.clone()))
+        .map(|base| {
+            Upstream::new(
+                base,
+                config.forward_timeout,
+                metrics.clone(),
+                &config.upstream_tls(),
+            )
+        })
+        .transpose()
+        .map_err(StartError::Tls)
 }
 
 /// Serves the proxy on `listener` until `shutdown` resolves, then drains and returns.
@@ -103,14 +118,31 @@ pub async fn run(
 ) -> Result<(), StartError> {
     let keys = Arc::new(load_keys(&config)?);
     let auth = match &config.auth_tokens {
-        Some(path) => Some(Arc::new(Auth::load(path).map_err(StartError::Auth)?)),
+        Some(path) => Some(Arc::new(
+            Auth::load(path, config.tls_client_principal).map_err(StartError::Auth)?,
+        )),
         None => None,
     };
+    let tls = config
+        .server_tls()
+        .map(|files| fencing::tls::ServerTls::load(files).map(Arc::new))
+        .transpose()
+        .map_err(StartError::Tls)?;
     let metrics = Arc::new(Metrics::new().map_err(StartError::Metrics)?);
-    let etcd = Etcd::connect(&config.etcd_endpoints, config.etcd_timeout, metrics.clone()).await?;
+    let access = Access::from_config(&config).map_err(StartError::EtcdAccess)?;
+    let etcd = Etcd::connect(
+        &config.etcd_endpoints,
+        config.etcd_timeout,
+        metrics.clone(),
+        &access,
+    )
+    .await?;
     let tracker = TaskTracker::new();
     let background = CancellationToken::new();
     let stopping = CancellationToken::new();
+    if let Some(tls) = &tls {
+        tls.watch(&tracker, background.clone());
+    }
 
     let keepalive = KeepAlive::start(
         &etcd,
@@ -163,13 +195,13 @@ pub async fn run(
         layout,
         config.era,
         limits,
-        upstream(&config.prefence_url, config.forward_timeout, &metrics),
+        upstream(&config.prefence_url, &config, &metrics)?,
         config.lease_spares,
         tracker.clone(),
         stopping.clone(),
     );
     let state = Arc::new(AppState {
-        upstream: upstream(&config.upstream, config.forward_timeout, &metrics),
+        upstream: upstream(&config.upstream, &config, &metrics)?,
         max_forward_bytes: config.max_forward_bytes,
         v3,
         leases,
@@ -189,9 +221,9 @@ pub async fn run(
     });
     let app = api::router(state.clone());
 
-    tracing::info!(listen = %listener.local_addr()?, endpoints = ?config.etcd_endpoints, "lease-proxy serving");
+    tracing::info!(listen = %listener.local_addr()?, https = tls.is_some(), endpoints = ?config.etcd_endpoints, "lease-proxy serving");
     let result = fencing::serve::until_shutdown(
-        listener,
+        fencing::serve::Listener { tcp: listener, tls },
         app,
         shutdown,
         &state.draining,

@@ -21,22 +21,26 @@ const ALICE: &str = "alice-0f3b9c2d7e";
 const BOB: &str = "bob-5a1e8d4c22";
 const CAROL: &str = "carol-77c0e1f9ab";
 const DAVE: &str = "dave-3d9e0a6b15";
+const ERIN: &str = "erin-91b2c4e6f0";
 
 fn sha256_hex(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
 
-/// alice: her aisles, reads everything; bob: reads aisles; carol: acquires anything and /v3.
+/// alice: her aisles, reads everything; bob: reads aisles; carol: acquires anything and /v3;
+/// erin: /v3 only (another tenant of it).
 fn token_file() -> String {
     format!(
         "# principals of the matrix\n\
          alice {} acquire:aisle-,read:*,forward:aisle-\n\
          \n\
          bob   {} read:aisle-   # read only\n\
-         carol {} acquire:*,v3:*\n",
+         carol {} acquire:*,v3:*\n\
+         erin  {} v3:*\n",
         sha256_hex(ALICE),
         sha256_hex(BOB),
         sha256_hex(CAROL),
+        sha256_hex(ERIN),
     )
 }
 
@@ -45,6 +49,7 @@ enum Who {
     Alice,
     Bob,
     Carol,
+    Erin,
     /// No `Authorization` header.
     Anonymous,
     /// A bearer token in no line of the file.
@@ -69,6 +74,7 @@ impl Who {
             Who::Alice => Some(format!("Bearer {ALICE}")),
             Who::Bob => Some(format!("Bearer {BOB}")),
             Who::Carol => Some(format!("Bearer {CAROL}")),
+            Who::Erin => Some(format!("Bearer {ERIN}")),
             Who::Anonymous => None,
             Who::WrongToken => Some("Bearer not-a-known-token".into()),
             // The right token under the wrong scheme is no authentication either.
@@ -381,6 +387,103 @@ async fn permission_matrix() {
         }
     }
 
+    // /v3 across tenants: carol and erin write the same key, each sees only their own — by
+    // key, and in a range over everything; erin cannot see, inspect or revoke carol's lease.
+    let kv = |op: &str, body: Value| req(Method::POST, format!("/v3/kv/{op}")).body(body);
+    let shared = "c2hhcmVk"; // "shared"
+    for (who, value) in [(Carol, "Y2Fyb2w="), (Erin, "ZXJpbg==")] {
+        m.cell(who, kv("put", json!({"key": shared, "value": value})), 200)
+            .await;
+    }
+    for (who, value) in [(Carol, "Y2Fyb2w="), (Erin, "ZXJpbg==")] {
+        let one = m.cell(who, kv("range", json!({"key": shared})), 200).await;
+        let all = m
+            .cell(
+                who,
+                kv("range", json!({"key": "AA==", "range_end": "AA=="})),
+                200,
+            )
+            .await;
+        for (what, body) in [("the key", one), ("everything", all)] {
+            let seen: Vec<(Value, Value)> = body["kvs"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|kv| (kv["key"].clone(), kv["value"].clone()))
+                .collect();
+            if seen != [(json!(shared), json!(value))] {
+                m.wrong
+                    .push(format!("{who:?} ranging {what} sees {seen:?}"));
+            }
+        }
+    }
+    let lease = m
+        .cell(
+            Carol,
+            req(Method::POST, "/v3/lease/grant").body(json!({"TTL": "30"})),
+            200,
+        )
+        .await;
+    let id = lease["ID"].clone();
+    let ttl_of = |body: &Value| body["TTL"].as_str().unwrap_or_default().to_owned();
+    let mine = m
+        .cell(
+            Carol,
+            req(Method::POST, "/v3/lease/timetolive").body(json!({"ID": id})),
+            200,
+        )
+        .await;
+    let theirs = m
+        .cell(
+            Erin,
+            req(Method::POST, "/v3/lease/timetolive").body(json!({"ID": id})),
+            200,
+        )
+        .await;
+    if ttl_of(&mine) == "-1" || ttl_of(&theirs) != "-1" {
+        m.wrong.push(format!(
+            "lease time-to-live: carol's own {mine}, erin's view of it {theirs}"
+        ));
+    }
+    m.cell(
+        Erin,
+        req(Method::POST, "/v3/lease/revoke").body(json!({"ID": id})),
+        404,
+    )
+    .await;
+    let listed = m
+        .cell(
+            Erin,
+            req(Method::POST, "/v3/lease/leases").body(json!({})),
+            200,
+        )
+        .await;
+    if listed["leases"]
+        .as_array()
+        .is_some_and(|l| l.iter().any(|x| x["ID"] == id))
+    {
+        m.wrong.push(format!("erin lists carol's lease: {listed}"));
+    }
+    let deleted = m
+        .cell(
+            Erin,
+            kv("deleterange", json!({"key": "AA==", "range_end": "AA=="})),
+            200,
+        )
+        .await;
+    if deleted["deleted"] != "1" {
+        m.wrong
+            .push(format!("erin deleted more than her own key: {deleted}"));
+    }
+    let kept = m
+        .cell(Carol, kv("range", json!({"key": shared})), 200)
+        .await;
+    if kept["kvs"][0]["value"] != "Y2Fyb2w=" {
+        m.wrong
+            .push(format!("carol's key after erin's delete: {kept}"));
+    }
+
     // Operations stay open.
     for who in EVERYONE {
         m.cell(who, req(Method::GET, "/livez"), 200).await;
@@ -421,7 +524,7 @@ async fn permission_matrix() {
     // Acquire, renew and release are all the acquire operation: 6 + 3 + 1 + 3 anonymous cells.
     assert_eq!(auth_count(&metrics, "unauthenticated", "acquire"), 13.0);
     assert_eq!(auth_count(&metrics, "forbidden", "v3"), 4.0);
-    assert_eq!(auth_count(&metrics, "authenticated", "v3"), 2.0);
+    assert_eq!(auth_count(&metrics, "authenticated", "v3"), 15.0);
     assert_eq!(auth_count(&metrics, "forbidden", "forward"), 3.0);
 
     assert!(

@@ -2,7 +2,8 @@
 //!
 //! [`Etcd::single`] starts one member, [`Etcd::cluster`] a cluster of any size; each member gets
 //! its own temporary data directory, and every process is killed when the [`Etcd`] is dropped.
-//! The `etcd` binary is taken from `$ETCD_BIN`, else from `PATH`.
+//! The `etcd` binary is taken from `$ETCD_BIN`, else from `PATH`. [`Etcd::secured`] starts a
+//! member with TLS, client certificates and authentication on, its certificates from [`pki`].
 //!
 //! [`v3_hostile`] is the seeded hostile `/v3` request generator and its sentinels, shared by the
 //! proxy's tests and the fault campaign.
@@ -16,6 +17,7 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 
+pub mod pki;
 pub mod v3_hostile;
 
 /// How long a member or cluster may take to elect a leader and answer.
@@ -37,15 +39,69 @@ struct Member {
 pub struct Etcd {
     members: Vec<Member>,
     cluster_token: String,
+    security: Option<Security>,
     _dir: TempDir,
 }
 
-/// A free TCP port on 127.0.0.1 (bound and released; good enough for tests).
+/// A member serving clients over TLS, with client certificates required and (once enabled)
+/// etcd's authentication on.
+#[derive(Debug, Clone)]
+pub struct Security {
+    /// The CA that signed the server's and the clients' certificates.
+    pub ca: PathBuf,
+    /// The member's certificate.
+    pub server: pki::Issued,
+    /// A client certificate (common name `lease-proxy`: no etcd user of that name exists, so
+    /// it authenticates nobody by itself; the password does).
+    pub client: pki::Issued,
+    /// The `root` user's password, once authentication is enabled.
+    pub root_password: Option<String>,
+}
+
+/// A free TCP port on 127.0.0.1 for a process the test starts, never handed out twice by this
+/// test process.
+///
+/// A port found free and released is only free until someone takes it, and the kernel hands out
+/// ports of its ephemeral range to every outgoing connection: a port from that range, released
+/// here and bound by a child process a moment later, can meanwhile have become the local end of
+/// an etcd peer connection or a client's (that is how a replica of the fault campaign once failed
+/// to start in CI). So the port is drawn *below* the ephemeral range, where only explicit binds
+/// go, and checked bindable; on a machine whose ephemeral range leaves no room below it, the
+/// kernel's choice is used as before.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free loopback port")
+    use rand::Rng;
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock, PoisonError};
+
+    static GIVEN: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
+    let mut given = GIVEN
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    const LOWEST: u16 = 10_000;
+    if ephemeral_low > LOWEST + 1_000 {
+        let mut rng = rand::rng();
+        for _ in 0..1_000 {
+            let port = rng.random_range(LOWEST..ephemeral_low);
+            if !given.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                given.insert(port);
+                return port;
+            }
+        }
+    }
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("no free loopback port");
+        if given.insert(port) {
+            return port;
+        }
+    }
 }
 
 impl Etcd {
@@ -74,6 +130,7 @@ impl Etcd {
         let mut etcd = Self {
             members,
             cluster_token,
+            security: None,
             _dir: dir,
         };
         for i in 0..n {
@@ -81,6 +138,87 @@ impl Etcd {
         }
         etcd.wait_ready().await;
         etcd
+    }
+
+    /// Starts one member serving clients over TLS only (certificates from `pki`, client
+    /// certificates required), then enables etcd's authentication with user `root` and
+    /// `password` (etcd's own `root` role).
+    pub async fn secured(pki: &pki::Pki, password: &str) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("lease-proxy-etcd-")
+            .tempdir()
+            .expect("temp dir for etcd");
+        let mut etcd = Self {
+            members: Vec::new(),
+            cluster_token: format!("t{}", free_port()),
+            security: None,
+            _dir: dir,
+        };
+        etcd.security = Some(Security {
+            ca: pki.ca().to_owned(),
+            server: pki.server("etcd-server"),
+            client: pki.client("etcd-client", "lease-proxy", &[]),
+            root_password: None,
+        });
+        let dir = etcd._dir.path().to_owned();
+        etcd.members.push(Member {
+            name: "m0".into(),
+            client_port: free_port(),
+            peer_port: free_port(),
+            data_dir: dir.join("m0.etcd"),
+            log: dir.join("m0.log"),
+            child: None,
+        });
+        etcd.spawn(0);
+        etcd.wait_ready().await;
+        let mut client = etcd.client().await;
+        client
+            .user_add("root", password, None)
+            .await
+            .expect("add etcd user root");
+        client
+            .user_grant_role("root", "root")
+            .await
+            .expect("grant root its role");
+        client.auth_enable().await.expect("enable etcd auth");
+        if let Some(security) = &mut etcd.security {
+            security.root_password = Some(password.to_owned());
+        }
+        etcd
+    }
+
+    /// The TLS files and password of a [`Etcd::secured`] member.
+    pub fn security(&self) -> Option<&Security> {
+        self.security.as_ref()
+    }
+
+    fn client_url(&self, port: u16) -> String {
+        let scheme = if self.security.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://127.0.0.1:{port}")
+    }
+
+    fn connect_options(&self) -> etcd_client::ConnectOptions {
+        let options = etcd_client::ConnectOptions::new();
+        let Some(security) = &self.security else {
+            return options;
+        };
+        let read = |p: &std::path::Path| std::fs::read(p).expect("read a TLS file");
+        let options = options.with_tls(
+            etcd_client::TlsOptions::new()
+                .ca_certificate(etcd_client::Certificate::from_pem(read(&security.ca)))
+                .identity(etcd_client::Identity::from_pem(
+                    read(&security.client.cert),
+                    read(&security.client.key),
+                )),
+        );
+        match &security.root_password {
+            Some(password) => options.with_user("root", password.clone()),
+            None => options,
+        }
     }
 
     fn spawn(&mut self, i: usize) {
@@ -97,9 +235,25 @@ impl Etcd {
             .open(&m.log)
             .expect("etcd log file");
         let bin = std::env::var("ETCD_BIN").unwrap_or_else(|_| "etcd".to_owned());
-        let client_url = format!("http://127.0.0.1:{}", m.client_port);
+        let scheme = if self.security.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let client_url = format!("{scheme}://127.0.0.1:{}", m.client_port);
         let peer_url = format!("http://127.0.0.1:{}", m.peer_port);
-        let child = Command::new(&bin)
+        let mut command = Command::new(&bin);
+        if let Some(security) = &self.security {
+            command
+                .arg("--cert-file")
+                .arg(&security.server.cert)
+                .arg("--key-file")
+                .arg(&security.server.key)
+                .arg("--trusted-ca-file")
+                .arg(&security.ca)
+                .arg("--client-cert-auth");
+        }
+        let child = command
             .args(["--name", &m.name])
             .arg("--data-dir")
             .arg(&m.data_dir)
@@ -144,24 +298,24 @@ impl Etcd {
     pub fn endpoints(&self) -> Vec<String> {
         self.members
             .iter()
-            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .map(|m| self.client_url(m.client_port))
             .collect()
     }
 
     /// The client URL of member `i`.
     pub fn endpoint(&self, i: usize) -> String {
-        format!("http://127.0.0.1:{}", self.members[i].client_port)
+        self.client_url(self.members[i].client_port)
     }
 
-    /// A client connected to all running members.
+    /// A client connected to all running members (over TLS and as `root` when secured).
     pub async fn client(&self) -> etcd_client::Client {
         let eps: Vec<String> = self
             .members
             .iter()
             .filter(|m| m.child.is_some())
-            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .map(|m| self.client_url(m.client_port))
             .collect();
-        etcd_client::Client::connect(eps, None)
+        etcd_client::Client::connect(eps, Some(self.connect_options()))
             .await
             .expect("connect to etcd")
     }
@@ -175,8 +329,9 @@ impl Etcd {
             if m.child.is_none() {
                 continue;
             }
-            let url = format!("http://127.0.0.1:{}", m.client_port);
-            let opts = etcd_client::ConnectOptions::new()
+            let url = self.client_url(m.client_port);
+            let opts = self
+                .connect_options()
                 .with_connect_timeout(Duration::from_millis(500))
                 .with_timeout(Duration::from_millis(1000));
             let mut c = etcd_client::Client::connect([url], Some(opts)).await.ok()?;
@@ -298,6 +453,24 @@ pub async fn closed_at(
             Ok(Ok(0)) | Ok(Err(_)) => return Some(since.elapsed()),
             Ok(Ok(_)) => continue,
             Err(_) => return None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::free_port;
+
+    #[test]
+    fn free_ports_are_distinct_and_bindable() {
+        let ports: Vec<u16> = (0..200).map(|_| free_port()).collect();
+        let distinct: std::collections::HashSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len());
+        for p in ports.iter().take(20) {
+            assert!(
+                std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok(),
+                "{p}"
+            );
         }
     }
 }

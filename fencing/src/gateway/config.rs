@@ -124,6 +124,50 @@ pub struct GatewayConfig {
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
 
+    /// Serve HTTPS with this certificate chain (PEM, the gateway's own certificate first), with
+    /// `--tls-key`. Both are reloaded on SIGHUP and when either file changes.
+    #[arg(long, env = "FENCE_GATEWAY_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of `--tls-cert`.
+    #[arg(long, env = "FENCE_GATEWAY_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+
+    /// CAs (PEM) that sign client certificates (mTLS; needs `--tls-cert`).
+    #[arg(long, env = "FENCE_GATEWAY_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// With `--tls-client-ca`: whether every client must present a certificate (`required`) or
+    /// may (`optional`).
+    #[arg(
+        long,
+        env = "FENCE_GATEWAY_TLS_CLIENT_CERTS",
+        value_enum,
+        default_value = "optional"
+    )]
+    pub tls_client_certs: crate::tls::ClientCerts,
+
+    /// Principals allowed to pre-fence (`POST /fence/…`), comma-separated: a verified client
+    /// certificate must name one (its subject common name or a DNS subject alternative name;
+    /// needs `--tls-client-ca`). Without it anyone who can connect may raise a mark with a
+    /// genuine token.
+    #[arg(long, env = "FENCE_GATEWAY_FENCE_PRINCIPALS", value_delimiter = ',')]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fence_principals: Vec<String>,
+
+    /// CAs (PEM) of the upstream's certificate, for an `https://` `--upstream` (default: the
+    /// system's CAs).
+    #[arg(long, env = "FENCE_GATEWAY_UPSTREAM_CA")]
+    pub upstream_ca: Option<PathBuf>,
+
+    /// Client certificate (PEM) presented to the upstream, with `--upstream-key`.
+    #[arg(long, env = "FENCE_GATEWAY_UPSTREAM_CERT")]
+    pub upstream_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of `--upstream-cert`.
+    #[arg(long, env = "FENCE_GATEWAY_UPSTREAM_KEY")]
+    pub upstream_key: Option<PathBuf>,
+
     /// Test-only: re-introduces a fixed defect so the fault campaign can show its checker
     /// catches it (a negative control). Never set it in a deployment.
     #[arg(long, env = "FENCE_GATEWAY_NEGATIVE_CONTROL", value_enum, hide = true)]
@@ -223,18 +267,79 @@ impl GatewayConfig {
         })
     }
 
+    /// The HTTPS server's files, when `--tls-cert` is given.
+    pub fn server_tls(&self) -> Option<crate::tls::ServerFiles> {
+        Some(crate::tls::ServerFiles {
+            cert: self.tls_cert.clone()?,
+            key: self.tls_key.clone()?,
+            client_ca: self.tls_client_ca.clone(),
+            client_certs: self.tls_client_certs,
+        })
+    }
+
+    /// TLS towards the upstream.
+    pub fn upstream_tls(&self) -> crate::tls::ClientFiles {
+        crate::tls::ClientFiles {
+            ca: self.upstream_ca.clone(),
+            cert: self.upstream_cert.clone(),
+            key: self.upstream_key.clone(),
+        }
+    }
+
+    /// The TLS settings go together and their files load.
+    fn validate_tls(&self) -> Result<(), GatewayConfigError> {
+        let fail = |m: &str| Err(GatewayConfigError(m.into()));
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return fail("--tls-cert and --tls-key go together");
+        }
+        if self.tls_client_ca.is_some() && self.tls_cert.is_none() {
+            return fail("--tls-client-ca needs --tls-cert and --tls-key (HTTPS)");
+        }
+        if self.tls_client_certs == crate::tls::ClientCerts::Required
+            && self.tls_client_ca.is_none()
+        {
+            return fail(
+                "--tls-client-certs required needs --tls-client-ca (the CAs that sign them)",
+            );
+        }
+        if !self.fence_principals.is_empty() && self.tls_client_ca.is_none() {
+            return fail("--fence-principals needs --tls-client-ca (principals come from client certificates)");
+        }
+        if self.fence_principals.iter().any(|p| p.trim().is_empty()) {
+            return fail("--fence-principals: empty name");
+        }
+        if let Some(files) = self.server_tls() {
+            crate::tls::ServerTls::load(files)
+                .map_err(|e| GatewayConfigError(format!("TLS: {e}")))?;
+        }
+        let https = self
+            .upstream
+            .as_deref()
+            .is_some_and(|u| u.starts_with("https://"));
+        if !https && (self.upstream_ca.is_some() || self.upstream_cert.is_some()) {
+            return fail("--upstream-ca/--upstream-cert are for an https:// --upstream");
+        }
+        self.upstream_tls()
+            .validate(https)
+            .map_err(|e| GatewayConfigError(format!("--upstream-ca/-cert/-key: {e}")))
+    }
+
     /// Checks the settings.
     pub fn validate(&self) -> Result<(), GatewayConfigError> {
         let uri: http::Uri = self
             .upstream()?
             .parse()
             .map_err(|e| GatewayConfigError(format!("--upstream: {e}")))?;
-        self.key_file()?;
-        if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+        let key_file = self.key_file()?;
+        // Read here so that an unusable key file stops the binary with 64, naming the file.
+        crate::Keyring::load(key_file)
+            .map_err(|e| GatewayConfigError(format!("--key-file {}: {e}", key_file.display())))?;
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
             return Err(GatewayConfigError(
-                "--upstream must be an http://host:port URL".into(),
+                "--upstream must be an http(s)://host:port URL".into(),
             ));
         }
+        self.validate_tls()?;
         if let Some(p) = &self.resource_path {
             if PathPattern::parse(p).is_none() {
                 return Err(GatewayConfigError(
@@ -315,5 +420,59 @@ impl GatewayConfig {
         .with_max_exchange(self.upstream_timeout)
         .with_write_grace(self.write_grace);
         Ok(Arc::new(SharedGate::new(store).with_latency(latency)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lease_proxy_testkit::pki::Pki;
+
+    #[test]
+    fn tls_settings_go_together_and_their_files_load() {
+        let pki = Pki::new("gateway-config");
+        let server = pki.server("gateway");
+        let key = pki.ca().with_file_name("fencing.key");
+        crate::Keyring::create_file(&key, &crate::KeyId::parse("k1").unwrap()).unwrap();
+        let base = || GatewayConfig::new("http://127.0.0.1:1", "memory", key.clone());
+        let refused = |config: GatewayConfig| config.validate().unwrap_err().to_string();
+
+        let mut ok = base();
+        ok.tls_cert = Some(server.cert.clone());
+        ok.tls_key = Some(server.key.clone());
+        ok.tls_client_ca = Some(pki.ca().to_owned());
+        ok.fence_principals = vec!["lease-proxy".into()];
+        ok.validate().unwrap();
+
+        let mut c = base();
+        c.tls_cert = Some(server.cert.clone());
+        assert!(refused(c).contains("go together"));
+        let mut c = ok.clone();
+        c.tls_client_ca = None;
+        c.fence_principals.clear();
+        c.tls_client_certs = crate::tls::ClientCerts::Required;
+        assert!(refused(c).contains("needs --tls-client-ca"));
+        let mut c = base();
+        c.key_file = Some(key.with_file_name("no-key"));
+        assert!(refused(c).contains("--key-file"));
+        let mut c = base();
+        c.fence_principals = vec!["lease-proxy".into()];
+        assert!(refused(c).contains("--fence-principals needs --tls-client-ca"));
+        let mut c = ok.clone();
+        c.fence_principals = vec![" ".into()];
+        assert!(refused(c).contains("empty name"));
+        let mut c = ok.clone();
+        c.tls_key = Some(pki.server("other").key);
+        assert!(refused(c).contains("TLS"));
+        let mut c = base();
+        c.upstream = Some("https://127.0.0.1:1".into());
+        c.upstream_cert = Some(server.cert.clone());
+        assert!(refused(c).contains("needs its key"));
+        let mut c = base();
+        c.upstream_ca = Some(pki.ca().to_owned());
+        assert!(refused(c).contains("https://"));
+        let mut c = base();
+        c.upstream = Some("ftp://127.0.0.1:1".into());
+        assert!(refused(c).contains("http(s)"));
     }
 }

@@ -6,6 +6,7 @@ use axum::body::Body;
 use http::header;
 
 use crate::layer::{problem, strip_hop_by_hop, ExchangeIncomplete};
+use crate::tls::{ClientFiles, Connector};
 use http::Version;
 use http::{Request, Response, StatusCode, Uri};
 use http_body_util::LengthLimitError;
@@ -18,19 +19,24 @@ use tracing::Instrument as _;
 /// bare pass-through proxy is this, on the same serving stack).
 #[derive(Clone)]
 pub struct Forwarder {
-    client: Client<HttpConnector, Body>,
+    client: Client<Connector, Body>,
     base: Uri,
     timeout: Duration,
 }
 
 impl Forwarder {
-    /// A forwarder to `base` (an `http://host:port[/path]` URI).
-    pub fn new(base: Uri, timeout: Duration) -> Self {
-        Self {
-            client: Client::builder(TokioExecutor::new()).build_http(),
+    /// A forwarder to `base` (an `http(s)://host:port[/path]` URI), verifying an `https://`
+    /// upstream as `tls` says.
+    pub fn new(base: Uri, timeout: Duration, tls: &ClientFiles) -> Result<Self, crate::Error> {
+        Ok(Self {
+            client: Client::builder(TokioExecutor::new()).build(crate::tls::https_connector(
+                HttpConnector::new(),
+                tls,
+                &base,
+            )?),
             base,
             timeout,
-        }
+        })
     }
 
     fn target(&self, uri: &Uri) -> Option<Uri> {

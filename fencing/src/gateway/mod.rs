@@ -34,6 +34,7 @@ use crate::layer::{
 };
 use crate::store::StoreLatency;
 use crate::telemetry::Metrics;
+use crate::tls::PeerCertificate;
 use crate::{Admission, Keyring};
 
 /// Why the gateway could not start or serve.
@@ -52,6 +53,9 @@ pub enum GatewayError {
     /// The mark store cannot be opened.
     #[error(transparent)]
     Store(#[from] crate::StoreError),
+    /// A TLS certificate, key or CA file is unusable.
+    #[error("TLS: {0}")]
+    Tls(#[source] crate::Error),
     /// Serving failed.
     #[error("serving: {0}")]
     Io(#[from] std::io::Error),
@@ -61,6 +65,8 @@ struct Shared {
     fence: Fence<dyn Admission>,
     draining: AtomicBool,
     metrics: Metrics,
+    /// Who may pre-fence (client certificate names); empty: anyone.
+    fence_principals: Vec<String>,
 }
 
 /// How the gateway tells which writes are protected: a path pattern if configured, else the
@@ -96,7 +102,18 @@ pub async fn run(
         .upstream()?
         .parse()
         .map_err(|e| GatewayConfigError(format!("--upstream: {e}")))?;
-    let forwarder = Forwarder::new(upstream, config.upstream_timeout);
+    let forwarder = Forwarder::new(upstream, config.upstream_timeout, &config.upstream_tls())
+        .map_err(GatewayError::Tls)?;
+    let tls = config
+        .server_tls()
+        .map(|files| crate::tls::ServerTls::load(files).map(Arc::new))
+        .transpose()
+        .map_err(GatewayError::Tls)?;
+    let tasks = tokio_util::task::TaskTracker::new();
+    let background = CancellationToken::new();
+    if let Some(tls) = &tls {
+        tls.watch(&tasks, background.clone());
+    }
     let classify = match &config.resource_path {
         Some(p) => Resources::Path(
             PathPattern::parse(p).ok_or_else(|| GatewayConfigError("--resource-path".into()))?,
@@ -107,6 +124,7 @@ pub async fn run(
         fence: fence.clone(),
         draining: AtomicBool::new(false),
         metrics,
+        fence_principals: config.fence_principals.clone(),
     });
     let max_body = config.max_body_bytes;
     let proxy = tower::service_fn(move |req: Request<Body>| {
@@ -149,9 +167,9 @@ pub async fn run(
                 .service(protected),
         );
 
-    tracing::info!(listen = %listener.local_addr()?, upstream = %config.upstream()?, store = %config.store, "fence-gateway serving");
-    crate::serve::until_shutdown(
-        listener,
+    tracing::info!(listen = %listener.local_addr()?, https = tls.is_some(), upstream = %config.upstream()?, store = %config.store, "fence-gateway serving");
+    let served = crate::serve::until_shutdown(
+        crate::serve::Listener { tcp: listener, tls },
         crate::serve::with_request_ids(app),
         shutdown,
         &shared.draining,
@@ -166,8 +184,11 @@ pub async fn run(
             idle_timeout: config.idle_timeout,
         },
     )
-    .await?;
-    Ok(())
+    .await;
+    background.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(served?)
 }
 
 fn oversized(headers: &HeaderMap, limit: usize) -> bool {
@@ -190,6 +211,9 @@ async fn prefence(
     Path(resource): Path<String>,
     req: Request<Body>,
 ) -> Response {
+    if let Some(refusal) = fence_caller(&shared.fence_principals, &req) {
+        return refusal;
+    }
     let wire = match crate::layer::presented_token(&req) {
         Ok(w) => w.to_owned(),
         Err(r) => return r.into_response(),
@@ -206,6 +230,33 @@ async fn prefence(
         }
         Err(r) => r.into_response(),
     }
+}
+
+/// With `--fence-principals`: a refusal unless the request's connection presented a verified
+/// client certificate naming one of them (common name or DNS name).
+fn fence_caller<B>(allowed: &[String], req: &Request<B>) -> Option<Response> {
+    if allowed.is_empty() {
+        return None;
+    }
+    let Some(peer) = req.extensions().get::<PeerCertificate>() else {
+        return Some(problem(
+            StatusCode::FORBIDDEN,
+            "client-certificate-required",
+            "pre-fencing needs a client certificate naming an allowed principal",
+        ));
+    };
+    let named = peer
+        .common_name
+        .iter()
+        .chain(&peer.dns_names)
+        .any(|name| allowed.iter().any(|a| a == name));
+    (!named).then(|| {
+        problem(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "the client certificate names no principal allowed to pre-fence",
+        )
+    })
 }
 
 async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, &'static str) {

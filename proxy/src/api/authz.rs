@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
+use axum::extract::FromRequestParts;
 use axum::http::HeaderMap;
+use fencing::tls::PeerCertificate;
 
 use super::AppState;
 use crate::audit::Event;
@@ -35,10 +37,33 @@ impl Target<'_> {
     }
 }
 
+/// The verified client certificate of the request's connection (mTLS), if any.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Peer(pub(super) Option<PeerCertificate>);
+
+impl Peer {
+    /// The certificate of `request`'s connection.
+    pub(super) fn of<B>(request: &axum::http::Request<B>) -> Self {
+        Self(request.extensions().get::<PeerCertificate>().cloned())
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Peer {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> std::result::Result<Self, Self::Rejection> {
+        Ok(Self(parts.extensions.get::<PeerCertificate>().cloned()))
+    }
+}
+
 /// The caller of the request, allowed to do `op` on `target`; a 401 or 403 otherwise.
 pub(super) fn authorize(
     app: &AppState,
     headers: &HeaderMap,
+    peer: &Peer,
     op: Op,
     target: Target<'_>,
 ) -> Result<Caller> {
@@ -46,7 +71,7 @@ pub(super) fn authorize(
         return Ok(None);
     };
     let metrics = app.etcd.metrics();
-    let principal = match auth.authenticate(headers) {
+    let principal = match auth.authenticate(headers, peer.0.as_ref()) {
         Ok(principal) => principal,
         Err(why) => {
             metrics.auth_request("unauthenticated", op.as_str(), 1);

@@ -8,7 +8,7 @@ use axum::extract::{Path, State};
 use axum::http::Request;
 use axum::response::Response;
 
-use super::authz::{self, Target};
+use super::authz::{self, Peer, Target};
 use super::{body, AppState};
 use crate::auth::Op;
 use crate::forward::forwarded_path;
@@ -32,12 +32,16 @@ pub(super) async fn forward(
     let caller = authz::authorize(
         &app,
         req.headers(),
+        &Peer::of(&req),
         Op::Forward,
         Target::Resource(&resource),
     )?;
     let upstream = app.upstream.as_ref().ok_or(Error::ForwardingDisabled)?;
     let secret = body::secret(req.headers())?;
     let target = forwarded_path(req.uri()).ok_or(Error::NoRoute)?;
+    if upstream.is_prefence_route(&target) {
+        return Err(Error::NoRoute);
+    }
     if let Some(len) = req
         .headers()
         .get(http::header::CONTENT_LENGTH)

@@ -12,7 +12,7 @@ use axum::Json;
 use serde::Deserialize;
 use tokio::time::Instant;
 
-use super::authz::{self, Target};
+use super::authz::{self, Peer, Target};
 use super::{body, AppState};
 use crate::audit::Event;
 use crate::auth::Op;
@@ -63,11 +63,18 @@ pub(super) async fn acquire(
     State(app): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
+    peer: Peer,
     body: Body,
 ) -> Result<Response> {
     let received = Instant::now();
     let resource = resource(path)?;
-    let caller = authz::authorize(&app, &headers, Op::Acquire, Target::Resource(&resource))?;
+    let caller = authz::authorize(
+        &app,
+        &headers,
+        &peer,
+        Op::Acquire,
+        Target::Resource(&resource),
+    )?;
     let idempotency_key = body::idempotency_key(&headers)?;
     let req: AcquireBody = body::json(&headers, body, app.body).await?;
     let limits = app.leases.limits();
@@ -130,10 +137,17 @@ pub(super) async fn renew(
     State(app): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
+    peer: Peer,
     body: Body,
 ) -> Result<Response> {
     let resource = resource(path)?;
-    let caller = authz::authorize(&app, &headers, Op::Acquire, Target::Resource(&resource))?;
+    let caller = authz::authorize(
+        &app,
+        &headers,
+        &peer,
+        Op::Acquire,
+        Target::Resource(&resource),
+    )?;
     let secret = body::secret(&headers)?;
     let RenewBody {} = body::optional_json(&headers, body, app.body).await?;
     let principal = authz::name(&caller);
@@ -155,9 +169,16 @@ pub(super) async fn release(
     State(app): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
+    peer: Peer,
 ) -> Result<StatusCode> {
     let resource = resource(path)?;
-    let caller = authz::authorize(&app, &headers, Op::Acquire, Target::Resource(&resource))?;
+    let caller = authz::authorize(
+        &app,
+        &headers,
+        &peer,
+        Op::Acquire,
+        Target::Resource(&resource),
+    )?;
     let secret = body::secret(&headers)?;
     let principal = authz::name(&caller);
     let ended = app
@@ -182,9 +203,10 @@ pub(super) async fn get(
     State(app): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
+    peer: Peer,
 ) -> Result<Response> {
     let resource = resource(path)?;
-    authz::authorize(&app, &headers, Op::Read, Target::Resource(&resource))?;
+    authz::authorize(&app, &headers, &peer, Op::Read, Target::Resource(&resource))?;
     Ok(Json(app.leases.get(&resource).await?).into_response())
 }
 
@@ -192,8 +214,9 @@ pub(super) async fn list(
     State(app): State<Arc<AppState>>,
     query: Result<Query<ListQuery>, QueryRejection>,
     headers: HeaderMap,
+    peer: Peer,
 ) -> Result<Response> {
-    let caller = authz::authorize(&app, &headers, Op::Read, Target::Some)?;
+    let caller = authz::authorize(&app, &headers, &peer, Op::Read, Target::Some)?;
     let Query(q) = query.map_err(|e| Error::InvalidRequest(e.body_text()))?;
     validate::resource_prefix(&q.prefix)?;
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT);

@@ -87,7 +87,8 @@ async fn v3(
     req: axum::http::Request<axum::body::Body>,
 ) -> Response {
     let target = authz::Target::All;
-    let caller = match authz::authorize(&app, req.headers(), crate::auth::Op::V3, target) {
+    let peer = authz::Peer::of(&req);
+    let caller = match authz::authorize(&app, req.headers(), &peer, crate::auth::Op::V3, target) {
         Ok(caller) => caller,
         Err(e) => return crate::v3::refusal(e),
     };

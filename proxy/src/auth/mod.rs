@@ -1,6 +1,8 @@
 //! Who may call (DESIGN §5.1 "Who may call"): bearer tokens checked against the token file
-//! (`--auth-tokens`), permissions per operation and resource-name prefix. Off unless the flag is
-//! given; then every route but the operational ones needs a principal.
+//! (`--auth-tokens`), or client certificates verified by the TLS handshake (`--tls-client-ca`)
+//! naming a principal with a `cert` line; permissions per operation and resource-name prefix.
+//! Off unless `--auth-tokens` is given; then every route but the operational ones needs a
+//! principal.
 //!
 //! The table is swapped whole on reload (SIGHUP, or the file's modification time or length
 //! changing), so a request sees either the old table or the new one; connections are not
@@ -10,17 +12,15 @@ mod table;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
 
 use axum::http::{header, HeaderMap};
-use tokio::signal::unix::{signal, SignalKind};
+use fencing::tls::PeerCertificate;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub(crate) use table::{Op, Principal, Table};
 
-/// How often the token file's modification time and length are looked at.
-const POLL: Duration = Duration::from_secs(2);
+use crate::config::CertPrincipal;
 
 /// Why a request is not authenticated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +31,11 @@ pub(crate) enum Unauthenticated {
     Malformed,
     /// A bearer token that is in no line of the token file.
     Unknown,
+    /// A verified client certificate, no bearer token, and no `cert` line for any name the
+    /// certificate gives.
+    UnknownCertificate,
+    /// A bearer token and a client certificate naming two different principals.
+    Conflicting,
 }
 
 impl Unauthenticated {
@@ -40,6 +45,12 @@ impl Unauthenticated {
             Unauthenticated::Missing => "no Authorization header",
             Unauthenticated::Malformed => "the Authorization header is not `Bearer TOKEN`",
             Unauthenticated::Unknown => "unknown bearer token",
+            Unauthenticated::UnknownCertificate => {
+                "the client certificate names no principal of the token file's `cert` lines"
+            }
+            Unauthenticated::Conflicting => {
+                "the bearer token and the client certificate name different principals"
+            }
         }
     }
 }
@@ -48,27 +59,59 @@ impl Unauthenticated {
 pub(crate) struct Auth {
     path: PathBuf,
     table: RwLock<Arc<Table>>,
+    cert_name: CertPrincipal,
 }
 
 impl Auth {
     /// Loads the token file; an unusable file is refused (the proxy does not start).
-    pub(crate) fn load(path: &Path) -> Result<Self, String> {
+    /// `cert_name` says which name of a client certificate is its principal.
+    pub(crate) fn load(path: &Path, cert_name: CertPrincipal) -> Result<Self, String> {
         let table = Table::load(path)?;
         tracing::info!(path = %path.display(), principals = table.len(), "token file loaded");
         Ok(Self {
             path: path.to_owned(),
             table: RwLock::new(Arc::new(table)),
+            cert_name,
         })
     }
 
-    /// The principal the request's `Authorization: Bearer TOKEN` names.
+    /// The principal of the request: the one its `Authorization: Bearer TOKEN` names, else
+    /// the one its connection's verified client certificate names. Both given, they must name
+    /// the same principal (a certificate naming none is then ignored).
     pub(crate) fn authenticate(
         &self,
         headers: &HeaderMap,
+        peer: Option<&PeerCertificate>,
     ) -> Result<Arc<Principal>, Unauthenticated> {
-        let value = headers
-            .get(header::AUTHORIZATION)
-            .ok_or(Unauthenticated::Missing)?;
+        let by_certificate = peer.and_then(|peer| {
+            let table = self.current();
+            match self.cert_name {
+                CertPrincipal::Cn => table.certificate(peer.common_name.as_deref()),
+                CertPrincipal::Dns => table.certificate(peer.dns_names.iter().map(String::as_str)),
+            }
+        });
+        if headers.get(header::AUTHORIZATION).is_none() {
+            return match (peer, by_certificate) {
+                (_, Some(principal)) => Ok(principal),
+                (Some(_), None) => Err(Unauthenticated::UnknownCertificate),
+                (None, None) => Err(Unauthenticated::Missing),
+            };
+        }
+        let by_token = self.bearer(headers)?;
+        match by_certificate {
+            Some(p) if p.name != by_token.name => Err(Unauthenticated::Conflicting),
+            _ => Ok(by_token),
+        }
+    }
+
+    /// The principal the request's `Authorization: Bearer TOKEN` names.
+    fn bearer(&self, headers: &HeaderMap) -> Result<Arc<Principal>, Unauthenticated> {
+        let mut values = headers.get_all(header::AUTHORIZATION).iter();
+        let value = values.next().ok_or(Unauthenticated::Missing)?;
+        // Two credentials in one request: which one counts would be a guess.
+        if values.next().is_some() {
+            return Err(Unauthenticated::Malformed);
+        }
         let token = value
             .to_str()
             .ok()
@@ -112,39 +155,8 @@ impl Auth {
     /// Reloads on SIGHUP and when the file changes, until `cancel`; the task is `tracker`'s.
     pub(crate) fn watch(self: &Arc<Self>, tracker: &TaskTracker, cancel: CancellationToken) {
         let auth = self.clone();
-        tracker.spawn(async move {
-            let mut hangup = match signal(SignalKind::hangup()) {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    tracing::warn!(error = %e, "no SIGHUP handler; the token file is reloaded on change only");
-                    None
-                }
-            };
-            let mut seen = stamp(&auth.path);
-            loop {
-                let why = tokio::select! {
-                    () = cancel.cancelled() => return,
-                    Some(()) = async { match &mut hangup {
-                        Some(h) => h.recv().await,
-                        None => std::future::pending().await,
-                    } } => "SIGHUP",
-                    () = tokio::time::sleep(POLL) => {
-                        let now = stamp(&auth.path);
-                        if now == seen {
-                            continue;
-                        }
-                        "file changed"
-                    }
-                };
-                seen = stamp(&auth.path);
-                auth.reload(why);
-            }
+        fencing::reload::on_change(vec![self.path.clone()], tracker, cancel, move |why| {
+            auth.reload(why);
         });
     }
-}
-
-/// What is compared between polls: modification time and length (either changes on a rewrite).
-fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
-    let meta = std::fs::metadata(path).ok()?;
-    Some((meta.modified().ok()?, meta.len()))
 }

@@ -1,9 +1,11 @@
-//! The token file: who the principals are, how each proves it (the SHA-256 of a bearer token),
-//! and what each may do (operations on resource-name prefixes).
+//! The token file: who the principals are, how each proves it (the SHA-256 of a bearer token,
+//! or `cert`: a client certificate naming it, verified by the TLS handshake), and what each may
+//! do (operations on resource-name prefixes).
 //!
 //! ```text
-//! # PRINCIPAL  SHA256HEX-OF-TOKEN                                                PERM[,PERM…]
+//! # PRINCIPAL  SHA256HEX-OF-TOKEN | cert                                         PERM[,PERM…]
 //! billing      9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08  acquire:billing-,read:*
+//! robot-7      cert                                                              acquire:aisle-,forward:aisle-
 //! ```
 
 use std::fmt;
@@ -77,8 +79,16 @@ impl Principal {
     }
 }
 
+/// How a line's principal proves who it is.
+enum Credential {
+    /// A bearer token with this SHA-256.
+    Token([u8; 32]),
+    /// A client certificate that names it (mTLS).
+    Certificate,
+}
+
 struct Entry {
-    hash: [u8; 32],
+    credential: Credential,
     principal: Arc<Principal>,
 }
 
@@ -99,8 +109,12 @@ impl fmt::Debug for Table {
 impl Table {
     /// Reads and parses the file at `path`.
     pub(crate) fn load(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?;
+        let cannot = |e: &dyn std::fmt::Display| {
+            format!("cannot read the token file {}: {e}", path.display())
+        };
+        let bytes =
+            fencing::files::read_config_file(path, MAX_FILE_BYTES).map_err(|e| cannot(&e))?;
+        let text = String::from_utf8(bytes).map_err(|e| cannot(&e))?;
         Self::parse(&text).map_err(|e| format!("token file {}: {e}", path.display()))
     }
 
@@ -115,9 +129,9 @@ impl Table {
             }
             let at = |m: String| format!("line {}: {m}", n + 1);
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let [name, hash, perms] = fields[..] else {
+            let [name, credential, perms] = fields[..] else {
                 return Err(at(format!(
-                    "expected `PRINCIPAL SHA256HEX PERM[,PERM…]`, found {} fields",
+                    "expected `PRINCIPAL SHA256HEX|cert PERM[,PERM…]`, found {} fields",
                     fields.len()
                 )));
             };
@@ -127,9 +141,13 @@ impl Table {
                      (it is a key segment of the principal's /v3 namespace)"
                 )));
             }
-            let hash = parse_hash(hash).ok_or_else(|| {
-                at("the token hash must be 64 hexadecimal digits (`printf %s \"$TOKEN\" | sha256sum`)".into())
-            })?;
+            let credential = if credential == "cert" {
+                Credential::Certificate
+            } else {
+                Credential::Token(parse_hash(credential).ok_or_else(|| {
+                    at("the token hash must be 64 hexadecimal digits (`printf %s \"$TOKEN\" | sha256sum`), or `cert`".into())
+                })?)
+            };
             let permissions = perms
                 .split(',')
                 .map(parse_permission)
@@ -137,11 +155,21 @@ impl Table {
                 .map_err(at)?;
             // A principal may have several lines (tokens), e.g. an old and a new one while
             // its clients switch; grants are bound to the name, so either token owns them.
-            if entries.iter().any(|e| bool::from(e.hash.ct_eq(&hash))) {
-                return Err(at("two principals share one token".into()));
+            // Its certificate line is one per principal: a second would make its permissions
+            // depend on which line came first.
+            let taken = entries.iter().any(|e| match (&e.credential, &credential) {
+                (Credential::Token(a), Credential::Token(b)) => bool::from(a.ct_eq(b)),
+                (Credential::Certificate, Credential::Certificate) => e.principal.name == name,
+                _ => false,
+            });
+            if taken {
+                return Err(at(match credential {
+                    Credential::Token(_) => "two principals share one token".into(),
+                    Credential::Certificate => format!("a second `cert` line for `{name}`"),
+                }));
             }
             entries.push(Entry {
-                hash,
+                credential,
                 principal: Arc::new(Principal {
                     name: name.to_owned(),
                     permissions,
@@ -157,11 +185,26 @@ impl Table {
         let presented: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let mut found = None;
         for entry in &self.entries {
-            if bool::from(entry.hash.ct_eq(&presented)) {
-                found = Some(entry.principal.clone());
+            if let Credential::Token(hash) = &entry.credential {
+                if bool::from(hash.ct_eq(&presented)) {
+                    found = Some(entry.principal.clone());
+                }
             }
         }
         found
+    }
+
+    /// The first of `names` (from a verified client certificate) that has a `cert` line.
+    pub(crate) fn certificate<'a>(
+        &self,
+        names: impl IntoIterator<Item = &'a str>,
+    ) -> Option<Arc<Principal>> {
+        names.into_iter().find_map(|name| {
+            self.entries.iter().find_map(|e| {
+                (matches!(e.credential, Credential::Certificate) && e.principal.name == name)
+                    .then(|| e.principal.clone())
+            })
+        })
     }
 
     /// How many principals the table has.
@@ -169,6 +212,9 @@ impl Table {
         self.entries.len()
     }
 }
+
+/// The largest token file read (some 100,000 lines).
+const MAX_FILE_BYTES: u64 = 16 << 20;
 
 /// The longest principal name.
 const MAX_NAME_BYTES: usize = 64;
@@ -280,6 +326,8 @@ mod tests {
             format!("alicé {h} read:*"),
             format!("a:b {h} read:*"),
             format!(".. {h} read:*"),
+            "alice cert read:*\nalice cert acquire:*".to_owned(),
+            "alice certs read:*".to_owned(),
         ] {
             let err = Table::parse(&format!("# ok\n{bad}\n")).unwrap_err();
             // The bad line is the last one (the first is a comment).
@@ -309,5 +357,29 @@ mod tests {
         // Each line's permissions go with its token.
         assert!(old.may(Op::Acquire, "aisle-1") && !old.may(Op::Read, "aisle-1"));
         assert!(new.may(Op::Read, "aisle-1") && !new.may(Op::Acquire, "aisle-1"));
+    }
+
+    #[test]
+    fn certificate_lines_name_principals_without_a_token() {
+        let text = format!(
+            "robot-7 cert acquire:aisle-\nrobot-7 {} read:*\nbob {} read:*\n",
+            hash(ALICE),
+            hash("bob-token")
+        );
+        let table = Table::parse(&text).unwrap();
+        let robot = table.certificate(["robot-7"]).unwrap();
+        assert!(robot.may(Op::Acquire, "aisle-1") && !robot.may(Op::Read, "aisle-1"));
+        // The first name with a `cert` line; a principal with only tokens is no certificate's.
+        assert_eq!(
+            table
+                .certificate(["nobody", "robot-7"])
+                .map(|p| p.name.clone()),
+            Some("robot-7".to_owned())
+        );
+        assert!(table.certificate(["bob"]).is_none());
+        assert!(table.certificate([]).is_none());
+        // `cert` is not a token: presenting the word authenticates nobody.
+        assert!(table.authenticate("cert").is_none());
+        assert_eq!(table.authenticate(ALICE).unwrap().name, "robot-7");
     }
 }

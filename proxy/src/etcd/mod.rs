@@ -139,6 +139,44 @@ pub(crate) struct Pinned {
     pub(crate) client: Client,
 }
 
+/// How the proxy proves itself to etcd and verifies it: TLS (`https://` endpoints) and etcd's
+/// own authentication.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Access {
+    /// TLS options for `https://` endpoints.
+    pub(crate) tls: Option<etcd_client::TlsOptions>,
+    /// User and password, when etcd's authentication is on.
+    pub(crate) user: Option<(String, String)>,
+}
+
+impl Access {
+    /// From the configuration's (validated) settings.
+    pub(crate) fn from_config(config: &crate::Config) -> std::result::Result<Self, String> {
+        let files = config.etcd_tls();
+        let https = config
+            .etcd_endpoints
+            .iter()
+            .any(|e| e.starts_with("https://"));
+        let tls = if https {
+            let read =
+                |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+            let mut tls = etcd_client::TlsOptions::new();
+            tls = match &files.ca {
+                Some(ca) => tls.ca_certificate(etcd_client::Certificate::from_pem(read(ca)?)),
+                None => tls.with_native_roots(),
+            };
+            if let (Some(cert), Some(key)) = (&files.cert, &files.key) {
+                tls = tls.identity(etcd_client::Identity::from_pem(read(cert)?, read(key)?));
+            }
+            Some(tls)
+        } else {
+            None
+        };
+        let user = config.etcd_credentials().map_err(|e| e.0)?;
+        Ok(Self { tls, user })
+    }
+}
+
 impl Etcd {
     /// Prepares clients for the given endpoints (connections are made lazily). Calls fail with
     /// [`Error::EtcdTimeout`] after `timeout`; a member that has lost its leader refuses at once
@@ -147,6 +185,7 @@ impl Etcd {
         endpoints: &[String],
         timeout: Duration,
         metrics: Arc<Metrics>,
+        access: &Access,
     ) -> Result<Self> {
         // HTTP/2 pings within what etcd's defaults accept: a member closes the connection
         // (GOAWAY "too_many_pings") after a few pings less than `--grpc-keepalive-min-time`
@@ -157,6 +196,18 @@ impl Etcd {
             .with_keep_alive(KEEPALIVE_PING_INTERVAL, timeout / 3)
             .with_keep_alive_while_idle(false)
             .with_require_leader(true);
+        let options = match &access.tls {
+            Some(tls) => options.with_tls(tls.clone()),
+            None => options,
+        };
+        // etcd's auth tokens expire (simple tokens after 5 idle minutes, JWTs at their `exp`):
+        // an expired one is renewed once and the request retried.
+        let options = match &access.user {
+            Some((user, password)) => options
+                .with_user(user.clone(), password.clone())
+                .with_auto_token_refresh(true),
+            None => options,
+        };
         let mut clients = Vec::with_capacity(endpoints.len());
         for endpoint in endpoints {
             clients.push(Client::connect([endpoint], Some(options.clone())).await?);

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use fencing::gateway::strip_hop_by_hop;
+use fencing::tls::{ClientFiles, Connector};
 use fencing::{
     REJECTION_HEADER, RESOURCE_HEADER, STALE_REJECTION, TOKEN_HEADER, TOKEN_HEADER_LEGACY,
 };
@@ -23,27 +24,44 @@ use crate::{Error, Result};
 /// An HTTP client bound to one upstream base URL, with a deadline for the upstream's answer.
 #[derive(Clone)]
 pub(crate) struct Upstream {
-    client: Client<HttpConnector, Body>,
+    client: Client<Connector, Body>,
     base: Uri,
     timeout: Duration,
     metrics: Arc<Metrics>,
 }
 
 impl Upstream {
-    /// A client for `base` (an `http://host:port[/path]` URL).
-    pub(crate) fn new(base: Uri, timeout: Duration, metrics: Arc<Metrics>) -> Self {
+    /// A client for `base` (an `http(s)://host:port[/path]` URL), verifying `https://` servers
+    /// as `tls` says.
+    pub(crate) fn new(
+        base: Uri,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+        tls: &ClientFiles,
+    ) -> std::result::Result<Self, fencing::Error> {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(timeout));
-        Self {
-            client: Client::builder(TokioExecutor::new()).build(connector),
+        Ok(Self {
+            client: Client::builder(TokioExecutor::new())
+                .build(fencing::tls::https_connector(connector, tls, &base)?),
             base,
             timeout,
             metrics,
-        }
+        })
     }
 
     /// `base` joined with `path_and_query` (which starts with `/` or is empty).
+    /// Whether `path_and_query`, joined to the base, is an enforcer's pre-fence route
+    /// (`/fence`, `/fence/…`): a holder's forward must not reach it, since the proxy presents
+    /// its own client certificate upstream and fence-gateway's `--fence-principals` trusts it.
+    pub(crate) fn is_prefence_route(&self, path_and_query: &str) -> bool {
+        self.url(path_and_query).is_ok_and(|u| {
+            let path = u.path();
+            path == "/fence" || path.starts_with("/fence/")
+        })
+    }
+
     fn url(&self, path_and_query: &str) -> Result<Uri> {
         let base_path = self.base.path().trim_end_matches('/');
         let path_and_query = if path_and_query.is_empty() || path_and_query.starts_with('?') {
@@ -199,7 +217,9 @@ mod tests {
             "http://127.0.0.1:9/base/".parse().unwrap(),
             Duration::from_secs(1),
             Arc::new(Metrics::new().unwrap()),
-        );
+            &ClientFiles::default(),
+        )
+        .unwrap();
         assert_eq!(
             up.url("/x?y=1").unwrap().to_string(),
             "http://127.0.0.1:9/base/x?y=1"

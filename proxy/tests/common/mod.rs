@@ -14,6 +14,13 @@ use tokio::task::JoinHandle;
 
 pub use lease_proxy_testkit::Etcd;
 
+/// A fresh fencing key file (key id `k1`) in `dir`.
+pub fn key_file(dir: &std::path::Path) -> PathBuf {
+    let path = dir.join("fencing.key");
+    std::fs::write(&path, Keyring::generate_file(&KeyId::parse("k1").unwrap())).unwrap();
+    path
+}
+
 /// A proxy running in this process.
 pub struct Proxy {
     pub url: String,
@@ -27,13 +34,20 @@ impl Proxy {
     /// Starts a proxy on `endpoints` with test defaults, adjusted by `tweak`.
     pub async fn start(endpoints: Vec<String>, tweak: impl FnOnce(&mut Config)) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let key_file = dir.path().join("fencing.key");
-        std::fs::write(
-            &key_file,
-            Keyring::generate_file(&KeyId::parse("k1").unwrap()),
-        )
-        .unwrap();
+        let key_file = key_file(dir.path());
         Self::start_with_key(endpoints, key_file, dir, tweak).await
+    }
+
+    /// Starts a proxy serving HTTPS (`tweak` sets `--tls-cert` and friends); `client` trusts
+    /// its certificate and is used to see it ready.
+    pub async fn start_https(
+        endpoints: Vec<String>,
+        client: &reqwest::Client,
+        tweak: impl FnOnce(&mut Config),
+    ) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let key_file = key_file(dir.path());
+        Self::launch(endpoints, key_file, dir, tweak, client).await
     }
 
     /// Starts a proxy signing with an existing key file.
@@ -58,6 +72,16 @@ impl Proxy {
         dir: TempDir,
         tweak: impl FnOnce(&mut Config),
     ) -> Self {
+        Self::launch(endpoints, key_file, dir, tweak, &reqwest::Client::new()).await
+    }
+
+    async fn launch(
+        endpoints: Vec<String>,
+        key_file: PathBuf,
+        dir: TempDir,
+        tweak: impl FnOnce(&mut Config),
+        client: &reqwest::Client,
+    ) -> Self {
         let mut config = Config::with_endpoints(endpoints);
         config.key_file = Some(key_file.clone());
         config.data_dir = dir.path().to_owned();
@@ -66,7 +90,12 @@ impl Proxy {
         tweak(&mut config);
         config.validate().unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        let scheme = if config.tls_cert.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let url = format!("{scheme}://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(lease_proxy::run(listener, config, async move {
             let _ = stopped.await;
@@ -78,12 +107,11 @@ impl Proxy {
             task: Some(task),
             _dir: dir,
         };
-        proxy.wait_ready().await;
+        proxy.wait_ready(client).await;
         proxy
     }
 
-    async fn wait_ready(&self) {
-        let client = reqwest::Client::new();
+    async fn wait_ready(&self, client: &reqwest::Client) {
         for _ in 0..200 {
             if let Ok(r) = client.get(format!("{}/readyz", self.url)).send().await {
                 if r.status() == 200 {

@@ -84,7 +84,11 @@ async fn main() -> anyhow::Result<()> {
     match &args.role {
         Some(Role::Upstream { listen }) => serve(*listen, Router::new().fallback(storage)).await,
         Some(Role::Bare { listen, upstream }) => {
-            let forwarder = Forwarder::new(upstream.parse()?, Duration::from_secs(30));
+            let forwarder = Forwarder::new(
+                upstream.parse()?,
+                Duration::from_secs(30),
+                &fencing::tls::ClientFiles::default(),
+            )?;
             let app = Router::new().fallback_service(tower::service_fn(
                 move |req: http::Request<Body>| {
                     let forwarder = forwarder.clone();

@@ -9,6 +9,7 @@ use crate::backend::Backend;
 pub(crate) struct Proxy {
     http: reqwest::Client,
     base: String,
+    bearer: Option<String>,
 }
 
 /// A lease held through the proxy.
@@ -26,6 +27,31 @@ impl Proxy {
                 .build()
                 .unwrap_or_default(),
             base: base.trim_end_matches('/').to_owned(),
+            bearer: None,
+        }
+    }
+
+    /// A client for the proxy at an `https://` `base` whose certificate `ca` (PEM) signed,
+    /// authenticating with `bearer`.
+    pub(crate) fn secure(base: &str, ca: &std::path::Path, bearer: &str) -> anyhow::Result<Self> {
+        let ca = reqwest::Certificate::from_pem(&std::fs::read(ca)?)?;
+        Ok(Self {
+            http: reqwest::Client::builder()
+                .use_rustls_tls()
+                .tls_built_in_root_certs(false)
+                .add_root_certificate(ca)
+                .pool_max_idle_per_host(1024)
+                .build()?,
+            base: base.trim_end_matches('/').to_owned(),
+            bearer: Some(bearer.to_owned()),
+        })
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let request = self.http.request(method, format!("{}{path}", self.base));
+        match &self.bearer {
+            Some(token) => request.bearer_auth(token),
+            None => request,
         }
     }
 }
@@ -35,8 +61,7 @@ impl Backend for Proxy {
 
     async fn acquire(&self, resource: String, ttl: u64) -> anyhow::Result<Option<ProxyHeld>> {
         let resp = self
-            .http
-            .post(format!("{}/v1/leases/{resource}", self.base))
+            .request(reqwest::Method::POST, &format!("/v1/leases/{resource}"))
             .json(&json!({"holder": "leasebench", "ttl_seconds": ttl}))
             .send()
             .await?;
@@ -57,8 +82,10 @@ impl Backend for Proxy {
 
     async fn renew(&self, held: &ProxyHeld) -> anyhow::Result<()> {
         let resp = self
-            .http
-            .post(format!("{}/v1/leases/{}/renew", self.base, held.resource))
+            .request(
+                reqwest::Method::POST,
+                &format!("/v1/leases/{}/renew", held.resource),
+            )
             .header("lease-secret", &held.secret)
             .send()
             .await?;
@@ -77,8 +104,10 @@ impl Backend for Proxy {
 
     async fn release(&self, held: &ProxyHeld) -> anyhow::Result<()> {
         let resp = self
-            .http
-            .delete(format!("{}/v1/leases/{}", self.base, held.resource))
+            .request(
+                reqwest::Method::DELETE,
+                &format!("/v1/leases/{}", held.resource),
+            )
             .header("lease-secret", &held.secret)
             .send()
             .await?;

@@ -92,6 +92,10 @@ struct Args {
     /// Also draw the closed-loop results as an SVG chart to this file.
     #[arg(long)]
     chart: Option<PathBuf>,
+    /// Measure the cost of security instead: a plain proxy (HTTP, no authentication) against
+    /// one with HTTPS and bearer-token authentication, both started here on the same etcd.
+    #[arg(long, conflicts_with_all = ["etcd", "proxy", "sustain"])]
+    secure: bool,
 }
 
 #[tokio::main]
@@ -100,6 +104,9 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
+    if args.secure {
+        return run_secure(&args).await;
+    }
     let mut stack = Stack::new()?;
     let mut _etcd = None;
     let (etcd_url, proxy_url, proxy_pid) = match (&args.etcd, &args.proxy) {
@@ -127,7 +134,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     if !args.op.is_empty() {
         progress.suspend(|| println!("{}", report::header(&["etcd", "proxy"], "proxy/etcd")));
-        rows = closed_loop(&args, &raw, &proxy, &progress).await?;
+        rows = closed_loop(&args, &raw, &proxy, ["etcd", "proxy"], &progress).await?;
     }
     let mut sustained = Vec::new();
     if !args.sustain.is_empty() {
@@ -151,6 +158,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
             &["etcd", "proxy"],
         )?;
     }
+    write_json(&args, &rows, sustained)
+}
+
+fn write_json(args: &Args, rows: &[Row], sustained: Vec<serde_json::Value>) -> anyhow::Result<()> {
     if let Some(path) = &args.json {
         let doc = json!({
             "machine": {"cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)},
@@ -163,11 +174,53 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every closed-loop cell on both backends.
-async fn closed_loop(
+/// The cost of TLS and authentication: the same closed-loop cells through a plain proxy and
+/// through one serving HTTPS with bearer tokens, both on one etcd, interleaved.
+async fn run_secure(args: &Args) -> anyhow::Result<()> {
+    let mut stack = Stack::new()?;
+    let etcd = Etcd::single().await;
+    let url = etcd.endpoint(0);
+    let bin = stack::workspace_binary("lease-proxy");
+    let pki = lease_proxy_testkit::pki::Pki::new("leasebench");
+    let server = pki.server("proxy");
+    let token = format!("leasebench-{:032x}", rand::random::<u128>());
+    let tokens = stack.dir().join("tokens");
+    std::fs::write(
+        &tokens,
+        format!(
+            "leasebench {} acquire:*,read:*\n",
+            hex::encode(<sha2::Sha256 as sha2::Digest>::digest(token.as_bytes()))
+        ),
+    )?;
+    let (plain_url, _) = stack.lease_proxy(&bin, &url).await?;
+    let (secure_url, _) = stack
+        .secure_lease_proxy(&bin, &url, &server, pki.ca(), &tokens)
+        .await?;
+    let plain = Arc::new(http::Proxy::new(&plain_url));
+    let secure = Arc::new(http::Proxy::secure(&secure_url, pki.ca(), &token)?);
+    let sides = ["proxy", "proxy tls+auth"];
+    let cells = args.op.len() * args.concurrency.len() * args.rounds * 2;
+    let progress = ProgressBar::new(u64::try_from(cells)?);
+    progress.suspend(|| println!("{}", report::header(&sides, "tls+auth/plain")));
+    let rows = closed_loop(args, &plain, &secure, sides, &progress).await?;
+    progress.finish_and_clear();
+    if let Some(path) = &args.chart {
+        chart::draw(
+            path,
+            "leasebench: lease-proxy with HTTPS and bearer tokens vs plain (same etcd, same run)",
+            &rows,
+            &sides,
+        )?;
+    }
+    write_json(args, &rows, Vec::new())
+}
+
+/// Every closed-loop cell on both backends (`raw` is the baseline, named `sides[0]`).
+async fn closed_loop<A: Backend, B: Backend>(
     args: &Args,
-    raw: &Arc<RawEtcd>,
-    proxy: &Arc<http::Proxy>,
+    raw: &Arc<A>,
+    proxy: &Arc<B>,
+    sides: [&str; 2],
     progress: &ProgressBar,
 ) -> anyhow::Result<Vec<Row>> {
     let need_held = args.op.contains(&Op::Renew);
@@ -176,23 +229,34 @@ async fn closed_loop(
             .map(|i| format!("lb-held-{side}-{}-{i}", std::process::id()))
             .collect()
     };
-    let raw_held = Arc::new(ops::acquire_all(raw, names("etcd"), 600, 64).await?);
-    let proxy_held = Arc::new(ops::acquire_all(proxy, names("proxy"), 600, 64).await?);
+    let raw_held = Arc::new(ops::acquire_all(raw, names("a"), 600, 64).await?);
+    let proxy_held = Arc::new(ops::acquire_all(proxy, names("b"), 600, 64).await?);
     let mut rows = Vec::new();
     for &op in &args.op {
         for &in_flight in &args.concurrency {
             for round in 0..args.rounds {
                 let tag = format!("{}-c{in_flight}r{round}-{}", op.name(), std::process::id());
                 progress.set_message(format!("{} × {in_flight}, round {round}", op.name()));
-                let measure_raw =
-                    || ops::measure(raw, op, in_flight, args.ops, &tag, &raw_held, args.renewals);
+                // Each side its own resource names (two proxies share one etcd prefix).
+                let (tag_a, tag_b) = (format!("{tag}-a"), format!("{tag}-b"));
+                let measure_raw = || {
+                    ops::measure(
+                        raw,
+                        op,
+                        in_flight,
+                        args.ops,
+                        &tag_a,
+                        &raw_held,
+                        args.renewals,
+                    )
+                };
                 let measure_proxy = || {
                     ops::measure(
                         proxy,
                         op,
                         in_flight,
                         args.ops,
-                        &tag,
+                        &tag_b,
                         &proxy_held,
                         args.renewals,
                     )
@@ -216,7 +280,10 @@ async fn closed_loop(
                     op: op.name().to_owned(),
                     in_flight,
                     round,
-                    runs: vec![("etcd".into(), etcd_run), ("proxy".into(), proxy_run)],
+                    runs: vec![
+                        (sides[0].to_owned(), etcd_run),
+                        (sides[1].to_owned(), proxy_run),
+                    ],
                 };
                 progress.suspend(|| println!("{}", report::line(&row)));
                 rows.push(row);

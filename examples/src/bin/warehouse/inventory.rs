@@ -28,6 +28,12 @@ pub(crate) struct Args {
     /// `sqlite:PATH` (default) or a `postgres://` URL.
     #[arg(long, default_value = "sqlite:warehouse.db")]
     db: String,
+    /// Serve HTTPS with this certificate (PEM), with `--tls-key`.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of `--tls-cert`.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
 }
 
 /// One applied write, as the audit reads it.
@@ -138,8 +144,32 @@ pub(crate) async fn serve(args: Args) -> Result<std::process::ExitCode, Failure>
         .route("/aisles/{aisle}/count", put(record))
         .route("/log", get(log))
         .with_state(db);
-    let listener = tokio::net::TcpListener::bind(&args.listen).await?;
-    axum::serve(listener, app).await?;
+    let tcp = tokio::net::TcpListener::bind(&args.listen).await?;
+    let tls = match (args.tls_cert, args.tls_key) {
+        (Some(cert), Some(key)) => Some(Arc::new(fencing::tls::ServerTls::load(
+            fencing::tls::ServerFiles {
+                cert,
+                key,
+                client_ca: None,
+                client_certs: fencing::tls::ClientCerts::Optional,
+            },
+        )?)),
+        _ => None,
+    };
+    let draining = std::sync::atomic::AtomicBool::new(false);
+    fencing::serve::until_shutdown(
+        fencing::serve::Listener { tcp, tls },
+        app,
+        fencing::serve::terminated(),
+        &draining,
+        tokio_util::sync::CancellationToken::new(),
+        fencing::serve::Drain {
+            delay: std::time::Duration::ZERO,
+            deadline: std::time::Duration::from_secs(5),
+        },
+        fencing::serve::Limits::default(),
+    )
+    .await?;
     Ok(std::process::ExitCode::SUCCESS)
 }
 

@@ -35,12 +35,35 @@ pub(crate) struct Args {
     /// Write straight to the gateway with the token instead of through the proxy.
     #[arg(long)]
     direct: bool,
+    /// How to reach the proxy and the gateway over TLS and authenticate.
+    #[command(flatten)]
+    access: Access,
+}
+
+/// TLS and credentials towards the proxy, the gateway and the inventory (`scripts/run.sh
+/// --secure`).
+#[derive(clap::Args, Clone, Default)]
+pub(crate) struct Access {
+    /// CAs (PEM) that sign the services' certificates, for `https://` URLs.
+    #[arg(long, env = "WAREHOUSE_CA")]
+    pub(crate) ca: Option<std::path::PathBuf>,
+    /// Bearer token for the proxy (with `--auth-tokens` on); from the environment, so that it
+    /// is not on the command line.
+    #[arg(long, env = "WAREHOUSE_TOKEN", hide_env_values = true)]
+    pub(crate) token: Option<String>,
+}
+
+impl Access {
+    /// An HTTP client trusting `--ca`.
+    pub(crate) fn http(&self) -> Result<reqwest::Client, Failure> {
+        Ok(lease_proxy_examples::http_client(self.ca.as_deref())?)
+    }
 }
 
 /// Works until killed.
 pub(crate) async fn work(args: Args) -> Result<std::process::ExitCode, Failure> {
-    let client = LeaseClient::new(&args.proxy);
-    let http = reqwest::Client::new();
+    let http = args.access.http()?;
+    let client = LeaseClient::with_http(&args.proxy, http.clone(), args.access.token.clone());
     let ttl = Duration::from_secs(args.ttl);
     loop {
         let aisle = args.aisles[rand::rng().random_range(0..args.aisles.len())].clone();
@@ -74,7 +97,11 @@ pub(crate) async fn work(args: Args) -> Result<std::process::ExitCode, Failure> 
                     .header("fencing-resource", &aisle)
                     .header("fencing-token", &held.grant.fencing_token)
             } else {
-                http.put(format!("{}/v1/leases/{aisle}/forward{path}", args.proxy))
+                client
+                    .request(
+                        reqwest::Method::PUT,
+                        &format!("/v1/leases/{aisle}/forward{path}"),
+                    )
                     .header("lease-secret", &held.grant.secret)
             };
             let status = match request.json(&count).send().await {

@@ -42,6 +42,9 @@ pub(crate) struct Args {
     /// SIGKILL robots and SIGSTOP them beyond their TTL at random.
     #[arg(long)]
     chaos: bool,
+    /// TLS and credentials (passed on to the robots).
+    #[command(flatten)]
+    access: crate::robot::Access,
 }
 
 #[derive(Default)]
@@ -74,6 +77,12 @@ fn spawn_robot(
         .args(["--ttl", &args.ttl.to_string()])
         .stdout(Stdio::piped())
         .kill_on_drop(true);
+    if let Some(ca) = &args.access.ca {
+        cmd.arg("--ca").arg(ca);
+    }
+    if let Some(token) = &args.access.token {
+        cmd.env("WAREHOUSE_TOKEN", token);
+    }
     if direct {
         cmd.arg("--direct");
     }
@@ -199,11 +208,16 @@ pub(crate) async fn run(args: Args) -> Result<std::process::ExitCode, Failure> {
 }
 
 async fn audit_and_report(args: &Args, tally: &Tally) -> Result<std::process::ExitCode, Failure> {
-    let log: Vec<Applied> = reqwest::get(format!("{}/log", args.inventory))
+    let http = args.access.http()?;
+    let log: Vec<Applied> = http
+        .get(format!("{}/log", args.inventory))
+        .send()
         .await?
         .json()
         .await?;
-    let metrics = reqwest::get(format!("{}/metrics", args.gateway))
+    let metrics = http
+        .get(format!("{}/metrics", args.gateway))
+        .send()
         .await?
         .text()
         .await?;
