@@ -22,6 +22,10 @@ fn main() -> ExitCode {
     if config.print.print_config {
         return cli::print_settings("fence-gateway", config.redacted_toml());
     }
+    if let Err(e) = config.check_key_file() {
+        eprintln!("fence-gateway: {e}");
+        return ExitCode::from(cli::EXIT_CONFIG);
+    }
     cli::run_server("fence-gateway", config.log_format, || async {
         let listener = tokio::net::TcpListener::bind(config.listen).await?;
         gateway::run(listener, config, fencing::serve::terminated()).await

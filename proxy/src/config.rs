@@ -413,11 +413,6 @@ impl Config {
                 return fail("--quota-acquire-rate must be a number above 0 (at most 1e6)".into());
             }
         }
-        if let Some(path) = &self.key_file {
-            // Read here so that an unusable key file stops the binary with 64, naming it.
-            fencing::Keyring::load(path)
-                .map_err(|e| ConfigError(format!("--key-file {}: {e}", path.display())))?;
-        }
         if let Some(path) = &self.auth_tokens {
             // Parsed here so a bad file stops the binary with 64 before anything starts; the
             // server loads it again (and from then on on every reload).
@@ -476,6 +471,17 @@ impl Config {
             );
         }
         Ok(())
+    }
+
+    /// Reads the key file, if one is given, so that an unusable one stops the binary with 64
+    /// and names it (at start; `--print-config` does not need the file).
+    pub fn check_key_file(&self) -> Result<(), ConfigError> {
+        match &self.key_file {
+            Some(path) => fencing::Keyring::load(path)
+                .map(drop)
+                .map_err(|e| ConfigError(format!("--key-file {}: {e}", path.display()))),
+            None => Ok(()),
+        }
     }
 
     /// The HTTPS server's files, when `--tls-cert` is given.
@@ -661,7 +667,9 @@ mod tests {
             c.tls_client_certs = fencing::tls::ClientCerts::Required;
         });
         assert!(err.contains("needs --tls-client-ca"), "{err}");
-        let err = refused(&|c| c.key_file = Some(pki.ca().with_file_name("no-key")));
+        let mut c = Config::parse_from(["lease-proxy"]);
+        c.key_file = Some(pki.ca().with_file_name("no-key"));
+        let err = c.check_key_file().unwrap_err().to_string();
         assert!(err.contains("--key-file"), "{err}");
         // A key that is not the certificate's, a file that is not PEM.
         let other = pki.server("other");

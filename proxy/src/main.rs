@@ -17,6 +17,10 @@ fn main() -> ExitCode {
     if config.print.print_config {
         return cli::print_settings("lease-proxy", config.redacted_toml());
     }
+    if let Err(e) = config.check_key_file() {
+        eprintln!("lease-proxy: {e}");
+        return ExitCode::from(cli::EXIT_CONFIG);
+    }
     cli::run_server("lease-proxy", config.log_format, || async {
         let listener = tokio::net::TcpListener::bind(config.listen).await?;
         lease_proxy::run(listener, config, fencing::serve::terminated()).await

@@ -267,6 +267,15 @@ impl GatewayConfig {
         })
     }
 
+    /// Reads the key file, so that an unusable one stops the binary with 64 and names it (at
+    /// start; `--print-config` does not need the file).
+    pub fn check_key_file(&self) -> Result<(), GatewayConfigError> {
+        let key_file = self.key_file()?;
+        crate::Keyring::load(key_file)
+            .map(drop)
+            .map_err(|e| GatewayConfigError(format!("--key-file {}: {e}", key_file.display())))
+    }
+
     /// The HTTPS server's files, when `--tls-cert` is given.
     pub fn server_tls(&self) -> Option<crate::tls::ServerFiles> {
         Some(crate::tls::ServerFiles {
@@ -330,10 +339,7 @@ impl GatewayConfig {
             .upstream()?
             .parse()
             .map_err(|e| GatewayConfigError(format!("--upstream: {e}")))?;
-        let key_file = self.key_file()?;
-        // Read here so that an unusable key file stops the binary with 64, naming the file.
-        crate::Keyring::load(key_file)
-            .map_err(|e| GatewayConfigError(format!("--key-file {}: {e}", key_file.display())))?;
+        self.key_file()?;
         if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
             return Err(GatewayConfigError(
                 "--upstream must be an http(s)://host:port URL".into(),
@@ -452,9 +458,11 @@ mod tests {
         c.fence_principals.clear();
         c.tls_client_certs = crate::tls::ClientCerts::Required;
         assert!(refused(c).contains("needs --tls-client-ca"));
+        base().check_key_file().unwrap();
         let mut c = base();
         c.key_file = Some(key.with_file_name("no-key"));
-        assert!(refused(c).contains("--key-file"));
+        let err = c.check_key_file().unwrap_err().to_string();
+        assert!(err.contains("--key-file"), "{err}");
         let mut c = base();
         c.fence_principals = vec!["lease-proxy".into()];
         assert!(refused(c).contains("--fence-principals needs --tls-client-ca"));
