@@ -95,18 +95,8 @@ impl Stack {
             .use_rustls_tls()
             .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(ca)?)?)
             .build()?;
-        for _ in 0..300 {
-            if client
-                .get(format!("{url}/readyz"))
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success())
-            {
-                return Ok((url, spawned));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Err(anyhow!("{url} did not become ready"))
+        wait_ready_with(&client, &format!("{url}/readyz")).await?;
+        Ok((url, spawned))
     }
 
     fn proxy_command(&self, bin: &Path, etcd_url: &str) -> (Command, u16) {
@@ -123,8 +113,15 @@ impl Stack {
 
 /// Waits until `url` answers 2xx (up to 15 s).
 pub async fn wait_ready(url: &str) -> anyhow::Result<()> {
+    wait_ready_with(&reqwest::Client::new(), url).await
+}
+
+/// Waits until `url` answers 2xx to `client` (up to 15 s).
+pub async fn wait_ready_with(client: &reqwest::Client, url: &str) -> anyhow::Result<()> {
     for _ in 0..300 {
-        if reqwest::get(url)
+        if client
+            .get(url)
+            .send()
             .await
             .is_ok_and(|r| r.status().is_success())
         {

@@ -112,6 +112,16 @@ impl Etcd {
 
     /// Starts an `n`-member cluster and waits until every member answers and a leader exists.
     pub async fn cluster(n: usize) -> Self {
+        let mut etcd = Self::unstarted(n, None);
+        for i in 0..n {
+            etcd.spawn(i);
+        }
+        etcd.wait_ready().await;
+        etcd
+    }
+
+    /// `n` members on free ports in a fresh temporary directory, none started yet.
+    fn unstarted(n: usize, security: Option<Security>) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("lease-proxy-etcd-")
             .tempdir()
@@ -126,49 +136,27 @@ impl Etcd {
                 child: None,
             })
             .collect();
-        let cluster_token = format!("t{}", free_port());
-        let mut etcd = Self {
+        Self {
             members,
-            cluster_token,
-            security: None,
+            cluster_token: format!("t{}", free_port()),
+            security,
             _dir: dir,
-        };
-        for i in 0..n {
-            etcd.spawn(i);
         }
-        etcd.wait_ready().await;
-        etcd
     }
 
     /// Starts one member serving clients over TLS only (certificates from `pki`, client
     /// certificates required), then enables etcd's authentication with user `root` and
     /// `password` (etcd's own `root` role).
     pub async fn secured(pki: &pki::Pki, password: &str) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("lease-proxy-etcd-")
-            .tempdir()
-            .expect("temp dir for etcd");
-        let mut etcd = Self {
-            members: Vec::new(),
-            cluster_token: format!("t{}", free_port()),
-            security: None,
-            _dir: dir,
-        };
-        etcd.security = Some(Security {
-            ca: pki.ca().to_owned(),
-            server: pki.server("etcd-server"),
-            client: pki.client("etcd-client", "lease-proxy", &[]),
-            root_password: None,
-        });
-        let dir = etcd._dir.path().to_owned();
-        etcd.members.push(Member {
-            name: "m0".into(),
-            client_port: free_port(),
-            peer_port: free_port(),
-            data_dir: dir.join("m0.etcd"),
-            log: dir.join("m0.log"),
-            child: None,
-        });
+        let mut etcd = Self::unstarted(
+            1,
+            Some(Security {
+                ca: pki.ca().to_owned(),
+                server: pki.server("etcd-server"),
+                client: pki.client("etcd-client", "lease-proxy", &[]),
+                root_password: None,
+            }),
+        );
         etcd.spawn(0);
         etcd.wait_ready().await;
         let mut client = etcd.client().await;
