@@ -86,6 +86,23 @@ pub struct Config {
     #[arg(long, env = "LEASE_PROXY_LEASE_SPARES", default_value_t = 256)]
     pub lease_spares: usize,
 
+    /// Group commit: most ownership transactions (acquires, session releases) sent to etcd as
+    /// one proposal of nested transactions; 1 sends each alone. At most 128 (etcd's default
+    /// `--max-txn-ops`).
+    #[arg(long, env = "LEASE_PROXY_BATCH_MAX", default_value_t = 64)]
+    pub batch_max: usize,
+
+    /// Group commit: how long the first transaction of a batch waits for more. 0 sends what has
+    /// queued while earlier batches were with etcd, so a lone acquire pays no delay.
+    #[arg(long, env = "LEASE_PROXY_BATCH_LINGER", default_value = "0s", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub batch_linger: Duration,
+
+    /// Group commit: batches with etcd at once; while all are out, transactions queue and the
+    /// next batch takes them together.
+    #[arg(long, env = "LEASE_PROXY_BATCH_IN_FLIGHT", default_value_t = 4)]
+    pub batch_in_flight: usize,
+
     /// How long after a grant a retried acquire with the same `Idempotency-Key` (and holder)
     /// still returns it (at least half of this, at most this, by etcd's clock); later retries
     /// are answered like any other acquire. Keep it short: without `--auth-tokens` the key is
@@ -387,6 +404,18 @@ impl Config {
             if value.is_zero() {
                 return fail(format!("{flag} must be above zero"));
             }
+        }
+        if !(1..=crate::etcd::ETCD_MAX_TXN_OPS).contains(&self.batch_max) {
+            return fail(format!(
+                "--batch-max must be between 1 and {}",
+                crate::etcd::ETCD_MAX_TXN_OPS
+            ));
+        }
+        if self.batch_linger > Duration::from_millis(100) {
+            return fail("--batch-linger must be at most 100ms".into());
+        }
+        if !(1..=64).contains(&self.batch_in_flight) {
+            return fail("--batch-in-flight must be between 1 and 64".into());
         }
         if self.lease_spares > 100_000 {
             return fail("--lease-spares must be at most 100000".into());

@@ -83,6 +83,16 @@ pub enum Error {
     /// etcd refused or failed the call.
     #[error("etcd: {0}")]
     Etcd(#[source] etcd_client::Error),
+    /// etcd failed a batch of transactions this request's was one of (group commit); its
+    /// outcome is unknown, as after any failed write.
+    #[error("etcd: {0}")]
+    EtcdBatch(String),
+    /// The session named by the request has ended (closed or expired), or never existed.
+    #[error("the session has ended or does not exist")]
+    SessionLost,
+    /// The secret does not prove the session.
+    #[error("the Lease-Secret does not belong to this session")]
+    NotSessionHolder,
     /// etcd did not answer in time.
     #[error("etcd did not answer within {0:?}")]
     EtcdTimeout(std::time::Duration),

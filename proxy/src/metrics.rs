@@ -42,6 +42,9 @@ pub(crate) struct Metrics {
     /// (`lease_proxy_audit_dropped_total`).
     pub(crate) audit_dropped: Counter<u64>,
     etcd: Histogram<f64>,
+    batch: Histogram<u64>,
+    /// Sessions opened here (`lease_proxy_sessions_opened_total`).
+    pub(crate) sessions_opened: Counter<u64>,
     /// Keepalive streams currently open to etcd.
     pub(crate) keepalive_streams: Arc<AtomicI64>,
 }
@@ -99,6 +102,14 @@ impl Metrics {
                 .with_description("Duration of etcd requests, retries included, by operation.")
                 .with_boundaries(DURATION_BUCKETS.to_vec())
                 .build(),
+            batch: meter
+                .u64_histogram("lease_proxy.etcd.batch.size")
+                .with_description(
+                    "Transactions per proposal sent by group commit (1: sent alone).",
+                )
+                .with_boundaries(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0])
+                .build(),
+            sessions_opened: counter("lease_proxy.sessions.opened", "Sessions opened."),
             keepalive_streams,
             exporter,
         };
@@ -114,6 +125,7 @@ impl Metrics {
             &self.releases,
             &self.expirations,
             &self.audit_dropped,
+            &self.sessions_opened,
         ] {
             counter.add(0, &[]);
         }
@@ -161,6 +173,11 @@ impl Metrics {
     pub(crate) fn etcd_request(&self, op: &'static str, started: Instant) {
         self.etcd
             .record(started.elapsed().as_secs_f64(), &[KeyValue::new("op", op)]);
+    }
+
+    /// Records a batch of `n` transactions sent as one proposal.
+    pub(crate) fn batch_size(&self, n: usize) {
+        self.batch.record(u64::try_from(n).unwrap_or(u64::MAX), &[]);
     }
 
     /// The `/metrics` answer.

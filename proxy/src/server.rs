@@ -18,7 +18,7 @@ use tokio_util::task::TaskTracker;
 use crate::api::{self, AppState};
 use crate::audit::Audit;
 use crate::auth::Auth;
-use crate::etcd::{Access, Etcd, Holders, KeepAlive};
+use crate::etcd::{Access, Batching, Etcd, GroupCommit, Holders, KeepAlive};
 use crate::forward::Upstream;
 use crate::lease::{Layout, Leases, Limits};
 use crate::metrics::Metrics;
@@ -186,9 +186,23 @@ pub async fn run(
         idempotency_prefix: format!("{}idempotency/", config.etcd_prefix),
         idempotency_window: config.idempotency_window,
         principals_prefix: format!("{}principals/", config.etcd_prefix),
+        sessions_prefix: format!("{}sessions/", config.etcd_prefix),
     };
+    // Stopped with the background tasks, after the drain: requests still being served keep
+    // their batches.
+    let commit = GroupCommit::start(
+        &etcd,
+        Batching {
+            max: config.batch_max,
+            linger: config.batch_linger,
+            in_flight: config.batch_in_flight,
+        },
+        &tracker,
+        background.clone(),
+    );
     let leases = Leases::new(
         etcd.clone(),
+        commit,
         keepalive,
         holders,
         keys,

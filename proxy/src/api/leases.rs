@@ -16,7 +16,7 @@ use super::authz::{self, Peer, Target};
 use super::{body, AppState};
 use crate::audit::Event;
 use crate::auth::Op;
-use crate::lease::{validate, Acquire};
+use crate::lease::{session, validate, Acquire};
 use crate::{Error, Result};
 
 /// Default and largest page size of a listing.
@@ -28,7 +28,13 @@ const MAX_LIMIT: usize = 1000;
 #[serde(deny_unknown_fields)]
 pub(super) struct AcquireBody {
     holder: String,
-    ttl_seconds: serde_json::Number,
+    /// Required without a session; under one, if given, it must be the session's.
+    #[serde(default)]
+    ttl_seconds: Option<serde_json::Number>,
+    /// A session id: the grant lives on the session's lease (proven by its secret in
+    /// `Lease-Secret`).
+    #[serde(default)]
+    session: Option<String>,
     #[serde(default)]
     wait_ms: Option<u64>,
     #[serde(default)]
@@ -50,7 +56,7 @@ pub(super) struct ListQuery {
     cursor: Option<String>,
 }
 
-fn resource(path: Result<Path<String>, PathRejection>) -> Result<String> {
+pub(super) fn resource(path: Result<Path<String>, PathRejection>) -> Result<String> {
     let Path(name) = path.map_err(|e| Error::InvalidField {
         field: "resource",
         reason: e.body_text(),
@@ -79,7 +85,39 @@ pub(super) async fn acquire(
     let req: AcquireBody = body::json(&headers, body, app.body).await?;
     let limits = app.leases.limits();
     validate::holder(&req.holder)?;
-    let ttl_seconds = validate::ttl(&req.ttl_seconds, limits.min_ttl, limits.max_ttl)?;
+    let ttl_seconds = match &req.ttl_seconds {
+        Some(ttl) => Some(validate::ttl(ttl, limits.min_ttl, limits.max_ttl)?),
+        None => None,
+    };
+    let principal = authz::name(&caller);
+    let (session, ttl_seconds) = match &req.session {
+        Some(id) => {
+            let id = session::parse_id(id)?;
+            let secret = body::secret(&headers)?;
+            let record = app
+                .leases
+                .verify_session(id, &secret, principal.as_deref())
+                .await
+                .inspect_err(|e| {
+                    authz::audit_refusal(&app, &headers, &caller, Op::Acquire, &resource, e)
+                })?;
+            if ttl_seconds.is_some_and(|ttl| ttl != record.ttl_seconds) {
+                return Err(Error::InvalidField {
+                    field: "ttl_seconds",
+                    reason: format!(
+                        "a grant under a session lives as long as the session ({} s); omit ttl_seconds",
+                        record.ttl_seconds
+                    ),
+                });
+            }
+            (Some(id), record.ttl_seconds)
+        }
+        None => (
+            None,
+            ttl_seconds
+                .ok_or_else(|| Error::InvalidRequest("missing field `ttl_seconds`".into()))?,
+        ),
+    };
     let wait = Duration::from_millis(req.wait_ms.unwrap_or(0));
     if wait > limits.max_wait {
         return Err(Error::InvalidField {
@@ -105,12 +143,13 @@ pub(super) async fn acquire(
         .acquire(&Acquire {
             resource: resource.clone(),
             holder: req.holder,
-            principal: authz::name(&caller),
+            principal,
             ttl_seconds,
             wait,
             metadata: req.metadata,
             idempotency_key,
             received,
+            session,
         })
         .await
         .inspect_err(|e| {

@@ -7,6 +7,7 @@ mod leases;
 mod ops;
 mod problem;
 mod rate;
+mod sessions;
 
 use std::any::Any;
 use std::sync::atomic::AtomicBool;
@@ -63,6 +64,12 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
                 .delete(leases::release),
         )
         .route("/v1/leases/{resource}/renew", post(leases::renew))
+        .route("/v1/sessions", post(sessions::open))
+        .route(
+            "/v1/sessions/{id}",
+            get(sessions::get).delete(sessions::close),
+        )
+        .route("/v1/sessions/{id}/keepalive", post(sessions::keepalive))
         .route("/v1/leases/{resource}/forward", any(forward::forward))
         .route(
             "/v1/leases/{resource}/forward/{*path}",

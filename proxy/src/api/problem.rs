@@ -63,6 +63,12 @@ impl Error {
                 "Idempotency key already used",
             ),
             Error::Lost => (S::GONE, "lease-lost", "Lease lost"),
+            Error::SessionLost => (S::GONE, "session-lost", "Session lost"),
+            Error::NotSessionHolder => (
+                S::FORBIDDEN,
+                "not-session-holder",
+                "Not the session's holder",
+            ),
             Error::NotFound => (S::NOT_FOUND, "not-found", "No lease"),
             Error::NoRoute => (S::NOT_FOUND, "no-route", "Not found"),
             Error::MethodNotAllowed => (
@@ -70,7 +76,7 @@ impl Error {
                 "method-not-allowed",
                 "Method not allowed",
             ),
-            Error::Etcd(_) | Error::EtcdTimeout(_) => (
+            Error::Etcd(_) | Error::EtcdBatch(_) | Error::EtcdTimeout(_) => (
                 S::SERVICE_UNAVAILABLE,
                 "etcd-unavailable",
                 "etcd unavailable",
@@ -126,6 +132,7 @@ impl IntoResponse for Error {
                 Some(serde_json::json!({ "quota": quota }))
             }
             Error::Etcd(_)
+            | Error::EtcdBatch(_)
             | Error::EtcdTimeout(_)
             | Error::ShuttingDown
             | Error::PrefenceFailed(_) => {

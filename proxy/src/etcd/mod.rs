@@ -1,10 +1,14 @@
 //! The proxy's use of etcd: a handful of calls, each bounded by a timeout, plus the long-lived
 //! streams (keepalive, watch) in the submodules.
 
+mod batch;
+mod create;
 mod deletions;
 mod keepalive;
 mod watch;
 
+pub(crate) use batch::{Batching, GroupCommit, ETCD_MAX_TXN_OPS};
+pub(crate) use create::{Companion, Create, Creation, Quota};
 pub(crate) use deletions::{Deleted, Deletions};
 pub(crate) use keepalive::KeepAlive;
 pub(crate) use watch::{Holders, Wakeup};
@@ -17,8 +21,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder,
-    SortTarget, Txn, TxnOp, TxnOpResponse,
+    Client, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget,
 };
 
 use tracing::Instrument as _;
@@ -29,6 +32,9 @@ use crate::{Error, Result};
 /// How often the gRPC connection to etcd is pinged while streams are open: twice etcd's default
 /// `--grpc-keepalive-min-time`, so timer jitter never makes two pings look too close.
 const KEEPALIVE_PING_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How long a background revoke of a lease nobody may use is retried.
+const REVOKE_RETRIES_FOR: Duration = Duration::from_secs(30);
 
 /// A cheap-to-clone handle on the etcd cluster with a per-call deadline.
 ///
@@ -89,48 +95,6 @@ impl Header {
         }
         serde_json::Value::Object(m)
     }
-}
-
-/// The outcome of a create-if-absent transaction.
-#[derive(Debug)]
-pub(crate) enum Create {
-    /// The key was created; this is its create revision.
-    Created(i64),
-    /// The key already existed; this is its current value, and the companion key's (if one was
-    /// asked for and exists).
-    Exists(Box<KeyValue>, Option<Box<KeyValue>>),
-    /// The key did not exist, but the [`Quota`] guard failed: a key was written in the quota's
-    /// range since it was counted. Nothing was written; count again.
-    Crowded,
-}
-
-/// A per-principal held quota, checked in the create transaction itself: `key` (one per held
-/// grant, attached to the grant's lease) is written with the created key, and only if no key in
-/// `range..range_end` was written after `revision`, the revision at which the caller counted
-/// the range and found room. So of any number of concurrent creators (on any replica), at most
-/// the room counted at `revision` succeed: the count cannot overshoot.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Quota<'a> {
-    /// The index key of this grant.
-    pub(crate) key: &'a str,
-    /// The principal's range of index keys.
-    pub(crate) range: &'a [u8],
-    /// Its end.
-    pub(crate) range_end: &'a [u8],
-    /// The revision at which the range was counted.
-    pub(crate) revision: i64,
-}
-
-/// A key written (empty) in the same transaction as a created key, so at the same revision,
-/// attached to a lease of its own; read alongside the key when the creation is refused.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Companion<'a> {
-    /// The companion key.
-    pub(crate) key: &'a str,
-    /// Its value.
-    pub(crate) value: &'a [u8],
-    /// The lease it is attached to (its lifetime).
-    pub(crate) lease: i64,
 }
 
 /// The client of the pinned member, with its index so a failure can unpin exactly it.
@@ -417,13 +381,25 @@ impl Etcd {
         }
     }
 
-    /// Revokes a lease without waiting, used to clean up after a failed acquire: the lease holds
-    /// no key, and if the revoke is lost too the lease lapses by its TTL.
+    /// Revokes a lease without waiting, used to clean up after a failed acquire (the lease may
+    /// carry a key nobody was told of). Retried while etcd is unreachable, for up to
+    /// [`REVOKE_RETRIES_FOR`]; if every try fails the lease lapses by its TTL.
     pub(crate) fn revoke_in_background(&self, id: i64) {
         let etcd = self.clone();
         tokio::spawn(async move {
-            if let Err(e) = etcd.revoke(id).await {
-                tracing::debug!(lease_id = id, error = %e, "revoking an unused lease failed; it will lapse");
+            let give_up = Instant::now() + REVOKE_RETRIES_FOR;
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                match etcd.revoke(id).await {
+                    Ok(()) => return,
+                    Err(e) if Instant::now() + backoff >= give_up => {
+                        tracing::debug!(lease_id = id, error = %e, "revoking an unused lease failed; it will lapse");
+                        return;
+                    }
+                    Err(_) => {}
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
             }
         });
     }
@@ -438,81 +414,16 @@ impl Etcd {
         Ok((resp.ttl() >= 0).then_some(resp.ttl()))
     }
 
-    /// One transaction: if `key` does not exist, put `value` attached to `lease` (and the
-    /// `companion`, if any); otherwise read both. Exactly one of any number of concurrent
-    /// callers creates the key.
-    ///
-    /// Tried once (see [`Etcd::bounded_once`]): an attempt whose outcome is unknown is not
-    /// repeated, since a late first attempt could otherwise create the key after a second one
-    /// answered "exists" and the caller reused the lease.
-    pub(crate) async fn create_if_absent(
-        &self,
-        key: &str,
-        value: Vec<u8>,
-        lease: i64,
-        companion: Option<Companion<'_>>,
-        quota: Option<Quota<'_>>,
-    ) -> Result<Create> {
-        let mut puts = vec![TxnOp::put(
-            key,
-            value,
-            Some(PutOptions::new().with_lease(lease)),
-        )];
-        let mut gets = vec![TxnOp::get(key, None)];
-        if let Some(c) = companion {
-            puts.push(TxnOp::put(
-                c.key,
-                c.value,
-                Some(PutOptions::new().with_lease(c.lease)),
-            ));
-            gets.push(TxnOp::get(c.key, None));
-        }
-        let mut compares = vec![Compare::create_revision(key, CompareOp::Equal, 0)];
-        if let Some(q) = quota {
-            puts.push(TxnOp::put(
-                q.key,
-                Vec::new(),
-                Some(PutOptions::new().with_lease(lease)),
-            ));
-            // Every key of the range (none is fine) last written at or before the count.
-            compares.push(
-                Compare::mod_revision(q.range, CompareOp::Less, q.revision.saturating_add(1))
-                    .with_range(q.range_end),
-            );
-        }
-        let txn = Txn::new().when(compares).and_then(puts).or_else(gets);
+    /// Remaining whole seconds of a lease and the keys attached to it, or `None` if it no
+    /// longer exists.
+    pub(crate) async fn lease_keys(&self, id: i64) -> Result<Option<(i64, Vec<Vec<u8>>)>> {
         let resp = self
-            .bounded_once("txn_create", |c| {
-                let txn = txn.clone();
-                async move { c.kv_client().txn(txn).await }
+            .bounded("time_to_live", |c| async move {
+                let options = etcd_client::LeaseTimeToLiveOptions::new().with_keys();
+                c.lease_client().time_to_live(id, Some(options)).await
             })
             .await?;
-        if resp.succeeded() {
-            let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
-            return Ok(Create::Created(revision));
-        }
-        let mut found = resp.op_responses().into_iter().map(|op| match op {
-            TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
-            _ => None,
-        });
-        let Some(kv) = found.next().flatten() else {
-            if quota.is_some() {
-                // The key is absent, so the quota's compare is the one that failed.
-                return Ok(Create::Crowded);
-            }
-            // The key vanished between the compare and the read inside one transaction:
-            // impossible, since a transaction is atomic; treat it as an etcd fault.
-            return Err(Error::CorruptRecord {
-                key: key.to_owned(),
-                reason: "transaction failed its compare but read no key".to_owned(),
-            });
-        };
-        // An attempt retried after a failure that looked undelivered finds its own key.
-        if kv.lease() == lease {
-            return Ok(Create::Created(kv.create_revision()));
-        }
-        let companion = found.next().flatten().map(Box::new);
-        Ok(Create::Exists(Box::new(kv), companion))
+        Ok((resp.ttl() >= 0).then(|| (resp.ttl(), resp.keys().to_vec())))
     }
 
     /// A fresh response header (a linearizable read of a key nobody writes).

@@ -10,6 +10,7 @@ mod queue;
 mod quota;
 mod record;
 mod secret;
+pub(crate) mod session;
 mod spares;
 pub(crate) mod validate;
 
@@ -27,7 +28,8 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
 use crate::etcd::{
-    prefix_end, Companion, Create, Deleted, Deletions, Etcd, Holders, KeepAlive, Wakeup,
+    prefix_end, Companion, Create, Creation, Deleted, Deletions, Etcd, GroupCommit, Holders,
+    KeepAlive, Wakeup,
 };
 use crate::forward::Upstream;
 use crate::metrics;
@@ -66,6 +68,9 @@ pub(crate) struct Acquire {
     pub(crate) idempotency_key: Option<String>,
     /// When the request reached the proxy: `expires_in_ms` is measured from here.
     pub(crate) received: Instant,
+    /// The session to hold the resource under (its lease), instead of a lease of its own;
+    /// verified (secret, principal) by the caller.
+    pub(crate) session: Option<i64>,
 }
 
 /// A successful acquire, as returned to the client (the only time the secret is shown).
@@ -91,6 +96,12 @@ pub(crate) struct Grant {
     /// Metadata stored with the grant.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) metadata: Option<serde_json::Value>,
+    /// The session the grant lives on (its lease is the session's).
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        with = "record::opt_i64_string"
+    )]
+    pub(crate) session: Option<i64>,
 }
 
 /// The current holder of a resource someone else asked for. Carries no secret and no signed
@@ -151,6 +162,12 @@ pub(crate) struct Holding {
     /// Metadata stored with the grant.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) metadata: Option<serde_json::Value>,
+    /// The session the grant lives on.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        with = "record::opt_i64_string"
+    )]
+    pub(crate) session: Option<i64>,
 }
 
 /// One page of a listing.
@@ -174,6 +191,9 @@ pub(crate) struct Leases {
     holders_prefix: String,
     idempotency_prefix: String,
     principals_prefix: String,
+    sessions_prefix: String,
+    sessions: Arc<session::Cache>,
+    commit: GroupCommit,
     era: u64,
     limits: Limits,
     prefence: Option<Upstream>,
@@ -197,6 +217,8 @@ pub(crate) struct Layout {
     pub(crate) idempotency_window: Duration,
     /// `{prefix}principals/`: one index key per grant of a principal, with `--quota-held`.
     pub(crate) principals_prefix: String,
+    /// `{prefix}sessions/`: one key per open session, on the session's lease.
+    pub(crate) sessions_prefix: String,
 }
 
 /// The etcd lease the replay-window keys of this replica live on: granted with the window as
@@ -269,6 +291,7 @@ impl Leases {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         etcd: Etcd,
+        commit: GroupCommit,
         keepalive: KeepAlive,
         holders: Holders,
         keys: Arc<Keyring>,
@@ -304,6 +327,9 @@ impl Leases {
             holders_prefix: layout.holders_prefix,
             idempotency_prefix: layout.idempotency_prefix,
             principals_prefix: layout.principals_prefix,
+            sessions_prefix: layout.sessions_prefix,
+            sessions: Arc::default(),
+            commit,
             era,
             limits,
             prefence,
@@ -335,6 +361,7 @@ impl Leases {
     /// A lease of `ttl` seconds for an acquire, and the instant its TTL counts from at the
     /// latest: a spare renewed now, else a new grant.
     async fn lease_for(&self, ttl: u64) -> Result<(i64, u64, Instant)> {
+        self.refill(ttl);
         while let Some(id) = self.spares.take(ttl) {
             let renewing = Instant::now();
             match self.keepalive.renew(id).await {
@@ -352,6 +379,40 @@ impl Leases {
         let granting = Instant::now();
         let (id, granted) = self.etcd.grant(ttl).await?;
         Ok((id, u64::try_from(granted).unwrap_or(ttl), granting))
+    }
+
+    /// Grants leases of `ttl` seconds ahead of demand into the spare pool, in the background,
+    /// when the pool runs low (see [`spares`]).
+    fn refill(&self, ttl: u64) {
+        if self.stopping.is_cancelled() {
+            return;
+        }
+        let Some(want) = self.spares.refill(ttl) else {
+            return;
+        };
+        let this = self.clone();
+        self.tracker.spawn(async move {
+            let grants = (0..want).map(|_| async {
+                let granting = Instant::now();
+                (this.etcd.grant(ttl).await, granting)
+            });
+            for (granted, granting) in futures::future::join_all(grants).await {
+                match granted {
+                    Ok((id, granted)) => {
+                        let kept = u64::try_from(granted).ok() == Some(ttl)
+                            && !this.stopping.is_cancelled()
+                            && this
+                                .spares
+                                .put(ttl, id, granting + Duration::from_secs(ttl));
+                        if !kept {
+                            this.etcd.revoke_in_background(id);
+                        }
+                    }
+                    Err(e) => tracing::debug!(error = %e, "granting a spare lease failed"),
+                }
+            }
+            this.spares.refilled(ttl);
+        });
     }
 
     /// Keeps a lease that carries no key for reuse, or revokes it when the pool is full.
@@ -528,7 +589,7 @@ impl Leases {
                         tracing::info!(resource = %grant.resource, "acquiring client gone; keyed grant kept for its retry");
                     } else {
                         tracing::info!(resource = %grant.resource, "acquiring client gone; withdrawing its grant");
-                        this.withdraw(&grant.resource, grant.lease_id, revision).await;
+                        this.withdraw(&grant.resource, grant.lease_id, revision, grant.session.is_some(), req.principal.as_deref()).await;
                     }
                 }
             }
@@ -566,12 +627,74 @@ impl Leases {
         }
     }
 
-    /// Ends a grant nobody was told of: its lease carries its key and nothing else.
-    async fn withdraw(&self, resource: &str, lease_id: i64, revision: i64) {
+    /// Ends a grant nobody was told of. Its own lease carries its key and nothing else, so it
+    /// is revoked; a session's lease carries the session's other grants, so the key alone is
+    /// deleted (with the principal's quota index key), if it is still this incarnation.
+    async fn withdraw(
+        &self,
+        resource: &str,
+        lease_id: i64,
+        revision: i64,
+        session: bool,
+        principal: Option<&str>,
+    ) {
         self.holders.releasing(resource, revision);
+        if session {
+            let key = self.key(resource);
+            let index = self.index_key(principal, resource);
+            if let Err(e) = self
+                .commit
+                .delete_if_created(&key, revision, index.as_deref())
+                .await
+            {
+                // It ends with its session at the latest.
+                tracing::warn!(%resource, error = %e, "could not withdraw a session grant nobody was told of");
+            }
+            return;
+        }
         if self.etcd.revoke(lease_id).await.is_err() {
             // Unreachable etcd: the unannounced lease lapses by its TTL.
             self.etcd.revoke_in_background(lease_id);
+        }
+    }
+
+    /// Cleans up after a create on a session's lease whose outcome is unknown: deletes the key
+    /// if it holds this attempt's record, in the background (the client has its error).
+    fn forget_unknown(&self, key: String, value: Vec<u8>, req: &Acquire) {
+        let this = self.clone();
+        let index = self.index_key(req.principal.as_deref(), &req.resource);
+        // Retried (it is safe to repeat) while etcd is unreachable, for as long as the session
+        // could live without a keepalive; the session's end deletes the key anyway.
+        let give_up = Instant::now() + Duration::from_secs(req.ttl_seconds.max(1));
+        self.tracker.spawn(async move {
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                match this
+                    .commit
+                    .delete_if_value(&key, &value, index.as_deref())
+                    .await
+                {
+                    Ok(_) => return,
+                    Err(e) if Instant::now() + backoff >= give_up => {
+                        tracing::warn!(%key, error = %e, "a session grant of unknown outcome may stay until its session ends");
+                        return;
+                    }
+                    Err(_) => {}
+                }
+                tokio::select! {
+                    () = this.stopping.cancelled() => return,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        });
+    }
+
+    /// The held-quota index key of `principal`'s grant of `resource`, when the quota is on.
+    fn index_key(&self, principal: Option<&str>, resource: &str) -> Option<String> {
+        match (self.limits.quota_held, principal) {
+            (Some(_), Some(p)) => Some(format!("{}{p}/{resource}", self.principals_prefix)),
+            _ => None,
         }
     }
 
@@ -593,8 +716,16 @@ impl Leases {
         };
         // etcd starts (or restarts) the lease's clock after `counted_from`, so the lease lasts
         // at least until `counted_from + ttl` — measured from the request's arrival, that is
-        // `waited + ttl`.
-        let (lease_id, ttl_seconds, counted_from) = self.lease_for(req.ttl_seconds).await?;
+        // `waited + ttl`. Under a session, the lease is the session's, renewed now.
+        let (lease_id, ttl_seconds, counted_from) = match req.session {
+            Some(session) => {
+                let (ttl, renewing) = self.renew_session_lease(session).await?;
+                (session, ttl, renewing)
+            }
+            None => self.lease_for(req.ttl_seconds).await?,
+        };
+        let in_session = req.session.is_some();
+        let session_guard = req.session.map(|s| self.session_guard(s));
         let waited = counted_from.saturating_duration_since(req.received);
         let waited_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
         let secret = match idempotent {
@@ -614,6 +745,7 @@ impl Leases {
             idempotency: idempotent.map(|(k, salt)| {
                 secret::idempotency_marker(&self.keys, &req.resource, &req.holder, k, &salt)
             }),
+            session: in_session,
         };
         let marker = record.idempotency.clone().unwrap_or_default();
         let companion = window.map(|lease| Companion {
@@ -621,22 +753,30 @@ impl Leases {
             value: marker.as_bytes(),
             lease,
         });
+        let value = record.encode();
         let created = match self
-            .etcd
-            .create_if_absent(
-                &key,
-                record.encode(),
-                lease_id,
+            .commit
+            .create_if_absent(Creation {
+                key: &key,
+                value: &value,
+                lease: lease_id,
                 companion,
-                held.as_ref().map(quota::Counted::guard),
-            )
+                quota: held.as_ref().map(quota::Counted::guard),
+                session_key: session_guard.as_deref(),
+            })
             .await
         {
             Ok(created) => created,
             Err(e) => {
                 // The outcome is unknown: the key may exist. Revoking the lease removes it too,
-                // so no grant the client never heard of can linger.
-                self.etcd.revoke_in_background(lease_id);
+                // so no grant the client never heard of can linger; a session's lease carries
+                // other grants, so there the key is deleted if it holds this very record (its
+                // secret hash is this attempt's alone).
+                if in_session {
+                    self.forget_unknown(key.clone(), value, req);
+                } else {
+                    self.etcd.revoke_in_background(lease_id);
+                }
                 if let Some(window) = window {
                     self.window.forget(window).await;
                 }
@@ -649,7 +789,14 @@ impl Leases {
                 if let Err(e) = self.prefence(&req.resource, &fencing_token).await {
                     // A grant the enforcer does not know of would leave the previous holder
                     // able to write: withdrawn.
-                    self.withdraw(&req.resource, lease_id, revision).await;
+                    self.withdraw(
+                        &req.resource,
+                        lease_id,
+                        revision,
+                        in_session,
+                        req.principal.as_deref(),
+                    )
+                    .await;
                     return Err(e);
                 }
                 tracing::info!(resource = %req.resource, holder = %req.holder, token = %token, "granted");
@@ -665,19 +812,26 @@ impl Leases {
                     ttl_seconds,
                     expires_in_ms: waited_ms.saturating_add(ttl_seconds * 1000),
                     metadata: req.metadata.clone(),
+                    session: req.session,
                 };
                 return Ok(Attempt::Granted(grant, revision));
             }
             Create::Exists(kv, window_kv) => (kv, window_kv),
             Create::Crowded => {
                 // Another grant of the principal came in since the count: count again.
-                self.give_back(lease_id, ttl_seconds, counted_from).await?;
+                if !in_session {
+                    self.give_back(lease_id, ttl_seconds, counted_from).await?;
+                }
                 return Ok(Attempt::Again);
             }
+            Create::NoSession => return Err(Error::SessionLost),
         };
         // Held: the lease carries no key; keep it for the next acquire (or revoke it), so a
-        // refused acquire leaves no key and no unaccounted lease behind.
-        self.give_back(lease_id, ttl_seconds, counted_from).await?;
+        // refused acquire leaves no key and no unaccounted lease behind. (A session's lease
+        // stays the session's.)
+        if !in_session {
+            self.give_back(lease_id, ttl_seconds, counted_from).await?;
+        }
         let existing = HolderRecord::decode(&key, kv.value())?;
         let remaining = self.etcd.time_to_live(existing.lease_id).await?;
         if let (Some(k), Some(remaining)) = (&req.idempotency_key, remaining) {
@@ -688,7 +842,12 @@ impl Leases {
             let salt = existing.idempotency.as_deref().and_then(|marker| {
                 secret::idempotency_salt(&self.keys, marker, &req.resource, &req.holder, k)
             });
-            if let (true, true, Some(salt)) = (in_window, existing.holder == req.holder, salt) {
+            // Under a session, only a retry under the same session gets its grant back.
+            let same_lease = !existing.session && !in_session
+                || existing.session && req.session == Some(existing.lease_id);
+            if let (true, true, Some(salt)) =
+                (in_window && same_lease, existing.holder == req.holder, salt)
+            {
                 // The key and holder are right, but an Idempotency-Key is no credential: a
                 // retry is answered with the grant only for the principal that acquired it.
                 existing.owned_by(req.principal.as_deref())?;
@@ -715,6 +874,7 @@ impl Leases {
                     fencing_token,
                     ttl_seconds: existing.ttl_seconds,
                     expires_in_ms: secs_to_ms(remaining),
+                    session: existing.session.then_some(existing.lease_id),
                     metadata: existing.metadata,
                 }));
             }
@@ -778,7 +938,7 @@ impl Leases {
         let lease_id = secret::lease_id(secret).ok_or(Error::NotHolder)?;
         if let Some(seen) = self.holders.seen(resource) {
             let record = HolderRecord::decode(&self.key(resource), &seen.value)?;
-            if record.lease_id == lease_id && secret::matches(secret, &record.secret_hash) {
+            if view_confirms(&record, lease_id, secret) {
                 return Ok((record, seen.create_revision));
             }
         }
@@ -879,14 +1039,20 @@ impl Leases {
         };
         record.owned_by(principal)?;
         self.holders.releasing(resource, revision);
-        let ended = self
-            .etcd
-            .revoke_existing(record.lease_id)
-            .await
-            .inspect_err(|_| {
-                // Perhaps not ended: should the grant lapse later, that is an expiry.
-                self.holders.granted(resource, revision);
-            })?;
+        let ending = if record.session {
+            // The session's lease carries its other grants: this key alone, if it is still
+            // this incarnation.
+            let index = self.index_key(record.principal.as_deref(), resource);
+            self.commit
+                .delete_if_created(&self.key(resource), revision, index.as_deref())
+                .await
+        } else {
+            self.etcd.revoke_existing(record.lease_id).await
+        };
+        let ended = ending.inspect_err(|_| {
+            // Perhaps not ended: should the grant lapse later, that is an expiry.
+            self.holders.granted(resource, revision);
+        })?;
         // This replica's view must not confirm the grant once the release has answered.
         self.holders.forget(resource, revision);
         if !ended {
@@ -965,8 +1131,17 @@ fn holding(resource: String, record: HolderRecord, revision: i64, remaining: i64
         ttl_seconds: record.ttl_seconds,
         expires_in_ms: secs_to_ms(remaining),
         acquired_at: record.acquired_at,
+        session: record.session.then_some(record.lease_id),
         metadata: record.metadata,
     }
+}
+
+/// Whether a record seen in the watch-fed view may confirm `secret` (of `lease_id`) without a
+/// linearizable read: only for a grant on a lease of its own, which a release revokes before
+/// answering. A session's lease outlives the release of one of its grants, so a stale view could
+/// otherwise renew (the session of) a released grant.
+fn view_confirms(record: &HolderRecord, lease_id: i64, secret: &str) -> bool {
+    !record.session && record.lease_id == lease_id && secret::matches(secret, &record.secret_hash)
 }
 
 fn decode_cursor(cursor: &str) -> Result<String> {
@@ -1051,6 +1226,7 @@ mod tests {
             acquired_at: 1234,
             ttl_seconds: 30,
             idempotency: None,
+            session: false,
             principal: None,
         };
         let h = holding("r".into(), record, 42, 5);
@@ -1069,6 +1245,34 @@ mod tests {
         );
         assert_eq!(h.metadata, Some(serde_json::json!({"zone": "b"})));
         assert!(!serde_json::to_string(&h).unwrap().contains("hash"));
+    }
+
+    #[test]
+    fn the_view_never_confirms_a_session_grant() {
+        let keys = fencing::Keyring::parse(&fencing::Keyring::generate_file(
+            &fencing::KeyId::parse("k1").unwrap(),
+        ))
+        .unwrap();
+        let secret = secret::random(&keys, 7);
+        let record = HolderRecord {
+            holder: "h".into(),
+            lease_id: 7,
+            secret_hash: secret::hash(&secret),
+            metadata: None,
+            acquired_at: 0,
+            ttl_seconds: 10,
+            idempotency: None,
+            session: false,
+            principal: None,
+        };
+        assert!(view_confirms(&record, 7, &secret));
+        assert!(!view_confirms(&record, 8, &secret));
+        assert!(!view_confirms(&record, 7, &secret::random(&keys, 7)));
+        let in_session = HolderRecord {
+            session: true,
+            ..record
+        };
+        assert!(!view_confirms(&in_session, 7, &secret));
     }
 
     #[test]

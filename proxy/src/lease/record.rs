@@ -30,6 +30,10 @@ pub(crate) struct HolderRecord {
     /// acquire carried an `Idempotency-Key` (see `secret::idempotency_marker`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) idempotency: Option<String>,
+    /// Whether the grant lives on a session's lease (`lease_id` is then the session id): its
+    /// lease carries the session's other grants too, so it is never revoked to end this one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) session: bool,
 }
 
 impl HolderRecord {
@@ -82,6 +86,19 @@ pub(crate) mod i64_string {
     }
 }
 
+/// An optional i64 written as a decimal JSON string (serialisation only; `None` is skipped).
+pub(crate) mod opt_i64_string {
+    use serde::Serializer;
+
+    /// Writes the number as a string.
+    pub(crate) fn serialize<S: Serializer>(v: &Option<i64>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(v) => s.collect_str(v),
+            None => s.serialize_none(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,6 +113,7 @@ mod tests {
             acquired_at: 1,
             ttl_seconds: 10,
             idempotency: None,
+            session: false,
             principal: None,
         };
         let bytes = r.encode();

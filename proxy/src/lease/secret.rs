@@ -19,9 +19,14 @@ use subtle::ConstantTimeEq;
 
 const ENCODED_LEN: usize = 54;
 
-fn seal(keys: &Keyring, lease_id: i64, nonce: &[u8; 16]) -> [u8; 16] {
+/// The seal's domain of a grant's secret.
+const GRANT: &[u8; 24] = b"lease-proxy/secret/v1\0\0\0";
+/// The seal's domain of a session's secret: never mistaken for a grant's (same lease id).
+const SESSION: &[u8; 24] = b"lease-proxy/session/v1\0\0";
+
+fn seal(keys: &Keyring, domain: &[u8; 24], lease_id: i64, nonce: &[u8; 16]) -> [u8; 16] {
     let mut context = [0u8; 8 + 16 + 24];
-    context[..24].copy_from_slice(b"lease-proxy/secret/v1\0\0\0");
+    context[..24].copy_from_slice(domain);
     context[24..32].copy_from_slice(&lease_id.to_be_bytes());
     context[32..].copy_from_slice(nonce);
     let mut out = [0u8; 16];
@@ -30,10 +35,14 @@ fn seal(keys: &Keyring, lease_id: i64, nonce: &[u8; 16]) -> [u8; 16] {
 }
 
 fn encode(keys: &Keyring, lease_id: i64, nonce: &[u8; 16]) -> String {
+    encode_in(keys, GRANT, lease_id, nonce)
+}
+
+fn encode_in(keys: &Keyring, domain: &[u8; 24], lease_id: i64, nonce: &[u8; 16]) -> String {
     let mut bytes = [0u8; 40];
     bytes[..8].copy_from_slice(&lease_id.to_be_bytes());
     bytes[8..24].copy_from_slice(nonce);
-    bytes[24..].copy_from_slice(&seal(keys, lease_id, nonce));
+    bytes[24..].copy_from_slice(&seal(keys, domain, lease_id, nonce));
     URL_SAFE_NO_PAD.encode(bytes)
 }
 
@@ -44,8 +53,19 @@ pub(crate) fn random(keys: &Keyring, lease_id: i64) -> String {
     encode(keys, lease_id, &nonce)
 }
 
+/// A fresh random secret for the session on `lease_id`.
+pub(crate) fn session(keys: &Keyring, lease_id: i64) -> String {
+    let mut nonce = [0u8; 16];
+    rand::rng().fill_bytes(&mut nonce);
+    encode_in(keys, SESSION, lease_id, &nonce)
+}
+
 /// Whether `secret` was issued by a proxy holding the current signing key (for some grant).
 pub(crate) fn sealed(keys: &Keyring, secret: &str) -> bool {
+    sealed_in(keys, GRANT, secret)
+}
+
+fn sealed_in(keys: &Keyring, domain: &[u8; 24], secret: &str) -> bool {
     if secret.len() != ENCODED_LEN {
         return false;
     }
@@ -59,7 +79,9 @@ pub(crate) fn sealed(keys: &Keyring, secret: &str) -> bool {
     let (Ok(id), Ok(nonce)) = (<[u8; 8]>::try_from(id), <[u8; 16]>::try_from(nonce)) else {
         return false;
     };
-    seal(keys, i64::from_be_bytes(id), &nonce).ct_eq(tag).into()
+    seal(keys, domain, i64::from_be_bytes(id), &nonce)
+        .ct_eq(tag)
+        .into()
 }
 
 /// The lease id a secret was issued for, if it is a well-formed secret at all.

@@ -6,6 +6,11 @@
 //! acquire with the same TTL renews it (a keepalive: no raft write) instead of granting a new
 //! one. A spare that lapsed meanwhile is answered with TTL 0 and dropped.
 //!
+//! The pool is also filled ahead of demand: when an acquire finds fewer than half of
+//! [`REFILL`] spares of its TTL, fresh leases of that TTL are granted in the background
+//! (pipelined, one refill per TTL at a time), so the acquires that follow take a lease without
+//! waiting for a grant — the grant's raft proposal is off their path.
+//!
 //! Why this is safe: a lease only enters this pool when it has never held an ownership key (its
 //! create transaction answered "exists"; that transaction is never retried once it may have
 //! reached etcd, so no late attempt can attach a key afterwards), and it leaves the pool to
@@ -15,7 +20,7 @@
 //! TTL 0. The fencing token is the ownership key's create revision and does not depend on the
 //! lease.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use tokio::time::Instant;
@@ -26,10 +31,15 @@ pub(crate) struct Spares {
     inner: Mutex<Inner>,
 }
 
+/// Spares granted ahead of demand per TTL in use.
+pub(crate) const REFILL: usize = 16;
+
 #[derive(Default)]
 struct Inner {
     by_ttl: HashMap<u64, Vec<Spare>>,
     count: usize,
+    /// TTLs being refilled.
+    refilling: HashSet<u64>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -61,7 +71,7 @@ impl Spares {
     pub(crate) fn take(&self, ttl: u64) -> Option<i64> {
         let now = Instant::now();
         let mut inner = self.lock();
-        let Inner { by_ttl, count } = &mut *inner;
+        let Inner { by_ttl, count, .. } = &mut *inner;
         let stack = by_ttl.get_mut(&ttl)?;
         let mut found = None;
         while let Some(spare) = stack.pop() {
@@ -83,7 +93,7 @@ impl Spares {
         let mut inner = self.lock();
         if inner.count >= self.capacity {
             let now = Instant::now();
-            let Inner { by_ttl, count } = &mut *inner;
+            let Inner { by_ttl, count, .. } = &mut *inner;
             for stack in by_ttl.values_mut() {
                 let before = stack.len();
                 stack.retain(|s| s.alive_until > now);
@@ -100,6 +110,25 @@ impl Spares {
             alive_until,
         });
         true
+    }
+
+    /// Whether the pool should be refilled for `ttl` (it keeps fewer than half of [`REFILL`]
+    /// and no refill is running); if so, the refill is marked running and the answer is how
+    /// many leases to grant. [`Spares::refilled`] ends it.
+    pub(crate) fn refill(&self, ttl: u64) -> Option<usize> {
+        let mut inner = self.lock();
+        let kept = inner.by_ttl.get(&ttl).map_or(0, Vec::len);
+        let room = self.capacity.saturating_sub(inner.count);
+        if kept >= REFILL / 2 || room == 0 || inner.refilling.contains(&ttl) {
+            return None;
+        }
+        inner.refilling.insert(ttl);
+        Some((REFILL - kept).min(room))
+    }
+
+    /// Ends the refill of `ttl`.
+    pub(crate) fn refilled(&self, ttl: u64) {
+        self.lock().refilling.remove(&ttl);
     }
 
     /// Whether a `put` would be accepted without evicting anything.
@@ -168,6 +197,33 @@ mod tests {
         drained.sort_unstable();
         assert_eq!(drained, vec![2, 3]);
         assert!(spares.has_room());
+    }
+
+    #[test]
+    fn refills_run_one_at_a_time_per_ttl_when_the_pool_runs_low() {
+        let spares = Spares::new(20);
+        assert_eq!(spares.refill(10), Some(REFILL));
+        // Running already.
+        assert_eq!(spares.refill(10), None);
+        // Another TTL is refilled independently, within the room left.
+        assert_eq!(spares.refill(30), Some(REFILL));
+        for id in 0..10 {
+            assert!(spares.put(10, id, later(10)));
+        }
+        spares.refilled(10);
+        // Enough kept: nothing to do.
+        assert_eq!(spares.refill(10), None);
+        for _ in 0..3 {
+            spares.take(10);
+        }
+        // 7 kept, 13 of 20 used: at most the room.
+        assert_eq!(spares.refill(10), Some(REFILL - 7));
+        spares.refilled(10);
+        for id in 10..23 {
+            spares.put(20, id, later(10));
+        }
+        assert_eq!(spares.refill(40), None, "no room");
+        assert_eq!(Spares::new(0).refill(10), None);
     }
 
     #[test]

@@ -383,3 +383,61 @@ pub async fn etcd_metric_where(etcd: &Etcd, name: &str, labels: &str) -> f64 {
 pub async fn etcd_proposals(etcd: &Etcd) -> u64 {
     etcd_metric(etcd, "etcd_server_proposals_committed_total").await as u64
 }
+
+/// `POST /v1/sessions`: (status, body).
+pub async fn open_session(proxy: &Proxy, holder: &str, ttl: u64) -> (u16, Value) {
+    send(
+        http()
+            .post(format!("{}/v1/sessions", proxy.url))
+            .json(&serde_json::json!({"holder": holder, "ttl_seconds": ttl})),
+    )
+    .await
+}
+
+/// A session opened for the test: (session id, session secret).
+pub async fn session(proxy: &Proxy, holder: &str, ttl: u64) -> (String, String) {
+    let (status, body) = open_session(proxy, holder, ttl).await;
+    assert_eq!(status, 201, "{body}");
+    (str_field(&body, "session_id"), str_field(&body, "secret"))
+}
+
+/// `POST /v1/leases/{resource}` under a session.
+pub async fn acquire_in(
+    proxy: &Proxy,
+    resource: &str,
+    holder: &str,
+    (id, secret): &(String, String),
+) -> (u16, Value) {
+    send(
+        http()
+            .post(format!("{}/v1/leases/{resource}", proxy.url))
+            .header("lease-secret", secret)
+            .json(&serde_json::json!({"holder": holder, "session": id})),
+    )
+    .await
+}
+
+/// `POST /v1/sessions/{id}/keepalive`.
+pub async fn session_keepalive(proxy: &Proxy, (id, secret): &(String, String)) -> (u16, Value) {
+    send(
+        http()
+            .post(format!("{}/v1/sessions/{id}/keepalive", proxy.url))
+            .header("lease-secret", secret),
+    )
+    .await
+}
+
+/// `DELETE /v1/sessions/{id}`.
+pub async fn close_session(proxy: &Proxy, (id, secret): &(String, String)) -> (u16, Value) {
+    send(
+        http()
+            .delete(format!("{}/v1/sessions/{id}", proxy.url))
+            .header("lease-secret", secret),
+    )
+    .await
+}
+
+/// `GET /v1/sessions/{id}`.
+pub async fn get_session(proxy: &Proxy, id: &str) -> (u16, Value) {
+    send(http().get(format!("{}/v1/sessions/{id}", proxy.url))).await
+}

@@ -1,0 +1,209 @@
+//! The ownership transactions, sent through group commit: create-if-absent for every acquire,
+//! and compare-and-delete for what a session ends one resource at a time.
+
+use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
+
+use super::batch::GroupCommit;
+use crate::{Error, Result};
+
+/// The outcome of a create-if-absent transaction.
+#[derive(Debug)]
+pub(crate) enum Create {
+    /// The key was created; this is its create revision.
+    Created(i64),
+    /// The key already existed; this is its current value, and the companion key's (if one was
+    /// asked for and exists).
+    Exists(Box<KeyValue>, Option<Box<KeyValue>>),
+    /// The key did not exist, but the [`Quota`] guard failed: a key was written in the quota's
+    /// range since it was counted. Nothing was written; count again.
+    Crowded,
+    /// The key did not exist, but the session named by the [`Create`]'s guard has ended
+    /// (closed or expired). Nothing was written.
+    NoSession,
+}
+
+/// A per-principal held quota, checked in the create transaction itself: `key` (one per held
+/// grant, attached to the grant's lease) is written with the created key, and only if no key in
+/// `range..range_end` was written after `revision`, the revision at which the caller counted
+/// the range and found room. So of any number of concurrent creators (on any replica), at most
+/// the room counted at `revision` succeed: the count cannot overshoot. (Two creators of one
+/// principal never share a batch: the range is one of their keys.)
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Quota<'a> {
+    /// The index key of this grant.
+    pub(crate) key: &'a str,
+    /// The principal's range of index keys.
+    pub(crate) range: &'a [u8],
+    /// Its end.
+    pub(crate) range_end: &'a [u8],
+    /// The revision at which the range was counted.
+    pub(crate) revision: i64,
+}
+
+/// A key written (empty) in the same transaction as a created key, so at the same revision,
+/// attached to a lease of its own; read alongside the key when the creation is refused.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Companion<'a> {
+    /// The companion key.
+    pub(crate) key: &'a str,
+    /// Its value.
+    pub(crate) value: &'a [u8],
+    /// The lease it is attached to (its lifetime).
+    pub(crate) lease: i64,
+}
+
+/// What an ownership key is created with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Creation<'a> {
+    /// The ownership key.
+    pub(crate) key: &'a str,
+    /// The record.
+    pub(crate) value: &'a [u8],
+    /// The lease it is attached to: the grant's own, or its session's.
+    pub(crate) lease: i64,
+    /// The replay-window key, written alongside.
+    pub(crate) companion: Option<Companion<'a>>,
+    /// The held-quota guard.
+    pub(crate) quota: Option<Quota<'a>>,
+    /// A session's key, which must still exist (the session is alive) for the key to be
+    /// created on its lease.
+    pub(crate) session_key: Option<&'a str>,
+}
+
+impl GroupCommit {
+    /// One transaction: if the key does not exist (and the session, if any, does), put the
+    /// record attached to the lease (and the companion, and the quota's index key); otherwise
+    /// read the key (and the companion). Exactly one of any number of concurrent callers creates
+    /// the key.
+    ///
+    /// Sent once (see [`super::Etcd::bounded_once`]): an attempt whose outcome is unknown is not
+    /// repeated, since a late first attempt could otherwise create the key after a second one
+    /// answered "exists" and the caller reused the lease.
+    pub(crate) async fn create_if_absent(&self, c: Creation<'_>) -> Result<Create> {
+        let lease = c.lease;
+        let mut puts = vec![TxnOp::put(
+            c.key,
+            c.value,
+            Some(PutOptions::new().with_lease(lease)),
+        )];
+        let mut gets = vec![TxnOp::get(c.key, None)];
+        let mut keys = vec![c.key.as_bytes().to_vec()];
+        let mut bytes = c.key.len() + c.value.len();
+        if let Some(companion) = c.companion {
+            puts.push(TxnOp::put(
+                companion.key,
+                companion.value,
+                Some(PutOptions::new().with_lease(companion.lease)),
+            ));
+            gets.push(TxnOp::get(companion.key, None));
+            keys.push(companion.key.as_bytes().to_vec());
+            bytes += companion.key.len() + companion.value.len();
+        }
+        let mut compares = vec![Compare::create_revision(c.key, CompareOp::Equal, 0)];
+        if let Some(q) = c.quota {
+            puts.push(TxnOp::put(
+                q.key,
+                Vec::new(),
+                Some(PutOptions::new().with_lease(lease)),
+            ));
+            // Every key of the range (none is fine) last written at or before the count.
+            compares.push(
+                Compare::mod_revision(q.range, CompareOp::Less, q.revision.saturating_add(1))
+                    .with_range(q.range_end),
+            );
+            keys.push(q.range.to_vec());
+            bytes += q.key.len() + q.range.len() * 2;
+        }
+        if let Some(session) = c.session_key {
+            compares.push(Compare::create_revision(session, CompareOp::Greater, 0));
+            gets.push(TxnOp::get(session, None));
+            bytes += session.len() * 2;
+        }
+        let txn = Txn::new().when(compares).and_then(puts).or_else(gets);
+        let committed = self.commit("txn_create", keys, txn, bytes + 64).await?;
+        if committed.succeeded {
+            return Ok(Create::Created(committed.revision));
+        }
+        let mut found = committed.responses.into_iter().map(|op| match op {
+            TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
+            _ => None,
+        });
+        let kv = found.next().flatten();
+        let companion = match c.companion {
+            Some(_) => found.next().flatten().map(Box::new),
+            None => None,
+        };
+        let session_alive = match c.session_key {
+            Some(_) => found.next().flatten().is_some(),
+            None => true,
+        };
+        let Some(kv) = kv else {
+            if !session_alive {
+                return Ok(Create::NoSession);
+            }
+            if c.quota.is_some() {
+                // The key is absent, so the quota's compare is the one that failed.
+                return Ok(Create::Crowded);
+            }
+            // The key vanished between the compare and the read inside one transaction:
+            // impossible, since a transaction is atomic; treat it as an etcd fault.
+            return Err(Error::CorruptRecord {
+                key: c.key.to_owned(),
+                reason: "transaction failed its compare but read no key".to_owned(),
+            });
+        };
+        // An attempt retried after a failure that looked undelivered finds its own key (on a
+        // session's lease, only its own record is its own).
+        if kv.lease() == lease && (c.session_key.is_none() || kv.value() == c.value) {
+            return Ok(Create::Created(kv.create_revision()));
+        }
+        Ok(Create::Exists(Box::new(kv), companion))
+    }
+
+    /// Deletes `key` (and `also`, written with it) if it is still the incarnation created at
+    /// `revision`; `true` if this call deleted it. Safe to repeat.
+    pub(crate) async fn delete_if_created(
+        &self,
+        key: &str,
+        revision: i64,
+        also: Option<&str>,
+    ) -> Result<bool> {
+        let mut deletes = vec![TxnOp::delete(key, None)];
+        let mut keys = vec![key.as_bytes().to_vec()];
+        if let Some(also) = also {
+            deletes.push(TxnOp::delete(also, None));
+            keys.push(also.as_bytes().to_vec());
+        }
+        let txn = Txn::new()
+            .when(vec![Compare::create_revision(
+                key,
+                CompareOp::Equal,
+                revision,
+            )])
+            .and_then(deletes);
+        let bytes = keys.iter().map(Vec::len).sum::<usize>() * 2 + 32;
+        Ok(self.commit("txn_delete", keys, txn, bytes).await?.succeeded)
+    }
+
+    /// Deletes `key` (and `also`) if its value is exactly `value`: cleans up after a create
+    /// whose outcome is unknown, on a lease that must not be revoked (a session's). The value
+    /// carries the grant's own secret hash, so it matches only that grant.
+    pub(crate) async fn delete_if_value(
+        &self,
+        key: &str,
+        value: &[u8],
+        also: Option<&str>,
+    ) -> Result<bool> {
+        let mut deletes = vec![TxnOp::delete(key, None)];
+        let mut keys = vec![key.as_bytes().to_vec()];
+        if let Some(also) = also {
+            deletes.push(TxnOp::delete(also, None));
+            keys.push(also.as_bytes().to_vec());
+        }
+        let txn = Txn::new()
+            .when(vec![Compare::value(key, CompareOp::Equal, value)])
+            .and_then(deletes);
+        let bytes = keys.iter().map(Vec::len).sum::<usize>() * 2 + value.len() + 32;
+        Ok(self.commit("txn_delete", keys, txn, bytes).await?.succeeded)
+    }
+}
