@@ -2,6 +2,11 @@
 //! resources through random proxies, and records everything in the history. Writes go through
 //! a proxy's forward route or straight to the enforcer with the signed token.
 //!
+//! Odd-numbered clients hold their resources under a session (`POST /v1/sessions`): they open
+//! one, heartbeat it between holds, acquire under it (one transaction, no lease grant), and open
+//! a new one when it has lapsed — so session expiry, session grants' renew/release/forward and
+//! group commit of both kinds of acquire meet every fault the others meet.
+//!
 //! Every client draws its choices (resource, proxy, route, number of writes, pauses between
 //! them, release or walk away) from its own stream of the run's seed ([`crate::plan::stream`]).
 //!
@@ -140,6 +145,8 @@ pub struct Handle {
     holding: Mutex<Option<String>>,
     writing: std::sync::atomic::AtomicBool,
     stalling: std::sync::atomic::AtomicBool,
+    /// Holds its resources under a session.
+    in_session: bool,
 }
 
 impl Handle {
@@ -208,6 +215,7 @@ impl Clients {
             holding: Mutex::new(None),
             writing: std::sync::atomic::AtomicBool::new(false),
             stalling: std::sync::atomic::AtomicBool::new(false),
+            in_session: index % 2 == 1,
         });
         let rng = stream(self.env.seed, "client", index);
         let task = tokio::spawn(run(handle.clone(), self.env.clone(), rng));
@@ -341,8 +349,20 @@ async fn run(me: Arc<Handle>, env: Env, mut rng: StdRng) {
         Ok(c) => c,
         Err(_) => return,
     };
+    let mut session: Option<Session> = None;
     loop {
-        let Some(grant) = acquire(&me, &env, &http, &mut rng).await else {
+        if me.in_session {
+            session = keep_session(&me, &env, &http, &mut rng, session.take()).await;
+            if session.is_none() {
+                tokio::time::sleep(jitter(&mut rng, 10, 40)).await;
+                continue;
+            }
+        }
+        let (grant, session_lost) = acquire(&me, &env, &http, &mut rng, session.as_ref()).await;
+        if session_lost {
+            session = None;
+        }
+        let Some(grant) = grant else {
             tokio::time::sleep(jitter(&mut rng, 10, 40)).await;
             continue;
         };
@@ -446,20 +466,92 @@ async fn call(
     (result, body)
 }
 
+/// A client's session: its id and secret, and when it was last renewed (at the latest).
+struct Session {
+    id: String,
+    secret: String,
+    beat: Instant,
+}
+
+/// The session to acquire under next: `current` heartbeaten if a third of its TTL has passed
+/// since its last renewal, or a new one if it has ended (or there is none). `None` if no
+/// session could be had just now.
+async fn keep_session(
+    me: &Handle,
+    env: &Env,
+    http: &reqwest::Client,
+    rng: &mut StdRng,
+    current: Option<Session>,
+) -> Option<Session> {
+    let ttl = Duration::from_secs(TTL_SECONDS);
+    if let Some(mut s) = current {
+        if s.beat.elapsed() < ttl / 3 {
+            return Some(s);
+        }
+        let proxy = pick(rng, &env.proxies);
+        let sent = Instant::now();
+        let answer = http
+            .post(format!("{proxy}/v1/sessions/{}/keepalive", s.id))
+            .header("lease-secret", &s.secret)
+            .send()
+            .await
+            .map(|r| r.status().as_u16());
+        match answer {
+            Ok(200) => {
+                s.beat = sent;
+                return Some(s);
+            }
+            // Ended: open another below.
+            Ok(410) => {}
+            // Unknown: it may still live; try again next time unless it must have lapsed.
+            _ if s.beat.elapsed() < ttl => return Some(s),
+            _ => {}
+        }
+    }
+    let proxy = pick(rng, &env.proxies);
+    let sent = Instant::now();
+    let resp = http
+        .post(format!("{proxy}/v1/sessions"))
+        .json(&json!({"holder": me.name, "ttl_seconds": TTL_SECONDS}))
+        .send()
+        .await
+        .ok()?;
+    if resp.status().as_u16() != 201 {
+        return None;
+    }
+    let body = resp.json::<serde_json::Value>().await.ok()?;
+    Some(Session {
+        id: body["session_id"].as_str()?.to_owned(),
+        secret: body["secret"].as_str()?.to_owned(),
+        beat: sent,
+    })
+}
+
+/// One acquire (under `session` if given); also whether the session turned out to have ended.
 async fn acquire(
     me: &Handle,
     env: &Env,
     http: &reqwest::Client,
     rng: &mut StdRng,
-) -> Option<Grant> {
+    session: Option<&Session>,
+) -> (Option<Grant>, bool) {
     let (resource, index) = env.next_acquire(rng);
     let proxy = env.proxies.get(index).cloned().unwrap_or_default();
-    let req = http
+    let body = match session {
+        Some(s) => json!({"holder": me.name, "session": s.id, "wait_ms": ACQUIRE_WAIT_MS}),
+        None => {
+            json!({"holder": me.name, "ttl_seconds": TTL_SECONDS, "wait_ms": ACQUIRE_WAIT_MS})
+        }
+    };
+    let mut req = http
         .post(format!("{proxy}/v1/leases/{resource}"))
-        .json(&json!({"holder": me.name, "ttl_seconds": TTL_SECONDS, "wait_ms": ACQUIRE_WAIT_MS}))
+        .json(&body)
         // Waiting for the resource, then the pre-fence (which waits for the old holder's writes
         // still in flight): give it that long before calling the outcome unknown.
         .timeout(Duration::from_millis(ACQUIRE_WAIT_MS) + Duration::from_millis(3500));
+    if let Some(s) = session {
+        req = req.header("lease-secret", &s.secret);
+    }
     let counter = env.acquiring.get(index);
     if let Some(n) = counter {
         n.fetch_add(1, Ordering::AcqRel);
@@ -468,13 +560,16 @@ async fn acquire(
     if let Some(n) = counter {
         n.fetch_sub(1, Ordering::AcqRel);
     }
-    let body = body.filter(|_| result == Outcome::Ok)?;
-    Some(Grant {
-        secret: body["secret"].as_str()?.to_owned(),
-        fencing_token: body["fencing_token"].as_str()?.to_owned(),
-        revision: body["token"].as_str()?.parse().ok()?,
-        resource,
-    })
+    let session_lost = result == Outcome::Fail(410);
+    let grant = body.filter(|_| result == Outcome::Ok).and_then(|body| {
+        Some(Grant {
+            secret: body["secret"].as_str()?.to_owned(),
+            fencing_token: body["fencing_token"].as_str()?.to_owned(),
+            revision: body["token"].as_str()?.parse().ok()?,
+            resource,
+        })
+    });
+    (grant, session_lost)
 }
 
 /// Writes and renews under `grant`; `true` when the grant turned out to be lost.

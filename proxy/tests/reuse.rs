@@ -149,18 +149,23 @@ async fn a_lapsed_spare_is_never_handed_out() {
     let (_, _owner) = acquire(&proxy, "busy", "owner", 30).await;
     let before = snapshot(&etcd).await.leases;
     // A refused acquire's lease becomes a spare, whose TTL then runs out in the pool.
+    // (With it, leases of that TTL are granted ahead of demand: they lapse in the pool too.)
     assert_eq!(acquire(&proxy, "busy", "a", 2).await.0, 409);
-    let spare: Vec<i64> = snapshot(&etcd)
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let spares: Vec<i64> = snapshot(&etcd)
         .await
         .leases
         .into_iter()
         .filter(|l| !before.contains(l))
         .collect();
-    assert_eq!(spare.len(), 1, "the refused acquire's lease is kept");
+    assert!(!spares.is_empty(), "the refused acquire's lease is kept");
     tokio::time::sleep(Duration::from_millis(3500)).await;
     let (status, b) = acquire(&proxy, "short-2", "b", 2).await;
     assert_eq!(status, 201, "{b}");
-    assert_ne!(lease_id(&b), spare[0]);
+    assert!(
+        !spares.contains(&lease_id(&b)),
+        "a lapsed spare was handed out"
+    );
     assert_eq!(
         renew(&proxy, "short-2", &str_field(&b, "secret")).await.0,
         200
@@ -217,7 +222,15 @@ async fn shutdown_revokes_the_spares() {
         release(&proxy, "hot", &str_field(&owner, "secret")).await.0,
         204
     );
-    assert_eq!(snapshot(&etcd).await.leases.len(), 5);
+    // Five refused acquires' leases, and those granted ahead of demand for each TTL.
+    assert!(snapshot(&etcd).await.leases.len() >= 5);
     proxy.stop().await;
-    assert_eq!(snapshot(&etcd).await.leases, Vec::<i64>::new());
+    // A refill still granting at shutdown revokes what it gets, in the background.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut left = snapshot(&etcd).await.leases;
+    while !left.is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        left = snapshot(&etcd).await.leases;
+    }
+    assert_eq!(left, Vec::<i64>::new());
 }

@@ -407,3 +407,141 @@ async fn session_acquires_batch_into_few_proposals_each_with_its_own_outcome() {
     assert!(keys.iter().any(|kv| kv.0 == holder_key("zone-held")));
     proxy.stop().await;
 }
+
+/// Pre-fence, idempotency and authorisation take the same paths under a session: a withdrawn
+/// grant ends alone (the session and its other grants live on), a keyed retry gets its grant
+/// back only under its own session, and only the opening principal may use a session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefence_idempotency_and_principals_work_under_sessions() {
+    let etcd = Etcd::single().await;
+    // An enforcer nobody listens on: every pre-fence fails.
+    let dead = format!("http://127.0.0.1:{}", lease_proxy_testkit::free_port());
+    let plain = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let fencing = plain
+        .replica(etcd.endpoints(), |c| c.prefence_url = Some(dead.clone()))
+        .await;
+    let s = session(&plain, "robot-1", 20).await;
+    let (status, kept) = acquire_in(&plain, "kept", "robot-1", &s).await;
+    assert_eq!(status, 201, "{kept}");
+    let (status, body) = acquire_in(&fencing, "withdrawn", "robot-1", &s).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(
+        body["type"],
+        format!("{}prefence-failed", lease_proxy::PROBLEM_BASE)
+    );
+    let (_, view) = get_session(&plain, &s.0).await;
+    assert_eq!(view["resources"], json!(["kept"]), "{view}");
+    assert_eq!(
+        renew(&plain, "kept", &str_field(&kept, "secret")).await.0,
+        200
+    );
+    assert_eq!(session_keepalive(&plain, &s).await.0, 200);
+
+    // Idempotency-Key: the same grant again under the same session, never under another.
+    let keyed = |s: &(String, String)| {
+        http()
+            .post(format!("{}/v1/leases/keyed", plain.url))
+            .header("lease-secret", &s.1)
+            .header("idempotency-key", "retry-me-7f3a9c")
+            .json(&json!({"holder": "robot-1", "session": s.0}))
+    };
+    let (status, first) = send(keyed(&s)).await;
+    assert_eq!(status, 201, "{first}");
+    let (status, again) = send(keyed(&s)).await;
+    assert_eq!(status, 201, "{again}");
+    assert_eq!(
+        (again["secret"].clone(), again["token"].clone()),
+        (first["secret"].clone(), first["token"].clone())
+    );
+    let other = session(&plain, "robot-1", 20).await;
+    let (status, body) = send(keyed(&other)).await;
+    assert_eq!(status, 409, "another session replayed the grant: {body}");
+    fencing.stop().await;
+    plain.stop().await;
+
+    // Principals: only the opener uses a session; each grant still needs `acquire` on its
+    // resource.
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    let line = |name: &str, token: &str, perms: &str| {
+        format!(
+            "{name} {} {perms}\n",
+            hex::encode(<sha2::Sha256 as sha2::Digest>::digest(token.as_bytes()))
+        )
+    };
+    std::fs::write(
+        &tokens,
+        line("alice", "alice-token-1", "acquire:aisle-,read:*")
+            + &line("carol", "carol-token-1", "acquire:*,read:*"),
+    )
+    .unwrap();
+    let authed = Proxy::start(etcd.endpoints(), |c| c.auth_tokens = Some(tokens.clone())).await;
+    let as_ = |token: &str, req: reqwest::RequestBuilder| req.bearer_auth(token.to_owned());
+    let (status, opened) = send(as_(
+        "alice-token-1",
+        http()
+            .post(format!("{}/v1/sessions", authed.url))
+            .json(&json!({"holder": "alice-bot", "ttl_seconds": 20})),
+    ))
+    .await;
+    assert_eq!(status, 201, "{opened}");
+    let (id, secret) = (
+        str_field(&opened, "session_id"),
+        str_field(&opened, "secret"),
+    );
+    let under = |token: &str, resource: &str| {
+        as_(
+            token,
+            http()
+                .post(format!("{}/v1/leases/{resource}", authed.url))
+                .header("lease-secret", &secret)
+                .json(&json!({"holder": "alice-bot", "session": id})),
+        )
+    };
+    assert_eq!(send(under("alice-token-1", "aisle-1")).await.0, 201);
+    let (status, body) = send(under("alice-token-1", "dock-1")).await;
+    assert_eq!(
+        (status, body["type"].as_str()),
+        (403, Some("https://lease-proxy.dev/problems/forbidden"))
+    );
+    let (status, body) = send(under("carol-token-1", "aisle-2")).await;
+    assert_eq!(
+        (status, body["type"].as_str()),
+        (
+            403,
+            Some("https://lease-proxy.dev/problems/other-principal")
+        ),
+        "carol used alice's session"
+    );
+    let keepalive = |token: &str| {
+        as_(
+            token,
+            http()
+                .post(format!("{}/v1/sessions/{id}/keepalive", authed.url))
+                .header("lease-secret", &secret),
+        )
+    };
+    assert_eq!(send(keepalive("carol-token-1")).await.0, 403);
+    assert_eq!(send(keepalive("alice-token-1")).await.0, 200);
+    let close = |token: &str| {
+        as_(
+            token,
+            http()
+                .delete(format!("{}/v1/sessions/{id}", authed.url))
+                .header("lease-secret", &secret),
+        )
+    };
+    assert_eq!(send(close("carol-token-1")).await.0, 403);
+    assert_eq!(
+        send(
+            http()
+                .delete(format!("{}/v1/sessions/{id}", authed.url))
+                .header("lease-secret", &secret)
+        )
+        .await
+        .0,
+        401
+    );
+    assert_eq!(send(close("alice-token-1")).await.0, 204);
+    authed.stop().await;
+}

@@ -67,20 +67,18 @@ async fn a_hostile_client_cannot_reach_outside_the_namespace() {
     let (status, grant) = acquire(&proxy, "aisle-1", "robot-1", 60).await;
     assert_eq!(status, 201, "{grant}");
     let native = lease_id(&grant);
-    let leases_before = snapshot(&etcd).await.leases;
     let (status, refused) = acquire(&proxy, "aisle-1", "robot-2", 60).await;
     assert_eq!(status, 409, "{refused}");
+    // Spares: the refused acquire's lease, or one granted ahead of demand — leases the proxy
+    // keeps that carry no key. Let the refill settle first.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let spares: Vec<i64> = snapshot(&etcd)
         .await
         .leases
         .into_iter()
-        .filter(|l| !leases_before.contains(l))
+        .filter(|l| *l != native)
         .collect();
-    assert_eq!(
-        spares.len(),
-        1,
-        "the refused acquire's lease is kept as a spare"
-    );
+    assert!(!spares.is_empty(), "the proxy keeps spare leases");
     let spare = spares[0];
     // The client's own /v3 lease.
     let own: serde_json::Value = http()

@@ -40,6 +40,8 @@ struct Inner {
     count: usize,
     /// TTLs being refilled.
     refilling: HashSet<u64>,
+    /// Drained for shutdown: nothing is kept any more.
+    closed: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -91,6 +93,9 @@ impl Spares {
     /// must carry no key. `false` when the pool is full: the caller revokes the lease instead.
     pub(crate) fn put(&self, ttl: u64, lease_id: i64, alive_until: Instant) -> bool {
         let mut inner = self.lock();
+        if inner.closed {
+            return false;
+        }
         if inner.count >= self.capacity {
             let now = Instant::now();
             let Inner { by_ttl, count, .. } = &mut *inner;
@@ -119,7 +124,7 @@ impl Spares {
         let mut inner = self.lock();
         let kept = inner.by_ttl.get(&ttl).map_or(0, Vec::len);
         let room = self.capacity.saturating_sub(inner.count);
-        if kept >= REFILL / 2 || room == 0 || inner.refilling.contains(&ttl) {
+        if kept >= REFILL / 2 || room == 0 || inner.closed || inner.refilling.contains(&ttl) {
             return None;
         }
         inner.refilling.insert(ttl);
@@ -137,9 +142,11 @@ impl Spares {
         self.capacity > 0 && self.lock().count < self.capacity
     }
 
-    /// Empties the pool, returning its leases (to be revoked at shutdown).
+    /// Empties the pool for good, returning its leases (to be revoked at shutdown); later
+    /// `put`s are refused, so a refill still running revokes what it grants.
     pub(crate) fn drain(&self) -> Vec<i64> {
         let mut inner = self.lock();
+        inner.closed = true;
         inner.count = 0;
         inner
             .by_ttl
@@ -196,7 +203,9 @@ mod tests {
         let mut drained = spares.drain();
         drained.sort_unstable();
         assert_eq!(drained, vec![2, 3]);
-        assert!(spares.has_room());
+        // Drained for shutdown: nothing more is kept.
+        assert!(!spares.put(10, 5, later(10)));
+        assert_eq!(spares.refill(10), None);
     }
 
     #[test]
