@@ -79,8 +79,9 @@ fn lower_hex(s: &[u8]) -> bool {
 
 /// Why `key` (attached to `lease`) must not exist, if it must not: it lies outside both the
 /// `/v3` namespace and the proxies' own layout under [`PREFIX`] (DESIGN §5 and `proxy/src/`):
-/// `holders/{resource}`, `idempotency/{resource}`, `waiters/{resource}/{hex}-{hex}` and the
-/// `/v3` lease markers `v3/leases/{id}`, each on its own lease. Sentinels are not judged here.
+/// `holders/{resource}`, `idempotency/{resource}`, `waiters/{resource}/{hex}-{hex}`, the
+/// sessions `sessions/{id}` (on lease `id`) and the `/v3` lease markers `v3/leases/{id}`, each on
+/// its own lease. Sentinels are not judged here.
 pub fn foreign_key(key: &[u8], lease: i64) -> Option<String> {
     let shown = || format!("{:?}", String::from_utf8_lossy(key));
     if key.starts_with(NAMESPACE) {
@@ -105,6 +106,17 @@ pub fn foreign_key(key: &[u8], lease: i64) -> Option<String> {
             }
             None => false,
         }
+    } else if let Some(id) = own.strip_prefix(b"sessions/".as_slice()) {
+        let id = std::str::from_utf8(id)
+            .ok()
+            .and_then(|s| s.parse::<i64>().ok());
+        if id.is_some_and(|id| id != lease) {
+            return Some(format!(
+                "{} is a session key attached to lease {lease}, not its own",
+                shown()
+            ));
+        }
+        id.is_some()
     } else if let Some(id) = own.strip_prefix(b"v3/leases/".as_slice()) {
         let id = std::str::from_utf8(id)
             .ok()
@@ -241,6 +253,7 @@ mod tests {
             (b"/lease-proxy/idempotency/shard-3", 9),
             (b"/lease-proxy/waiters/shard-3/694d9a-1f2e3d", 9),
             (b"/lease-proxy/v3/leases/1234", 1234),
+            (b"/lease-proxy/sessions/1234", 1234),
         ] {
             assert_eq!(foreign_key(key, lease), None, "{key:?}");
         }
@@ -252,6 +265,8 @@ mod tests {
             (b"/lease-proxy/waiters/shard-3/zz", 0),
             (b"/lease-proxy/v3/leases/1234", 99),
             (b"/lease-proxy/v3/leases/x", 0),
+            (b"/lease-proxy/sessions/1234", 99),
+            (b"/lease-proxy/sessions/x", 0),
             (b"/lease-proxy/other", 0),
             (b"\0x", 0),
         ] {
