@@ -135,7 +135,9 @@ async fn refused_acquires_reuse_their_leases() {
         .unwrap()
         .ttl();
     assert!(ttl >= 29, "a reused lease was handed out with {ttl} s left");
-    assert!(grant["expires_in_ms"].as_u64().unwrap() >= 30_000);
+    // Handed out as it is when granted (or renewed) under a second ago, else renewed first.
+    let expires = grant["expires_in_ms"].as_u64().unwrap();
+    assert!((29_000..=30_000).contains(&expires), "{expires}");
     assert_eq!(
         renew(&proxy, "hot", &str_field(&holder, "secret")).await.0,
         200

@@ -261,6 +261,18 @@ impl Window {
     }
 }
 
+/// A spare granted or renewed less than this long ago is handed out without a keepalive: its
+/// grant's `expires_in_ms` is measured from that grant, so it is at most this much short of the
+/// TTL.
+const FRESH: Duration = Duration::from_secs(1);
+
+/// How long a lease counted from `counted_from` with `ttl` seconds lasts at least, measured from
+/// `received` (when the request reached the proxy), in milliseconds.
+fn expires_in_ms(counted_from: Instant, ttl: u64, received: Instant) -> u64 {
+    let until = counted_from + Duration::from_secs(ttl);
+    u64::try_from(until.saturating_duration_since(received).as_millis()).unwrap_or(u64::MAX)
+}
+
 /// Why a wait ended.
 enum Woken<T> {
     /// The event waited for.
@@ -359,10 +371,17 @@ impl Leases {
     }
 
     /// A lease of `ttl` seconds for an acquire, and the instant its TTL counts from at the
-    /// latest: a spare renewed now, else a new grant.
+    /// latest (the lease lasts at least `ttl` from there): a spare granted or renewed less than
+    /// [`FRESH`] ago as it is (a refill's, under load: no etcd call at all), another spare
+    /// renewed now, else a new grant.
     async fn lease_for(&self, ttl: u64) -> Result<(i64, u64, Instant)> {
         self.refill(ttl);
-        while let Some(id) = self.spares.take(ttl) {
+        let full = Duration::from_secs(ttl);
+        while let Some((id, alive_until)) = self.spares.take(ttl) {
+            let counted_from = alive_until.checked_sub(full);
+            if let Some(from) = counted_from.filter(|from| from.elapsed() < FRESH) {
+                return Ok((id, ttl, from));
+            }
             let renewing = Instant::now();
             match self.keepalive.renew(id).await {
                 Ok(renewed) if u64::try_from(renewed).ok() == Some(ttl) => {
@@ -726,8 +745,7 @@ impl Leases {
         };
         let in_session = req.session.is_some();
         let session_guard = req.session.map(|s| self.session_guard(s));
-        let waited = counted_from.saturating_duration_since(req.received);
-        let waited_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
+        let expires_in_ms = expires_in_ms(counted_from, ttl_seconds, req.received);
         let secret = match idempotent {
             Some((k, salt)) => {
                 secret::idempotent(&self.keys, &req.resource, &req.holder, k, lease_id, &salt)
@@ -810,7 +828,7 @@ impl Leases {
                     token,
                     fencing_token,
                     ttl_seconds,
-                    expires_in_ms: waited_ms.saturating_add(ttl_seconds * 1000),
+                    expires_in_ms,
                     metadata: req.metadata.clone(),
                     session: req.session,
                 };
@@ -1245,6 +1263,17 @@ mod tests {
         );
         assert_eq!(h.metadata, Some(serde_json::json!({"zone": "b"})));
         assert!(!serde_json::to_string(&h).unwrap().contains("hash"));
+    }
+
+    #[test]
+    fn lifetimes_count_from_the_lease_not_the_request() {
+        let received = Instant::now();
+        let ms = Duration::from_millis;
+        // Granted after the request arrived: the wait is added.
+        assert_eq!(expires_in_ms(received + ms(250), 10, received), 10_250);
+        // A spare granted before the request arrived: only what is left of it.
+        assert_eq!(expires_in_ms(received - ms(700), 10, received), 9_300);
+        assert_eq!(expires_in_ms(received - ms(20_000), 10, received), 0);
     }
 
     #[test]

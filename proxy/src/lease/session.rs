@@ -167,8 +167,6 @@ impl Leases {
             self.etcd.revoke_in_background(lease_id);
             return Err(e);
         }
-        let waited = counted_from.saturating_duration_since(received);
-        let waited_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
         tracing::info!(session = lease_id, holder = %record.holder, "session opened");
         self.etcd.metrics().sessions_opened.add(1, &[]);
         let holder = record.holder.clone();
@@ -178,7 +176,7 @@ impl Leases {
             holder,
             secret,
             ttl_seconds,
-            expires_in_ms: ttl_seconds.saturating_mul(1000).saturating_sub(waited_ms),
+            expires_in_ms: super::expires_in_ms(counted_from, ttl_seconds, received),
         })
     }
 
@@ -227,12 +225,10 @@ impl Leases {
     ) -> Result<Heartbeat> {
         self.verify_session(id, secret, principal).await?;
         let (ttl, counted_from) = self.renew_session_lease(id).await?;
-        let waited = counted_from.saturating_duration_since(received);
-        let waited_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
         Ok(Heartbeat {
             session_id: id,
             ttl_seconds: ttl,
-            expires_in_ms: ttl.saturating_mul(1000).saturating_add(waited_ms),
+            expires_in_ms: super::expires_in_ms(counted_from, ttl, received),
         })
     }
 

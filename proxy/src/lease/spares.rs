@@ -68,9 +68,10 @@ impl Spares {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A spare lease granted with `ttl` seconds, the most recently kept first; spares known to
-    /// have lapsed are dropped on the way. The caller must renew it before use.
-    pub(crate) fn take(&self, ttl: u64) -> Option<i64> {
+    /// A spare lease granted with `ttl` seconds, the most recently kept first, and the instant
+    /// it lasts at least until; spares known to have lapsed are dropped on the way. The caller
+    /// renews it before use unless it is fresh enough to hand out as it is.
+    pub(crate) fn take(&self, ttl: u64) -> Option<(i64, Instant)> {
         let now = Instant::now();
         let mut inner = self.lock();
         let Inner { by_ttl, count, .. } = &mut *inner;
@@ -79,7 +80,7 @@ impl Spares {
         while let Some(spare) = stack.pop() {
             *count -= 1;
             if spare.alive_until > now {
-                found = Some(spare.lease_id);
+                found = Some((spare.lease_id, spare.alive_until));
                 break;
             }
         }
@@ -172,11 +173,11 @@ mod tests {
         assert!(spares.put(10, 1, later(10)));
         assert!(spares.put(10, 2, later(10)));
         assert!(spares.put(20, 3, later(20)));
-        assert_eq!(spares.take(10), Some(2));
-        assert_eq!(spares.take(10), Some(1));
+        assert_eq!(spares.take(10).map(|s| s.0), Some(2));
+        assert_eq!(spares.take(10).map(|s| s.0), Some(1));
         assert_eq!(spares.take(10), None);
         assert_eq!(spares.take(30), None);
-        assert_eq!(spares.take(20), Some(3));
+        assert_eq!(spares.take(20).map(|s| s.0), Some(3));
         assert_eq!(spares.lock().count, 0);
     }
 
@@ -186,7 +187,7 @@ mod tests {
         assert!(spares.put(10, 1, Instant::now()));
         assert!(spares.put(10, 2, later(10)));
         assert!(spares.put(10, 3, Instant::now()));
-        assert_eq!(spares.take(10), Some(2));
+        assert_eq!(spares.take(10).map(|s| s.0), Some(2));
         assert_eq!(spares.take(10), None);
         assert_eq!(spares.lock().count, 0);
     }
