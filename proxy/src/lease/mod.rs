@@ -738,7 +738,7 @@ impl Leases {
         // `waited + ttl`. Under a session, the lease is the session's, renewed now.
         let (lease_id, ttl_seconds, counted_from) = match req.session {
             Some(session) => {
-                let (ttl, renewing) = self.renew_session_lease(session).await?;
+                let (ttl, renewing) = self.session_lease_for_acquire(session).await?;
                 (session, ttl, renewing)
             }
             None => self.lease_for(req.ttl_seconds).await?,

@@ -100,6 +100,8 @@ pub(crate) struct SessionView {
 #[derive(Default)]
 pub(crate) struct Cache {
     records: Mutex<HashMap<i64, Arc<SessionRecord>>>,
+    /// When this replica last renewed each session, and the TTL etcd answered.
+    renewed: Mutex<HashMap<i64, (Instant, u64)>>,
 }
 
 impl Cache {
@@ -123,6 +125,29 @@ impl Cache {
 
     fn forget(&self, id: i64) {
         self.lock().remove(&id);
+        self.renewals().remove(&id);
+    }
+
+    fn renewals(&self) -> std::sync::MutexGuard<'_, HashMap<i64, (Instant, u64)>> {
+        self.renewed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The last renewal of `id` through this replica, if it was sent less than `fresh` ago.
+    fn renewed_within(&self, id: i64, fresh: std::time::Duration) -> Option<(Instant, u64)> {
+        self.renewals()
+            .get(&id)
+            .copied()
+            .filter(|(at, _)| at.elapsed() < fresh)
+    }
+
+    fn renewed_at(&self, id: i64, at: Instant, ttl: u64) {
+        let mut renewed = self.renewals();
+        if renewed.len() >= CACHED_SESSIONS {
+            renewed.clear();
+        }
+        renewed.insert(id, (at, ttl));
     }
 }
 
@@ -241,7 +266,20 @@ impl Leases {
             self.sessions.forget(id);
             return Err(Error::SessionLost);
         }
-        Ok((u64::try_from(ttl).unwrap_or_default(), renewing))
+        let ttl = u64::try_from(ttl).unwrap_or_default();
+        self.sessions.renewed_at(id, renewing, ttl);
+        Ok((ttl, renewing))
+    }
+
+    /// For an acquire under session `id`: its last renewal through this replica if that was
+    /// sent less than [`super::FRESH`] ago (the lease lasts at least its TTL from then; had the
+    /// session been closed since, the create transaction's guard refuses the grant), else a
+    /// renewal now.
+    pub(super) async fn session_lease_for_acquire(&self, id: i64) -> Result<(u64, Instant)> {
+        match self.sessions.renewed_within(id, super::FRESH) {
+            Some((at, ttl)) => Ok((ttl, at)),
+            None => self.renew_session_lease(id).await,
+        }
     }
 
     /// Closes session `id`: revokes its lease, which ends every grant on it. Idempotent: a
