@@ -28,19 +28,39 @@ impl Row {
         }
     }
 
-    /// The row as JSON.
+    /// Throughput of the backend `name` over the first; 0 when either is missing or idle.
+    pub fn ratio_of(&self, name: &str) -> f64 {
+        let subject = self.runs.iter().find(|(n, _)| n == name);
+        match (self.runs.first(), subject) {
+            (Some((_, base)), Some((_, subject))) if base.per_sec > 0.0 => {
+                subject.per_sec / base.per_sec
+            }
+            _ => 0.0,
+        }
+    }
+
+    /// The row as JSON: every backend's run, `ratio` (last over first) and, with more than two
+    /// backends, `ratios` (each later backend over the first).
     pub fn json(&self) -> serde_json::Value {
         let mut runs = serde_json::Map::new();
         for (name, run) in &self.runs {
             runs.insert(name.clone(), run.json());
         }
-        json!({
+        let mut row = json!({
             "op": self.op,
             "in_flight": self.in_flight,
             "round": self.round,
             "backends": runs,
             "ratio": self.ratio(),
-        })
+        });
+        if self.runs.len() > 2 {
+            let ratios: serde_json::Map<_, _> = self.runs[1..]
+                .iter()
+                .map(|(n, _)| (n.clone(), json!(self.ratio_of(n))))
+                .collect();
+            row["ratios"] = ratios.into();
+        }
+        row
     }
 }
 
@@ -69,6 +89,41 @@ pub fn line(row: &Row) -> String {
         ));
     }
     s.push_str(&format!(" {:.2} |", row.ratio()));
+    s
+}
+
+/// The markdown table header for rows over `backends` with one ratio column per backend after
+/// the first (each over the first).
+pub fn header_ratios(backends: &[&str]) -> String {
+    let mut top = String::from("| op | in flight | round |");
+    let mut rule = String::from("|---|--:|--:|");
+    for b in backends {
+        top.push_str(&format!(" {b} ops/s | p50 / p99 ms |"));
+        rule.push_str("--:|--:|");
+    }
+    if let Some((base, rest)) = backends.split_first() {
+        for b in rest {
+            top.push_str(&format!(" {b} / {base} |"));
+            rule.push_str("--:|");
+        }
+    }
+    format!("{top}\n{rule}")
+}
+
+/// One markdown table line under [`header_ratios`].
+pub fn line_ratios(row: &Row) -> String {
+    let mut s = format!("| {} | {} | {} |", row.op, row.in_flight, row.round);
+    for (_, run) in &row.runs {
+        s.push_str(&format!(
+            " {:.0} | {:.2} / {:.2} |",
+            run.per_sec,
+            ms(run.p50),
+            ms(run.p99)
+        ));
+    }
+    for (name, _) in row.runs.iter().skip(1) {
+        s.push_str(&format!(" {:.2} |", row.ratio_of(name)));
+    }
     s
 }
 
@@ -179,5 +234,22 @@ mod tests {
         let l = line(&row(0, 1, 10.0, 5.0));
         let cells = |s: &str| s.matches('|').count();
         assert_eq!(cells(h.lines().next().unwrap_or_default()), cells(&l));
+    }
+
+    #[test]
+    fn ratios_are_each_over_the_first() {
+        let mut r = row(0, 1, 100.0, 300.0);
+        r.runs.insert(1, ("proxy unbatched".into(), run(150.0, 3)));
+        assert!((r.ratio_of("proxy unbatched") - 1.5).abs() < 1e-9);
+        assert!((r.ratio_of("proxy") - 3.0).abs() < 1e-9);
+        assert_eq!(r.ratio_of("absent"), 0.0);
+        let j = r.json();
+        assert!((j["ratios"]["proxy"].as_f64().unwrap_or_default() - 3.0).abs() < 1e-9);
+        let h = header_ratios(&["etcd", "proxy unbatched", "proxy"]);
+        let cells = |s: &str| s.matches('|').count();
+        assert_eq!(
+            cells(h.lines().next().unwrap_or_default()),
+            cells(&line_ratios(&r))
+        );
     }
 }

@@ -58,13 +58,16 @@ impl Stack {
         Ok(Spawned { pid })
     }
 
-    /// Starts the `lease-proxy` at `bin` against `etcd_url`; returns its base URL once ready.
+    /// Starts the `lease-proxy` at `bin` against `etcd_url` with `extra` arguments; returns its
+    /// base URL once ready.
     pub async fn lease_proxy(
         &mut self,
         bin: &Path,
         etcd_url: &str,
+        extra: &[&str],
     ) -> anyhow::Result<(String, Spawned)> {
-        let (cmd, port) = self.proxy_command(bin, etcd_url);
+        let (mut cmd, port) = self.proxy_command(bin, etcd_url);
+        cmd.args(extra);
         let spawned = self.spawn(cmd)?;
         let url = format!("http://127.0.0.1:{port}");
         wait_ready(&format!("{url}/readyz")).await?;

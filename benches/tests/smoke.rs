@@ -71,6 +71,56 @@ fn leasebench_measures_every_operation_on_both_backends() {
 }
 
 #[test]
+fn leasebench_measures_sessions_group_commit_and_h2c() {
+    let exe = Path::new(env!("CARGO_BIN_EXE_leasebench"));
+    ensure_binaries();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("lb.json");
+    let status = Command::new(exe)
+        .args(["--op", "session-acquire,acquire,session-keepalive"])
+        .args(["--ops", "40", "--concurrency", "1,4", "--rounds", "1"])
+        .args(["--held", "10", "--unbatched", "--h2c"])
+        .args(["--sustain-sessions", "10", "--per-session", "5"])
+        .args(["--sustain-for", "2s", "--sustain-ttl", "6"])
+        .arg("--json")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let doc = json(&out);
+    let rows = doc["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 3 * 2);
+    let columns = |op: &str| -> Vec<&str> {
+        match op {
+            "session-acquire" => vec![
+                "etcd",
+                "etcd session",
+                "proxy batch-max 1",
+                "proxy",
+                "proxy h2c",
+            ],
+            "acquire" => vec!["etcd", "proxy batch-max 1", "proxy", "proxy h2c"],
+            _ => vec!["etcd", "proxy", "proxy h2c"],
+        }
+    };
+    for row in rows {
+        let backends = row["backends"].as_object().unwrap();
+        let expected = columns(row["op"].as_str().unwrap());
+        assert_eq!(backends.len(), expected.len(), "{row}");
+        for backend in expected {
+            assert!(backends[backend]["ops"].as_u64().unwrap() >= 40, "{row}");
+        }
+    }
+    let s = &doc["sustained_sessions"];
+    assert_eq!(s["held_at_end"], 50, "{s}");
+    assert_eq!(s["steady"]["failed"], 0, "{s}");
+    assert!(
+        s["steady"]["heartbeats"]["ops"].as_u64().unwrap() > 0,
+        "{s}"
+    );
+}
+
+#[test]
 fn fencebench_measures_three_backends_against_an_enforcing_gateway() {
     let exe = Path::new(env!("CARGO_BIN_EXE_fencebench"));
     ensure_binaries();

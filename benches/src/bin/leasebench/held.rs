@@ -11,6 +11,7 @@ use anyhow::anyhow;
 use lease_proxy_benches::stats::Run;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::backend::Backend;
 
@@ -22,6 +23,9 @@ pub(crate) struct Sustained {
     pub(crate) offered: usize,
     /// Renewals that failed (lease lost or request error).
     pub(crate) failed: usize,
+    /// Renewals answered later than one period after their scheduled time (the next one was
+    /// already due).
+    pub(crate) late: usize,
     /// The first failure, for the report.
     pub(crate) first_failure: Option<String>,
 }
@@ -34,6 +38,20 @@ pub(crate) async fn sustain<B: Backend>(
     period: Duration,
     duration: Duration,
     max_in_flight: usize,
+) -> anyhow::Result<Sustained> {
+    let never = CancellationToken::new();
+    sustain_until(backend, held, period, duration, max_in_flight, &never).await
+}
+
+/// [`sustain`] that also stops scheduling renewals once `stop` is cancelled (those issued
+/// are waited for).
+pub(crate) async fn sustain_until<B: Backend>(
+    backend: &Arc<B>,
+    held: Arc<Vec<B::Held>>,
+    period: Duration,
+    duration: Duration,
+    max_in_flight: usize,
+    stop: &CancellationToken,
 ) -> anyhow::Result<Sustained> {
     let n = held.len();
     if n == 0 {
@@ -85,7 +103,7 @@ pub(crate) async fn sustain<B: Backend>(
             // Reap finished tasks as we go, so the set stays small.
             while tasks.try_join_next().is_some() {}
         }
-        if elapsed >= duration {
+        if elapsed >= duration || stop.is_cancelled() {
             break;
         }
     }
@@ -95,7 +113,9 @@ pub(crate) async fn sustain<B: Backend>(
         .lock()
         .map_err(|_| anyhow!("poisoned"))?
         .take();
+    let late = latencies.iter().filter(|l| **l > period).count();
     Ok(Sustained {
+        late,
         run: Run::from_latencies(latencies, started.elapsed()),
         offered: issued,
         failed: failed.load(Ordering::Relaxed),

@@ -1,4 +1,8 @@
-//! lease-proxy over HTTP: `POST /v1/leases/{r}`, `POST …/renew`, `DELETE …` with the secret.
+//! lease-proxy over HTTP: `POST /v1/leases/{r}`, `POST …/renew`, `DELETE …` with the secret,
+//! over HTTP/1.1 (a pool of connections) or cleartext HTTP/2 with prior knowledge (h2c: every
+//! request a stream on one connection).
+
+use std::collections::BTreeMap;
 
 use anyhow::{bail, Context};
 use serde_json::json;
@@ -19,7 +23,7 @@ pub(crate) struct ProxyHeld {
 }
 
 impl Proxy {
-    /// A client for the proxy at `base`.
+    /// A client for the proxy at `base` over HTTP/1.1.
     pub(crate) fn new(base: &str) -> Self {
         Self {
             http: reqwest::Client::builder()
@@ -29,6 +33,15 @@ impl Proxy {
             base: base.trim_end_matches('/').to_owned(),
             bearer: None,
         }
+    }
+
+    /// A client for the plain-HTTP proxy at `base` speaking HTTP/2 with prior knowledge (h2c).
+    pub(crate) fn h2c(base: &str) -> anyhow::Result<Self> {
+        Ok(Self {
+            http: reqwest::Client::builder().http2_prior_knowledge().build()?,
+            base: base.trim_end_matches('/').to_owned(),
+            bearer: None,
+        })
     }
 
     /// A client for the proxy at an `https://` `base` whose certificate `ca` (PEM) signed,
@@ -47,13 +60,55 @@ impl Proxy {
         })
     }
 
-    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+    /// A request to `path` under the base URL, with the bearer token if any.
+    pub(crate) fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         let request = self.http.request(method, format!("{}{path}", self.base));
         match &self.bearer {
             Some(token) => request.bearer_auth(token),
             None => request,
         }
     }
+}
+
+impl Proxy {
+    /// The proxy's etcd request counters from `/metrics`: requests per etcd operation
+    /// (`grant`, `batch`, `txn_create`, `keepalive`, …) and `batched` (transactions sent in
+    /// batches, the sum of the batch-size histogram).
+    pub(crate) async fn etcd_counters(&self) -> anyhow::Result<BTreeMap<String, f64>> {
+        let text = self
+            .request(reqwest::Method::GET, "/metrics")
+            .send()
+            .await?
+            .error_for_status()?
+            .text()
+            .await?;
+        Ok(parse_counters(&text))
+    }
+}
+
+/// Picks the etcd request counts out of Prometheus text (see [`Proxy::etcd_counters`]).
+fn parse_counters(text: &str) -> BTreeMap<String, f64> {
+    let mut counters = BTreeMap::new();
+    for line in text.lines() {
+        let Some((name, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(value) = value.parse::<f64>() else {
+            continue;
+        };
+        let key = if let Some(op) = name
+            .strip_prefix("lease_proxy_etcd_request_duration_seconds_count{op=\"")
+            .and_then(|rest| rest.strip_suffix("\"}"))
+        {
+            op.to_owned()
+        } else if name == "lease_proxy_etcd_batch_size_sum" {
+            "batched".to_owned()
+        } else {
+            continue;
+        };
+        counters.insert(key, value);
+    }
+    counters
 }
 
 impl Backend for Proxy {
@@ -116,5 +171,24 @@ impl Backend for Proxy {
             bail!("release answered {status}");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_come_from_the_etcd_request_histogram() {
+        let text = "# HELP x\n\
+            lease_proxy_etcd_batch_size_sum 30\n\
+            lease_proxy_etcd_batch_size_count 10\n\
+            lease_proxy_etcd_request_duration_seconds_count{op=\"grant\"} 7\n\
+            lease_proxy_etcd_request_duration_seconds_sum{op=\"grant\"} 0.5\n\
+            lease_proxy_http_requests_total{route=\"x\"} 9\n";
+        let c = parse_counters(text);
+        assert_eq!(c.len(), 2);
+        assert_eq!(c["batched"], 30.0);
+        assert_eq!(c["grant"], 7.0);
     }
 }

@@ -2,8 +2,12 @@
 //! protocol, measured against the same etcd in the same run, interleaved round by round (the
 //! backend that goes first alternates), so a noisy machine affects both sides alike.
 //!
-//! Closed-loop operations (see `ops`): acquire, contended, release, cycle, renew at each
-//! requested concurrency. Sustained renewal (see `held`): n held leases renewed every TTL/3,
+//! Closed-loop operations (see `ops`, `sessions`): acquire, contended, release, cycle, renew,
+//! session-acquire, session-keepalive at each requested concurrency, each with its own columns
+//! (`sides`): raw etcd as users write it, the best raw variant where one exists, the proxy (and
+//! with `--unbatched` a second proxy without group commit, with `--h2c` the proxy over HTTP/2).
+//! Sustained sessions (see `sustain_sessions`): many resources under sessions, heartbeats open
+//! loop. Sustained renewal (see `held`): n held leases renewed every TTL/3,
 //! open loop, through the proxy, over raw etcd's multiplexed keepalive stream and over one
 //! stream per lease. Output: a markdown table, `--json`, and an SVG chart with `--chart`.
 //!
@@ -12,10 +16,14 @@
 //! target/release/leasebench`.
 
 mod backend;
+mod cpu;
 mod held;
 mod http;
 mod ops;
 mod raw;
+mod sessions;
+mod sides;
+mod sustain_sessions;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,7 +32,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use lease_proxy_benches::report::{self, Row};
+use lease_proxy_benches::report::Row;
 use lease_proxy_benches::stack::{self, Etcd, Stack};
 use lease_proxy_benches::{chart, stats::ms};
 use serde_json::json;
@@ -32,6 +40,7 @@ use serde_json::json;
 use backend::Backend;
 use ops::Op;
 use raw::{RawEtcd, Streams};
+use sides::{Side, Table};
 
 /// TTL of the leases held for a sustained run: long enough for any setup.
 const SETUP_TTL: u64 = 3600;
@@ -64,7 +73,8 @@ struct Args {
     /// Rounds; backends alternate within each round.
     #[arg(long, default_value_t = 2)]
     rounds: usize,
-    /// Leases held for the closed-loop `renew` measurement.
+    /// Leases held for the closed-loop `renew` measurement; also the sessions kept alive by
+    /// `session-keepalive` (whose raw side renews as many held leases).
     #[arg(long, default_value_t = 1000)]
     held: usize,
     /// Renewals per `cycle`.
@@ -92,6 +102,26 @@ struct Args {
     /// Also draw the closed-loop results as an SVG chart to this file.
     #[arg(long)]
     chart: Option<PathBuf>,
+    /// Also measure a second proxy started with `--batch-max 1` (no group commit) beside the
+    /// default one, for `acquire` and `session-acquire`.
+    #[arg(long)]
+    unbatched: bool,
+    /// `--batch-in-flight` of the `--unbatched` proxy (the proxy's default, 4, when absent): with
+    /// `--batch-max 1` it caps the ownership transactions with etcd at once.
+    #[arg(long, requires = "unbatched")]
+    unbatched_in_flight: Option<usize>,
+    /// Also measure the proxy over cleartext HTTP/2 with prior knowledge (h2c), every request a
+    /// stream on one connection, beside HTTP/1.1.
+    #[arg(long)]
+    h2c: bool,
+    /// Sustained sessions: open this many sessions with the TTL `--sustain-ttl`, acquire
+    /// `--per-session` resources under each while heartbeating every TTL/3, heartbeat for
+    /// `--sustain-for`, then check every resource is still held.
+    #[arg(long)]
+    sustain_sessions: Option<usize>,
+    /// Resources held under each session of `--sustain-sessions`.
+    #[arg(long, default_value_t = 100)]
+    per_session: usize,
     /// Measure the cost of security instead: a plain proxy (HTTP, no authentication) against
     /// one with HTTPS and bearer-token authentication, both started here on the same etcd.
     #[arg(long, conflicts_with_all = ["etcd", "proxy", "sustain"])]
@@ -109,33 +139,60 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     let mut stack = Stack::new()?;
     let mut _etcd = None;
+    let mut unbatched = None;
+    let mut proxy_pids = Vec::new();
     let (etcd_url, proxy_url, proxy_pid) = match (&args.etcd, &args.proxy) {
         (Some(e), Some(p)) => (e.clone(), p.clone(), args.proxy_pid),
         _ => {
             let etcd = Etcd::single().await;
             let url = etcd.endpoint(0);
-            let (proxy, spawned) = stack
-                .lease_proxy(&stack::workspace_binary("lease-proxy"), &url)
-                .await?;
+            let bin = stack::workspace_binary("lease-proxy");
+            let (proxy, spawned) = stack.lease_proxy(&bin, &url, &[]).await?;
+            if args.unbatched {
+                let mut extra = vec!["--batch-max".to_owned(), "1".to_owned()];
+                if let Some(n) = args.unbatched_in_flight {
+                    extra.extend(["--batch-in-flight".to_owned(), n.to_string()]);
+                }
+                let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+                let (p, spawned) = stack.lease_proxy(&bin, &url, &extra).await?;
+                unbatched = Some(Arc::new(http::Proxy::new(&p)));
+                proxy_pids.push(spawned.pid);
+            }
             _etcd = Some(etcd);
             (url, proxy, Some(spawned.pid))
         }
     };
+    if args.unbatched && unbatched.is_none() {
+        anyhow::bail!("--unbatched starts its own proxies: leave out --etcd and --proxy");
+    }
     let raw = Arc::new(RawEtcd::connect(&etcd_url, Streams::Multiplexed).await?);
     let proxy = Arc::new(http::Proxy::new(&proxy_url));
+    let h2c = if args.h2c {
+        Some(Arc::new(http::Proxy::h2c(&proxy_url)?))
+    } else {
+        None
+    };
 
-    let cells = args.op.len() * args.concurrency.len() * args.rounds * 2;
-    let progress = ProgressBar::new(u64::try_from(cells + args.sustain.len() * 3)?);
+    proxy_pids.extend(proxy_pid);
+    let cells = sides::Cells {
+        concurrency: &args.concurrency,
+        rounds: args.rounds,
+        ops: args.ops,
+        proxy_pids,
+    };
+    let columns = setup(&args, raw.clone(), proxy.clone(), h2c, unbatched).await?;
+    let tables = columns.tables(&args);
+    let total = sides::count(&tables, &cells) + args.sustain.len() * 3;
+    let progress = ProgressBar::new(u64::try_from(total)?);
     progress.set_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} {elapsed} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
 
-    let mut rows = Vec::new();
-    if !args.op.is_empty() {
-        progress.suspend(|| println!("{}", report::header(&["etcd", "proxy"], "proxy/etcd")));
-        rows = closed_loop(&args, &raw, &proxy, ["etcd", "proxy"], &progress).await?;
-    }
+    let rows = sides::run(&tables, &cells, &progress).await?;
+    let names = Columns::names(&tables);
+    drop(tables);
+    columns.teardown().await?;
     let mut sustained = Vec::new();
     if !args.sustain.is_empty() {
         progress.suspend(|| {
@@ -149,25 +206,93 @@ async fn run(args: Args) -> anyhow::Result<()> {
         sustained.extend(sustain(&args, n, &etcd_url, &raw, &proxy, proxy_pid, &progress).await?);
     }
     progress.finish_and_clear();
+    let mut sessions_run = None;
+    if let Some(n) = args.sustain_sessions {
+        let plan = sustain_sessions::Plan {
+            sessions: n,
+            per_session: args.per_session,
+            ttl: args.sustain_ttl,
+            window: args.sustain_for,
+            max_in_flight: args.sustain_in_flight,
+            setup_in_flight: 256,
+        };
+        sessions_run = Some(sustain_sessions::run(&plan, &proxy, proxy_pid).await?);
+    }
 
     if let Some(path) = &args.chart {
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
         chart::draw(
             path,
             "leasebench: lease-proxy vs raw etcd (same etcd, same run)",
-            &rows,
-            &["etcd", "proxy"],
+            &plain_rows(&rows),
+            &names,
         )?;
     }
-    write_json(&args, &rows, sustained)
+    write_json(&args, &rows, sustained, sessions_run)
 }
 
-fn write_json(args: &Args, rows: &[Row], sustained: Vec<serde_json::Value>) -> anyhow::Result<()> {
+/// Takes what the requested tables need, untimed: held leases on both sides for `renew`,
+/// sessions on the proxy for `session-keepalive`.
+async fn setup(
+    args: &Args,
+    raw: Arc<RawEtcd>,
+    proxy: Arc<http::Proxy>,
+    h2c: Option<Arc<http::Proxy>>,
+    unbatched: Option<Arc<http::Proxy>>,
+) -> anyhow::Result<Columns> {
+    let renews = args.op.contains(&Op::Renew) || args.op.contains(&Op::SessionKeepalive);
+    let names = |side: &str| -> Vec<String> {
+        (0..if renews { args.held } else { 0 })
+            .map(|i| format!("lb-held-{side}-{}-{i}", std::process::id()))
+            .collect()
+    };
+    let raw_held = Arc::new(ops::acquire_all(&raw, names("a"), 600, 64).await?);
+    let proxy_held = if args.op.contains(&Op::Renew) {
+        ops::acquire_all(&proxy, names("b"), 600, 64).await?
+    } else {
+        Vec::new()
+    };
+    let n_sessions = if args.op.contains(&Op::SessionKeepalive) {
+        args.held
+    } else {
+        0
+    };
+    let sessions = sessions::open_all(&proxy, n_sessions, 600, 64).await?;
+    Ok(Columns {
+        raw,
+        raw_held,
+        proxy,
+        proxy_held: Arc::new(proxy_held),
+        sessions: Arc::new(sessions),
+        h2c,
+        unbatched,
+        unbatched_in_flight: args.unbatched_in_flight,
+    })
+}
+
+fn write_json(
+    args: &Args,
+    rows: &[sides::Measured],
+    sustained: Vec<serde_json::Value>,
+    sessions: Option<serde_json::Value>,
+) -> anyhow::Result<()> {
     if let Some(path) = &args.json {
-        let doc = json!({
+        let mut doc = json!({
             "machine": {"cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)},
-            "rows": rows.iter().map(Row::json).collect::<Vec<_>>(),
+            "settings": {
+                "ops_per_cell": args.ops,
+                "rounds": args.rounds,
+                "held": args.held,
+                "h2c": args.h2c,
+                "unbatched": args.unbatched,
+                "unbatched_in_flight": args.unbatched_in_flight,
+            },
+            "rows": rows.iter().map(sides::Measured::json).collect::<Vec<_>>(),
             "sustained": sustained,
         });
+        if let Some(s) = sessions {
+            doc["sustained_sessions"] = s;
+        }
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
@@ -192,107 +317,162 @@ async fn run_secure(args: &Args) -> anyhow::Result<()> {
             hex::encode(<sha2::Sha256 as sha2::Digest>::digest(token.as_bytes()))
         ),
     )?;
-    let (plain_url, _) = stack.lease_proxy(&bin, &url).await?;
-    let (secure_url, _) = stack
+    let (plain_url, plain_proc) = stack.lease_proxy(&bin, &url, &[]).await?;
+    let (secure_url, secure_proc) = stack
         .secure_lease_proxy(&bin, &url, &server, pki.ca(), &tokens)
         .await?;
     let plain = Arc::new(http::Proxy::new(&plain_url));
     let secure = Arc::new(http::Proxy::secure(&secure_url, pki.ca(), &token)?);
-    let sides = ["proxy", "proxy tls+auth"];
-    let cells = args.op.len() * args.concurrency.len() * args.rounds * 2;
-    let progress = ProgressBar::new(u64::try_from(cells)?);
-    progress.suspend(|| println!("{}", report::header(&sides, "tls+auth/plain")));
-    let rows = closed_loop(args, &plain, &secure, sides, &progress).await?;
+    let names = |side: &str| -> Vec<String> {
+        (0..if args.op.contains(&Op::Renew) {
+            args.held
+        } else {
+            0
+        })
+            .map(|i| format!("lb-held-{side}-{}-{i}", std::process::id()))
+            .collect()
+    };
+    let plain_held = Arc::new(ops::acquire_all(&plain, names("a"), 600, 64).await?);
+    let secure_held = Arc::new(ops::acquire_all(&secure, names("b"), 600, 64).await?);
+    let tables: Vec<Table> = args
+        .op
+        .iter()
+        .map(|&op| Table {
+            op: op.name(),
+            sides: vec![
+                Side::op("proxy", &plain, op, &plain_held, args.renewals),
+                Side::op("proxy tls+auth", &secure, op, &secure_held, args.renewals),
+            ],
+        })
+        .collect();
+    let cells = sides::Cells {
+        concurrency: &args.concurrency,
+        rounds: args.rounds,
+        ops: args.ops,
+        proxy_pids: vec![plain_proc.pid, secure_proc.pid],
+    };
+    let progress = ProgressBar::new(u64::try_from(sides::count(&tables, &cells))?);
+    let rows = sides::run(&tables, &cells, &progress).await?;
+    drop(tables);
+    ops::release_all(&plain, take(plain_held)?, 64).await?;
+    ops::release_all(&secure, take(secure_held)?, 64).await?;
     progress.finish_and_clear();
     if let Some(path) = &args.chart {
         chart::draw(
             path,
             "leasebench: lease-proxy with HTTPS and bearer tokens vs plain (same etcd, same run)",
-            &rows,
-            &sides,
+            &plain_rows(&rows),
+            &["proxy", "proxy tls+auth"],
         )?;
     }
-    write_json(args, &rows, Vec::new())
+    write_json(args, &rows, Vec::new(), None)
 }
 
-/// Every closed-loop cell on both backends (`raw` is the baseline, named `sides[0]`).
-async fn closed_loop<A: Backend, B: Backend>(
-    args: &Args,
-    raw: &Arc<A>,
-    proxy: &Arc<B>,
-    sides: [&str; 2],
-    progress: &ProgressBar,
-) -> anyhow::Result<Vec<Row>> {
-    let need_held = args.op.contains(&Op::Renew);
-    let names = |side: &str| -> Vec<String> {
-        (0..if need_held { args.held } else { 0 })
-            .map(|i| format!("lb-held-{side}-{}-{i}", std::process::id()))
+/// The columns of every requested operation's table. `proxy_held`/`sessions` are shared by
+/// the proxy's HTTP/1.1 and h2c clients (one proxy); `unbatched` is a second proxy on the
+/// same etcd started with `--batch-max 1`.
+struct Columns {
+    raw: Arc<RawEtcd>,
+    raw_held: Arc<Vec<raw::RawHeld>>,
+    proxy: Arc<http::Proxy>,
+    proxy_held: Arc<Vec<http::ProxyHeld>>,
+    sessions: Arc<Vec<sessions::ProxySession>>,
+    h2c: Option<Arc<http::Proxy>>,
+    unbatched: Option<Arc<http::Proxy>>,
+    unbatched_in_flight: Option<usize>,
+}
+
+impl Columns {
+    /// Gives back what [`setup`] took; the tables (which share the held sets) must be gone.
+    async fn teardown(self) -> anyhow::Result<()> {
+        ops::release_all(&self.raw, take(self.raw_held)?, 64).await?;
+        ops::release_all(&self.proxy, take(self.proxy_held)?, 64).await?;
+        sessions::close_all(&self.proxy, &self.sessions, 64).await
+    }
+
+    fn tables(&self, args: &Args) -> Vec<Table> {
+        args.op
+            .iter()
+            .map(|&op| self.table(op, args.renewals))
             .collect()
-    };
-    let raw_held = Arc::new(ops::acquire_all(raw, names("a"), 600, 64).await?);
-    let proxy_held = Arc::new(ops::acquire_all(proxy, names("b"), 600, 64).await?);
-    let mut rows = Vec::new();
-    for &op in &args.op {
-        for &in_flight in &args.concurrency {
-            for round in 0..args.rounds {
-                let tag = format!("{}-c{in_flight}r{round}-{}", op.name(), std::process::id());
-                progress.set_message(format!("{} × {in_flight}, round {round}", op.name()));
-                // Each side its own resource names (two proxies share one etcd prefix).
-                let (tag_a, tag_b) = (format!("{tag}-a"), format!("{tag}-b"));
-                let measure_raw = || {
-                    ops::measure(
-                        raw,
-                        op,
-                        in_flight,
-                        args.ops,
-                        &tag_a,
-                        &raw_held,
-                        args.renewals,
-                    )
-                };
-                let measure_proxy = || {
-                    ops::measure(
-                        proxy,
-                        op,
-                        in_flight,
-                        args.ops,
-                        &tag_b,
-                        &proxy_held,
-                        args.renewals,
-                    )
-                };
-                let (etcd_run, proxy_run) = if round % 2 == 0 {
-                    let e = measure_raw().await?;
-                    progress.inc(1);
-                    tokio::time::sleep(ops::SETTLE).await;
-                    let p = measure_proxy().await?;
-                    (e, p)
-                } else {
-                    let p = measure_proxy().await?;
-                    progress.inc(1);
-                    tokio::time::sleep(ops::SETTLE).await;
-                    let e = measure_raw().await?;
-                    (e, p)
-                };
-                progress.inc(1);
-                tokio::time::sleep(ops::SETTLE).await;
-                let row = Row {
-                    op: op.name().to_owned(),
-                    in_flight,
-                    round,
-                    runs: vec![
-                        (sides[0].to_owned(), etcd_run),
-                        (sides[1].to_owned(), proxy_run),
-                    ],
-                };
-                progress.suspend(|| println!("{}", report::line(&row)));
-                rows.push(row);
-            }
+    }
+
+    /// `op`'s columns: the naive raw etcd first (the baseline of every ratio), then the best
+    /// raw variant where one exists, the proxy without group commit, the proxy, the proxy over
+    /// h2c.
+    fn table(&self, op: Op, renewals: usize) -> Table {
+        let single =
+            |name: &str, p: &Arc<http::Proxy>| Side::op(name, p, op, &self.proxy_held, renewals);
+        let in_session = |name: &str, p: &Arc<http::Proxy>| {
+            let p = p.clone();
+            Side::new(name, move |c, n, tag| {
+                let p = p.clone();
+                async move { sessions::measure_acquire(&p, c, n, &tag).await }
+            })
+        };
+        let heartbeat = |name: &str, p: &Arc<http::Proxy>| {
+            let beats = Arc::new(sessions::Heartbeats(p.clone()));
+            Side::op(name, &beats, Op::Renew, &self.sessions, renewals)
+        };
+        let proxy_side = |name: &str, p: &Arc<http::Proxy>| {
+            let side = match op {
+                Op::SessionAcquire => in_session(name, p),
+                Op::SessionKeepalive => heartbeat(name, p),
+                _ => single(name, p),
+            };
+            side.probed(p)
+        };
+        let raw_op = match op {
+            Op::SessionAcquire => Op::Acquire,
+            Op::SessionKeepalive => Op::Renew,
+            other => other,
+        };
+        let mut sides = vec![Side::op(
+            "etcd",
+            &self.raw,
+            raw_op,
+            &self.raw_held,
+            renewals,
+        )];
+        if op == Op::SessionAcquire {
+            let raw = self.raw.clone();
+            sides.push(Side::new("etcd session", move |c, n, tag| {
+                let raw = raw.clone();
+                async move { sessions::measure_acquire(&raw, c, n, &tag).await }
+            }));
+        }
+        if let (Some(p), Op::Acquire | Op::SessionAcquire) = (&self.unbatched, op) {
+            let name = match self.unbatched_in_flight {
+                Some(n) => format!("proxy batch-max 1 in-flight {n}"),
+                None => "proxy batch-max 1".to_owned(),
+            };
+            sides.push(proxy_side(&name, p));
+        }
+        sides.push(proxy_side("proxy", &self.proxy));
+        if let Some(p) = &self.h2c {
+            sides.push(proxy_side("proxy h2c", p));
+        }
+        Table {
+            op: op.name(),
+            sides,
         }
     }
-    ops::release_all(raw, take(raw_held)?, 64).await?;
-    ops::release_all(proxy, take(proxy_held)?, 64).await?;
-    Ok(rows)
+
+    /// Every column's name, in order of first appearance, for the chart.
+    fn names(tables: &[Table]) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        for side in tables.iter().flat_map(|t| &t.sides) {
+            if !names.contains(&side.name) {
+                names.push(side.name.clone());
+            }
+        }
+        names
+    }
+}
+
+/// The rows without their etcd request counts, for the chart.
+fn plain_rows(rows: &[sides::Measured]) -> Vec<Row> {
+    rows.iter().map(|m| m.row.clone()).collect()
 }
 
 fn take<T>(held: Arc<Vec<T>>) -> anyhow::Result<Vec<T>> {

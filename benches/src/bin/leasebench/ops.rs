@@ -6,6 +6,9 @@
 //! - `release`: resources acquired beforehand, untimed;
 //! - `cycle`: acquire → `renewals` renewals → release, timed as one operation;
 //! - `renew`: round robin over a set of held leases.
+//!
+//! The session operations (`session-acquire`, `session-keepalive`) have their own drivers in
+//! `sessions`.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -33,6 +36,10 @@ pub(crate) enum Op {
     Cycle,
     /// Renew held leases.
     Renew,
+    /// Acquire distinct free resources under a session per worker.
+    SessionAcquire,
+    /// Keep sessions alive, round robin.
+    SessionKeepalive,
 }
 
 impl Op {
@@ -44,6 +51,8 @@ impl Op {
             Op::Release => "release",
             Op::Cycle => "cycle",
             Op::Renew => "renew",
+            Op::SessionAcquire => "session-acquire",
+            Op::SessionKeepalive => "session-keepalive",
         }
     }
 }
@@ -242,6 +251,9 @@ pub(crate) async fn measure<B: Backend>(
                 }
             })
             .await
+        }
+        Op::SessionAcquire | Op::SessionKeepalive => {
+            bail!("{} is measured on sessions, not single leases", op.name())
         }
         Op::Renew => {
             if renewable.is_empty() {

@@ -111,12 +111,34 @@ impl RawEtcd {
     }
 }
 
-impl Backend for RawEtcd {
-    type Held = RawHeld;
+impl RawEtcd {
+    /// Grants a lease of `ttl` seconds (a raft write).
+    pub(crate) async fn grant(&self, ttl: u64) -> anyhow::Result<i64> {
+        Ok(self
+            .client
+            .lease_client()
+            .grant(i64::try_from(ttl)?, None)
+            .await?
+            .id())
+    }
 
-    async fn acquire(&self, resource: String, ttl: u64) -> anyhow::Result<Option<RawHeld>> {
-        let mut lease_client = self.client.lease_client();
-        let lease = lease_client.grant(i64::try_from(ttl)?, None).await?.id();
+    /// Revokes `lease`, deleting every key attached to it (a raft write).
+    pub(crate) async fn revoke(&self, lease: i64) -> anyhow::Result<()> {
+        self.client.lease_client().revoke(lease).await?;
+        Ok(())
+    }
+
+    /// Renews `lease` on the shared multiplexed keepalive stream; an error when it is gone.
+    pub(crate) async fn keep_alive(&self, lease: i64) -> anyhow::Result<()> {
+        if self.shared.renew(lease).await? <= 0 {
+            bail!("lease {lease} lost");
+        }
+        Ok(())
+    }
+
+    /// Creates `resource`'s key on `lease` if absent (one transaction); its create revision,
+    /// or `None` when the key exists.
+    pub(crate) async fn create(&self, resource: &str, lease: i64) -> anyhow::Result<Option<i64>> {
         let key = format!("/leasebench/{resource}");
         let txn = Txn::new()
             .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
@@ -127,11 +149,23 @@ impl Backend for RawEtcd {
             )])
             .or_else([TxnOp::get(key.as_str(), None)]);
         let resp = self.client.kv_client().txn(txn).await?;
-        if !resp.succeeded() {
-            lease_client.revoke(lease).await?;
+        Ok(resp
+            .succeeded()
+            .then(|| resp.header().map(|h| h.revision()).unwrap_or_default()))
+    }
+}
+
+impl Backend for RawEtcd {
+    type Held = RawHeld;
+
+    async fn acquire(&self, resource: String, ttl: u64) -> anyhow::Result<Option<RawHeld>> {
+        let mut lease_client = self.client.lease_client();
+        let lease = self.grant(ttl).await?;
+        let Some(revision) = self.create(&resource, lease).await? else {
+            self.revoke(lease).await?;
             return Ok(None);
-        }
-        let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
+        };
+        let key = format!("/leasebench/{resource}");
         let own_stream = match self.streams {
             Streams::Multiplexed => None,
             Streams::PerLease => Some(tokio::sync::Mutex::new(
