@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Reproduces docs/BENCHMARKS.md: builds release binaries, then runs leasebench (every operation,
-# then sustained renewal of 1k/10k/100k held leases, then the cost of HTTPS and bearer tokens),
+# then sessions and group commit, then sustained renewal of 1k/10k/100k held leases and of
+# 100k resources under 1,000 sessions, then the cost of HTTPS and bearer tokens),
 # fencebench and the criterion
 # micro-benchmarks, writing tables, JSON and SVG charts to ${OUT:-bench-results}/.
-# Needs etcd on PATH (Debian: etcd-server); takes about 20 minutes on 2 cores.
+# Needs etcd on PATH (Debian: etcd-server); takes about 35 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
@@ -12,6 +13,13 @@ OUT=${OUT:-bench-results}
 mkdir -p "$OUT"
 cargo build --release --locked -p lease-proxy -p fencing -p lease-proxy-benches
 target/release/leasebench --json "$OUT/leasebench.json" --chart "$OUT/leasebench.svg" | tee "$OUT/leasebench.md"
+target/release/leasebench --op acquire,session-acquire --concurrency 1,64,256 \
+    --unbatched --unbatched-in-flight 64 --json "$OUT/group-commit.json" | tee "$OUT/group-commit.md"
+target/release/leasebench --op acquire,renew,session-acquire --concurrency 1,64,256 --h2c \
+    --json "$OUT/h2c.json" | tee "$OUT/h2c.md"
+target/release/leasebench --op renew --concurrency 1 --ops 100 --rounds 1 --held 10 \
+    --sustain-sessions 1000 --per-session 100 --sustain-ttl 30 --sustain-for 60s \
+    --json "$OUT/sustain-sessions.json" | tee "$OUT/sustain-sessions.md"
 target/release/leasebench --op renew --concurrency 64 --rounds 1 --sustain 1000,10000,100000 \
     --json "$OUT/sustain.json" | tee "$OUT/sustain.md"
 target/release/leasebench --secure --op acquire,renew --concurrency 1,8,64 --ops 1000 \

@@ -90,6 +90,9 @@ pub enum Error {
     /// The session named by the request has ended (closed or expired), or never existed.
     #[error("the session has ended or does not exist")]
     SessionLost,
+    /// No such session (it has ended, or never existed), on an inspection.
+    #[error("no such session: it has ended or never existed")]
+    NoSession,
     /// The secret does not prove the session.
     #[error("the Lease-Secret does not belong to this session")]
     NotSessionHolder,

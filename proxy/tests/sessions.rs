@@ -96,7 +96,11 @@ async fn a_session_holds_many_resources_on_one_lease_and_close_releases_all() {
     );
     let (status, body) = acquire_in(&proxy, "aisle-9", "robot-1", &s).await;
     assert_eq!(status, 410, "{body}");
-    assert_eq!(get_session(&proxy, &s.0).await.0, 404);
+    let (status, body) = get_session(&proxy, &s.0).await;
+    assert_eq!(
+        (status, body["type"].as_str()),
+        (404, Some("https://lease-proxy.dev/problems/no-session"))
+    );
     assert!(snapshot(&etcd)
         .await
         .kvs

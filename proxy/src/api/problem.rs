@@ -70,6 +70,7 @@ impl Error {
                 "Not the session's holder",
             ),
             Error::NotFound => (S::NOT_FOUND, "not-found", "No lease"),
+            Error::NoSession => (S::NOT_FOUND, "no-session", "No such session"),
             Error::NoRoute => (S::NOT_FOUND, "no-route", "Not found"),
             Error::MethodNotAllowed => (
                 S::METHOD_NOT_ALLOWED,

@@ -302,20 +302,20 @@ impl Leases {
     }
 
     /// Session `id`, its remaining lifetime and the resources held under it (those passing
-    /// `visible`). [`Error::NotFound`] if it has ended.
+    /// `visible`). [`Error::NoSession`] if it has ended.
     pub(crate) async fn session(
         &self,
         id: i64,
         visible: impl Fn(&str) -> bool,
     ) -> Result<SessionView> {
         let key = self.session_key(id);
-        let kv = self.etcd.get(&key).await?.ok_or(Error::NotFound)?;
+        let kv = self.etcd.get(&key).await?.ok_or(Error::NoSession)?;
         let record: SessionRecord =
             serde_json::from_slice(kv.value()).map_err(|e| Error::CorruptRecord {
                 key,
                 reason: e.to_string(),
             })?;
-        let (remaining, keys) = self.etcd.lease_keys(id).await?.ok_or(Error::NotFound)?;
+        let (remaining, keys) = self.etcd.lease_keys(id).await?.ok_or(Error::NoSession)?;
         let mut resources: Vec<String> = keys
             .iter()
             .filter_map(|k| k.strip_prefix(self.holders_prefix.as_bytes()))
