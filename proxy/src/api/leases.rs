@@ -162,14 +162,19 @@ pub(super) async fn acquire(
         ..Event::new("grant", "ok", &headers)
     });
     let location = format!("/v1/leases/{}", grant.resource);
-    let mut response = (StatusCode::CREATED, Json(grant)).into_response();
-    if let Ok(v) = HeaderValue::from_str(&location) {
+    Ok(created(grant, &location))
+}
+
+/// A 201 carrying a secret: `Location` set, never cached.
+pub(super) fn created(body: impl serde::Serialize, location: &str) -> Response {
+    let mut response = (StatusCode::CREATED, Json(body)).into_response();
+    if let Ok(v) = HeaderValue::from_str(location) {
         response.headers_mut().insert(header::LOCATION, v);
     }
     response
         .headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    Ok(response)
+    response
 }
 
 pub(super) async fn renew(

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
@@ -63,14 +63,7 @@ pub(super) async fn open(
         ..Event::new("session-open", "ok", &headers)
     });
     let location = format!("/v1/sessions/{}", opened.session_id);
-    let mut response = (StatusCode::CREATED, Json(opened)).into_response();
-    if let Ok(v) = HeaderValue::from_str(&location) {
-        response.headers_mut().insert(header::LOCATION, v);
-    }
-    response
-        .headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    Ok(response)
+    Ok(super::leases::created(opened, &location))
 }
 
 pub(super) async fn keepalive(

@@ -371,6 +371,21 @@ mod tests {
     use super::*;
     use crate::metrics::Metrics;
 
+    /// A single-member etcd and the proxy's handle on it.
+    async fn etcd() -> (TestEtcd, Etcd) {
+        let cluster = TestEtcd::single().await;
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let etcd = Etcd::connect(
+            &cluster.endpoints(),
+            Duration::from_secs(3),
+            metrics,
+            &super::super::Access::default(),
+        )
+        .await
+        .unwrap();
+        (cluster, etcd)
+    }
+
     fn create(key: &str, lease: i64) -> (Vec<Vec<u8>>, Txn) {
         let txn = Txn::new()
             .when(vec![Compare::create_revision(key, CompareOp::Equal, 0)])
@@ -386,16 +401,7 @@ mod tests {
     /// Free, same-key and doomed transactions submitted together: each gets its own outcome.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn each_transaction_of_a_batch_gets_its_own_outcome() {
-        let cluster = TestEtcd::single().await;
-        let metrics = Arc::new(Metrics::new().unwrap());
-        let etcd = Etcd::connect(
-            &cluster.endpoints(),
-            Duration::from_secs(3),
-            metrics,
-            &super::super::Access::default(),
-        )
-        .await
-        .unwrap();
+        let (cluster, etcd) = etcd().await;
         let tracker = TaskTracker::new();
         let stop = CancellationToken::new();
         // A long linger puts everything submitted together into as few batches as allowed.
@@ -465,16 +471,7 @@ mod tests {
     /// evaluate both compares before either write.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn transactions_on_one_key_never_share_a_batch() {
-        let cluster = TestEtcd::single().await;
-        let metrics = Arc::new(Metrics::new().unwrap());
-        let etcd = Etcd::connect(
-            &cluster.endpoints(),
-            Duration::from_secs(3),
-            metrics,
-            &super::super::Access::default(),
-        )
-        .await
-        .unwrap();
+        let (_cluster, etcd) = etcd().await;
         let tracker = TaskTracker::new();
         let stop = CancellationToken::new();
         let commit = GroupCommit::start(

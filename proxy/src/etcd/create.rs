@@ -168,21 +168,8 @@ impl GroupCommit {
         revision: i64,
         also: Option<&str>,
     ) -> Result<bool> {
-        let mut deletes = vec![TxnOp::delete(key, None)];
-        let mut keys = vec![key.as_bytes().to_vec()];
-        if let Some(also) = also {
-            deletes.push(TxnOp::delete(also, None));
-            keys.push(also.as_bytes().to_vec());
-        }
-        let txn = Txn::new()
-            .when(vec![Compare::create_revision(
-                key,
-                CompareOp::Equal,
-                revision,
-            )])
-            .and_then(deletes);
-        let bytes = keys.iter().map(Vec::len).sum::<usize>() * 2 + 32;
-        Ok(self.commit("txn_delete", keys, txn, bytes).await?.succeeded)
+        let guard = Compare::create_revision(key, CompareOp::Equal, revision);
+        self.delete_when(guard, key, also, 0).await
     }
 
     /// Deletes `key` (and `also`) if its value is exactly `value`: cleans up after a create
@@ -194,16 +181,26 @@ impl GroupCommit {
         value: &[u8],
         also: Option<&str>,
     ) -> Result<bool> {
+        let guard = Compare::value(key, CompareOp::Equal, value);
+        self.delete_when(guard, key, also, value.len()).await
+    }
+
+    /// Deletes `key` and `also` if `guard` holds; whether it did.
+    async fn delete_when(
+        &self,
+        guard: Compare,
+        key: &str,
+        also: Option<&str>,
+        guard_bytes: usize,
+    ) -> Result<bool> {
         let mut deletes = vec![TxnOp::delete(key, None)];
         let mut keys = vec![key.as_bytes().to_vec()];
         if let Some(also) = also {
             deletes.push(TxnOp::delete(also, None));
             keys.push(also.as_bytes().to_vec());
         }
-        let txn = Txn::new()
-            .when(vec![Compare::value(key, CompareOp::Equal, value)])
-            .and_then(deletes);
-        let bytes = keys.iter().map(Vec::len).sum::<usize>() * 2 + value.len() + 32;
+        let txn = Txn::new().when(vec![guard]).and_then(deletes);
+        let bytes = keys.iter().map(Vec::len).sum::<usize>() * 2 + guard_bytes + 32;
         Ok(self.commit("txn_delete", keys, txn, bytes).await?.succeeded)
     }
 }

@@ -136,39 +136,41 @@ impl Backend for Proxy {
     }
 
     async fn renew(&self, held: &ProxyHeld) -> anyhow::Result<()> {
+        let path = format!("/v1/leases/{}/renew", held.resource);
+        self.with_secret(reqwest::Method::POST, &path, &held.secret, 200)
+            .await
+    }
+
+    async fn release(&self, held: &ProxyHeld) -> anyhow::Result<()> {
+        let path = format!("/v1/leases/{}", held.resource);
+        self.with_secret(reqwest::Method::DELETE, &path, &held.secret, 204)
+            .await
+    }
+}
+
+impl Proxy {
+    /// A bodiless `method path` proving `secret` in `Lease-Secret`; an error unless it answers
+    /// `expect`.
+    pub(crate) async fn with_secret(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        secret: &str,
+        expect: u16,
+    ) -> anyhow::Result<()> {
         let resp = self
-            .request(
-                reqwest::Method::POST,
-                &format!("/v1/leases/{}/renew", held.resource),
-            )
-            .header("lease-secret", &held.secret)
+            .request(method.clone(), path)
+            .header("lease-secret", secret)
             .send()
             .await?;
         let status = resp.status();
         // Read the body so the connection goes back to the pool.
         let body = resp.bytes().await?;
-        if status != 200 {
+        if status.as_u16() != expect {
             bail!(
-                "renew of {} answered {status}: {}",
-                held.resource,
+                "{method} {path} answered {status}: {}",
                 String::from_utf8_lossy(&body)
             );
-        }
-        Ok(())
-    }
-
-    async fn release(&self, held: &ProxyHeld) -> anyhow::Result<()> {
-        let resp = self
-            .request(
-                reqwest::Method::DELETE,
-                &format!("/v1/leases/{}", held.resource),
-            )
-            .header("lease-secret", &held.secret)
-            .send()
-            .await?;
-        let status = resp.status();
-        if status != 204 {
-            bail!("release answered {status}");
         }
         Ok(())
     }

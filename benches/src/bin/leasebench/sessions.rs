@@ -97,40 +97,15 @@ impl SessionBackend for Proxy {
     }
 
     async fn keepalive(&self, session: &ProxySession) -> anyhow::Result<()> {
-        let resp = self
-            .request(
-                reqwest::Method::POST,
-                &format!("/v1/sessions/{}/keepalive", session.id),
-            )
-            .header("lease-secret", &session.secret)
-            .send()
-            .await?;
-        let status = resp.status();
-        let body = resp.bytes().await?;
-        if status != 200 {
-            bail!(
-                "keepalive of session {} answered {status}: {}",
-                session.id,
-                String::from_utf8_lossy(&body)
-            );
-        }
-        Ok(())
+        let path = format!("/v1/sessions/{}/keepalive", session.id);
+        self.with_secret(reqwest::Method::POST, &path, &session.secret, 200)
+            .await
     }
 
     async fn close(&self, session: &ProxySession) -> anyhow::Result<()> {
-        let resp = self
-            .request(
-                reqwest::Method::DELETE,
-                &format!("/v1/sessions/{}", session.id),
-            )
-            .header("lease-secret", &session.secret)
-            .send()
-            .await?;
-        let status = resp.status();
-        if status != 204 {
-            bail!("close of session {} answered {status}", session.id);
-        }
-        Ok(())
+        let path = format!("/v1/sessions/{}", session.id);
+        self.with_secret(reqwest::Method::DELETE, &path, &session.secret, 204)
+            .await
     }
 }
 
