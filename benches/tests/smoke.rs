@@ -77,7 +77,10 @@ fn leasebench_measures_sessions_group_commit_and_h2c() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("lb.json");
     let status = Command::new(exe)
-        .args(["--op", "session-acquire,acquire,session-keepalive"])
+        .args([
+            "--op",
+            "session-acquire,acquire,session-keepalive,session-cycle",
+        ])
         .args(["--ops", "40", "--concurrency", "1,4", "--rounds", "1"])
         .args(["--held", "10", "--unbatched", "--h2c"])
         .args(["--sustain-sessions", "10", "--per-session", "5"])
@@ -89,10 +92,10 @@ fn leasebench_measures_sessions_group_commit_and_h2c() {
     assert!(status.success());
     let doc = json(&out);
     let rows = doc["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 3 * 2);
+    assert_eq!(rows.len(), 4 * 2);
     let columns = |op: &str| -> Vec<&str> {
         match op {
-            "session-acquire" => vec![
+            "session-acquire" | "session-cycle" => vec![
                 "etcd",
                 "etcd session",
                 "proxy batch-max 1",

@@ -410,6 +410,13 @@ impl Columns {
                 async move { sessions::measure_acquire(&p, c, n, &tag).await }
             })
         };
+        let session_cycle = |name: &str, p: &Arc<http::Proxy>| {
+            let p = p.clone();
+            Side::new(name, move |c, n, tag| {
+                let p = p.clone();
+                async move { sessions::measure_cycle(&p, c, n, renewals, &tag).await }
+            })
+        };
         let heartbeat = |name: &str, p: &Arc<http::Proxy>| {
             let beats = Arc::new(sessions::Heartbeats(p.clone()));
             Side::op(name, &beats, Op::Renew, &self.sessions, renewals)
@@ -417,6 +424,7 @@ impl Columns {
         let proxy_side = |name: &str, p: &Arc<http::Proxy>| {
             let side = match op {
                 Op::SessionAcquire => in_session(name, p),
+                Op::SessionCycle => session_cycle(name, p),
                 Op::SessionKeepalive => heartbeat(name, p),
                 _ => single(name, p),
             };
@@ -424,6 +432,7 @@ impl Columns {
         };
         let raw_op = match op {
             Op::SessionAcquire => Op::Acquire,
+            Op::SessionCycle => Op::Cycle,
             Op::SessionKeepalive => Op::Renew,
             other => other,
         };
@@ -441,7 +450,16 @@ impl Columns {
                 async move { sessions::measure_acquire(&raw, c, n, &tag).await }
             }));
         }
-        if let (Some(p), Op::Acquire | Op::SessionAcquire) = (&self.unbatched, op) {
+        if op == Op::SessionCycle {
+            let raw = self.raw.clone();
+            sides.push(Side::new("etcd session", move |c, n, tag| {
+                let raw = raw.clone();
+                async move { sessions::measure_cycle(&raw, c, n, renewals, &tag).await }
+            }));
+        }
+        if let (Some(p), Op::Acquire | Op::SessionAcquire | Op::SessionCycle) =
+            (&self.unbatched, op)
+        {
             let name = match self.unbatched_in_flight {
                 Some(n) => format!("proxy batch-max 1 in-flight {n}"),
                 None => "proxy batch-max 1".to_owned(),

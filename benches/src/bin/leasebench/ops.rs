@@ -38,6 +38,8 @@ pub(crate) enum Op {
     Renew,
     /// Acquire distinct free resources under a session per worker.
     SessionAcquire,
+    /// `cycle` under a session per worker: acquire, renew k times, release.
+    SessionCycle,
     /// Keep sessions alive, round robin.
     SessionKeepalive,
 }
@@ -52,6 +54,7 @@ impl Op {
             Op::Cycle => "cycle",
             Op::Renew => "renew",
             Op::SessionAcquire => "session-acquire",
+            Op::SessionCycle => "session-cycle",
             Op::SessionKeepalive => "session-keepalive",
         }
     }
@@ -252,7 +255,7 @@ pub(crate) async fn measure<B: Backend>(
             })
             .await
         }
-        Op::SessionAcquire | Op::SessionKeepalive => {
+        Op::SessionAcquire | Op::SessionCycle | Op::SessionKeepalive => {
             bail!("{} is measured on sessions, not single leases", op.name())
         }
         Op::Renew => {

@@ -136,6 +136,20 @@ impl RawEtcd {
         Ok(())
     }
 
+    /// Deletes `resource`'s key if it is still the one created at `revision` (one transaction).
+    pub(crate) async fn delete_created(&self, resource: &str, revision: i64) -> anyhow::Result<()> {
+        let key = format!("/leasebench/{resource}");
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                key.as_str(),
+                CompareOp::Equal,
+                revision,
+            )])
+            .and_then([TxnOp::delete(key.as_str(), None)]);
+        self.client.kv_client().txn(txn).await?;
+        Ok(())
+    }
+
     /// Creates `resource`'s key on `lease` if absent (one transaction); its create revision,
     /// or `None` when the key exists.
     pub(crate) async fn create(&self, resource: &str, lease: i64) -> anyhow::Result<Option<i64>> {

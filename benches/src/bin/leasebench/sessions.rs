@@ -5,7 +5,11 @@
 //!   `DELETE /v1/sessions/{id}`;
 //! - raw etcd, the best variant (what etcd's `concurrency.Session` does): one lease granted per
 //!   session, one create-if-absent transaction on it per acquire, keepalives on the shared
-//!   multiplexed stream, a revoke to close.
+//!   multiplexed stream, a compare-and-delete to release one resource, a revoke to close.
+//!
+//! `session-cycle` is `cycle` under a session: acquire → renewals → release of one resource,
+//! with no lease granted or revoked per cycle (through the proxy a renewal of a grant renews its
+//! session; raw, the session's lease is kept alive).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -28,12 +32,25 @@ pub(crate) trait SessionBackend: Send + Sync + 'static {
     /// Opens a session of `ttl` seconds.
     fn open(&self, ttl: u64) -> impl Future<Output = anyhow::Result<Self::Session>> + Send;
 
-    /// Takes `resource` under `session`; `false` when someone holds it.
+    /// One resource held under a session.
+    type Grant: Send + Sync + 'static;
+
+    /// Takes `resource` under `session`; `None` when someone holds it.
     fn acquire_in(
         &self,
         session: &Self::Session,
         resource: &str,
-    ) -> impl Future<Output = anyhow::Result<bool>> + Send;
+    ) -> impl Future<Output = anyhow::Result<Option<Self::Grant>>> + Send;
+
+    /// Renews `grant` (through the proxy: its session; raw: the session's lease).
+    fn renew_in(
+        &self,
+        session: &Self::Session,
+        grant: &Self::Grant,
+    ) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    /// Releases `grant` alone; the session and its other grants live on.
+    fn release_in(&self, grant: &Self::Grant) -> impl Future<Output = anyhow::Result<()>> + Send;
 
     /// Renews the session (and so everything held under it); an error when it is gone.
     fn keepalive(&self, session: &Self::Session)
@@ -50,8 +67,15 @@ pub(crate) struct ProxySession {
     secret: String,
 }
 
+/// A grant under a session, through the proxy: its resource and its own secret.
+pub(crate) struct ProxyGrant {
+    resource: String,
+    secret: String,
+}
+
 impl SessionBackend for Proxy {
     type Session = ProxySession;
+    type Grant = ProxyGrant;
 
     async fn open(&self, ttl: u64) -> anyhow::Result<ProxySession> {
         let resp = self
@@ -76,7 +100,11 @@ impl SessionBackend for Proxy {
         })
     }
 
-    async fn acquire_in(&self, session: &ProxySession, resource: &str) -> anyhow::Result<bool> {
+    async fn acquire_in(
+        &self,
+        session: &ProxySession,
+        resource: &str,
+    ) -> anyhow::Result<Option<ProxyGrant>> {
         let resp = self
             .request(reqwest::Method::POST, &format!("/v1/leases/{resource}"))
             .header("lease-secret", &session.secret)
@@ -86,14 +114,35 @@ impl SessionBackend for Proxy {
         let status = resp.status();
         let body = resp.bytes().await?;
         match status.as_u16() {
-            201 => Ok(true),
-            409 => Ok(false),
+            201 => {
+                let grant: serde_json::Value = serde_json::from_slice(&body)?;
+                let secret = grant["secret"]
+                    .as_str()
+                    .with_context(|| format!("a grant without a secret: {grant}"))?;
+                Ok(Some(ProxyGrant {
+                    resource: resource.to_owned(),
+                    secret: secret.to_owned(),
+                }))
+            }
+            409 => Ok(None),
             _ => bail!(
                 "acquire of {resource} under session {} answered {status}: {}",
                 session.id,
                 String::from_utf8_lossy(&body)
             ),
         }
+    }
+
+    async fn renew_in(&self, _: &ProxySession, grant: &ProxyGrant) -> anyhow::Result<()> {
+        let path = format!("/v1/leases/{}/renew", grant.resource);
+        self.with_secret(reqwest::Method::POST, &path, &grant.secret, 200)
+            .await
+    }
+
+    async fn release_in(&self, grant: &ProxyGrant) -> anyhow::Result<()> {
+        let path = format!("/v1/leases/{}", grant.resource);
+        self.with_secret(reqwest::Method::DELETE, &path, &grant.secret, 204)
+            .await
     }
 
     async fn keepalive(&self, session: &ProxySession) -> anyhow::Result<()> {
@@ -141,13 +190,30 @@ impl Proxy {
 impl SessionBackend for RawEtcd {
     /// The session's lease.
     type Session = i64;
+    /// The resource and its key's create revision.
+    type Grant = (String, i64);
 
     async fn open(&self, ttl: u64) -> anyhow::Result<i64> {
         self.grant(ttl).await
     }
 
-    async fn acquire_in(&self, lease: &i64, resource: &str) -> anyhow::Result<bool> {
-        Ok(self.create(resource, *lease).await?.is_some())
+    async fn acquire_in(
+        &self,
+        lease: &i64,
+        resource: &str,
+    ) -> anyhow::Result<Option<(String, i64)>> {
+        Ok(self
+            .create(resource, *lease)
+            .await?
+            .map(|revision| (resource.to_owned(), revision)))
+    }
+
+    async fn renew_in(&self, lease: &i64, _: &(String, i64)) -> anyhow::Result<()> {
+        self.keep_alive(*lease).await
+    }
+
+    async fn release_in(&self, (resource, revision): &(String, i64)) -> anyhow::Result<()> {
+        self.delete_created(resource, *revision).await
     }
 
     async fn keepalive(&self, lease: &i64) -> anyhow::Result<()> {
@@ -228,10 +294,43 @@ pub(crate) async fn measure_acquire<S: SessionBackend>(
             let resource = format!("lb-{tag}-{w}-{i}");
             async move {
                 let session = sessions.get(w).context("a worker without a session")?;
-                if !backend.acquire_in(session, &resource).await? {
+                if backend.acquire_in(session, &resource).await?.is_none() {
                     bail!("a fresh resource {resource} was held");
                 }
                 Ok(())
+            }
+        }
+    })
+    .await?;
+    close_all(backend, &sessions, 64).await?;
+    Ok(run)
+}
+
+/// `session-cycle`: like `session-acquire`, but each operation is acquire → `renewals`
+/// renewals → release of one resource under the worker's session.
+pub(crate) async fn measure_cycle<S: SessionBackend>(
+    backend: &Arc<S>,
+    in_flight: usize,
+    ops: usize,
+    renewals: usize,
+    tag: &str,
+) -> anyhow::Result<Run> {
+    let sessions = Arc::new(open_all(backend, in_flight.max(1), 600, 64).await?);
+    let run = ops::closed_loop(in_flight, ops, {
+        let (backend, sessions, tag) = (backend.clone(), sessions.clone(), tag.to_owned());
+        move |w, i| {
+            let (backend, sessions) = (backend.clone(), sessions.clone());
+            let resource = format!("lb-{tag}-{w}-{i}");
+            async move {
+                let session = sessions.get(w).context("a worker without a session")?;
+                let grant = backend
+                    .acquire_in(session, &resource)
+                    .await?
+                    .with_context(|| format!("a fresh resource {resource} was held"))?;
+                for _ in 0..renewals {
+                    backend.renew_in(session, &grant).await?;
+                }
+                backend.release_in(&grant).await
             }
         }
     })

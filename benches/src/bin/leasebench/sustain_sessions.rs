@@ -143,7 +143,7 @@ async fn acquire_under(
         async move {
             let session = &all[s];
             let resource = format!("lb-ss-{pid}-{}-{i}", session.id);
-            if !proxy.acquire_in(session, &resource).await? {
+            if proxy.acquire_in(session, &resource).await?.is_none() {
                 anyhow::bail!("{resource} was held already");
             }
             Ok(())
