@@ -949,14 +949,18 @@ impl Leases {
     /// lease, another secret) is settled by a linearizable read, so a grant made a moment ago
     /// through another replica is found, and a wrong secret is told from a lost lease.
     ///
-    /// A confirming view may be stale towards a grant that has just ended. Only callers that
-    /// then act on that grant's *lease* may use it: the lease carried that grant and no other,
-    /// and a release revokes it before answering, so etcd answers its keepalive with TTL 0.
-    async fn confirmed(&self, resource: &str, secret: &str) -> Result<(HolderRecord, i64)> {
+    /// A confirming view may be stale towards a grant that has just ended; see
+    /// [`view_confirms`] for who may act on it, and how.
+    async fn confirmed(
+        &self,
+        resource: &str,
+        secret: &str,
+        purpose: Purpose,
+    ) -> Result<(HolderRecord, i64)> {
         let lease_id = secret::lease_id(secret).ok_or(Error::NotHolder)?;
         if let Some(seen) = self.holders.seen(resource) {
             let record = HolderRecord::decode(&self.key(resource), &seen.value)?;
-            if view_confirms(&record, lease_id, secret) {
+            if view_confirms(&record, lease_id, secret, purpose) {
                 return Ok((record, seen.create_revision));
             }
         }
@@ -1017,7 +1021,7 @@ impl Leases {
         secret: &str,
         principal: Option<&str>,
     ) -> Result<Renewal> {
-        let (record, revision) = self.confirmed(resource, secret).await?;
+        let (record, revision) = self.confirmed(resource, secret, Purpose::Renew).await?;
         record.owned_by(principal)?;
         let ttl = self.keepalive.renew(record.lease_id).await?;
         if ttl <= 0 {
@@ -1050,7 +1054,7 @@ impl Leases {
         secret: &str,
         principal: Option<&str>,
     ) -> Result<Option<String>> {
-        let (record, revision) = match self.confirmed(resource, secret).await {
+        let (record, revision) = match self.confirmed(resource, secret, Purpose::Release).await {
             Ok(found) => found,
             Err(Error::Lost) => return Ok(None),
             Err(e) => return Err(e),
@@ -1154,12 +1158,28 @@ fn holding(resource: String, record: HolderRecord, revision: i64, remaining: i64
     }
 }
 
-/// Whether a record seen in the watch-fed view may confirm `secret` (of `lease_id`) without a
-/// linearizable read: only for a grant on a lease of its own, which a release revokes before
-/// answering. A session's lease outlives the release of one of its grants, so a stale view could
-/// otherwise renew (the session of) a released grant.
-fn view_confirms(record: &HolderRecord, lease_id: i64, secret: &str) -> bool {
-    !record.session && record.lease_id == lease_id && secret::matches(secret, &record.secret_hash)
+/// What a confirmed grant is wanted for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    /// A keepalive of the grant's lease.
+    Renew,
+    /// Ending the grant: revoking its lease, or (under a session) deleting its key if it is
+    /// still the confirmed incarnation.
+    Release,
+}
+
+/// Whether a record seen in the watch-fed view may confirm `secret` (of `lease_id`) for
+/// `purpose` without a linearizable read. The view may be stale towards a grant that has just
+/// ended, so only acts that are harmless on an ended grant may trust it: renewing a grant on a
+/// lease of its own (a release revokes that lease before answering, so etcd answers its
+/// keepalive with TTL 0), and releasing any grant (a revoke or a compare-and-delete on the
+/// confirmed incarnation does nothing to an ended one). A session's lease outlives the release
+/// of one of its grants, so its renewal needs the key read: a stale view would renew the session
+/// for a released grant.
+fn view_confirms(record: &HolderRecord, lease_id: i64, secret: &str, purpose: Purpose) -> bool {
+    (purpose == Purpose::Release || !record.session)
+        && record.lease_id == lease_id
+        && secret::matches(secret, &record.secret_hash)
 }
 
 fn decode_cursor(cursor: &str) -> Result<String> {
@@ -1277,7 +1297,7 @@ mod tests {
     }
 
     #[test]
-    fn the_view_never_confirms_a_session_grant() {
+    fn the_view_never_confirms_a_session_grant_for_renewal() {
         let keys = fencing::Keyring::parse(&fencing::Keyring::generate_file(
             &fencing::KeyId::parse("k1").unwrap(),
         ))
@@ -1294,14 +1314,22 @@ mod tests {
             session: false,
             principal: None,
         };
-        assert!(view_confirms(&record, 7, &secret));
-        assert!(!view_confirms(&record, 8, &secret));
-        assert!(!view_confirms(&record, 7, &secret::random(&keys, 7)));
+        for purpose in [Purpose::Renew, Purpose::Release] {
+            assert!(view_confirms(&record, 7, &secret, purpose));
+            assert!(!view_confirms(&record, 8, &secret, purpose));
+            assert!(!view_confirms(
+                &record,
+                7,
+                &secret::random(&keys, 7),
+                purpose
+            ));
+        }
         let in_session = HolderRecord {
             session: true,
             ..record
         };
-        assert!(!view_confirms(&in_session, 7, &secret));
+        assert!(!view_confirms(&in_session, 7, &secret, Purpose::Renew));
+        assert!(view_confirms(&in_session, 7, &secret, Purpose::Release));
     }
 
     #[test]

@@ -8,8 +8,11 @@
 //!   multiplexed stream, a compare-and-delete to release one resource, a revoke to close.
 //!
 //! `session-cycle` is `cycle` under a session: acquire → renewals → release of one resource,
-//! with no lease granted or revoked per cycle (through the proxy a renewal of a grant renews its
-//! session; raw, the session's lease is kept alive).
+//! with no lease granted or revoked per cycle. A renewal is the session's heartbeat, on both
+//! sides (through the proxy `POST /v1/sessions/{id}/keepalive`; raw, a keepalive of the session's
+//! lease): that is how a session is kept. (Renewing one grant of a session through
+//! `/v1/leases/{r}/renew` also renews its session, but reads the grant's key linearizably first,
+//! so that no replica renews a released grant.)
 
 use std::future::Future;
 use std::sync::Arc;
@@ -42,7 +45,7 @@ pub(crate) trait SessionBackend: Send + Sync + 'static {
         resource: &str,
     ) -> impl Future<Output = anyhow::Result<Option<Self::Grant>>> + Send;
 
-    /// Renews `grant` (through the proxy: its session; raw: the session's lease).
+    /// Renews `grant`'s session (the heartbeat that keeps every grant of it).
     fn renew_in(
         &self,
         session: &Self::Session,
@@ -133,10 +136,8 @@ impl SessionBackend for Proxy {
         }
     }
 
-    async fn renew_in(&self, _: &ProxySession, grant: &ProxyGrant) -> anyhow::Result<()> {
-        let path = format!("/v1/leases/{}/renew", grant.resource);
-        self.with_secret(reqwest::Method::POST, &path, &grant.secret, 200)
-            .await
+    async fn renew_in(&self, session: &ProxySession, _: &ProxyGrant) -> anyhow::Result<()> {
+        self.keepalive(session).await
     }
 
     async fn release_in(&self, grant: &ProxyGrant) -> anyhow::Result<()> {
