@@ -25,6 +25,7 @@ cargo build --profile "$profile" -p lease-proxy -p fencing -p lease-proxy-campai
 # The data files in the order docs/RELIABILITY.md shows them.
 data_files() {
   echo campaign/data/deployment.json
+  [ -f campaign/data/sessions.json ] && echo campaign/data/sessions.json
   for control in no-fencing memory-marks forget-in-flight release-with-caller local-gate no-prefence; do
     [ -f "campaign/data/control-$control.json" ] && echo "campaign/data/control-$control.json"
   done
