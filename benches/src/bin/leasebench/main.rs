@@ -407,14 +407,14 @@ impl Columns {
             let p = p.clone();
             Side::new(name, move |c, n, tag| {
                 let p = p.clone();
-                async move { sessions::measure_acquire(&p, c, n, &tag).await }
+                async move { sessions::measure(&p, c, n, None, &tag).await }
             })
         };
         let session_cycle = |name: &str, p: &Arc<http::Proxy>| {
             let p = p.clone();
             Side::new(name, move |c, n, tag| {
                 let p = p.clone();
-                async move { sessions::measure_cycle(&p, c, n, renewals, &tag).await }
+                async move { sessions::measure(&p, c, n, Some(renewals), &tag).await }
             })
         };
         let heartbeat = |name: &str, p: &Arc<http::Proxy>| {
@@ -447,14 +447,14 @@ impl Columns {
             let raw = self.raw.clone();
             sides.push(Side::new("etcd session", move |c, n, tag| {
                 let raw = raw.clone();
-                async move { sessions::measure_acquire(&raw, c, n, &tag).await }
+                async move { sessions::measure(&raw, c, n, None, &tag).await }
             }));
         }
         if op == Op::SessionCycle {
             let raw = self.raw.clone();
             sides.push(Side::new("etcd session", move |c, n, tag| {
                 let raw = raw.clone();
-                async move { sessions::measure_cycle(&raw, c, n, renewals, &tag).await }
+                async move { sessions::measure(&raw, c, n, Some(renewals), &tag).await }
             }));
         }
         if let (Some(p), Op::Acquire | Op::SessionAcquire | Op::SessionCycle) =

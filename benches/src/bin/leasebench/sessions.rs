@@ -278,42 +278,16 @@ pub(crate) async fn close_all<S: SessionBackend>(
     Ok(())
 }
 
-/// `session-acquire`: `in_flight` workers each open one session (untimed) and acquire their
-/// share of `ops` distinct resources under it back to back; the sessions are closed afterwards
-/// (untimed), which ends their grants.
-pub(crate) async fn measure_acquire<S: SessionBackend>(
+/// `session-acquire` (`cycle` `None`): `in_flight` workers each open one session (untimed)
+/// and acquire their share of `ops` distinct resources under it back to back; the sessions are
+/// closed afterwards (untimed), which ends their grants. `session-cycle` (`cycle` =
+/// `Some(renewals)`): each operation is acquire → `renewals` renewals → release of one resource
+/// under the worker's session.
+pub(crate) async fn measure<S: SessionBackend>(
     backend: &Arc<S>,
     in_flight: usize,
     ops: usize,
-    tag: &str,
-) -> anyhow::Result<Run> {
-    let sessions = Arc::new(open_all(backend, in_flight.max(1), 600, 64).await?);
-    let run = ops::closed_loop(in_flight, ops, {
-        let (backend, sessions, tag) = (backend.clone(), sessions.clone(), tag.to_owned());
-        move |w, i| {
-            let (backend, sessions) = (backend.clone(), sessions.clone());
-            let resource = format!("lb-{tag}-{w}-{i}");
-            async move {
-                let session = sessions.get(w).context("a worker without a session")?;
-                if backend.acquire_in(session, &resource).await?.is_none() {
-                    bail!("a fresh resource {resource} was held");
-                }
-                Ok(())
-            }
-        }
-    })
-    .await?;
-    close_all(backend, &sessions, 64).await?;
-    Ok(run)
-}
-
-/// `session-cycle`: like `session-acquire`, but each operation is acquire → `renewals`
-/// renewals → release of one resource under the worker's session.
-pub(crate) async fn measure_cycle<S: SessionBackend>(
-    backend: &Arc<S>,
-    in_flight: usize,
-    ops: usize,
-    renewals: usize,
+    cycle: Option<usize>,
     tag: &str,
 ) -> anyhow::Result<Run> {
     let sessions = Arc::new(open_all(backend, in_flight.max(1), 600, 64).await?);
@@ -328,10 +302,13 @@ pub(crate) async fn measure_cycle<S: SessionBackend>(
                     .acquire_in(session, &resource)
                     .await?
                     .with_context(|| format!("a fresh resource {resource} was held"))?;
-                for _ in 0..renewals {
-                    backend.renew_in(session, &grant).await?;
+                if let Some(renewals) = cycle {
+                    for _ in 0..renewals {
+                        backend.renew_in(session, &grant).await?;
+                    }
+                    backend.release_in(&grant).await?;
                 }
-                backend.release_in(&grant).await
+                Ok(())
             }
         }
     })
