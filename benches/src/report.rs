@@ -66,19 +66,14 @@ impl Row {
 
 /// The markdown table header for rows over `backends`; `ratio` names the ratio column.
 pub fn header(backends: &[&str], ratio: &str) -> String {
-    let mut top = String::from("| op | in flight | round |");
-    let mut rule = String::from("|---|--:|--:|");
-    for b in backends {
-        top.push_str(&format!(" {b} ops/s | p50 / p99 ms |"));
-        rule.push_str("--:|--:|");
-    }
+    let (mut top, mut rule) = header_cells(backends);
     top.push_str(&format!(" {ratio} |"));
     rule.push_str("--:|");
     format!("{top}\n{rule}")
 }
 
-/// One markdown table line.
-pub fn line(row: &Row) -> String {
+/// A table line's cells up to the ratios: the row's keys and each backend's figures.
+fn cells(row: &Row) -> String {
     let mut s = format!("| {} | {} | {} |", row.op, row.in_flight, row.round);
     for (_, run) in &row.runs {
         s.push_str(&format!(
@@ -88,6 +83,23 @@ pub fn line(row: &Row) -> String {
             ms(run.p99)
         ));
     }
+    s
+}
+
+/// A header's first two lines up to the ratio columns, over `backends`.
+fn header_cells(backends: &[&str]) -> (String, String) {
+    let mut top = String::from("| op | in flight | round |");
+    let mut rule = String::from("|---|--:|--:|");
+    for b in backends {
+        top.push_str(&format!(" {b} ops/s | p50 / p99 ms |"));
+        rule.push_str("--:|--:|");
+    }
+    (top, rule)
+}
+
+/// One markdown table line.
+pub fn line(row: &Row) -> String {
+    let mut s = cells(row);
     s.push_str(&format!(" {:.2} |", row.ratio()));
     s
 }
@@ -95,12 +107,7 @@ pub fn line(row: &Row) -> String {
 /// The markdown table header for rows over `backends` with one ratio column per backend after
 /// the first (each over the first).
 pub fn header_ratios(backends: &[&str]) -> String {
-    let mut top = String::from("| op | in flight | round |");
-    let mut rule = String::from("|---|--:|--:|");
-    for b in backends {
-        top.push_str(&format!(" {b} ops/s | p50 / p99 ms |"));
-        rule.push_str("--:|--:|");
-    }
+    let (mut top, mut rule) = header_cells(backends);
     if let Some((base, rest)) = backends.split_first() {
         for b in rest {
             top.push_str(&format!(" {b} / {base} |"));
@@ -112,15 +119,7 @@ pub fn header_ratios(backends: &[&str]) -> String {
 
 /// One markdown table line under [`header_ratios`].
 pub fn line_ratios(row: &Row) -> String {
-    let mut s = format!("| {} | {} | {} |", row.op, row.in_flight, row.round);
-    for (_, run) in &row.runs {
-        s.push_str(&format!(
-            " {:.0} | {:.2} / {:.2} |",
-            run.per_sec,
-            ms(run.p50),
-            ms(run.p99)
-        ));
-    }
+    let mut s = cells(row);
     for (name, _) in row.runs.iter().skip(1) {
         s.push_str(&format!(" {:.2} |", row.ratio_of(name)));
     }

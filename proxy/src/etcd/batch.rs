@@ -386,6 +386,20 @@ mod tests {
         (cluster, etcd)
     }
 
+    /// A batcher lingering 300 ms (what is submitted together shares as few batches as
+    /// allowed), its tracker and its stop token.
+    fn lingering(etcd: &Etcd, in_flight: usize) -> (GroupCommit, TaskTracker, CancellationToken) {
+        let tracker = TaskTracker::new();
+        let stop = CancellationToken::new();
+        let batching = Batching {
+            max: 64,
+            linger: Duration::from_millis(300),
+            in_flight,
+        };
+        let commit = GroupCommit::start(etcd, batching, &tracker, stop.clone());
+        (commit, tracker, stop)
+    }
+
     fn create(key: &str, lease: i64) -> (Vec<Vec<u8>>, Txn) {
         let txn = Txn::new()
             .when(vec![Compare::create_revision(key, CompareOp::Equal, 0)])
@@ -402,19 +416,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn each_transaction_of_a_batch_gets_its_own_outcome() {
         let (cluster, etcd) = etcd().await;
-        let tracker = TaskTracker::new();
-        let stop = CancellationToken::new();
         // A long linger puts everything submitted together into as few batches as allowed.
-        let commit = GroupCommit::start(
-            &etcd,
-            Batching {
-                max: 64,
-                linger: Duration::from_millis(300),
-                in_flight: 1,
-            },
-            &tracker,
-            stop.clone(),
-        );
+        let (commit, tracker, stop) = lingering(&etcd, 1);
         let submit = |jobs: Vec<(Vec<Vec<u8>>, Txn)>| {
             futures::future::join_all(
                 jobs.into_iter()
@@ -472,18 +475,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn transactions_on_one_key_never_share_a_batch() {
         let (_cluster, etcd) = etcd().await;
-        let tracker = TaskTracker::new();
-        let stop = CancellationToken::new();
-        let commit = GroupCommit::start(
-            &etcd,
-            Batching {
-                max: 64,
-                linger: Duration::from_millis(300),
-                in_flight: 4,
-            },
-            &tracker,
-            stop.clone(),
-        );
+        let (commit, tracker, stop) = lingering(&etcd, 4);
         // "At most one key under /q/": each transaction checks the range is empty and writes a
         // key of its own in it, declaring the range as its key.
         let slot = |name: &str| {

@@ -744,7 +744,7 @@ impl Leases {
             None => self.lease_for(req.ttl_seconds).await?,
         };
         let in_session = req.session.is_some();
-        let session_guard = req.session.map(|s| self.session_guard(s));
+        let session_guard = req.session.map(|s| self.session_key(s));
         let expires_in_ms = expires_in_ms(counted_from, ttl_seconds, req.received);
         let secret = match idempotent {
             Some((k, salt)) => {

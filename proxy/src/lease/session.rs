@@ -163,7 +163,8 @@ pub(crate) fn parse_id(text: &str) -> Result<i64> {
 }
 
 impl Leases {
-    fn session_key(&self, id: i64) -> String {
+    /// The key of session `id` (also the create transaction's guard under it).
+    pub(super) fn session_key(&self, id: i64) -> String {
         format!("{}{id}", self.sessions_prefix)
     }
 
@@ -332,11 +333,6 @@ impl Leases {
             created_at: record.created_at,
             resources,
         })
-    }
-
-    /// The session key of `id`, for the create transaction's guard.
-    pub(super) fn session_guard(&self, id: i64) -> String {
-        self.session_key(id)
     }
 }
 
