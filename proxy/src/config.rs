@@ -124,6 +124,11 @@ pub struct Config {
     )]
     pub max_client_connections: usize,
 
+    /// Most ownership event streams (`GET /v1/watch`) served at once by this replica (each is
+    /// one etcd watch); further ones are answered 503 `too-many-watches`.
+    #[arg(long, env = "LEASE_PROXY_MAX_WATCH_STREAMS", default_value_t = 256)]
+    pub max_watch_streams: usize,
+
     /// Deadline for a client to send a request's headers, the first one counted from the
     /// connection's start (a silent connection is closed after it), and the whole JSON body of
     /// a `/v1` or `/v3` call (408 or code 3 past it; forwarded bodies: `--forward-timeout`).
@@ -396,6 +401,9 @@ impl Config {
         }
         if self.max_client_connections == 0 {
             return fail("--max-client-connections must be at least 1".into());
+        }
+        if self.max_watch_streams == 0 || self.max_watch_streams > 100_000 {
+            return fail("--max-watch-streams must be between 1 and 100000".into());
         }
         for (flag, value) in [
             ("--header-read-timeout", self.header_read_timeout),

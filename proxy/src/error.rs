@@ -93,6 +93,13 @@ pub enum Error {
     /// No such session (it has ended, or never existed), on an inspection.
     #[error("no such session: it has ended or never existed")]
     NoSession,
+    /// The events after a `Last-Event-ID` are no longer (compacted) or not yet in etcd's
+    /// history: re-list and watch from now.
+    #[error("the events after this Last-Event-ID are not available: {0}")]
+    EventsUnavailable(String),
+    /// This replica serves as many event streams as it may.
+    #[error("this replica serves its maximum of {0} event streams")]
+    TooManyWatches(usize),
     /// The secret does not prove the session.
     #[error("the Lease-Secret does not belong to this session")]
     NotSessionHolder,

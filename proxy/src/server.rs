@@ -214,6 +214,17 @@ pub async fn run(
         tracker.clone(),
         stopping.clone(),
     );
+    let watch_streams = Arc::new(tokio::sync::Semaphore::new(config.max_watch_streams));
+    let slots = (watch_streams.clone(), config.max_watch_streams);
+    metrics
+        .meter()
+        .u64_observable_gauge("lease_proxy.watch.streams")
+        .with_description("Ownership event streams (GET /v1/watch) open on this replica.")
+        .with_callback(move |o| {
+            let (free, max) = (&slots.0, slots.1);
+            o.observe(max.saturating_sub(free.available_permits()) as u64, &[]);
+        })
+        .build();
     let state = Arc::new(AppState {
         upstream: upstream(&config.upstream, &config, &metrics)?,
         max_forward_bytes: config.max_forward_bytes,
@@ -226,6 +237,8 @@ pub async fn run(
             deadline: config.header_read_timeout,
         },
         draining: AtomicBool::new(false),
+        watch_streams,
+        max_watch_streams: config.max_watch_streams,
         acquire_rate: config
             .quota_acquire_rate
             .filter(|_| auth.is_some())

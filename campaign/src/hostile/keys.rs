@@ -80,8 +80,9 @@ fn lower_hex(s: &[u8]) -> bool {
 /// Why `key` (attached to `lease`) must not exist, if it must not: it lies outside both the
 /// `/v3` namespace and the proxies' own layout under [`PREFIX`] (DESIGN §5 and `proxy/src/`):
 /// `holders/{resource}`, `idempotency/{resource}`, `waiters/{resource}/{hex}-{hex}`, the
-/// sessions `sessions/{id}` (on lease `id`) and the `/v3` lease markers `v3/leases/{id}`, each on
-/// its own lease. Sentinels are not judged here.
+/// sessions `sessions/{id}` (on lease `id`), the `/v3` lease markers `v3/leases/{id}`, each on
+/// its own lease, and the release markers of the event stream, `ended/released/{id}` and
+/// `ended/closed/{id}` (on lease `id`). Sentinels are not judged here.
 pub fn foreign_key(key: &[u8], lease: i64) -> Option<String> {
     let shown = || format!("{:?}", String::from_utf8_lossy(key));
     if key.starts_with(NAMESPACE) {
@@ -106,6 +107,20 @@ pub fn foreign_key(key: &[u8], lease: i64) -> Option<String> {
             }
             None => false,
         }
+    } else if let Some(id) = own
+        .strip_prefix(b"ended/released/".as_slice())
+        .or_else(|| own.strip_prefix(b"ended/closed/".as_slice()))
+    {
+        let id = std::str::from_utf8(id)
+            .ok()
+            .and_then(|s| s.parse::<i64>().ok());
+        if id.is_some_and(|id| id != lease) {
+            return Some(format!(
+                "{} is a release marker of another lease than {lease}",
+                shown()
+            ));
+        }
+        id.is_some()
     } else if let Some(id) = own.strip_prefix(b"sessions/".as_slice()) {
         let id = std::str::from_utf8(id)
             .ok()
@@ -254,6 +269,8 @@ mod tests {
             (b"/lease-proxy/waiters/shard-3/694d9a-1f2e3d", 9),
             (b"/lease-proxy/v3/leases/1234", 1234),
             (b"/lease-proxy/sessions/1234", 1234),
+            (b"/lease-proxy/ended/released/9", 9),
+            (b"/lease-proxy/ended/closed/1234", 1234),
         ] {
             assert_eq!(foreign_key(key, lease), None, "{key:?}");
         }
@@ -267,6 +284,10 @@ mod tests {
             (b"/lease-proxy/v3/leases/x", 0),
             (b"/lease-proxy/sessions/1234", 99),
             (b"/lease-proxy/sessions/x", 0),
+            (b"/lease-proxy/ended/released/shard-3", 9),
+            (b"/lease-proxy/ended/released/8", 9),
+            (b"/lease-proxy/ended/closed/1234", 99),
+            (b"/lease-proxy/ended/other", 0),
             (b"/lease-proxy/other", 0),
             (b"\0x", 0),
         ] {

@@ -8,6 +8,7 @@ mod ops;
 mod problem;
 mod rate;
 mod sessions;
+mod watch;
 
 use std::any::Any;
 use std::sync::atomic::AtomicBool;
@@ -49,6 +50,10 @@ pub(crate) struct AppState {
     pub(crate) acquire_rate: Option<AcquireRate>,
     /// The audit log (a no-op without `--audit-log`).
     pub(crate) audit: crate::audit::Audit,
+    /// Slots for event streams (`--max-watch-streams`).
+    pub(crate) watch_streams: Arc<tokio::sync::Semaphore>,
+    /// Their number.
+    pub(crate) max_watch_streams: usize,
     /// Set when SIGTERM arrives: `/readyz` answers 503 from then on.
     pub(crate) draining: AtomicBool,
 }
@@ -64,6 +69,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
                 .delete(leases::release),
         )
         .route("/v1/leases/{resource}/renew", post(leases::renew))
+        .route("/v1/watch", get(watch::watch))
         .route("/v1/sessions", post(sessions::open))
         .route(
             "/v1/sessions/{id}",

@@ -72,6 +72,14 @@ impl Error {
             Error::NotFound => (S::NOT_FOUND, "not-found", "No lease"),
             Error::NoSession => (S::NOT_FOUND, "no-session", "No such session"),
             Error::NoRoute => (S::NOT_FOUND, "no-route", "Not found"),
+            Error::EventsUnavailable(_) => {
+                (S::GONE, "events-compacted", "Events no longer available")
+            }
+            Error::TooManyWatches(_) => (
+                S::SERVICE_UNAVAILABLE,
+                "too-many-watches",
+                "Too many event streams",
+            ),
             Error::MethodNotAllowed => (
                 S::METHOD_NOT_ALLOWED,
                 "method-not-allowed",

@@ -22,6 +22,18 @@ pub(crate) enum Create {
     NoSession,
 }
 
+/// A key written with a release, on a lease, so the ownership event stream can tell a release
+/// from an expiry (see `etcd::events`).
+#[derive(Debug, Clone)]
+pub(crate) struct Marker {
+    /// The marker's key.
+    pub(crate) key: String,
+    /// Its value.
+    pub(crate) value: String,
+    /// The lease it is attached to (it goes when the lease goes).
+    pub(crate) lease: i64,
+}
+
 /// A per-principal held quota, checked in the create transaction itself: `key` (one per held
 /// grant, attached to the grant's lease) is written with the created key, and only if no key in
 /// `range..range_end` was written after `revision`, the revision at which the caller counted
@@ -161,15 +173,17 @@ impl GroupCommit {
     }
 
     /// Deletes `key` (and `also`, written with it) if it is still the incarnation created at
-    /// `revision`; `true` if this call deleted it. Safe to repeat.
+    /// `revision`, writing `marker` in the same transaction; `true` if this call deleted it.
+    /// Safe to repeat.
     pub(crate) async fn delete_if_created(
         &self,
         key: &str,
         revision: i64,
         also: Option<&str>,
+        marker: Option<&Marker>,
     ) -> Result<bool> {
         let guard = Compare::create_revision(key, CompareOp::Equal, revision);
-        self.delete_when(guard, key, also, 0).await
+        self.delete_when(guard, key, also, marker, 0).await
     }
 
     /// Deletes `key` (and `also`) if its value is exactly `value`: cleans up after a create
@@ -182,25 +196,37 @@ impl GroupCommit {
         also: Option<&str>,
     ) -> Result<bool> {
         let guard = Compare::value(key, CompareOp::Equal, value);
-        self.delete_when(guard, key, also, value.len()).await
+        self.delete_when(guard, key, also, None, value.len()).await
     }
 
-    /// Deletes `key` and `also` if `guard` holds; whether it did.
+    /// Deletes `key` and `also`, and writes `marker`, if `guard` holds; whether it did.
     async fn delete_when(
         &self,
         guard: Compare,
         key: &str,
         also: Option<&str>,
+        marker: Option<&Marker>,
         guard_bytes: usize,
     ) -> Result<bool> {
-        let mut deletes = vec![TxnOp::delete(key, None)];
+        let mut ops = vec![TxnOp::delete(key, None)];
         let mut keys = vec![key.as_bytes().to_vec()];
         if let Some(also) = also {
-            deletes.push(TxnOp::delete(also, None));
+            ops.push(TxnOp::delete(also, None));
             keys.push(also.as_bytes().to_vec());
         }
-        let txn = Txn::new().when(vec![guard]).and_then(deletes);
-        let bytes = keys.iter().map(Vec::len).sum::<usize>() * 2 + guard_bytes + 32;
+        let mut marker_bytes = 0;
+        if let Some(marker) = marker {
+            let options = PutOptions::new().with_lease(marker.lease);
+            ops.push(TxnOp::put(
+                marker.key.as_str(),
+                marker.value.as_str(),
+                Some(options),
+            ));
+            keys.push(marker.key.as_bytes().to_vec());
+            marker_bytes = marker.key.len() + marker.value.len() + 16;
+        }
+        let txn = Txn::new().when(vec![guard]).and_then(ops);
+        let bytes = keys.iter().map(Vec::len).sum::<usize>() * 2 + guard_bytes + marker_bytes + 32;
         Ok(self.commit("txn_delete", keys, txn, bytes).await?.succeeded)
     }
 }

@@ -4,12 +4,14 @@
 mod batch;
 mod create;
 mod deletions;
+mod events;
 mod keepalive;
 mod watch;
 
 pub(crate) use batch::{Batching, GroupCommit, ETCD_MAX_TXN_OPS};
 pub(crate) use create::{Companion, Create, Creation, Quota};
 pub(crate) use deletions::{Deleted, Deletions};
+pub(crate) use events::{Feed, OwnershipEvent, Position, Subscription};
 pub(crate) use keepalive::KeepAlive;
 pub(crate) use watch::{Holders, Wakeup};
 
@@ -35,6 +37,12 @@ const KEEPALIVE_PING_INTERVAL: Duration = Duration::from_secs(10);
 
 /// How long a background revoke of a lease nobody may use is retried.
 const REVOKE_RETRIES_FOR: Duration = Duration::from_secs(30);
+
+/// Largest watch response accepted (etcd-client's default is 4 MiB). A watch that falls behind
+/// gets up to 1,000 revisions per response, and a revoked session deletes all of its keys in one
+/// revision; the event stream asks etcd to fragment responses, the holder and deletion watches
+/// re-list when a response is refused.
+const MAX_WATCH_MESSAGE: usize = 64 * 1024 * 1024;
 
 /// A cheap-to-clone handle on the etcd cluster with a per-call deadline.
 ///
@@ -215,7 +223,8 @@ impl Etcd {
         }
     }
 
-    /// Opens a watch of `prefix` on the pinned member within the call deadline; on failure the
+    /// Opens a watch of `prefix` on the pinned member within the call deadline (its responses up
+    /// to [`MAX_WATCH_MESSAGE`]); on failure the
     /// member is unpinned and `None` returned (`what` names the watch in the log). Gives the
     /// member's index too, to unpin it when the stream fails later.
     pub(crate) async fn open_watch(
@@ -224,8 +233,11 @@ impl Etcd {
         options: etcd_client::WatchOptions,
         what: &str,
     ) -> Option<(usize, etcd_client::WatchStream)> {
-        let Pinned { index, mut client } = self.pinned();
-        match tokio::time::timeout(self.timeout(), client.watch(prefix, Some(options))).await {
+        let Pinned { index, client } = self.pinned();
+        let mut watch = client
+            .watch_client()
+            .max_decoding_message_size(MAX_WATCH_MESSAGE);
+        match tokio::time::timeout(self.timeout(), watch.watch(prefix, Some(options))).await {
             Ok(Ok(stream)) => Some((index, stream)),
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "cannot open the {what} watch");
@@ -474,6 +486,18 @@ impl Etcd {
         })
         .await?;
         Ok(())
+    }
+
+    /// Writes `marker` on its lease; `false` if the lease no longer exists (nothing written).
+    pub(crate) async fn mark(&self, marker: &create::Marker) -> Result<bool> {
+        match self
+            .put_value_with_lease(&marker.key, marker.value.as_bytes(), marker.lease)
+            .await
+        {
+            Ok(()) => Ok(true),
+            Err(Error::Etcd(e)) if is_lease_not_found(&e) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Puts an empty value at `key` (a name nobody else uses) attached to `lease`, and returns

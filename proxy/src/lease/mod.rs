@@ -28,13 +28,13 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
 use crate::etcd::{
-    prefix_end, Companion, Create, Creation, Deleted, Deletions, Etcd, GroupCommit, Holders,
+    prefix_end, Companion, Create, Creation, Deleted, Deletions, Etcd, Feed, GroupCommit, Holders,
     KeepAlive, Wakeup,
 };
 use crate::forward::Upstream;
 use crate::metrics;
 use crate::{Error, Result};
-pub(crate) use record::{i64_string, HolderRecord};
+pub(crate) use record::{i64_string, opt_i64_string, HolderRecord};
 
 /// Bounds applied to client requests.
 #[derive(Debug, Clone, Copy)]
@@ -193,6 +193,8 @@ pub(crate) struct Leases {
     principals_prefix: String,
     sessions_prefix: String,
     sessions: Arc<session::Cache>,
+    /// Ownership events, and the markers releases write for them.
+    feed: Feed,
     commit: GroupCommit,
     era: u64,
     limits: Limits,
@@ -315,14 +317,14 @@ impl Leases {
         tracker: TaskTracker,
         stopping: CancellationToken,
     ) -> Self {
-        // The wait queues live beside the ownership keys: `{etcd-prefix}waiters/`.
-        let waiters_prefix = format!(
-            "{}waiters/",
-            layout
-                .holders_prefix
-                .strip_suffix("holders/")
-                .unwrap_or(&layout.holders_prefix)
-        );
+        // The wait queues and the release markers live beside the ownership keys:
+        // `{etcd-prefix}waiters/`, `{etcd-prefix}ended/`.
+        let etcd_prefix = layout
+            .holders_prefix
+            .strip_suffix("holders/")
+            .unwrap_or(&layout.holders_prefix);
+        let waiters_prefix = format!("{etcd_prefix}waiters/");
+        let feed = Feed::new(etcd.clone(), etcd_prefix);
         let deletions = Deletions::start(&etcd, waiters_prefix.clone(), &tracker, stopping.clone());
         let queue = queue::WaitQueue::start(
             etcd.clone(),
@@ -341,6 +343,7 @@ impl Leases {
             principals_prefix: layout.principals_prefix,
             sessions_prefix: layout.sessions_prefix,
             sessions: Arc::default(),
+            feed,
             commit,
             era,
             limits,
@@ -441,6 +444,16 @@ impl Leases {
             return Ok(());
         }
         self.etcd.revoke(lease_id).await
+    }
+
+    /// The ownership event feed (`GET /v1/watch`).
+    pub(crate) fn feed(&self) -> &Feed {
+        &self.feed
+    }
+
+    /// Fires when the proxy starts draining.
+    pub(crate) fn stopping(&self) -> &CancellationToken {
+        &self.stopping
     }
 
     /// The bounds this service enforces.
@@ -663,7 +676,7 @@ impl Leases {
             let index = self.index_key(principal, resource);
             if let Err(e) = self
                 .commit
-                .delete_if_created(&key, revision, index.as_deref())
+                .delete_if_created(&key, revision, index.as_deref(), None)
                 .await
             {
                 // It ends with its session at the latest.
@@ -1061,15 +1074,26 @@ impl Leases {
         };
         record.owned_by(principal)?;
         self.holders.releasing(resource, revision);
+        // The marker tells the event stream this end is a release, not an expiry.
+        let marker = self.feed.released_marker(revision, record.lease_id);
         let ending = if record.session {
             // The session's lease carries its other grants: this key alone, if it is still
             // this incarnation.
             let index = self.index_key(record.principal.as_deref(), resource);
             self.commit
-                .delete_if_created(&self.key(resource), revision, index.as_deref())
+                .delete_if_created(
+                    &self.key(resource),
+                    revision,
+                    index.as_deref(),
+                    Some(&marker),
+                )
                 .await
         } else {
-            self.etcd.revoke_existing(record.lease_id).await
+            // The marker goes on the grant's own lease, so the revoke deletes it with the key.
+            match self.etcd.mark(&marker).await {
+                Ok(true) => self.etcd.revoke_existing(record.lease_id).await,
+                other => other,
+            }
         };
         let ended = ending.inspect_err(|_| {
             // Perhaps not ended: should the grant lapse later, that is an expiry.

@@ -296,7 +296,11 @@ impl Leases {
             Err(Error::SessionLost) => return Ok(()),
             Err(e) => return Err(e),
         }
-        self.etcd.revoke(id).await?;
+        // The marker tells the event stream its grants were released, not expired; the revoke
+        // deletes it with them.
+        if self.etcd.mark(&self.feed.closed_marker(id)).await? {
+            self.etcd.revoke(id).await?;
+        }
         self.sessions.forget(id);
         tracing::info!(session = id, "session closed");
         Ok(())

@@ -1,0 +1,424 @@
+//! Ownership events for `GET /v1/watch`: every grant made (`acquired`) and ended (`released`,
+//! `expired`), in etcd's revision order, from one etcd watch per subscriber.
+//!
+//! A grant is made by creating its ownership key `{prefix}holders/{resource}`; it ends when that
+//! key is deleted. etcd does not say *why* a key was deleted — a lease revoked by a release and
+//! a lease that lapsed look the same — so every deliberate end writes a marker that goes in the
+//! same revision as the deletion:
+//! - a release writes `{prefix}ended/released/{lease}` = the grant's create revision, on the
+//!   grant's lease: for a grant with a lease of its own before revoking it (the revoke deletes
+//!   key and marker together), for a session grant in its compare-and-delete transaction (one
+//!   marker key per session, overwritten by each release, gone with the session);
+//! - closing a session writes `{prefix}ended/closed/{session}` on the session's lease before
+//!   revoking it.
+//!
+//! A deletion is `released` when its revision carries a release marker naming exactly that
+//! grant's create revision (create revisions are unique, so a marker left by an earlier release
+//! never names a later grant), or its lease's close marker; every other deletion — the lease
+//! lapsed, or a grant the proxy withdrew because its client went away — is `expired`.
+//!
+//! Positions: an event's id is `R.n` — its revision `R` and its index `n` among the events of
+//! revision `R` in this key range (etcd never splits a revision across watch responses, and
+//! replays a revision's events in the same order). A subscriber resumes after `R.n` by watching
+//! from `R` and skipping indices up to `n`, or after a bare `R` (everything up to `R` seen) by
+//! watching from `R + 1`.
+
+use std::collections::{HashSet, VecDeque};
+use std::fmt;
+
+use etcd_client::{EventType, WatchOptions, WatchStream};
+use serde::Serialize;
+
+use super::{prefix_end, Etcd};
+use crate::lease::HolderRecord;
+use crate::{Error, Result};
+
+/// Where a subscriber stands in the event history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Position {
+    /// The etcd revision.
+    pub(crate) revision: i64,
+    /// The index within the revision of the last event seen; `None`: all of it seen.
+    pub(crate) index: Option<u32>,
+}
+
+impl Position {
+    /// Parses a `Last-Event-ID`: `R` or `R.n`, decimal, `R` ≥ 1. Anything else is refused.
+    pub(crate) fn parse(id: &str) -> Result<Self> {
+        let bad = || Error::InvalidField {
+            field: "Last-Event-ID",
+            reason: "must be an event id from this stream: REVISION or REVISION.INDEX".into(),
+        };
+        let digits =
+            |s: &str| !s.is_empty() && s.len() <= 19 && s.bytes().all(|b| b.is_ascii_digit());
+        let (revision, index) = match id.split_once('.') {
+            Some((r, n)) if digits(r) && digits(n) => (
+                r.parse::<i64>().map_err(|_| bad())?,
+                Some(n.parse::<u32>().map_err(|_| bad())?),
+            ),
+            None if digits(id) => (id.parse::<i64>().map_err(|_| bad())?, None),
+            _ => return Err(bad()),
+        };
+        if revision < 1 {
+            return Err(bad());
+        }
+        Ok(Self { revision, index })
+    }
+
+    /// The first revision a watch resuming after this position must see.
+    fn watch_from(self) -> i64 {
+        match self.index {
+            Some(_) => self.revision,
+            None => self.revision.saturating_add(1),
+        }
+    }
+}
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.index {
+            Some(n) => write!(f, "{}.{n}", self.revision),
+            None => write!(f, "{}", self.revision),
+        }
+    }
+}
+
+/// What happened to a grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Kind {
+    /// A grant was made.
+    Acquired,
+    /// Its holder released it (or closed its session).
+    Released,
+    /// It ended without a release: its lease lapsed, or the proxy withdrew it.
+    Expired,
+}
+
+impl Kind {
+    /// The SSE event name.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Kind::Acquired => "acquired",
+            Kind::Released => "released",
+            Kind::Expired => "expired",
+        }
+    }
+}
+
+/// One ownership event, as sent in an SSE `data` line.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct OwnershipEvent {
+    /// Its position (the SSE id); not in the data.
+    #[serde(skip)]
+    pub(crate) position: Position,
+    /// `acquired`, `released` or `expired`.
+    #[serde(rename = "type")]
+    pub(crate) kind: Kind,
+    /// The resource.
+    pub(crate) resource: String,
+    /// The grant's holder.
+    pub(crate) holder: String,
+    /// The grant's token: its create revision (decimal string, as in a grant).
+    pub(crate) token: String,
+    /// The etcd revision of this event.
+    pub(crate) revision: i64,
+    /// The grant's etcd lease (decimal string).
+    #[serde(with = "crate::lease::i64_string")]
+    pub(crate) lease_id: i64,
+    /// The session the grant lived on.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        with = "crate::lease::opt_i64_string"
+    )]
+    pub(crate) session: Option<i64>,
+}
+
+/// The key layout of the event feed.
+#[derive(Clone)]
+pub(crate) struct Feed {
+    etcd: Etcd,
+    holders: String,
+    ended: String,
+}
+
+impl Feed {
+    /// The feed over `{etcd_prefix}holders/` and `{etcd_prefix}ended/`.
+    pub(crate) fn new(etcd: Etcd, etcd_prefix: &str) -> Self {
+        Self {
+            etcd,
+            holders: format!("{etcd_prefix}holders/"),
+            ended: format!("{etcd_prefix}ended/"),
+        }
+    }
+
+    /// Subscribes to the events after `after` (or after now, when `None`): answers the position
+    /// the subscription starts from and the subscription. [`Error::EventsUnavailable`] when
+    /// `after` is no longer (or not yet) in etcd's history.
+    pub(crate) async fn subscribe(&self, after: Option<Position>) -> Result<Subscription> {
+        let start = match after {
+            Some(after) => {
+                // A range at the revision before the first one watched fails exactly when the
+                // watch would: that part of the history is compacted, or in the future.
+                let before = after.watch_from() - 1;
+                if before > 0 {
+                    let end = prefix_end(self.holders.as_bytes());
+                    self.etcd
+                        .range_at(self.holders.as_bytes(), &end, 1, before)
+                        .await
+                        .map_err(|e| match e {
+                            Error::Etcd(etcd_client::Error::GRpcStatus(status))
+                                if status.code() == tonic::Code::OutOfRange =>
+                            {
+                                Error::EventsUnavailable(status.message().to_owned())
+                            }
+                            other => other,
+                        })?;
+                }
+                after
+            }
+            None => Position {
+                revision: self.etcd.header().await?.revision,
+                index: None,
+            },
+        };
+        let options = WatchOptions::new()
+            .with_range(prefix_end(self.holders.as_bytes()))
+            .with_prev_key()
+            .with_fragment()
+            .with_start_revision(start.watch_from());
+        let (index, stream) = self
+            .etcd
+            .open_watch(&self.ended, options, "event")
+            .await
+            .ok_or(Error::EtcdTimeout(self.etcd.timeout()))?;
+        Ok(Subscription {
+            feed: self.clone(),
+            start,
+            skip: start.index.map(|n| (start.revision, n)),
+            stream,
+            pinned: index,
+            partial: Vec::new(),
+            ready: VecDeque::new(),
+        })
+    }
+
+    /// The marker a release of the grant created at `revision` on `lease` writes.
+    pub(crate) fn released_marker(&self, revision: i64, lease: i64) -> super::create::Marker {
+        super::create::Marker {
+            key: format!("{}released/{lease}", self.ended),
+            value: revision.to_string(),
+            lease,
+        }
+    }
+
+    /// The marker closing session `id` writes.
+    pub(crate) fn closed_marker(&self, id: i64) -> super::create::Marker {
+        super::create::Marker {
+            key: format!("{}closed/{id}", self.ended),
+            value: String::new(),
+            lease: id,
+        }
+    }
+
+    /// The events of one revision's etcd events (in etcd's order), from index `skip_through`
+    /// on exclusive.
+    fn classify(
+        &self,
+        revision: i64,
+        events: &[&etcd_client::Event],
+        skip_through: Option<u32>,
+    ) -> Vec<OwnershipEvent> {
+        let released_prefix = format!("{}released/", self.ended);
+        let closed_prefix = format!("{}closed/", self.ended);
+        let mut released: HashSet<&[u8]> = HashSet::new();
+        let mut closed: HashSet<i64> = HashSet::new();
+        for event in events {
+            let (Some(kv), prev) = (event.kv(), event.prev_kv()) else {
+                continue;
+            };
+            if kv.key().starts_with(released_prefix.as_bytes()) {
+                released.insert(match event.event_type() {
+                    EventType::Put => kv.value(),
+                    EventType::Delete => prev.map(|p| p.value()).unwrap_or_default(),
+                });
+            } else if let Some(id) = kv.key().strip_prefix(closed_prefix.as_bytes()) {
+                if let Some(id) = std::str::from_utf8(id).ok().and_then(|s| s.parse().ok()) {
+                    closed.insert(id);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for (index, event) in events.iter().enumerate() {
+            let index = u32::try_from(index).unwrap_or(u32::MAX);
+            if skip_through.is_some_and(|n| index <= n) {
+                continue;
+            }
+            let Some(kv) = event.kv() else { continue };
+            let Some(name) = kv.key().strip_prefix(self.holders.as_bytes()) else {
+                continue;
+            };
+            let Ok(resource) = std::str::from_utf8(name) else {
+                continue;
+            };
+            let (kind, stored) = match event.event_type() {
+                // Only a create makes a grant; nothing else writes an ownership key.
+                EventType::Put if kv.create_revision() == kv.mod_revision() => (Kind::Acquired, kv),
+                EventType::Put => continue,
+                EventType::Delete => {
+                    let Some(prev) = event.prev_kv() else {
+                        tracing::warn!(%resource, revision, "a deleted ownership key came without its previous value; event skipped");
+                        continue;
+                    };
+                    let token = prev.create_revision().to_string();
+                    let marked =
+                        released.contains(token.as_bytes()) || closed.contains(&prev.lease());
+                    (
+                        if marked {
+                            Kind::Released
+                        } else {
+                            Kind::Expired
+                        },
+                        prev,
+                    )
+                }
+            };
+            let Ok(record) = HolderRecord::decode(resource, stored.value()) else {
+                tracing::warn!(%resource, revision, "an ownership key that does not parse; event skipped");
+                continue;
+            };
+            out.push(OwnershipEvent {
+                position: Position {
+                    revision,
+                    index: Some(index),
+                },
+                kind,
+                resource: resource.to_owned(),
+                holder: record.holder,
+                token: stored.create_revision().to_string(),
+                revision,
+                lease_id: stored.lease(),
+                session: record.session.then_some(record.lease_id),
+            });
+        }
+        out
+    }
+}
+
+/// One subscriber's etcd watch.
+pub(crate) struct Subscription {
+    feed: Feed,
+    /// Where the subscription starts (the first SSE id).
+    start: Position,
+    /// Events of this revision up to this index were seen before (a resume inside a revision).
+    /// Kept for the subscription's life: responses before that revision's (etcd's "created")
+    /// carry no events, and later revisions never match.
+    skip: Option<(i64, u32)>,
+    stream: WatchStream,
+    pinned: usize,
+    /// Events of the revision being read, when a fragment ended inside it.
+    partial: Vec<(i64, etcd_client::Event)>,
+    ready: VecDeque<OwnershipEvent>,
+}
+
+impl Subscription {
+    /// The position the subscription starts after.
+    pub(crate) fn start(&self) -> Position {
+        self.start
+    }
+
+    /// The next event, in revision order; `Ok(None)` when etcd ended the watch,
+    /// [`Error::EventsUnavailable`] when it cancelled it for compaction.
+    pub(crate) async fn next(&mut self) -> Result<Option<OwnershipEvent>> {
+        loop {
+            if let Some(event) = self.ready.pop_front() {
+                return Ok(Some(event));
+            }
+            let resp = match self.stream.message().await {
+                Ok(Some(resp)) => resp,
+                Ok(None) => return Ok(None),
+                Err(e) => {
+                    self.feed.etcd.unpin(self.pinned);
+                    return Err(Error::Etcd(e));
+                }
+            };
+            if resp.canceled() {
+                if resp.compact_revision() > 0 {
+                    return Err(Error::EventsUnavailable(format!(
+                        "compacted up to revision {}",
+                        resp.compact_revision()
+                    )));
+                }
+                return Ok(None);
+            }
+            // A fragment (etcd splits responses over its request size limit) may end inside a
+            // revision: that revision's events wait for the rest. Only the revision being read
+            // is held, never the backlog.
+            let last_fragment = !resp.0.fragment;
+            for event in resp.events() {
+                let revision = event.kv().map(|kv| kv.mod_revision()).unwrap_or(0);
+                if self.partial.first().is_some_and(|(r, _)| *r != revision) {
+                    self.flush();
+                }
+                self.partial.push((revision, event.clone()));
+            }
+            if last_fragment {
+                self.flush();
+            }
+        }
+    }
+
+    /// Classifies the events of the revision held in `partial`.
+    fn flush(&mut self) {
+        let Some(&(revision, _)) = self.partial.first() else {
+            return;
+        };
+        let group: Vec<&etcd_client::Event> = self.partial.iter().map(|(_, e)| e).collect();
+        let skip = match self.skip {
+            Some((r, n)) if r == revision => Some(n),
+            _ => None,
+        };
+        let events = self.feed.classify(revision, &group, skip);
+        self.ready.extend(events);
+        self.partial.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Position;
+
+    #[test]
+    fn positions_parse_and_print_back() {
+        for id in ["1", "42", "42.0", "42.17", "9223372036854775807.4294967295"] {
+            assert_eq!(
+                Position::parse(id).map(|p| p.to_string()).ok().as_deref(),
+                Some(id)
+            );
+        }
+        let p = Position::parse("42.3").ok();
+        assert_eq!(p.map(|p| p.watch_from()), Some(42));
+        assert_eq!(Position::parse("42").ok().map(|p| p.watch_from()), Some(43));
+        for bad in [
+            "",
+            "0",
+            "-1",
+            "+1",
+            "1.",
+            ".1",
+            "1.2.3",
+            "a",
+            "1.a",
+            " 1",
+            "1 ",
+            "1e3",
+            "0x10",
+            "99999999999999999999",
+            "1.99999999999",
+            "1.-1",
+            "１",
+        ] {
+            assert!(Position::parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

@@ -1,0 +1,589 @@
+//! `GET /v1/watch`: ownership events as Server-Sent Events against real etcd — acquired,
+//! released (release, session grant release, session close) and expired (lease lapsed, session
+//! lapsed), in revision order; resuming with `Last-Event-ID` loses and repeats nothing, also
+//! inside one revision; a compacted or future resume point is 410; 1,000 events/s through one
+//! stream, with a reader that stalls, keep the proxy's memory bounded.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use futures::StreamExt as _;
+use serde_json::Value;
+use tokio::time::{timeout, Instant};
+
+/// One SSE message.
+#[derive(Debug, Clone, PartialEq)]
+struct Message {
+    id: Option<String>,
+    event: Option<String>,
+    data: Option<Value>,
+}
+
+/// A minimal SSE reader over a streaming response.
+struct Sse {
+    body: futures::stream::BoxStream<'static, reqwest::Result<bytes::Bytes>>,
+    buf: Vec<u8>,
+    /// The server ended the stream (as opposed to nothing arriving in time).
+    ended: bool,
+}
+
+impl Sse {
+    async fn open(url: &str, last_event_id: Option<&str>) -> Self {
+        let mut tries = 0;
+        let resp = loop {
+            let mut req = reqwest::Client::new().get(url);
+            if let Some(id) = last_event_id {
+                req = req.header("last-event-id", id);
+            }
+            let resp = req.send().await.unwrap();
+            // etcd without a leader for a moment: try again, as a client would.
+            if resp.status() == 503 && tries < 100 {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            break resp;
+        };
+        assert_eq!(resp.status(), 200, "{:?}", resp.text().await);
+        assert_eq!(
+            resp.headers()["content-type"].to_str().unwrap(),
+            "text/event-stream"
+        );
+        Self {
+            body: resp.bytes_stream().boxed(),
+            buf: Vec::new(),
+            ended: false,
+        }
+    }
+
+    /// The next message (comments skipped), or `None` when the stream ended or `within` passed.
+    async fn next(&mut self, within: Duration) -> Option<Message> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(end) = self.buf.windows(2).position(|w| w == b"\n\n") {
+                let block: Vec<u8> = self.buf.drain(..end + 2).collect();
+                let text = String::from_utf8(block).unwrap();
+                let mut m = Message {
+                    id: None,
+                    event: None,
+                    data: None,
+                };
+                let mut any = false;
+                for line in text.lines() {
+                    if let Some(v) = line.strip_prefix("id: ") {
+                        m.id = Some(v.to_owned());
+                        any = true;
+                    } else if let Some(v) = line.strip_prefix("event: ") {
+                        m.event = Some(v.to_owned());
+                    } else if let Some(v) = line.strip_prefix("data: ") {
+                        m.data = Some(serde_json::from_str(v).unwrap());
+                        any = true;
+                    }
+                }
+                if any {
+                    return Some(m);
+                }
+                continue;
+            }
+            match timeout(
+                deadline.saturating_duration_since(Instant::now()),
+                self.body.next(),
+            )
+            .await
+            {
+                Ok(Some(Ok(chunk))) => self.buf.extend_from_slice(&chunk),
+                Ok(_) => {
+                    self.ended = true;
+                    return None;
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// The next event (a message with data); panics if none comes within `within`.
+    async fn event(&mut self, within: Duration) -> Message {
+        loop {
+            let m = self.next(within).await.expect("an event");
+            if m.data.is_some() {
+                return m;
+            }
+        }
+    }
+}
+
+/// (type, resource, holder, token) of an event.
+fn summary(m: &Message) -> (String, String, String, String) {
+    let d = m.data.as_ref().unwrap();
+    assert_eq!(d["type"].as_str(), m.event.as_deref(), "{m:?}");
+    (
+        d["type"].as_str().unwrap().to_owned(),
+        d["resource"].as_str().unwrap().to_owned(),
+        d["holder"].as_str().unwrap().to_owned(),
+        d["token"].as_str().unwrap().to_owned(),
+    )
+}
+
+fn watch_url(proxy: &Proxy, prefix: &str) -> String {
+    format!("{}/v1/watch?prefix={prefix}", proxy.url)
+}
+
+/// `(revision, index)` of an event id `R.n`.
+fn position(id: &str) -> (i64, u32) {
+    let (r, n) = id.split_once('.').unwrap();
+    (r.parse().unwrap(), n.parse().unwrap())
+}
+
+const WAIT: Duration = Duration::from_secs(10);
+
+#[tokio::test]
+async fn events_name_every_grant_and_how_it_ended_in_revision_order() {
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let mut sse = Sse::open(&watch_url(&proxy, "ev-"), None).await;
+    let first = sse.next(WAIT).await.unwrap();
+    assert!(first.data.is_none() && first.id.is_some(), "{first:?}");
+    let mut expected = Vec::new();
+    let grant = |body: &Value| (str_field(body, "resource"), str_field(body, "token"));
+
+    // An own-lease grant released.
+    let (s, a) = acquire(&proxy, "ev-a", "alice", 30).await;
+    assert_eq!(s, 201, "{a}");
+    release(&proxy, "ev-a", &str_field(&a, "secret")).await;
+    // A session: one grant released, another ended by closing the session.
+    let sess = session(&proxy, "bob", 30).await;
+    let (_, b) = acquire_in(&proxy, "ev-b", "bob", &sess).await;
+    let (_, c) = acquire_in(&proxy, "ev-c", "bob", &sess).await;
+    release(&proxy, "ev-b", &str_field(&b, "secret")).await;
+    assert_eq!(close_session(&proxy, &sess).await.0, 204);
+    // Outside the prefix: never shown.
+    let (s, _) = acquire(&proxy, "other", "eve", 30).await;
+    assert_eq!(s, 201);
+    // A lapsing session whose resource was released and acquired again under it: the new grant
+    // expires (the old release's marker names the old grant only).
+    let lapsing = session(&proxy, "carol", 2).await;
+    let (_, d1) = acquire_in(&proxy, "ev-d", "carol", &lapsing).await;
+    release(&proxy, "ev-d", &str_field(&d1, "secret")).await;
+    let (_, d2) = acquire_in(&proxy, "ev-d", "carol", &lapsing).await;
+    // An own-lease grant that lapses.
+    let (_, e) = acquire(&proxy, "ev-e", "dave", 2).await;
+
+    for (kind, body, holder) in [
+        ("acquired", &a, "alice"),
+        ("released", &a, "alice"),
+        ("acquired", &b, "bob"),
+        ("acquired", &c, "bob"),
+        ("released", &b, "bob"),
+        ("released", &c, "bob"),
+        ("acquired", &d1, "carol"),
+        ("released", &d1, "carol"),
+        ("acquired", &d2, "carol"),
+        ("acquired", &e, "dave"),
+    ] {
+        let (resource, token) = grant(body);
+        expected.push((kind.to_owned(), resource, holder.to_owned(), token));
+    }
+    let mut seen = Vec::new();
+    let mut last = (0, 0);
+    for _ in 0..expected.len() + 2 {
+        let m = sse.event(WAIT).await;
+        let at = position(m.id.as_deref().unwrap());
+        assert!(at > last, "ids not rising: {at:?} after {last:?}");
+        assert_eq!(
+            m.data.as_ref().unwrap()["revision"].as_i64(),
+            Some(at.0),
+            "{m:?}"
+        );
+        last = at;
+        seen.push(summary(&m));
+    }
+    // The two lapses come last, in whichever order etcd expired them.
+    let (done, lapsed) = seen.split_at(expected.len());
+    assert_eq!(done, expected.as_slice());
+    let mut lapsed = lapsed.to_vec();
+    lapsed.sort();
+    let (rd, td) = grant(&d2);
+    let (re, te) = grant(&e);
+    assert_eq!(
+        lapsed,
+        vec![
+            ("expired".to_owned(), rd, "carol".to_owned(), td),
+            ("expired".to_owned(), re, "dave".to_owned(), te),
+        ]
+    );
+    // The session fields: grants under a session name it, own-lease grants do not.
+    let _ = (b, c);
+}
+
+#[tokio::test]
+async fn a_resumed_stream_loses_and_repeats_nothing_even_inside_one_revision() {
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let url = watch_url(&proxy, "");
+    let mut whole = Sse::open(&url, None).await;
+    let start = whole.next(WAIT).await.unwrap().id.unwrap();
+
+    // Three grants on one session, ended together by its close: three events of one revision.
+    let sess = session(&proxy, "s", 30).await;
+    for r in ["r1", "r2", "r3"] {
+        assert_eq!(acquire_in(&proxy, r, "s", &sess).await.0, 201);
+    }
+    assert_eq!(close_session(&proxy, &sess).await.0, 204);
+
+    let mut all = Vec::new();
+    for _ in 0..6 {
+        all.push(whole.event(WAIT).await);
+    }
+    let closed: Vec<_> = all[3..]
+        .iter()
+        .map(|m| position(m.id.as_deref().unwrap()))
+        .collect();
+    assert!(
+        closed.iter().all(|p| p.0 == closed[0].0),
+        "one close, one revision: {closed:?}"
+    );
+
+    // A reader that saw the first of the three, then lost its connection.
+    let mut partial = Sse::open(&url, Some(&start)).await;
+    partial.next(WAIT).await.unwrap();
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        got.push(partial.event(WAIT).await);
+    }
+    let cut = got.last().unwrap().id.clone().unwrap();
+    drop(partial);
+    // Meanwhile more happens.
+    let (s, later) = acquire(&proxy, "r4", "t", 30).await;
+    assert_eq!(s, 201);
+    all.push(whole.event(WAIT).await);
+    let mut resumed = Sse::open(&url, Some(&cut)).await;
+    let hello = resumed.next(WAIT).await.unwrap();
+    assert_eq!(hello.id.as_deref(), Some(cut.as_str()));
+    for _ in 0..3 {
+        got.push(resumed.event(WAIT).await);
+    }
+    assert_eq!(
+        got, all,
+        "resumed stream differs from the uninterrupted one"
+    );
+    assert!(
+        resumed.next(Duration::from_millis(500)).await.is_none(),
+        "an event repeated"
+    );
+    assert_eq!(summary(got.last().unwrap()).3, str_field(&later, "token"));
+
+    // The query form of the id works too, and a bare revision resumes after all of it.
+    let revision = closed[0].0;
+    let resp = reqwest::get(format!("{url}&last_event_id={revision}"))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+}
+
+#[tokio::test]
+async fn bad_and_unavailable_resume_points_are_refused() {
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let url = watch_url(&proxy, "");
+    let client = reqwest::Client::new();
+    for bad in ["x", "1.", "-3", "0", "1.2.3", "99999999999999999999"] {
+        let r = client
+            .get(&url)
+            .header("last-event-id", bad)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{bad}");
+    }
+    for bad in ["a b", "%2F", "-x"] {
+        let r = client
+            .get(format!("{}/v1/watch?prefix={bad}", proxy.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "prefix {bad}");
+    }
+    let r = client.get(format!("{url}&since=1")).send().await.unwrap();
+    assert_eq!(r.status(), 400, "unknown parameter");
+
+    let mut sse = Sse::open(&url, None).await;
+    let start = sse.next(WAIT).await.unwrap().id.unwrap();
+    drop(sse);
+    for i in 0..5 {
+        assert_eq!(acquire(&proxy, &format!("c{i}"), "h", 30).await.0, 201);
+    }
+    // The future: not this etcd's history.
+    let future = format!("{}", start.parse::<i64>().unwrap() + 1_000_000);
+    let r = client
+        .get(&url)
+        .header("last-event-id", &future)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 410);
+    // Compacted away.
+    let mut kv = etcd.client().await;
+    let now = kv
+        .get("x", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    kv.compact(now, None).await.unwrap();
+    let r = client
+        .get(&url)
+        .header("last-event-id", &start)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 410);
+    let problem: Value = r.json().await.unwrap();
+    assert!(
+        problem["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("events-compacted"),
+        "{problem}"
+    );
+    // From the compaction point on it works again.
+    assert_eq!(
+        client
+            .get(&url)
+            .header("last-event-id", now.to_string())
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}
+
+/// A record as the proxy stores it, for keys written straight into etcd, with a 4 KiB holder
+/// name (longer than an acquire allows), so that a backlog in the proxy would show: 20,000 such
+/// events are 80 MiB.
+fn record(holder: &str) -> String {
+    let holder = format!("{holder}-{}", "h".repeat(4096));
+    serde_json::json!({
+        "holder": holder, "lease_id": "0", "secret_hash": "x", "acquired_at": 0, "ttl_seconds": 30
+    })
+    .to_string()
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_thousand_events_a_second_through_one_stream_with_a_stalled_reader_stay_bounded() {
+    let etcd = Etcd::single().await;
+    let dir = tempfile::tempdir().unwrap();
+    let key = key_file(dir.path());
+    let port = lease_proxy_testkit::free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut child =
+        std::process::Command::new(lease_proxy_testkit::workspace_binary("lease-proxy"))
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--etcd-endpoints", &etcd.endpoints().join(",")])
+            .arg("--key-file")
+            .arg(&key)
+            .arg("--data-dir")
+            .arg(dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+    wait_ready(&url).await;
+    let pid = child.id();
+
+    let mut reader = Sse::open(&format!("{url}/v1/watch"), None).await;
+    reader.next(WAIT).await.unwrap();
+    let baseline = rss_kib(pid);
+
+    // 1,000 events a second for 20 s, 100 per revision, straight into etcd: 100 grants made,
+    // then the same 100 ended, five times a second (so the proxy's own view of held resources
+    // stays small). The reader reads nothing meanwhile.
+    let mut kv = etcd.client().await;
+    let value = record("bulk");
+    let total = 20_000usize;
+    let started = Instant::now();
+    let name = |i: usize| format!("/lease-proxy/holders/bulk-{i:05}");
+    for second in 0..20usize {
+        for batch in 0..5usize {
+            let base = second * 500 + batch * 100;
+            let puts: Vec<_> = (base..base + 100)
+                .map(|i| etcd_client::TxnOp::put(name(i), value.as_str(), None))
+                .collect();
+            kv.txn(etcd_client::Txn::new().and_then(puts))
+                .await
+                .unwrap();
+            let deletes: Vec<_> = (base..base + 100)
+                .map(|i| etcd_client::TxnOp::delete(name(i), None))
+                .collect();
+            kv.txn(etcd_client::Txn::new().and_then(deletes))
+                .await
+                .unwrap();
+        }
+        tokio::time::sleep_until(started + Duration::from_secs(second as u64 + 1)).await;
+    }
+    let stalled = rss_kib(pid);
+    // Everything arrives, in order, once the reader reads.
+    let mut last = (0, 0);
+    for n in 0..total {
+        let m = reader.event(Duration::from_secs(30)).await;
+        let at = position(m.id.as_deref().unwrap());
+        assert!(at > last);
+        last = at;
+        let d = m.data.unwrap();
+        let (i, kind) = (
+            (n / 200) * 100 + n % 100,
+            if n % 200 < 100 { "acquired" } else { "expired" },
+        );
+        assert_eq!(d["resource"].as_str().unwrap(), format!("bulk-{i:05}"));
+        assert_eq!(d["type"], kind);
+    }
+    let after = rss_kib(pid);
+    eprintln!("proxy RSS: {baseline} KiB at the start, {stalled} KiB stalled, {after} KiB after");
+    let _ = child.kill();
+    let _ = child.wait();
+    // The proxy must not be what holds the 80 MiB back.
+    assert!(
+        stalled < baseline + 24 * 1024 && after < baseline + 24 * 1024,
+        "proxy RSS grew from {baseline} KiB to {stalled} KiB (stalled reader) and {after} KiB"
+    );
+}
+
+#[tokio::test]
+async fn streams_are_bounded_and_end_when_the_proxy_drains() {
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |c| c.max_watch_streams = 2).await;
+    let url = watch_url(&proxy, "");
+    let mut one = Sse::open(&url, None).await;
+    let two = Sse::open(&url, None).await;
+    let r = reqwest::get(&url).await.unwrap();
+    assert_eq!(r.status(), 503);
+    let problem: Value = r.json().await.unwrap();
+    assert!(problem["type"]
+        .as_str()
+        .unwrap()
+        .ends_with("too-many-watches"));
+    // A slot comes back when a client leaves.
+    drop(two);
+    let mut again = None;
+    for _ in 0..100 {
+        let r = reqwest::get(&url).await.unwrap();
+        if r.status() == 200 {
+            again = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(again.is_some(), "the slot never came back");
+    drop(again);
+    // Draining ends the open streams, so the drain does not wait for them.
+    one.next(WAIT).await.unwrap();
+    let stopped = Instant::now();
+    proxy.stop().await;
+    assert!(one.next(WAIT).await.is_none());
+    assert!(
+        stopped.elapsed() < Duration::from_secs(3),
+        "drain waited for the stream"
+    );
+}
+
+/// A stream whose etcd member dies ends; resuming from the last id on another proxy replica loses
+/// and repeats nothing: every acquire answered 201 is one `acquired` event, in token order.
+#[tokio::test]
+async fn resuming_across_a_leader_kill_and_replicas_loses_nothing() {
+    let mut etcd = Etcd::cluster(3).await;
+    let a = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let b = a.replica(etcd.endpoints(), |_| {}).await;
+    let urls = [watch_url(&a, "k-"), watch_url(&b, "k-")];
+    let mut sse = Sse::open(&urls[0], None).await;
+    let mut last = sse.next(WAIT).await.unwrap().id.unwrap();
+    let mut tokens = Vec::new();
+    let mut seen = Vec::new();
+    let mut opened = 1;
+    let mut killed = None;
+    // Reads what has arrived; an ended stream is resumed from the last id on the other replica.
+    async fn drain(
+        sse: &mut Sse,
+        last: &mut String,
+        seen: &mut Vec<String>,
+        opened: &mut usize,
+        urls: &[String; 2],
+        within: Duration,
+    ) {
+        loop {
+            match sse.next(within).await {
+                Some(m) => {
+                    *last = m.id.clone().unwrap();
+                    if m.data.is_some() {
+                        seen.push(summary(&m).3);
+                    }
+                }
+                None if sse.ended => {
+                    *opened += 1;
+                    *sse = Sse::open(&urls[*opened % 2], Some(last)).await;
+                }
+                None => return,
+            }
+        }
+    }
+    for i in 0..60 {
+        if i == 20 {
+            let leader = etcd.wait_leader(Duration::from_secs(10)).await.unwrap();
+            etcd.kill(leader);
+            killed = Some(leader);
+        }
+        if i == 40 {
+            etcd.restart(killed.unwrap()).await;
+        }
+        let proxy = if i % 2 == 0 { &a } else { &b };
+        for _ in 0..100 {
+            let (s, body) = acquire(proxy, &format!("k-{i:02}"), "h", 30).await;
+            if s == 201 {
+                tokens.push(str_field(&body, "token"));
+                break;
+            }
+            assert_eq!(s, 503, "{body}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        drain(
+            &mut sse,
+            &mut last,
+            &mut seen,
+            &mut opened,
+            &urls,
+            Duration::from_millis(50),
+        )
+        .await;
+        if i % 10 == 9 {
+            // A client that reconnects on its own, to the other replica.
+            opened += 1;
+            sse = Sse::open(&urls[opened % 2], Some(&last)).await;
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while seen.len() < tokens.len() && Instant::now() < deadline {
+        drain(
+            &mut sse,
+            &mut last,
+            &mut seen,
+            &mut opened,
+            &urls,
+            Duration::from_secs(1),
+        )
+        .await;
+    }
+    assert_eq!(tokens.len(), 60);
+    assert_eq!(seen, tokens, "events differ from the grants");
+}
