@@ -32,9 +32,16 @@ struct Sse {
 
 impl Sse {
     async fn open(url: &str, last_event_id: Option<&str>) -> Self {
+        Self::open_as(url, last_event_id, None).await
+    }
+
+    async fn open_as(url: &str, last_event_id: Option<&str>, bearer: Option<&str>) -> Self {
         let mut tries = 0;
         let resp = loop {
             let mut req = reqwest::Client::new().get(url);
+            if let Some(token) = bearer {
+                req = req.bearer_auth(token);
+            }
             if let Some(id) = last_event_id {
                 req = req.header("last-event-id", id);
             }
@@ -586,4 +593,63 @@ async fn resuming_across_a_leader_kill_and_replicas_loses_nothing() {
     }
     assert_eq!(tokens.len(), 60);
     assert_eq!(seen, tokens, "events differ from the grants");
+}
+
+/// With `--auth-tokens`: a stream needs `read` somewhere and shows only what its caller may read.
+#[tokio::test]
+async fn a_principal_sees_only_the_resources_it_may_read() {
+    use sha2::{Digest, Sha256};
+    let hash = |t: &str| hex::encode(Sha256::digest(t.as_bytes()));
+    let etcd = Etcd::single().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(
+        &tokens,
+        format!(
+            "writer {} acquire:*\nreader {} read:aisle-\nall {} read:*\n",
+            hash("w-token-0123456789"),
+            hash("r-token-0123456789"),
+            hash("a-token-0123456789"),
+        ),
+    )
+    .unwrap();
+    let proxy = Proxy::start(etcd.endpoints(), |c| c.auth_tokens = Some(tokens.clone())).await;
+    let url = watch_url(&proxy, "");
+    let client = reqwest::Client::new();
+    for (token, status) in [
+        (None, 401),
+        (Some("w-token-0123456789"), 403),
+        (Some("nobody-0123456789"), 401),
+    ] {
+        let mut req = client.get(&url);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        assert_eq!(req.send().await.unwrap().status(), status, "{token:?}");
+    }
+    let mut reader = Sse::open_as(&url, None, Some("r-token-0123456789")).await;
+    let mut all = Sse::open_as(&url, None, Some("a-token-0123456789")).await;
+    reader.next(WAIT).await.unwrap();
+    all.next(WAIT).await.unwrap();
+    for r in ["dock-1", "aisle-1", "dock-2", "aisle-2"] {
+        let (s, body) = send(
+            http()
+                .post(format!("{}/v1/leases/{r}", proxy.url))
+                .bearer_auth("w-token-0123456789")
+                .json(&serde_json::json!({"holder": "w", "ttl_seconds": 30})),
+        )
+        .await;
+        assert_eq!(s, 201, "{body}");
+    }
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        seen.push(summary(&all.event(WAIT).await).1);
+    }
+    assert_eq!(seen, ["dock-1", "aisle-1", "dock-2", "aisle-2"]);
+    let mut filtered = Vec::new();
+    for _ in 0..2 {
+        filtered.push(summary(&reader.event(WAIT).await).1);
+    }
+    assert_eq!(filtered, ["aisle-1", "aisle-2"]);
+    assert!(reader.next(Duration::from_millis(500)).await.is_none());
 }
