@@ -172,6 +172,23 @@ impl GroupCommit {
         Ok(Create::Exists(Box::new(kv), companion))
     }
 
+    /// Writes `marker` on its lease, in the next batch that does not touch it; `false` if the
+    /// lease no longer exists (nothing written).
+    pub(crate) async fn mark(&self, marker: &Marker) -> Result<bool> {
+        let options = PutOptions::new().with_lease(marker.lease);
+        let put = TxnOp::put(marker.key.as_str(), marker.value.as_str(), Some(options));
+        let bytes = marker.key.len() * 2 + marker.value.len() + 32;
+        let keys = vec![marker.key.as_bytes().to_vec()];
+        match self
+            .commit("txn_marker", keys, Txn::new().and_then(vec![put]), bytes)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(Error::Etcd(e)) if super::is_lease_not_found(&e) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Deletes `key` (and `also`, written with it) if it is still the incarnation created at
     /// `revision`, writing `marker` in the same transaction; `true` if this call deleted it.
     /// Safe to repeat.

@@ -488,18 +488,6 @@ impl Etcd {
         Ok(())
     }
 
-    /// Writes `marker` on its lease; `false` if the lease no longer exists (nothing written).
-    pub(crate) async fn mark(&self, marker: &create::Marker) -> Result<bool> {
-        match self
-            .put_value_with_lease(&marker.key, marker.value.as_bytes(), marker.lease)
-            .await
-        {
-            Ok(()) => Ok(true),
-            Err(Error::Etcd(e)) if is_lease_not_found(&e) => Ok(false),
-            Err(e) => Err(e),
-        }
-    }
-
     /// Puts an empty value at `key` (a name nobody else uses) attached to `lease`, and returns
     /// the key's create revision. Safe to repeat: a retry that finds the key already written by
     /// its first attempt reports that attempt's create revision (etcd's previous value).

@@ -1090,7 +1090,7 @@ impl Leases {
                 .await
         } else {
             // The marker goes on the grant's own lease, so the revoke deletes it with the key.
-            match self.etcd.mark(&marker).await {
+            match self.commit.mark(&marker).await {
                 Ok(true) => self.etcd.revoke_existing(record.lease_id).await,
                 other => other,
             }

@@ -298,7 +298,7 @@ impl Leases {
         }
         // The marker tells the event stream its grants were released, not expired; the revoke
         // deletes it with them.
-        if self.etcd.mark(&self.feed.closed_marker(id)).await? {
+        if self.commit.mark(&self.feed.closed_marker(id)).await? {
             self.etcd.revoke(id).await?;
         }
         self.sessions.forget(id);
