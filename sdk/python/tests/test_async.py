@@ -25,8 +25,8 @@ async def test_async_lease_renews_and_is_released_on_exit(proxy: str, resource: 
                 holding = await client.get(resource)
                 assert holding is not None and holding.token == lease.token
                 raise RuntimeError("the work failed")
-        assert lease.lost_reason == "released"
         assert await client.get(resource) is None
+        assert lease.lost_reason == "released"
 
 
 @pytest.mark.asyncio

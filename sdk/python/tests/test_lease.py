@@ -33,8 +33,8 @@ def test_release_on_exit_frees_the_resource_even_on_an_exception(proxy: str, res
             with client.lease(resource, ttl=10, holder="crashy") as lease:
                 assert client.get(resource) is not None
                 raise RuntimeError("the work failed")
-        assert lease.lost_reason == "released"
         assert client.get(resource) is None
+        assert lease.lost_reason == "released"
         lease.release()  # idempotent
 
 
