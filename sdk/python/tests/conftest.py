@@ -84,17 +84,38 @@ def etcd(workdir: Path) -> Iterator[Etcd]:
     log = workdir / "etcd.log"
     process = subprocess.Popen(
         [
-            binary, "--name", "m0", "--data-dir", str(workdir / "etcd"),
-            "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
-            "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-            "--initial-cluster", f"m0={peer_url}", "--initial-cluster-state", "new",
-            "--logger", "zap", "--log-level", "warn",
+            binary,
+            "--name",
+            "m0",
+            "--data-dir",
+            str(workdir / "etcd"),
+            "--listen-client-urls",
+            client_url,
+            "--advertise-client-urls",
+            client_url,
+            "--listen-peer-urls",
+            peer_url,
+            "--initial-advertise-peer-urls",
+            peer_url,
+            "--initial-cluster",
+            f"m0={peer_url}",
+            "--initial-cluster-state",
+            "new",
+            "--logger",
+            "zap",
+            "--log-level",
+            "warn",
         ],
-        stdout=log.open("wb"), stderr=subprocess.STDOUT,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
     )
     try:
-        wait_until(lambda: httpx.get(f"{client_url}/health", timeout=1).json().get("health") == "true",
-                   READY_WITHIN, "etcd", log)
+        wait_until(
+            lambda: httpx.get(f"{client_url}/health", timeout=1).json().get("health") == "true",
+            READY_WITHIN,
+            "etcd",
+            log,
+        )
         yield Etcd(client_url)
     finally:
         stop(process)
@@ -147,7 +168,9 @@ def upstream() -> Iterator[Upstream]:
 def proxy_binary() -> str:
     binary = os.environ.get("LEASE_PROXY_BIN") or str(ROOT / "target" / "debug" / "lease-proxy")
     if not os.access(binary, os.X_OK):
-        pytest.fail(f"no lease-proxy at {binary}: build it (cargo build -p lease-proxy) or set LEASE_PROXY_BIN")
+        pytest.fail(
+            f"no lease-proxy at {binary}: build it (cargo build -p lease-proxy) or set LEASE_PROXY_BIN"
+        )
     return binary
 
 
@@ -167,14 +190,27 @@ def proxy(workdir: Path, etcd: Etcd, upstream: Upstream, key_file: Path) -> Iter
     log = workdir / "proxy.log"
     process = subprocess.Popen(
         [
-            proxy_binary(), "--listen", f"127.0.0.1:{port}", "--etcd-endpoints", etcd.url,
-            "--etcd-prefix", "/lease-proxy-py/", "--key-file", str(key_file),
-            "--data-dir", str(workdir / "proxy"), "--upstream", upstream.url,
+            proxy_binary(),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--etcd-endpoints",
+            etcd.url,
+            "--etcd-prefix",
+            "/lease-proxy-py/",
+            "--key-file",
+            str(key_file),
+            "--data-dir",
+            str(workdir / "proxy"),
+            "--upstream",
+            upstream.url,
         ],
-        stdout=log.open("wb"), stderr=subprocess.STDOUT,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
     )
     try:
-        wait_until(lambda: httpx.get(f"{url}/readyz", timeout=1).status_code == 200, READY_WITHIN, "lease-proxy", log)
+        wait_until(
+            lambda: httpx.get(f"{url}/readyz", timeout=1).status_code == 200, READY_WITHIN, "lease-proxy", log
+        )
         yield url
     finally:
         stop(process)
@@ -212,7 +248,9 @@ class Relay:
             drop, self._drop_next = self._drop_next, False
             upstream = socket.create_connection(("127.0.0.1", self._target))
             threading.Thread(target=self._pipe, args=(downstream, upstream, 0.0, False), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, downstream, self._delay, drop), daemon=True).start()
+            threading.Thread(
+                target=self._pipe, args=(upstream, downstream, self._delay, drop), daemon=True
+            ).start()
 
     def _pipe(self, source: socket.socket, sink: socket.socket, delay: float, drop: bool) -> None:
         try:
@@ -259,7 +297,9 @@ def take_over(url: str, resource: str, holder: str, ttl: int, within: float) -> 
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         sent = time.monotonic()
-        response = httpx.post(f"{url}/v1/leases/{resource}", json={"holder": holder, "ttl_seconds": ttl}, timeout=10)
+        response = httpx.post(
+            f"{url}/v1/leases/{resource}", json={"holder": holder, "ttl_seconds": ttl}, timeout=10
+        )
         if response.status_code == 201:
             return sent, response.json()
         assert response.status_code == 409, response.text

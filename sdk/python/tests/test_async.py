@@ -35,7 +35,9 @@ async def test_async_lost_fires_by_the_deadline_when_renewals_stop(proxy: str, r
         client._renewals_paused.set()
         lease = await client.acquire(resource, ttl=2, holder="paused")
         deadline = lease.deadline
-        usurper = asyncio.get_running_loop().run_in_executor(None, take_over, proxy, resource, "usurper", 5, 20.0)
+        usurper = asyncio.get_running_loop().run_in_executor(
+            None, take_over, proxy, resource, "usurper", 5, 20.0
+        )
         await asyncio.wait_for(lease.lost.wait(), timeout=deadline - time.monotonic() + SLACK)
         assert time.monotonic() <= deadline + SLACK
         assert lease.lost_reason == "expired"
@@ -47,7 +49,9 @@ async def test_async_lost_fires_by_the_deadline_when_renewals_stop(proxy: str, r
 
 
 @pytest.mark.asyncio
-async def test_async_deadline_counts_from_before_the_request_was_sent(proxy: str, relay, resource: str) -> None:
+async def test_async_deadline_counts_from_before_the_request_was_sent(
+    proxy: str, relay, resource: str
+) -> None:
     slow = relay(delay=1.5)
     async with AsyncClient(slow.url) as client:
         client._renewals_paused.set()

@@ -62,7 +62,9 @@ def _take_over_concurrently(proxy: str, resource: str, lease, results: Dict[str,
     return thread
 
 
-def test_lost_fires_by_the_deadline_when_renewals_stop_and_another_takes_over(proxy: str, resource: str) -> None:
+def test_lost_fires_by_the_deadline_when_renewals_stop_and_another_takes_over(
+    proxy: str, resource: str
+) -> None:
     with Client(proxy) as client:
         client._renewals_paused.set()  # as if the process were SIGSTOPped
         lease = client.acquire(resource, ttl=2, holder="paused")
@@ -98,7 +100,9 @@ def test_deadline_counts_from_before_the_request_was_sent(proxy: str, relay, res
         results: Dict[str, object] = {}
         usurper = _take_over_concurrently(proxy, resource, lease, results)
         usurper.join()
-        assert results["is_set_at_takeover"] is True, "another holder got the resource while this one still held it"
+        assert (
+            results["is_set_at_takeover"] is True
+        ), "another holder got the resource while this one still held it"
         assert lease.lost_reason == "expired"
 
 
@@ -138,7 +142,9 @@ def test_wait_queues_until_the_holder_releases(proxy: str, resource: str) -> Non
             assert first.lost_reason == "released"
 
 
-def test_an_acquire_whose_answer_is_lost_is_retried_with_its_idempotency_key(proxy: str, relay, resource: str) -> None:
+def test_an_acquire_whose_answer_is_lost_is_retried_with_its_idempotency_key(
+    proxy: str, relay, resource: str
+) -> None:
     flaky = relay(drop_first=True)
     with Client(flaky.url, timeout=5.0) as client:
         with client.lease(resource, ttl=10, holder="retrier", idempotency_key=f"key-{resource}") as lease:

@@ -37,24 +37,77 @@ def warehouse(workdir: Path, etcd: Etcd, key_file: Path) -> Iterator[dict]:
     """Starts the inventory, fence-gateway and a lease-proxy in front; yields their URLs."""
     inventory, gateway, proxy = (f"http://127.0.0.1:{free_port()}" for _ in range(3))
     processes = [
-        spawn([binary("WAREHOUSE_BIN", "warehouse"), "inventory", "--listen", inventory[7:],
-               "--db", f"sqlite:{workdir / 'inventory.db'}"], workdir / "inventory.log"),
-        spawn([binary("FENCE_GATEWAY_BIN", "fence-gateway"), "--listen", gateway[7:], "--upstream", inventory,
-               "--store", f"sqlite:{workdir / 'marks.db'}", "--key-file", str(key_file),
-               "--resource-path", "/aisles/{resource}", "--write-grace", "2s"], workdir / "gateway.log"),
+        spawn(
+            [
+                binary("WAREHOUSE_BIN", "warehouse"),
+                "inventory",
+                "--listen",
+                inventory[7:],
+                "--db",
+                f"sqlite:{workdir / 'inventory.db'}",
+            ],
+            workdir / "inventory.log",
+        ),
+        spawn(
+            [
+                binary("FENCE_GATEWAY_BIN", "fence-gateway"),
+                "--listen",
+                gateway[7:],
+                "--upstream",
+                inventory,
+                "--store",
+                f"sqlite:{workdir / 'marks.db'}",
+                "--key-file",
+                str(key_file),
+                "--resource-path",
+                "/aisles/{resource}",
+                "--write-grace",
+                "2s",
+            ],
+            workdir / "gateway.log",
+        ),
     ]
     try:
-        wait_until(lambda: httpx.get(f"{inventory}/log", timeout=1).status_code == 200, 30, "inventory",
-                   workdir / "inventory.log")
-        wait_until(lambda: httpx.get(f"{gateway}/readyz", timeout=1).status_code == 200, 30, "fence-gateway",
-                   workdir / "gateway.log")
-        processes.append(spawn(
-            [binary("LEASE_PROXY_BIN", "lease-proxy"), "--listen", proxy[7:], "--etcd-endpoints", etcd.url,
-             "--etcd-prefix", "/lease-proxy-py-warehouse/", "--key-file", str(key_file),
-             "--data-dir", str(workdir / "warehouse-proxy"), "--upstream", gateway, "--prefence-url", gateway],
-            workdir / "warehouse-proxy.log"))
-        wait_until(lambda: httpx.get(f"{proxy}/readyz", timeout=1).status_code == 200, 30, "lease-proxy",
-                   workdir / "warehouse-proxy.log")
+        wait_until(
+            lambda: httpx.get(f"{inventory}/log", timeout=1).status_code == 200,
+            30,
+            "inventory",
+            workdir / "inventory.log",
+        )
+        wait_until(
+            lambda: httpx.get(f"{gateway}/readyz", timeout=1).status_code == 200,
+            30,
+            "fence-gateway",
+            workdir / "gateway.log",
+        )
+        processes.append(
+            spawn(
+                [
+                    binary("LEASE_PROXY_BIN", "lease-proxy"),
+                    "--listen",
+                    proxy[7:],
+                    "--etcd-endpoints",
+                    etcd.url,
+                    "--etcd-prefix",
+                    "/lease-proxy-py-warehouse/",
+                    "--key-file",
+                    str(key_file),
+                    "--data-dir",
+                    str(workdir / "warehouse-proxy"),
+                    "--upstream",
+                    gateway,
+                    "--prefence-url",
+                    gateway,
+                ],
+                workdir / "warehouse-proxy.log",
+            )
+        )
+        wait_until(
+            lambda: httpx.get(f"{proxy}/readyz", timeout=1).status_code == 200,
+            30,
+            "lease-proxy",
+            workdir / "warehouse-proxy.log",
+        )
         yield {"inventory": inventory, "gateway": gateway, "proxy": proxy}
     finally:
         for p in reversed(processes):
@@ -101,8 +154,22 @@ def writes_by(inventory: str, robot: str) -> list:
 
 def test_the_robot_counts_aisles_through_the_proxy_with_its_token(warehouse: dict, resource: str) -> None:
     aisles = [f"{resource}-a", f"{resource}-b"]
-    robot = Robot("--proxy", warehouse["proxy"], "--aisles", ",".join(aisles), "--name", resource,
-                  "--ttl", "2", "--rounds", "3", "--updates", "2", "--count-time", "0.1")
+    robot = Robot(
+        "--proxy",
+        warehouse["proxy"],
+        "--aisles",
+        ",".join(aisles),
+        "--name",
+        resource,
+        "--ttl",
+        "2",
+        "--rounds",
+        "3",
+        "--updates",
+        "2",
+        "--count-time",
+        "0.1",
+    )
     seen = robot.finish()
     acquired = [line.split() for line in seen if line.startswith("event acquired")]
     assert len(acquired) == 3 and sum(line.startswith("event released") for line in seen) == 3, seen
@@ -115,8 +182,22 @@ def test_the_robot_counts_aisles_through_the_proxy_with_its_token(warehouse: dic
 
 
 def test_a_robot_paused_past_its_ttl_stops_on_loss_without_writing(warehouse: dict, resource: str) -> None:
-    robot = Robot("--proxy", warehouse["proxy"], "--aisles", resource, "--name", resource,
-                  "--ttl", "2", "--rounds", "1", "--updates", "40", "--count-time", "0.2")
+    robot = Robot(
+        "--proxy",
+        warehouse["proxy"],
+        "--aisles",
+        resource,
+        "--name",
+        resource,
+        "--ttl",
+        "2",
+        "--rounds",
+        "1",
+        "--updates",
+        "40",
+        "--count-time",
+        "0.2",
+    )
     token = int(robot.expect("event acquired").split()[3])
     robot.expect("event write-ok")
     robot.process.send_signal(signal.SIGSTOP)
@@ -130,5 +211,5 @@ def test_a_robot_paused_past_its_ttl_stops_on_loss_without_writing(warehouse: di
     line = robot.expect("event lost")
     assert line.split()[2:] == [resource, "expired"]
     seen = robot.finish()
-    assert not any(s.startswith(("event write-ok", "event released")) for s in seen[seen.index(line):]), seen
+    assert not any(s.startswith(("event write-ok", "event released")) for s in seen[seen.index(line) :]), seen
     assert len(writes_by(warehouse["inventory"], resource)) == before  # nothing written after the pause

@@ -35,12 +35,16 @@ def test_leases_under_a_session_outlive_its_ttl_and_close_with_it(proxy: str, re
             session.acquire(resource + "-c")
 
 
-def test_session_loss_in_etcd_reaches_its_leases_before_the_deadline(proxy: str, etcd: Etcd, resource: str) -> None:
+def test_session_loss_in_etcd_reaches_its_leases_before_the_deadline(
+    proxy: str, etcd: Etcd, resource: str
+) -> None:
     with Client(proxy) as client, client.session(holder="revoked", ttl=6) as session:
         lease = session.lease(resource)
         etcd.revoke(session.id)
         # the next keepalive (a third of the TTL in) gets 410 session-lost
-        assert lease.lost.wait(timeout=session.deadline - time.monotonic()), "lease not lost before the deadline"
+        assert lease.lost.wait(
+            timeout=session.deadline - time.monotonic()
+        ), "lease not lost before the deadline"
         assert time.monotonic() < session.deadline - 2.0
         assert lease.lost_reason == "session-lost"
         assert session.lost_reason == "revoked"
@@ -61,7 +65,9 @@ def test_a_session_whose_heartbeat_stops_loses_its_leases_by_the_deadline(proxy:
 
         usurper = threading.Thread(target=usurp)
         usurper.start()
-        assert lease.lost.wait(timeout=session.deadline - time.monotonic() + SLACK), "lease not lost by the deadline"
+        assert lease.lost.wait(
+            timeout=session.deadline - time.monotonic() + SLACK
+        ), "lease not lost by the deadline"
         assert time.monotonic() <= session.deadline + SLACK
         assert lease.lost_reason == "session-lost" and session.lost_reason == "expired"
         usurper.join()

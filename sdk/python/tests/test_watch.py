@@ -16,8 +16,13 @@ from lease_proxy_client import AsyncClient, Client, Compacted, Event
 from lease_proxy_client.sse import Parser, to_event
 
 ACQUIRED = {
-    "type": "acquired", "resource": "aisle-1", "holder": "robot-3", "token": "1234",
-    "revision": 1234, "lease_id": "7587", "session": "99",
+    "type": "acquired",
+    "resource": "aisle-1",
+    "holder": "robot-3",
+    "token": "1234",
+    "revision": 1234,
+    "lease_id": "7587",
+    "session": "99",
 }
 
 
@@ -42,8 +47,14 @@ def test_an_event_carries_its_id_type_and_fields() -> None:
     [message] = feed_all(parser, text)
     event = to_event(message)
     assert event == Event(
-        id="1234.0", type="acquired", resource="aisle-1", holder="robot-3", token=1234,
-        revision=1234, lease_id="7587", session="99",
+        id="1234.0",
+        type="acquired",
+        resource="aisle-1",
+        holder="robot-3",
+        token=1234,
+        revision=1234,
+        lease_id="7587",
+        session="99",
     )
     assert parser.last_event_id == "1234.0"
 
@@ -52,7 +63,7 @@ def test_field_rules_of_the_event_stream_format() -> None:
     parser = Parser("5")
     # no space after the colon, data over several lines, an id with NUL ignored, a comment,
     # a field without a colon, an unknown field
-    [message] = feed_all(parser, "id:6\x00\nevent:released\ndata:{\"a\":\ndata: 1}\nretry: 10\nodd\n: note\n\n")
+    [message] = feed_all(parser, 'id:6\x00\nevent:released\ndata:{"a":\ndata: 1}\nretry: 10\nodd\n: note\n\n')
     assert message.event == "released" and json.loads(message.data) == {"a": 1}
     assert message.last_event_id == "5" and parser.last_event_id == "5"
     [message] = feed_all(parser, "data: x\n\n")  # no event name: a plain message keeps the id
@@ -101,12 +112,21 @@ def event_text(id: str, kind: str, token: int) -> str:
     return f"id: {id}\nevent: {kind}\ndata: {json.dumps(data)}\n\n"
 
 
-COMPACTED = json.dumps({
-    "type": "https://lease-proxy.dev/problems/events-compacted", "title": "Events compacted", "status": 410,
-})
+COMPACTED = json.dumps(
+    {
+        "type": "https://lease-proxy.dev/problems/events-compacted",
+        "title": "Events compacted",
+        "status": 410,
+    }
+)
 SCRIPT = [
     (200, "id: 10\n\n" + event_text("11", "acquired", 11)),  # then the connection drops
-    (503, json.dumps({"type": "https://lease-proxy.dev/problems/etcd-unavailable", "title": "x", "status": 503})),
+    (
+        503,
+        json.dumps(
+            {"type": "https://lease-proxy.dev/problems/etcd-unavailable", "title": "x", "status": 503}
+        ),
+    ),
     (200, ": keepalive\n\n" + event_text("12.0", "released", 11) + event_text("12.1", "acquired", 12)),
     (410, COMPACTED),
 ]
@@ -159,7 +179,9 @@ def test_watch_end_to_end_against_the_proxy(proxy: str, resource: str) -> None:
             pass
         reader.join(timeout=20)
         assert [(e.type, e.holder, e.token) for e in events] == [
-            ("acquired", "watched", lease.token), ("released", "watched", lease.token), ("acquired", "again", second.token),
+            ("acquired", "watched", lease.token),
+            ("released", "watched", lease.token),
+            ("acquired", "again", second.token),
         ]
         # resuming after the first event replays the two after it, nothing lost or repeated
         resumed = client.watch(prefix=resource, last_event_id=events[0].id)

@@ -7,7 +7,22 @@ import asyncio
 import threading
 import time
 from types import TracebackType
-from typing import Any, AsyncIterator, Awaitable, Dict, Generator, Generic, List, Mapping, Optional, Protocol, Tuple, Type, TypeVar
+from typing import (
+    Any,
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Dict,
+    Generator,
+    Generic,
+    List,
+    Mapping,
+    Optional,
+    Protocol,
+    Tuple,
+    Type,
+    TypeVar,
+)
 
 
 import httpx
@@ -142,7 +157,14 @@ class AsyncClient:
     ) -> "_Acquiring[AsyncLease]":
         """:meth:`acquire` for ``async with client.lease(...) as lease:`` (released on exit)."""
         return _Acquiring(
-            self.acquire(resource, ttl=ttl, holder=holder, wait=wait, idempotency_key=idempotency_key, metadata=metadata)
+            self.acquire(
+                resource,
+                ttl=ttl,
+                holder=holder,
+                wait=wait,
+                idempotency_key=idempotency_key,
+                metadata=metadata,
+            )
         )
 
     async def open_session(self, *, holder: str, ttl: int) -> "AsyncSession":
@@ -205,7 +227,10 @@ class AsyncClient:
 
 class _Guard(Protocol):
     async def __aexit__(
-        self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException], tb: Optional[TracebackType]
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
     ) -> None: ...
 
 
@@ -228,7 +253,10 @@ class _Acquiring(Generic[G]):
         return self._got
 
     async def __aexit__(
-        self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException], tb: Optional[TracebackType]
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
     ) -> None:
         if self._got is not None:
             await self._got.__aexit__(exc_type, exc, tb)
@@ -237,7 +265,15 @@ class _Acquiring(Generic[G]):
 class _AsyncRenewer:
     """The renewal task of a guard: renews at a third of the lifetime (±10 %) until lost or stopped."""
 
-    def __init__(self, client: AsyncClient, call: Call, liveness: AsyncLiveness, ttl: int, expires_in_ms: int, sent: float):
+    def __init__(
+        self,
+        client: AsyncClient,
+        call: Call,
+        liveness: AsyncLiveness,
+        ttl: int,
+        expires_in_ms: int,
+        sent: float,
+    ):
         self._client = client
         self._call = call
         self._liveness = liveness
@@ -266,15 +302,21 @@ class AsyncLease:
     """A held lease renewed by a task until released or lost (see :class:`~lease_proxy_client.Lease`).
     ``async with`` releases it on exit; :attr:`lost` is an :class:`asyncio.Event`."""
 
-    def __init__(self, client: AsyncClient, grant: Grant, sent: float, session: Optional["AsyncSession"] = None):
+    def __init__(
+        self, client: AsyncClient, grant: Grant, sent: float, session: Optional["AsyncSession"] = None
+    ):
         self._client = client
         self._grant = grant
         self._renewer: Optional[_AsyncRenewer]
         if session is None:
             self._liveness = AsyncLiveness(sent + grant.expires_in_ms / 1000.0)
             self._renewer = _AsyncRenewer(
-                client, protocol.renew_call(grant.resource, grant.secret), self._liveness,
-                grant.ttl_seconds, grant.expires_in_ms, sent,
+                client,
+                protocol.renew_call(grant.resource, grant.secret),
+                self._liveness,
+                grant.ttl_seconds,
+                grant.expires_in_ms,
+                sent,
             )
         else:
             self._liveness = AsyncLiveness(0.0, parent=session._liveness)
@@ -354,8 +396,12 @@ class AsyncLease:
         sent_headers[protocol.SECRET_HEADER] = self.secret
         try:
             response = await self._client._http.request(
-                method, protocol.forward_path(self.resource, path),
-                content=content, json=json, headers=sent_headers, params=params,
+                method,
+                protocol.forward_path(self.resource, path),
+                content=content,
+                json=json,
+                headers=sent_headers,
+                params=params,
             )
         except httpx.TransportError as e:
             raise TransportError(f"forward {self.resource}: {e!r}") from e
@@ -382,7 +428,10 @@ class AsyncLease:
         return self
 
     async def __aexit__(
-        self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException], tb: Optional[TracebackType]
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
     ) -> None:
         try:
             await self.release()
@@ -391,7 +440,9 @@ class AsyncLease:
                 raise
 
     def __repr__(self) -> str:
-        return f"<AsyncLease {self.resource} token={self.token} holder={self.holder!r} lost={self.lost_reason}>"
+        return (
+            f"<AsyncLease {self.resource} token={self.token} holder={self.holder!r} lost={self.lost_reason}>"
+        )
 
 
 class AsyncSession:
@@ -402,8 +453,12 @@ class AsyncSession:
         self._grant = grant
         self._liveness = AsyncLiveness(sent + grant.expires_in_ms / 1000.0)
         self._renewer = _AsyncRenewer(
-            client, protocol.keepalive_call(grant.session_id, grant.secret), self._liveness,
-            grant.ttl_seconds, grant.expires_in_ms, sent,
+            client,
+            protocol.keepalive_call(grant.session_id, grant.secret),
+            self._liveness,
+            grant.ttl_seconds,
+            grant.expires_in_ms,
+            sent,
         )
         self._closed = False
 
@@ -456,8 +511,14 @@ class AsyncSession:
         if self.lost.is_set():
             raise SessionLost(f"session {self.id}: {self.lost_reason}")
         call = protocol.acquire_call(
-            resource, holder=holder or self.holder, ttl=None, wait=wait, idempotency_key=idempotency_key,
-            metadata=metadata, session=self.id, session_secret=self.secret,
+            resource,
+            holder=holder or self.holder,
+            ttl=None,
+            wait=wait,
+            idempotency_key=idempotency_key,
+            metadata=metadata,
+            session=self.id,
+            session_secret=self.secret,
         )
         try:
             sent, grant = await self._client._grant(call, retry=idempotency_key is not None)
@@ -477,7 +538,9 @@ class AsyncSession:
     ) -> "_Acquiring[AsyncLease]":
         """:meth:`acquire` for ``async with session.lease(...) as lease:``."""
         return _Acquiring(
-            self.acquire(resource, holder=holder, wait=wait, idempotency_key=idempotency_key, metadata=metadata)
+            self.acquire(
+                resource, holder=holder, wait=wait, idempotency_key=idempotency_key, metadata=metadata
+            )
         )
 
     async def close(self) -> None:
@@ -497,7 +560,10 @@ class AsyncSession:
         return self
 
     async def __aexit__(
-        self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException], tb: Optional[TracebackType]
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
     ) -> None:
         try:
             await self.close()
@@ -533,7 +599,7 @@ class AsyncEventStream:
         """Stops the stream."""
         await self._events.aclose()
 
-    async def _run(self) -> AsyncIterator[Event]:
+    async def _run(self) -> AsyncGenerator[Event, None]:
         attempt = 0
         params = {"prefix": self._prefix} if self._prefix else {}
         while True:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from types import TracebackType
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Type, Union
+from typing import Any, Dict, Generator, Iterator, List, Mapping, Optional, Tuple, Type, Union
 
 import httpx
 
@@ -224,7 +224,16 @@ class _Renewer:
     """The background thread of a guard: renews at a third of the lifetime (±10 %), until the
     guard is lost or stopped."""
 
-    def __init__(self, client: Client, call: Call, liveness: Liveness, ttl: int, expires_in_ms: int, sent: float, name: str):
+    def __init__(
+        self,
+        client: Client,
+        call: Call,
+        liveness: Liveness,
+        ttl: int,
+        expires_in_ms: int,
+        sent: float,
+        name: str,
+    ):
         self._client = client
         self._call = call
         self._liveness = liveness
@@ -356,8 +365,12 @@ class Lease:
         sent_headers[protocol.SECRET_HEADER] = self.secret
         try:
             response = self._client._http.request(
-                method, protocol.forward_path(self.resource, path),
-                content=content, json=json, headers=sent_headers, params=params,
+                method,
+                protocol.forward_path(self.resource, path),
+                content=content,
+                json=json,
+                headers=sent_headers,
+                params=params,
             )
         except httpx.TransportError as e:
             raise TransportError(f"forward {self.resource}: {e!r}") from e
@@ -384,7 +397,10 @@ class Lease:
         return self
 
     def __exit__(
-        self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException], tb: Optional[TracebackType]
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
     ) -> None:
         try:
             self.release()
@@ -499,7 +515,10 @@ class Session:
         return self
 
     def __exit__(
-        self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException], tb: Optional[TracebackType]
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
     ) -> None:
         try:
             self.close()
@@ -544,7 +563,7 @@ class EventStream:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _run(self) -> Iterator[Event]:
+    def _run(self) -> Generator[Event, None, None]:
         attempt = 0
         params = {"prefix": self._prefix} if self._prefix else {}
         while not self._closed:

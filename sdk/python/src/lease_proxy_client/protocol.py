@@ -150,7 +150,7 @@ def error_for(response: httpx.Response) -> LeaseProxyError:
     except ValueError:
         pass
     kind = str(body.get("type", "about:blank"))
-    slug = kind[len(PROBLEM_PREFIX):] if kind.startswith(PROBLEM_PREFIX) else ""
+    slug = kind[len(PROBLEM_PREFIX) :] if kind.startswith(PROBLEM_PREFIX) else ""
     if response.status_code == 409 and slug == "lease-held":
         return Held(
             holder=str(body.get("holder", "")),
@@ -193,7 +193,7 @@ def renew_interval(ttl_seconds: float, expires_in_ms: int) -> float:
 
 def retry_backoff(attempt: int) -> float:
     """Seconds before retry number ``attempt`` (0-based) of a failed renewal: short, growing."""
-    return min(0.1 * (2**attempt), 1.0) * random.uniform(0.8, 1.2)
+    return min(0.1 * 2.0**attempt, 1.0) * random.uniform(0.8, 1.2)
 
 
 def is_transient(error: BaseException) -> bool:

@@ -67,4 +67,3 @@ class Parser:
 def to_event(message: Message) -> Event:
     """The ownership event a message carries (its id is the id in force)."""
     return Event.from_json(message.last_event_id or "", json.loads(message.data))
-
