@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 
 import pytest
@@ -27,6 +28,17 @@ async def test_async_lease_renews_and_is_released_on_exit(proxy: str, resource: 
                 raise RuntimeError("the work failed")
         assert await client.get(resource) is None
         assert lease.lost_reason == "released"
+
+
+@pytest.mark.asyncio
+async def test_async_lease_dropped_without_release_ends_at_its_ttl(proxy: str, resource: str) -> None:
+    async with AsyncClient(proxy) as client:
+        lease = await client.acquire(resource, ttl=2, holder="forgetful")
+        deadline = lease.deadline
+        del lease
+        gc.collect()
+        await asyncio.sleep(max(deadline - time.monotonic(), 0) + 1.5)
+        assert await client.get(resource) is None
 
 
 @pytest.mark.asyncio

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from typing import Dict
@@ -36,6 +37,18 @@ def test_release_on_exit_frees_the_resource_even_on_an_exception(proxy: str, res
         assert client.get(resource) is None
         assert lease.lost_reason == "released"
         lease.release()  # idempotent
+
+
+def test_a_lease_dropped_without_release_stops_renewing_and_ends_at_its_ttl(
+    proxy: str, resource: str
+) -> None:
+    with Client(proxy) as client:
+        lease = client.acquire(resource, ttl=2, holder="forgetful")
+        deadline = lease.deadline
+        del lease
+        gc.collect()
+        time.sleep(max(deadline - time.monotonic(), 0) + 1.5)
+        assert client.get(resource) is None
 
 
 def test_a_held_resource_raises_held_with_the_holder(proxy: str, resource: str) -> None:

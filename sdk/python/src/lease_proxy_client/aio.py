@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import weakref
 from types import TracebackType
 from typing import (
     Any,
@@ -285,6 +286,13 @@ class _AsyncRenewer:
         """Sends no more renewals (one in flight is cancelled)."""
         self._task.cancel()
 
+    def stop_from_gc(self) -> None:
+        """:meth:`stop` from the garbage collector, on whatever thread, the loop perhaps closed."""
+        try:
+            self._task.get_loop().call_soon_threadsafe(self._task.cancel)
+        except RuntimeError:
+            pass  # the loop is closed: nothing renews any more
+
     async def _run(self) -> None:
         while self._liveness.reason is None:
             await asyncio.sleep(max(self._next - time.monotonic(), 0.0))
@@ -321,6 +329,9 @@ class AsyncLease:
         else:
             self._liveness = AsyncLiveness(0.0, parent=session._liveness)
             self._renewer = None
+        if self._renewer is not None:
+            # Dropped without release: renew no more, so the grant ends at its TTL.
+            weakref.finalize(self, self._renewer.stop_from_gc)
         self._released = False
 
     @property
@@ -460,6 +471,7 @@ class AsyncSession:
             grant.expires_in_ms,
             sent,
         )
+        weakref.finalize(self, self._renewer.stop_from_gc)  # dropped without close: it lapses at its TTL
         self._closed = False
 
     @property

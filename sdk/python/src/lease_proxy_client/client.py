@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from types import TracebackType
 from typing import Any, Dict, Generator, Iterator, List, Mapping, Optional, Tuple, Type, Union
 
@@ -286,6 +287,9 @@ class Lease:
             # The session's heartbeat keeps this grant alive; it is lost with the session.
             self._liveness = Liveness(0.0, grant.resource, parent=session._liveness)
             self._renewer = None
+        if self._renewer is not None:
+            # Dropped without release: renew no more, so the grant ends at its TTL.
+            weakref.finalize(self, self._renewer.stop)
         self._release_lock = threading.Lock()
         self._released = False
 
@@ -429,6 +433,7 @@ class Session:
             sent,
             f"session {grant.session_id}",
         )
+        weakref.finalize(self, self._renewer.stop)  # dropped without close: it lapses at its TTL
         self._close_lock = threading.Lock()
         self._closed = False
 
