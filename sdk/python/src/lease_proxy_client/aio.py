@@ -30,10 +30,10 @@ import httpx
 
 from . import protocol
 from .aio_liveness import AsyncLiveness, AsyncLostEvent
-from .client import USER_AGENT, Cert
+from .client import USER_AGENT
 from .errors import LeaseProxyError, Lost, SessionLost, TransportError
 from .models import Event, Grant, Holding, Renewal, SessionGrant
-from .protocol import RELEASED, REVOKED, SESSION_LOST, Call, Verify
+from .protocol import Cert, RELEASED, REVOKED, SESSION_LOST, Call, Verify
 from .sse import Parser, to_event
 
 
@@ -55,8 +55,7 @@ class AsyncClient:
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers=protocol.base_headers(token, user_agent),
-            verify=verify,
-            cert=cert,
+            verify=protocol.tls(verify, cert),
             timeout=timeout,
         )
         # Test hook: while set, guards of this client send no renewal or keepalive (as if the

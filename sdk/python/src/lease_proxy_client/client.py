@@ -6,7 +6,7 @@ import threading
 import time
 import weakref
 from types import TracebackType
-from typing import Any, Dict, Generator, Iterator, List, Mapping, Optional, Tuple, Type, Union
+from typing import Any, Dict, Generator, Iterator, List, Mapping, Optional, Tuple, Type
 
 import httpx
 
@@ -14,11 +14,10 @@ from . import protocol
 from .errors import Lost, LeaseProxyError, SessionLost, TransportError
 from .liveness import Liveness, LostEvent
 from .models import Event, Grant, Holding, Renewal, SessionGrant
-from .protocol import REVOKED, RELEASED, SESSION_LOST, Call, Verify
+from .protocol import Cert, REVOKED, RELEASED, SESSION_LOST, Call, Verify
 from .sse import Parser, to_event
 
 USER_AGENT = "lease-proxy-client-python/0.1"
-Cert = Union[str, Tuple[str, str]]
 
 
 class Client:
@@ -43,8 +42,7 @@ class Client:
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers=protocol.base_headers(token, user_agent),
-            verify=verify,
-            cert=cert,
+            verify=protocol.tls(verify, cert),
             timeout=timeout,
         )
         # Test hook: while set, guards of this client send no renewal or keepalive (as if the

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import random
+import ssl
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 from urllib.parse import quote
 
 import httpx
@@ -16,8 +17,10 @@ from .errors import PROBLEM_PREFIX, Compacted, Held, LeaseProxyError, Lost, Prob
 #: The header proving a grant or a session.
 SECRET_HEADER = "Lease-Secret"
 
-#: What ``verify=`` accepts: ``True`` (system CAs), ``False`` or a CA bundle file.
+#: What ``verify=`` accepts: ``True`` (the usual CAs), ``False`` or a CA bundle file.
 Verify = Union[bool, str]
+#: What ``cert=`` accepts: a PEM file with the certificate and its key, or ``(cert, key)`` files.
+Cert = Union[str, Tuple[str, str]]
 
 #: Lost reasons (``lease.lost_reason``).
 EXPIRED = "expired"
@@ -130,6 +133,22 @@ def watch_headers(last_event_id: Optional[str]) -> Dict[str, str]:
     if last_event_id is not None:
         headers["Last-Event-ID"] = last_event_id
     return headers
+
+
+def tls(verify: Verify, cert: Optional[Cert]) -> Union[bool, ssl.SSLContext]:
+    """httpx's ``verify=``: ``True`` keeps httpx's default CAs; a CA file, no verification or a
+    client certificate make an :class:`ssl.SSLContext` (with the system's CAs unless a file is
+    given)."""
+    if verify is True and cert is None:
+        return True
+    context = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
+    if verify is False:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if cert is not None:
+        certfile, keyfile = (cert, None) if isinstance(cert, str) else cert
+        context.load_cert_chain(certfile, keyfile)
+    return context
 
 
 def base_headers(token: Optional[str], user_agent: str) -> Dict[str, str]:
