@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The Python SDK's tests (sdk/python/tests, the Python robot example's included), against a
-# real etcd and real binaries that the pytest fixtures start on free loopback ports: builds
-# lease-proxy (and, for the robot, fence-gateway and the warehouse inventory; dev-pki for the TLS
-# tests' certificates), makes or reuses
-# the virtual environment target/venv, installs the SDK with pinned test dependencies, runs pytest.
+# The Python SDK's tests (sdk/python/tests, the Python robot example's included), against a real
+# etcd and real binaries that the pytest fixtures start on free loopback ports: builds lease-proxy
+# (and, for the robot, fence-gateway and the warehouse inventory; dev-pki for the TLS tests'
+# certificates), makes or reuses the virtual environment target/venv, installs the SDK with
+# pinned test dependencies, runs pytest.
 # Arguments are passed to pytest (e.g. `-k session`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
