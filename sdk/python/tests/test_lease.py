@@ -175,7 +175,9 @@ def test_an_acquire_whose_answer_is_lost_is_retried_with_its_idempotency_key(
 
 def test_one_shots_and_listing(proxy: str, resource: str) -> None:
     with Client(proxy) as client:
-        grants = [client.grant(f"{resource}-{i}", ttl=10, holder=f"h{i}", metadata={"i": i}) for i in range(3)]
+        grants = [
+            client.grant(f"{resource}-{i}", ttl=10, holder=f"h{i}", metadata={"i": i}) for i in range(3)
+        ]
         renewal = client.renew(grants[0].resource, grants[0].secret)
         assert renewal.token == grants[0].token and renewal.ttl_seconds == 10
         listed = client.list(prefix=resource, page_size=1)  # three pages, cursors followed

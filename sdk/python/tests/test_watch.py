@@ -12,6 +12,7 @@ from typing import Iterator, List, Optional
 
 import pytest
 
+from conftest import Etcd
 from lease_proxy_client import AsyncClient, Client, Compacted, Event
 from lease_proxy_client.sse import Parser, to_event
 
@@ -202,3 +203,16 @@ async def test_async_watch_end_to_end_against_the_proxy(proxy: str, resource: st
             event = await asyncio.wait_for(first, timeout=10)
             assert (event.type, event.resource, event.token) == ("acquired", resource, lease.token)
         await stream.aclose()
+
+
+@pytest.mark.skip(reason="needs /v1/watch from main")
+def test_a_watch_resuming_from_compacted_history_raises_compacted(
+    proxy: str, etcd: Etcd, resource: str
+) -> None:
+    with Client(proxy) as client:
+        with client.lease(resource, ttl=10, holder="gone"):
+            pass
+        etcd.compact()
+        with pytest.raises(Compacted):
+            for _ in client.watch(prefix=resource, last_event_id="1"):
+                pass
