@@ -61,6 +61,21 @@ async def test_async_lost_fires_by_the_deadline_when_renewals_stop(proxy: str, r
 
 
 @pytest.mark.asyncio
+async def test_async_a_process_resumed_past_its_deadline_sees_lost_before_acting(
+    proxy: str, resource: str
+) -> None:
+    async with AsyncClient(proxy) as client:
+        lease = await client.acquire(resource, ttl=2, holder="frozen")
+        # the whole event loop frozen past the deadline (like SIGSTOP): no timer, no renewal ran
+        time.sleep(max(lease.deadline - time.monotonic(), 0) + 0.2)
+        assert lease.lost.is_set(), "a frozen holder resumed past its deadline must see lost first"
+        assert lease.lost_reason == "expired"
+        with pytest.raises(Lost):
+            await lease.forward("PUT", "anything", content=b"zombie write")
+        await lease.release()
+
+
+@pytest.mark.asyncio
 async def test_async_deadline_counts_from_before_the_request_was_sent(
     proxy: str, relay, resource: str
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 import time
 from typing import Dict
@@ -99,6 +100,25 @@ def test_lost_fires_by_the_deadline_when_renewals_stop_and_another_takes_over(
         lease.release()  # a no-op for the proxy: the grant is someone else's now
         holding = client.get(resource)
         assert holding is not None and holding.holder == "usurper"
+
+
+def test_a_process_resumed_past_its_deadline_sees_lost_before_acting(proxy: str, resource: str) -> None:
+    with Client(proxy) as client:
+        lease = client.acquire(resource, ttl=2, holder="frozen")
+        deadline = lease.deadline
+        # Keep the GIL past the deadline so that no other thread (watchdog, renewer) runs: as if
+        # the process had been frozen; this thread is the first to run when it "resumes".
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(60.0)
+        try:
+            while time.monotonic() < deadline + 0.2:
+                pass
+            seen = lease.lost.is_set()
+        finally:
+            sys.setswitchinterval(interval)
+        assert seen, "a frozen holder resumed past its deadline must see lost first"
+        assert lease.lost_reason == "expired"
+        lease.release()
 
 
 def test_deadline_counts_from_before_the_request_was_sent(proxy: str, relay, resource: str) -> None:
