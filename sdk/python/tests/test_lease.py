@@ -52,6 +52,19 @@ def test_a_lease_dropped_without_release_stops_renewing_and_ends_at_its_ttl(
         assert client.get(resource) is None
 
 
+def test_a_client_closed_under_a_lease_lets_it_expire_quietly(
+    proxy: str, resource: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    crashes: list = []
+    monkeypatch.setattr(threading, "excepthook", crashes.append)
+    client = Client(proxy)
+    lease = client.acquire(resource, ttl=2, holder="orphaned")
+    client.close()
+    assert lease.lost.wait(timeout=lease.deadline - time.monotonic() + SLACK)
+    assert lease.lost_reason == "expired"
+    assert crashes == []
+
+
 def test_a_held_resource_raises_held_with_the_holder(proxy: str, resource: str) -> None:
     with Client(proxy) as client, client.lease(resource, ttl=10, holder="first") as lease:
         with pytest.raises(Held) as held:

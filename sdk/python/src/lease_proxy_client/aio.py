@@ -299,10 +299,13 @@ class _AsyncRenewer:
                 self._next = time.monotonic() + 0.05
                 continue
             sent = time.monotonic()
-            response = await self._client._renew_until(self._call, self._liveness)
-            if response is None:
-                return
-            self._next = sent + protocol.renew_interval(self._ttl, int(response.json()["expires_in_ms"]))
+            try:
+                response = await self._client._renew_until(self._call, self._liveness)
+                if response is None:
+                    return
+                self._next = sent + protocol.renew_interval(self._ttl, int(response.json()["expires_in_ms"]))
+            except Exception:  # the client closed under it, an answer that does not parse…
+                return  # renew no more: the timer ends the lease at its deadline
 
 
 class AsyncLease:

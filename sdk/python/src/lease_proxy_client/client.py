@@ -253,10 +253,13 @@ class _Renewer:
                 self._next = time.monotonic() + 0.05
                 continue
             sent = time.monotonic()
-            response = self._client._renew_until(self._call, self._liveness)
-            if response is None:
-                return
-            self._next = sent + protocol.renew_interval(self._ttl, int(response.json()["expires_in_ms"]))
+            try:
+                response = self._client._renew_until(self._call, self._liveness)
+                if response is None:
+                    return
+                self._next = sent + protocol.renew_interval(self._ttl, int(response.json()["expires_in_ms"]))
+            except Exception:  # the client closed under it, an answer that does not parse…
+                return  # renew no more: the watchdog ends the lease at its deadline
 
 
 class Lease:
