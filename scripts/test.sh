@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 source scripts/deps.sh
 ensure_deps
 ensure_postgres
+ensure_python
 
 echo "==> cargo fmt --check"
 cargo fmt --all --check
@@ -15,3 +16,5 @@ echo "==> the fencing library alone (no sqlite, postgres or server features)"
 cargo clippy -p fencing --lib --no-default-features --locked -- -D warnings
 echo "==> cargo test"
 cargo test --workspace --locked
+echo "==> Python SDK (pytest)"
+scripts/python-tests.sh

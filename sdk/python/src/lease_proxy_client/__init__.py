@@ -1,0 +1,41 @@
+"""Client for lease-proxy: exclusive leases on named resources, with fencing tokens.
+
+Sync::
+
+    from lease_proxy_client import Client
+
+    client = Client("http://127.0.0.1:7070")
+    with client.lease("aisle-1", ttl=20, holder="robot-1") as lease:
+        while not lease.lost.is_set():
+            lease.forward("PUT", "aisles/aisle-1/count", json={"robot": "robot-1", "count": 3})
+
+asyncio: :class:`AsyncClient`, the same calls awaited (``async with client.lease(...)``).
+"""
+
+from .aio import AsyncClient, AsyncEventStream, AsyncLease, AsyncSession
+from .client import Client, EventStream, Lease, Session
+from .errors import Compacted, Held, LeaseProxyError, Lost, Problem, SessionLost, TransportError
+from .models import Event, Grant, Holding, Renewal, SessionGrant
+
+__all__ = [
+    "AsyncClient",
+    "AsyncEventStream",
+    "AsyncLease",
+    "AsyncSession",
+    "Client",
+    "Compacted",
+    "Event",
+    "EventStream",
+    "Grant",
+    "Held",
+    "Holding",
+    "Lease",
+    "LeaseProxyError",
+    "Lost",
+    "Problem",
+    "Renewal",
+    "Session",
+    "SessionGrant",
+    "SessionLost",
+    "TransportError",
+]

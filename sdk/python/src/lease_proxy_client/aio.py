@@ -1,0 +1,642 @@
+"""The asyncio client: :class:`AsyncClient`, :class:`AsyncLease` and :class:`AsyncSession`, with
+the same semantics as the sync ones (renewal tasks and loop timers instead of threads)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import weakref
+from types import TracebackType
+from typing import (
+    Any,
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Dict,
+    Generator,
+    Generic,
+    List,
+    Mapping,
+    Optional,
+    Protocol,
+    Tuple,
+    Type,
+    TypeVar,
+)
+
+
+import httpx
+
+from . import protocol
+from .aio_liveness import AsyncLiveness, AsyncLostEvent
+from .client import USER_AGENT
+from .errors import LeaseProxyError, Lost, SessionLost, TransportError
+from .models import Event, Grant, Holding, Renewal, SessionGrant
+from .protocol import Cert, RELEASED, REVOKED, SESSION_LOST, Call, Verify
+from .sse import Parser, to_event
+
+
+class AsyncClient:
+    """An asyncio connection to lease-proxy; ``async with AsyncClient(...) as client:`` closes it.
+    Arguments as :class:`~lease_proxy_client.Client`."""
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:7070",
+        *,
+        token: Optional[str] = None,
+        verify: Verify = True,
+        cert: Optional[Cert] = None,
+        timeout: float = 10.0,
+        user_agent: str = USER_AGENT,
+    ) -> None:
+        self.timeout = timeout
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            headers=protocol.base_headers(token, user_agent),
+            verify=protocol.tls(verify, cert),
+            timeout=timeout,
+        )
+        # Test hook: while set, guards of this client send no renewal or keepalive (as if the
+        # process were paused); the deadline timer runs on.
+        self._renewals_paused = threading.Event()
+
+    async def aclose(self) -> None:
+        """Closes the connections (leases still held stay held until released or expired)."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # --- plumbing ---
+
+    async def _send(self, call: Call, timeout: Optional[float] = None) -> httpx.Response:
+        try:
+            return await self._http.request(
+                call.method,
+                call.path,
+                headers=call.headers,
+                json=call.json,
+                params=call.params,
+                timeout=(timeout if timeout is not None else self.timeout) + call.extra_timeout,
+            )
+        except httpx.TransportError as e:
+            raise TransportError(f"{call.method} {call.path}: {e!r}") from e
+
+    async def _timed(self, call: Call, timeout: Optional[float] = None) -> Tuple[float, httpx.Response]:
+        """The monotonic instant read just before sending ``call``, and the checked answer."""
+        sent = time.monotonic()
+        return sent, protocol.check(await self._send(call, timeout))
+
+    async def _grant(self, call: Call, retry: bool) -> Tuple[float, Grant]:
+        attempt = 0
+        while True:
+            try:
+                sent, response = await self._timed(call)
+                return sent, Grant.from_json(response.json())
+            except TransportError:
+                if not retry or attempt >= 3:
+                    raise
+                await asyncio.sleep(protocol.retry_backoff(attempt))
+                attempt += 1
+
+    async def _renew_until(self, call: Call, liveness: AsyncLiveness) -> Optional[httpx.Response]:
+        """As :meth:`Client._renew_until <lease_proxy_client.Client>`: retried until success, 410
+        (lost) or the deadline."""
+        attempt = 0
+        while liveness.reason is None:
+            remaining = liveness.deadline - time.monotonic()
+            if remaining <= 0:
+                liveness.check()
+                return None
+            try:
+                sent, response = await self._timed(call, timeout=min(self.timeout, remaining))
+            except (Lost, SessionLost):
+                liveness.fire(REVOKED)
+                return None
+            except LeaseProxyError:
+                await asyncio.sleep(min(protocol.retry_backoff(attempt), max(remaining, 0.0)))
+                attempt += 1
+                continue
+            liveness.extend(sent + int(response.json()["expires_in_ms"]) / 1000.0)
+            return response
+        return None
+
+    # --- guards ---
+
+    async def acquire(
+        self,
+        resource: str,
+        *,
+        ttl: int,
+        holder: str,
+        wait: Optional[float] = None,
+        idempotency_key: Optional[str] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+    ) -> "AsyncLease":
+        """Acquires ``resource``; the :class:`AsyncLease` renews itself in a task until released."""
+        call = protocol.acquire_call(
+            resource, holder=holder, ttl=ttl, wait=wait, idempotency_key=idempotency_key, metadata=metadata
+        )
+        sent, grant = await self._grant(call, retry=idempotency_key is not None)
+        return AsyncLease(self, grant, sent)
+
+    def lease(
+        self,
+        resource: str,
+        *,
+        ttl: int,
+        holder: str,
+        wait: Optional[float] = None,
+        idempotency_key: Optional[str] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+    ) -> "_Acquiring[AsyncLease]":
+        """:meth:`acquire` for ``async with client.lease(...) as lease:`` (released on exit)."""
+        return _Acquiring(
+            self.acquire(
+                resource,
+                ttl=ttl,
+                holder=holder,
+                wait=wait,
+                idempotency_key=idempotency_key,
+                metadata=metadata,
+            )
+        )
+
+    async def open_session(self, *, holder: str, ttl: int) -> "AsyncSession":
+        """Opens a session (one heartbeat task for many leases)."""
+        sent, response = await self._timed(protocol.open_session_call(holder, ttl))
+        return AsyncSession(self, SessionGrant.from_json(response.json()), sent)
+
+    def session(self, *, holder: str, ttl: int) -> "_Acquiring[AsyncSession]":
+        """:meth:`open_session` for ``async with client.session(...) as s:`` (closed on exit)."""
+        return _Acquiring(self.open_session(holder=holder, ttl=ttl))
+
+    # --- one-shots ---
+
+    async def grant(
+        self,
+        resource: str,
+        *,
+        ttl: int,
+        holder: str,
+        wait: Optional[float] = None,
+        idempotency_key: Optional[str] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+    ) -> Grant:
+        """One acquire, nothing renewed."""
+        call = protocol.acquire_call(
+            resource, holder=holder, ttl=ttl, wait=wait, idempotency_key=idempotency_key, metadata=metadata
+        )
+        return (await self._grant(call, retry=idempotency_key is not None))[1]
+
+    async def renew(self, resource: str, secret: str) -> Renewal:
+        """One renewal; raises :class:`~lease_proxy_client.Lost` once the grant has ended."""
+        return Renewal.from_json((await self._timed(protocol.renew_call(resource, secret)))[1].json())
+
+    async def release(self, resource: str, secret: str) -> None:
+        """Releases a grant (idempotent)."""
+        await self._timed(protocol.release_call(resource, secret))
+
+    async def get(self, resource: str) -> Optional[Holding]:
+        """Who holds ``resource``, or None when it is free."""
+        response = await self._send(protocol.get_call(resource))
+        if response.status_code == 404:
+            return None
+        return Holding.from_json(protocol.check(response).json())
+
+    async def list(self, prefix: str = "", *, page_size: Optional[int] = None) -> List[Holding]:
+        """Every held resource whose name starts with ``prefix``, in name order (all pages)."""
+        holdings: List[Holding] = []
+        cursor: Optional[str] = None
+        while True:
+            body = (await self._timed(protocol.list_call(prefix, cursor, page_size)))[1].json()
+            holdings.extend(Holding.from_json(h) for h in body.get("leases", []))
+            cursor = body.get("next_cursor")
+            if not cursor:
+                return holdings
+
+    def watch(self, prefix: str = "", last_event_id: Optional[str] = None) -> "AsyncEventStream":
+        """Ownership events under ``prefix``, as :meth:`Client.watch <lease_proxy_client.Client.watch>`."""
+        return AsyncEventStream(self, prefix, last_event_id)
+
+
+class _Guard(Protocol):
+    async def __aexit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None: ...
+
+
+G = TypeVar("G", bound=_Guard)
+
+
+class _Acquiring(Generic[G]):
+    """An acquire (or session opening) that is both awaitable and an async context manager
+    releasing (closing) what it got on exit."""
+
+    def __init__(self, pending: Awaitable[G]) -> None:
+        self._pending = pending
+        self._got: Optional[G] = None
+
+    def __await__(self) -> Generator[Any, None, G]:
+        return self._pending.__await__()
+
+    async def __aenter__(self) -> G:
+        self._got = await self._pending
+        return self._got
+
+    async def __aexit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        if self._got is not None:
+            await self._got.__aexit__(exc_type, exc, tb)
+
+
+class _AsyncRenewer:
+    """The renewal task of a guard: renews at a third of the lifetime (±10 %) until lost or stopped."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        call: Call,
+        liveness: AsyncLiveness,
+        ttl: int,
+        expires_in_ms: int,
+        sent: float,
+    ):
+        self._client = client
+        self._call = call
+        self._liveness = liveness
+        self._ttl = ttl
+        self._next = sent + protocol.renew_interval(ttl, expires_in_ms)
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def stop(self) -> None:
+        """Sends no more renewals (one in flight is cancelled)."""
+        self._task.cancel()
+
+    def stop_from_gc(self) -> None:
+        """:meth:`stop` from the garbage collector, on whatever thread, the loop perhaps closed."""
+        try:
+            self._task.get_loop().call_soon_threadsafe(self._task.cancel)
+        except RuntimeError:
+            pass  # the loop is closed: nothing renews any more
+
+    async def _run(self) -> None:
+        while self._liveness.reason is None:
+            await asyncio.sleep(max(self._next - time.monotonic(), 0.0))
+            if self._client._renewals_paused.is_set():
+                self._next = time.monotonic() + 0.05
+                continue
+            sent = time.monotonic()
+            try:
+                response = await self._client._renew_until(self._call, self._liveness)
+                if response is None:
+                    return
+                self._next = sent + protocol.renew_interval(self._ttl, int(response.json()["expires_in_ms"]))
+            except Exception:  # the client closed under it, an answer that does not parse…
+                return  # renew no more: the timer ends the lease at its deadline
+
+
+class AsyncLease:
+    """A held lease renewed by a task until released or lost (see :class:`~lease_proxy_client.Lease`).
+    ``async with`` releases it on exit; :attr:`lost` is an :class:`asyncio.Event`."""
+
+    def __init__(
+        self, client: AsyncClient, grant: Grant, sent: float, session: Optional["AsyncSession"] = None
+    ):
+        self._client = client
+        self._grant = grant
+        self._renewer: Optional[_AsyncRenewer]
+        if session is None:
+            self._liveness = AsyncLiveness(sent + grant.expires_in_ms / 1000.0)
+            self._renewer = _AsyncRenewer(
+                client,
+                protocol.renew_call(grant.resource, grant.secret),
+                self._liveness,
+                grant.ttl_seconds,
+                grant.expires_in_ms,
+                sent,
+            )
+        else:
+            self._liveness = AsyncLiveness(0.0, parent=session._liveness)
+            self._renewer = None
+        if self._renewer is not None:
+            # Dropped without release: renew no more, so the grant ends at its TTL.
+            weakref.finalize(self, self._renewer.stop_from_gc)
+        self._released = False
+
+    @property
+    def grant(self) -> Grant:
+        """The proxy's answer to the acquire."""
+        return self._grant
+
+    @property
+    def resource(self) -> str:
+        """The resource held."""
+        return self._grant.resource
+
+    @property
+    def holder(self) -> str:
+        """The holder name."""
+        return self._grant.holder
+
+    @property
+    def lease_id(self) -> str:
+        """The etcd lease id (decimal)."""
+        return self._grant.lease_id
+
+    @property
+    def secret(self) -> str:
+        """Proof of holding (``Lease-Secret``)."""
+        return self._grant.secret
+
+    @property
+    def token(self) -> int:
+        """The fencing token's revision."""
+        return self._grant.token
+
+    @property
+    def fencing_token(self) -> str:
+        """The signed fencing token (``Fencing-Token``)."""
+        return self._grant.fencing_token
+
+    @property
+    def session_id(self) -> Optional[str]:
+        """The session this lease lives on, if any."""
+        return self._grant.session
+
+    @property
+    def deadline(self) -> float:
+        """The conservative end of the lease on :func:`time.monotonic`'s clock."""
+        return self._liveness.deadline
+
+    @property
+    def lost(self) -> AsyncLostEvent:
+        """Set when the lease is lost — at the deadline at the latest."""
+        return self._liveness.lost
+
+    @property
+    def lost_reason(self) -> Optional[str]:
+        """None while held, else ``expired``, ``revoked``, ``session-lost`` or ``released``."""
+        self._liveness.check()
+        return self._liveness.reason
+
+    async def forward(
+        self,
+        method: str,
+        path: str,
+        *,
+        content: Optional[bytes] = None,
+        json: Any = None,
+        headers: Optional[Dict[str, str]] = None,
+        params: Optional[Dict[str, str]] = None,
+    ) -> httpx.Response:
+        """As :meth:`Lease.forward <lease_proxy_client.Lease.forward>`."""
+        if self.lost.is_set():
+            raise Lost(f"{self.resource}: lease lost ({self.lost_reason})")
+        sent_headers = dict(headers or {})
+        sent_headers[protocol.SECRET_HEADER] = self.secret
+        try:
+            response = await self._client._http.request(
+                method,
+                protocol.forward_path(self.resource, path),
+                content=content,
+                json=json,
+                headers=sent_headers,
+                params=params,
+            )
+        except httpx.TransportError as e:
+            raise TransportError(f"forward {self.resource}: {e!r}") from e
+        if protocol.is_lost_answer(response):
+            self._liveness.fire(SESSION_LOST if self.session_id is not None else REVOKED)
+            raise protocol.error_for(response)
+        return response
+
+    async def release(self) -> None:
+        """Stops renewing, marks the lease lost (``released``), then releases it (idempotent)."""
+        if self._renewer is not None:
+            self._renewer.stop()
+        self._liveness.fire(RELEASED)
+        if self._released:
+            return
+        self._released = True
+        try:
+            await self._client.release(self.resource, self.secret)
+        except BaseException:
+            self._released = False
+            raise
+
+    async def __aenter__(self) -> "AsyncLease":
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        try:
+            await self.release()
+        except LeaseProxyError:
+            if exc_type is None:
+                raise
+
+    def __repr__(self) -> str:
+        return (
+            f"<AsyncLease {self.resource} token={self.token} holder={self.holder!r} lost={self.lost_reason}>"
+        )
+
+
+class AsyncSession:
+    """A session kept alive by a task (see :class:`~lease_proxy_client.Session`)."""
+
+    def __init__(self, client: AsyncClient, grant: SessionGrant, sent: float):
+        self._client = client
+        self._grant = grant
+        self._liveness = AsyncLiveness(sent + grant.expires_in_ms / 1000.0)
+        self._renewer = _AsyncRenewer(
+            client,
+            protocol.keepalive_call(grant.session_id, grant.secret),
+            self._liveness,
+            grant.ttl_seconds,
+            grant.expires_in_ms,
+            sent,
+        )
+        weakref.finalize(self, self._renewer.stop_from_gc)  # dropped without close: it lapses at its TTL
+        self._closed = False
+
+    @property
+    def id(self) -> str:
+        """The session id (decimal)."""
+        return self._grant.session_id
+
+    @property
+    def holder(self) -> str:
+        """Who opened it."""
+        return self._grant.holder
+
+    @property
+    def secret(self) -> str:
+        """The session's secret."""
+        return self._grant.secret
+
+    @property
+    def ttl_seconds(self) -> int:
+        """The session's TTL."""
+        return self._grant.ttl_seconds
+
+    @property
+    def deadline(self) -> float:
+        """The conservative end of the session on :func:`time.monotonic`'s clock."""
+        return self._liveness.deadline
+
+    @property
+    def lost(self) -> AsyncLostEvent:
+        """Set when the session is lost — at the deadline at the latest."""
+        return self._liveness.lost
+
+    @property
+    def lost_reason(self) -> Optional[str]:
+        """None while alive, else ``expired``, ``revoked`` or ``released`` (closed)."""
+        self._liveness.check()
+        return self._liveness.reason
+
+    async def acquire(
+        self,
+        resource: str,
+        *,
+        holder: Optional[str] = None,
+        wait: Optional[float] = None,
+        idempotency_key: Optional[str] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+    ) -> AsyncLease:
+        """Acquires ``resource`` under this session; its lease is lost with the session."""
+        if self.lost.is_set():
+            raise SessionLost(f"session {self.id}: {self.lost_reason}")
+        call = protocol.acquire_call(
+            resource,
+            holder=holder or self.holder,
+            ttl=None,
+            wait=wait,
+            idempotency_key=idempotency_key,
+            metadata=metadata,
+            session=self.id,
+            session_secret=self.secret,
+        )
+        try:
+            sent, grant = await self._client._grant(call, retry=idempotency_key is not None)
+        except SessionLost:
+            self._liveness.fire(REVOKED)
+            raise
+        return AsyncLease(self._client, grant, sent, session=self)
+
+    def lease(
+        self,
+        resource: str,
+        *,
+        holder: Optional[str] = None,
+        wait: Optional[float] = None,
+        idempotency_key: Optional[str] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+    ) -> "_Acquiring[AsyncLease]":
+        """:meth:`acquire` for ``async with session.lease(...) as lease:``."""
+        return _Acquiring(
+            self.acquire(
+                resource, holder=holder, wait=wait, idempotency_key=idempotency_key, metadata=metadata
+            )
+        )
+
+    async def close(self) -> None:
+        """Stops the heartbeat, then closes the session, ending its leases (idempotent)."""
+        self._renewer.stop()
+        self._liveness.fire(RELEASED)
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._client._timed(protocol.close_session_call(self.id, self.secret))
+        except BaseException:
+            self._closed = False
+            raise
+
+    async def __aenter__(self) -> "AsyncSession":
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        try:
+            await self.close()
+        except LeaseProxyError:
+            if exc_type is None:
+                raise
+
+    def __repr__(self) -> str:
+        return f"<AsyncSession {self.id} holder={self.holder!r} lost={self.lost_reason}>"
+
+
+class AsyncEventStream:
+    """An async iterator of :class:`~lease_proxy_client.Event` that reconnects and resumes."""
+
+    def __init__(self, client: AsyncClient, prefix: str, last_event_id: Optional[str]):
+        self._client = client
+        self._prefix = prefix
+        self._parser = Parser(last_event_id)
+        self._events = self._run()
+
+    @property
+    def last_event_id(self) -> Optional[str]:
+        """The id to resume after."""
+        return self._parser.last_event_id
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self
+
+    async def __anext__(self) -> Event:
+        return await self._events.__anext__()
+
+    async def aclose(self) -> None:
+        """Stops the stream."""
+        await self._events.aclose()
+
+    async def _run(self) -> AsyncGenerator[Event, None]:
+        attempt = 0
+        params = {"prefix": self._prefix} if self._prefix else {}
+        while True:
+            try:
+                async with self._client._http.stream(
+                    "GET",
+                    "/v1/watch",
+                    params=params,
+                    headers=protocol.watch_headers(self._parser.last_event_id),
+                    timeout=httpx.Timeout(self._client.timeout, read=60.0),
+                ) as response:
+                    if not response.is_success:
+                        await response.aread()
+                        error = protocol.error_for(response)
+                        if not protocol.is_transient(error):
+                            raise error
+                    else:
+                        attempt = 0
+                        async for line in response.aiter_lines():
+                            message = self._parser.feed(line)
+                            if message is not None and message.event in ("acquired", "released", "expired"):
+                                yield to_event(message)
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(protocol.retry_backoff(min(attempt, 5)) * 2)
+            attempt += 1

@@ -1,0 +1,599 @@
+"""The synchronous client: :class:`Client`, its lease guard :class:`Lease` and :class:`Session`."""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from types import TracebackType
+from typing import Any, Dict, Generator, Iterator, List, Mapping, Optional, Tuple, Type
+
+import httpx
+
+from . import protocol
+from .errors import Lost, LeaseProxyError, SessionLost, TransportError
+from .liveness import Liveness, LostEvent
+from .models import Event, Grant, Holding, Renewal, SessionGrant
+from .protocol import Cert, REVOKED, RELEASED, SESSION_LOST, Call, Verify
+from .sse import Parser, to_event
+
+USER_AGENT = "lease-proxy-client-python/0.1"
+
+
+class Client:
+    """A connection to lease-proxy (thread-safe; one per process is plenty).
+
+    ``token`` is the bearer token (with ``--auth-tokens``), ``verify`` ``True`` (system CAs),
+    ``False`` or a CA bundle file, ``cert`` a client certificate file or ``(cert, key)`` for mTLS,
+    ``timeout`` the seconds each request may take (a waiting acquire gets its wait on top).
+    """
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:7070",
+        *,
+        token: Optional[str] = None,
+        verify: Verify = True,
+        cert: Optional[Cert] = None,
+        timeout: float = 10.0,
+        user_agent: str = USER_AGENT,
+    ) -> None:
+        self.timeout = timeout
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers=protocol.base_headers(token, user_agent),
+            verify=protocol.tls(verify, cert),
+            timeout=timeout,
+        )
+        # Test hook: while set, guards of this client send no renewal or keepalive (as if the
+        # process were paused); the deadline watchdog runs on.
+        self._renewals_paused = threading.Event()
+
+    def close(self) -> None:
+        """Closes the connections (leases still held stay held until released or expired)."""
+        self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- plumbing ---
+
+    def _send(self, call: Call, timeout: Optional[float] = None) -> httpx.Response:
+        """Sends ``call``; transport failures become :class:`TransportError`; the body is read."""
+        try:
+            return self._http.request(
+                call.method,
+                call.path,
+                headers=call.headers,
+                json=call.json,
+                params=call.params,
+                timeout=(timeout if timeout is not None else self.timeout) + call.extra_timeout,
+            )
+        except httpx.TransportError as e:
+            raise TransportError(f"{call.method} {call.path}: {e!r}") from e
+
+    def _timed(self, call: Call, timeout: Optional[float] = None) -> Tuple[float, httpx.Response]:
+        """Sends ``call`` and returns the monotonic instant read just before sending it, with the
+        checked answer: a deadline is that instant plus the answer's ``expires_in_ms``."""
+        sent = time.monotonic()
+        return sent, protocol.check(self._send(call, timeout))
+
+    # --- guards ---
+
+    def acquire(
+        self,
+        resource: str,
+        *,
+        ttl: int,
+        holder: str,
+        wait: Optional[float] = None,
+        idempotency_key: Optional[str] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+    ) -> "Lease":
+        """Acquires ``resource`` and returns a :class:`Lease` that renews itself until released.
+
+        ``wait`` (seconds) lets the proxy queue the request while someone else holds it; without
+        it a held resource raises :class:`~lease_proxy_client.Held` at once. With an
+        ``idempotency_key`` a transport failure is retried with the same key (the proxy answers
+        the same grant), so a lost answer never leaves an orphan grant.
+        """
+        call = protocol.acquire_call(
+            resource, holder=holder, ttl=ttl, wait=wait, idempotency_key=idempotency_key, metadata=metadata
+        )
+        sent, grant = self._grant(call, retry=idempotency_key is not None)
+        return Lease(self, grant, sent)
+
+    def lease(
+        self,
+        resource: str,
+        *,
+        ttl: int,
+        holder: str,
+        wait: Optional[float] = None,
+        idempotency_key: Optional[str] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+    ) -> "Lease":
+        """:meth:`acquire`, to use as ``with client.lease(...) as lease:`` (released on exit)."""
+        return self.acquire(
+            resource, ttl=ttl, holder=holder, wait=wait, idempotency_key=idempotency_key, metadata=metadata
+        )
+
+    def _grant(self, call: Call, retry: bool) -> Tuple[float, Grant]:
+        attempt = 0
+        while True:
+            try:
+                sent, response = self._timed(call)
+                return sent, Grant.from_json(response.json())
+            except TransportError:
+                if not retry or attempt >= 3:
+                    raise
+                time.sleep(protocol.retry_backoff(attempt))
+                attempt += 1
+
+    def session(self, *, holder: str, ttl: int) -> "Session":
+        """Opens a session (one heartbeat for many leases); ``with client.session(...) as s:``
+        closes it on exit."""
+        sent, response = self._timed(protocol.open_session_call(holder, ttl))
+        return Session(self, SessionGrant.from_json(response.json()), sent)
+
+    open_session = session
+
+    # --- one-shots ---
+
+    def grant(
+        self,
+        resource: str,
+        *,
+        ttl: int,
+        holder: str,
+        wait: Optional[float] = None,
+        idempotency_key: Optional[str] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+    ) -> Grant:
+        """One acquire, nothing renewed: the caller renews (:meth:`renew`) and releases."""
+        call = protocol.acquire_call(
+            resource, holder=holder, ttl=ttl, wait=wait, idempotency_key=idempotency_key, metadata=metadata
+        )
+        return self._grant(call, retry=idempotency_key is not None)[1]
+
+    def renew(self, resource: str, secret: str) -> Renewal:
+        """One renewal; raises :class:`~lease_proxy_client.Lost` once the grant has ended."""
+        return Renewal.from_json(self._timed(protocol.renew_call(resource, secret))[1].json())
+
+    def release(self, resource: str, secret: str) -> None:
+        """Releases a grant (idempotent: releasing an ended grant is fine)."""
+        self._timed(protocol.release_call(resource, secret))
+
+    def get(self, resource: str) -> Optional[Holding]:
+        """Who holds ``resource``, or None when it is free."""
+        response = self._send(protocol.get_call(resource))
+        if response.status_code == 404:
+            return None
+        return Holding.from_json(protocol.check(response).json())
+
+    def list(self, prefix: str = "", *, page_size: Optional[int] = None) -> List[Holding]:
+        """Every held resource whose name starts with ``prefix``, in name order (all pages)."""
+        holdings: List[Holding] = []
+        cursor: Optional[str] = None
+        while True:
+            body = self._timed(protocol.list_call(prefix, cursor, page_size))[1].json()
+            holdings.extend(Holding.from_json(h) for h in body.get("leases", []))
+            cursor = body.get("next_cursor")
+            if not cursor:
+                return holdings
+
+    def watch(self, prefix: str = "", last_event_id: Optional[str] = None) -> "EventStream":
+        """Ownership events under ``prefix`` (``GET /v1/watch``), reconnecting and resuming after
+        the last event id seen; raises :class:`~lease_proxy_client.Compacted` when the resume
+        point is gone (list again, then watch without ``last_event_id``)."""
+        return EventStream(self, prefix, last_event_id)
+
+    # --- used by the guards ---
+
+    def _renew_until(self, call: Call, liveness: Liveness) -> Optional[httpx.Response]:
+        """One renewal (of a lease or a session), retried with backoff until it succeeds, the
+        answer is 410 (the guard is then lost), or the deadline passes. A success moves the
+        deadline to the instant read before sending it plus the ``expires_in_ms`` answered, and
+        its answer is returned; None when the guard is lost."""
+        attempt = 0
+        while liveness.reason is None:
+            remaining = liveness.deadline - time.monotonic()
+            if remaining <= 0:
+                liveness.check()
+                return None
+            try:
+                sent, response = self._timed(call, timeout=min(self.timeout, remaining))
+            except (Lost, SessionLost):
+                liveness.fire(REVOKED)
+                return None
+            except LeaseProxyError:
+                time.sleep(min(protocol.retry_backoff(attempt), max(remaining, 0.0)))
+                attempt += 1
+                continue
+            body = response.json()
+            liveness.extend(sent + int(body["expires_in_ms"]) / 1000.0)
+            return response
+        return None
+
+
+class _Renewer:
+    """The background thread of a guard: renews at a third of the lifetime (±10 %), until the
+    guard is lost or stopped."""
+
+    def __init__(
+        self,
+        client: Client,
+        call: Call,
+        liveness: Liveness,
+        ttl: int,
+        expires_in_ms: int,
+        sent: float,
+        name: str,
+    ):
+        self._client = client
+        self._call = call
+        self._liveness = liveness
+        self._ttl = ttl
+        self._stop = threading.Event()
+        self._next = sent + protocol.renew_interval(ttl, expires_in_ms)
+        threading.Thread(target=self._run, name=f"renew {name}", daemon=True).start()
+
+    def stop(self) -> None:
+        """Sends no more renewals (a request in flight finishes)."""
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and self._liveness.reason is None:
+            if self._stop.wait(max(self._next - time.monotonic(), 0.0)):
+                return
+            if self._client._renewals_paused.is_set():
+                self._next = time.monotonic() + 0.05
+                continue
+            sent = time.monotonic()
+            try:
+                response = self._client._renew_until(self._call, self._liveness)
+                if response is None:
+                    return
+                self._next = sent + protocol.renew_interval(self._ttl, int(response.json()["expires_in_ms"]))
+            except Exception:  # the client closed under it, an answer that does not parse…
+                return  # renew no more: the watchdog ends the lease at its deadline
+
+
+class Lease:
+    """A held lease, renewed in the background until released or lost.
+
+    Use it as a context manager (released on exit, even on an exception) or call
+    :meth:`release`. Check :attr:`lost` before every action taken as the holder, and present
+    :attr:`fencing_token` to the protected storage (or write through :meth:`forward`).
+    """
+
+    def __init__(self, client: Client, grant: Grant, sent: float, session: Optional["Session"] = None):
+        self._client = client
+        self._grant = grant
+        if session is None:
+            self._liveness = Liveness(sent + grant.expires_in_ms / 1000.0, grant.resource)
+            self._renewer: Optional[_Renewer] = _Renewer(
+                client,
+                protocol.renew_call(grant.resource, grant.secret),
+                self._liveness,
+                grant.ttl_seconds,
+                grant.expires_in_ms,
+                sent,
+                grant.resource,
+            )
+        else:
+            # The session's heartbeat keeps this grant alive; it is lost with the session.
+            self._liveness = Liveness(0.0, grant.resource, parent=session._liveness)
+            self._renewer = None
+        if self._renewer is not None:
+            # Dropped without release: renew no more, so the grant ends at its TTL.
+            weakref.finalize(self, self._renewer.stop)
+        self._release_lock = threading.Lock()
+        self._released = False
+
+    @property
+    def grant(self) -> Grant:
+        """The proxy's answer to the acquire."""
+        return self._grant
+
+    @property
+    def resource(self) -> str:
+        """The resource held."""
+        return self._grant.resource
+
+    @property
+    def holder(self) -> str:
+        """The holder name."""
+        return self._grant.holder
+
+    @property
+    def lease_id(self) -> str:
+        """The etcd lease id (decimal; the session id for a lease under a session)."""
+        return self._grant.lease_id
+
+    @property
+    def secret(self) -> str:
+        """Proof of holding (``Lease-Secret``)."""
+        return self._grant.secret
+
+    @property
+    def token(self) -> int:
+        """The fencing token's revision: larger for every later holder."""
+        return self._grant.token
+
+    @property
+    def fencing_token(self) -> str:
+        """The signed fencing token, for the ``Fencing-Token`` header of protected storage."""
+        return self._grant.fencing_token
+
+    @property
+    def session_id(self) -> Optional[str]:
+        """The session this lease lives on, if any."""
+        return self._grant.session
+
+    @property
+    def deadline(self) -> float:
+        """The conservative end of the lease on :func:`time.monotonic`'s clock: the instant read
+        before sending the last successful acquire/renewal plus the ``expires_in_ms`` answered."""
+        return self._liveness.deadline
+
+    @property
+    def lost(self) -> LostEvent:
+        """Set when the lease is lost — at the deadline at the latest."""
+        return self._liveness.lost
+
+    @property
+    def lost_reason(self) -> Optional[str]:
+        """None while held, else ``expired``, ``revoked``, ``session-lost`` or ``released``."""
+        self._liveness.check()
+        return self._liveness.reason
+
+    def forward(
+        self,
+        method: str,
+        path: str,
+        *,
+        content: Optional[bytes] = None,
+        json: Any = None,
+        headers: Optional[Dict[str, str]] = None,
+        params: Optional[Dict[str, str]] = None,
+    ) -> httpx.Response:
+        """Sends a request to the proxy's upstream as the holder (the proxy adds the fencing
+        token) and returns the upstream's answer. Raises :class:`~lease_proxy_client.Lost`
+        without sending when the lease is lost, or when the proxy answers that it is."""
+        if self.lost.is_set():
+            raise Lost(f"{self.resource}: lease lost ({self.lost_reason})")
+        sent_headers = dict(headers or {})
+        sent_headers[protocol.SECRET_HEADER] = self.secret
+        try:
+            response = self._client._http.request(
+                method,
+                protocol.forward_path(self.resource, path),
+                content=content,
+                json=json,
+                headers=sent_headers,
+                params=params,
+            )
+        except httpx.TransportError as e:
+            raise TransportError(f"forward {self.resource}: {e!r}") from e
+        if protocol.is_lost_answer(response):
+            self._liveness.fire(SESSION_LOST if self.session_id is not None else REVOKED)
+            raise protocol.error_for(response)
+        return response
+
+    def release(self) -> None:
+        """Stops renewing, marks the lease lost (``released``), then releases it in the proxy
+        (idempotent)."""
+        with self._release_lock:
+            if self._renewer is not None:
+                self._renewer.stop()
+            self._liveness.fire(RELEASED)
+            if self._released:
+                return
+            # Sent even when the lease counts as lost here: the deadline is conservative, so the
+            # grant may still be alive in etcd, and a release of an ended grant is a no-op.
+            self._client.release(self.resource, self.secret)
+            self._released = True
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        try:
+            self.release()
+        except LeaseProxyError:
+            if exc_type is None:
+                raise
+
+    def __repr__(self) -> str:
+        return f"<Lease {self.resource} token={self.token} holder={self.holder!r} lost={self.lost_reason}>"
+
+
+class Session:
+    """A session: one heartbeat keeps every lease acquired under it alive; closing it (or its
+    lapsing) ends them all. Use it as a context manager or call :meth:`close`."""
+
+    def __init__(self, client: Client, grant: SessionGrant, sent: float):
+        self._client = client
+        self._grant = grant
+        self._liveness = Liveness(sent + grant.expires_in_ms / 1000.0, f"session {grant.session_id}")
+        self._renewer = _Renewer(
+            client,
+            protocol.keepalive_call(grant.session_id, grant.secret),
+            self._liveness,
+            grant.ttl_seconds,
+            grant.expires_in_ms,
+            sent,
+            f"session {grant.session_id}",
+        )
+        weakref.finalize(self, self._renewer.stop)  # dropped without close: it lapses at its TTL
+        self._close_lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def id(self) -> str:
+        """The session id (its etcd lease id, decimal)."""
+        return self._grant.session_id
+
+    @property
+    def holder(self) -> str:
+        """Who opened it."""
+        return self._grant.holder
+
+    @property
+    def secret(self) -> str:
+        """The session's secret (``Lease-Secret`` of its keepalives and acquires)."""
+        return self._grant.secret
+
+    @property
+    def ttl_seconds(self) -> int:
+        """The session's TTL."""
+        return self._grant.ttl_seconds
+
+    @property
+    def deadline(self) -> float:
+        """The conservative end of the session on :func:`time.monotonic`'s clock."""
+        return self._liveness.deadline
+
+    @property
+    def lost(self) -> LostEvent:
+        """Set when the session is lost — at the deadline at the latest."""
+        return self._liveness.lost
+
+    @property
+    def lost_reason(self) -> Optional[str]:
+        """None while alive, else ``expired``, ``revoked`` or ``released`` (closed)."""
+        self._liveness.check()
+        return self._liveness.reason
+
+    def acquire(
+        self,
+        resource: str,
+        *,
+        holder: Optional[str] = None,
+        wait: Optional[float] = None,
+        idempotency_key: Optional[str] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+    ) -> Lease:
+        """Acquires ``resource`` under this session (``holder`` defaults to the session's); the
+        lease lives as long as the session, and its :attr:`Lease.lost` is set when the session is
+        lost."""
+        if self.lost.is_set():
+            raise SessionLost(f"session {self.id}: {self.lost_reason}")
+        call = protocol.acquire_call(
+            resource,
+            holder=holder or self.holder,
+            ttl=None,
+            wait=wait,
+            idempotency_key=idempotency_key,
+            metadata=metadata,
+            session=self.id,
+            session_secret=self.secret,
+        )
+        try:
+            sent, grant = self._client._grant(call, retry=idempotency_key is not None)
+        except SessionLost:
+            self._liveness.fire(REVOKED)
+            raise
+        return Lease(self._client, grant, sent, session=self)
+
+    lease = acquire
+
+    def close(self) -> None:
+        """Stops the heartbeat, then closes the session, ending its leases (idempotent)."""
+        with self._close_lock:
+            self._renewer.stop()
+            self._liveness.fire(RELEASED)
+            if self._closed:
+                return
+            self._client._timed(protocol.close_session_call(self.id, self.secret))
+            self._closed = True
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        try:
+            self.close()
+        except LeaseProxyError:
+            if exc_type is None:
+                raise
+
+    def __repr__(self) -> str:
+        return f"<Session {self.id} holder={self.holder!r} lost={self.lost_reason}>"
+
+
+class EventStream:
+    """An iterator of :class:`~lease_proxy_client.Event`; reconnects after a dropped connection
+    and resumes after :attr:`last_event_id`. Close it (or use ``with``) to stop."""
+
+    def __init__(self, client: Client, prefix: str, last_event_id: Optional[str]):
+        self._client = client
+        self._prefix = prefix
+        self._parser = Parser(last_event_id)
+        self._events = self._run()
+        self._closed = False
+
+    @property
+    def last_event_id(self) -> Optional[str]:
+        """The id to resume after (the last event's, or the stream's starting point)."""
+        return self._parser.last_event_id
+
+    def __iter__(self) -> Iterator[Event]:
+        return self
+
+    def __next__(self) -> Event:
+        return next(self._events)
+
+    def close(self) -> None:
+        """Stops the stream."""
+        self._closed = True
+        self._events.close()
+
+    def __enter__(self) -> "EventStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self) -> Generator[Event, None, None]:
+        attempt = 0
+        params = {"prefix": self._prefix} if self._prefix else {}
+        while not self._closed:
+            try:
+                with self._client._http.stream(
+                    "GET",
+                    "/v1/watch",
+                    params=params,
+                    headers=protocol.watch_headers(self._parser.last_event_id),
+                    # keepalive comments come every 15 s: a silent minute is a dead connection
+                    timeout=httpx.Timeout(self._client.timeout, read=60.0),
+                ) as response:
+                    if not response.is_success:
+                        response.read()
+                        error = protocol.error_for(response)
+                        if not protocol.is_transient(error):
+                            raise error
+                    else:
+                        attempt = 0
+                        for line in response.iter_lines():
+                            message = self._parser.feed(line)
+                            if message is not None and message.event in ("acquired", "released", "expired"):
+                                yield to_event(message)
+            except httpx.TransportError:
+                pass
+            time.sleep(protocol.retry_backoff(min(attempt, 5)) * 2)
+            attempt += 1

@@ -1,0 +1,61 @@
+"""The exceptions of this package: every failure is a :class:`LeaseProxyError`."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+PROBLEM_PREFIX = "https://lease-proxy.dev/problems/"
+
+
+class LeaseProxyError(Exception):
+    """Base class of every error this package raises."""
+
+
+class Held(LeaseProxyError):
+    """The resource is held by someone else (409 ``lease-held``)."""
+
+    def __init__(self, holder: str, token: int, expires_in_ms: int) -> None:
+        super().__init__(f"held by {holder!r} (token {token}) for up to {expires_in_ms} ms")
+        #: Who holds the resource.
+        self.holder = holder
+        #: The holder's token (etcd create revision).
+        self.token = token
+        #: Remaining TTL of the holder's lease, as the proxy saw it.
+        self.expires_in_ms = expires_in_ms
+
+
+class Lost(LeaseProxyError):
+    """The lease has ended (410 ``lease-lost``, expired, revoked or released): stop acting as holder."""
+
+
+class SessionLost(LeaseProxyError):
+    """The session has ended (410 ``session-lost``): every lease under it is lost."""
+
+
+class Compacted(LeaseProxyError):
+    """A watch's resume point is no longer in etcd's history (410 ``events-compacted``):
+    list the leases again and watch without ``last_event_id``."""
+
+
+class Problem(LeaseProxyError):
+    """Any other error answer of the proxy (``application/problem+json``)."""
+
+    def __init__(self, status: int, type: str, title: str, detail: Optional[str]) -> None:
+        super().__init__(f"{status} {title}" + (f": {detail}" if detail else ""))
+        #: HTTP status.
+        self.status = status
+        #: The problem type URI (``https://lease-proxy.dev/problems/<slug>``).
+        self.type = type
+        #: Short summary.
+        self.title = title
+        #: Explanation of this occurrence, when the proxy gave one.
+        self.detail = detail
+
+    @property
+    def slug(self) -> str:
+        """The last part of :attr:`type` (``lease-held``, ``forbidden``…)."""
+        return self.type.rsplit("/", 1)[-1]
+
+
+class TransportError(LeaseProxyError):
+    """The proxy could not be reached or did not answer in time (the ``httpx`` error is the cause)."""

@@ -1,0 +1,144 @@
+"""What the proxy answers, as plain data classes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A successful acquire (the only answer that carries the secret)."""
+
+    resource: str
+    holder: str
+    lease_id: str
+    secret: str
+    token: int
+    fencing_token: str
+    ttl_seconds: int
+    expires_in_ms: int
+    session: Optional[str] = None
+    metadata: Optional[Dict[str, Any]] = None
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> "Grant":
+        """Parses a 201 body of ``POST /v1/leases/{resource}``."""
+        return cls(
+            resource=str(body["resource"]),
+            holder=str(body["holder"]),
+            lease_id=str(body["lease_id"]),
+            secret=str(body["secret"]),
+            token=int(body["token"]),
+            fencing_token=str(body["fencing_token"]),
+            ttl_seconds=int(body["ttl_seconds"]),
+            expires_in_ms=int(body["expires_in_ms"]),
+            session=_opt_str(body.get("session")),
+            metadata=body.get("metadata"),
+        )
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """A successful renewal."""
+
+    ttl_seconds: int
+    expires_in_ms: int
+    token: int
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> "Renewal":
+        """Parses a 200 body of ``POST /v1/leases/{resource}/renew``."""
+        return cls(
+            ttl_seconds=int(body["ttl_seconds"]),
+            expires_in_ms=int(body["expires_in_ms"]),
+            token=int(body["token"]),
+        )
+
+
+@dataclass(frozen=True)
+class Holding:
+    """A held resource as anyone may see it (no secret)."""
+
+    resource: str
+    holder: str
+    lease_id: str
+    token: int
+    ttl_seconds: int
+    expires_in_ms: int
+    acquired_at: int
+    session: Optional[str] = None
+    metadata: Optional[Dict[str, Any]] = None
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> "Holding":
+        """Parses ``GET /v1/leases/{resource}`` or one entry of the listing."""
+        return cls(
+            resource=str(body["resource"]),
+            holder=str(body["holder"]),
+            lease_id=str(body["lease_id"]),
+            token=int(body["token"]),
+            ttl_seconds=int(body["ttl_seconds"]),
+            expires_in_ms=int(body["expires_in_ms"]),
+            acquired_at=int(body.get("acquired_at", 0)),
+            session=_opt_str(body.get("session")),
+            metadata=body.get("metadata"),
+        )
+
+
+@dataclass(frozen=True)
+class SessionGrant:
+    """A session just opened (the only answer that carries its secret)."""
+
+    session_id: str
+    holder: str
+    secret: str
+    ttl_seconds: int
+    expires_in_ms: int
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> "SessionGrant":
+        """Parses a 201 body of ``POST /v1/sessions``."""
+        return cls(
+            session_id=str(body["session_id"]),
+            holder=str(body["holder"]),
+            secret=str(body["secret"]),
+            ttl_seconds=int(body["ttl_seconds"]),
+            expires_in_ms=int(body["expires_in_ms"]),
+        )
+
+
+@dataclass(frozen=True)
+class Event:
+    """One ownership change from ``GET /v1/watch``."""
+
+    #: The event id (opaque; resume after it with ``last_event_id``).
+    id: str
+    #: ``acquired``, ``released`` or ``expired``.
+    type: str
+    resource: str
+    holder: str
+    #: The grant's token (create revision).
+    token: int
+    #: The etcd revision of this event.
+    revision: int
+    lease_id: str
+    session: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, id: str, body: Mapping[str, Any]) -> "Event":
+        """Parses the ``data`` of one event."""
+        return cls(
+            id=id,
+            type=str(body["type"]),
+            resource=str(body["resource"]),
+            holder=str(body["holder"]),
+            token=int(body["token"]),
+            revision=int(body["revision"]),
+            lease_id=str(body["lease_id"]),
+            session=_opt_str(body.get("session")),
+        )
+
+
+def _opt_str(value: Any) -> Optional[str]:
+    return None if value is None else str(value)
