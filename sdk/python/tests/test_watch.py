@@ -166,7 +166,6 @@ async def test_async_watch_reconnects_and_resumes(scripted: ScriptedWatch) -> No
     assert scripted.seen_ids == ["9", "11", "11", "12.1"]
 
 
-@pytest.mark.skip(reason="needs /v1/watch from main")
 def test_watch_end_to_end_against_the_proxy(proxy: str, resource: str) -> None:
     with Client(proxy) as client:
         stream = client.watch(prefix=resource)
@@ -192,7 +191,6 @@ def test_watch_end_to_end_against_the_proxy(proxy: str, resource: str) -> None:
         stream.close()
 
 
-@pytest.mark.skip(reason="needs /v1/watch from main")
 @pytest.mark.asyncio
 async def test_async_watch_end_to_end_against_the_proxy(proxy: str, resource: str) -> None:
     async with AsyncClient(proxy) as client:
@@ -205,7 +203,6 @@ async def test_async_watch_end_to_end_against_the_proxy(proxy: str, resource: st
         await stream.aclose()
 
 
-@pytest.mark.skip(reason="needs /v1/watch from main")
 def test_a_watch_resuming_from_compacted_history_raises_compacted(
     proxy: str, etcd: Etcd, resource: str
 ) -> None:
