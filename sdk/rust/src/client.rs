@@ -8,6 +8,7 @@ use bytes::Bytes;
 use reqwest::{Method, RequestBuilder};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Map, Value};
+use tokio::time::Instant;
 
 use crate::error::{self, Error, Result};
 use crate::model::{Grant, Heartbeat, Holding, Opened, Page, Renewal};
@@ -202,6 +203,17 @@ impl Client {
     /// [`Client::acquire`] for a guard that does). With an idempotency key, a transport error
     /// or a 502–504 is retried with the same key (a few times, with a short backoff).
     pub async fn grant(&self, resource: &str, opts: &crate::AcquireOptions) -> Result<Grant> {
+        self.grant_sent(resource, opts)
+            .await
+            .map(|(grant, _)| grant)
+    }
+
+    /// [`Client::grant`], and the instant read just before sending the attempt that succeeded.
+    pub(crate) async fn grant_sent(
+        &self,
+        resource: &str,
+        opts: &crate::AcquireOptions,
+    ) -> Result<(Grant, Instant)> {
         self.grant_with(
             resource,
             &AcquireRequest {
@@ -216,12 +228,13 @@ impl Client {
         .await
     }
 
-    /// `POST /v1/leases/{resource}`, retried with its idempotency key when it has one.
+    /// `POST /v1/leases/{resource}`, retried with its idempotency key when it has one; with
+    /// the instant read just before sending the attempt that succeeded.
     pub(crate) async fn grant_with(
         &self,
         resource: &str,
         req: &AcquireRequest<'_>,
-    ) -> Result<Grant> {
+    ) -> Result<(Grant, Instant)> {
         let mut body = Map::new();
         body.insert("holder".into(), json!(req.holder));
         if let Some(ttl) = req.ttl_seconds {
@@ -252,7 +265,8 @@ impl Client {
             if let Some((_, secret)) = req.session {
                 http = http.header(LEASE_SECRET, secret);
             }
-            match self.call(http).await {
+            let sent = Instant::now();
+            match self.call(http).await.map(|grant| (grant, sent)) {
                 Err(e)
                     if e.is_transient()
                         && req.idempotency_key.is_some()

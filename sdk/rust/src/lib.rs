@@ -1,14 +1,24 @@
-//! A Rust client for [lease-proxy](../../README.md): exclusive, time-bounded ownership of named
-//! resources with fencing tokens, over the proxy's HTTP API (`/v1`).
+//! A Rust client for lease-proxy: exclusive, time-bounded ownership of named resources with
+//! fencing tokens, over the proxy's HTTP API (`/v1`).
 //!
 //! - [`Client`]: one-shot calls ([`Client::grant`], [`Client::renew`], [`Client::release`],
-//!   [`Client::get`], [`Client::list`]).
+//!   [`Client::get`], [`Client::list`]) and the guards below.
+//! - [`Lease`] ([`Client::acquire`]): a held resource that renews itself, reports its loss no
+//!   later than its conservative deadline, and is released when dropped.
+//! - [`Session`] ([`Client::open_session`]): one heartbeat for many leases.
 //! - [`Error`]: everything that can go wrong, with the proxy's problems as variants.
 
 mod client;
 mod error;
+mod lease;
+mod liveness;
 mod model;
+mod renewal;
+mod session;
 
 pub use client::{Client, ClientBuilder};
 pub use error::{Error, Result};
+pub use lease::Lease;
+pub use liveness::LostReason;
 pub use model::{AcquireOptions, Grant, Holding, Renewal, SessionAcquireOptions};
+pub use session::Session;
