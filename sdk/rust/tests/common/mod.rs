@@ -84,3 +84,54 @@ pub async fn revoke_in_etcd(etcd: &Etcd, id: &str) {
         .await
         .unwrap();
 }
+
+/// A TCP relay in front of `target` (`host:port`) that delays every chunk of every answer by
+/// `delay` and, with `drop_first_answer`, reads the first connection's answer and closes it
+/// unsent (the request was served, the client sees a transport error). Returns its URL.
+pub async fn relay(target: &str, delay: Duration, drop_first_answer: bool) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let target = target.to_owned();
+    tokio::spawn(async move {
+        let mut first = drop_first_answer;
+        loop {
+            let Ok((client, _)) = listener.accept().await else {
+                return;
+            };
+            let drop_answer = std::mem::take(&mut first);
+            let target = target.clone();
+            tokio::spawn(async move {
+                let Ok(upstream) = tokio::net::TcpStream::connect(&target).await else {
+                    return;
+                };
+                let (mut client_rd, mut client_wr) = client.into_split();
+                let (mut up_rd, mut up_wr) = upstream.into_split();
+                let requests = tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut client_rd, &mut up_wr).await;
+                });
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let n = match up_rd.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    if drop_answer {
+                        break;
+                    }
+                    tokio::time::sleep(delay).await;
+                    if client_wr.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+                requests.abort();
+            });
+        }
+    });
+    url
+}
+
+/// `host:port` of an `http://host:port` URL.
+pub fn authority(url: &str) -> &str {
+    url.trim_start_matches("http://")
+}
