@@ -163,15 +163,6 @@ pub(crate) enum Command {
         #[arg(long, default_value = "")]
         prefix: String,
     },
-    /// Print lease events (acquired, released, expired) as JSON lines until interrupted.
-    Watch {
-        /// Only resources whose name starts with this.
-        #[arg(long, default_value = "")]
-        prefix: String,
-        /// Resume after this event id (the `id` of the last event seen).
-        #[arg(long, value_name = "ID")]
-        last_event_id: Option<String>,
-    },
     /// Wait for a lease on a resource, run a command while holding it, release it when the
     /// command exits.
     ///
@@ -244,7 +235,16 @@ mod tests {
     #[test]
     fn exec_takes_the_command_after_the_double_dash() {
         let cli = Cli::try_parse_from([
-            "leasectl", "exec", "--resource", "r", "--ttl", "5", "--", "sh", "-c", "exit 3",
+            "leasectl",
+            "exec",
+            "--resource",
+            "r",
+            "--ttl",
+            "5",
+            "--",
+            "sh",
+            "-c",
+            "exit 3",
         ])
         .unwrap();
         let Some(Command::Exec(exec)) = cli.command else {
@@ -253,8 +253,20 @@ mod tests {
         assert_eq!(exec.command, ["sh", "-c", "exit 3"]);
         assert_eq!(exec.grace, Duration::from_secs(10));
         assert_eq!(exec.wait, None, "waits forever by default");
-        assert!(Cli::try_parse_from(["leasectl", "exec", "--resource", "r", "--ttl", "5"]).is_err());
-        assert!(Cli::try_parse_from(["leasectl", "exec", "--resource", "r", "--ttl", "0", "--", "true"]).is_err());
+        assert!(
+            Cli::try_parse_from(["leasectl", "exec", "--resource", "r", "--ttl", "5"]).is_err()
+        );
+        assert!(Cli::try_parse_from([
+            "leasectl",
+            "exec",
+            "--resource",
+            "r",
+            "--ttl",
+            "0",
+            "--",
+            "true"
+        ])
+        .is_err());
     }
 
     #[test]

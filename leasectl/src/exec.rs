@@ -13,7 +13,8 @@ use crate::error::Error;
 use crate::supervise::{exit_code, spawn, supervise, Stopped};
 
 /// The longest server-side wait one acquire asks for; a longer `--wait` (or none: forever)
-/// asks again. Must stay within the proxy's `--max-wait` (default 60 s).
+/// asks again. Within the proxy's default `--max-wait` (60 s); a proxy with a shorter one says
+/// so and is then asked for that.
 const WAIT_CHUNK: Duration = Duration::from_secs(30);
 
 /// Runs `exec` and returns leasectl's exit status.
@@ -28,20 +29,29 @@ pub(crate) async fn run(client: &Client, exec: Exec) -> Result<u8, Error> {
         }
     };
     if lease.is_lost() {
-        eprintln!("leasectl: the lease on {} was lost before the command started", exec.resource);
+        eprintln!(
+            "leasectl: the lease on {} was lost before the command started",
+            exec.resource
+        );
         return Ok(EXIT_LOST);
     }
     let ended = run_command(&exec, &lease, &mut signals).await;
+    let reason = if lease.is_lost() {
+        Some(lease.lost_reason().await)
+    } else {
+        None
+    };
     let released = lease.release().await;
     let outcome = ended?;
     if let Some(stopped) = outcome.lost {
         let how = match stopped {
             Stopped::Terminated => "ended after SIGTERM",
-            Stopped::Killed => "killed after the grace period",
+            Stopped::Killed => "was killed after the grace period",
         };
         eprintln!(
-            "leasectl: the lease on {} was lost; the command {how} (status {})",
+            "leasectl: the lease on {} was lost ({}); the command {how} (status {})",
             exec.resource,
+            reason.map_or_else(|| "unknown".to_owned(), |r| format!("{r:?}").to_lowercase()),
             exit_code(outcome.status)
         );
         return Ok(EXIT_LOST);
@@ -75,12 +85,15 @@ async fn run_command(
     supervise(&mut child, lease.lost(), exec.grace, signals).await
 }
 
-/// Acquires the lease, asking again while it is held until `--wait` runs out.
+/// Acquires the lease, asking again while it is held until `--wait` runs out. Each acquire
+/// waits server-side for up to [`WAIT_CHUNK`], or the proxy's `--max-wait` once it said that is
+/// shorter.
 async fn acquire(client: &Client, exec: &Exec, holder: String) -> Result<Lease, Error> {
     let until = exec.wait.map(|wait| Instant::now() + wait);
+    let mut most = WAIT_CHUNK;
     loop {
-        let chunk = until.map_or(WAIT_CHUNK, |until| {
-            until.saturating_duration_since(Instant::now()).min(WAIT_CHUNK)
+        let chunk = until.map_or(most, |until| {
+            until.saturating_duration_since(Instant::now()).min(most)
         });
         let mut opts = AcquireOptions::new(holder.clone(), Duration::from_secs(exec.ttl));
         if !chunk.is_zero() {
@@ -88,8 +101,30 @@ async fn acquire(client: &Client, exec: &Exec, holder: String) -> Result<Lease, 
         }
         match client.acquire(&exec.resource, opts).await {
             Err(ClientError::Held { .. }) if until.is_none_or(|until| Instant::now() < until) => {}
-            acquired => return Ok(acquired?),
+            Err(e) => match proxy_max_wait(&e) {
+                Some(max) if max < chunk => most = max,
+                _ => return Err(e.into()),
+            },
+            Ok(lease) => return Ok(lease),
         }
+    }
+}
+
+/// The proxy's `--max-wait` when `e` refused a `wait_ms` over it (400 `invalid-field`, detail
+/// `wait_ms: must be at most N`).
+fn proxy_max_wait(e: &ClientError) -> Option<Duration> {
+    match e {
+        ClientError::Problem {
+            status: 400,
+            detail,
+            ..
+        } if e.slug() == Some("invalid-field") => detail
+            .strip_prefix("wait_ms: must be at most ")?
+            .trim()
+            .parse()
+            .ok()
+            .map(Duration::from_millis),
+        _ => None,
     }
 }
 

@@ -151,9 +151,14 @@ mod tests {
     async fn passes_the_environment_and_the_exit_status() {
         let mut child = sh(r#"test "$LEASE_TEST_VALUE" = forty-two && exit 3; exit 1"#);
         let (_tx, mut rx) = mpsc::channel(1);
-        let out = supervise(&mut child, CancellationToken::new(), Duration::ZERO, &mut rx)
-            .await
-            .unwrap();
+        let out = supervise(
+            &mut child,
+            CancellationToken::new(),
+            Duration::ZERO,
+            &mut rx,
+        )
+        .await
+        .unwrap();
         assert_eq!(out.lost, None);
         assert_eq!(exit_code(out.status), 3);
     }
@@ -162,9 +167,14 @@ mod tests {
     async fn a_signal_death_is_128_plus_the_signal() {
         let mut child = sh("kill -KILL $$");
         let (_tx, mut rx) = mpsc::channel(1);
-        let out = supervise(&mut child, CancellationToken::new(), Duration::ZERO, &mut rx)
-            .await
-            .unwrap();
+        let out = supervise(
+            &mut child,
+            CancellationToken::new(),
+            Duration::ZERO,
+            &mut rx,
+        )
+        .await
+        .unwrap();
         assert_eq!(exit_code(out.status), 128 + 9);
     }
 
@@ -178,7 +188,13 @@ mod tests {
         ));
         let (tx, mut rx) = mpsc::channel(1);
         let run = tokio::spawn(async move {
-            supervise(&mut child, CancellationToken::new(), Duration::ZERO, &mut rx).await
+            supervise(
+                &mut child,
+                CancellationToken::new(),
+                Duration::ZERO,
+                &mut rx,
+            )
+            .await
         });
         wait_for_file(&ready).await;
         tx.send(Signal::SIGINT).await.unwrap();
@@ -221,8 +237,7 @@ mod tests {
         let (_tx, mut rx) = mpsc::channel(1);
         let fire = lost.clone();
         let grace = Duration::from_millis(600);
-        let run =
-            tokio::spawn(async move { supervise(&mut child, lost, grace, &mut rx).await });
+        let run = tokio::spawn(async move { supervise(&mut child, lost, grace, &mut rx).await });
         wait_for_file(&ready).await;
         let at = tokio::time::Instant::now();
         fire.cancel();
@@ -232,6 +247,34 @@ mod tests {
         assert_eq!(exit_code(out.status), 128 + 9);
         assert!(took >= grace, "killed before the grace ran out: {took:?}");
         assert!(took < grace + Duration::from_secs(5), "{took:?}");
+    }
+
+    #[tokio::test]
+    async fn loss_stops_what_the_command_started_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("pid");
+        let mut child = sh(&format!(
+            "sleep 300 & echo $! > {}; wait",
+            pid_file.display()
+        ));
+        let lost = CancellationToken::new();
+        let (_tx, mut rx) = mpsc::channel(1);
+        let fire = lost.clone();
+        let run = tokio::spawn(async move {
+            supervise(&mut child, lost, Duration::from_secs(30), &mut rx).await
+        });
+        let grandchild = wait_for_file(&pid_file).await;
+        let proc_stat = format!("/proc/{}/stat", grandchild.trim());
+        fire.cancel();
+        run.await.unwrap().unwrap();
+        for _ in 0..200 {
+            match std::fs::read_to_string(&proc_stat) {
+                Err(_) => return,
+                Ok(stat) if stat.contains(") Z") => return,
+                Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+        panic!("the command's background sleep survived the loss");
     }
 
     #[tokio::test]

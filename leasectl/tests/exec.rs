@@ -11,15 +11,17 @@ use common::{alive, exit_status, wait_for_file, Stack};
 use lease_proxy_testkit::signal_pid;
 
 /// A script that records its lease environment in `env`, then runs until the file `go` exists
-/// and exits with `code`.
+/// and exits with `code` (or until the stack's directory is gone: a failed test leaves nothing
+/// running).
 fn hold_until(stack: &Stack, name: &str, code: i32) -> String {
     let env = stack.path(&format!("{name}.env"));
     let go = stack.path(&format!("{name}.go"));
     format!(
         r#"echo "$LEASE_TOKEN $LEASE_ID $FENCING_RESOURCE $FENCING_TOKEN" > {env}.tmp && mv {env}.tmp {env}
-           while [ ! -e {go} ]; do sleep 0.05; done; exit {code}"#,
+           while [ ! -e {go} ] && [ -d {dir} ]; do sleep 0.05; done; exit {code}"#,
         env = env.display(),
         go = go.display(),
+        dir = stack.dir.path().display(),
     )
 }
 
@@ -61,7 +63,10 @@ async fn the_command_runs_with_the_lease_in_its_environment_and_its_status_is_pa
     go(&stack, "a");
     assert_eq!(exit_status(&mut exec, Duration::from_secs(30)).await, 3);
     let (status, body) = stack.get("printer-1").await;
-    assert_eq!(status, 404, "released on exit, long before its 30 s TTL: {body}");
+    assert_eq!(
+        status, 404,
+        "released on exit, long before its 30 s TTL: {body}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -101,6 +106,24 @@ async fn a_second_exec_waits_for_the_first_then_runs_with_a_larger_token() {
     );
     assert_eq!(exit_status(&mut second, Duration::from_secs(30)).await, 0);
     assert_eq!(stack.get("printer-3").await.0, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_keeps_waiting_beyond_the_proxys_longest_wait() {
+    let stack = Stack::start_with(|c| c.max_wait = Duration::from_millis(400)).await;
+    let mut first = stack.exec("printer-8", 30, &[], &hold_until(&stack, "first", 0));
+    seen(&stack, "first").await;
+    let mut second = stack.exec("printer-8", 30, &[], &hold_until(&stack, "second", 4));
+    go(&stack, "second");
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert!(
+        second.try_wait().unwrap().is_none(),
+        "the second leasectl stopped waiting after the proxy's 400 ms --max-wait"
+    );
+    assert!(!stack.path("second.env").exists());
+    go(&stack, "first");
+    assert_eq!(exit_status(&mut first, Duration::from_secs(30)).await, 0);
+    assert_eq!(exit_status(&mut second, Duration::from_secs(30)).await, 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,8 +171,9 @@ async fn stop_past_the_ttl(
     };
     let script = format!(
         r#"{trap}; echo "$$ $LEASE_TOKEN" > {ready}.tmp && mv {ready}.tmp {ready}
-           while :; do sleep 0.05; done"#,
-        ready = ready.display()
+           while [ -d {dir} ]; do sleep 0.05; done"#,
+        ready = ready.display(),
+        dir = stack.dir.path().display(),
     );
     let exec = stack.exec(resource, 2, &["--grace", grace], &script);
     let text = wait_for_file(&ready).await;
@@ -162,7 +186,10 @@ async fn stop_past_the_ttl(
     assert_eq!(status, 201, "{grant}");
     let new_token: u64 = grant["token"].as_str().unwrap().parse().unwrap();
     assert!(new_token > token);
-    assert!(alive(pid), "the command kept running while leasectl was stopped");
+    assert!(
+        alive(pid),
+        "the command kept running while leasectl was stopped"
+    );
     assert!(!term.exists());
     let resumed = tokio::time::Instant::now();
     signal_pid(leasectl, "CONT");
@@ -226,8 +253,9 @@ async fn sigterm_to_leasectl_is_forwarded_and_the_lease_released() {
     let stack = Stack::start().await;
     let ready = stack.path("ready");
     let script = format!(
-        r#"trap 'exit 9' TERM; echo up > {}; while :; do sleep 0.05; done"#,
-        ready.display()
+        r#"trap 'exit 9' TERM; echo up > {}; while [ -d {} ]; do sleep 0.05; done"#,
+        ready.display(),
+        stack.dir.path().display()
     );
     let mut exec = stack.exec("printer-7", 30, &[], &script);
     wait_for_file(&ready).await;

@@ -27,15 +27,25 @@ pub struct Stack {
 impl Stack {
     /// A fresh etcd and a proxy on a free port.
     pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    /// A fresh etcd and a proxy on a free port, its configuration adjusted by `tweak`.
+    pub async fn start_with(tweak: impl FnOnce(&mut lease_proxy::Config)) -> Self {
         let etcd = Etcd::single().await;
         let dir = tempfile::tempdir().unwrap();
         let key_file = dir.path().join("fencing.key");
-        std::fs::write(&key_file, Keyring::generate_file(&KeyId::parse("k1").unwrap())).unwrap();
+        std::fs::write(
+            &key_file,
+            Keyring::generate_file(&KeyId::parse("k1").unwrap()),
+        )
+        .unwrap();
         let mut config = lease_proxy::Config::with_endpoints(etcd.endpoints());
         config.key_file = Some(key_file);
         config.data_dir = dir.path().join("data");
         config.etcd_timeout = Duration::from_secs(3);
         config.drain_timeout = Duration::from_secs(3);
+        tweak(&mut config);
         config.validate().unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -111,7 +121,13 @@ impl Stack {
     }
 
     /// `POST /v1/leases/{resource}` as `holder` with `wait_ms`: (status, body).
-    pub async fn acquire(&self, resource: &str, holder: &str, ttl: u64, wait_ms: u64) -> (u16, Value) {
+    pub async fn acquire(
+        &self,
+        resource: &str,
+        holder: &str,
+        ttl: u64,
+        wait_ms: u64,
+    ) -> (u16, Value) {
         let r = reqwest::Client::new()
             .post(format!("{}/v1/leases/{resource}", self.url))
             .json(&serde_json::json!({"holder": holder, "ttl_seconds": ttl, "wait_ms": wait_ms}))
@@ -157,6 +173,13 @@ pub async fn exit_status(child: &mut Child, within: Duration) -> i32 {
 /// Whether process `pid` still runs (exists and is no zombie).
 pub fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|stat| !stat.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+        .map(|stat| {
+            !stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
         .unwrap_or(false)
 }
