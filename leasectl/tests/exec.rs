@@ -53,7 +53,8 @@ async fn the_command_runs_with_the_lease_in_its_environment_and_its_status_is_pa
     );
     let (token, lease_id, resource, fencing_token) = seen(&stack, "a").await;
     assert_eq!(resource, "printer-1");
-    assert!(!fencing_token.is_empty());
+    let verified = stack.keys.verify("printer-1", &fencing_token).unwrap();
+    assert_eq!(verified.revision, token, "FENCING_TOKEN signs LEASE_TOKEN");
     let (status, held) = stack.get("printer-1").await;
     assert_eq!(status, 200, "{held}");
     assert_eq!(held["holder"], "job-7");

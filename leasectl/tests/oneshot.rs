@@ -26,7 +26,11 @@ async fn acquire_get_list_renew_release_print_the_answers() {
     assert_eq!(grant["ttl_seconds"], 30);
     let secret = grant["secret"].as_str().unwrap();
     let token = grant["token"].as_str().unwrap();
-    assert!(grant["fencing_token"].as_str().unwrap().len() > 10);
+    let verified = stack
+        .keys
+        .verify("scanner-1", grant["fencing_token"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(verified.revision.to_string(), token);
     let (status, held) = stack.get("scanner-1").await;
     assert_eq!(status, 200);
     assert_eq!(
@@ -126,6 +130,31 @@ async fn an_unreachable_proxy_exits_69_and_a_bad_url_64() {
         .await
         .unwrap();
     assert_eq!(out.status.code(), Some(64));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bearer_token_is_sent() {
+    use sha2::{Digest, Sha256};
+    const TOKEN: &str = "ops-4b1d9e0c77";
+    let tokens = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        tokens.path(),
+        format!(
+            "ops {} acquire:*,read:*\n",
+            hex::encode(Sha256::digest(TOKEN))
+        ),
+    )
+    .unwrap();
+    let stack = Stack::start_with(|c| c.auth_tokens = Some(tokens.path().to_owned())).await;
+    let (code, _, err) = stack.run(&["get", "bay-1"]).await;
+    assert_eq!(code, 69, "no token: {err}");
+    assert!(err.contains("401"), "{err}");
+    let (code, _, err) = stack
+        .run(&["--token", TOKEN, "acquire", "bay-1", "--ttl", "30"])
+        .await;
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = stack.run(&["get", "bay-1", "--token", "wrong"]).await;
+    assert_eq!((code, out.as_str()), (69, ""), "{err}");
 }
 
 #[tokio::test]

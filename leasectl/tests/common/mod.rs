@@ -18,6 +18,8 @@ use tokio::task::JoinHandle;
 /// etcd and a proxy in front of it, stopped when dropped.
 pub struct Stack {
     pub url: String,
+    /// The proxy's signing keys.
+    pub keys: Keyring,
     pub dir: TempDir,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), lease_proxy::StartError>>,
@@ -40,6 +42,7 @@ impl Stack {
             Keyring::generate_file(&KeyId::parse("k1").unwrap()),
         )
         .unwrap();
+        let keys = Keyring::load(&key_file).unwrap();
         let mut config = lease_proxy::Config::with_endpoints(etcd.endpoints());
         config.key_file = Some(key_file);
         config.data_dir = dir.path().join("data");
@@ -55,6 +58,7 @@ impl Stack {
         }));
         let stack = Self {
             url,
+            keys,
             dir,
             stop: Some(stop),
             task,
