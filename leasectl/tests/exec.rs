@@ -264,3 +264,58 @@ async fn sigterm_to_leasectl_is_forwarded_and_the_lease_released() {
     assert_eq!(exit_status(&mut exec, Duration::from_secs(20)).await, 9);
     assert_eq!(stack.get("printer-7").await.0, 404);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_while_waiting_ends_leasectl_without_running_the_command() {
+    let stack = Stack::start().await;
+    let (status, _) = stack.acquire("printer-9", "someone", 30, 0).await;
+    assert_eq!(status, 201);
+    let ran = stack.path("ran");
+    let mut exec = stack.exec("printer-9", 30, &[], &format!("touch {}", ran.display()));
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(exec.try_wait().unwrap().is_none(), "gave up waiting");
+    signal_pid(exec.id().unwrap(), "INT");
+    assert_eq!(
+        exit_status(&mut exec, Duration::from_secs(10)).await,
+        128 + 2
+    );
+    assert!(!ran.exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_cannot_start_gives_127_or_126_and_the_lease_back() {
+    let stack = Stack::start().await;
+    let missing = stack.path("no-such-program");
+    let args = |program: &str| {
+        [
+            "exec",
+            "--resource",
+            "printer-10",
+            "--ttl",
+            "30",
+            "--",
+            program,
+        ]
+        .map(str::to_owned)
+    };
+    let (code, _, err) = stack
+        .run(
+            &args(missing.to_str().unwrap())
+                .each_ref()
+                .map(String::as_str),
+        )
+        .await;
+    assert_eq!(code, 127, "{err}");
+    assert_eq!(stack.get("printer-10").await.0, 404);
+    let not_executable = stack.path("data.txt");
+    std::fs::write(&not_executable, "x").unwrap();
+    let (code, _, err) = stack
+        .run(
+            &args(not_executable.to_str().unwrap())
+                .each_ref()
+                .map(String::as_str),
+        )
+        .await;
+    assert_eq!(code, 126, "{err}");
+    assert_eq!(stack.get("printer-10").await.0, 404);
+}
