@@ -38,7 +38,8 @@ Exit status:
          sent SIGTERM, then SIGKILL after --grace)
   126    exec: the command could not be started
   127    exec: the command was not found
-  128+N  exec: the command was killed by signal N
+  128+N  exec: the command was killed by signal N (or leasectl got signal N while waiting for
+         the lease, before the command started)
   other  exec: the command's exit status";
 
 /// Command-line client of lease-proxy.
@@ -168,10 +169,12 @@ pub(crate) enum Command {
     ///
     /// The command gets FENCING_TOKEN (signed, for the Fencing-Token header), FENCING_RESOURCE,
     /// LEASE_TOKEN (the grant's revision) and LEASE_ID in its environment, runs in a process
-    /// group of its own, and receives the SIGINT and SIGTERM sent to leasectl. The lease is
-    /// renewed in the background; the moment it is lost the command's process group is sent
-    /// SIGTERM, and SIGKILL if it still runs after --grace. leasectl exits with the command's
-    /// status (128+N when signal N killed it), or 76 when the lease was lost.
+    /// group of its own, and receives the SIGINT, SIGTERM and SIGHUP sent to leasectl. The
+    /// lease is renewed in the background; the moment it is lost the command's process group is
+    /// sent SIGTERM, and SIGKILL if it still runs after --grace. leasectl releases the lease when
+    /// the command exits and exits with its status (128+N when signal N killed it), or 76 when
+    /// the lease was lost.
+    #[command(after_long_help = EXIT_STATUSES)]
     Exec(Exec),
 }
 
