@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::Stack;
+use lease_proxy_testkit::pki::Pki;
 use serde_json::Value;
 
 fn json(text: &str) -> Value {
@@ -155,6 +156,50 @@ async fn the_bearer_token_is_sent() {
     assert_eq!(code, 0, "{err}");
     let (code, out, err) = stack.run(&["get", "bay-1", "--token", "wrong"]).await;
     assert_eq!((code, out.as_str()), (69, ""), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_with_a_ca_file_and_a_client_certificate() {
+    let pki = Pki::new("leasectl");
+    let server = pki.server("proxy");
+    let client = pki.client("ops", "ops", &[]);
+    let http = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(
+            reqwest::Certificate::from_pem(&std::fs::read(pki.ca()).unwrap()).unwrap(),
+        )
+        .identity(reqwest::Identity::from_pem(&client.identity_pem()).unwrap())
+        .build()
+        .unwrap();
+    let stack = Stack::start_tls(&pki, &server, http).await;
+    let ca = pki.ca().to_str().unwrap();
+    let (cert, key) = (client.cert.to_str().unwrap(), client.key.to_str().unwrap());
+    let (code, out, err) = stack
+        .run(&[
+            "--ca-file",
+            ca,
+            "--cert",
+            cert,
+            "--key",
+            key,
+            "acquire",
+            "bay-2",
+            "--ttl",
+            "30",
+        ])
+        .await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json(&out)["resource"], "bay-2");
+    assert_eq!(stack.get("bay-2").await.0, 200);
+    let (code, _, err) = stack.run(&["--ca-file", ca, "get", "bay-2"]).await;
+    assert_eq!(code, 69, "no client certificate: {err}");
+    let (code, _, err) = stack
+        .run(&["--cert", cert, "--key", key, "get", "bay-2"])
+        .await;
+    assert_eq!(code, 69, "the proxy's CA not trusted: {err}");
+    let (code, _, err) = stack.run(&["--cert", cert, "get", "bay-2"]).await;
+    assert_eq!(code, 64, "--cert without --key: {err}");
 }
 
 #[tokio::test]

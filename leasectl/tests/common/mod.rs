@@ -8,6 +8,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use fencing::{KeyId, Keyring};
+use lease_proxy_testkit::pki::{Issued, Pki};
 use lease_proxy_testkit::Etcd;
 use serde_json::Value;
 use tempfile::TempDir;
@@ -23,6 +24,8 @@ pub struct Stack {
     pub dir: TempDir,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), lease_proxy::StartError>>,
+    /// A client of the proxy (trusting its certificate when it serves HTTPS).
+    http: reqwest::Client,
     _etcd: Etcd,
 }
 
@@ -34,6 +37,22 @@ impl Stack {
 
     /// A fresh etcd and a proxy on a free port, its configuration adjusted by `tweak`.
     pub async fn start_with(tweak: impl FnOnce(&mut lease_proxy::Config)) -> Self {
+        Self::launch(tweak, reqwest::Client::new()).await
+    }
+
+    /// A fresh etcd and a proxy serving HTTPS with `server`'s certificate, requiring client
+    /// certificates of `pki`; `http` is the test's client of it.
+    pub async fn start_tls(pki: &Pki, server: &Issued, http: reqwest::Client) -> Self {
+        let tweak = |c: &mut lease_proxy::Config| {
+            c.tls_cert = Some(server.cert.clone());
+            c.tls_key = Some(server.key.clone());
+            c.tls_client_ca = Some(pki.ca().to_owned());
+            c.tls_client_certs = fencing::tls::ClientCerts::Required;
+        };
+        Self::launch(tweak, http).await
+    }
+
+    async fn launch(tweak: impl FnOnce(&mut lease_proxy::Config), http: reqwest::Client) -> Self {
         let etcd = Etcd::single().await;
         let dir = tempfile::tempdir().unwrap();
         let key_file = dir.path().join("fencing.key");
@@ -51,7 +70,12 @@ impl Stack {
         tweak(&mut config);
         config.validate().unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        let scheme = if config.tls_cert.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let url = format!("{scheme}://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(lease_proxy::run(listener, config, async move {
             let _ = stopped.await;
@@ -62,10 +86,11 @@ impl Stack {
             dir,
             stop: Some(stop),
             task,
+            http,
             _etcd: etcd,
         };
         for _ in 0..400 {
-            if let Ok(r) = reqwest::get(format!("{}/readyz", stack.url)).await {
+            if let Ok(r) = stack.http.get(format!("{}/readyz", stack.url)).send().await {
                 if r.status() == 200 {
                     return stack;
                 }
@@ -117,7 +142,10 @@ impl Stack {
 
     /// `GET /v1/leases/{resource}`: (status, body).
     pub async fn get(&self, resource: &str) -> (u16, Value) {
-        let r = reqwest::get(format!("{}/v1/leases/{resource}", self.url))
+        let r = self
+            .http
+            .get(format!("{}/v1/leases/{resource}", self.url))
+            .send()
             .await
             .unwrap();
         let status = r.status().as_u16();
@@ -132,7 +160,8 @@ impl Stack {
         ttl: u64,
         wait_ms: u64,
     ) -> (u16, Value) {
-        let r = reqwest::Client::new()
+        let r = self
+            .http
             .post(format!("{}/v1/leases/{resource}", self.url))
             .json(&serde_json::json!({"holder": holder, "ttl_seconds": ttl, "wait_ms": wait_ms}))
             .send()
