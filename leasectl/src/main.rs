@@ -48,9 +48,22 @@ fn main() -> ExitCode {
     }
 }
 
-/// Prints `e` and returns its exit status.
+/// Prints `e` with its causes and returns its exit status.
 fn fail(e: &Error) -> ExitCode {
-    eprintln!("leasectl: {e}");
+    let mut message = e.to_string();
+    let mut cause = match e {
+        // The SDK keeps the transport error without naming it as the source.
+        Error::Client(lease_proxy_client::Error::Http(http)) => std::error::Error::source(http),
+        _ => std::error::Error::source(e),
+    };
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !message.contains(&text) {
+            message = format!("{message}: {text}");
+        }
+        cause = c.source();
+    }
+    eprintln!("leasectl: {message}");
     ExitCode::from(e.exit_code())
 }
 
