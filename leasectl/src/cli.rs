@@ -164,6 +164,15 @@ pub(crate) enum Command {
         #[arg(long, default_value = "")]
         prefix: String,
     },
+    /// Print lease events (acquired, released, expired) as JSON lines until interrupted.
+    Watch {
+        /// Only resources whose name starts with this.
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// Resume after this event id (the `id` of the last event seen).
+        #[arg(long, value_name = "ID")]
+        last_event_id: Option<String>,
+    },
     /// Wait for a lease on a resource, run a command while holding it, release it when the
     /// command exits.
     ///

@@ -8,6 +8,7 @@ mod exec;
 mod oneshot;
 mod signals;
 mod supervise;
+mod watch;
 
 use std::process::ExitCode;
 
@@ -84,6 +85,10 @@ async fn run(connection: &Connection, command: Command) -> Result<u8, Error> {
         }
         Command::Get { resource } => oneshot::get(&client, &resource).await,
         Command::List { prefix } => oneshot::list(&client, &prefix).await,
+        Command::Watch {
+            prefix,
+            last_event_id,
+        } => watch::run(&client, &prefix, last_event_id).await,
         Command::Exec(exec) => exec::run(&client, exec).await,
     }
 }

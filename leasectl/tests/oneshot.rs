@@ -1,4 +1,4 @@
-//! The one-shot subcommands against a real etcd and proxy: each prints what the API
+//! The one-shot subcommands and `watch` against a real etcd and proxy: each prints what the API
 //! answers and exits with the documented status.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -9,6 +9,7 @@ use std::time::Duration;
 use common::Stack;
 use lease_proxy_testkit::pki::Pki;
 use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
 
 fn json(text: &str) -> Value {
     serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text:?}"))
@@ -216,4 +217,46 @@ async fn prints_completions_and_a_man_page() {
             "{args:?}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs /v1/watch from main"]
+async fn watch_prints_events_as_json_lines() {
+    let stack = Stack::start().await;
+    let mut watch = stack
+        .leasectl(&["watch", "--prefix", "dock-"])
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, grant) = stack.acquire("dock-1", "crane", 30, 0).await;
+    assert_eq!(status, 201);
+    stack.acquire("other-1", "crane", 30, 0).await;
+    let (code, _, _) = stack
+        .run(&[
+            "release",
+            "dock-1",
+            "--secret",
+            grant["secret"].as_str().unwrap(),
+        ])
+        .await;
+    assert_eq!(code, 0);
+    let mut next = async || {
+        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        json(&line)
+    };
+    let acquired = next().await;
+    assert_eq!(acquired["type"], "acquired");
+    assert_eq!(acquired["resource"], "dock-1");
+    assert_eq!(acquired["holder"], "crane");
+    assert_eq!(acquired["token"], grant["token"]);
+    assert!(acquired["id"].as_str().is_some());
+    let released = next().await;
+    assert_eq!(released["type"], "released");
+    assert_eq!(released["token"], grant["token"]);
+    watch.kill().await.unwrap();
 }
