@@ -260,3 +260,57 @@ async fn watch_prints_events_as_json_lines() {
     assert_eq!(released["token"], grant["token"]);
     watch.kill().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs /v1/watch from main"]
+async fn watch_resumes_after_the_last_event_id() {
+    let stack = Stack::start().await;
+    let (status, first) = stack.acquire("dock-2", "crane", 30, 0).await;
+    assert_eq!(status, 201);
+    let mut watch = stack
+        .leasectl(&["watch", "--prefix", "dock-"])
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let (code, _, _) = stack
+        .run(&[
+            "release",
+            "dock-2",
+            "--secret",
+            first["secret"].as_str().unwrap(),
+        ])
+        .await;
+    assert_eq!(code, 0);
+    let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let released = json(&line);
+    assert_eq!(released["type"], "released");
+    watch.kill().await.unwrap();
+
+    let (status, second) = stack.acquire("dock-2", "hoist", 30, 0).await;
+    assert_eq!(status, 201);
+    let mut resumed = stack
+        .leasectl(&[
+            "watch",
+            "--prefix",
+            "dock-",
+            "--last-event-id",
+            released["id"].as_str().unwrap(),
+        ])
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(resumed.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let acquired = json(&line);
+    assert_eq!(acquired["type"], "acquired", "the event missed while away");
+    assert_eq!(acquired["holder"], "hoist");
+    assert_eq!(acquired["token"], second["token"]);
+    resumed.kill().await.unwrap();
+}
