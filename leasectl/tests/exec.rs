@@ -243,6 +243,28 @@ async fn a_command_ignoring_sigterm_is_killed_after_the_grace() {
     assert!(!alive(pid), "still running after the grace");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_revoked_in_etcd_stops_the_command_at_the_next_renewal() {
+    let stack = Stack::start().await;
+    let term = stack.path("term");
+    let script = format!(
+        r#"trap 'echo TERM >> {term}; exit 7' TERM; {hold}"#,
+        term = term.display(),
+        hold = hold_until(&stack, "a", 0),
+    );
+    let mut exec = stack.exec("printer-11", 3, &[], &script);
+    let (_, lease_id, ..) = seen(&stack, "a").await;
+    let revoked = tokio::time::Instant::now();
+    stack.revoke_in_etcd(&lease_id).await;
+    assert_eq!(exit_status(&mut exec, Duration::from_secs(20)).await, 76);
+    assert!(
+        revoked.elapsed() < Duration::from_secs(3),
+        "stopped {:?} after the revocation: not at the next renewal (every ~1 s)",
+        revoked.elapsed()
+    );
+    assert_eq!(std::fs::read_to_string(&term).unwrap(), "TERM\n");
+}
+
 /// Whether at least `grace` passed since `path` was last written.
 fn resumed_at_least(path: &std::path::Path, grace: Duration) -> bool {
     let written = std::fs::metadata(path).unwrap().modified().unwrap();

@@ -26,7 +26,7 @@ pub struct Stack {
     task: JoinHandle<Result<(), lease_proxy::StartError>>,
     /// A client of the proxy (trusting its certificate when it serves HTTPS).
     http: reqwest::Client,
-    _etcd: Etcd,
+    etcd: Etcd,
 }
 
 impl Stack {
@@ -87,7 +87,7 @@ impl Stack {
             stop: Some(stop),
             task,
             http,
-            _etcd: etcd,
+            etcd,
         };
         for _ in 0..400 {
             if let Ok(r) = stack.http.get(format!("{}/readyz", stack.url)).send().await {
@@ -138,6 +138,14 @@ impl Stack {
         args.extend_from_slice(extra);
         args.extend_from_slice(&["--", "sh", "-c", script]);
         self.leasectl(&args).spawn().unwrap()
+    }
+
+    /// Revokes etcd lease `lease_id` (decimal, as the API writes it) behind the proxy's back.
+    pub async fn revoke_in_etcd(&self, lease_id: &str) {
+        let mut etcd = self.etcd.client().await;
+        etcd.lease_revoke(lease_id.parse::<i64>().unwrap())
+            .await
+            .unwrap();
     }
 
     /// `GET /v1/leases/{resource}`: (status, body).
