@@ -33,6 +33,8 @@ pub(crate) async fn run(client: &Client, exec: Exec) -> Result<u8, Error> {
             "leasectl: the lease on {} was lost before the command started",
             exec.resource
         );
+        // Lost on our side only (its deadline passed): give it back rather than let it expire.
+        let _ = lease.release().await;
         return Ok(EXIT_LOST);
     }
     let ended = run_command(&exec, &lease, &mut signals).await;
