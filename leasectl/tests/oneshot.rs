@@ -88,6 +88,28 @@ async fn acquire_get_list_renew_release_print_the_answers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_with_an_idempotency_key_returns_the_same_grant() {
+    let stack = Stack::start().await;
+    let args = [
+        "acquire",
+        "scanner-4",
+        "--ttl",
+        "30",
+        "--holder",
+        "cron",
+        "--idempotency-key",
+        "run-2026-12-01",
+    ];
+    let (code, first, err) = stack.run(&args).await;
+    assert_eq!(code, 0, "{err}");
+    let (code, again, err) = stack.run(&args).await;
+    assert_eq!(code, 0, "{err}");
+    let (first, again) = (json(&first), json(&again));
+    assert_eq!(first["token"], again["token"]);
+    assert_eq!(first["secret"], again["secret"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_waits_for_a_release_when_asked() {
     let stack = Stack::start().await;
     let (code, out, _) = stack.run(&["acquire", "scanner-3", "--ttl", "30"]).await;
