@@ -340,3 +340,91 @@ async fn an_acquire_with_an_idempotency_key_is_retried_after_a_transport_error()
         Err(Error::Http(_))
     ));
 }
+
+/// An upstream that answers every request with what it received: `Fencing-Token`, method,
+/// path and body, separated by `|`.
+async fn echo_upstream() -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                let head_end = loop {
+                    let n = conn.read(&mut chunk).await.unwrap();
+                    assert!(n > 0, "request cut short");
+                    buf.extend_from_slice(&chunk[..n]);
+                    if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break i + 4;
+                    }
+                };
+                let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+                let header = |name: &str| {
+                    head.lines()
+                        .find_map(|l| {
+                            let (k, v) = l.split_once(':')?;
+                            k.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+                        })
+                        .unwrap_or_default()
+                };
+                let length: usize = header("content-length").parse().unwrap_or(0);
+                while buf.len() < head_end + length {
+                    let n = conn.read(&mut chunk).await.unwrap();
+                    buf.extend_from_slice(&chunk[..n]);
+                }
+                let request_line = head.lines().next().unwrap_or_default().to_owned();
+                let mut parts = request_line.split(' ');
+                let (method, path) = (parts.next().unwrap(), parts.next().unwrap());
+                let body = format!(
+                    "{}|{method}|{path}|{}",
+                    header("fencing-token"),
+                    String::from_utf8_lossy(&buf[head_end..head_end + length])
+                );
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                conn.write_all(answer.as_bytes()).await.unwrap();
+            });
+        }
+    });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forward_reaches_the_upstream_with_the_fencing_token_until_released() {
+    let etcd = Etcd::single().await;
+    let upstream = echo_upstream().await;
+    let proxy = Proxy::start_with(&etcd, &reqwest::Client::new(), |c| {
+        c.upstream = Some(upstream.clone())
+    })
+    .await;
+    let client = Client::new(&proxy.url).unwrap();
+    let lease = client
+        .acquire("aisle-8", opts("robot-a", 30))
+        .await
+        .unwrap();
+    let answer = lease
+        .forward(
+            reqwest::Method::PUT,
+            "/counts/aisle-8?v=1",
+            Some(bytes::Bytes::from_static(b"42")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(
+        answer.text().await.unwrap(),
+        format!("{}|PUT|/counts/aisle-8?v=1|42", lease.fencing_token())
+    );
+    let secret = lease.secret().to_owned();
+    lease.release().await.unwrap();
+    // Released: the proxy refuses the secret (the guard itself is gone).
+    let refused = client
+        .renew("aisle-8", &secret)
+        .await
+        .expect_err("renewed after release");
+    assert!(matches!(refused, Error::Lost), "{refused:?}");
+}

@@ -84,3 +84,80 @@ async fn the_watch_reports_changes_in_order_and_resumes_after_an_id() {
         assert_eq!(&next(&mut resumed).await, expected);
     }
 }
+
+/// The connection breaks while changes happen: the stream reconnects on its own, resumes after
+/// its last event id and misses nothing.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs /v1/watch from main"]
+async fn a_broken_watch_reconnects_and_misses_nothing() {
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(&etcd).await;
+    let relay = common::Relay::start(common::authority(&proxy.url), Duration::ZERO, false).await;
+    let client = Client::new(&proxy.url).unwrap();
+    let mut stream = Client::new(&relay.url).unwrap().watch("", None);
+    while stream.last_event_id().is_none() {
+        let _ = tokio::time::timeout(Duration::from_millis(100), stream.next()).await;
+    }
+    let ttl = Duration::from_secs(30);
+    let a = client
+        .grant("bay-1", &AcquireOptions::new("robot-a", ttl))
+        .await
+        .unwrap();
+    assert_eq!(next(&mut stream).await.token, a.token);
+    relay.cut();
+    client.release("bay-1", &a.secret).await.unwrap();
+    let b = client
+        .grant("bay-2", &AcquireOptions::new("robot-b", ttl))
+        .await
+        .unwrap();
+    let released = next(&mut stream).await;
+    assert_eq!(
+        (released.kind, released.token),
+        (EventKind::Released, a.token)
+    );
+    let acquired = next(&mut stream).await;
+    assert_eq!(
+        (acquired.kind, acquired.token),
+        (EventKind::Acquired, b.token)
+    );
+}
+
+/// A resume point compacted away in etcd: the stream says so ([`Error::Compacted`]) and ends.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs /v1/watch from main"]
+async fn a_compacted_resume_point_is_reported_and_ends_the_stream() {
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(&etcd).await;
+    let client = Client::new(&proxy.url).unwrap();
+    let mut stream = client.watch("", None);
+    while stream.last_event_id().is_none() {
+        let _ = tokio::time::timeout(Duration::from_millis(100), stream.next()).await;
+    }
+    let old = stream.last_event_id().unwrap().to_owned();
+    drop(stream);
+    let ttl = Duration::from_secs(30);
+    for r in ["bay-1", "bay-2", "bay-3"] {
+        client
+            .grant(r, &AcquireOptions::new("robot-a", ttl))
+            .await
+            .unwrap();
+    }
+    let mut etcd_client = etcd.client().await;
+    let revision = etcd_client
+        .get("x", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    etcd_client.compact(revision, None).await.unwrap();
+    let mut stream = client.watch("", Some(old));
+    let answer = tokio::time::timeout(Duration::from_secs(10), stream.next())
+        .await
+        .unwrap();
+    assert!(
+        matches!(answer, Some(Err(lease_proxy_client::Error::Compacted))),
+        "{answer:?}"
+    );
+    assert!(stream.next().await.is_none());
+}
