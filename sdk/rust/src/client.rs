@@ -1,0 +1,383 @@
+//! The HTTP client: its builder (TLS, bearer token, timeout) and the one-shot calls of the API.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::{Method, RequestBuilder};
+use serde::de::DeserializeOwned;
+use serde_json::{json, Map, Value};
+use tokio::time::Instant;
+
+use crate::error::{self, Error, Result};
+use crate::model::{Grant, Heartbeat, Holding, Opened, Page, Renewal};
+
+/// The header carrying a grant's or a session's secret.
+pub(crate) const LEASE_SECRET: &str = "lease-secret";
+/// How long a request may take unless the builder says otherwise.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Attempts of an acquire carrying an `Idempotency-Key` that fails transiently.
+const IDEMPOTENT_ATTEMPTS: u32 = 4;
+/// First pause between those attempts (doubled each time).
+const IDEMPOTENT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// A lease-proxy client. Cheap to clone: clones share one connection pool.
+#[derive(Clone, Debug)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    http: reqwest::Client,
+    base: String,
+    bearer: Option<String>,
+    timeout: Duration,
+}
+
+/// Sets up a [`Client`]: TLS trust and identity, bearer token, timeout, user agent.
+#[derive(Debug, Clone)]
+pub struct ClientBuilder {
+    base_url: String,
+    bearer: Option<String>,
+    ca_files: Vec<PathBuf>,
+    identity: Option<(PathBuf, PathBuf)>,
+    timeout: Duration,
+    user_agent: String,
+}
+
+impl ClientBuilder {
+    /// Send `Authorization: Bearer {token}` with every request.
+    pub fn bearer_token(mut self, token: impl Into<String>) -> Self {
+        self.bearer = Some(token.into());
+        self
+    }
+
+    /// Trust the CA certificates in this PEM file (in addition to the system's roots).
+    pub fn ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ca_files.push(path.into());
+        self
+    }
+
+    /// Present this client certificate and key (PEM files) to a proxy that asks for one (mTLS).
+    pub fn identity_files(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.identity = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// The longest one request may take (default 10 s). An acquire that waits gets its wait on
+    /// top; a watch is bounded by its own idle check instead.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The `User-Agent` header.
+    pub fn user_agent(mut self, agent: impl Into<String>) -> Self {
+        self.user_agent = agent.into();
+        self
+    }
+
+    /// The client, or [`Error::Config`] for a bad URL or unreadable certificate files.
+    pub fn build(self) -> Result<Client> {
+        let base = self.base_url.trim_end_matches('/').to_owned();
+        let url = reqwest::Url::parse(&base)
+            .map_err(|e| Error::Config(format!("base URL {base:?}: {e}")))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(Error::Config(format!(
+                "base URL {base:?}: the scheme must be http or https"
+            )));
+        }
+        let mut http = reqwest::Client::builder()
+            .use_rustls_tls()
+            .user_agent(self.user_agent)
+            .connect_timeout(self.timeout);
+        for path in &self.ca_files {
+            let pem = read(path)?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| Error::Config(format!("CA file {}: {e}", path.display())))?;
+            if certs.is_empty() {
+                return Err(Error::Config(format!(
+                    "CA file {}: no certificate in it",
+                    path.display()
+                )));
+            }
+            for cert in certs {
+                http = http.add_root_certificate(cert);
+            }
+        }
+        if let Some((cert, key)) = &self.identity {
+            let mut pem = read(cert)?;
+            pem.push(b'\n');
+            pem.extend(read(key)?);
+            let identity = reqwest::Identity::from_pem(&pem)
+                .map_err(|e| Error::Config(format!("client identity {}: {e}", cert.display())))?;
+            http = http.identity(identity);
+        }
+        let http = http
+            .build()
+            .map_err(|e| Error::Config(format!("HTTP client: {e}")))?;
+        Ok(Client {
+            inner: Arc::new(Inner {
+                http,
+                base,
+                bearer: self.bearer,
+                timeout: self.timeout,
+            }),
+        })
+    }
+}
+
+fn read(path: &std::path::Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
+}
+
+/// What an acquire sends, with or without a session.
+pub(crate) struct AcquireRequest<'a> {
+    pub(crate) holder: &'a str,
+    pub(crate) ttl_seconds: Option<u64>,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) idempotency_key: Option<&'a str>,
+    pub(crate) metadata: Option<&'a Value>,
+    /// The session id and its secret.
+    pub(crate) session: Option<(&'a str, &'a str)>,
+}
+
+impl Client {
+    /// A builder for a client of the proxy at `base_url` (e.g. `http://127.0.0.1:7070`).
+    pub fn builder(base_url: &str) -> ClientBuilder {
+        ClientBuilder {
+            base_url: base_url.to_owned(),
+            bearer: None,
+            ca_files: Vec::new(),
+            identity: None,
+            timeout: DEFAULT_TIMEOUT,
+            user_agent: concat!("lease-proxy-client/", env!("CARGO_PKG_VERSION")).to_owned(),
+        }
+    }
+
+    /// A client of the proxy at `base_url` with the defaults.
+    pub fn new(base_url: &str) -> Result<Client> {
+        Self::builder(base_url).build()
+    }
+
+    /// The request `method` to `{base}{path}`, with the bearer token and the default timeout.
+    pub(crate) fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        self.request_streaming(method, path)
+            .timeout(self.inner.timeout)
+    }
+
+    /// The request `method` to `{base}{path}` with the bearer token and no overall timeout
+    /// (a watch stays open; connecting is still bounded by the timeout).
+    pub(crate) fn request_streaming(&self, method: Method, path: &str) -> RequestBuilder {
+        let mut req = self
+            .inner
+            .http
+            .request(method, format!("{}{path}", self.inner.base));
+        if let Some(token) = &self.inner.bearer {
+            req = req.bearer_auth(token);
+        }
+        req
+    }
+
+    /// Sends `req`; a non-success status becomes its [`Error`].
+    pub(crate) async fn send(&self, req: RequestBuilder) -> Result<(u16, Bytes)> {
+        let resp = req.send().await?;
+        let status = resp.status().as_u16();
+        let body = resp.bytes().await?;
+        if (200..300).contains(&status) {
+            Ok((status, body))
+        } else {
+            Err(error::from_answer(status, &body))
+        }
+    }
+
+    /// Sends `req` and reads its JSON answer.
+    async fn call<T: DeserializeOwned>(&self, req: RequestBuilder) -> Result<T> {
+        let (status, body) = self.send(req).await?;
+        serde_json::from_slice(&body)
+            .map_err(|e| Error::Config(format!("unexpected {status} answer: {e}")))
+    }
+
+    /// Acquires `resource` once and returns the grant, without renewing it (see
+    /// [`Client::acquire`] for a guard that does). With an idempotency key, a transport error
+    /// or a 502–504 is retried with the same key (a few times, with a short backoff).
+    pub async fn grant(&self, resource: &str, opts: &crate::AcquireOptions) -> Result<Grant> {
+        self.grant_sent(resource, opts)
+            .await
+            .map(|(grant, _)| grant)
+    }
+
+    /// [`Client::grant`], and the instant read just before sending the attempt that succeeded.
+    pub(crate) async fn grant_sent(
+        &self,
+        resource: &str,
+        opts: &crate::AcquireOptions,
+    ) -> Result<(Grant, Instant)> {
+        self.grant_with(
+            resource,
+            &AcquireRequest {
+                holder: &opts.holder,
+                ttl_seconds: Some(opts.ttl_seconds()),
+                wait: opts.wait,
+                idempotency_key: opts.idempotency_key.as_deref(),
+                metadata: opts.metadata.as_ref(),
+                session: None,
+            },
+        )
+        .await
+    }
+
+    /// `POST /v1/leases/{resource}`, retried with its idempotency key when it has one; with
+    /// the instant read just before sending the attempt that succeeded.
+    pub(crate) async fn grant_with(
+        &self,
+        resource: &str,
+        req: &AcquireRequest<'_>,
+    ) -> Result<(Grant, Instant)> {
+        let mut body = Map::new();
+        body.insert("holder".into(), json!(req.holder));
+        if let Some(ttl) = req.ttl_seconds {
+            body.insert("ttl_seconds".into(), json!(ttl));
+        }
+        if let Some(wait) = req.wait {
+            let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+            body.insert("wait_ms".into(), json!(ms));
+        }
+        if let Some(m) = req.metadata {
+            body.insert("metadata".into(), m.clone());
+        }
+        if let Some((id, _)) = req.session {
+            body.insert("session".into(), json!(id));
+        }
+        let body = Value::Object(body);
+        let timeout = self.inner.timeout + req.wait.unwrap_or_default();
+        let mut backoff = IDEMPOTENT_BACKOFF;
+        let mut attempt = 1;
+        loop {
+            let mut http = self
+                .request(Method::POST, &format!("/v1/leases/{resource}"))
+                .timeout(timeout)
+                .json(&body);
+            if let Some(key) = req.idempotency_key {
+                http = http.header("idempotency-key", key);
+            }
+            if let Some((_, secret)) = req.session {
+                http = http.header(LEASE_SECRET, secret);
+            }
+            let sent = Instant::now();
+            match self.call(http).await.map(|grant| (grant, sent)) {
+                Err(e)
+                    if e.is_transient()
+                        && req.idempotency_key.is_some()
+                        && attempt < IDEMPOTENT_ATTEMPTS =>
+                {
+                    tokio::time::sleep(backoff).await;
+                    backoff *= 2;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Renews the grant of `resource` proven by `secret` once. [`Error::Lost`] when it has
+    /// ended.
+    pub async fn renew(&self, resource: &str, secret: &str) -> Result<Renewal> {
+        self.call(
+            self.request(Method::POST, &format!("/v1/leases/{resource}/renew"))
+                .header(LEASE_SECRET, secret),
+        )
+        .await
+    }
+
+    /// Releases the grant of `resource` proven by `secret`. Idempotent: releasing an ended
+    /// grant succeeds.
+    pub async fn release(&self, resource: &str, secret: &str) -> Result<()> {
+        self.send(
+            self.request(Method::DELETE, &format!("/v1/leases/{resource}"))
+                .header(LEASE_SECRET, secret),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// Who holds `resource`, or `None` when it is free.
+    pub async fn get(&self, resource: &str) -> Result<Option<Holding>> {
+        match self
+            .call(self.request(Method::GET, &format!("/v1/leases/{resource}")))
+            .await
+        {
+            Ok(holding) => Ok(Some(holding)),
+            Err(e) if e.slug() == Some("not-found") => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every held resource whose name starts with `prefix`, in name order (all pages).
+    pub async fn list(&self, prefix: &str) -> Result<Vec<Holding>> {
+        let mut all = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut query = vec![("prefix", prefix.to_owned()), ("limit", "1000".to_owned())];
+            if let Some(c) = cursor.take() {
+                query.push(("cursor", c));
+            }
+            let page: Page = self
+                .call(self.request(Method::GET, "/v1/leases").query(&query))
+                .await?;
+            all.extend(page.leases);
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => return Ok(all),
+            }
+        }
+    }
+
+    /// `POST /v1/sessions`.
+    pub(crate) async fn open(&self, holder: &str, ttl_seconds: u64) -> Result<Opened> {
+        self.call(
+            self.request(Method::POST, "/v1/sessions")
+                .json(&json!({"holder": holder, "ttl_seconds": ttl_seconds})),
+        )
+        .await
+    }
+
+    /// `POST /v1/sessions/{id}/keepalive`.
+    pub(crate) async fn keepalive(&self, id: &str, secret: &str) -> Result<Heartbeat> {
+        self.call(
+            self.request(Method::POST, &format!("/v1/sessions/{id}/keepalive"))
+                .header(LEASE_SECRET, secret),
+        )
+        .await
+    }
+
+    /// `DELETE /v1/sessions/{id}`.
+    pub(crate) async fn close(&self, id: &str, secret: &str) -> Result<()> {
+        self.send(
+            self.request(Method::DELETE, &format!("/v1/sessions/{id}"))
+                .header(LEASE_SECRET, secret),
+        )
+        .await
+        .map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_configuration_is_refused() {
+        assert!(matches!(Client::new("not a url"), Err(Error::Config(_))));
+        assert!(matches!(Client::new("ftp://host"), Err(Error::Config(_))));
+        assert!(matches!(
+            Client::builder("http://127.0.0.1:1")
+                .ca_file("/nonexistent/ca.pem")
+                .build(),
+            Err(Error::Config(_))
+        ));
+        assert!(Client::new("http://127.0.0.1:7070/").is_ok());
+    }
+}

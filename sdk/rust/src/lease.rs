@@ -1,0 +1,188 @@
+//! The lease guard: a grant kept alive by a background task, with the `lost` signal, forward
+//! and release (explicit or on drop).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::Method;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::LEASE_SECRET;
+use crate::liveness::{Liveness, LostReason};
+use crate::renewal::{Renewer, Target};
+use crate::{AcquireOptions, Client, Error, Grant, Result};
+
+/// A held resource. Renews itself in the background (at a third of the TTL, ±10 %), says when it
+/// is lost — no later than its conservative deadline — and is released when dropped.
+///
+/// Check [`Lease::is_lost`] (or select on [`Lease::lost`]) before every action the lease
+/// protects, and present [`Lease::fencing_token`] to the storage so that a write made after
+/// the loss anyway is refused there.
+#[derive(Debug)]
+pub struct Lease {
+    client: Client,
+    grant: Grant,
+    liveness: Arc<Liveness>,
+    /// Stops the renewal task (cancelled before releasing).
+    stop: CancellationToken,
+    /// Test hook: renewals are skipped while set.
+    paused: Arc<AtomicBool>,
+    released: bool,
+}
+
+impl Client {
+    /// Acquires `resource` and returns a guard that keeps it (see [`Lease`]). The deadline
+    /// counts from the instant read just before the request that succeeded was sent.
+    pub async fn acquire(&self, resource: &str, opts: AcquireOptions) -> Result<Lease> {
+        let (grant, sent) = self.grant_sent(resource, &opts).await?;
+        let liveness = Liveness::new(sent + Duration::from_millis(grant.expires_in_ms));
+        let lease = Lease::new(self.clone(), grant, liveness);
+        let renewer = Renewer {
+            client: self.clone(),
+            target: Target::Grant {
+                resource: lease.grant.resource.clone(),
+                secret: lease.grant.secret.clone(),
+            },
+            ttl: Duration::from_secs(lease.grant.ttl_seconds),
+            liveness: lease.liveness.clone(),
+            paused: lease.paused.clone(),
+        };
+        tokio::spawn(renewer.run(lease.stop.clone(), sent));
+        Ok(lease)
+    }
+}
+
+impl Lease {
+    /// A guard for `grant` (renewed by whoever made it) whose state is `liveness`.
+    pub(crate) fn new(client: Client, grant: Grant, liveness: Arc<Liveness>) -> Self {
+        Self {
+            client,
+            grant,
+            liveness,
+            stop: CancellationToken::new(),
+            paused: Arc::new(AtomicBool::new(false)),
+            released: false,
+        }
+    }
+
+    /// The resource held.
+    pub fn resource(&self) -> &str {
+        &self.grant.resource
+    }
+
+    /// The holder named in the grant.
+    pub fn holder(&self) -> &str {
+        &self.grant.holder
+    }
+
+    /// The etcd lease id (decimal; the session id under a session).
+    pub fn lease_id(&self) -> &str {
+        &self.grant.lease_id
+    }
+
+    /// The fencing token's revision: larger for every later grant of the resource.
+    pub fn token(&self) -> u64 {
+        self.grant.token
+    }
+
+    /// The signed fencing token, for the `Fencing-Token` header of writes to protected storage.
+    pub fn fencing_token(&self) -> &str {
+        &self.grant.fencing_token
+    }
+
+    /// The grant's secret (`Lease-Secret`).
+    pub fn secret(&self) -> &str {
+        &self.grant.secret
+    }
+
+    /// The grant as the proxy answered it.
+    pub fn grant(&self) -> &Grant {
+        &self.grant
+    }
+
+    /// The conservative deadline on the monotonic clock: the lease is held at least until then
+    /// unless reported lost earlier. Moves on with every successful renewal.
+    pub fn deadline(&self) -> Instant {
+        self.liveness.deadline()
+    }
+
+    /// Whether the lease is lost. Reads the clock: past the deadline this is `true` even if no
+    /// background task has run since (say, the process was stopped and resumed).
+    pub fn is_lost(&self) -> bool {
+        self.liveness.check()
+    }
+
+    /// A token cancelled when the lease is lost (for `select!`, or to derive child tokens).
+    pub fn lost(&self) -> CancellationToken {
+        self.liveness.token()
+    }
+
+    /// Waits until the lease is lost and says why.
+    pub async fn lost_reason(&self) -> LostReason {
+        self.liveness.lost_reason().await
+    }
+
+    /// Sends a request through the proxy's forward route to its upstream, which receives it
+    /// with this grant's fencing token. [`Error::Lost`] without sending when the lease is lost.
+    /// The answer is the upstream's, whatever its status.
+    pub async fn forward(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Bytes>,
+    ) -> Result<reqwest::Response> {
+        if self.is_lost() {
+            return Err(Error::Lost);
+        }
+        let path = path.trim_start_matches('/');
+        let mut req = self
+            .client
+            .request(
+                method,
+                &format!("/v1/leases/{}/forward/{path}", self.grant.resource),
+            )
+            .header(LEASE_SECRET, &self.grant.secret);
+        if let Some(body) = body {
+            req = req.body(body);
+        }
+        Ok(req.send().await?)
+    }
+
+    /// Stops renewing, marks the lease lost ([`LostReason::Released`]) and releases it.
+    pub async fn release(mut self) -> Result<()> {
+        self.released = true;
+        self.stop.cancel();
+        self.liveness.lose(LostReason::Released);
+        self.client
+            .release(&self.grant.resource, &self.grant.secret)
+            .await
+    }
+
+    /// Test hook: stop (`true`) or resume (`false`) sending renewals, as if the process were
+    /// stopped; the deadline timer keeps running.
+    #[doc(hidden)]
+    pub fn pause_renewals(&self, paused: bool) {
+        self.paused.store(paused, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Lease {
+    /// Not released yet: stops renewing, marks it lost and sends the release from a task on the
+    /// current Tokio runtime (never blocks; without a runtime the lease simply expires).
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        self.stop.cancel();
+        self.liveness.lose(LostReason::Released);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let client = self.client.clone();
+            let resource = std::mem::take(&mut self.grant.resource);
+            let secret = std::mem::take(&mut self.grant.secret);
+            runtime.spawn(async move { client.release(&resource, &secret).await });
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! The background task that keeps a grant or a session alive: renewals at a third of the TTL
+//! (±10 %), retries of transient failures, and the deadline timer.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::liveness::{Liveness, LostReason};
+use crate::{Client, Error, Result};
+
+/// First pause before retrying a renewal that failed (doubled up to [`MAX_RETRY_PAUSE`]).
+const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(100);
+/// Longest pause between retries of a failed renewal.
+const MAX_RETRY_PAUSE: Duration = Duration::from_secs(1);
+
+/// What is kept alive.
+pub(crate) enum Target {
+    /// A grant, renewed by `POST /v1/leases/{resource}/renew`.
+    Grant { resource: String, secret: String },
+    /// A session, renewed by `POST /v1/sessions/{id}/keepalive`.
+    Session { id: String, secret: String },
+}
+
+/// The background renewal of one grant or session.
+pub(crate) struct Renewer {
+    pub(crate) client: Client,
+    pub(crate) target: Target,
+    pub(crate) ttl: Duration,
+    pub(crate) liveness: Arc<Liveness>,
+    /// Test hook: renewals are skipped while set.
+    pub(crate) paused: Arc<AtomicBool>,
+}
+
+impl Renewer {
+    /// Renews until stopped or lost; marks it lost at the deadline whatever the renewals do.
+    /// `granted` is the instant read before sending the request that made the grant.
+    pub(crate) async fn run(self, stop: CancellationToken, granted: Instant) {
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = self.liveness.expire_at_deadline() => {}
+            _ = self.renew_loop(granted) => {}
+        }
+    }
+
+    /// One renewal: the `expires_in_ms` answered, or why not.
+    async fn renew(&self) -> Result<u64> {
+        match &self.target {
+            Target::Grant { resource, secret } => self
+                .client
+                .renew(resource, secret)
+                .await
+                .map(|r| r.expires_in_ms),
+            Target::Session { id, secret } => self
+                .client
+                .keepalive(id, secret)
+                .await
+                .map(|h| h.expires_in_ms),
+        }
+    }
+
+    /// Renews at a third of the TTL (±10 %) after the last successful renewal was sent; any
+    /// other failure than a 410 is retried with a short backoff (the deadline timer bounds it);
+    /// a 410 ends it at once.
+    async fn renew_loop(&self, granted: Instant) {
+        let mut last = granted;
+        loop {
+            tokio::time::sleep_until(last + jittered(self.ttl / 3)).await;
+            if self.paused.load(Ordering::SeqCst) {
+                last = Instant::now();
+                continue;
+            }
+            let mut pause = FIRST_RETRY_PAUSE;
+            loop {
+                let sent = Instant::now();
+                match self.renew().await {
+                    Ok(expires_in_ms) => {
+                        self.liveness
+                            .extend(sent + Duration::from_millis(expires_in_ms));
+                        last = sent;
+                        break;
+                    }
+                    Err(Error::Lost | Error::SessionLost) => {
+                        self.liveness.lose(LostReason::Revoked);
+                        return;
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(MAX_RETRY_PAUSE);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `base` ±10 %.
+fn jittered(base: Duration) -> Duration {
+    base.mul_f64(rand::rng().random_range(0.9..=1.1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_within_ten_percent() {
+        let base = Duration::from_secs(10);
+        for _ in 0..1000 {
+            let j = jittered(base);
+            assert!(j >= Duration::from_secs(9) && j <= Duration::from_secs(11));
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! Sessions: one etcd lease kept alive by one heartbeat, holding any number of resources. A
+//! lease acquired under a session is lost when the session is.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::AcquireRequest;
+use crate::liveness::{Liveness, LostReason};
+use crate::renewal::{Renewer, Target};
+use crate::{Client, Error, Lease, Result, SessionAcquireOptions};
+
+/// An open session, kept alive in the background (at a third of its TTL, ±10 %). Its leases
+/// live on the session's etcd lease: they need no renewal of their own, and are lost
+/// ([`LostReason::SessionLost`]) when the session is. Closed when dropped.
+#[derive(Debug)]
+pub struct Session {
+    client: Client,
+    id: String,
+    secret: String,
+    holder: String,
+    liveness: Arc<Liveness>,
+    stop: CancellationToken,
+    paused: Arc<AtomicBool>,
+    closed: bool,
+}
+
+impl Client {
+    /// Opens a session of `holder` with time to live `ttl` (whole seconds, rounded up) and
+    /// keeps it alive until it is closed or dropped.
+    pub async fn open_session(&self, holder: &str, ttl: Duration) -> Result<Session> {
+        let ttl_seconds = crate::AcquireOptions::new(holder, ttl).ttl_seconds();
+        let sent = Instant::now();
+        let opened = self.open(holder, ttl_seconds).await?;
+        let session = Session {
+            client: self.clone(),
+            liveness: Liveness::new(sent + Duration::from_millis(opened.expires_in_ms)),
+            id: opened.session_id,
+            secret: opened.secret,
+            holder: opened.holder,
+            stop: CancellationToken::new(),
+            paused: Arc::new(AtomicBool::new(false)),
+            closed: false,
+        };
+        let renewer = Renewer {
+            client: self.clone(),
+            target: Target::Session {
+                id: session.id.clone(),
+                secret: session.secret.clone(),
+            },
+            ttl: Duration::from_secs(ttl_seconds),
+            liveness: session.liveness.clone(),
+            paused: session.paused.clone(),
+        };
+        tokio::spawn(renewer.run(session.stop.clone(), sent));
+        Ok(session)
+    }
+}
+
+impl Session {
+    /// The session id (its etcd lease id, decimal).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The session's secret (`Lease-Secret` of its keepalive and of acquires under it).
+    pub fn secret(&self) -> &str {
+        &self.secret
+    }
+
+    /// Who opened it.
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    /// The conservative deadline on the monotonic clock (also that of its leases).
+    pub fn deadline(&self) -> Instant {
+        self.liveness.deadline()
+    }
+
+    /// Whether the session is lost (reads the clock, like [`Lease::is_lost`]).
+    pub fn is_lost(&self) -> bool {
+        self.liveness.check()
+    }
+
+    /// A token cancelled when the session is lost.
+    pub fn lost(&self) -> CancellationToken {
+        self.liveness.token()
+    }
+
+    /// Waits until the session is lost and says why.
+    pub async fn lost_reason(&self) -> LostReason {
+        self.liveness.lost_reason().await
+    }
+
+    /// Acquires `resource` under this session. [`Error::SessionLost`] when the session is lost
+    /// (without asking the proxy if it already knows).
+    pub async fn acquire(&self, resource: &str, opts: SessionAcquireOptions) -> Result<Lease> {
+        if self.is_lost() {
+            return Err(Error::SessionLost);
+        }
+        let answer = self
+            .client
+            .grant_with(
+                resource,
+                &AcquireRequest {
+                    holder: opts.holder.as_deref().unwrap_or(&self.holder),
+                    ttl_seconds: None,
+                    wait: opts.wait,
+                    idempotency_key: opts.idempotency_key.as_deref(),
+                    metadata: opts.metadata.as_ref(),
+                    session: Some((&self.id, &self.secret)),
+                },
+            )
+            .await;
+        match answer {
+            Ok((grant, _)) => Ok(Lease::new(
+                self.client.clone(),
+                grant,
+                Liveness::under(&self.liveness),
+            )),
+            Err(Error::SessionLost) => {
+                self.liveness.lose(LostReason::Revoked);
+                Err(Error::SessionLost)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Stops the heartbeat, marks the session (and so its leases) lost and closes it, which
+    /// ends every grant under it.
+    pub async fn close(mut self) -> Result<()> {
+        self.closed = true;
+        self.stop.cancel();
+        self.liveness.lose(LostReason::Released);
+        self.client.close(&self.id, &self.secret).await
+    }
+
+    /// Test hook: stop (`true`) or resume (`false`) sending keepalives; the deadline timer
+    /// keeps running.
+    #[doc(hidden)]
+    pub fn pause_keepalives(&self, paused: bool) {
+        self.paused.store(paused, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Session {
+    /// Not closed yet: stops the heartbeat, marks it lost and closes it from a task on the
+    /// current Tokio runtime (never blocks; without a runtime the session simply lapses).
+    fn drop(&mut self) {
+        if self.closed {
+            return;
+        }
+        self.stop.cancel();
+        self.liveness.lose(LostReason::Released);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let client = self.client.clone();
+            let id = std::mem::take(&mut self.id);
+            let secret = std::mem::take(&mut self.secret);
+            runtime.spawn(async move { client.close(&id, &secret).await });
+        }
+    }
+}
