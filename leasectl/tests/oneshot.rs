@@ -242,7 +242,6 @@ async fn prints_completions_and_a_man_page() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs /v1/watch from main"]
 async fn watch_prints_events_as_json_lines() {
     let stack = Stack::start().await;
     let mut watch = stack
@@ -284,7 +283,6 @@ async fn watch_prints_events_as_json_lines() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs /v1/watch from main"]
 async fn watch_resumes_after_the_last_event_id() {
     let stack = Stack::start().await;
     let (status, first) = stack.acquire("dock-2", "crane", 30, 0).await;
