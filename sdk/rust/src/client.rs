@@ -164,20 +164,21 @@ impl Client {
 
     /// The request `method` to `{base}{path}`, with the bearer token and the default timeout.
     pub(crate) fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        self.request_streaming(method, path)
+            .timeout(self.inner.timeout)
+    }
+
+    /// The request `method` to `{base}{path}` with the bearer token and no overall timeout
+    /// (a watch stays open; connecting is still bounded by the timeout).
+    pub(crate) fn request_streaming(&self, method: Method, path: &str) -> RequestBuilder {
         let mut req = self
             .inner
             .http
-            .request(method, format!("{}{path}", self.inner.base))
-            .timeout(self.inner.timeout);
+            .request(method, format!("{}{path}", self.inner.base));
         if let Some(token) = &self.inner.bearer {
             req = req.bearer_auth(token);
         }
         req
-    }
-
-    /// The client's request timeout.
-    pub(crate) fn timeout(&self) -> Duration {
-        self.inner.timeout
     }
 
     /// Sends `req`; a non-success status becomes its [`Error`].

@@ -133,6 +133,7 @@ async fn closing_or_dropping_a_session_frees_its_resources() {
         Some(session.id())
     );
     session.close().await.unwrap();
+    assert!(a.is_lost());
     assert_eq!(a.lost_reason().await, LostReason::SessionLost);
     assert_eq!(client.get("bay-1").await.unwrap(), None);
 

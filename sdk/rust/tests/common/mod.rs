@@ -89,46 +89,73 @@ pub async fn revoke_in_etcd(etcd: &Etcd, id: &str) {
 /// `delay` and, with `drop_first_answer`, reads the first connection's answer and closes it
 /// unsent (the request was served, the client sees a transport error). Returns its URL.
 pub async fn relay(target: &str, delay: Duration, drop_first_answer: bool) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let target = target.to_owned();
-    tokio::spawn(async move {
-        let mut first = drop_first_answer;
-        loop {
-            let Ok((client, _)) = listener.accept().await else {
-                return;
-            };
-            let drop_answer = std::mem::take(&mut first);
-            let target = target.clone();
-            tokio::spawn(async move {
-                let Ok(upstream) = tokio::net::TcpStream::connect(&target).await else {
+    Relay::start(target, delay, drop_first_answer).await.url
+}
+
+/// A running relay (see [`relay`]) whose open connections can be cut.
+pub struct Relay {
+    pub url: String,
+    cuts: tokio::sync::watch::Sender<u64>,
+}
+
+impl Relay {
+    pub async fn start(target: &str, delay: Duration, drop_first_answer: bool) -> Relay {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let target = target.to_owned();
+        let (cuts, cut_rx) = tokio::sync::watch::channel(0u64);
+        tokio::spawn(async move {
+            let mut first = drop_first_answer;
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
                     return;
                 };
-                let (mut client_rd, mut client_wr) = client.into_split();
-                let (mut up_rd, mut up_wr) = upstream.into_split();
-                let requests = tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut client_rd, &mut up_wr).await;
-                });
-                let mut buf = vec![0u8; 64 * 1024];
-                loop {
-                    let n = match up_rd.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => n,
+                let drop_answer = std::mem::take(&mut first);
+                let target = target.clone();
+                let mut cut = cut_rx.clone();
+                cut.mark_unchanged();
+                tokio::spawn(async move {
+                    let Ok(upstream) = tokio::net::TcpStream::connect(&target).await else {
+                        return;
                     };
-                    if drop_answer {
-                        break;
+                    let (mut client_rd, mut client_wr) = client.into_split();
+                    let (mut up_rd, mut up_wr) = upstream.into_split();
+                    let requests = tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut client_rd, &mut up_wr).await;
+                    });
+                    let answers = async {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        loop {
+                            let n = match up_rd.read(&mut buf).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            if drop_answer {
+                                break;
+                            }
+                            tokio::time::sleep(delay).await;
+                            if client_wr.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    };
+                    tokio::select! {
+                        _ = answers => {}
+                        // A dropped `Relay` cuts nothing.
+                        Ok(()) = cut.changed() => {}
                     }
-                    tokio::time::sleep(delay).await;
-                    if client_wr.write_all(&buf[..n]).await.is_err() {
-                        break;
-                    }
-                }
-                requests.abort();
-            });
-        }
-    });
-    url
+                    requests.abort();
+                });
+            }
+        });
+        Relay { url, cuts }
+    }
+
+    /// Closes every connection open now (new ones are relayed again).
+    pub fn cut(&self) {
+        self.cuts.send_modify(|n| *n += 1);
+    }
 }
 
 /// `host:port` of an `http://host:port` URL.

@@ -1,0 +1,309 @@
+//! The watch consumer: `GET /v1/watch` (Server-Sent Events) as a [`futures::Stream`] of
+//! [`Event`]s that reconnects and resumes from the last event id it saw.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::Stream;
+use reqwest::Method;
+use serde::Deserialize;
+
+use crate::error::{self, Error, Result};
+use crate::sse;
+use crate::Client;
+
+/// The proxy sends a comment every 15 s: a stream silent for this long is dead.
+const IDLE: Duration = Duration::from_secs(45);
+/// First pause before reconnecting (doubled up to [`MAX_BACKOFF`]).
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+/// Longest pause between reconnection attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// What happened to a resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventKind {
+    /// Someone acquired it.
+    Acquired,
+    /// Its holder released it.
+    Released,
+    /// Its grant's lease expired (or its session ended).
+    Expired,
+}
+
+/// One change of a resource's holder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// The event's id: resume after it with [`Client::watch`]'s `last_event_id`.
+    pub id: String,
+    /// What happened.
+    pub kind: EventKind,
+    /// The resource.
+    pub resource: String,
+    /// The holder of the grant that began or ended.
+    pub holder: String,
+    /// That grant's token (its create revision).
+    pub token: u64,
+    /// The etcd revision of the change.
+    pub revision: i64,
+    /// That grant's etcd lease id (decimal).
+    pub lease_id: String,
+    /// The session the grant lived on.
+    pub session: Option<String>,
+}
+
+/// An event's `data`, as the proxy writes it.
+#[derive(Debug, Deserialize)]
+struct Data {
+    #[serde(rename = "type")]
+    kind: EventKind,
+    resource: String,
+    holder: String,
+    #[serde(deserialize_with = "crate::model::u64_string")]
+    token: u64,
+    revision: i64,
+    lease_id: String,
+    #[serde(default)]
+    session: Option<String>,
+}
+
+impl Event {
+    /// The event in message `data` with id `id`.
+    fn parse(id: String, data: &str) -> Result<Event> {
+        let d: Data = serde_json::from_str(data)
+            .map_err(|e| Error::Config(format!("watch event {id}: {e}: {data}")))?;
+        Ok(Event {
+            id,
+            kind: d.kind,
+            resource: d.resource,
+            holder: d.holder,
+            token: d.token,
+            revision: d.revision,
+            lease_id: d.lease_id,
+            session: d.session,
+        })
+    }
+}
+
+/// What the connection loop yields: an event, or an id-only message (a resume point).
+enum Item {
+    Event(Event),
+    Id(String),
+}
+
+/// The events of a watch, as a [`Stream`]. Reconnects after transport failures, 5xx answers
+/// and silent connections (with a backoff up to 5 s), resuming after the last event id seen,
+/// so nothing is lost or repeated. Ends after yielding an error that retrying cannot fix:
+/// [`Error::Compacted`] (list again, then watch without a last event id), or a problem such
+/// as 401/403.
+pub struct EventStream {
+    items: Pin<Box<dyn Stream<Item = Result<Item>> + Send>>,
+    last_event_id: Option<String>,
+}
+
+impl std::fmt::Debug for EventStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventStream")
+            .field("last_event_id", &self.last_event_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EventStream {
+    /// The id of the last message received (event or resume point): pass it to
+    /// [`Client::watch`] to resume after it.
+    pub fn last_event_id(&self) -> Option<&str> {
+        self.last_event_id.as_deref()
+    }
+}
+
+impl Stream for EventStream {
+    type Item = Result<Event>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            match self.items.as_mut().poll_next(cx) {
+                Poll::Ready(Some(Ok(Item::Id(id)))) => self.last_event_id = Some(id),
+                Poll::Ready(Some(Ok(Item::Event(event)))) => {
+                    self.last_event_id = Some(event.id.clone());
+                    return Poll::Ready(Some(Ok(event)));
+                }
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+impl Client {
+    /// Watches the resources whose names start with `prefix` (all with `""`), after
+    /// `last_event_id` when given (an id from an earlier [`EventStream`]), from now otherwise.
+    /// Nothing is sent before the stream is first polled.
+    pub fn watch(&self, prefix: &str, last_event_id: Option<String>) -> EventStream {
+        let state = Watch {
+            client: self.clone(),
+            prefix: prefix.to_owned(),
+            last_event_id: last_event_id.clone(),
+            connection: None,
+            ready: VecDeque::new(),
+            backoff: FIRST_BACKOFF,
+            ended: false,
+        };
+        EventStream {
+            items: Box::pin(futures::stream::unfold(state, Watch::next)),
+            last_event_id,
+        }
+    }
+}
+
+/// The connection loop's state.
+struct Watch {
+    client: Client,
+    prefix: String,
+    last_event_id: Option<String>,
+    connection: Option<(reqwest::Response, sse::Parser)>,
+    /// Parsed items not yet yielded.
+    ready: VecDeque<Result<Item>>,
+    backoff: Duration,
+    ended: bool,
+}
+
+impl Watch {
+    async fn next(mut self) -> Option<(Result<Item>, Self)> {
+        loop {
+            if let Some(item) = self.ready.pop_front() {
+                return Some((item, self));
+            }
+            if self.ended {
+                return None;
+            }
+            let Some((response, parser)) = &mut self.connection else {
+                match self.connect().await {
+                    Ok(response) => self.connection = Some((response, sse::Parser::default())),
+                    Err(e) if e.is_transient() => self.pause().await,
+                    Err(e) => {
+                        self.ended = true;
+                        return Some((Err(e), self));
+                    }
+                }
+                continue;
+            };
+            match tokio::time::timeout(IDLE, response.chunk()).await {
+                Ok(Ok(Some(bytes))) => {
+                    self.backoff = FIRST_BACKOFF;
+                    for message in parser.feed(&bytes) {
+                        self.receive(message);
+                    }
+                }
+                // Ended, broken or silent: reconnect after the last id seen.
+                Ok(Ok(None)) | Ok(Err(_)) | Err(_) => {
+                    self.connection = None;
+                    self.pause().await;
+                }
+            }
+        }
+    }
+
+    /// `GET /v1/watch`, resuming after the last event id.
+    async fn connect(&self) -> Result<reqwest::Response> {
+        let mut req = self
+            .client
+            .request_streaming(Method::GET, "/v1/watch")
+            .header(reqwest::header::ACCEPT, "text/event-stream");
+        if !self.prefix.is_empty() {
+            req = req.query(&[("prefix", &self.prefix)]);
+        }
+        if let Some(id) = &self.last_event_id {
+            req = req.header("last-event-id", id);
+        }
+        let response = req.send().await?;
+        let status = response.status().as_u16();
+        if status == 200 {
+            Ok(response)
+        } else {
+            let body = response.bytes().await.unwrap_or_default();
+            Err(error::from_answer(status, &body))
+        }
+    }
+
+    /// Takes in one message: its id is the resume point; its data, if any, an event.
+    fn receive(&mut self, message: sse::Message) {
+        let Some(id) = message.id else {
+            return; // the proxy ids every message; anything else is not an event of ours
+        };
+        self.last_event_id = Some(id.clone());
+        let item = match message.data {
+            Some(data) => Event::parse(id, &data).map(Item::Event),
+            None => Ok(Item::Id(id)),
+        };
+        self.ready.push_back(item);
+    }
+
+    async fn pause(&mut self) {
+        tokio::time::sleep(self.backoff).await;
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_read_from_their_data() {
+        let e = Event::parse(
+            "1234.0".into(),
+            r#"{"type":"acquired","resource":"aisle-1","holder":"robot-3","token":"1234","revision":1234,"lease_id":"7587","session":"7587"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            e,
+            Event {
+                id: "1234.0".into(),
+                kind: EventKind::Acquired,
+                resource: "aisle-1".into(),
+                holder: "robot-3".into(),
+                token: 1234,
+                revision: 1234,
+                lease_id: "7587".into(),
+                session: Some("7587".into()),
+            }
+        );
+        let e = Event::parse(
+            "1240".into(),
+            r#"{"type":"expired","resource":"a","holder":"h","token":"12","revision":1240,"lease_id":"9"}"#,
+        )
+        .unwrap();
+        assert_eq!((e.kind, e.session), (EventKind::Expired, None));
+        assert!(matches!(
+            Event::parse("1".into(), r#"{"type":"stolen"}"#),
+            Err(Error::Config(_))
+        ));
+    }
+
+    #[test]
+    fn ids_are_resume_points_and_data_are_events() {
+        let mut w = Watch {
+            client: Client::new("http://127.0.0.1:1").unwrap(),
+            prefix: String::new(),
+            last_event_id: None,
+            connection: None,
+            ready: VecDeque::new(),
+            backoff: FIRST_BACKOFF,
+            ended: false,
+        };
+        let mut parser = sse::Parser::default();
+        for m in parser.feed(b"id: 100\n\n: keepalive\n\nid: 101.0\nevent: released\ndata: {\"type\":\"released\",\"resource\":\"a\",\"holder\":\"h\",\"token\":\"90\",\"revision\":101,\"lease_id\":\"5\"}\n\n") {
+            w.receive(m);
+        }
+        assert_eq!(w.last_event_id.as_deref(), Some("101.0"));
+        assert!(matches!(w.ready.pop_front(), Some(Ok(Item::Id(id))) if id == "100"));
+        assert!(
+            matches!(w.ready.pop_front(), Some(Ok(Item::Event(e))) if e.token == 90 && e.kind == EventKind::Released)
+        );
+        assert!(w.ready.is_empty());
+    }
+}
