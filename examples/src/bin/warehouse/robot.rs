@@ -88,8 +88,8 @@ impl Access {
 enum Counted {
     /// All counts sent: the robot releases the aisle.
     Done,
-    /// The lease was lost (the guard's signal, or a write refused as stale): the robot walks
-    /// away without writing again.
+    /// The lease was lost (the guard's signal, or a write refused as stale) — or a count could
+    /// not even be encoded: the robot walks away without writing again.
     Lost,
 }
 
