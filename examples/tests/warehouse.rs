@@ -9,7 +9,10 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use lease_proxy_client::{AcquireOptions, Client};
 use lease_proxy_testkit::{free_port, Etcd};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::ChildStdout;
 
 const WAREHOUSE: &str = env!("CARGO_BIN_EXE_warehouse");
 
@@ -80,14 +83,24 @@ async fn start_gateway(
     gateway
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chaos_leaves_the_inventory_consistent() {
+/// The demo's stack: etcd, the inventory, fence-gateway in path mode in front of it, and
+/// lease-proxy forwarding to and pre-fencing the gateway.
+struct Stack {
+    _etcd: Etcd,
+    _dir: tempfile::TempDir,
+    _inventory: Killed,
+    inventory: String,
+    gateway: String,
+    proxy: String,
+}
+
+async fn start_stack() -> Stack {
     let etcd = Etcd::single().await;
     let dir = tempfile::tempdir().unwrap();
     let key_file = dir.path().join("keys");
     fencing::Keyring::create_file(&key_file, &fencing::KeyId::parse("k1").unwrap()).unwrap();
 
-    let (_inventory, inventory) = start_inventory(dir.path()).await;
+    let (inventory_process, inventory) = start_inventory(dir.path()).await;
     let gateway = start_gateway(
         &inventory,
         &dir.path().join("marks.db"),
@@ -108,7 +121,24 @@ async fn chaos_leaves_the_inventory_consistent() {
         std::future::pending(),
     ));
     wait_ready(&format!("{proxy}/readyz")).await;
+    Stack {
+        _etcd: etcd,
+        _dir: dir,
+        _inventory: inventory_process,
+        inventory,
+        gateway,
+        proxy,
+    }
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_leaves_the_inventory_consistent() {
+    let stack = start_stack().await;
+    let (proxy, gateway, inventory) = (
+        stack.proxy.clone(),
+        stack.gateway.clone(),
+        stack.inventory.clone(),
+    );
     let run = tokio::task::spawn_blocking(move || {
         Command::new(WAREHOUSE)
             .args([
@@ -151,6 +181,113 @@ async fn chaos_leaves_the_inventory_consistent() {
         "only {applied} writes: the run proves little\n{report}"
     );
     assert!(report.contains("stalled beyond their TTL"), "{report}");
+}
+
+/// `kill -{sig} {pid}`.
+fn kill(sig: &str, pid: u32) {
+    let status = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{sig} {pid}");
+}
+
+/// The next line a robot prints (its `event …` lines), or `None` once it exited.
+async fn next_event(events: &mut Lines<BufReader<ChildStdout>>) -> Option<String> {
+    tokio::time::timeout(Duration::from_secs(20), events.next_line())
+        .await
+        .expect("the robot said nothing for 20 s")
+        .unwrap()
+}
+
+/// A robot on the SDK stops at its lease's lost signal: stopped (SIGSTOP) past its TTL while it
+/// counts, its aisle taken over meanwhile, it resumes and walks away without sending the count
+/// it was making — no write under its old token is even tried. And on SIGTERM it releases the
+/// aisle it holds: the aisle is free at once, not after the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_robot_stops_at_the_lost_signal_and_releases_on_sigterm() {
+    let stack = start_stack().await;
+    let mut robot = tokio::process::Command::new(WAREHOUSE)
+        .args([
+            "robot",
+            "--proxy",
+            &stack.proxy,
+            "--gateway",
+            &stack.gateway,
+        ])
+        .args(["--aisles", "aisle-1", "--name", "robot-z", "--ttl", "2"])
+        // Straight to the gateway: nothing but the robot itself checks the lease before it
+        // writes (through the proxy, the SDK's forward would refuse too).
+        .arg("--direct")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = robot.id().unwrap();
+    let mut events = BufReader::new(robot.stdout.take().unwrap()).lines();
+    let acquired = next_event(&mut events).await.unwrap();
+    let first: u64 = acquired
+        .strip_prefix("event acquired aisle-1 ")
+        .unwrap_or_else(|| panic!("{acquired}"))
+        .parse()
+        .unwrap();
+    // Stopped while it counts (its first count takes at least 100 ms), until the aisle has
+    // been taken over: its lease lapsed meanwhile.
+    kill("STOP", pid);
+    let client = Client::new(&stack.proxy).unwrap();
+    let takeover = client
+        .acquire(
+            "aisle-1",
+            AcquireOptions::new("other", Duration::from_secs(5)).wait(Duration::from_secs(15)),
+        )
+        .await
+        .unwrap();
+    assert!(takeover.token() > first);
+    kill("CONT", pid);
+    assert_eq!(
+        next_event(&mut events).await.as_deref(),
+        Some("event lost aisle-1")
+    );
+    let second = takeover.token();
+    takeover.release().await.unwrap();
+    let acquired = next_event(&mut events).await.unwrap();
+    let third: u64 = acquired
+        .strip_prefix("event acquired aisle-1 ")
+        .unwrap_or_else(|| panic!("{acquired}"))
+        .parse()
+        .unwrap();
+    assert!(third > second);
+    kill("TERM", pid);
+    let mut rest = Vec::new();
+    while let Some(line) = next_event(&mut events).await {
+        rest.push(line);
+    }
+    let status = robot.wait().await.unwrap();
+    assert!(status.success(), "{status}: {rest:?}");
+    assert_eq!(
+        rest.last().map(String::as_str),
+        Some("event released aisle-1"),
+        "{rest:?}"
+    );
+    assert!(
+        rest[..rest.len() - 1]
+            .iter()
+            .all(|l| l == "event write-ok aisle-1"),
+        "{rest:?}"
+    );
+    assert_eq!(client.get("aisle-1").await.unwrap(), None);
+    let log: Vec<serde_json::Value> = reqwest::get(format!("{}/log", stack.inventory))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let first = i64::try_from(first).unwrap();
+    assert!(
+        log.iter().all(|w| w["revision"].as_i64() != Some(first)),
+        "a write under the lapsed token reached the inventory: {log:?}"
+    );
 }
 
 /// A holder of aisle-3 cannot write aisle-2: in path mode the gateway refuses (the path names the

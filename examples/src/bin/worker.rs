@@ -1,13 +1,13 @@
-//! A singleton worker: waits for a resource, holds it while it works, renews every TTL/3, and
-//! releases it on SIGTERM/SIGINT. Kill it with SIGKILL and another worker takes over once the
-//! lease lapses — with a higher fencing token.
+//! A singleton worker on the Rust SDK (`lease-proxy-client`): waits for a resource, holds it
+//! while it works — the SDK's guard renews it in the background — and releases it on
+//! SIGTERM/SIGINT. Kill it with SIGKILL and another worker takes over once the lease lapses —
+//! with a higher fencing token.
 
+use std::pin::pin;
 use std::time::Duration;
 
 use clap::Parser;
-use lease_proxy_examples::{Error, Held, LeaseClient};
-use tokio::sync::Mutex;
-use tokio::time::Instant;
+use lease_proxy_client::{AcquireOptions, Client, Error};
 
 #[derive(Parser)]
 #[command(about = "Hold a lease through lease-proxy and keep it renewed")]
@@ -26,37 +26,28 @@ struct Args {
     ttl: u64,
 }
 
+/// Acquires, holds until the lease is lost, and starts over; on SIGTERM/SIGINT releases what it
+/// holds and exits. Fails only on an error other than "held by someone else".
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    let client = LeaseClient::new(&args.proxy);
-    let current: Mutex<Option<Held>> = Mutex::new(None);
-    tokio::select! {
-        e = run(&client, &args, &current) => {
-            eprintln!("[{}] giving up: {e}", args.name);
-            std::process::ExitCode::FAILURE
+    let client = match Client::new(&args.proxy) {
+        Ok(client) => client,
+        Err(e) => {
+            eprintln!("[{}] {e}", args.name);
+            return std::process::ExitCode::FAILURE;
         }
-        _ = terminated() => {
-            // Graceful shutdown: hand the resource over at once instead of after the TTL.
-            let held = current.lock().await.take();
-            if let Some(held) = held {
-                let _ = client.release(&held).await;
-                println!("[{}] released {} on shutdown", args.name, args.resource);
-            }
-            std::process::ExitCode::SUCCESS
-        }
-    }
-}
-
-/// Acquires, holds until the lease is lost, and starts over; returns only on a hard error.
-async fn run(client: &LeaseClient, args: &Args, current: &Mutex<Option<Held>>) -> Error {
-    let ttl = Duration::from_secs(args.ttl);
+    };
+    let mut shutdown = pin!(fencing::serve::terminated());
+    let options = AcquireOptions::new(&args.name, Duration::from_secs(args.ttl))
+        .wait(Duration::from_secs(30));
     loop {
-        let mut held = match client
-            .acquire(&args.resource, &args.name, ttl, Duration::from_secs(30))
-            .await
-        {
-            Ok(held) => held,
+        let acquired = tokio::select! {
+            acquired = client.acquire(&args.resource, options.clone()) => acquired,
+            () = &mut shutdown => return std::process::ExitCode::SUCCESS,
+        };
+        let lease = match acquired {
+            Ok(lease) => lease,
             Err(Error::Held { holder, token, .. }) => {
                 println!(
                     "[{}] {} is held by {holder} (token {token}); waiting",
@@ -64,45 +55,32 @@ async fn run(client: &LeaseClient, args: &Args, current: &Mutex<Option<Held>>) -
                 );
                 continue;
             }
-            Err(e) => return e,
+            Err(e) => {
+                eprintln!("[{}] giving up: {e}", args.name);
+                return std::process::ExitCode::FAILURE;
+            }
         };
         println!(
             "[{}] ACQUIRED {} token={} ttl={}s",
-            args.name, held.grant.resource, held.grant.token, held.grant.ttl_seconds
+            args.name,
+            lease.resource(),
+            lease.token(),
+            lease.grant().ttl_seconds
         );
-        *current.lock().await = Some(held.clone());
-        loop {
-            tokio::time::sleep(ttl / 3).await;
-            if Instant::now() >= held.deadline {
-                println!(
-                    "[{}] deadline passed before a renewal: no longer the holder",
-                    args.name
-                );
-                break;
-            }
-            match client.renew(&mut held).await {
-                Ok(()) => println!(
-                    "[{}] renewed {} token={}",
-                    args.name, args.resource, held.grant.token
-                ),
-                Err(Error::Lost) => {
-                    println!("[{}] LOST {}", args.name, args.resource);
-                    break;
+        let lost = tokio::select! {
+            reason = lease.lost_reason() => Some(reason),
+            () = &mut shutdown => None,
+        };
+        match lost {
+            Some(reason) => println!("[{}] LOST {} ({reason:?})", args.name, args.resource),
+            None => {
+                // Graceful shutdown: hand the resource over at once instead of after the TTL.
+                match lease.release().await {
+                    Ok(()) => println!("[{}] released {} on shutdown", args.name, args.resource),
+                    Err(e) => eprintln!("[{}] release failed: {e}", args.name),
                 }
-                Err(e) => eprintln!("[{}] renewal failed, will retry: {e}", args.name),
+                return std::process::ExitCode::SUCCESS;
             }
         }
-        *current.lock().await = None;
-    }
-}
-
-async fn terminated() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {},
-        _ = term.recv() => {},
     }
 }

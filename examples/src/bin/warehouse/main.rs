@@ -3,7 +3,8 @@
 //!
 //! - `warehouse inventory` — the inventory service (HTTP; SQLite, or PostgreSQL with `--db`),
 //!   placed behind fence-gateway; it keeps its own write log for the audit.
-//! - `warehouse robot` — one robot: lease an aisle, count, send updates, renew at TTL/4.
+//! - `warehouse robot` — one robot on the Rust SDK: lease an aisle, count, send updates while
+//!   the lease guard renews in the background, stop the moment it is lost.
 //! - `warehouse run` — starts robots, injects chaos (SIGKILL, SIGSTOP beyond the TTL), shows
 //!   progress, then audits the inventory's write log and exits non-zero on any violation.
 //!

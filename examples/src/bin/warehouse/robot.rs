@@ -1,15 +1,19 @@
-//! One robot: lease an aisle, count it, send the counts, renew at TTL/4, release, repeat.
+//! One robot: lease an aisle with the Rust SDK (`lease-proxy-client`), count it, send the counts,
+//! release, repeat. The SDK's guard renews the lease in the background; the robot stops the
+//! moment the guard's lost signal fires, and releases its aisle when it is done with it or is
+//! told to stop (SIGTERM/SIGINT).
 //!
-//! It deliberately does not check its own deadline before writing — like a client paused by a GC
-//! right after such a check — so when it is stopped past its TTL and continued, its next write is
-//! a zombie write that fencing must refuse. It prints one `event …` line per outcome for the
-//! orchestrator.
+//! Half the robots send their counts through the proxy's forward route ([`Lease::forward`]), the
+//! other half (`--direct`) straight to fence-gateway with [`Lease::fencing_token`]. The signal is
+//! checked before every write, not during it: a robot stopped (SIGSTOP) right after the check
+//! sends its next write late, with a token that has been superseded — a zombie write that fencing
+//! must refuse. It prints one `event …` line per outcome for the orchestrator.
 
+use std::pin::pin;
 use std::time::Duration;
 
-use lease_proxy_examples::{Error, LeaseClient};
+use lease_proxy_client::{AcquireOptions, Client, Error, Lease};
 use rand::Rng;
-use tokio::time::Instant;
 
 use crate::inventory::Count;
 use crate::Failure;
@@ -54,24 +58,56 @@ pub(crate) struct Access {
 }
 
 impl Access {
-    /// An HTTP client trusting `--ca`.
+    /// A plain HTTP client trusting `--ca` (the system's roots otherwise), for the gateway and
+    /// the inventory.
     pub(crate) fn http(&self) -> Result<reqwest::Client, Failure> {
-        Ok(lease_proxy_examples::http_client(self.ca.as_deref())?)
+        let mut builder = reqwest::Client::builder().use_rustls_tls();
+        if let Some(ca) = &self.ca {
+            let pem = std::fs::read(ca).map_err(|e| format!("{}: {e}", ca.display()))?;
+            for cert in reqwest::Certificate::from_pem_bundle(&pem)? {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        Ok(builder.build()?)
+    }
+
+    /// A lease-proxy client for `proxy` trusting `--ca` and presenting the bearer token.
+    fn lease_client(&self, proxy: &str) -> Result<Client, Failure> {
+        let mut builder = Client::builder(proxy).user_agent("warehouse-robot");
+        if let Some(ca) = &self.ca {
+            builder = builder.ca_file(ca);
+        }
+        if let Some(token) = &self.token {
+            builder = builder.bearer_token(token);
+        }
+        Ok(builder.build()?)
     }
 }
 
-/// Works until killed.
+/// How one aisle's counting ended.
+enum Counted {
+    /// All counts sent: the robot releases the aisle.
+    Done,
+    /// The lease was lost (the guard's signal, or a write refused as stale) — or a count could
+    /// not even be encoded: the robot walks away without writing again.
+    Lost,
+}
+
+/// Works until killed, or until SIGTERM/SIGINT (then it releases the aisle it holds).
 pub(crate) async fn work(args: Args) -> Result<std::process::ExitCode, Failure> {
     let http = args.access.http()?;
-    let client = LeaseClient::with_http(&args.proxy, http.clone(), args.access.token.clone());
+    let client = args.access.lease_client(&args.proxy)?;
     let ttl = Duration::from_secs(args.ttl);
+    let mut shutdown = pin!(fencing::serve::terminated());
     loop {
         let aisle = args.aisles[rand::rng().random_range(0..args.aisles.len())].clone();
-        let mut held = match client
-            .acquire(&aisle, &args.name, ttl, Duration::from_secs(5))
-            .await
-        {
-            Ok(held) => held,
+        let options = AcquireOptions::new(&args.name, ttl).wait(Duration::from_secs(5));
+        let acquired = tokio::select! {
+            acquired = client.acquire(&aisle, options) => acquired,
+            () = &mut shutdown => return Ok(std::process::ExitCode::SUCCESS),
+        };
+        let lease = match acquired {
+            Ok(lease) => lease,
             Err(Error::Held { .. }) => continue,
             Err(e) => {
                 println!("event error acquire {e}");
@@ -79,65 +115,94 @@ pub(crate) async fn work(args: Args) -> Result<std::process::ExitCode, Failure> 
                 continue;
             }
         };
-        println!("event acquired {aisle} {}", held.grant.token);
-        let mut renewed = Instant::now();
-        let updates = rand::rng().random_range(3..9);
-        let mut lost = false;
-        for _ in 0..updates {
-            // Counting takes a while.
-            let pause = rand::rng().random_range(100..400);
-            tokio::time::sleep(Duration::from_millis(pause)).await;
-            let count = Count {
-                robot: args.name.clone(),
-                count: rand::rng().random_range(0..500),
-            };
-            let path = format!("/aisles/{aisle}/count");
-            let request = if args.direct {
-                http.put(format!("{}{path}", args.gateway))
-                    .header("fencing-resource", &aisle)
-                    .header("fencing-token", &held.grant.fencing_token)
-            } else {
-                client
-                    .request(
-                        reqwest::Method::PUT,
-                        &format!("/v1/leases/{aisle}/forward{path}"),
-                    )
-                    .header("lease-secret", &held.grant.secret)
-            };
-            let status = match request.json(&count).send().await {
-                Ok(resp) => resp.status().as_u16(),
-                Err(_) => 0,
-            };
-            match status {
-                200 => println!("event write-ok {aisle}"),
-                409 => {
-                    println!("event stale-enforcer {aisle}");
-                    lost = true;
-                }
-                403 | 410 => {
-                    println!("event stale-proxy {aisle}");
-                    lost = true;
-                }
-                other => println!("event write-error {other}"),
+        println!("event acquired {aisle} {}", lease.token());
+        let counted = tokio::select! {
+            counted = count(&args, &http, &lease) => Some(counted),
+            () = &mut shutdown => None,
+        };
+        match counted {
+            Some(Counted::Done) => {
+                release(lease).await;
             }
-            if lost {
-                break;
-            }
-            if renewed.elapsed() >= ttl / 4 {
-                match client.renew(&mut held).await {
-                    Ok(()) => renewed = Instant::now(),
-                    Err(Error::Lost) => {
-                        println!("event lost {aisle}");
-                        lost = true;
-                        break;
-                    }
-                    Err(e) => println!("event error renew {e}"),
-                }
+            // Dropping the guard releases what may be left of the grant, in the background.
+            Some(Counted::Lost) => {}
+            None => {
+                release(lease).await;
+                return Ok(std::process::ExitCode::SUCCESS);
             }
         }
-        if !lost {
-            let _ = client.release(&held).await;
-            println!("event released {aisle}");
+    }
+}
+
+/// Counts the aisle `lease` holds a few times and sends each count; stops the moment the lease
+/// is lost.
+async fn count(args: &Args, http: &reqwest::Client, lease: &Lease) -> Counted {
+    let aisle = lease.resource();
+    let lost = lease.lost();
+    let updates = rand::rng().random_range(3..9);
+    for _ in 0..updates {
+        // Counting takes a while.
+        let pause = Duration::from_millis(rand::rng().random_range(100..400));
+        tokio::select! {
+            () = lost.cancelled() => {}
+            () = tokio::time::sleep(pause) => {}
         }
+        // The signal, or the clock already past the deadline: a robot resumed after a SIGSTOP
+        // may get here before the guard's own timer has run.
+        if lease.is_lost() {
+            println!("event lost {aisle}");
+            return Counted::Lost;
+        }
+        let count = Count {
+            robot: args.name.clone(),
+            count: rand::rng().random_range(0..500),
+        };
+        let Ok(body) = serde_json::to_vec(&count) else {
+            println!("event error encode");
+            return Counted::Lost;
+        };
+        let path = format!("/aisles/{aisle}/count");
+        let sent = if args.direct {
+            http.put(format!("{}{path}", args.gateway))
+                .header("fencing-resource", aisle)
+                .header("fencing-token", lease.fencing_token())
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body)
+                .send()
+                .await
+                .map_err(Error::from)
+        } else {
+            lease
+                .forward(reqwest::Method::PUT, &path, Some(body.into()))
+                .await
+        };
+        match sent.map(|resp| resp.status().as_u16()) {
+            Ok(200) => println!("event write-ok {aisle}"),
+            Ok(409) => {
+                println!("event stale-enforcer {aisle}");
+                return Counted::Lost;
+            }
+            Ok(403 | 410) => {
+                println!("event stale-proxy {aisle}");
+                return Counted::Lost;
+            }
+            // The guard refused to forward: the lease was lost since the check above.
+            Err(Error::Lost) => {
+                println!("event lost {aisle}");
+                return Counted::Lost;
+            }
+            Ok(other) => println!("event write-error {other}"),
+            Err(_) => println!("event write-error 0"),
+        }
+    }
+    Counted::Done
+}
+
+/// Releases `lease` and says so.
+async fn release(lease: Lease) {
+    let aisle = lease.resource().to_owned();
+    match lease.release().await {
+        Ok(()) => println!("event released {aisle}"),
+        Err(e) => println!("event error release {e}"),
     }
 }

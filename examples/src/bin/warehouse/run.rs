@@ -52,6 +52,8 @@ struct Tally {
     writes: AtomicU64,
     stale_proxy: AtomicU64,
     stale_enforcer: AtomicU64,
+    /// Robots that stopped on their lease's lost signal.
+    losses: AtomicU64,
     grants: AtomicU64,
     kills: AtomicU64,
     stalls: AtomicU64,
@@ -94,7 +96,8 @@ fn spawn_robot(
             while let Ok(Some(line)) = lines.next_line().await {
                 let counter = match line.split_whitespace().nth(1) {
                     Some("write-ok") => &tally.writes,
-                    Some("stale-proxy") | Some("lost") => &tally.stale_proxy,
+                    Some("stale-proxy") => &tally.stale_proxy,
+                    Some("lost") => &tally.losses,
                     Some("stale-enforcer") => &tally.stale_enforcer,
                     Some("acquired") => &tally.grants,
                     _ => continue,
@@ -185,10 +188,11 @@ pub(crate) async fn run(args: Args) -> Result<std::process::ExitCode, Failure> {
     while Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(500)).await;
         print!(
-            "\r[{:>3}s] grants {:>4} | writes {:>5} | stale refused: at proxy {:>3}, at enforcer {:>3} | kills {:>2} | stalls {:>2} ",
+            "\r[{:>3}s] grants {:>4} | writes {:>5} | losses seen {:>3} | stale refused: at proxy {:>3}, at enforcer {:>3} | kills {:>2} | stalls {:>2} ",
             started.elapsed().as_secs(),
             tally.grants.load(Ordering::Relaxed),
             tally.writes.load(Ordering::Relaxed),
+            tally.losses.load(Ordering::Relaxed),
             tally.stale_proxy.load(Ordering::Relaxed),
             tally.stale_enforcer.load(Ordering::Relaxed),
             tally.kills.load(Ordering::Relaxed),
@@ -232,6 +236,10 @@ async fn audit_and_report(args: &Args, tally: &Tally) -> Result<std::process::Ex
     println!(
         "writes the robots saw accepted: {}",
         tally.writes.load(Ordering::Relaxed)
+    );
+    println!(
+        "losses the robots saw:        {} (each stopped counting at its lease's lost signal)",
+        tally.losses.load(Ordering::Relaxed)
     );
     println!(
         "stale writes refused:         at the proxy {}, at the enforcer {} (gateway counted {} stale)",
