@@ -168,6 +168,11 @@ impl Client {
             .timeout(self.inner.timeout)
     }
 
+    /// The client's request timeout.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
     /// The request `method` to `{base}{path}` with the bearer token and no overall timeout
     /// (a watch stays open; connecting is still bounded by the timeout).
     pub(crate) fn request_streaming(&self, method: Method, path: &str) -> RequestBuilder {
