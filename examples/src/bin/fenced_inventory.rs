@@ -16,7 +16,7 @@ use std::time::Duration;
 use clap::Parser;
 use fencing::store::FencedError;
 use fencing::{Keyring, PostgresStore, Token};
-use lease_proxy_examples::{Held, LeaseClient};
+use lease_proxy_client::{AcquireOptions, Client, Lease};
 
 #[derive(Parser)]
 struct Args {
@@ -50,16 +50,12 @@ async fn main() -> Result<(), Failure> {
             holder text NOT NULL, revision bigint NOT NULL)",
     )
     .await?;
-    let proxy = LeaseClient::new(&args.proxy);
+    let proxy = Client::new(&args.proxy)?;
+    let opts = |holder: &str| {
+        AcquireOptions::new(holder, Duration::from_secs(10)).wait(Duration::from_secs(15))
+    };
 
-    let first = proxy
-        .acquire(
-            &args.aisle,
-            "robot-1",
-            Duration::from_secs(10),
-            Duration::from_secs(15),
-        )
-        .await?;
+    let first = proxy.acquire(&args.aisle, opts("robot-1")).await?;
     let first_token = verified(&keys, &first)?;
     println!("robot-1 holds {} with token {first_token}", args.aisle);
     for counted in [40, 41, 39] {
@@ -67,15 +63,8 @@ async fn main() -> Result<(), Failure> {
         println!("robot-1 counted {counted}: committed with the fence check");
     }
     // robot-1 stalls; its lease is released (or lapses) and robot-2 takes the aisle over.
-    proxy.release(&first).await?;
-    let second = proxy
-        .acquire(
-            &args.aisle,
-            "robot-2",
-            Duration::from_secs(10),
-            Duration::from_secs(15),
-        )
-        .await?;
+    first.release().await?;
+    let second = proxy.acquire(&args.aisle, opts("robot-2")).await?;
     let second_token = verified(&keys, &second)?;
     println!("robot-2 holds {} with token {second_token}", args.aisle);
     count(&store, &args.aisle, "robot-2", second_token, 38).await?;
@@ -87,12 +76,12 @@ async fn main() -> Result<(), Failure> {
         }
         other => return Err(format!("a stale count was not refused: {other:?}").into()),
     }
-    proxy.release(&second).await?;
+    second.release().await?;
     Ok(())
 }
 
-fn verified(keys: &Keyring, held: &Held) -> Result<Token, Failure> {
-    Ok(keys.verify(&held.grant.resource, &held.grant.fencing_token)?)
+fn verified(keys: &Keyring, lease: &Lease) -> Result<Token, Failure> {
+    Ok(keys.verify(lease.resource(), lease.fencing_token())?)
 }
 
 /// One inventory update, committed only if `token` is not below the aisle's mark.

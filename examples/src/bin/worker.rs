@@ -1,13 +1,12 @@
-//! A singleton worker: waits for a resource, holds it while it works, renews every TTL/3, and
-//! releases it on SIGTERM/SIGINT. Kill it with SIGKILL and another worker takes over once the
-//! lease lapses — with a higher fencing token.
+//! A singleton worker: waits for a resource, holds it while it works (the SDK's guard renews it
+//! at TTL/3), and releases it on SIGTERM/SIGINT. Kill it with SIGKILL and another worker takes
+//! over once the lease lapses — with a higher fencing token.
 
+use std::pin::pin;
 use std::time::Duration;
 
 use clap::Parser;
-use lease_proxy_examples::{Error, Held, LeaseClient};
-use tokio::sync::Mutex;
-use tokio::time::Instant;
+use lease_proxy_client::{AcquireOptions, Client, Error};
 
 #[derive(Parser)]
 #[command(about = "Hold a lease through lease-proxy and keep it renewed")]
@@ -29,70 +28,56 @@ struct Args {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    let client = LeaseClient::new(&args.proxy);
-    let current: Mutex<Option<Held>> = Mutex::new(None);
-    tokio::select! {
-        e = run(&client, &args, &current) => {
+    match run(&args).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
             eprintln!("[{}] giving up: {e}", args.name);
             std::process::ExitCode::FAILURE
-        }
-        _ = terminated() => {
-            // Graceful shutdown: hand the resource over at once instead of after the TTL.
-            let held = current.lock().await.take();
-            if let Some(held) = held {
-                let _ = client.release(&held).await;
-                println!("[{}] released {} on shutdown", args.name, args.resource);
-            }
-            std::process::ExitCode::SUCCESS
         }
     }
 }
 
-/// Acquires, holds until the lease is lost, and starts over; returns only on a hard error.
-async fn run(client: &LeaseClient, args: &Args, current: &Mutex<Option<Held>>) -> Error {
-    let ttl = Duration::from_secs(args.ttl);
+/// Acquires, holds until the lease is lost, and starts over, until terminated (then releases
+/// at once instead of after the TTL); returns an error only on a hard failure.
+async fn run(args: &Args) -> Result<(), Error> {
+    let client = Client::new(&args.proxy)?;
+    let opts = AcquireOptions::new(&args.name, Duration::from_secs(args.ttl))
+        .wait(Duration::from_secs(30));
+    let mut shutdown = pin!(terminated());
     loop {
-        let mut held = match client
-            .acquire(&args.resource, &args.name, ttl, Duration::from_secs(30))
-            .await
-        {
-            Ok(held) => held,
-            Err(Error::Held { holder, token, .. }) => {
-                println!(
-                    "[{}] {} is held by {holder} (token {token}); waiting",
-                    args.name, args.resource
-                );
-                continue;
-            }
-            Err(e) => return e,
+        let lease = tokio::select! {
+            acquired = client.acquire(&args.resource, opts.clone()) => match acquired {
+                Ok(lease) => lease,
+                Err(Error::Held { holder, token, .. }) => {
+                    println!(
+                        "[{}] {} is held by {holder} (token {token}); waiting",
+                        args.name, args.resource
+                    );
+                    continue;
+                }
+                Err(e) => return Err(e),
+            },
+            _ = &mut shutdown => return Ok(()),
         };
         println!(
             "[{}] ACQUIRED {} token={} ttl={}s",
-            args.name, held.grant.resource, held.grant.token, held.grant.ttl_seconds
+            args.name,
+            lease.resource(),
+            lease.token(),
+            lease.grant().ttl_seconds
         );
-        *current.lock().await = Some(held.clone());
-        loop {
-            tokio::time::sleep(ttl / 3).await;
-            if Instant::now() >= held.deadline {
-                println!(
-                    "[{}] deadline passed before a renewal: no longer the holder",
-                    args.name
-                );
-                break;
+        let lost = lease.lost();
+        tokio::select! {
+            _ = lost.cancelled() => {
+                println!("[{}] LOST {} ({:?})", args.name, args.resource, lease.lost_reason().await);
             }
-            match client.renew(&mut held).await {
-                Ok(()) => println!(
-                    "[{}] renewed {} token={}",
-                    args.name, args.resource, held.grant.token
-                ),
-                Err(Error::Lost) => {
-                    println!("[{}] LOST {}", args.name, args.resource);
-                    break;
-                }
-                Err(e) => eprintln!("[{}] renewal failed, will retry: {e}", args.name),
+            _ = &mut shutdown => {
+                // Graceful shutdown: hand the resource over at once instead of after the TTL.
+                let _ = lease.release().await;
+                println!("[{}] released {} on shutdown", args.name, args.resource);
+                return Ok(());
             }
         }
-        *current.lock().await = None;
     }
 }
 

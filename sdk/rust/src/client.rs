@@ -340,6 +340,22 @@ impl Client {
         }
     }
 
+    /// A request through the forward route of `resource`'s grant proven by `secret`: `method`
+    /// to the upstream's `path` (query included), with the secret, the bearer token and the
+    /// client's timeout set. Add a body or headers, then send it; the answer is the upstream's
+    /// (or the proxy's problem: 410 when the grant ended).
+    pub fn forward_request(
+        &self,
+        resource: &str,
+        secret: &str,
+        method: Method,
+        path: &str,
+    ) -> RequestBuilder {
+        let path = path.trim_start_matches('/');
+        self.request(method, &format!("/v1/leases/{resource}/forward/{path}"))
+            .header(LEASE_SECRET, secret)
+    }
+
     /// `POST /v1/sessions`.
     pub(crate) async fn open(&self, holder: &str, ttl_seconds: u64) -> Result<Opened> {
         self.call(

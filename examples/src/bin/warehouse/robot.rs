@@ -1,13 +1,14 @@
 //! One robot: lease an aisle, count it, send the counts, renew at TTL/4, release, repeat.
 //!
-//! It deliberately does not check its own deadline before writing — like a client paused by a GC
+//! It uses the SDK's one-shot calls, not its guard (whose `forward` refuses once the deadline
+//! has passed), because it deliberately does not check its own deadline before writing — like a client paused by a GC
 //! right after such a check — so when it is stopped past its TTL and continued, its next write is
 //! a zombie write that fencing must refuse. It prints one `event …` line per outcome for the
 //! orchestrator.
 
 use std::time::Duration;
 
-use lease_proxy_examples::{Error, LeaseClient};
+use lease_proxy_client::{AcquireOptions, Client, Error};
 use rand::Rng;
 use tokio::time::Instant;
 
@@ -58,20 +59,30 @@ impl Access {
     pub(crate) fn http(&self) -> Result<reqwest::Client, Failure> {
         Ok(lease_proxy_examples::http_client(self.ca.as_deref())?)
     }
+
+    /// A lease-proxy client for `url`, trusting `--ca` and presenting `--token`.
+    pub(crate) fn lease_client(&self, url: &str) -> Result<Client, Failure> {
+        let mut builder = Client::builder(url);
+        if let Some(ca) = &self.ca {
+            builder = builder.ca_file(ca);
+        }
+        if let Some(token) = &self.token {
+            builder = builder.bearer_token(token);
+        }
+        Ok(builder.build()?)
+    }
 }
 
 /// Works until killed.
 pub(crate) async fn work(args: Args) -> Result<std::process::ExitCode, Failure> {
     let http = args.access.http()?;
-    let client = LeaseClient::with_http(&args.proxy, http.clone(), args.access.token.clone());
+    let client = args.access.lease_client(&args.proxy)?;
     let ttl = Duration::from_secs(args.ttl);
+    let opts = AcquireOptions::new(&args.name, ttl).wait(Duration::from_secs(5));
     loop {
         let aisle = args.aisles[rand::rng().random_range(0..args.aisles.len())].clone();
-        let mut held = match client
-            .acquire(&aisle, &args.name, ttl, Duration::from_secs(5))
-            .await
-        {
-            Ok(held) => held,
+        let grant = match client.grant(&aisle, &opts).await {
+            Ok(grant) => grant,
             Err(Error::Held { .. }) => continue,
             Err(e) => {
                 println!("event error acquire {e}");
@@ -79,7 +90,7 @@ pub(crate) async fn work(args: Args) -> Result<std::process::ExitCode, Failure> 
                 continue;
             }
         };
-        println!("event acquired {aisle} {}", held.grant.token);
+        println!("event acquired {aisle} {}", grant.token);
         let mut renewed = Instant::now();
         let updates = rand::rng().random_range(3..9);
         let mut lost = false;
@@ -95,14 +106,9 @@ pub(crate) async fn work(args: Args) -> Result<std::process::ExitCode, Failure> 
             let request = if args.direct {
                 http.put(format!("{}{path}", args.gateway))
                     .header("fencing-resource", &aisle)
-                    .header("fencing-token", &held.grant.fencing_token)
+                    .header("fencing-token", &grant.fencing_token)
             } else {
-                client
-                    .request(
-                        reqwest::Method::PUT,
-                        &format!("/v1/leases/{aisle}/forward{path}"),
-                    )
-                    .header("lease-secret", &held.grant.secret)
+                client.forward_request(&aisle, &grant.secret, reqwest::Method::PUT, &path)
             };
             let status = match request.json(&count).send().await {
                 Ok(resp) => resp.status().as_u16(),
@@ -124,8 +130,8 @@ pub(crate) async fn work(args: Args) -> Result<std::process::ExitCode, Failure> 
                 break;
             }
             if renewed.elapsed() >= ttl / 4 {
-                match client.renew(&mut held).await {
-                    Ok(()) => renewed = Instant::now(),
+                match client.renew(&aisle, &grant.secret).await {
+                    Ok(_) => renewed = Instant::now(),
                     Err(Error::Lost) => {
                         println!("event lost {aisle}");
                         lost = true;
@@ -136,7 +142,7 @@ pub(crate) async fn work(args: Args) -> Result<std::process::ExitCode, Failure> 
             }
         }
         if !lost {
-            let _ = client.release(&held).await;
+            let _ = client.release(&aisle, &grant.secret).await;
             println!("event released {aisle}");
         }
     }
