@@ -11,8 +11,8 @@ use common::{revoke_in_etcd, Etcd, Proxy};
 use lease_proxy_client::{AcquireOptions, Client, Error, LostReason};
 use tokio::time::Instant;
 
-/// How late a tokio timer may fire (its resolution is a millisecond, plus scheduling).
-const TIMER_SLACK: Duration = Duration::from_millis(30);
+/// How late a tokio timer and the task waiting on it may run on a busy machine.
+const TIMER_SLACK: Duration = Duration::from_millis(250);
 
 fn opts(holder: &str, ttl_secs: u64) -> AcquireOptions {
     AcquireOptions::new(holder, Duration::from_secs(ttl_secs))
@@ -41,7 +41,6 @@ async fn paused_renewals_lose_the_lease_at_its_deadline_before_anyone_takes_over
     assert!(lease.deadline() > first_deadline);
 
     lease.pause_renewals(true);
-    let deadline = lease.deadline();
     let lost = lost_at(&lease);
     let taker = Client::new(&proxy.url).unwrap();
     let taken = taker
@@ -49,18 +48,26 @@ async fn paused_renewals_lose_the_lease_at_its_deadline_before_anyone_takes_over
         .await
         .unwrap();
     let taken_at = Instant::now();
+    assert!(
+        lease.is_lost(),
+        "someone else holds it and the guard does not know"
+    );
     let lost_at = tokio::time::timeout(Duration::from_secs(10), lost)
         .await
         .expect("never lost")
         .unwrap();
+    // The last deadline (a renewal in flight when paused may have moved it; none after the
+    // loss can).
+    let deadline = lease.deadline();
+    assert!(
+        deadline <= taken_at,
+        "taken over {:?} before the deadline",
+        deadline - taken_at
+    );
     assert!(
         lost_at <= deadline + TIMER_SLACK,
         "lost {:?} after the deadline",
         lost_at - deadline
-    );
-    assert!(
-        lost_at < taken_at,
-        "the taker got the lease before the loss was reported"
     );
     assert_eq!(lease.lost_reason().await, LostReason::Expired);
     assert!(lease.token() < taken.token);
@@ -297,15 +304,21 @@ async fn over_a_slow_network_the_loss_is_reported_before_a_takeover() {
         .await
         .unwrap();
     let taken_at = Instant::now();
+    assert!(
+        lease.is_lost(),
+        "someone else holds it and the guard does not know"
+    );
     let lost_at = tokio::time::timeout(Duration::from_secs(10), lost)
         .await
         .expect("never lost")
         .unwrap();
+    let deadline = lease.deadline();
     assert!(
-        lost_at < taken_at,
-        "the loss came {:?} after the takeover",
-        lost_at - taken_at
+        deadline <= taken_at,
+        "taken over {:?} before the deadline",
+        deadline - taken_at
     );
+    assert!(lost_at <= deadline + TIMER_SLACK);
     assert!(lease.token() < taken.token);
 }
 
