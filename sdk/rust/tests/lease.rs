@@ -83,13 +83,29 @@ async fn paused_renewals_lose_the_lease_at_its_deadline_before_anyone_takes_over
     );
 }
 
+/// etcd and a proxy on a thread and runtime of their own; stopped (etcd killed) when dropped,
+/// also when the test panics.
+struct Elsewhere {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Elsewhere {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// A process stopped past its deadline (here: its whole runtime frozen, as by SIGSTOP) sees
 /// the loss on its first look after resuming, before any task has had a chance to run.
 #[test]
 fn a_guard_frozen_past_its_deadline_is_lost_on_its_first_look() {
     let (url_tx, url_rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = std::thread::spawn(move || {
+    let thread = std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(async {
             let etcd = Etcd::single().await;
@@ -98,6 +114,10 @@ fn a_guard_frozen_past_its_deadline_is_lost_on_its_first_look() {
             let _ = stop_rx.await;
         });
     });
+    let _server = Elsewhere {
+        stop: Some(stop_tx),
+        thread: Some(thread),
+    };
     let url = url_rx.recv().unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -120,8 +140,6 @@ fn a_guard_frozen_past_its_deadline_is_lost_on_its_first_look() {
             .unwrap();
         assert!(lease.token() < taken.token);
     });
-    stop_tx.send(()).unwrap();
-    server.join().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]
