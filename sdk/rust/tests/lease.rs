@@ -459,3 +459,31 @@ async fn forward_reaches_the_upstream_with_the_fencing_token_until_released() {
         .expect_err("renewed after release");
     assert!(matches!(refused, Error::Lost), "{refused:?}");
 }
+
+/// More held resources than one page of the listing (1000): `list` follows the cursor.
+#[tokio::test(flavor = "multi_thread")]
+async fn list_follows_the_cursor_past_one_page() {
+    use futures::StreamExt;
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(&etcd).await;
+    let client = Client::new(&proxy.url).unwrap();
+    let names: Vec<String> = (0..1003).map(|i| format!("bin-{i:04}")).collect();
+    let granted: Vec<_> = futures::stream::iter(names.iter().map(|name| {
+        let client = client.clone();
+        async move { client.grant(name, &opts("robot-a", 60)).await }
+    }))
+    .buffer_unordered(32)
+    .collect()
+    .await;
+    assert!(granted.iter().all(Result::is_ok));
+    client.grant("other", &opts("robot-a", 60)).await.unwrap();
+    let listed: Vec<String> = client
+        .list("bin-")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|h| h.resource)
+        .collect();
+    assert_eq!(listed.len(), names.len());
+    assert!(listed == names, "not the held resources in name order");
+}
