@@ -168,6 +168,11 @@ impl Client {
             .timeout(self.inner.timeout)
     }
 
+    /// The client's request timeout.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
     /// The request `method` to `{base}{path}` with the bearer token and no overall timeout
     /// (a watch stays open; connecting is still bounded by the timeout).
     pub(crate) fn request_streaming(&self, method: Method, path: &str) -> RequestBuilder {
@@ -333,6 +338,22 @@ impl Client {
                 None => return Ok(all),
             }
         }
+    }
+
+    /// A request through the forward route of `resource`'s grant proven by `secret`: `method`
+    /// to the upstream's `path` (query included), with the secret, the bearer token and the
+    /// client's timeout set. Add a body or headers, then send it; the answer is the upstream's
+    /// (or the proxy's problem: 410 when the grant ended).
+    pub fn forward_request(
+        &self,
+        resource: &str,
+        secret: &str,
+        method: Method,
+        path: &str,
+    ) -> RequestBuilder {
+        let path = path.trim_start_matches('/');
+        self.request(method, &format!("/v1/leases/{resource}/forward/{path}"))
+            .header(LEASE_SECRET, secret)
     }
 
     /// `POST /v1/sessions`.

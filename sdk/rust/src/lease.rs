@@ -10,7 +10,6 @@ use reqwest::Method;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::LEASE_SECRET;
 use crate::liveness::{Liveness, LostReason};
 use crate::renewal::{Renewer, Target};
 use crate::{AcquireOptions, Client, Error, Grant, Result};
@@ -134,21 +133,22 @@ impl Lease {
         path: &str,
         body: Option<Bytes>,
     ) -> Result<reqwest::Response> {
-        if self.is_lost() {
-            return Err(Error::Lost);
-        }
-        let path = path.trim_start_matches('/');
-        let mut req = self
-            .client
-            .request(
-                method,
-                &format!("/v1/leases/{}/forward/{path}", self.grant.resource),
-            )
-            .header(LEASE_SECRET, &self.grant.secret);
+        let mut req = self.forward_request(method, path)?;
         if let Some(body) = body {
             req = req.body(body);
         }
         Ok(req.send().await?)
+    }
+
+    /// The request [`Lease::forward`] sends, to add headers or a JSON body to before sending it
+    /// ([`Client::forward_request`]). [`Error::Lost`] when the lease is lost.
+    pub fn forward_request(&self, method: Method, path: &str) -> Result<reqwest::RequestBuilder> {
+        if self.is_lost() {
+            return Err(Error::Lost);
+        }
+        Ok(self
+            .client
+            .forward_request(&self.grant.resource, &self.grant.secret, method, path))
     }
 
     /// Stops renewing, marks the lease lost ([`LostReason::Released`]) and releases it.

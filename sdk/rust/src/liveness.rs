@@ -72,10 +72,11 @@ impl Liveness {
         }
     }
 
-    /// Moves the deadline to `deadline` when that is later (a renewal never shortens a lease).
+    /// Moves the deadline to `deadline` when that is later (a renewal never shortens a lease)
+    /// and it is not lost (a loss, once seen, stays).
     pub(crate) fn extend(&self, deadline: Instant) {
         let mut state = self.state();
-        if deadline > state.deadline {
+        if deadline > state.deadline && !self.lost.is_cancelled() {
             state.deadline = deadline;
         }
     }
@@ -164,6 +165,8 @@ mod tests {
         timer.await.unwrap();
         assert_eq!(Instant::now(), start + Duration::from_secs(5));
         assert_eq!(l.reason(), Some(LostReason::Expired));
+        l.extend(start + Duration::from_secs(9));
+        assert_eq!(l.deadline(), start + Duration::from_secs(5));
     }
 
     #[tokio::test(start_paused = true)]

@@ -219,7 +219,9 @@ impl Watch {
         if let Some(id) = &self.last_event_id {
             req = req.header("last-event-id", id);
         }
-        let response = req.send().await?;
+        let response = tokio::time::timeout(self.client.timeout(), req.send())
+            .await
+            .map_err(|_| Error::Timeout)??;
         let status = response.status().as_u16();
         if status == 200 {
             Ok(response)

@@ -10,7 +10,8 @@ use common::{revoke_in_etcd, Etcd, Proxy};
 use lease_proxy_client::{AcquireOptions, Client, Error, LostReason, SessionAcquireOptions};
 use tokio::time::Instant;
 
-const TIMER_SLACK: Duration = Duration::from_millis(30);
+/// How late a tokio timer and the task waiting on it may run on a busy machine.
+const TIMER_SLACK: Duration = Duration::from_millis(250);
 
 async fn lost_within(token: tokio_util::sync::CancellationToken, limit: Duration) -> Instant {
     tokio::time::timeout(limit, token.cancelled())
@@ -82,7 +83,6 @@ async fn a_session_without_heartbeats_loses_its_leases_at_its_deadline() {
     assert!(lease.deadline() > first_deadline);
 
     session.pause_keepalives(true);
-    let deadline = session.deadline();
     let lost = tokio::spawn(lost_within(lease.lost(), Duration::from_secs(10)));
     let taken = client
         .grant(
@@ -92,9 +92,18 @@ async fn a_session_without_heartbeats_loses_its_leases_at_its_deadline() {
         .await
         .unwrap();
     let taken_at = Instant::now();
+    assert!(
+        lease.is_lost(),
+        "someone else holds it and the guard does not know"
+    );
     let lost_at = lost.await.unwrap();
+    let deadline = session.deadline();
+    assert!(
+        deadline <= taken_at,
+        "taken over {:?} before the deadline",
+        deadline - taken_at
+    );
     assert!(lost_at <= deadline + TIMER_SLACK);
-    assert!(lost_at < taken_at);
     assert_eq!(lease.lost_reason().await, LostReason::SessionLost);
     assert_eq!(session.lost_reason().await, LostReason::Expired);
     assert!(lease.token() < taken.token);

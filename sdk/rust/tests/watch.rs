@@ -20,7 +20,6 @@ async fn next(stream: &mut EventStream) -> Event {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "needs /v1/watch from main"]
 async fn the_watch_reports_changes_in_order_and_resumes_after_an_id() {
     let etcd = Etcd::single().await;
     let proxy = Proxy::start(&etcd).await;
@@ -88,7 +87,6 @@ async fn the_watch_reports_changes_in_order_and_resumes_after_an_id() {
 /// The connection breaks while changes happen: the stream reconnects on its own, resumes after
 /// its last event id and misses nothing.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "needs /v1/watch from main"]
 async fn a_broken_watch_reconnects_and_misses_nothing() {
     let etcd = Etcd::single().await;
     let proxy = Proxy::start(&etcd).await;
@@ -124,7 +122,6 @@ async fn a_broken_watch_reconnects_and_misses_nothing() {
 
 /// A resume point compacted away in etcd: the stream says so ([`Error::Compacted`]) and ends.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "needs /v1/watch from main"]
 async fn a_compacted_resume_point_is_reported_and_ends_the_stream() {
     let etcd = Etcd::single().await;
     let proxy = Proxy::start(&etcd).await;
