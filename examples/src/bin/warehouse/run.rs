@@ -27,7 +27,8 @@ pub(crate) struct Args {
     /// The inventory's own URL (for the audit's read of its write log).
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     inventory: String,
-    /// Number of robots (every other one writes directly to the gateway with its token).
+    /// Number of robots (every other one writes directly to the gateway with its token, and
+    /// robot-1 does so without looking at its lost signal).
     #[arg(long, default_value_t = 6)]
     robots: usize,
     /// Number of aisles.
@@ -59,16 +60,27 @@ struct Tally {
     stalls: AtomicU64,
 }
 
+/// How a robot sends its counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Style {
+    /// Through the proxy's forward route.
+    Forward,
+    /// Straight to the gateway with its token, after checking the lease is not lost.
+    Direct,
+    /// Straight to the gateway without checking (`robot --careless`): fencing's case.
+    Careless,
+}
+
 struct Robot {
     name: String,
-    direct: bool,
+    style: Style,
     child: Child,
 }
 
 fn spawn_robot(
     args: &Args,
     name: &str,
-    direct: bool,
+    style: Style,
     tally: &Arc<Tally>,
 ) -> Result<Robot, Failure> {
     let aisles: Vec<String> = (1..=args.aisles).map(|i| format!("aisle-{i}")).collect();
@@ -85,8 +97,14 @@ fn spawn_robot(
     if let Some(token) = &args.access.token {
         cmd.env("WAREHOUSE_TOKEN", token);
     }
-    if direct {
-        cmd.arg("--direct");
+    match style {
+        Style::Forward => {}
+        Style::Direct => {
+            cmd.arg("--direct");
+        }
+        Style::Careless => {
+            cmd.arg("--careless");
+        }
     }
     let mut child = cmd.spawn()?;
     if let Some(stdout) = child.stdout.take() {
@@ -108,7 +126,7 @@ fn spawn_robot(
     }
     Ok(Robot {
         name: name.to_owned(),
-        direct,
+        style,
         child,
     })
 }
@@ -128,12 +146,14 @@ pub(crate) async fn run(args: Args) -> Result<std::process::ExitCode, Failure> {
     let tally = Arc::new(Tally::default());
     let mut robots = Vec::new();
     for i in 0..args.robots {
-        robots.push(spawn_robot(
-            &args,
-            &format!("robot-{i}"),
-            i % 2 == 1,
-            &tally,
-        )?);
+        // Every other robot writes straight to the gateway; one of those does not look at its
+        // lost signal, so the demo shows the enforcer refusing a paused robot's late writes.
+        let style = match i {
+            1 => Style::Careless,
+            i if i % 2 == 1 => Style::Direct,
+            _ => Style::Forward,
+        };
+        robots.push(spawn_robot(&args, &format!("robot-{i}"), style, &tally)?);
     }
     let robots = Arc::new(Mutex::new(robots));
     let started = Instant::now();
@@ -156,12 +176,19 @@ pub(crate) async fn run(args: Args) -> Result<std::process::ExitCode, Failure> {
                 let wait = rand::rng().random_range(1500..3500);
                 tokio::time::sleep(Duration::from_millis(wait)).await;
                 let mut robots = robots.lock().await;
-                let i = rand::rng().random_range(0..robots.len());
-                if rand::rng().random_bool(0.5) {
+                let kill = rand::rng().random_bool(0.5);
+                // Half the stalls hit the careless robot: a paused holder that writes on waking
+                // is what fencing is for.
+                let careless = robots.iter().position(|r| r.style == Style::Careless);
+                let i = match careless {
+                    Some(c) if !kill && rand::rng().random_bool(0.5) => c,
+                    _ => rand::rng().random_range(0..robots.len()),
+                };
+                if kill {
                     signal(&robots[i].child, "KILL");
                     tally.kills.fetch_add(1, Ordering::Relaxed);
-                    let (name, direct) = (robots[i].name.clone(), robots[i].direct);
-                    if let Ok(fresh) = spawn_robot(&respawn, &name, direct, &tally) {
+                    let (name, style) = (robots[i].name.clone(), robots[i].style);
+                    if let Ok(fresh) = spawn_robot(&respawn, &name, style, &tally) {
                         robots[i] = fresh;
                     }
                 } else {
