@@ -22,6 +22,13 @@ use tower_http::trace::TraceLayer;
 
 use crate::tls::{PeerCertificate, ServerTls};
 
+/// Idle time before a connection's first TCP keepalive probe.
+const TCP_KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+/// Time between unanswered probes.
+const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// Unanswered probes before the kernel drops the connection.
+const TCP_KEEPALIVE_RETRIES: u32 = 3;
+
 /// How a server stops once told to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Drain {
@@ -204,6 +211,15 @@ async fn accept(
             () = stop.cancelled() => return Ok(connections),
         };
         let _ = stream.set_nodelay(true);
+        // A peer that vanished without a FIN or RST (power loss, a cut link) is found out in
+        // about a minute rather than when the kernel gives up retransmitting (~15 min): its
+        // connection, and whatever long stream it held, ends.
+        let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(
+            &socket2::TcpKeepalive::new()
+                .with_time(TCP_KEEPALIVE_IDLE)
+                .with_interval(TCP_KEEPALIVE_INTERVAL)
+                .with_retries(TCP_KEEPALIVE_RETRIES),
+        );
         let connection = Connection {
             builder: builder.clone(),
             watcher: graceful.watcher(),

@@ -129,6 +129,13 @@ pub struct Config {
     #[arg(long, env = "LEASE_PROXY_MAX_WATCH_STREAMS", default_value_t = 256)]
     pub max_watch_streams: usize,
 
+    /// Longest life of one ownership event stream, ±10 % (clients resume where it ended, with
+    /// `Last-Event-ID`): bounds how long a client that stopped reading — paused, or gone without
+    /// a trace — holds a stream slot and its etcd watch, and re-authenticates everyone.
+    #[arg(long, env = "LEASE_PROXY_WATCH_MAX_DURATION", default_value = "10m", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub watch_max_duration: Duration,
+
     /// Deadline for a client to send a request's headers, the first one counted from the
     /// connection's start (a silent connection is closed after it), and the whole JSON body of
     /// a `/v1` or `/v3` call (408 or code 3 past it; forwarded bodies: `--forward-timeout`).
@@ -404,6 +411,11 @@ impl Config {
         }
         if self.max_watch_streams == 0 || self.max_watch_streams > 100_000 {
             return fail("--max-watch-streams must be between 1 and 100000".into());
+        }
+        if self.watch_max_duration < Duration::from_secs(1)
+            || self.watch_max_duration > Duration::from_secs(24 * 3600)
+        {
+            return fail("--watch-max-duration must be between 1s and 24h".into());
         }
         for (flag, value) in [
             ("--header-read-timeout", self.header_read_timeout),

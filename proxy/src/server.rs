@@ -238,6 +238,7 @@ pub async fn run(
         },
         draining: AtomicBool::new(false),
         watch_streams,
+        watch_max_duration: config.watch_max_duration,
         max_watch_streams: config.max_watch_streams,
         acquire_rate: config
             .quota_acquire_rate

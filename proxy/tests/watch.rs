@@ -322,15 +322,30 @@ async fn bad_and_unavailable_resume_points_are_refused() {
     for i in 0..5 {
         assert_eq!(acquire(&proxy, &format!("c{i}"), "h", 30).await.0, 201);
     }
-    // The future: not this etcd's history.
-    let future = format!("{}", start.parse::<i64>().unwrap() + 1_000_000);
-    let r = client
-        .get(&url)
-        .header("last-event-id", &future)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 410);
+    // The future: not this etcd's history — also just one revision ahead, inside it or not.
+    let now = {
+        let mut kv = etcd.client().await;
+        kv.get("x", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision()
+    };
+    for future in [
+        format!("{}", now + 1_000_000),
+        format!("{}", now + 1),
+        format!("{}.0", now + 1),
+        format!("{}.3", now + 2),
+    ] {
+        let r = client
+            .get(&url)
+            .header("last-event-id", &future)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 410, "{future}");
+    }
     // Compacted away.
     let mut kv = etcd.client().await;
     let now = kv
@@ -341,6 +356,15 @@ async fn bad_and_unavailable_resume_points_are_refused() {
         .unwrap()
         .revision();
     kv.compact(now, None).await.unwrap();
+    for gone in ["1.0", "1.7", "2.0", "2"] {
+        let r = client
+            .get(&url)
+            .header("last-event-id", gone)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 410, "{gone}");
+    }
     let r = client
         .get(&url)
         .header("last-event-id", &start)
@@ -652,4 +676,166 @@ async fn a_principal_sees_only_the_resources_it_may_read() {
     }
     assert_eq!(filtered, ["aisle-1", "aisle-2"]);
     assert!(reader.next(Duration::from_millis(500)).await.is_none());
+
+    // The reader's token is removed and `all` narrowed to docks: the open streams follow.
+    let aside = dir.path().join("tokens.new");
+    std::fs::write(
+        &aside,
+        format!(
+            "writer {} acquire:*\nall {} read:dock-\n",
+            hash("w-token-0123456789"),
+            hash("a-token-0123456789"),
+        ),
+    )
+    .unwrap();
+    std::fs::rename(&aside, &tokens).unwrap();
+    let reloaded = Instant::now() + Duration::from_secs(20);
+    while client
+        .get(format!("{}/v1/leases", proxy.url))
+        .bearer_auth("r-token-0123456789")
+        .send()
+        .await
+        .unwrap()
+        .status()
+        != 401
+    {
+        assert!(
+            Instant::now() < reloaded,
+            "the token file was never reloaded"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Within the recheck period, the revoked token's stream ends.
+    let ended = Instant::now() + Duration::from_secs(5);
+    while !reader.ended {
+        assert!(Instant::now() < ended, "a revoked token's stream goes on");
+        let _ = reader.next(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for r in ["aisle-3", "dock-3"] {
+        let (s, _) = send(
+            http()
+                .post(format!("{}/v1/leases/{r}", proxy.url))
+                .bearer_auth("w-token-0123456789")
+                .json(&serde_json::json!({"holder": "w", "ttl_seconds": 30})),
+        )
+        .await;
+        assert_eq!(s, 201);
+    }
+    assert_eq!(summary(&all.event(WAIT).await).1, "dock-3");
+    assert!(all.next(Duration::from_millis(500)).await.is_none());
+}
+
+/// Grants created in one group-commit batch share their create revision (each resource's token
+/// is still its own): a release of one of them must not label the others' lapse a release.
+#[tokio::test]
+async fn grants_of_one_batch_are_told_apart_when_one_is_released_and_the_rest_lapse() {
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |c| {
+        c.batch_linger = Duration::from_millis(50);
+    })
+    .await;
+    let mut sse = Sse::open(&watch_url(&proxy, "b-"), None).await;
+    sse.next(WAIT).await.unwrap();
+    let sess = session(&proxy, "s", 2).await;
+    let acquires = (0..8).map(|i| {
+        let (proxy, sess) = (&proxy, &sess);
+        async move { acquire_in(proxy, &format!("b-{i}"), "s", sess).await }
+    });
+    let grants: Vec<Value> = futures::future::join_all(acquires)
+        .await
+        .into_iter()
+        .map(|(s, body)| {
+            assert_eq!(s, 201, "{body}");
+            body
+        })
+        .collect();
+    let released = &grants[0];
+    let sharing = grants
+        .iter()
+        .filter(|g| str_field(g, "token") == str_field(released, "token"))
+        .count();
+    assert!(
+        sharing > 1,
+        "no batch formed: every grant has its own revision"
+    );
+    assert_eq!(
+        release(&proxy, "b-0", &str_field(released, "secret"))
+            .await
+            .0,
+        204
+    );
+    let mut ends = std::collections::BTreeMap::new();
+    while ends.len() < 8 {
+        let m = sse.event(WAIT).await;
+        let (kind, resource, _, _) = summary(&m);
+        if kind != "acquired" {
+            ends.insert(resource, kind);
+        }
+    }
+    for (resource, kind) in ends {
+        let expected = if resource == "b-0" {
+            "released"
+        } else {
+            "expired"
+        };
+        assert_eq!(kind, expected, "{resource}");
+    }
+}
+
+/// A client that stops reading (paused, or gone without a trace) holds its slot no longer than
+/// `--watch-max-duration`; a reading client resumes where the stream ended and loses nothing.
+#[tokio::test]
+async fn streams_end_at_their_longest_life_and_resume_without_loss() {
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |c| {
+        c.max_watch_streams = 1;
+        c.watch_max_duration = Duration::from_secs(2);
+    })
+    .await;
+    let url = watch_url(&proxy, "");
+    // Holds the only slot and never reads.
+    let silent = reqwest::get(&url).await.unwrap();
+    assert_eq!(silent.status(), 200);
+    assert_eq!(reqwest::get(&url).await.unwrap().status(), 503);
+    let mut sse = None;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sse.is_none() {
+        assert!(Instant::now() < deadline, "the silent client kept its slot");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let r = reqwest::get(&url).await.unwrap();
+        if r.status() == 200 {
+            drop(r);
+            sse = Some(Sse::open(&url, None).await);
+        }
+    }
+    drop(silent);
+    let mut sse = sse.unwrap();
+    let mut last = sse.next(WAIT).await.unwrap().id.unwrap();
+    let mut tokens = Vec::new();
+    let mut seen = Vec::new();
+    let mut resumed = 0;
+    for i in 0..12 {
+        let (s, body) = acquire(&proxy, &format!("life-{i}"), "h", 30).await;
+        assert_eq!(s, 201);
+        tokens.push(str_field(&body, "token"));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        loop {
+            match sse.next(Duration::from_millis(100)).await {
+                Some(m) => {
+                    last = m.id.clone().unwrap();
+                    if m.data.is_some() {
+                        seen.push(summary(&m).3);
+                    }
+                }
+                None if sse.ended => {
+                    resumed += 1;
+                    sse = Sse::open(&url, Some(&last)).await;
+                }
+                None => break,
+            }
+        }
+    }
+    assert!(resumed >= 2, "the stream never reached its longest life");
+    assert_eq!(seen, tokens);
 }

@@ -54,6 +54,8 @@ pub(crate) struct AppState {
     pub(crate) watch_streams: Arc<tokio::sync::Semaphore>,
     /// Their number.
     pub(crate) max_watch_streams: usize,
+    /// Their longest life (`--watch-max-duration`, ±10 %).
+    pub(crate) watch_max_duration: std::time::Duration,
     /// Set when SIGTERM arrives: `/readyz` answers 503 from then on.
     pub(crate) draining: AtomicBool,
 }

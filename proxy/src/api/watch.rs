@@ -5,7 +5,10 @@
 //! take it, so a slow reader holds back its own etcd watch (etcd buffers, not the proxy) and
 //! memory stays bounded. Each stream holds one slot of `--max-watch-streams` for as long as its
 //! body lives; the slot goes back when the body is dropped — the client left, etcd ended the
-//! watch, or the proxy began draining (streams end then, so the drain does not wait for them).
+//! watch, the proxy began draining (streams end then, so the drain does not wait for them), or
+//! the stream reached `--watch-max-duration` (±10 %; the client resumes), which bounds what a
+//! client that stopped reading can hold. TCP keepalive (set on every accepted connection) ends
+//! the streams of peers that vanished without a trace within about a minute.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -67,10 +70,29 @@ pub(super) async fn watch(
         .try_acquire_owned()
         .map_err(|_| Error::TooManyWatches(app.max_watch_streams))?;
     let subscription = app.leases.feed().subscribe(after).await?;
+    // What authenticated the stream, to check it again while it runs: a token removed from the
+    // file (or a permission taken away) ends or narrows the stream within a second.
+    let credentials = app.auth.clone().map(|auth| Credentials {
+        auth,
+        authorization: headers
+            .get(axum::http::header::AUTHORIZATION)
+            .into_iter()
+            .map(|v| (axum::http::header::AUTHORIZATION, v.clone()))
+            .collect(),
+        peer,
+    });
     let stream = events(Watcher {
         subscription,
         prefix: q.prefix,
         caller,
+        credentials,
+        recheck: {
+            let mut every =
+                tokio::time::interval_at(tokio::time::Instant::now() + RECHECK, RECHECK);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            every
+        },
+        ends_at: tokio::time::Instant::now() + jittered(app.watch_max_duration),
         stopping: app.leases.stopping().clone(),
         _permit: permit,
     });
@@ -79,16 +101,46 @@ pub(super) async fn watch(
         .into_response())
 }
 
+/// How often a stream's caller is authenticated and authorised again.
+const RECHECK: Duration = Duration::from_secs(1);
+
+/// What a stream's caller authenticated with.
+struct Credentials {
+    auth: Arc<crate::auth::Auth>,
+    authorization: HeaderMap,
+    peer: Peer,
+}
+
 /// One client's stream: its etcd subscription, what it may see, and its slot.
 struct Watcher {
     subscription: Subscription,
     prefix: String,
     caller: Caller,
+    credentials: Option<Credentials>,
+    /// When to authenticate the caller again.
+    recheck: tokio::time::Interval,
+    /// When the stream ends (the client resumes).
+    ends_at: tokio::time::Instant,
     stopping: CancellationToken,
     _permit: OwnedSemaphorePermit,
 }
 
 impl Watcher {
+    /// Authenticates the caller again against the current token table; `false` when it no
+    /// longer authenticates or may read nothing (the stream ends).
+    fn still_allowed(&mut self) -> bool {
+        let Some(c) = &self.credentials else {
+            return true;
+        };
+        match c.auth.authenticate(&c.authorization, c.peer.0.as_ref()) {
+            Ok(principal) if principal.may_any(Op::Read) => {
+                self.caller = Some(principal);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Whether the caller asked for, and may read, this event.
     fn shows(&self, event: &OwnershipEvent) -> bool {
         event.resource.starts_with(&self.prefix)
@@ -101,8 +153,16 @@ impl Watcher {
     /// The next event to send; `None` ends the stream.
     async fn next(&mut self) -> Option<OwnershipEvent> {
         loop {
+            // `Subscription::next` is cancel-safe: a tick loses no event.
             let next = tokio::select! {
                 () = self.stopping.cancelled() => return None,
+                () = tokio::time::sleep_until(self.ends_at) => return None,
+                _ = self.recheck.tick() => {
+                    if !self.still_allowed() {
+                        return None;
+                    }
+                    continue;
+                }
                 next = self.subscription.next() => next,
             };
             match next {
@@ -117,6 +177,11 @@ impl Watcher {
             }
         }
     }
+}
+
+/// `d` ± 10 %, so streams opened together do not all end (and reconnect) together.
+fn jittered(d: Duration) -> Duration {
+    d.mul_f64(rand::random_range(0.9..1.1))
 }
 
 /// The SSE messages: first the position the stream starts after (an id with no data, which a

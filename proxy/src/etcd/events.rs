@@ -5,7 +5,8 @@
 //! key is deleted. etcd does not say *why* a key was deleted — a lease revoked by a release and
 //! a lease that lapsed look the same — so every deliberate end writes a marker that goes in the
 //! same revision as the deletion:
-//! - a release writes `{prefix}ended/released/{lease}` = the grant's create revision, on the
+//! - a release writes `{prefix}ended/released/{lease}` = `{create revision}/{resource}` of the
+//!   grant (grants created in one group-commit batch share a create revision), on the
 //!   grant's lease: for a grant with a lease of its own before revoking it (the revoke deletes
 //!   key and marker together), for a session grant in its compare-and-delete transaction (one
 //!   marker key per session, overwritten by each release, gone with the session);
@@ -13,8 +14,8 @@
 //!   revoking it.
 //!
 //! A deletion is `released` when its revision carries a release marker naming exactly that
-//! grant's create revision (create revisions are unique, so a marker left by an earlier release
-//! never names a later grant), or its lease's close marker; every other deletion — the lease
+//! grant (a resource's create revisions are unique, so a marker left by an earlier release never
+//! names a later grant), or its lease's close marker; every other deletion — the lease
 //! lapsed, or a grant the proxy withdrew because its client went away — is `expired`.
 //!
 //! Positions: an event's id is `R.n` — its revision `R` and its index `n` among the events of
@@ -158,22 +159,18 @@ impl Feed {
     pub(crate) async fn subscribe(&self, after: Option<Position>) -> Result<Subscription> {
         let start = match after {
             Some(after) => {
-                // A range at the revision before the first one watched fails exactly when the
-                // watch would: that part of the history is compacted, or in the future.
-                let before = after.watch_from() - 1;
-                if before > 0 {
-                    let end = prefix_end(self.holders.as_bytes());
-                    self.etcd
-                        .range_at(self.holders.as_bytes(), &end, 1, before)
-                        .await
-                        .map_err(|e| match e {
-                            Error::Etcd(etcd_client::Error::GRpcStatus(status))
-                                if status.code() == tonic::Code::OutOfRange =>
-                            {
-                                Error::EventsUnavailable(status.message().to_owned())
-                            }
-                            other => other,
-                        })?;
+                // Revision 1 is etcd's empty start: no event ever has it.
+                if after.index.is_some() && after.revision < 2 {
+                    return Err(Error::EventsUnavailable(
+                        "revision 1 holds no events".into(),
+                    ));
+                }
+                // A range read at a revision fails when it is compacted or in the future: the
+                // position itself must be in the history, and for `R.n` (a watch from `R`) so
+                // must the revision before it.
+                self.in_history(after.revision).await?;
+                if after.index.is_some() {
+                    self.in_history(after.revision - 1).await?;
                 }
                 after
             }
@@ -203,11 +200,36 @@ impl Feed {
         })
     }
 
-    /// The marker a release of the grant created at `revision` on `lease` writes.
-    pub(crate) fn released_marker(&self, revision: i64, lease: i64) -> super::create::Marker {
+    /// Whether `revision` can still be read: [`Error::EventsUnavailable`] when etcd has
+    /// compacted it away or has not reached it.
+    async fn in_history(&self, revision: i64) -> Result<()> {
+        let end = prefix_end(self.holders.as_bytes());
+        self.etcd
+            .range_at(self.holders.as_bytes(), &end, 1, revision)
+            .await
+            .map(|_| ())
+            .map_err(|e| match e {
+                Error::Etcd(etcd_client::Error::GRpcStatus(status))
+                    if status.code() == tonic::Code::OutOfRange =>
+                {
+                    Error::EventsUnavailable(status.message().to_owned())
+                }
+                other => other,
+            })
+    }
+
+    /// The marker a release of the grant created at `revision` on `resource` and `lease`
+    /// writes: it names the grant by revision *and* resource, since grants created in one
+    /// group-commit batch share their create revision.
+    pub(crate) fn released_marker(
+        &self,
+        resource: &str,
+        revision: i64,
+        lease: i64,
+    ) -> super::create::Marker {
         super::create::Marker {
             key: format!("{}released/{lease}", self.ended),
-            value: revision.to_string(),
+            value: grant_name(revision, resource),
             lease,
         }
     }
@@ -270,9 +292,9 @@ impl Feed {
                         tracing::warn!(%resource, revision, "a deleted ownership key came without its previous value; event skipped");
                         continue;
                     };
-                    let token = prev.create_revision().to_string();
+                    let grant = grant_name(prev.create_revision(), resource);
                     let marked =
-                        released.contains(token.as_bytes()) || closed.contains(&prev.lease());
+                        released.contains(grant.as_bytes()) || closed.contains(&prev.lease());
                     (
                         if marked {
                             Kind::Released
@@ -303,6 +325,12 @@ impl Feed {
         }
         out
     }
+}
+
+/// How a release marker names the grant it ended: create revision and resource (a revision
+/// alone is shared by every grant of one group-commit batch).
+fn grant_name(revision: i64, resource: &str) -> String {
+    format!("{revision}/{resource}")
 }
 
 /// One subscriber's etcd watch.

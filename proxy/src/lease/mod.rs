@@ -1075,7 +1075,9 @@ impl Leases {
         record.owned_by(principal)?;
         self.holders.releasing(resource, revision);
         // The marker tells the event stream this end is a release, not an expiry.
-        let marker = self.feed.released_marker(revision, record.lease_id);
+        let marker = self
+            .feed
+            .released_marker(resource, revision, record.lease_id);
         let ending = if record.session {
             // The session's lease carries its other grants: this key alone, if it is still
             // this incarnation.
