@@ -226,6 +226,7 @@ pub async fn run(
             deadline: config.header_read_timeout,
         },
         draining: AtomicBool::new(false),
+        openapi: std::sync::OnceLock::new(),
         acquire_rate: config
             .quota_acquire_rate
             .filter(|_| auth.is_some())

@@ -82,9 +82,25 @@ pub(crate) fn ttl(value: &serde_json::Number, min: u64, max: u64) -> Result<u64>
         field: "ttl_seconds",
         reason,
     };
-    let secs = value
-        .as_u64()
-        .ok_or_else(|| bad(format!("must be a whole number of seconds, got {value}")))?;
+    let whole = || bad(format!("must be a whole number of seconds, got {value}"));
+    // `10.0` is the same JSON number as `10` (what JSON Schema calls an integer, and what a
+    // client whose numbers are all floats sends): only a fractional part is refused.
+    let secs = match value.as_u64() {
+        Some(secs) => secs,
+        None => {
+            let secs = value
+                .as_f64()
+                .filter(|s| s.fract() == 0.0)
+                .ok_or_else(whole)?;
+            if secs < 0.0 || secs > max as f64 {
+                return Err(bad(format!("must be between {min} and {max}, got {value}")));
+            }
+            // In [0, max]: exact.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let secs = secs as u64;
+            secs
+        }
+    };
     if secs < min || secs > max {
         return Err(bad(format!("must be between {min} and {max}, got {secs}")));
     }
@@ -198,7 +214,14 @@ mod tests {
     fn ttls() {
         let n = |s: &str| serde_json::from_str::<serde_json::Number>(s).unwrap();
         assert_eq!(ttl(&n("10"), 2, 3600).unwrap(), 10);
-        for bad in ["0", "1", "-5", "1.5", "3601", "2.0"] {
+        // The same numbers as 2, 10 and 3600 (JSON Schema's integers), as a float-only client
+        // writes them (found by schemathesis).
+        assert_eq!(ttl(&n("2.0"), 2, 3600).unwrap(), 2);
+        assert_eq!(ttl(&n("10.0"), 2, 3600).unwrap(), 10);
+        assert_eq!(ttl(&n("3.6e3"), 2, 3600).unwrap(), 3600);
+        for bad in [
+            "0", "1", "-5", "1.5", "3601", "1.0", "-0.0", "3600.5", "1e300", "-1e300",
+        ] {
             assert!(ttl(&n(bad), 2, 3600).is_err(), "{bad}");
         }
     }
