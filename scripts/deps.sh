@@ -70,6 +70,16 @@ check_postgres_deps() {
   fi
 }
 
+# What scripts/python-tests.sh uses: a python3 that makes virtual environments with pip in them
+# (`python3 -m venv`; Debian ships venv's ensurepip separately, in python3-venv).
+check_python_deps() {
+  if ! type -P python3 >/dev/null; then
+    deps_need python3 python3-venv
+  elif ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    deps_need python3-venv
+  fi
+}
+
 apt_install() {
   local missing=("$@")
   [ ${#missing[@]} -eq 0 ] && return 0
@@ -111,6 +121,16 @@ ensure_deps() {
     echo "cargo not found: install a Rust toolchain (rustup) first" >&2
     exit 1
   fi
+}
+
+# python3 with venv and ensurepip, for the Python SDK's tests (and any script making target/venv).
+ensure_python() {
+  ensure_with check_python_deps
+  [ "${DEPS_DRY_RUN:-0}" = 1 ] && return 0
+  python3 -c 'import sys; sys.exit(sys.version_info < (3, 9))' || {
+    echo "python3 is $(python3 -V 2>&1); the Python SDK needs 3.9 or later" >&2
+    exit 1
+  }
 }
 
 as_postgres() {

@@ -15,3 +15,5 @@ echo "==> the fencing library alone (no sqlite, postgres or server features)"
 cargo clippy -p fencing --lib --no-default-features --locked -- -D warnings
 echo "==> cargo test"
 cargo test --workspace --locked
+echo "==> schemathesis"
+scripts/schemathesis.sh

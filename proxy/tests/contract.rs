@@ -10,7 +10,7 @@ use serde_json::json;
 
 /// `ttl_seconds: 44.0` is the number 44 (JSON does not tell them apart, JSON Schema calls it an
 /// integer, and a client whose numbers are all floats writes it so): it was refused as "not a
-/// whole number of seconds". A fraction is still refused.
+/// whole number of seconds", and `wait_ms: 6.0` as "expected u64". A fraction is still refused.
 #[tokio::test]
 async fn a_ttl_written_with_a_zero_fraction_is_accepted() {
     let etcd = Etcd::single().await;
@@ -19,7 +19,7 @@ async fn a_ttl_written_with_a_zero_fraction_is_accepted() {
         http()
             .post(format!("{}/v1/leases/float-ttl", proxy.url))
             .header("content-type", "application/json")
-            .body(r#"{"holder":"h","ttl_seconds":44.0}"#),
+            .body(r#"{"holder":"h","ttl_seconds":44.0,"wait_ms":6.0}"#),
     )
     .await;
     assert_eq!(status, 201, "{grant}");
@@ -110,5 +110,54 @@ async fn an_array_is_not_a_body() {
     }
     let (status, _) = send(http().get(format!("{}/v1/leases/array-body", proxy.url))).await;
     assert_eq!(status, 404, "nothing was acquired");
+    proxy.stop().await;
+}
+
+/// An acquire under a session with an invalid field is 400 whatever the session's state: the
+/// session was looked up first, so a `wait_ms` over `--max-wait` under an ended session was
+/// answered 410 `session-lost`, an invalid request read as a valid one that met a lost session.
+#[tokio::test]
+async fn an_invalid_acquire_is_refused_before_its_session_is_looked_up() {
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |c| {
+        c.max_wait = std::time::Duration::from_secs(1);
+    })
+    .await;
+    for (body, field) in [
+        (
+            json!({"holder": "h", "session": "12345", "wait_ms": 1001}),
+            "wait_ms",
+        ),
+        (
+            json!({"holder": "h", "session": "12345", "metadata": [1]}),
+            "metadata",
+        ),
+    ] {
+        let (status, problem) = send(
+            http()
+                .post(format!("{}/v1/leases/ended-session", proxy.url))
+                .header("lease-secret", "some-secret")
+                .json(&body),
+        )
+        .await;
+        assert_eq!(status, 400, "{body}: {problem}");
+        assert_eq!(
+            problem["type"],
+            format!("{}invalid-field", lease_proxy::PROBLEM_BASE)
+        );
+        assert!(
+            problem["detail"].as_str().unwrap().contains(field),
+            "{problem}"
+        );
+    }
+    // A valid one meets the ended session.
+    let (status, problem) = send(
+        http()
+            .post(format!("{}/v1/leases/ended-session", proxy.url))
+            .header("lease-secret", "some-secret")
+            .json(&json!({"holder": "h", "session": "12345", "wait_ms": 1000})),
+    )
+    .await;
+    assert_eq!(status, 410, "{problem}");
     proxy.stop().await;
 }

@@ -48,7 +48,7 @@ pub(super) struct AcquireBody {
     )]
     session: Option<String>,
     /// How long to wait in line for a held resource (at most the proxy's `--max-wait`).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "validate::opt_whole_number")]
     wait_ms: Option<u64>,
     /// Stored with the grant and shown to readers: a JSON object of at most 4096 bytes.
     #[serde(default)]
@@ -109,6 +109,8 @@ pub(super) fn resource(path: Result<Path<String>, PathRejection>) -> Result<Stri
                 ("renew" = (operation_id = "renew", parameters(("resource" = "$response.body#/resource"), ("header.Lease-Secret" = "$response.body#/secret")))),
                 ("release" = (operation_id = "release", parameters(("resource" = "$response.body#/resource"), ("header.Lease-Secret" = "$response.body#/secret")))),
                 ("get" = (operation_id = "get_lease", parameters(("resource" = "$response.body#/resource")))),
+                ("forward_read" = (operation_id = "forward_get", parameters(("resource" = "$response.body#/resource"), ("header.Lease-Secret" = "$response.body#/secret")))),
+                ("forward_write" = (operation_id = "forward_put", parameters(("resource" = "$response.body#/resource"), ("header.Lease-Secret" = "$response.body#/secret")))),
             ),
         ),
         (status = 400, description = "Invalid resource, body or header"),
@@ -146,10 +148,22 @@ pub(super) async fn acquire(
         Some(ttl) => Some(validate::ttl(ttl, limits.min_ttl, limits.max_ttl)?),
         None => None,
     };
+    // Every field is checked before the session is looked up: an invalid request is 400
+    // whatever the state of the session it names.
+    let wait = Duration::from_millis(req.wait_ms.unwrap_or(0));
+    if wait > limits.max_wait {
+        return Err(Error::InvalidField {
+            field: "wait_ms",
+            reason: format!("must be at most {}", limits.max_wait.as_millis()),
+        });
+    }
+    if let Some(m) = &req.metadata {
+        validate::metadata(m)?;
+    }
+    let session_id = req.session.as_deref().map(session::parse_id).transpose()?;
     let principal = authz::name(&caller);
-    let (session, ttl_seconds) = match &req.session {
+    let (session, ttl_seconds) = match session_id {
         Some(id) => {
-            let id = session::parse_id(id)?;
             let secret = body::secret(&headers)?;
             let record = app
                 .leases
@@ -175,16 +189,6 @@ pub(super) async fn acquire(
                 .ok_or_else(|| Error::InvalidRequest("missing field `ttl_seconds`".into()))?,
         ),
     };
-    let wait = Duration::from_millis(req.wait_ms.unwrap_or(0));
-    if wait > limits.max_wait {
-        return Err(Error::InvalidField {
-            field: "wait_ms",
-            reason: format!("must be at most {}", limits.max_wait.as_millis()),
-        });
-    }
-    if let Some(m) = &req.metadata {
-        validate::metadata(m)?;
-    }
     if let (Some(rate), Some(principal)) = (&app.acquire_rate, &caller) {
         if let Err(retry_after) = rate.take(&principal.name) {
             let e = Error::QuotaExceeded {
