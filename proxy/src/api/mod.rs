@@ -21,8 +21,6 @@ use tower_http::catch_panic::CatchPanicLayer;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use openapi::UNDOCUMENTED;
-
 pub(crate) use body::{BodyLimits, SECRET_HEADER};
 pub(crate) use problem::BEARER_CHALLENGE;
 pub use problem::PROBLEM_BASE;
@@ -63,16 +61,14 @@ pub(crate) struct AppState {
 /// The router with every route and the cross-cutting layers.
 pub(crate) fn router(state: Arc<AppState>) -> Router {
     let (router, _) = routes().split_for_parts();
-    let router = UNDOCUMENTED
-        .iter()
-        .fold(router, |router, path| {
-            let handler = match *path {
-                "/version" => any(etcd_version),
-                "/health" => any(etcd_health),
-                _ => any(v3),
-            };
-            router.route(path, handler)
-        })
+    // The etcd-compatible gateway: served, and left out of the OpenAPI document (its shapes are
+    // etcd's gateway's).
+    let router = router
+        .route("/v3/{*method}", any(v3))
+        .route("/v3beta/{*method}", any(v3))
+        .route("/v3alpha/{*method}", any(v3))
+        .route("/version", any(etcd_version))
+        .route("/health", any(etcd_health))
         .fallback(|| async { Error::NoRoute })
         .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })
         .with_state(state);

@@ -17,16 +17,6 @@ use super::problem::Kind;
 use super::AppState;
 use crate::lease::Limits;
 
-/// The etcd-compatible routes the router serves that the document leaves out: their shapes are
-/// etcd's JSON gateway's (see `docs/ARCHITECTURE.md`), not described here.
-pub(super) const UNDOCUMENTED: [&str; 5] = [
-    "/v3/{*method}",
-    "/v3beta/{*method}",
-    "/v3alpha/{*method}",
-    "/version",
-    "/health",
-];
-
 #[derive(utoipa::OpenApi)]
 #[openapi(
     info(
