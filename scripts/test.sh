@@ -18,3 +18,5 @@ echo "==> cargo test"
 cargo test --workspace --locked
 echo "==> Python SDK (pytest)"
 scripts/python-tests.sh
+echo "==> schemathesis"
+scripts/schemathesis.sh

@@ -27,6 +27,8 @@ pub mod gateway;
 mod keys;
 pub mod layer;
 #[cfg(feature = "server")]
+pub mod openapi;
+#[cfg(feature = "server")]
 pub mod reload;
 #[cfg(feature = "server")]
 pub mod serve;

@@ -240,6 +240,7 @@ pub async fn run(
         watch_streams,
         watch_max_duration: config.watch_max_duration,
         max_watch_streams: config.max_watch_streams,
+        openapi: std::sync::OnceLock::new(),
         acquire_rate: config
             .quota_acquire_rate
             .filter(|_| auth.is_some())

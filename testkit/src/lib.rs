@@ -7,6 +7,8 @@
 //!
 //! [`v3_hostile`] is the seeded hostile `/v3` request generator and its sentinels, shared by the
 //! proxy's tests and the fault campaign.
+//!
+//! [`openapi`] checks a served OpenAPI 3.1 document and lists its operations.
 #![forbid(unsafe_code)]
 #![allow(clippy::expect_used)] // a test helper that cannot start etcd must stop the test loudly
 
@@ -17,6 +19,7 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 
+pub mod openapi;
 pub mod pki;
 pub mod v3_hostile;
 

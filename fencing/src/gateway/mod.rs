@@ -1,10 +1,11 @@
 //! fence-gateway: a reverse proxy in front of an HTTP storage service that enforces fencing on
 //! every write (DESIGN §4, §5.3). Reads pass through; `POST /fence/{resource}` raises a mark
-//! without a write (pre-fence); `/livez`, `/readyz` and `/metrics` are answered by the gateway
-//! itself and shadow upstream paths of the same name.
+//! without a write (pre-fence); `/livez`, `/readyz`, `/metrics` and `/openapi.json` are answered
+//! by the gateway itself and shadow upstream paths of the same name.
 
 mod config;
 mod forward;
+mod openapi;
 
 pub use crate::layer::strip_hop_by_hop;
 pub use config::{GatewayConfig, GatewayConfigError};
@@ -19,14 +20,14 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::Router;
 use http::Request;
 use http_body_util::Limited;
 use opentelemetry::metrics::Meter;
 use opentelemetry::KeyValue;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::layer::problem;
 use crate::layer::{
@@ -144,28 +145,23 @@ pub async fn run(
             }
         })
         .service(proxy);
-    let app = Router::new()
-        .route("/fence/{resource}", post(prefence))
-        .route("/livez", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(scrape))
-        .with_state(shared.clone())
-        .fallback_service(
-            tower::ServiceBuilder::new()
-                .layer(axum::middleware::from_fn(
-                    move |req: Request<Body>, next: axum::middleware::Next| async move {
-                        if oversized(req.headers(), max_body) {
-                            return problem(
-                                StatusCode::PAYLOAD_TOO_LARGE,
-                                "body-too-large",
-                                "request body too large",
-                            );
-                        }
-                        next.run(req).await
-                    },
-                ))
-                .service(protected),
-        );
+    let (app, _) = routes().split_for_parts();
+    let app = app.with_state(shared.clone()).fallback_service(
+        tower::ServiceBuilder::new()
+            .layer(axum::middleware::from_fn(
+                move |req: Request<Body>, next: axum::middleware::Next| async move {
+                    if oversized(req.headers(), max_body) {
+                        return problem(
+                            StatusCode::PAYLOAD_TOO_LARGE,
+                            "body-too-large",
+                            "request body too large",
+                        );
+                    }
+                    next.run(req).await
+                },
+            ))
+            .service(protected),
+    );
 
     tracing::info!(listen = %listener.local_addr()?, https = tls.is_some(), upstream = %config.upstream()?, store = %config.store, "fence-gateway serving");
     let served = crate::serve::until_shutdown(
@@ -191,6 +187,22 @@ pub async fn run(
     Ok(served?)
 }
 
+/// The gateway's own routes, each registered from its handler's `#[utoipa::path]` annotation
+/// (its path and methods), so the OpenAPI document lists exactly what they serve.
+fn routes() -> OpenApiRouter<Arc<Shared>> {
+    OpenApiRouter::with_openapi(openapi::base())
+        .routes(routes!(prefence))
+        .routes(routes!(livez))
+        .routes(routes!(readyz))
+        .routes(routes!(scrape))
+        .routes(routes!(openapi::serve))
+}
+
+/// The OpenAPI document of the gateway's own routes.
+fn document() -> serde_json::Result<serde_json::Value> {
+    openapi::finish(&routes().into_openapi())
+}
+
 fn oversized(headers: &HeaderMap, limit: usize) -> bool {
     headers
         .get(http::header::CONTENT_LENGTH)
@@ -206,6 +218,25 @@ fn limit_body(req: Request<Body>, limit: usize) -> Request<Body> {
 
 /// `POST /fence/{resource}`: raises the mark to the presented token without a write, so an
 /// evicted holder is cut off before the new holder's first write.
+#[utoipa::path(
+    post,
+    path = "/fence/{resource}",
+    operation_id = "prefence",
+    tag = "fencing",
+    params(
+        ("resource" = String, Path, description = "The resource whose mark to raise"),
+        ("Fencing-Token" = String, Header, description = "The signed fencing token, for this resource (`X-Fencing-Token` is accepted too)"),
+    ),
+    responses(
+        (status = 200, description = "The mark is now at least the token", body = openapi::Fenced),
+        (status = 400, description = "More than one token"),
+        (status = 401, description = "The token is malformed, forged or from an unknown key"),
+        (status = 403, description = "The token is for another resource, or the client certificate names no principal allowed to pre-fence"),
+        (status = 409, description = "The token is below the mark (which is in `mark`)"),
+        (status = 428, description = "No token"),
+    ),
+    security((), ("client_certificate" = [])),
+)]
 async fn prefence(
     State(shared): State<Arc<Shared>>,
     Path(resource): Path<String>,
@@ -222,10 +253,10 @@ async fn prefence(
         Ok((token, permit)) => {
             // Nothing was written: the raise alone is complete.
             permit.complete();
-            let body = serde_json::json!({
-                "resource": resource,
-                "mark": {"era": token.era.to_string(), "revision": token.revision.to_string()},
-            });
+            let body = openapi::Fenced {
+                resource,
+                mark: token.into(),
+            };
             (StatusCode::OK, axum::Json(body)).into_response()
         }
         Err(r) => r.into_response(),
@@ -259,6 +290,29 @@ fn fence_caller<B>(allowed: &[String], req: &Request<B>) -> Option<Response> {
     })
 }
 
+/// Alive as long as the process serves HTTP.
+#[utoipa::path(
+    get,
+    path = "/livez",
+    operation_id = "livez",
+    tag = "operations",
+    responses((status = 200, description = "`ok`", body = String, content_type = "text/plain")),
+)]
+async fn livez() -> &'static str {
+    "ok"
+}
+
+/// Ready when not draining and the mark store answers.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    operation_id = "readyz",
+    tag = "operations",
+    responses(
+        (status = 200, description = "`ok`", body = String, content_type = "text/plain"),
+        (status = 503, description = "`draining` or `store unavailable`", body = String, content_type = "text/plain"),
+    ),
+)]
 async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, &'static str) {
     if shared.draining.load(Ordering::Relaxed) {
         return (StatusCode::SERVICE_UNAVAILABLE, "draining");
@@ -270,6 +324,14 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, &'static str)
     }
 }
 
+/// Prometheus text: the enforcer's decisions, the store's latency, the serving.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    operation_id = "metrics",
+    tag = "operations",
+    responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain")),
+)]
 async fn scrape(State(shared): State<Arc<Shared>>) -> Response {
     crate::telemetry::render(&shared.metrics)
 }

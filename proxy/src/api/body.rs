@@ -63,8 +63,14 @@ pub(crate) async fn read(
     Ok(Some(bytes))
 }
 
-/// Parses JSON strictly: the target types refuse unknown fields; serde_json bounds nesting.
+/// Parses a JSON object strictly: the target types refuse unknown fields; serde_json bounds
+/// nesting. An array is refused before serde could read it as the struct's fields in order.
 pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    if bytes.trim_ascii_start().first() == Some(&b'[') {
+        return Err(Error::InvalidRequest(
+            "invalid JSON body: expected an object, got an array".to_owned(),
+        ));
+    }
     serde_json::from_slice(bytes)
         .map_err(|e| Error::InvalidRequest(format!("invalid JSON body: {e}")))
 }
@@ -81,14 +87,14 @@ pub(crate) async fn json<T: DeserializeOwned>(
     }
 }
 
-/// An optional JSON body (empty means the default).
+/// An optional JSON body: empty or JSON `null` means the default.
 pub(crate) async fn optional_json<T: DeserializeOwned + Default>(
     headers: &HeaderMap,
     body: Body,
     limits: BodyLimits,
 ) -> Result<T> {
     match read(headers, body, limits).await? {
-        Some(bytes) => parse(&bytes),
+        Some(bytes) => Ok(parse::<Option<T>>(&bytes)?.unwrap_or_default()),
         None => Ok(T::default()),
     }
 }

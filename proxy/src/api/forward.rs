@@ -15,6 +15,37 @@ use crate::forward::forwarded_path;
 use crate::lease::validate;
 use crate::{Error, Result};
 
+/// `ANY /v1/leases/{resource}/forward`: the upstream's root.
+#[utoipa::path(
+    method(get, put, post, delete, options, head, patch, trace),
+    path = "/v1/leases/{resource}/forward",
+    operation_id = "forward_root",
+    tag = "forwarding",
+    params(("resource" = String, Path, description = "The resource held", min_length = 1, max_length = 200, pattern = r"^[A-Za-z0-9](\.?[A-Za-z0-9_:-])*\.?$"), ("Lease-Secret" = String, Header, description = "The grant's `secret`")),
+    responses((status = "default", description = "The upstream's answer, passed through (any status and body), or a problem+json from the proxy: `lease-lost` (410), `not-holder` (403), `missing-secret` (401), `forwarding-disabled` or `no-route` (404), `body-too-large` (413), `upstream-unavailable` (502), `upstream-timeout` (504), `prefence-failed` or `etcd-unavailable` (503)")),
+)]
+pub(super) async fn forward_root(
+    app: State<Arc<AppState>>,
+    path: Result<Path<Vec<(String, String)>>, PathRejection>,
+    req: Request<Body>,
+) -> Result<Response> {
+    forward(app, path, req).await
+}
+
+/// `ANY /v1/leases/{resource}/forward/{path…}`: the request goes to the upstream's `/{path…}`
+/// with the grant's fencing token, if the caller holds `resource`.
+#[utoipa::path(
+    method(get, put, post, delete, options, head, patch, trace),
+    path = "/v1/leases/{resource}/forward/{path}",
+    operation_id = "forward",
+    tag = "forwarding",
+    params(
+        ("resource" = String, Path, description = "The resource held", min_length = 1, max_length = 200, pattern = r"^[A-Za-z0-9](\.?[A-Za-z0-9_:-])*\.?$"),
+        ("path" = String, Path, description = "The upstream path (may span several segments)"),
+        ("Lease-Secret" = String, Header, description = "The grant's `secret`"),
+    ),
+    responses((status = "default", description = "The upstream's answer, passed through (any status and body), or a problem+json from the proxy: `lease-lost` (410), `not-holder` (403), `missing-secret` (401), `forwarding-disabled` or `no-route` (404), `body-too-large` (413), `upstream-unavailable` (502), `upstream-timeout` (504), `prefence-failed` or `etcd-unavailable` (503)")),
+)]
 pub(super) async fn forward(
     State(app): State<Arc<AppState>>,
     path: Result<Path<Vec<(String, String)>>, PathRejection>,

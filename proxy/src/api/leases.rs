@@ -11,12 +11,13 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use tokio::time::Instant;
+use utoipa::{IntoParams, ToSchema};
 
 use super::authz::{self, Peer, Target};
 use super::{body, AppState};
 use crate::audit::Event;
 use crate::auth::Op;
-use crate::lease::{session, validate, Acquire};
+use crate::lease::{session, validate, Acquire, Grant, Holding, Page, Renewal};
 use crate::{Error, Result};
 
 /// Default and largest page size of a listing.
@@ -24,35 +25,56 @@ const DEFAULT_LIMIT: usize = 100;
 const MAX_LIMIT: usize = 1000;
 
 /// Body of `POST /v1/leases/{resource}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct AcquireBody {
+    /// Who asks: any text without control characters.
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\u0000-\u001f\u007f-\u009f]*$"
+    )]
     holder: String,
-    /// Required without a session; under one, if given, it must be the session's.
+    /// Whole seconds, within the proxy's `--min-ttl`..`--max-ttl`. Required without a session;
+    /// under one, if given, it must be the session's.
     #[serde(default)]
+    #[schema(value_type = Option<u64>, minimum = 1)]
     ttl_seconds: Option<serde_json::Number>,
     /// A session id: the grant lives on the session's lease (proven by its secret in
     /// `Lease-Secret`).
     #[serde(default)]
+    #[schema(
+        pattern = r"^([1-9][0-9]{0,17}|[1-8][0-9]{18}|9[0-1][0-9]{17}|92[0-1][0-9]{16}|922[0-2][0-9]{15}|9223[0-2][0-9]{14}|92233[0-6][0-9]{13}|922337[0-1][0-9]{12}|92233720[0-2][0-9]{10}|922337203[0-5][0-9]{9}|9223372036[0-7][0-9]{8}|92233720368[0-4][0-9]{7}|922337203685[0-3][0-9]{6}|9223372036854[0-6][0-9]{5}|92233720368547[0-6][0-9]{4}|922337203685477[0-4][0-9]{3}|9223372036854775[0-7][0-9]{2}|922337203685477580[0-6]|9223372036854775807)$"
+    )]
     session: Option<String>,
-    #[serde(default)]
+    /// How long to wait in line for a held resource (at most the proxy's `--max-wait`).
+    #[serde(default, deserialize_with = "validate::opt_whole_number")]
     wait_ms: Option<u64>,
+    /// Stored with the grant and shown to readers: a JSON object of at most 4096 bytes.
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     metadata: Option<serde_json::Value>,
 }
 
 /// Body of `POST /v1/leases/{resource}/renew`: nothing yet, but strictly nothing.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RenewBody {}
 
 /// Query of `GET /v1/leases`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(super) struct ListQuery {
+    /// Only resources whose name starts with this (empty: all).
     #[serde(default)]
+    #[param(max_length = 200, pattern = r"^([A-Za-z0-9](\.?[A-Za-z0-9_:-])*\.?)?$")]
     prefix: String,
+    /// Page size, 1 to 1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<usize>,
+    /// `next_cursor` of the previous page (opaque).
+    #[param(pattern = "^[A-Za-z0-9_-]+$")]
     cursor: Option<String>,
 }
 
@@ -65,6 +87,43 @@ pub(super) fn resource(path: Result<Path<String>, PathRejection>) -> Result<Stri
     Ok(name)
 }
 
+/// Grants `resource` to the caller unless someone else holds it (waiting up to `wait_ms`).
+#[utoipa::path(
+    post,
+    path = "/v1/leases/{resource}",
+    operation_id = "acquire",
+    tag = "leases",
+    params(
+        ("resource" = String, Path, description = "The resource: 1-200 bytes of letters, digits and `._:-`, starting with a letter or digit, without `..`", min_length = 1, max_length = 200, pattern = r"^[A-Za-z0-9](\.?[A-Za-z0-9_:-])*\.?$"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried acquire return the same grant: 1-255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$"),
+        ("Lease-Secret" = Option<String>, Header, description = "The session's secret, when acquiring under `session`"),
+    ),
+    request_body(content = AcquireBody, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Granted: the only answer that shows the secret", body = Grant,
+            headers(
+                ("Location" = String, description = "The resource's URL"),
+                ("Cache-Control" = String, description = "`no-store`"),
+            ),
+            links(
+                ("renew" = (operation_id = "renew", parameters(("resource" = "$response.body#/resource"), ("header.Lease-Secret" = "$response.body#/secret")))),
+                ("release" = (operation_id = "release", parameters(("resource" = "$response.body#/resource"), ("header.Lease-Secret" = "$response.body#/secret")))),
+                ("get" = (operation_id = "get_lease", parameters(("resource" = "$response.body#/resource")))),
+                ("forward_read" = (operation_id = "forward_get", parameters(("resource" = "$response.body#/resource"), ("header.Lease-Secret" = "$response.body#/secret")))),
+                ("forward_write" = (operation_id = "forward_put", parameters(("resource" = "$response.body#/resource"), ("header.Lease-Secret" = "$response.body#/secret")))),
+            ),
+        ),
+        (status = 400, description = "Invalid resource, body or header"),
+        (status = 404, description = "No such session"),
+        (status = 408, description = "The body took too long"),
+        (status = 409, description = "Held by someone else (with `holder`, `token`, `expires_in_ms`), or the idempotency key was used for another request",
+            headers(("Retry-After" = u64, description = "Seconds until it may be free"))),
+        (status = 410, description = "The session has ended"),
+        (status = 413, description = "The body is too large"),
+        (status = 415, description = "The body is not JSON"),
+        (status = 429, description = "Over a quota", headers(("Retry-After" = u64, description = "Seconds to wait"))),
+    ),
+)]
 pub(super) async fn acquire(
     State(app): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
@@ -89,10 +148,22 @@ pub(super) async fn acquire(
         Some(ttl) => Some(validate::ttl(ttl, limits.min_ttl, limits.max_ttl)?),
         None => None,
     };
+    // Every field is checked before the session is looked up: an invalid request is 400
+    // whatever the state of the session it names.
+    let wait = Duration::from_millis(req.wait_ms.unwrap_or(0));
+    if wait > limits.max_wait {
+        return Err(Error::InvalidField {
+            field: "wait_ms",
+            reason: format!("must be at most {}", limits.max_wait.as_millis()),
+        });
+    }
+    if let Some(m) = &req.metadata {
+        validate::metadata(m)?;
+    }
+    let session_id = req.session.as_deref().map(session::parse_id).transpose()?;
     let principal = authz::name(&caller);
-    let (session, ttl_seconds) = match &req.session {
+    let (session, ttl_seconds) = match session_id {
         Some(id) => {
-            let id = session::parse_id(id)?;
             let secret = body::secret(&headers)?;
             let record = app
                 .leases
@@ -118,16 +189,6 @@ pub(super) async fn acquire(
                 .ok_or_else(|| Error::InvalidRequest("missing field `ttl_seconds`".into()))?,
         ),
     };
-    let wait = Duration::from_millis(req.wait_ms.unwrap_or(0));
-    if wait > limits.max_wait {
-        return Err(Error::InvalidField {
-            field: "wait_ms",
-            reason: format!("must be at most {}", limits.max_wait.as_millis()),
-        });
-    }
-    if let Some(m) = &req.metadata {
-        validate::metadata(m)?;
-    }
     if let (Some(rate), Some(principal)) = (&app.acquire_rate, &caller) {
         if let Err(retry_after) = rate.take(&principal.name) {
             let e = Error::QuotaExceeded {
@@ -177,6 +238,23 @@ pub(super) fn created(body: impl serde::Serialize, location: &str) -> Response {
     response
 }
 
+/// Extends the grant's lease by its TTL.
+#[utoipa::path(
+    post,
+    path = "/v1/leases/{resource}/renew",
+    operation_id = "renew",
+    tag = "leases",
+    params(("resource" = String, Path, description = "The resource: 1-200 bytes of letters, digits and `._:-`, starting with a letter or digit, without `..`", min_length = 1, max_length = 200, pattern = r"^[A-Za-z0-9](\.?[A-Za-z0-9_:-])*\.?$"), ("Lease-Secret" = String, Header, description = "The grant's `secret` (a session's, with `session` in the body of an acquire)")),
+    request_body(content = Option<RenewBody>, content_type = "application/json", description = "Nothing, or an empty object"),
+    responses(
+        (status = 200, description = "Renewed", body = Renewal),
+        (status = 400, description = "Invalid resource, body or header"),
+        (status = 408, description = "The body took too long"),
+        (status = 410, description = "The grant is gone: expired, released or taken over"),
+        (status = 413, description = "The body is too large"),
+        (status = 415, description = "The body is not JSON"),
+    ),
+)]
 pub(super) async fn renew(
     State(app): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
@@ -209,6 +287,18 @@ pub(super) async fn renew(
     Ok(Json(renewal).into_response())
 }
 
+/// Ends the grant; idempotent (a grant already gone answers 204 too).
+#[utoipa::path(
+    delete,
+    path = "/v1/leases/{resource}",
+    operation_id = "release",
+    tag = "leases",
+    params(("resource" = String, Path, description = "The resource: 1-200 bytes of letters, digits and `._:-`, starting with a letter or digit, without `..`", min_length = 1, max_length = 200, pattern = r"^[A-Za-z0-9](\.?[A-Za-z0-9_:-])*\.?$"), ("Lease-Secret" = String, Header, description = "The grant's `secret` (a session's, with `session` in the body of an acquire)")),
+    responses(
+        (status = 204, description = "Released, or already gone"),
+        (status = 400, description = "Invalid resource or header"),
+    ),
+)]
 pub(super) async fn release(
     State(app): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
@@ -243,6 +333,19 @@ pub(super) async fn release(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Who holds `resource`.
+#[utoipa::path(
+    get,
+    path = "/v1/leases/{resource}",
+    operation_id = "get_lease",
+    tag = "leases",
+    params(("resource" = String, Path, description = "The resource: 1-200 bytes of letters, digits and `._:-`, starting with a letter or digit, without `..`", min_length = 1, max_length = 200, pattern = r"^[A-Za-z0-9](\.?[A-Za-z0-9_:-])*\.?$")),
+    responses(
+        (status = 200, description = "Held", body = Holding),
+        (status = 400, description = "Invalid resource"),
+        (status = 404, description = "Free"),
+    ),
+)]
 pub(super) async fn get(
     State(app): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
@@ -254,6 +357,18 @@ pub(super) async fn get(
     Ok(Json(app.leases.get(&resource).await?).into_response())
 }
 
+/// The held resources, in name order, a page at a time.
+#[utoipa::path(
+    get,
+    path = "/v1/leases",
+    operation_id = "list_leases",
+    tag = "leases",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page", body = Page),
+        (status = 400, description = "Invalid query"),
+    ),
+)]
 pub(super) async fn list(
     State(app): State<Arc<AppState>>,
     query: Result<Query<ListQuery>, QueryRejection>,

@@ -4,6 +4,7 @@ mod authz;
 mod body;
 mod forward;
 mod leases;
+mod openapi;
 mod ops;
 mod problem;
 mod rate;
@@ -15,9 +16,11 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post};
+use axum::routing::any;
 use axum::Router;
 use tower_http::catch_panic::CatchPanicLayer;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 pub(crate) use body::{BodyLimits, SECRET_HEADER};
 pub(crate) use problem::BEARER_CHALLENGE;
@@ -58,43 +61,70 @@ pub(crate) struct AppState {
     pub(crate) watch_max_duration: std::time::Duration,
     /// Set when SIGTERM arrives: `/readyz` answers 503 from then on.
     pub(crate) draining: AtomicBool,
+    /// `/openapi.json`, rendered at its first request (`None`: it could not be).
+    pub(crate) openapi: std::sync::OnceLock<Option<String>>,
 }
 
 /// The router with every route and the cross-cutting layers.
 pub(crate) fn router(state: Arc<AppState>) -> Router {
-    let router = Router::new()
-        .route("/v1/leases", get(leases::list))
-        .route(
-            "/v1/leases/{resource}",
-            post(leases::acquire)
-                .get(leases::get)
-                .delete(leases::release),
-        )
-        .route("/v1/leases/{resource}/renew", post(leases::renew))
-        .route("/v1/watch", get(watch::watch))
-        .route("/v1/sessions", post(sessions::open))
-        .route(
-            "/v1/sessions/{id}",
-            get(sessions::get).delete(sessions::close),
-        )
-        .route("/v1/sessions/{id}/keepalive", post(sessions::keepalive))
-        .route("/v1/leases/{resource}/forward", any(forward::forward))
-        .route(
-            "/v1/leases/{resource}/forward/{*path}",
-            any(forward::forward),
-        )
+    let (router, _) = routes().split_for_parts();
+    // The etcd-compatible gateway: served, and left out of the OpenAPI document (its shapes are
+    // etcd's gateway's).
+    let router = router
         .route("/v3/{*method}", any(v3))
         .route("/v3beta/{*method}", any(v3))
         .route("/v3alpha/{*method}", any(v3))
         .route("/version", any(etcd_version))
         .route("/health", any(etcd_health))
-        .route("/livez", get(ops::livez))
-        .route("/readyz", get(ops::readyz))
-        .route("/metrics", get(ops::metrics))
         .fallback(|| async { Error::NoRoute })
         .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })
         .with_state(state);
     fencing::serve::with_request_ids(router).layer(CatchPanicLayer::custom(panic_response))
+}
+
+/// The documented routes, each registered from its handler's `#[utoipa::path]` annotation (its
+/// path and methods), so the OpenAPI document lists exactly what they serve.
+fn routes() -> OpenApiRouter<Arc<AppState>> {
+    let mut router = OpenApiRouter::with_openapi(openapi::base())
+        .routes(routes!(leases::list))
+        .routes(routes!(leases::acquire, leases::get, leases::release))
+        .routes(routes!(leases::renew))
+        .routes(routes!(sessions::open))
+        .routes(routes!(sessions::get, sessions::close))
+        .routes(routes!(sessions::keepalive))
+        .routes(routes!(watch::watch))
+        .routes(routes!(ops::livez))
+        .routes(routes!(ops::readyz))
+        .routes(routes!(ops::metrics))
+        .routes(routes!(openapi::serve));
+    // Forwarding takes every method, extension methods included (`any`), and the rest of the
+    // path as one wildcard, which OpenAPI writes `{path}` and axum `{*path}`.
+    for (route, (schemas, paths, _), handler) in [
+        (
+            "/v1/leases/{resource}/forward",
+            routes!(forward::forward_root),
+            any(forward::forward_root),
+        ),
+        (
+            "/v1/leases/{resource}/forward/{*path}",
+            routes!(forward::forward),
+            any(forward::forward),
+        ),
+    ] {
+        let doc = router.get_openapi_mut();
+        doc.paths.paths.extend(paths.paths);
+        doc.components
+            .get_or_insert_with(Default::default)
+            .schemas
+            .extend(schemas);
+        router = router.route(route, handler);
+    }
+    router
+}
+
+/// The OpenAPI document of [`router`]'s documented routes, with this proxy's limits.
+fn document(limits: crate::lease::Limits) -> serde_json::Result<serde_json::Value> {
+    openapi::finish(routes().into_openapi(), limits)
 }
 
 async fn v3(
@@ -131,9 +161,14 @@ async fn etcd_health(
 /// A panic is a bug; the client still gets a problem+json 500 and the process keeps serving.
 fn panic_response(_: Box<dyn Any + Send + 'static>) -> Response {
     tracing::error!("handler panicked");
+    internal_error()
+}
+
+/// The problem+json 500 of a bug.
+fn internal_error() -> Response {
     let body = serde_json::json!({
-        "type": format!("{PROBLEM_BASE}internal"),
-        "title": "Internal error",
+        "type": format!("{PROBLEM_BASE}{}", problem::Kind::Internal.slug()),
+        "title": problem::Kind::Internal.title(),
         "status": 500,
         "detail": "the proxy hit an internal error",
     });

@@ -23,93 +23,121 @@ struct Problem<'a> {
     extra: Option<serde_json::Value>,
 }
 
+/// Declares every problem the proxy answers: the fieldless [`Kind`], its status, slug and
+/// title, and [`Kind::ALL`] (the OpenAPI document lists them from there).
+macro_rules! problems {
+    ($($kind:ident => $status:ident, $slug:literal, $title:literal;)*) => {
+        /// A problem type: one per `type` URI the proxy answers.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub(crate) enum Kind {
+            $(
+                #[doc = $title]
+                $kind,
+            )*
+        }
+
+        impl Kind {
+            /// Every problem type.
+            pub(crate) const ALL: &'static [Kind] = &[$(Kind::$kind,)*];
+
+            /// The status it is answered with.
+            pub(crate) fn status(self) -> StatusCode {
+                match self {
+                    $(Kind::$kind => StatusCode::$status,)*
+                }
+            }
+
+            /// The last segment of its `type` URI.
+            pub(crate) fn slug(self) -> &'static str {
+                match self {
+                    $(Kind::$kind => $slug,)*
+                }
+            }
+
+            /// Its `title`.
+            pub(crate) fn title(self) -> &'static str {
+                match self {
+                    $(Kind::$kind => $title,)*
+                }
+            }
+        }
+    };
+}
+
+// The classification follows whose fault the error is: client mistakes are 4xx, etcd trouble is
+// 503, nothing a client sends is 5xx.
+problems! {
+    InvalidRequest => BAD_REQUEST, "invalid-request", "Invalid request";
+    InvalidResource => BAD_REQUEST, "invalid-resource", "Invalid resource name";
+    InvalidTtl => BAD_REQUEST, "invalid-ttl", "Invalid TTL";
+    InvalidField => BAD_REQUEST, "invalid-field", "Invalid field value";
+    BodyTooLarge => PAYLOAD_TOO_LARGE, "body-too-large", "Body too large";
+    BodyTimeout => REQUEST_TIMEOUT, "body-timeout", "Body too slow";
+    UnsupportedMediaType => UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", "Unsupported media type";
+    MissingSecret => UNAUTHORIZED, "missing-secret", "Lease secret required";
+    NotHolder => FORBIDDEN, "not-holder", "Not the holder";
+    Unauthenticated => UNAUTHORIZED, "unauthenticated", "Authentication required";
+    Forbidden => FORBIDDEN, "forbidden", "Not permitted";
+    OtherPrincipal => FORBIDDEN, "other-principal", "Another principal's grant";
+    QuotaExceeded => TOO_MANY_REQUESTS, "quota-exceeded", "Quota exceeded";
+    Held => CONFLICT, "lease-held", "Lease held";
+    IdempotencyKeyUsed => CONFLICT, "idempotency-key-used", "Idempotency key already used";
+    Lost => GONE, "lease-lost", "Lease lost";
+    SessionLost => GONE, "session-lost", "Session lost";
+    NotSessionHolder => FORBIDDEN, "not-session-holder", "Not the session's holder";
+    NotFound => NOT_FOUND, "not-found", "No lease";
+    NoSession => NOT_FOUND, "no-session", "No such session";
+    NoRoute => NOT_FOUND, "no-route", "Not found";
+    EventsCompacted => GONE, "events-compacted", "Events no longer available";
+    TooManyWatches => SERVICE_UNAVAILABLE, "too-many-watches", "Too many event streams";
+    MethodNotAllowed => METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed";
+    EtcdUnavailable => SERVICE_UNAVAILABLE, "etcd-unavailable", "etcd unavailable";
+    ShuttingDown => SERVICE_UNAVAILABLE, "shutting-down", "Shutting down";
+    ForwardingDisabled => NOT_FOUND, "forwarding-disabled", "Forwarding disabled";
+    UpstreamUnavailable => BAD_GATEWAY, "upstream-unavailable", "Upstream unavailable";
+    UpstreamTimeout => GATEWAY_TIMEOUT, "upstream-timeout", "Upstream timeout";
+    PrefenceFailed => SERVICE_UNAVAILABLE, "prefence-failed", "Pre-fence failed";
+    CorruptRecord => INTERNAL_SERVER_ERROR, "corrupt-record", "Corrupt record";
+    Internal => INTERNAL_SERVER_ERROR, "internal", "Internal error";
+}
+
 impl Error {
-    /// The status, the problem slug and its title. The classification follows whose fault the
-    /// error is: client mistakes are 4xx, etcd trouble is 503, nothing a client sends is 5xx.
-    fn classify(&self) -> (StatusCode, &'static str, &'static str) {
-        use StatusCode as S;
+    /// The problem type of this error.
+    pub(crate) fn kind(&self) -> Kind {
         match self {
-            Error::InvalidRequest(_) => (S::BAD_REQUEST, "invalid-request", "Invalid request"),
+            Error::InvalidRequest(_) => Kind::InvalidRequest,
             Error::InvalidField { field, .. } => match *field {
-                "resource" => (S::BAD_REQUEST, "invalid-resource", "Invalid resource name"),
-                "ttl_seconds" => (S::BAD_REQUEST, "invalid-ttl", "Invalid TTL"),
-                _ => (S::BAD_REQUEST, "invalid-field", "Invalid field value"),
+                "resource" => Kind::InvalidResource,
+                "ttl_seconds" => Kind::InvalidTtl,
+                _ => Kind::InvalidField,
             },
-            Error::BodyTooLarge { .. } => {
-                (S::PAYLOAD_TOO_LARGE, "body-too-large", "Body too large")
-            }
-            Error::BodyTimeout(_) => (S::REQUEST_TIMEOUT, "body-timeout", "Body too slow"),
-            Error::UnsupportedMediaType => (
-                S::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported-media-type",
-                "Unsupported media type",
-            ),
-            Error::MissingSecret => (S::UNAUTHORIZED, "missing-secret", "Lease secret required"),
-            Error::NotHolder => (S::FORBIDDEN, "not-holder", "Not the holder"),
-            Error::Unauthenticated(_) => (
-                S::UNAUTHORIZED,
-                "unauthenticated",
-                "Authentication required",
-            ),
-            Error::Forbidden { .. } => (S::FORBIDDEN, "forbidden", "Not permitted"),
-            Error::OtherPrincipal => (S::FORBIDDEN, "other-principal", "Another principal's grant"),
-            Error::QuotaExceeded { .. } => {
-                (S::TOO_MANY_REQUESTS, "quota-exceeded", "Quota exceeded")
-            }
-            Error::Held(_) => (S::CONFLICT, "lease-held", "Lease held"),
-            Error::IdempotencyKeyUsed => (
-                S::CONFLICT,
-                "idempotency-key-used",
-                "Idempotency key already used",
-            ),
-            Error::Lost => (S::GONE, "lease-lost", "Lease lost"),
-            Error::SessionLost => (S::GONE, "session-lost", "Session lost"),
-            Error::NotSessionHolder => (
-                S::FORBIDDEN,
-                "not-session-holder",
-                "Not the session's holder",
-            ),
-            Error::NotFound => (S::NOT_FOUND, "not-found", "No lease"),
-            Error::NoSession => (S::NOT_FOUND, "no-session", "No such session"),
-            Error::NoRoute => (S::NOT_FOUND, "no-route", "Not found"),
-            Error::EventsUnavailable(_) => {
-                (S::GONE, "events-compacted", "Events no longer available")
-            }
-            Error::TooManyWatches(_) => (
-                S::SERVICE_UNAVAILABLE,
-                "too-many-watches",
-                "Too many event streams",
-            ),
-            Error::MethodNotAllowed => (
-                S::METHOD_NOT_ALLOWED,
-                "method-not-allowed",
-                "Method not allowed",
-            ),
-            Error::Etcd(_) | Error::EtcdBatch(_) | Error::EtcdTimeout(_) => (
-                S::SERVICE_UNAVAILABLE,
-                "etcd-unavailable",
-                "etcd unavailable",
-            ),
-            Error::ShuttingDown => (S::SERVICE_UNAVAILABLE, "shutting-down", "Shutting down"),
-            Error::ForwardingDisabled => {
-                (S::NOT_FOUND, "forwarding-disabled", "Forwarding disabled")
-            }
-            Error::UpstreamUnavailable(_) => (
-                S::BAD_GATEWAY,
-                "upstream-unavailable",
-                "Upstream unavailable",
-            ),
-            Error::UpstreamTimeout(_) => {
-                (S::GATEWAY_TIMEOUT, "upstream-timeout", "Upstream timeout")
-            }
-            Error::PrefenceFailed(_) => (
-                S::SERVICE_UNAVAILABLE,
-                "prefence-failed",
-                "Pre-fence failed",
-            ),
-            Error::CorruptRecord { .. } => {
-                (S::INTERNAL_SERVER_ERROR, "corrupt-record", "Corrupt record")
-            }
+            Error::BodyTooLarge { .. } => Kind::BodyTooLarge,
+            Error::BodyTimeout(_) => Kind::BodyTimeout,
+            Error::UnsupportedMediaType => Kind::UnsupportedMediaType,
+            Error::MissingSecret => Kind::MissingSecret,
+            Error::NotHolder => Kind::NotHolder,
+            Error::Unauthenticated(_) => Kind::Unauthenticated,
+            Error::Forbidden { .. } => Kind::Forbidden,
+            Error::OtherPrincipal => Kind::OtherPrincipal,
+            Error::QuotaExceeded { .. } => Kind::QuotaExceeded,
+            Error::Held(_) => Kind::Held,
+            Error::IdempotencyKeyUsed => Kind::IdempotencyKeyUsed,
+            Error::Lost => Kind::Lost,
+            Error::SessionLost => Kind::SessionLost,
+            Error::NotSessionHolder => Kind::NotSessionHolder,
+            Error::NotFound => Kind::NotFound,
+            Error::NoSession => Kind::NoSession,
+            Error::NoRoute => Kind::NoRoute,
+            Error::EventsUnavailable(_) => Kind::EventsCompacted,
+            Error::TooManyWatches(_) => Kind::TooManyWatches,
+            Error::MethodNotAllowed => Kind::MethodNotAllowed,
+            Error::Etcd(_) | Error::EtcdBatch(_) | Error::EtcdTimeout(_) => Kind::EtcdUnavailable,
+            Error::ShuttingDown => Kind::ShuttingDown,
+            Error::ForwardingDisabled => Kind::ForwardingDisabled,
+            Error::UpstreamUnavailable(_) => Kind::UpstreamUnavailable,
+            Error::UpstreamTimeout(_) => Kind::UpstreamTimeout,
+            Error::PrefenceFailed(_) => Kind::PrefenceFailed,
+            Error::CorruptRecord { .. } => Kind::CorruptRecord,
         }
     }
 }
@@ -117,13 +145,14 @@ impl Error {
 impl Error {
     /// The problem slug (the last segment of its `type`), for audit lines.
     pub(crate) fn slug(&self) -> &'static str {
-        self.classify().1
+        self.kind().slug()
     }
 }
 
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
-        let (status, slug, title) = self.classify();
+        let kind = self.kind();
+        let (status, slug, title) = (kind.status(), kind.slug(), kind.title());
         if status.is_server_error() {
             tracing::warn!(error = %self, status = status.as_u16(), "request failed");
         }

@@ -10,24 +10,34 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use tokio::time::Instant;
+use utoipa::ToSchema;
 
 use super::authz::{self, Peer, Target};
 use super::{body, AppState};
 use crate::audit::Event;
 use crate::auth::Op;
+use crate::lease::session::{Heartbeat, Opened, SessionView};
 use crate::lease::{session, validate};
 use crate::{Error, Result};
 
 /// Body of `POST /v1/sessions`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct OpenBody {
+    /// Who opens it: any text without control characters.
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\u0000-\u001f\u007f-\u009f]*$"
+    )]
     holder: String,
+    /// Whole seconds, within the proxy's `--min-ttl`..`--max-ttl`.
+    #[schema(value_type = u64, minimum = 1)]
     ttl_seconds: serde_json::Number,
 }
 
 /// Body of `POST /v1/sessions/{id}/keepalive`: strictly nothing.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct KeepaliveBody {}
 
@@ -41,6 +51,31 @@ fn session_id(path: Result<Path<String>, PathRejection>) -> Result<i64> {
 
 /// Opening a session needs the right to acquire something: its grants are each authorised
 /// by resource when they are made.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions",
+    operation_id = "open_session",
+    tag = "sessions",
+    request_body(content = OpenBody, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Opened: the only answer that shows the secret", body = Opened,
+            headers(
+                ("Location" = String, description = "The session's URL"),
+                ("Cache-Control" = String, description = "`no-store`"),
+            ),
+            links(
+                ("keepalive" = (operation_id = "keepalive_session", parameters(("id" = "$response.body#/session_id"), ("header.Lease-Secret" = "$response.body#/secret")))),
+                ("close" = (operation_id = "close_session", parameters(("id" = "$response.body#/session_id"), ("header.Lease-Secret" = "$response.body#/secret")))),
+                ("get" = (operation_id = "get_session", parameters(("id" = "$response.body#/session_id")))),
+            ),
+        ),
+        (status = 400, description = "Invalid body"),
+        (status = 408, description = "The body took too long"),
+        (status = 413, description = "The body is too large"),
+        (status = 415, description = "The body is not JSON"),
+        (status = 429, description = "Over a quota", headers(("Retry-After" = u64, description = "Seconds to wait"))),
+    ),
+)]
 pub(super) async fn open(
     State(app): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -66,6 +101,24 @@ pub(super) async fn open(
     Ok(super::leases::created(opened, &location))
 }
 
+/// Renews the session, and so every grant under it.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/keepalive",
+    operation_id = "keepalive_session",
+    tag = "sessions",
+    params(("id" = String, Path, description = "The session id (a positive decimal number that fits in 63 bits)", pattern = r"^([1-9][0-9]{0,17}|[1-8][0-9]{18}|9[0-1][0-9]{17}|92[0-1][0-9]{16}|922[0-2][0-9]{15}|9223[0-2][0-9]{14}|92233[0-6][0-9]{13}|922337[0-1][0-9]{12}|92233720[0-2][0-9]{10}|922337203[0-5][0-9]{9}|9223372036[0-7][0-9]{8}|92233720368[0-4][0-9]{7}|922337203685[0-3][0-9]{6}|9223372036854[0-6][0-9]{5}|92233720368547[0-6][0-9]{4}|922337203685477[0-4][0-9]{3}|9223372036854775[0-7][0-9]{2}|922337203685477580[0-6]|9223372036854775807)$"), ("Lease-Secret" = String, Header, description = "The session's `secret`")),
+    request_body(content = Option<KeepaliveBody>, content_type = "application/json", description = "Nothing, or an empty object"),
+    responses(
+        (status = 200, description = "Renewed", body = Heartbeat),
+        (status = 400, description = "Invalid id, body or header"),
+        (status = 404, description = "No such session"),
+        (status = 408, description = "The body took too long"),
+        (status = 410, description = "The session has ended"),
+        (status = 413, description = "The body is too large"),
+        (status = 415, description = "The body is not JSON"),
+    ),
+)]
 pub(super) async fn keepalive(
     State(app): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
@@ -86,6 +139,20 @@ pub(super) async fn keepalive(
     Ok(Json(beat).into_response())
 }
 
+/// Ends the session and every grant under it.
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/{id}",
+    operation_id = "close_session",
+    tag = "sessions",
+    params(("id" = String, Path, description = "The session id (a positive decimal number that fits in 63 bits)", pattern = r"^([1-9][0-9]{0,17}|[1-8][0-9]{18}|9[0-1][0-9]{17}|92[0-1][0-9]{16}|922[0-2][0-9]{15}|9223[0-2][0-9]{14}|92233[0-6][0-9]{13}|922337[0-1][0-9]{12}|92233720[0-2][0-9]{10}|922337203[0-5][0-9]{9}|9223372036[0-7][0-9]{8}|92233720368[0-4][0-9]{7}|922337203685[0-3][0-9]{6}|9223372036854[0-6][0-9]{5}|92233720368547[0-6][0-9]{4}|922337203685477[0-4][0-9]{3}|9223372036854775[0-7][0-9]{2}|922337203685477580[0-6]|9223372036854775807)$"), ("Lease-Secret" = String, Header, description = "The session's `secret`")),
+    responses(
+        (status = 204, description = "Closed"),
+        (status = 400, description = "Invalid id or header"),
+        (status = 404, description = "No such session"),
+        (status = 410, description = "The session has ended"),
+    ),
+)]
 pub(super) async fn close(
     State(app): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
@@ -107,6 +174,18 @@ pub(super) async fn close(
 }
 
 /// A session and the resources held under it that the caller may read.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}",
+    operation_id = "get_session",
+    tag = "sessions",
+    params(("id" = String, Path, description = "The session id (a positive decimal number that fits in 63 bits)", pattern = r"^([1-9][0-9]{0,17}|[1-8][0-9]{18}|9[0-1][0-9]{17}|92[0-1][0-9]{16}|922[0-2][0-9]{15}|9223[0-2][0-9]{14}|92233[0-6][0-9]{13}|922337[0-1][0-9]{12}|92233720[0-2][0-9]{10}|922337203[0-5][0-9]{9}|9223372036[0-7][0-9]{8}|92233720368[0-4][0-9]{7}|922337203685[0-3][0-9]{6}|9223372036854[0-6][0-9]{5}|92233720368547[0-6][0-9]{4}|922337203685477[0-4][0-9]{3}|9223372036854775[0-7][0-9]{2}|922337203685477580[0-6]|9223372036854775807)$")),
+    responses(
+        (status = 200, description = "The session", body = SessionView),
+        (status = 400, description = "Invalid id"),
+        (status = 404, description = "No such session"),
+    ),
+)]
 pub(super) async fn get(
     State(app): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,

@@ -23,6 +23,7 @@ use futures::{Stream, StreamExt as _};
 use serde::Deserialize;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
+use utoipa::IntoParams;
 
 use super::authz::{self, Caller, Peer, Target};
 use super::AppState;
@@ -38,15 +39,40 @@ const KEEPALIVE: Duration = Duration::from_secs(15);
 /// What a client waits before reconnecting (the SSE `retry` field), in milliseconds.
 const RETRY_MS: u64 = 1000;
 
-#[derive(Debug, Deserialize)]
+/// Query of `GET /v1/watch`.
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(super) struct WatchQuery {
+    /// Only resources whose name starts with this (empty: all).
     #[serde(default)]
+    #[param(max_length = 200, pattern = r"^([A-Za-z0-9](\.?[A-Za-z0-9_:-])*\.?)?$")]
     prefix: String,
-    /// For clients that cannot set headers; `Last-Event-ID` wins when both are given.
+    /// Where to resume, for clients that cannot set headers; `Last-Event-ID` wins when both
+    /// are given.
+    #[param(pattern = r"^[0-9]{1,19}(\.[0-9]{1,10})?$")]
     last_event_id: Option<String>,
 }
 
+/// Ownership events (`acquired`, `released`, `expired`) under `prefix`, in etcd's revision
+/// order, as Server-Sent Events. The first message carries only an `id` (where the stream
+/// starts); each event's `data` is one JSON object (`type`, `resource`, `holder`, `token`,
+/// `revision`, `lease_id`, `session`). Resume with the last id seen in `Last-Event-ID`.
+#[utoipa::path(
+    get,
+    path = "/v1/watch",
+    operation_id = "watch",
+    tag = "leases",
+    params(
+        WatchQuery,
+        ("Last-Event-ID" = Option<String>, Header, description = "The id of the last message seen: the stream resumes after it, losing and repeating nothing", pattern = r"^[0-9]{1,19}(\.[0-9]{1,10})?$"),
+    ),
+    responses(
+        (status = 200, description = "The event stream (`text/event-stream`; comments every 15 s)", content_type = "text/event-stream", body = String),
+        (status = 400, description = "Invalid prefix, query or Last-Event-ID"),
+        (status = 410, description = "The resume point is no longer (or not) in etcd's history: list, then watch without an id"),
+    ),
+)]
 pub(super) async fn watch(
     State(app): State<Arc<AppState>>,
     query: std::result::Result<Query<WatchQuery>, QueryRejection>,

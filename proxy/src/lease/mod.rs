@@ -74,7 +74,7 @@ pub(crate) struct Acquire {
 }
 
 /// A successful acquire, as returned to the client (the only time the secret is shown).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub(crate) struct Grant {
     /// The resource now held.
     pub(crate) resource: String,
@@ -82,6 +82,7 @@ pub(crate) struct Grant {
     pub(crate) holder: String,
     /// The etcd lease id.
     #[serde(with = "i64_string")]
+    #[schema(value_type = String, example = "7587869420498113795")]
     pub(crate) lease_id: i64,
     /// Proof of holding, required in `Lease-Secret` to renew, release and forward.
     pub(crate) secret: String,
@@ -95,12 +96,14 @@ pub(crate) struct Grant {
     pub(crate) expires_in_ms: u64,
     /// Metadata stored with the grant.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub(crate) metadata: Option<serde_json::Value>,
     /// The session the grant lives on (its lease is the session's).
     #[serde(
         skip_serializing_if = "Option::is_none",
         with = "record::opt_i64_string"
     )]
+    #[schema(value_type = Option<String>)]
     pub(crate) session: Option<i64>,
 }
 
@@ -126,7 +129,7 @@ impl Conflict {
 }
 
 /// A successful renewal.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub(crate) struct Renewal {
     /// The resource.
     pub(crate) resource: String,
@@ -141,7 +144,7 @@ pub(crate) struct Renewal {
 }
 
 /// A public view of a held resource.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub(crate) struct Holding {
     /// The resource.
     pub(crate) resource: String,
@@ -149,6 +152,7 @@ pub(crate) struct Holding {
     pub(crate) holder: String,
     /// The etcd lease id.
     #[serde(with = "i64_string")]
+    #[schema(value_type = String, example = "7587869420498113795")]
     pub(crate) lease_id: i64,
     /// The token (revision, decimal string).
     pub(crate) token: String,
@@ -161,17 +165,19 @@ pub(crate) struct Holding {
     pub(crate) acquired_at: u64,
     /// Metadata stored with the grant.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub(crate) metadata: Option<serde_json::Value>,
     /// The session the grant lives on.
     #[serde(
         skip_serializing_if = "Option::is_none",
         with = "record::opt_i64_string"
     )]
+    #[schema(value_type = Option<String>)]
     pub(crate) session: Option<i64>,
 }
 
 /// One page of a listing.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub(crate) struct Page {
     /// Held resources in name order.
     pub(crate) leases: Vec<Holding>,

@@ -49,10 +49,11 @@ pub(crate) struct SessionRecord {
 }
 
 /// A session, as returned when it is opened (the only time its secret is shown).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub(crate) struct Opened {
     /// The session id (its etcd lease id, decimal).
     #[serde(with = "i64_string")]
+    #[schema(value_type = String, example = "7587869420498113795")]
     pub(crate) session_id: i64,
     /// The holder.
     pub(crate) holder: String,
@@ -66,10 +67,11 @@ pub(crate) struct Opened {
 }
 
 /// A session's heartbeat answer.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub(crate) struct Heartbeat {
     /// The session id.
     #[serde(with = "i64_string")]
+    #[schema(value_type = String, example = "7587869420498113795")]
     pub(crate) session_id: i64,
     /// The TTL etcd renewed the session to.
     pub(crate) ttl_seconds: u64,
@@ -79,10 +81,11 @@ pub(crate) struct Heartbeat {
 }
 
 /// A public view of a session.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub(crate) struct SessionView {
     /// The session id.
     #[serde(with = "i64_string")]
+    #[schema(value_type = String, example = "7587869420498113795")]
     pub(crate) session_id: i64,
     /// Who opened it.
     pub(crate) holder: String,

@@ -76,14 +76,40 @@ pub(crate) fn holder(holder: &str) -> Result<()> {
     Ok(())
 }
 
+/// `value` as a whole number: `10.0` is the same JSON number as `10` (what JSON Schema calls an
+/// integer, and what a client whose numbers are all floats sends); `None` with a fractional
+/// part, negative or beyond `u64`.
+pub(crate) fn whole_number(value: &serde_json::Number) -> Option<u64> {
+    if let Some(n) = value.as_u64() {
+        return Some(n);
+    }
+    let f = value.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0)?;
+    // 2^64 is exactly representable; below it every whole f64 converts exactly (at or above
+    // it the cast saturates, and the value is refused).
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    (f < 18_446_744_073_709_551_616.0).then_some(f as u64)
+}
+
+/// Deserialises an optional whole number given as any JSON number (see [`whole_number`]).
+pub(crate) fn opt_whole_number<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<u64>, D::Error> {
+    use serde::Deserialize;
+    Option::<serde_json::Number>::deserialize(d)?
+        .map(|n| {
+            whole_number(&n)
+                .ok_or_else(|| serde::de::Error::custom(format!("not a whole number: {n}")))
+        })
+        .transpose()
+}
+
 /// Checks a TTL given as a JSON number against `[min, max]` and returns it in whole seconds.
 pub(crate) fn ttl(value: &serde_json::Number, min: u64, max: u64) -> Result<u64> {
     let bad = |reason: String| Error::InvalidField {
         field: "ttl_seconds",
         reason,
     };
-    let secs = value
-        .as_u64()
+    let secs = whole_number(value)
         .ok_or_else(|| bad(format!("must be a whole number of seconds, got {value}")))?;
     if secs < min || secs > max {
         return Err(bad(format!("must be between {min} and {max}, got {secs}")));
@@ -198,8 +224,21 @@ mod tests {
     fn ttls() {
         let n = |s: &str| serde_json::from_str::<serde_json::Number>(s).unwrap();
         assert_eq!(ttl(&n("10"), 2, 3600).unwrap(), 10);
-        for bad in ["0", "1", "-5", "1.5", "3601", "2.0"] {
+        // The same numbers as 2, 10 and 3600 (JSON Schema's integers), as a float-only client
+        // writes them (found by schemathesis).
+        assert_eq!(ttl(&n("2.0"), 2, 3600).unwrap(), 2);
+        assert_eq!(ttl(&n("10.0"), 2, 3600).unwrap(), 10);
+        assert_eq!(ttl(&n("3.6e3"), 2, 3600).unwrap(), 3600);
+        for bad in [
+            "0", "1", "-5", "1.5", "3601", "1.0", "-0.0", "3600.5", "1e300", "-1e300",
+        ] {
             assert!(ttl(&n(bad), 2, 3600).is_err(), "{bad}");
+        }
+        assert_eq!(whole_number(&n("18446744073709551615")), Some(u64::MAX));
+        assert_eq!(whole_number(&n("1.8446744073709552e19")), None);
+        assert_eq!(whole_number(&n("9007199254740992.0")), Some(1 << 53));
+        for bad in ["-1", "0.5", "-0.5", "1e20"] {
+            assert_eq!(whole_number(&n(bad)), None, "{bad}");
         }
     }
 
