@@ -153,7 +153,37 @@ pub(super) fn finish(mut doc: OpenApi, limits: Limits) -> serde_json::Result<Val
         },
     )?;
     configured(&mut json, limits);
+    headers_not_null(&mut json);
     Ok(json)
+}
+
+/// An optional header is absent or a string, never JSON `null` (utoipa writes `Option<String>`
+/// as `["string", "null"]`, and a client sending the text `null` would be refused).
+fn headers_not_null(doc: &mut Value) {
+    let Some(paths) = doc["paths"].as_object_mut() else {
+        return;
+    };
+    let operations = paths
+        .values_mut()
+        .filter_map(Value::as_object_mut)
+        .flat_map(|item| item.values_mut());
+    for operation in operations {
+        let Some(parameters) = operation
+            .get_mut("parameters")
+            .and_then(Value::as_array_mut)
+        else {
+            continue;
+        };
+        for parameter in parameters.iter_mut().filter(|p| p["in"] == "header") {
+            if let Some(types) = parameter["schema"]["type"].as_array() {
+                let types: Vec<Value> = types.iter().filter(|t| *t != "null").cloned().collect();
+                parameter["schema"]["type"] = match types.as_slice() {
+                    [one] => one.clone(),
+                    _ => Value::Array(types),
+                };
+            }
+        }
+    }
 }
 
 /// This proxy's bounds (`--min-ttl`, `--max-ttl`, `--max-wait`) in the request schemas, so a

@@ -39,6 +39,44 @@ const KEEPALIVE: Duration = Duration::from_secs(15);
 /// What a client waits before reconnecting (the SSE `retry` field), in milliseconds.
 const RETRY_MS: u64 = 1000;
 
+/// The pattern of an event id (`R` or `R.n`), as the document gives it.
+const ID_PATTERN: &str = r"^[1-9][0-9]{0,17}(\.[0-9]{1,9})?$";
+
+/// One message of the stream, for the OpenAPI document (its `text/event-stream` convention:
+/// one object per message, with the SSE fields as properties).
+pub(super) struct EventMessage;
+
+impl utoipa::PartialSchema for EventMessage {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        let string = || ObjectBuilder::new().schema_type(Type::String);
+        ObjectBuilder::new()
+            .description(Some(
+                "One SSE message: the first carries only `id` (and `retry`); every other one \
+                 is an event",
+            ))
+            .property("id", string().pattern(Some(ID_PATTERN)))
+            .property(
+                "event",
+                string().enum_values(Some(["acquired", "released", "expired"])),
+            )
+            .property(
+                "data",
+                string().description(Some(
+                    "The event as one JSON object: `type` (as `event`), `resource`, `holder`, \
+                     `token` (the grant's create revision, decimal string), `revision` (the \
+                     event's, integer), `lease_id` (decimal string), `session` (for grants \
+                     under a session)",
+                )),
+            )
+            .property("retry", ObjectBuilder::new().schema_type(Type::Integer))
+            .required("id")
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for EventMessage {}
+
 /// Query of `GET /v1/watch`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -50,7 +88,7 @@ pub(super) struct WatchQuery {
     prefix: String,
     /// Where to resume, for clients that cannot set headers; `Last-Event-ID` wins when both
     /// are given.
-    #[param(pattern = r"^[0-9]{1,19}(\.[0-9]{1,10})?$")]
+    #[param(pattern = r"^[1-9][0-9]{0,17}(\.[0-9]{1,9})?$")]
     last_event_id: Option<String>,
 }
 
@@ -65,10 +103,10 @@ pub(super) struct WatchQuery {
     tag = "leases",
     params(
         WatchQuery,
-        ("Last-Event-ID" = Option<String>, Header, description = "The id of the last message seen: the stream resumes after it, losing and repeating nothing", pattern = r"^[0-9]{1,19}(\.[0-9]{1,10})?$"),
+        ("Last-Event-ID" = Option<String>, Header, description = "The id of the last message seen: the stream resumes after it, losing and repeating nothing", pattern = r"^[1-9][0-9]{0,17}(\.[0-9]{1,9})?$"),
     ),
     responses(
-        (status = 200, description = "The event stream (`text/event-stream`; comments every 15 s)", content_type = "text/event-stream", body = String),
+        (status = 200, description = "The event stream (`text/event-stream`; comments every 15 s)", content_type = "text/event-stream", body = EventMessage),
         (status = 400, description = "Invalid prefix, query or Last-Event-ID"),
         (status = 410, description = "The resume point is no longer (or not) in etcd's history: list, then watch without an id"),
     ),
