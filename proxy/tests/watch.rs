@@ -313,6 +313,16 @@ async fn bad_and_unavailable_resume_points_are_refused() {
             .unwrap();
         assert_eq!(r.status(), 400, "prefix {bad}");
     }
+    // A malformed query id is refused even beside a valid header.
+    for query in ["last_event_id=", "last_event_id=x", "last_event_id=0"] {
+        let r = client
+            .get(format!("{url}&{query}"))
+            .header("last-event-id", "1")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{query}");
+    }
     let r = client.get(format!("{url}&since=1")).send().await.unwrap();
     assert_eq!(r.status(), 400, "unknown parameter");
 

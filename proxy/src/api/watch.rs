@@ -120,14 +120,21 @@ pub(super) async fn watch(
     let caller = authz::authorize(&app, &headers, &peer, Op::Read, Target::Some)?;
     let Query(q) = query.map_err(|e| Error::InvalidRequest(e.body_text()))?;
     validate::resource_prefix(&q.prefix)?;
-    let last = match headers.get("last-event-id") {
-        Some(value) => Some(value.to_str().map_err(|_| Error::InvalidField {
-            field: "Last-Event-ID",
-            reason: "must be ASCII".into(),
-        })?),
-        None => q.last_event_id.as_deref(),
+    // Both forms are checked when both are given (the header wins): nothing malformed passes.
+    let from_query = q
+        .last_event_id
+        .as_deref()
+        .map(Position::parse)
+        .transpose()?;
+    let after = match headers.get("last-event-id") {
+        Some(value) => Some(Position::parse(value.to_str().map_err(|_| {
+            Error::InvalidField {
+                field: "Last-Event-ID",
+                reason: "must be ASCII".into(),
+            }
+        })?)?),
+        None => from_query,
     };
-    let after = last.map(Position::parse).transpose()?;
     let permit = app
         .watch_streams
         .clone()
