@@ -16,6 +16,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use tokio_io_timeout::TimeoutStream;
 use tokio_util::sync::CancellationToken;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
@@ -51,6 +52,12 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     /// How long a connection with no request in flight (its last answer fully sent) stays open.
     pub idle_timeout: Duration,
+    /// How long an answer may wait on a client that takes none of it (its socket buffers full:
+    /// a paused or vanished reader) before the connection is closed. Any progress restarts the
+    /// clock, so a slow reader is served; only one that reads nothing at all is cut. This is what
+    /// ends a long answer — an event stream, a large forwarded body — whose reader stopped,
+    /// since the answer's own timers are not polled while its writes wait.
+    pub write_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -59,6 +66,7 @@ impl Default for Limits {
             max_connections: 1024,
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -220,6 +228,11 @@ async fn accept(
                 .with_interval(TCP_KEEPALIVE_INTERVAL)
                 .with_retries(TCP_KEEPALIVE_RETRIES),
         );
+        // A write that makes no progress for `write_timeout` fails the connection (under TLS
+        // too: the TLS stream writes through this one).
+        let mut stream = TimeoutStream::new(stream);
+        stream.set_write_timeout(Some(limits.write_timeout));
+        let stream = Box::pin(stream);
         let connection = Connection {
             builder: builder.clone(),
             watcher: graceful.watcher(),

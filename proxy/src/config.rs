@@ -149,6 +149,13 @@ pub struct Config {
     #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
 
+    /// How long an answer may wait on a client that takes none of it (a paused or vanished
+    /// reader, its socket buffers full) before the connection is closed; any progress restarts
+    /// the clock.
+    #[arg(long, env = "LEASE_PROXY_CLIENT_WRITE_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub client_write_timeout: Duration,
+
     /// After SIGTERM, how long to go on serving with `/readyz` at 503 before the listener closes,
     /// so load balancers stop sending new requests first (Kubernetes: a few seconds).
     #[arg(long, env = "LEASE_PROXY_SHUTDOWN_DELAY", default_value = "0s", value_parser = humantime::parse_duration)]
@@ -420,6 +427,7 @@ impl Config {
         for (flag, value) in [
             ("--header-read-timeout", self.header_read_timeout),
             ("--idle-timeout", self.idle_timeout),
+            ("--client-write-timeout", self.client_write_timeout),
         ] {
             if value.is_zero() {
                 return fail(format!("{flag} must be above zero"));

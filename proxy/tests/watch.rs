@@ -434,6 +434,8 @@ async fn a_thousand_events_a_second_through_one_stream_with_a_stalled_reader_sta
         std::process::Command::new(lease_proxy_testkit::workspace_binary("lease-proxy"))
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--etcd-endpoints", &etcd.endpoints().join(",")])
+            // The reader stalls for 20 s on purpose and must then get everything.
+            .args(["--client-write-timeout", "120s"])
             .arg("--key-file")
             .arg(&key)
             .arg("--data-dir")
@@ -848,4 +850,72 @@ async fn streams_end_at_their_longest_life_and_resume_without_loss() {
     }
     assert!(resumed >= 2, "the stream never reached its longest life");
     assert_eq!(seen, tokens);
+}
+
+/// A client that stops reading while events keep coming fills the socket buffers; the stream's
+/// own timers are then never polled (hyper waits on the write), and TCP never gives up on a
+/// peer whose kernel still acknowledges. `--client-write-timeout` is what ends the connection:
+/// the slot comes back long before `--watch-max-duration`.
+#[tokio::test]
+async fn a_reader_that_stops_while_events_flow_loses_its_slot_at_the_write_deadline() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |c| {
+        c.max_watch_streams = 1;
+        c.watch_max_duration = Duration::from_secs(600);
+        c.client_write_timeout = Duration::from_secs(2);
+    })
+    .await;
+    let url = watch_url(&proxy, "");
+    // A raw connection with a small receive buffer: it reads the head of the answer, then
+    // nothing, and stays open (its kernel keeps acknowledging).
+    let address: std::net::SocketAddr = proxy.url.trim_start_matches("http://").parse().unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stalled = socket.connect(address).await.unwrap();
+    stalled
+        .write_all(format!("GET /v1/watch HTTP/1.1\r\nHost: {address}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut head = [0u8; 12];
+    stalled.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    assert_eq!(reqwest::get(&url).await.unwrap().status(), 503);
+
+    // ~12 MiB of events (4 KiB holders), far more than the socket buffers on both ends hold.
+    let mut kv = etcd.client().await;
+    let value = record("flood");
+    let name = |i: usize| format!("/lease-proxy/holders/flood-{i:05}");
+    for round in 0..15usize {
+        let keys = round * 100..round * 100 + 100;
+        let puts: Vec<_> = keys
+            .clone()
+            .map(|i| etcd_client::TxnOp::put(name(i), value.as_str(), None))
+            .collect();
+        kv.txn(etcd_client::Txn::new().and_then(puts))
+            .await
+            .unwrap();
+        let deletes: Vec<_> = keys
+            .map(|i| etcd_client::TxnOp::delete(name(i), None))
+            .collect();
+        kv.txn(etcd_client::Txn::new().and_then(deletes))
+            .await
+            .unwrap();
+    }
+    // The write deadline (2 s) frees the slot; the stream's longest life (10 min) would not.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = reqwest::get(&url).await.unwrap();
+        if r.status() == 200 {
+            break;
+        }
+        assert_eq!(r.status(), 503);
+        assert!(
+            Instant::now() < deadline,
+            "a reader that stopped while events flowed kept its slot"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    drop(stalled);
 }

@@ -108,6 +108,13 @@ pub struct GatewayConfig {
     #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
 
+    /// How long an answer may wait on a client that takes none of it (a paused or vanished
+    /// reader, its socket buffers full) before the connection is closed; any progress restarts
+    /// the clock.
+    #[arg(long, env = "FENCE_GATEWAY_CLIENT_WRITE_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub client_write_timeout: Duration,
+
     /// PostgreSQL connections in the pool (held only for short statements), plus one listening
     /// connection per gateway for wake-ups.
     #[arg(long, env = "FENCE_GATEWAY_MAX_CONNECTIONS", default_value_t = 16)]
@@ -365,6 +372,7 @@ impl GatewayConfig {
             ("--store-timeout", self.store_timeout),
             ("--header-read-timeout", self.header_read_timeout),
             ("--idle-timeout", self.idle_timeout),
+            ("--client-write-timeout", self.client_write_timeout),
             ("--idle-eviction", self.idle_eviction),
         ] {
             if value.is_zero() {

@@ -178,6 +178,7 @@ pub async fn run(
             max_connections: config.max_client_connections,
             header_read_timeout: config.header_read_timeout,
             idle_timeout: config.idle_timeout,
+            write_timeout: config.client_write_timeout,
         },
     )
     .await;
