@@ -90,6 +90,11 @@ struct Args {
     /// (the leases themselves are held with a longer TTL so that setup time does not matter).
     #[arg(long, default_value_t = 30)]
     sustain_ttl: u64,
+    /// Sustained runs per backend, interleaved: round k runs the proxy first when k is even
+    /// and raw etcd's multiplexed stream first when it is odd (one stream per lease once,
+    /// after the rounds), so neither side always runs on the fresher etcd.
+    #[arg(long, default_value_t = 1)]
+    sustain_rounds: usize,
     /// Most renewals outstanding at once in a sustained run.
     #[arg(long, default_value_t = 1024)]
     sustain_in_flight: usize,
@@ -182,7 +187,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     let columns = setup(&args, raw.clone(), proxy.clone(), h2c, unbatched).await?;
     let tables = columns.tables(&args);
-    let total = sides::count(&tables, &cells) + args.sustain.len() * 3;
+    let total =
+        sides::count(&tables, &cells) + args.sustain.len() * (2 * args.sustain_rounds.max(1) + 1);
     let progress = ProgressBar::new(u64::try_from(total)?);
     progress.set_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} {elapsed} {msg}")
@@ -497,7 +503,8 @@ fn take<T>(held: Arc<Vec<T>>) -> anyhow::Result<Vec<T>> {
     Arc::try_unwrap(held).map_err(|_| anyhow::anyhow!("held leases still shared"))
 }
 
-/// Sustained renewal of `n` held leases on each backend in turn.
+/// Sustained renewal of `n` held leases, proxy and raw multiplexed stream interleaved round by
+/// round, then (small runs only) one stream per lease once.
 async fn sustain(
     args: &Args,
     n: usize,
@@ -508,10 +515,19 @@ async fn sustain(
     progress: &ProgressBar,
 ) -> anyhow::Result<Vec<serde_json::Value>> {
     let mut out = Vec::new();
-    progress.set_message(format!("sustain {n} via proxy"));
-    out.push(sustain_one(args, n, "proxy", proxy, proxy_pid, progress).await?);
-    progress.set_message(format!("sustain {n} via etcd, one stream"));
-    out.push(sustain_one(args, n, "etcd multiplexed", raw, None, progress).await?);
+    for round in 0..args.sustain_rounds.max(1) {
+        for proxy_turn in [round % 2 == 0, round % 2 == 1] {
+            let mut run = if proxy_turn {
+                progress.set_message(format!("sustain {n} via proxy, round {round}"));
+                sustain_one(args, n, "proxy", proxy, proxy_pid, progress).await?
+            } else {
+                progress.set_message(format!("sustain {n} via etcd, one stream, round {round}"));
+                sustain_one(args, n, "etcd multiplexed", raw, None, progress).await?
+            };
+            run["round"] = json!(round);
+            out.push(run);
+        }
+    }
     if n <= args.per_lease_max {
         progress.set_message(format!("sustain {n} via etcd, stream per lease"));
         let per_lease = Arc::new(RawEtcd::connect(etcd_url, Streams::PerLease).await?);
