@@ -239,6 +239,7 @@ pub async fn run(
         draining: AtomicBool::new(false),
         watch_streams,
         watch_max_duration: config.watch_max_duration,
+        watch_write_timeout: config.client_write_timeout,
         max_watch_streams: config.max_watch_streams,
         openapi: std::sync::OnceLock::new(),
         acquire_rate: config

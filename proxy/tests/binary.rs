@@ -418,3 +418,45 @@ async fn server_limits_close_slow_and_idle_connections_and_bound_their_number() 
     drop(served);
     assert_eq!(waiting.await.unwrap().unwrap(), 200);
 }
+
+/// A client that asks and then reads nothing (paused, or its link gone quiet while its kernel
+/// still acknowledges) fills the socket buffers, and the answer's writes wait: such a connection
+/// is busy, so no idle deadline closes it. `--client-write-timeout` does, and its slot of
+/// `--max-client-connections` comes back.
+#[tokio::test]
+async fn a_connection_whose_reader_takes_nothing_is_closed_at_the_write_deadline() {
+    use tokio::io::AsyncWriteExt;
+
+    let etcd = Etcd::single().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_proxy, url) = start_binary(
+        &etcd,
+        dir.path(),
+        &[
+            "--max-client-connections",
+            "1",
+            "--client-write-timeout",
+            "2s",
+            "--idle-timeout",
+            "600s",
+        ],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await; // readiness probes' connections closed
+    let address: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stalled = socket.connect(address).await.unwrap();
+    // Pipelined asks for the OpenAPI document: megabytes of answers nobody reads.
+    let ask = "GET /openapi.json HTTP/1.1\r\nhost: x\r\n\r\n".repeat(300);
+    stalled.write_all(ask.as_bytes()).await.unwrap();
+    let next = tokio::spawn({
+        let url = format!("{url}/livez");
+        async move { reqwest::get(url).await.map(|r| r.status().as_u16()) }
+    });
+    let answered = tokio::time::timeout(Duration::from_secs(20), next)
+        .await
+        .expect("a connection whose reader took nothing kept the only slot");
+    assert_eq!(answered.unwrap().unwrap(), 200);
+    drop(stalled);
+}

@@ -883,7 +883,59 @@ async fn a_reader_that_stops_while_events_flow_loses_its_slot_at_the_write_deadl
     assert_eq!(&head, b"HTTP/1.1 200");
     assert_eq!(reqwest::get(&url).await.unwrap().status(), 503);
 
-    // ~12 MiB of events (4 KiB holders), far more than the socket buffers on both ends hold.
+    flood(&etcd).await;
+    // The write deadline (2 s) frees the slot; the stream's longest life (10 min) would not.
+    slot_comes_back(
+        &url,
+        "a reader that stopped while events flowed kept its slot",
+    )
+    .await;
+    drop(stalled);
+}
+
+/// The same over HTTP/2, where the connection stays busy and writable: a stream whose reader
+/// stopped has no flow-control window left, so the proxy never even polls its body (no write
+/// waits, the connection's write deadline never starts). The stream must still end once its
+/// reader has taken nothing for `--client-write-timeout`.
+#[tokio::test]
+async fn an_http2_stream_whose_reader_stops_loses_its_slot_at_the_write_deadline() {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |c| {
+        c.max_watch_streams = 1;
+        c.watch_max_duration = Duration::from_secs(600);
+        c.client_write_timeout = Duration::from_secs(2);
+    })
+    .await;
+    let url = watch_url(&proxy, "");
+    let address = proxy.url.trim_start_matches("http://").to_owned();
+    let tcp = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .adaptive_window(false)
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(1 << 24)
+        .handshake::<_, http_body_util::Empty<bytes::Bytes>>(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    // The connection lives on (and answers the server's pings); only the stream is not read.
+    let driver = tokio::spawn(connection);
+    let request = hyper::Request::get(format!("http://{address}/v1/watch"))
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let stalled = sender.send_request(request).await.unwrap();
+    assert_eq!(stalled.status(), 200);
+    assert_eq!(reqwest::get(&url).await.unwrap().status(), 503);
+
+    flood(&etcd).await;
+    slot_comes_back(&url, "an HTTP/2 stream whose reader stopped kept its slot").await;
+    drop(stalled);
+    driver.abort();
+}
+
+/// ~12 MiB of events (4 KiB holders) straight into etcd: far more than socket buffers and an
+/// HTTP/2 window hold.
+async fn flood(etcd: &Etcd) {
     let mut kv = etcd.client().await;
     let value = record("flood");
     let name = |i: usize| format!("/lease-proxy/holders/flood-{i:05}");
@@ -903,19 +955,18 @@ async fn a_reader_that_stops_while_events_flow_loses_its_slot_at_the_write_deadl
             .await
             .unwrap();
     }
-    // The write deadline (2 s) frees the slot; the stream's longest life (10 min) would not.
+}
+
+/// Waits up to 20 s for the only stream slot of the proxy at `url` to be free again.
+async fn slot_comes_back(url: &str, failure: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let r = reqwest::get(&url).await.unwrap();
+        let r = reqwest::get(url).await.unwrap();
         if r.status() == 200 {
-            break;
+            return;
         }
         assert_eq!(r.status(), 503);
-        assert!(
-            Instant::now() < deadline,
-            "a reader that stopped while events flowed kept its slot"
-        );
+        assert!(Instant::now() < deadline, "{failure}");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    drop(stalled);
 }

@@ -59,6 +59,9 @@ pub(crate) struct AppState {
     pub(crate) max_watch_streams: usize,
     /// Their longest life (`--watch-max-duration`, ±10 %).
     pub(crate) watch_max_duration: std::time::Duration,
+    /// How long a stream waits on a reader that takes nothing before it ends
+    /// (`--client-write-timeout`).
+    pub(crate) watch_write_timeout: std::time::Duration,
     /// Set when SIGTERM arrives: `/readyz` answers 503 from then on.
     pub(crate) draining: AtomicBool,
     /// `/openapi.json`, rendered at its first request (`None`: it could not be).

@@ -1,14 +1,18 @@
 //! `GET /v1/watch?prefix=`: ownership events as Server-Sent Events, resumable with
 //! `Last-Event-ID` (see `etcd::events` for what an event is and how ids work).
 //!
-//! The stream is driven by the client: an event is taken from etcd only when the connection can
-//! take it, so a slow reader holds back its own etcd watch (etcd buffers, not the proxy) and
-//! memory stays bounded. Each stream holds one slot of `--max-watch-streams` for as long as its
-//! body lives; the slot goes back when the body is dropped — the client left, etcd ended the
-//! watch, the proxy began draining (streams end then, so the drain does not wait for them), or
-//! the stream reached `--watch-max-duration` (±10 %; the client resumes), which bounds what a
-//! client that stopped reading can hold. TCP keepalive (set on every accepted connection) ends
-//! the streams of peers that vanished without a trace within about a minute.
+//! Each stream is a tracked task that owns the etcd subscription and one slot of
+//! `--max-watch-streams`, and hands messages to the response body through a channel of
+//! [`BUFFERED`] messages. The reader drives it: an event is taken from etcd only when the
+//! channel has room, so a slow reader holds back its own etcd watch (etcd buffers, not the
+//! proxy) and memory stays bounded. The task, not the body, owns what matters, because a body
+//! is polled only when the connection can send (an HTTP/2 stream whose reader stopped has no
+//! window and is never polled again). The task ends, giving its slot back, when the client
+//! left (the body was dropped), etcd ended the watch, the proxy began draining (so the drain
+//! does not wait for streams), the stream reached `--watch-max-duration` (±10 %; the client
+//! resumes), or the reader took nothing for `--client-write-timeout` while events waited. TCP
+//! keepalive (set on every accepted connection) ends the streams of peers that vanished
+//! without a trace within about a minute.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -19,7 +23,7 @@ use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures::{Stream, StreamExt as _};
+use futures::Stream;
 use serde::Deserialize;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
@@ -38,6 +42,10 @@ const KEEPALIVE: Duration = Duration::from_secs(15);
 
 /// What a client waits before reconnecting (the SSE `retry` field), in milliseconds.
 const RETRY_MS: u64 = 1000;
+
+/// Messages a stream holds for its reader: what the channel between its task and the response
+/// body carries at most.
+const BUFFERED: usize = 8;
 
 /// The pattern of an event id (`R` or `R.n`), as the document gives it.
 const ID_PATTERN: &str = r"^[1-9][0-9]{0,17}(\.[0-9]{1,9})?$";
@@ -152,21 +160,24 @@ pub(super) async fn watch(
             .collect(),
         peer,
     });
-    let stream = events(Watcher {
-        subscription,
-        prefix: q.prefix,
-        caller,
-        credentials,
-        recheck: {
-            let mut every =
-                tokio::time::interval_at(tokio::time::Instant::now() + RECHECK, RECHECK);
-            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            every
+    let stream = events(
+        &app,
+        Watcher {
+            subscription,
+            prefix: q.prefix,
+            caller,
+            credentials,
+            recheck: {
+                let mut every =
+                    tokio::time::interval_at(tokio::time::Instant::now() + RECHECK, RECHECK);
+                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                every
+            },
+            ends_at: tokio::time::Instant::now() + jittered(app.watch_max_duration),
+            stopping: app.leases.stopping().clone(),
+            _permit: permit,
         },
-        ends_at: tokio::time::Instant::now() + jittered(app.watch_max_duration),
-        stopping: app.leases.stopping().clone(),
-        _permit: permit,
-    });
+    );
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(KEEPALIVE).text("keepalive"))
         .into_response())
@@ -256,19 +267,48 @@ fn jittered(d: Duration) -> Duration {
 }
 
 /// The SSE messages: first the position the stream starts after (an id with no data, which a
-/// client stores as its last event id), then one message per event.
-fn events(watcher: Watcher) -> impl Stream<Item = std::result::Result<Event, Infallible>> {
-    let first = Event::default()
-        .id(watcher.subscription.start().to_string())
-        .retry(Duration::from_millis(RETRY_MS));
-    let rest = futures::stream::unfold(watcher, |mut watcher| async move {
-        let event = watcher.next().await?;
-        let message = Event::default()
-            .id(event.position.to_string())
-            .event(event.kind.as_str())
-            .json_data(&event)
-            .unwrap_or_else(|_| Event::default().comment("unserialisable event"));
-        Some((Ok(message), watcher))
+/// client stores as its last event id), then one message per event. They are made by a tracked
+/// task that owns `watcher` (its subscription and slot) and ends as the module doc says.
+fn events(
+    app: &AppState,
+    mut watcher: Watcher,
+) -> impl Stream<Item = std::result::Result<Event, Infallible>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(BUFFERED);
+    let write_timeout = app.watch_write_timeout;
+    app.leases.spawn(async move {
+        let mut message = Event::default()
+            .id(watcher.subscription.start().to_string())
+            .retry(Duration::from_millis(RETRY_MS));
+        loop {
+            // Handed over, or the stream ends: the reader left, or took nothing for the
+            // write timeout, or the stream's life is over.
+            let handed = tokio::select! {
+                sent = tx.send(message) => sent.is_ok(),
+                () = tokio::time::sleep(write_timeout) => {
+                    tracing::debug!("event stream ended: its reader took nothing");
+                    false
+                }
+                () = watcher.stopping.cancelled() => false,
+                () = tokio::time::sleep_until(watcher.ends_at) => false,
+            };
+            if !handed {
+                return;
+            }
+            let event = tokio::select! {
+                event = watcher.next() => event,
+                () = tx.closed() => None,
+            };
+            let Some(event) = event else {
+                return;
+            };
+            message = Event::default()
+                .id(event.position.to_string())
+                .event(event.kind.as_str())
+                .json_data(&event)
+                .unwrap_or_else(|_| Event::default().comment("unserialisable event"));
+        }
     });
-    futures::stream::once(async move { Ok(first) }).chain(rest)
+    futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|message| (Ok(message), rx))
+    })
 }

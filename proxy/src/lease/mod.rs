@@ -462,6 +462,12 @@ impl Leases {
         &self.stopping
     }
 
+    /// Runs `task` as one of the service's tracked tasks: shutdown waits for it, so it must end
+    /// once [`Leases::stopping`] fires.
+    pub(crate) fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.tracker.spawn(task);
+    }
+
     /// The bounds this service enforces.
     pub(crate) fn limits(&self) -> Limits {
         self.limits
