@@ -35,6 +35,7 @@ from .errors import LeaseProxyError, Lost, SessionLost, TransportError
 from .models import Event, Grant, Holding, Renewal, SessionGrant
 from .protocol import Cert, RELEASED, REVOKED, SESSION_LOST, Call, Verify
 from .sse import Parser, to_event
+from .views import LeaseView, SessionView
 
 
 class AsyncClient:
@@ -308,9 +309,11 @@ class _AsyncRenewer:
                 return  # renew no more: the timer ends the lease at its deadline
 
 
-class AsyncLease:
+class AsyncLease(LeaseView[AsyncLostEvent]):
     """A held lease renewed by a task until released or lost (see :class:`~lease_proxy_client.Lease`).
     ``async with`` releases it on exit; :attr:`lost` is an :class:`asyncio.Event`."""
+
+    _liveness: AsyncLiveness
 
     def __init__(
         self, client: AsyncClient, grant: Grant, sent: float, session: Optional["AsyncSession"] = None
@@ -335,62 +338,6 @@ class AsyncLease:
             # Dropped without release: renew no more, so the grant ends at its TTL.
             weakref.finalize(self, self._renewer.stop_from_gc)
         self._released = False
-
-    @property
-    def grant(self) -> Grant:
-        """The proxy's answer to the acquire."""
-        return self._grant
-
-    @property
-    def resource(self) -> str:
-        """The resource held."""
-        return self._grant.resource
-
-    @property
-    def holder(self) -> str:
-        """The holder name."""
-        return self._grant.holder
-
-    @property
-    def lease_id(self) -> str:
-        """The etcd lease id (decimal)."""
-        return self._grant.lease_id
-
-    @property
-    def secret(self) -> str:
-        """Proof of holding (``Lease-Secret``)."""
-        return self._grant.secret
-
-    @property
-    def token(self) -> int:
-        """The fencing token's revision."""
-        return self._grant.token
-
-    @property
-    def fencing_token(self) -> str:
-        """The signed fencing token (``Fencing-Token``)."""
-        return self._grant.fencing_token
-
-    @property
-    def session_id(self) -> Optional[str]:
-        """The session this lease lives on, if any."""
-        return self._grant.session
-
-    @property
-    def deadline(self) -> float:
-        """The conservative end of the lease on :func:`time.monotonic`'s clock."""
-        return self._liveness.deadline
-
-    @property
-    def lost(self) -> AsyncLostEvent:
-        """Set when the lease is lost — at the deadline at the latest."""
-        return self._liveness.lost
-
-    @property
-    def lost_reason(self) -> Optional[str]:
-        """None while held, else ``expired``, ``revoked``, ``session-lost`` or ``released``."""
-        self._liveness.check()
-        return self._liveness.reason
 
     async def forward(
         self,
@@ -458,8 +405,10 @@ class AsyncLease:
         )
 
 
-class AsyncSession:
+class AsyncSession(SessionView[AsyncLostEvent]):
     """A session kept alive by a task (see :class:`~lease_proxy_client.Session`)."""
+
+    _liveness: AsyncLiveness
 
     def __init__(self, client: AsyncClient, grant: SessionGrant, sent: float):
         self._client = client
@@ -475,42 +424,6 @@ class AsyncSession:
         )
         weakref.finalize(self, self._renewer.stop_from_gc)  # dropped without close: it lapses at its TTL
         self._closed = False
-
-    @property
-    def id(self) -> str:
-        """The session id (decimal)."""
-        return self._grant.session_id
-
-    @property
-    def holder(self) -> str:
-        """Who opened it."""
-        return self._grant.holder
-
-    @property
-    def secret(self) -> str:
-        """The session's secret."""
-        return self._grant.secret
-
-    @property
-    def ttl_seconds(self) -> int:
-        """The session's TTL."""
-        return self._grant.ttl_seconds
-
-    @property
-    def deadline(self) -> float:
-        """The conservative end of the session on :func:`time.monotonic`'s clock."""
-        return self._liveness.deadline
-
-    @property
-    def lost(self) -> AsyncLostEvent:
-        """Set when the session is lost — at the deadline at the latest."""
-        return self._liveness.lost
-
-    @property
-    def lost_reason(self) -> Optional[str]:
-        """None while alive, else ``expired``, ``revoked`` or ``released`` (closed)."""
-        self._liveness.check()
-        return self._liveness.reason
 
     async def acquire(
         self,

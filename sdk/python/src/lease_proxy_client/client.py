@@ -16,6 +16,7 @@ from .liveness import Liveness, LostEvent
 from .models import Event, Grant, Holding, Renewal, SessionGrant
 from .protocol import Cert, REVOKED, RELEASED, SESSION_LOST, Call, Verify
 from .sse import Parser, to_event
+from .views import LeaseView, SessionView
 
 USER_AGENT = "lease-proxy-client-python/0.1"
 
@@ -262,13 +263,15 @@ class _Renewer:
                 return  # renew no more: the watchdog ends the lease at its deadline
 
 
-class Lease:
+class Lease(LeaseView[LostEvent]):
     """A held lease, renewed in the background until released or lost.
 
     Use it as a context manager (released on exit, even on an exception) or call
     :meth:`release`. Check :attr:`lost` before every action taken as the holder, and present
     :attr:`fencing_token` to the protected storage (or write through :meth:`forward`).
     """
+
+    _liveness: Liveness
 
     def __init__(self, client: Client, grant: Grant, sent: float, session: Optional["Session"] = None):
         self._client = client
@@ -293,63 +296,6 @@ class Lease:
             weakref.finalize(self, self._renewer.stop)
         self._release_lock = threading.Lock()
         self._released = False
-
-    @property
-    def grant(self) -> Grant:
-        """The proxy's answer to the acquire."""
-        return self._grant
-
-    @property
-    def resource(self) -> str:
-        """The resource held."""
-        return self._grant.resource
-
-    @property
-    def holder(self) -> str:
-        """The holder name."""
-        return self._grant.holder
-
-    @property
-    def lease_id(self) -> str:
-        """The etcd lease id (decimal; the session id for a lease under a session)."""
-        return self._grant.lease_id
-
-    @property
-    def secret(self) -> str:
-        """Proof of holding (``Lease-Secret``)."""
-        return self._grant.secret
-
-    @property
-    def token(self) -> int:
-        """The fencing token's revision: larger for every later holder."""
-        return self._grant.token
-
-    @property
-    def fencing_token(self) -> str:
-        """The signed fencing token, for the ``Fencing-Token`` header of protected storage."""
-        return self._grant.fencing_token
-
-    @property
-    def session_id(self) -> Optional[str]:
-        """The session this lease lives on, if any."""
-        return self._grant.session
-
-    @property
-    def deadline(self) -> float:
-        """The conservative end of the lease on :func:`time.monotonic`'s clock: the instant read
-        before sending the last successful acquire/renewal plus the ``expires_in_ms`` answered."""
-        return self._liveness.deadline
-
-    @property
-    def lost(self) -> LostEvent:
-        """Set when the lease is lost — at the deadline at the latest."""
-        return self._liveness.lost
-
-    @property
-    def lost_reason(self) -> Optional[str]:
-        """None while held, else ``expired``, ``revoked``, ``session-lost`` or ``released``."""
-        self._liveness.check()
-        return self._liveness.reason
 
     def forward(
         self,
@@ -417,9 +363,11 @@ class Lease:
         return f"<Lease {self.resource} token={self.token} holder={self.holder!r} lost={self.lost_reason}>"
 
 
-class Session:
+class Session(SessionView[LostEvent]):
     """A session: one heartbeat keeps every lease acquired under it alive; closing it (or its
     lapsing) ends them all. Use it as a context manager or call :meth:`close`."""
+
+    _liveness: Liveness
 
     def __init__(self, client: Client, grant: SessionGrant, sent: float):
         self._client = client
@@ -437,42 +385,6 @@ class Session:
         weakref.finalize(self, self._renewer.stop)  # dropped without close: it lapses at its TTL
         self._close_lock = threading.Lock()
         self._closed = False
-
-    @property
-    def id(self) -> str:
-        """The session id (its etcd lease id, decimal)."""
-        return self._grant.session_id
-
-    @property
-    def holder(self) -> str:
-        """Who opened it."""
-        return self._grant.holder
-
-    @property
-    def secret(self) -> str:
-        """The session's secret (``Lease-Secret`` of its keepalives and acquires)."""
-        return self._grant.secret
-
-    @property
-    def ttl_seconds(self) -> int:
-        """The session's TTL."""
-        return self._grant.ttl_seconds
-
-    @property
-    def deadline(self) -> float:
-        """The conservative end of the session on :func:`time.monotonic`'s clock."""
-        return self._liveness.deadline
-
-    @property
-    def lost(self) -> LostEvent:
-        """Set when the session is lost — at the deadline at the latest."""
-        return self._liveness.lost
-
-    @property
-    def lost_reason(self) -> Optional[str]:
-        """None while alive, else ``expired``, ``revoked`` or ``released`` (closed)."""
-        self._liveness.check()
-        return self._liveness.reason
 
     def acquire(
         self,
