@@ -3,8 +3,8 @@
 use std::io::Write;
 use std::time::Duration;
 
-use lease_proxy_client::{AcquireOptions, Client, Grant, Holding, Renewal};
-use serde_json::{json, Value};
+use lease_proxy_client::{AcquireOptions, Client};
+use serde::Serialize;
 
 use crate::cli::{default_holder, EXIT_FREE};
 use crate::error::Error;
@@ -29,14 +29,14 @@ pub(crate) async fn acquire(
         opts = opts.idempotency_key(key);
     }
     let grant = client.grant(resource, &opts).await?;
-    print_line(&grant_json(&grant))?;
+    print_line(&grant)?;
     Ok(0)
 }
 
 /// `leasectl renew`.
 pub(crate) async fn renew(client: &Client, resource: &str, secret: &str) -> Result<u8, Error> {
     let renewal = client.renew(resource, secret).await?;
-    print_line(&renewal_json(&renewal))?;
+    print_line(&renewal)?;
     Ok(0)
 }
 
@@ -50,7 +50,7 @@ pub(crate) async fn release(client: &Client, resource: &str, secret: &str) -> Re
 pub(crate) async fn get(client: &Client, resource: &str) -> Result<u8, Error> {
     match client.get(resource).await? {
         Some(holding) => {
-            print_line(&holding_json(&holding))?;
+            print_line(&holding)?;
             Ok(0)
         }
         None => {
@@ -63,63 +63,87 @@ pub(crate) async fn get(client: &Client, resource: &str) -> Result<u8, Error> {
 /// `leasectl list`: one JSON line per held resource.
 pub(crate) async fn list(client: &Client, prefix: &str) -> Result<u8, Error> {
     for holding in client.list(prefix).await? {
-        print_line(&holding_json(&holding))?;
+        print_line(&holding)?;
     }
     Ok(0)
 }
 
-/// Writes `value` as one line on stdout.
-pub(crate) fn print_line(value: &Value) -> Result<(), Error> {
+/// Writes `value` as one line of JSON on stdout (the SDK's types serialize as the API answers
+/// them: numbers the API writes as strings stay strings, absent optional fields are left out).
+pub(crate) fn print_line(value: &impl Serialize) -> Result<(), Error> {
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{value}")
+    serde_json::to_writer(&mut out, value)
+        .map_err(std::io::Error::from)
+        .and_then(|()| writeln!(out))
         .and_then(|()| out.flush())
         .map_err(Error::Output)
 }
 
-/// A grant as the API answers it (numbers the API writes as strings stay strings).
-fn grant_json(g: &Grant) -> Value {
-    let mut v = json!({
-        "resource": g.resource,
-        "holder": g.holder,
-        "lease_id": g.lease_id,
-        "secret": g.secret,
-        "token": g.token.to_string(),
-        "fencing_token": g.fencing_token,
-        "ttl_seconds": g.ttl_seconds,
-        "expires_in_ms": g.expires_in_ms,
-    });
-    with_optional(&mut v, "session", g.session.as_ref().map(|s| json!(s)));
-    with_optional(&mut v, "metadata", g.metadata.clone());
-    v
-}
+#[cfg(test)]
+mod tests {
+    use lease_proxy_client::{Grant, Holding, Renewal};
 
-/// A renewal as the API answers it.
-fn renewal_json(r: &Renewal) -> Value {
-    json!({
-        "ttl_seconds": r.ttl_seconds,
-        "expires_in_ms": r.expires_in_ms,
-        "token": r.token.to_string(),
-    })
-}
+    fn grant(session: Option<&str>, metadata: Option<serde_json::Value>) -> Grant {
+        Grant {
+            resource: "aisle-1".into(),
+            holder: "robot-3".into(),
+            lease_id: "7587".into(),
+            secret: "s3cr3t".into(),
+            token: 1200,
+            fencing_token: "v1.k1.x".into(),
+            ttl_seconds: 10,
+            expires_in_ms: 9990,
+            session: session.map(Into::into),
+            metadata,
+        }
+    }
 
-/// A holding as the API answers it.
-fn holding_json(h: &Holding) -> Value {
-    let mut v = json!({
-        "resource": h.resource,
-        "holder": h.holder,
-        "token": h.token.to_string(),
-        "lease_id": h.lease_id,
-        "ttl_seconds": h.ttl_seconds,
-        "expires_in_ms": h.expires_in_ms,
-        "acquired_at": h.acquired_at,
-    });
-    with_optional(&mut v, "session", h.session.as_ref().map(|s| json!(s)));
-    with_optional(&mut v, "metadata", h.metadata.clone());
-    v
-}
+    fn holding(session: Option<&str>, metadata: Option<serde_json::Value>) -> Holding {
+        Holding {
+            resource: "aisle-1".into(),
+            holder: "robot-3".into(),
+            token: 1200,
+            lease_id: "7587".into(),
+            ttl_seconds: 10,
+            expires_in_ms: 8000,
+            acquired_at: 1_700_000_000_000,
+            session: session.map(Into::into),
+            metadata,
+        }
+    }
 
-fn with_optional(object: &mut Value, key: &str, value: Option<Value>) {
-    if let (Some(map), Some(value)) = (object.as_object_mut(), value) {
-        map.insert(key.to_owned(), value);
+    #[test]
+    fn answers_print_as_the_api_writes_them() {
+        // What `print_line` writes, without the newline.
+        fn line(value: &impl serde::Serialize) -> String {
+            serde_json::to_string(value).unwrap()
+        }
+        assert_eq!(
+            line(&grant(None, None)),
+            r#"{"resource":"aisle-1","holder":"robot-3","lease_id":"7587","secret":"s3cr3t","token":"1200","fencing_token":"v1.k1.x","ttl_seconds":10,"expires_in_ms":9990}"#
+        );
+        assert_eq!(
+            line(&grant(
+                Some("75"),
+                Some(serde_json::json!({"b": 1, "a": [true]}))
+            )),
+            r#"{"resource":"aisle-1","holder":"robot-3","lease_id":"7587","secret":"s3cr3t","token":"1200","fencing_token":"v1.k1.x","ttl_seconds":10,"expires_in_ms":9990,"session":"75","metadata":{"b":1,"a":[true]}}"#
+        );
+        assert_eq!(
+            line(&Renewal {
+                ttl_seconds: 10,
+                expires_in_ms: 9990,
+                token: 1200
+            }),
+            r#"{"ttl_seconds":10,"expires_in_ms":9990,"token":"1200"}"#
+        );
+        assert_eq!(
+            line(&holding(None, None)),
+            r#"{"resource":"aisle-1","holder":"robot-3","token":"1200","lease_id":"7587","ttl_seconds":10,"expires_in_ms":8000,"acquired_at":1700000000000}"#
+        );
+        assert_eq!(
+            line(&holding(Some("75"), Some(serde_json::json!({"k": "v"})))),
+            r#"{"resource":"aisle-1","holder":"robot-3","token":"1200","lease_id":"7587","ttl_seconds":10,"expires_in_ms":8000,"acquired_at":1700000000000,"session":"75","metadata":{"k":"v"}}"#
+        );
     }
 }

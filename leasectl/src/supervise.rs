@@ -77,21 +77,27 @@ pub(crate) async fn supervise(
             },
         }
     }
+    let (status, stopped) = stop(child, group, grace).await?;
+    Ok(Outcome {
+        status,
+        lost: Some(stopped),
+    })
+}
+
+/// Stops `child`, the leader of process group `group`: SIGTERM to the group, then SIGKILL if
+/// the child has not exited `grace` later. Returns its exit status and how it was stopped.
+async fn stop(
+    child: &mut Child,
+    group: Pid,
+    grace: Duration,
+) -> Result<(ExitStatus, Stopped), Error> {
     send(group, Signal::SIGTERM)?;
-    let stopped = match tokio::time::timeout(grace, child.wait()).await {
-        Ok(status) => Outcome {
-            status: status.map_err(Error::Wait)?,
-            lost: Some(Stopped::Terminated),
-        },
-        Err(_) => {
-            send(group, Signal::SIGKILL)?;
-            Outcome {
-                status: child.wait().await.map_err(Error::Wait)?,
-                lost: Some(Stopped::Killed),
-            }
-        }
-    };
-    Ok(stopped)
+    if let Ok(status) = tokio::time::timeout(grace, child.wait()).await {
+        return Ok((status.map_err(Error::Wait)?, Stopped::Terminated));
+    }
+    send(group, Signal::SIGKILL)?;
+    let status = child.wait().await.map_err(Error::Wait)?;
+    Ok((status, Stopped::Killed))
 }
 
 /// The process group `child` leads (it was spawned with `process_group(0)`).

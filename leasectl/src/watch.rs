@@ -1,8 +1,7 @@
 //! `leasectl watch`: lease events as JSON lines, resumed by the SDK across reconnections.
 
 use futures::StreamExt;
-use lease_proxy_client::{Client, Event, EventKind};
-use serde_json::{json, Value};
+use lease_proxy_client::Client;
 
 use crate::error::Error;
 use crate::oneshot::print_line;
@@ -22,7 +21,7 @@ pub(crate) async fn run(
         match event {
             Ok(event) => {
                 failed = None;
-                print_line(&event_json(&event))?;
+                print_line(&event)?;
             }
             Err(e) => {
                 eprintln!("leasectl: watch: {e}");
@@ -33,31 +32,9 @@ pub(crate) async fn run(
     Ok(failed.unwrap_or(0))
 }
 
-/// An event as the stream's `data` carries it, with its `id`.
-fn event_json(e: &Event) -> Value {
-    let kind = match e.kind {
-        EventKind::Acquired => "acquired",
-        EventKind::Released => "released",
-        EventKind::Expired => "expired",
-    };
-    let mut v = json!({
-        "id": e.id,
-        "type": kind,
-        "resource": e.resource,
-        "holder": e.holder,
-        "token": e.token.to_string(),
-        "revision": e.revision,
-        "lease_id": e.lease_id,
-    });
-    if let (Some(map), Some(session)) = (v.as_object_mut(), &e.session) {
-        map.insert("session".to_owned(), json!(session));
-    }
-    v
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use lease_proxy_client::{Event, EventKind};
 
     #[test]
     fn events_print_as_the_stream_carries_them() {
@@ -72,7 +49,7 @@ mod tests {
             session: Some("99".into()),
         };
         assert_eq!(
-            event_json(&event).to_string(),
+            serde_json::to_string(&event).unwrap(),
             r#"{"id":"1234.0","type":"expired","resource":"aisle-1","holder":"robot-3","token":"1200","revision":1234,"lease_id":"7587","session":"99"}"#
         );
         let event = Event {
@@ -80,7 +57,7 @@ mod tests {
             session: None,
             ..event
         };
-        let printed = event_json(&event);
+        let printed = serde_json::to_value(&event).unwrap();
         assert_eq!(printed["type"], "acquired");
         assert!(printed.get("session").is_none());
     }

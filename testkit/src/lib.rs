@@ -9,6 +9,8 @@
 //! proxy's tests and the fault campaign.
 //!
 //! [`openapi`] checks a served OpenAPI 3.1 document and lists its operations.
+//!
+//! With the feature `proxy`, `proxy::Proxy` runs a lease-proxy in the test's own process.
 #![forbid(unsafe_code)]
 #![allow(clippy::expect_used)] // a test helper that cannot start etcd must stop the test loudly
 
@@ -21,6 +23,8 @@ use tempfile::TempDir;
 
 pub mod openapi;
 pub mod pki;
+#[cfg(feature = "proxy")]
+pub mod proxy;
 pub mod v3_hostile;
 
 /// How long a member or cluster may take to elect a leader and answer.

@@ -7,25 +7,25 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use fencing::{KeyId, Keyring};
+use fencing::Keyring;
 use lease_proxy_testkit::pki::{Issued, Pki};
+use lease_proxy_testkit::proxy::Proxy;
 use lease_proxy_testkit::Etcd;
 use serde_json::Value;
 use tempfile::TempDir;
 use tokio::process::{Child, Command};
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
 /// etcd and a proxy in front of it, stopped when dropped.
 pub struct Stack {
     pub url: String,
     /// The proxy's signing keys.
     pub keys: Keyring,
+    /// A temporary directory for the test's own files.
     pub dir: TempDir,
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<Result<(), lease_proxy::StartError>>,
     /// A client of the proxy (trusting its certificate when it serves HTTPS).
     http: reqwest::Client,
+    // Declared before `etcd`: the proxy is dropped (aborted) first.
+    _proxy: Proxy,
     etcd: Etcd,
 }
 
@@ -54,50 +54,15 @@ impl Stack {
 
     async fn launch(tweak: impl FnOnce(&mut lease_proxy::Config), http: reqwest::Client) -> Self {
         let etcd = Etcd::single().await;
-        let dir = tempfile::tempdir().unwrap();
-        let key_file = dir.path().join("fencing.key");
-        std::fs::write(
-            &key_file,
-            Keyring::generate_file(&KeyId::parse("k1").unwrap()),
-        )
-        .unwrap();
-        let keys = Keyring::load(&key_file).unwrap();
-        let mut config = lease_proxy::Config::with_endpoints(etcd.endpoints());
-        config.key_file = Some(key_file);
-        config.data_dir = dir.path().join("data");
-        config.etcd_timeout = Duration::from_secs(3);
-        config.drain_timeout = Duration::from_secs(3);
-        tweak(&mut config);
-        config.validate().unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let scheme = if config.tls_cert.is_some() {
-            "https"
-        } else {
-            "http"
-        };
-        let url = format!("{scheme}://{}", listener.local_addr().unwrap());
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(lease_proxy::run(listener, config, async move {
-            let _ = stopped.await;
-        }));
-        let stack = Self {
-            url,
-            keys,
-            dir,
-            stop: Some(stop),
-            task,
+        let proxy = Proxy::start_https(etcd.endpoints(), &http, tweak).await;
+        Self {
+            url: proxy.url.clone(),
+            keys: proxy.keyring(),
+            dir: tempfile::tempdir().unwrap(),
             http,
+            _proxy: proxy,
             etcd,
-        };
-        for _ in 0..400 {
-            if let Ok(r) = stack.http.get(format!("{}/readyz", stack.url)).send().await {
-                if r.status() == 200 {
-                    return stack;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        panic!("proxy at {} never became ready", stack.url);
     }
 
     /// A path in this stack's temporary directory.
@@ -177,15 +142,6 @@ impl Stack {
             .unwrap();
         let status = r.status().as_u16();
         (status, r.json().await.unwrap_or(Value::Null))
-    }
-}
-
-impl Drop for Stack {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        self.task.abort();
     }
 }
 

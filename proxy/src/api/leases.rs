@@ -61,6 +61,27 @@ pub(super) struct AcquireBody {
 #[serde(deny_unknown_fields)]
 pub(super) struct RenewBody {}
 
+/// The pattern of a resource prefix (empty, or how a resource name can begin), as the document
+/// gives it.
+const PREFIX_PATTERN: &str = r"^([A-Za-z0-9](\.?[A-Za-z0-9_:-])*\.?)?$";
+
+/// A `?prefix=` of resource names (`GET /v1/leases`, `GET /v1/watch`), for the OpenAPI
+/// document: a string of at most 200 bytes matching [`PREFIX_PATTERN`].
+pub(super) struct ResourcePrefix;
+
+impl utoipa::PartialSchema for ResourcePrefix {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .max_length(Some(validate::MAX_RESOURCE_LEN))
+            .pattern(Some(PREFIX_PATTERN))
+            .into()
+    }
+}
+
+impl ToSchema for ResourcePrefix {}
+
 /// Query of `GET /v1/leases`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -68,7 +89,7 @@ pub(super) struct RenewBody {}
 pub(super) struct ListQuery {
     /// Only resources whose name starts with this (empty: all).
     #[serde(default)]
-    #[param(max_length = 200, pattern = r"^([A-Za-z0-9](\.?[A-Za-z0-9_:-])*\.?)?$")]
+    #[param(value_type = ResourcePrefix, inline)]
     prefix: String,
     /// Page size, 1 to 1000 (default 100).
     #[param(minimum = 1, maximum = 1000)]

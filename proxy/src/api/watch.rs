@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use utoipa::IntoParams;
 
 use super::authz::{self, Caller, Peer, Target};
+use super::leases::ResourcePrefix;
 use super::AppState;
 use crate::auth::Op;
 use crate::etcd::{OwnershipEvent, Position, Subscription};
@@ -50,6 +51,22 @@ const BUFFERED: usize = 8;
 /// The pattern of an event id (`R` or `R.n`), as the document gives it.
 const ID_PATTERN: &str = r"^[1-9][0-9]{0,17}(\.[0-9]{1,9})?$";
 
+/// An event id (`R` or `R.n`) for the OpenAPI document: a string matching [`ID_PATTERN`]. The
+/// messages' `id`, `?last_event_id=` and `Last-Event-ID` are all one.
+pub(super) struct EventId;
+
+impl utoipa::PartialSchema for EventId {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some(ID_PATTERN))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for EventId {}
+
 /// One message of the stream, for the OpenAPI document (its `text/event-stream` convention:
 /// one object per message, with the SSE fields as properties).
 pub(super) struct EventMessage;
@@ -63,7 +80,7 @@ impl utoipa::PartialSchema for EventMessage {
                 "One SSE message: the first carries only `id` (and `retry`); every other one \
                  is an event",
             ))
-            .property("id", string().pattern(Some(ID_PATTERN)))
+            .property("id", <EventId as utoipa::PartialSchema>::schema())
             .property(
                 "event",
                 string().enum_values(Some(["acquired", "released", "expired"])),
@@ -92,11 +109,11 @@ impl utoipa::ToSchema for EventMessage {}
 pub(super) struct WatchQuery {
     /// Only resources whose name starts with this (empty: all).
     #[serde(default)]
-    #[param(max_length = 200, pattern = r"^([A-Za-z0-9](\.?[A-Za-z0-9_:-])*\.?)?$")]
+    #[param(value_type = ResourcePrefix, inline)]
     prefix: String,
     /// Where to resume, for clients that cannot set headers; `Last-Event-ID` wins when both
     /// are given.
-    #[param(pattern = r"^[1-9][0-9]{0,17}(\.[0-9]{1,9})?$")]
+    #[param(value_type = Option<EventId>, inline)]
     last_event_id: Option<String>,
 }
 
@@ -111,7 +128,8 @@ pub(super) struct WatchQuery {
     tag = "leases",
     params(
         WatchQuery,
-        ("Last-Event-ID" = Option<String>, Header, description = "The id of the last message seen: the stream resumes after it, losing and repeating nothing", pattern = r"^[1-9][0-9]{0,17}(\.[0-9]{1,9})?$"),
+        // `nullable = false`: an optional header is absent or a string, never `null`.
+        ("Last-Event-ID" = inline(Option<EventId>), Header, nullable = false, description = "The id of the last message seen: the stream resumes after it, losing and repeating nothing"),
     ),
     responses(
         (status = 200, description = "The event stream (`text/event-stream`; comments every 15 s)", content_type = "text/event-stream", body = EventMessage),

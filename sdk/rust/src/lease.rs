@@ -1,8 +1,6 @@
 //! The lease guard: a grant kept alive by a background task, with the `lost` signal, forward
 //! and release (explicit or on drop).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -10,8 +8,9 @@ use reqwest::Method;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::liveness::{Liveness, LostReason};
-use crate::renewal::{Renewer, Target};
+use crate::liveness::LostReason;
+use crate::renewal::Target;
+use crate::upkeep::Upkeep;
 use crate::{AcquireOptions, Client, Error, Grant, Result};
 
 /// A held resource. Renews itself in the background (at a third of the TTL, ±10 %), says when it
@@ -24,11 +23,7 @@ use crate::{AcquireOptions, Client, Error, Grant, Result};
 pub struct Lease {
     client: Client,
     grant: Grant,
-    liveness: Arc<Liveness>,
-    /// Stops the renewal task (cancelled before releasing).
-    stop: CancellationToken,
-    /// Test hook: renewals are skipped while set.
-    paused: Arc<AtomicBool>,
+    upkeep: Upkeep,
     released: bool,
 }
 
@@ -37,32 +32,28 @@ impl Client {
     /// counts from the instant read just before the request that succeeded was sent.
     pub async fn acquire(&self, resource: &str, opts: AcquireOptions) -> Result<Lease> {
         let (grant, sent) = self.grant_sent(resource, &opts).await?;
-        let liveness = Liveness::new(sent + Duration::from_millis(grant.expires_in_ms));
-        let lease = Lease::new(self.clone(), grant, liveness);
-        let renewer = Renewer {
-            client: self.clone(),
-            target: Target::Grant {
+        let upkeep = Upkeep::granted(sent, grant.expires_in_ms);
+        let lease = Lease::new(self.clone(), grant, upkeep);
+        lease.upkeep.renew(
+            self.clone(),
+            Target::Grant {
                 resource: lease.grant.resource.clone(),
                 secret: lease.grant.secret.clone(),
             },
-            ttl: Duration::from_secs(lease.grant.ttl_seconds),
-            liveness: lease.liveness.clone(),
-            paused: lease.paused.clone(),
-        };
-        tokio::spawn(renewer.run(lease.stop.clone(), sent));
+            Duration::from_secs(lease.grant.ttl_seconds),
+            sent,
+        );
         Ok(lease)
     }
 }
 
 impl Lease {
-    /// A guard for `grant` (renewed by whoever made it) whose state is `liveness`.
-    pub(crate) fn new(client: Client, grant: Grant, liveness: Arc<Liveness>) -> Self {
+    /// A guard for `grant` whose state is `upkeep` (renewed by whoever made it).
+    pub(crate) fn new(client: Client, grant: Grant, upkeep: Upkeep) -> Self {
         Self {
             client,
             grant,
-            liveness,
-            stop: CancellationToken::new(),
-            paused: Arc::new(AtomicBool::new(false)),
+            upkeep,
             released: false,
         }
     }
@@ -105,23 +96,23 @@ impl Lease {
     /// The conservative deadline on the monotonic clock: the lease is held at least until then
     /// unless reported lost earlier. Moves on with every successful renewal.
     pub fn deadline(&self) -> Instant {
-        self.liveness.deadline()
+        self.upkeep.deadline()
     }
 
     /// Whether the lease is lost. Reads the clock: past the deadline this is `true` even if no
     /// background task has run since (say, the process was stopped and resumed).
     pub fn is_lost(&self) -> bool {
-        self.liveness.check()
+        self.upkeep.is_lost()
     }
 
     /// A token cancelled when the lease is lost (for `select!`, or to derive child tokens).
     pub fn lost(&self) -> CancellationToken {
-        self.liveness.token()
+        self.upkeep.lost()
     }
 
     /// Waits until the lease is lost and says why.
     pub async fn lost_reason(&self) -> LostReason {
-        self.liveness.lost_reason().await
+        self.upkeep.lost_reason().await
     }
 
     /// Sends a request through the proxy's forward route to its upstream, which receives it
@@ -154,8 +145,7 @@ impl Lease {
     /// Stops renewing, marks the lease lost ([`LostReason::Released`]) and releases it.
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
-        self.stop.cancel();
-        self.liveness.lose(LostReason::Released);
+        self.upkeep.end();
         self.client
             .release(&self.grant.resource, &self.grant.secret)
             .await
@@ -165,7 +155,7 @@ impl Lease {
     /// stopped; the deadline timer keeps running.
     #[doc(hidden)]
     pub fn pause_renewals(&self, paused: bool) {
-        self.paused.store(paused, Ordering::SeqCst);
+        self.upkeep.pause(paused);
     }
 }
 
@@ -176,8 +166,7 @@ impl Drop for Lease {
         if self.released {
             return;
         }
-        self.stop.cancel();
-        self.liveness.lose(LostReason::Released);
+        self.upkeep.end();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let client = self.client.clone();
             let resource = std::mem::take(&mut self.grant.resource);

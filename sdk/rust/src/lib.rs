@@ -58,6 +58,7 @@ mod model;
 mod renewal;
 mod session;
 mod sse;
+mod upkeep;
 mod watch;
 
 pub use client::{Client, ClientBuilder};

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// How to acquire a resource.
 #[derive(Debug, Clone, PartialEq)]
@@ -105,8 +105,9 @@ impl SessionAcquireOptions {
     }
 }
 
-/// A successful acquire (`201`): the only answer that carries the secret.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// A successful acquire (`201`): the only answer that carries the secret. Serializes as the
+/// proxy's JSON (secret included).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 pub struct Grant {
     /// The resource now held.
     pub resource: String,
@@ -117,7 +118,7 @@ pub struct Grant {
     /// Proof of holding: renew, release and forward with it.
     pub secret: String,
     /// The fencing token's revision (the ownership key's etcd create revision).
-    #[serde(deserialize_with = "u64_string")]
+    #[serde(deserialize_with = "u64_string", serialize_with = "to_u64_string")]
     pub token: u64,
     /// The signed fencing token for protected storage (`Fencing-Token` header).
     pub fencing_token: String,
@@ -126,34 +127,35 @@ pub struct Grant {
     /// The lease lasts at least this long from when the request reached the proxy.
     pub expires_in_ms: u64,
     /// The session the grant lives on.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
     /// Metadata stored with the grant.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<serde_json::Value>,
 }
 
-/// A successful renewal (`200`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// A successful renewal (`200`). Serializes as the proxy's JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 pub struct Renewal {
     /// The TTL etcd renewed the lease to.
     pub ttl_seconds: u64,
     /// The lease lasts at least this long from when the request reached the proxy.
     pub expires_in_ms: u64,
     /// The token, unchanged by renewal.
-    #[serde(deserialize_with = "u64_string")]
+    #[serde(deserialize_with = "u64_string", serialize_with = "to_u64_string")]
     pub token: u64,
 }
 
 /// A held resource as `GET /v1/leases/{resource}` and the listing show it (never a secret).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// Serializes as the proxy's JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 pub struct Holding {
     /// The resource.
     pub resource: String,
     /// Who holds it.
     pub holder: String,
     /// The holder's token.
-    #[serde(deserialize_with = "u64_string")]
+    #[serde(deserialize_with = "u64_string", serialize_with = "to_u64_string")]
     pub token: u64,
     /// The etcd lease id (decimal).
     pub lease_id: String,
@@ -164,12 +166,12 @@ pub struct Holding {
     pub expires_in_ms: u64,
     /// Wall-clock grant time, Unix milliseconds (for display only).
     pub acquired_at: u64,
-    /// Metadata stored with the grant.
-    #[serde(default)]
-    pub metadata: Option<serde_json::Value>,
     /// The session the grant lives on.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
+    /// Metadata stored with the grant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<serde_json::Value>,
 }
 
 /// One page of `GET /v1/leases`.
@@ -193,6 +195,11 @@ pub(crate) struct Opened {
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct Heartbeat {
     pub(crate) expires_in_ms: u64,
+}
+
+/// Writes a 64-bit number as the API does: a decimal string.
+pub(crate) fn to_u64_string<S: Serializer>(n: &u64, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(n)
 }
 
 /// A 64-bit number the API writes as a decimal string.

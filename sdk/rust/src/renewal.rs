@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::liveness::{Liveness, LostReason};
+use crate::upkeep::deadline_after;
 use crate::{Client, Error, Result};
 
 /// First pause before retrying a renewal that failed (doubled up to [`MAX_RETRY_PAUSE`]).
@@ -78,8 +79,7 @@ impl Renewer {
                 let sent = Instant::now();
                 match self.renew().await {
                     Ok(expires_in_ms) => {
-                        self.liveness
-                            .extend(sent + Duration::from_millis(expires_in_ms));
+                        self.liveness.extend(deadline_after(sent, expires_in_ms));
                         last = sent;
                         break;
                     }

@@ -1,8 +1,6 @@
 //! Sessions: one etcd lease kept alive by one heartbeat, holding any number of resources. A
 //! lease acquired under a session is lost when the session is.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -10,7 +8,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client::AcquireRequest;
 use crate::liveness::{Liveness, LostReason};
-use crate::renewal::{Renewer, Target};
+use crate::renewal::Target;
+use crate::upkeep::Upkeep;
 use crate::{Client, Error, Lease, Result, SessionAcquireOptions};
 
 /// An open session, kept alive in the background (at a third of its TTL, ±10 %). Its leases
@@ -22,9 +21,7 @@ pub struct Session {
     id: String,
     secret: String,
     holder: String,
-    liveness: Arc<Liveness>,
-    stop: CancellationToken,
-    paused: Arc<AtomicBool>,
+    upkeep: Upkeep,
     closed: bool,
 }
 
@@ -37,25 +34,21 @@ impl Client {
         let opened = self.open(holder, ttl_seconds).await?;
         let session = Session {
             client: self.clone(),
-            liveness: Liveness::new(sent + Duration::from_millis(opened.expires_in_ms)),
+            upkeep: Upkeep::granted(sent, opened.expires_in_ms),
             id: opened.session_id,
             secret: opened.secret,
             holder: opened.holder,
-            stop: CancellationToken::new(),
-            paused: Arc::new(AtomicBool::new(false)),
             closed: false,
         };
-        let renewer = Renewer {
-            client: self.clone(),
-            target: Target::Session {
+        session.upkeep.renew(
+            self.clone(),
+            Target::Session {
                 id: session.id.clone(),
                 secret: session.secret.clone(),
             },
-            ttl: Duration::from_secs(ttl_seconds),
-            liveness: session.liveness.clone(),
-            paused: session.paused.clone(),
-        };
-        tokio::spawn(renewer.run(session.stop.clone(), sent));
+            Duration::from_secs(ttl_seconds),
+            sent,
+        );
         Ok(session)
     }
 }
@@ -78,22 +71,22 @@ impl Session {
 
     /// The conservative deadline on the monotonic clock (also that of its leases).
     pub fn deadline(&self) -> Instant {
-        self.liveness.deadline()
+        self.upkeep.deadline()
     }
 
     /// Whether the session is lost (reads the clock, like [`Lease::is_lost`]).
     pub fn is_lost(&self) -> bool {
-        self.liveness.check()
+        self.upkeep.is_lost()
     }
 
     /// A token cancelled when the session is lost.
     pub fn lost(&self) -> CancellationToken {
-        self.liveness.token()
+        self.upkeep.lost()
     }
 
     /// Waits until the session is lost and says why.
     pub async fn lost_reason(&self) -> LostReason {
-        self.liveness.lost_reason().await
+        self.upkeep.lost_reason().await
     }
 
     /// Acquires `resource` under this session. [`Error::SessionLost`] when the session is lost
@@ -120,10 +113,10 @@ impl Session {
             Ok((grant, _)) => Ok(Lease::new(
                 self.client.clone(),
                 grant,
-                Liveness::under(&self.liveness),
+                Upkeep::new(Liveness::under(self.upkeep.liveness())),
             )),
             Err(Error::SessionLost) => {
-                self.liveness.lose(LostReason::Revoked);
+                self.upkeep.liveness().lose(LostReason::Revoked);
                 Err(Error::SessionLost)
             }
             Err(e) => Err(e),
@@ -134,8 +127,7 @@ impl Session {
     /// ends every grant under it.
     pub async fn close(mut self) -> Result<()> {
         self.closed = true;
-        self.stop.cancel();
-        self.liveness.lose(LostReason::Released);
+        self.upkeep.end();
         self.client.close(&self.id, &self.secret).await
     }
 
@@ -143,7 +135,7 @@ impl Session {
     /// keeps running.
     #[doc(hidden)]
     pub fn pause_keepalives(&self, paused: bool) {
-        self.paused.store(paused, Ordering::SeqCst);
+        self.upkeep.pause(paused);
     }
 }
 
@@ -154,8 +146,7 @@ impl Drop for Session {
         if self.closed {
             return;
         }
-        self.stop.cancel();
-        self.liveness.lose(LostReason::Released);
+        self.upkeep.end();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let client = self.client.clone();
             let id = std::mem::take(&mut self.id);

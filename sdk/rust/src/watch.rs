@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::Stream;
 use reqwest::Method;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{self, Error, Result};
 use crate::sse;
@@ -22,7 +22,7 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// What happened to a resource.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum EventKind {
     /// Someone acquired it.
@@ -33,24 +33,29 @@ pub enum EventKind {
     Expired,
 }
 
-/// One change of a resource's holder.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One change of a resource's holder. Serializes as the stream's `data` with the message's
+/// `id` first: `{"id", "type", "resource", "holder", "token", "revision", "lease_id",
+/// "session"?}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Event {
     /// The event's id: resume after it with [`Client::watch`]'s `last_event_id`.
     pub id: String,
     /// What happened.
+    #[serde(rename = "type")]
     pub kind: EventKind,
     /// The resource.
     pub resource: String,
     /// The holder of the grant that began or ended.
     pub holder: String,
     /// That grant's token (its create revision).
+    #[serde(serialize_with = "crate::model::to_u64_string")]
     pub token: u64,
     /// The etcd revision of the change.
     pub revision: i64,
     /// That grant's etcd lease id (decimal).
     pub lease_id: String,
     /// The session the grant lived on.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
 }
 

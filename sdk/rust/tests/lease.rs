@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{revoke_in_etcd, Etcd, Proxy};
+use common::{revoke_in_etcd, start_proxy, start_proxy_with, Etcd};
 use lease_proxy_client::{AcquireOptions, Client, Error, LostReason};
 use tokio::time::Instant;
 
@@ -30,7 +30,7 @@ fn lost_at(lease: &lease_proxy_client::Lease) -> tokio::task::JoinHandle<Instant
 #[tokio::test(flavor = "multi_thread")]
 async fn paused_renewals_lose_the_lease_at_its_deadline_before_anyone_takes_over() {
     let etcd = Etcd::single().await;
-    let proxy = Proxy::start(&etcd).await;
+    let proxy = start_proxy(&etcd).await;
     let client = Client::new(&proxy.url).unwrap();
     let lease = client.acquire("aisle-1", opts("robot-a", 3)).await.unwrap();
     let first_deadline = lease.deadline();
@@ -109,7 +109,7 @@ fn a_guard_frozen_past_its_deadline_is_lost_on_its_first_look() {
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(async {
             let etcd = Etcd::single().await;
-            let proxy = Proxy::start(&etcd).await;
+            let proxy = start_proxy(&etcd).await;
             url_tx.send(proxy.url.clone()).unwrap();
             let _ = stop_rx.await;
         });
@@ -145,7 +145,7 @@ fn a_guard_frozen_past_its_deadline_is_lost_on_its_first_look() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lease_revoked_in_etcd_is_lost_at_the_next_renewal() {
     let etcd = Etcd::single().await;
-    let proxy = Proxy::start(&etcd).await;
+    let proxy = start_proxy(&etcd).await;
     let client = Client::new(&proxy.url).unwrap();
     let lease = client.acquire("aisle-2", opts("robot-a", 6)).await.unwrap();
     let lost = lost_at(&lease);
@@ -175,7 +175,7 @@ async fn a_lease_revoked_in_etcd_is_lost_at_the_next_renewal() {
 #[tokio::test(flavor = "multi_thread")]
 async fn release_frees_the_resource_and_so_does_drop() {
     let etcd = Etcd::single().await;
-    let proxy = Proxy::start(&etcd).await;
+    let proxy = start_proxy(&etcd).await;
     let client = Client::new(&proxy.url).unwrap();
 
     let lease = client
@@ -212,7 +212,7 @@ async fn release_frees_the_resource_and_so_does_drop() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_acquire_waits_for_the_holder_when_asked_to() {
     let etcd = Etcd::single().await;
-    let proxy = Proxy::start(&etcd).await;
+    let proxy = start_proxy(&etcd).await;
     let client = Client::new(&proxy.url).unwrap();
     let first = client
         .acquire("aisle-4", opts("robot-a", 30))
@@ -245,7 +245,7 @@ async fn an_acquire_waits_for_the_holder_when_asked_to() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_one_shot_calls_speak_the_api() {
     let etcd = Etcd::single().await;
-    let proxy = Proxy::start(&etcd).await;
+    let proxy = start_proxy(&etcd).await;
     let client = Client::new(&proxy.url).unwrap();
     let meta = serde_json::json!({"zone": "north"});
     let g = client
@@ -292,7 +292,7 @@ async fn the_one_shot_calls_speak_the_api() {
 #[tokio::test(flavor = "multi_thread")]
 async fn over_a_slow_network_the_loss_is_reported_before_a_takeover() {
     let etcd = Etcd::single().await;
-    let proxy = Proxy::start(&etcd).await;
+    let proxy = start_proxy(&etcd).await;
     let slow = common::relay(
         common::authority(&proxy.url),
         Duration::from_millis(1000),
@@ -345,7 +345,7 @@ async fn over_a_slow_network_the_loss_is_reported_before_a_takeover() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_acquire_with_an_idempotency_key_is_retried_after_a_transport_error() {
     let etcd = Etcd::single().await;
-    let proxy = Proxy::start(&etcd).await;
+    let proxy = start_proxy(&etcd).await;
     let flaky = common::relay(common::authority(&proxy.url), Duration::ZERO, true).await;
     let client = Client::new(&flaky).unwrap();
     let lease = client
@@ -428,7 +428,7 @@ async fn echo_upstream() -> String {
 async fn forward_reaches_the_upstream_with_the_fencing_token_until_released() {
     let etcd = Etcd::single().await;
     let upstream = echo_upstream().await;
-    let proxy = Proxy::start_with(&etcd, &reqwest::Client::new(), |c| {
+    let proxy = start_proxy_with(&etcd, &reqwest::Client::new(), |c| {
         c.upstream = Some(upstream.clone())
     })
     .await;
@@ -465,7 +465,7 @@ async fn forward_reaches_the_upstream_with_the_fencing_token_until_released() {
 async fn list_follows_the_cursor_past_one_page() {
     use futures::StreamExt;
     let etcd = Etcd::single().await;
-    let proxy = Proxy::start(&etcd).await;
+    let proxy = start_proxy(&etcd).await;
     let client = Client::new(&proxy.url).unwrap();
     let names: Vec<String> = (0..1003).map(|i| format!("bin-{i:04}")).collect();
     let granted: Vec<_> = futures::stream::iter(names.iter().map(|name| {

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{revoke_in_etcd, Etcd, Proxy};
+use common::{revoke_in_etcd, start_proxy, Etcd};
 use lease_proxy_client::{AcquireOptions, Client, Error, LostReason, SessionAcquireOptions};
 use tokio::time::Instant;
 
@@ -23,7 +23,7 @@ async fn lost_within(token: tokio_util::sync::CancellationToken, limit: Duration
 #[tokio::test(flavor = "multi_thread")]
 async fn a_session_revoked_in_etcd_loses_its_leases_at_the_next_heartbeat() {
     let etcd = Etcd::single().await;
-    let proxy = Proxy::start(&etcd).await;
+    let proxy = start_proxy(&etcd).await;
     let client = Client::new(&proxy.url).unwrap();
     let session = client
         .open_session("robot-a", Duration::from_secs(6))
@@ -67,7 +67,7 @@ async fn a_session_revoked_in_etcd_loses_its_leases_at_the_next_heartbeat() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_session_without_heartbeats_loses_its_leases_at_its_deadline() {
     let etcd = Etcd::single().await;
-    let proxy = Proxy::start(&etcd).await;
+    let proxy = start_proxy(&etcd).await;
     let client = Client::new(&proxy.url).unwrap();
     let session = client
         .open_session("robot-a", Duration::from_secs(3))
@@ -112,7 +112,7 @@ async fn a_session_without_heartbeats_loses_its_leases_at_its_deadline() {
 #[tokio::test(flavor = "multi_thread")]
 async fn closing_or_dropping_a_session_frees_its_resources() {
     let etcd = Etcd::single().await;
-    let proxy = Proxy::start(&etcd).await;
+    let proxy = start_proxy(&etcd).await;
     let client = Client::new(&proxy.url).unwrap();
 
     let session = client

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Etcd, Proxy};
+use common::{start_proxy_with, Etcd};
 use lease_proxy_client::{AcquireOptions, Client, Error};
 use lease_proxy_testkit::pki::Pki;
 use sha2::{Digest, Sha256};
@@ -36,7 +36,7 @@ async fn https_with_a_bearer_token_or_a_client_certificate() {
         )
         .build()
         .unwrap();
-    let proxy = Proxy::start_with(&etcd, &ready, |c| {
+    let proxy = start_proxy_with(&etcd, &ready, |c| {
         c.tls_cert = Some(server.cert.clone());
         c.tls_key = Some(server.key.clone());
         c.tls_client_ca = Some(pki.ca().to_owned());

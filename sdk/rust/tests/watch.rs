@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Etcd, Proxy};
+use common::{start_proxy, Etcd};
 use futures::StreamExt;
 use lease_proxy_client::{AcquireOptions, Client, Event, EventKind, EventStream};
 
@@ -22,7 +22,7 @@ async fn next(stream: &mut EventStream) -> Event {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_watch_reports_changes_in_order_and_resumes_after_an_id() {
     let etcd = Etcd::single().await;
-    let proxy = Proxy::start(&etcd).await;
+    let proxy = start_proxy(&etcd).await;
     let client = Client::new(&proxy.url).unwrap();
     let mut stream = client.watch("aisle-", None);
     // Polled until its first message (the id it starts after) arrived: it is watching.
@@ -89,7 +89,7 @@ async fn the_watch_reports_changes_in_order_and_resumes_after_an_id() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_broken_watch_reconnects_and_misses_nothing() {
     let etcd = Etcd::single().await;
-    let proxy = Proxy::start(&etcd).await;
+    let proxy = start_proxy(&etcd).await;
     let relay = common::Relay::start(common::authority(&proxy.url), Duration::ZERO, false).await;
     let client = Client::new(&proxy.url).unwrap();
     let mut stream = Client::new(&relay.url).unwrap().watch("", None);
@@ -124,7 +124,7 @@ async fn a_broken_watch_reconnects_and_misses_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_compacted_resume_point_is_reported_and_ends_the_stream() {
     let etcd = Etcd::single().await;
-    let proxy = Proxy::start(&etcd).await;
+    let proxy = start_proxy(&etcd).await;
     let client = Client::new(&proxy.url).unwrap();
     let mut stream = client.watch("", None);
     while stream.last_event_id().is_none() {

@@ -4,76 +4,29 @@
 
 use std::time::Duration;
 
-use fencing::{KeyId, Keyring};
 use lease_proxy::Config;
-use tempfile::TempDir;
-use tokio::task::JoinHandle;
 
 pub use lease_proxy_testkit::Etcd;
 
-/// A proxy running in this process (stopped when dropped).
-pub struct Proxy {
-    pub url: String,
-    task: JoinHandle<Result<(), lease_proxy::StartError>>,
-    _dir: TempDir,
-}
+pub use lease_proxy_testkit::proxy::Proxy;
 
-impl Proxy {
-    /// Starts a proxy on `etcd` with test defaults (shortest TTL 2 s), adjusted by `tweak`;
-    /// `ready` is the client used to see it ready (it must trust its certificate under TLS).
-    pub async fn start_with(
-        etcd: &Etcd,
-        ready: &reqwest::Client,
-        tweak: impl FnOnce(&mut Config),
-    ) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let key_file = dir.path().join("fencing.key");
-        std::fs::write(
-            &key_file,
-            Keyring::generate_file(&KeyId::parse("k1").unwrap()),
-        )
-        .unwrap();
-        let mut config = Config::with_endpoints(etcd.endpoints());
-        config.key_file = Some(key_file);
-        config.data_dir = dir.path().to_owned();
-        config.etcd_timeout = Duration::from_secs(3);
-        config.drain_timeout = Duration::from_secs(3);
+/// Starts a proxy on `etcd` with test defaults (shortest TTL 2 s), adjusted by `tweak`;
+/// `ready` is the client used to see it ready (it must trust its certificate under TLS).
+pub async fn start_proxy_with(
+    etcd: &Etcd,
+    ready: &reqwest::Client,
+    tweak: impl FnOnce(&mut Config),
+) -> Proxy {
+    Proxy::start_https(etcd.endpoints(), ready, |config| {
         config.min_ttl = 2;
-        tweak(&mut config);
-        config.validate().unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let scheme = if config.tls_cert.is_some() {
-            "https"
-        } else {
-            "http"
-        };
-        let url = format!("{scheme}://{}", listener.local_addr().unwrap());
-        let task = tokio::spawn(lease_proxy::run(listener, config, std::future::pending()));
-        for _ in 0..400 {
-            if let Ok(r) = ready.get(format!("{url}/readyz")).send().await {
-                if r.status() == 200 {
-                    return Self {
-                        url,
-                        task,
-                        _dir: dir,
-                    };
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("proxy at {url} never became ready");
-    }
-
-    /// Starts a plain-HTTP proxy with test defaults.
-    pub async fn start(etcd: &Etcd) -> Self {
-        Self::start_with(etcd, &reqwest::Client::new(), |_| {}).await
-    }
+        tweak(config);
+    })
+    .await
 }
 
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+/// Starts a plain-HTTP proxy on `etcd` with test defaults.
+pub async fn start_proxy(etcd: &Etcd) -> Proxy {
+    start_proxy_with(etcd, &reqwest::Client::new(), |_| {}).await
 }
 
 /// Revokes etcd lease `id` (decimal, as the API writes it) directly in etcd.
