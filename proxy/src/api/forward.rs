@@ -9,6 +9,7 @@ use axum::http::Request;
 use axum::response::Response;
 
 use super::authz::{self, Peer, Target};
+use super::schemas::ResourceName;
 use super::{body, AppState};
 use crate::auth::Op;
 use crate::forward::forwarded_path;
@@ -21,7 +22,7 @@ use crate::{Error, Result};
     path = "/v1/leases/{resource}/forward",
     operation_id = "forward_root",
     tag = "forwarding",
-    params(("resource" = String, Path, description = "The resource held", min_length = 1, max_length = 200, pattern = r"^[A-Za-z0-9](\.?[A-Za-z0-9_:-])*\.?$"), ("Lease-Secret" = String, Header, description = "The grant's `secret`")),
+    params(("resource" = inline(ResourceName), Path, description = "The resource held"), ("Lease-Secret" = String, Header, description = "The grant's `secret`")),
     responses((status = "default", description = "The upstream's answer, passed through (any status and body), or a problem+json from the proxy: `lease-lost` (410), `not-holder` (403), `missing-secret` (401), `forwarding-disabled` or `no-route` (404), `body-too-large` (413), `upstream-unavailable` (502), `upstream-timeout` (504), `prefence-failed` or `etcd-unavailable` (503)")),
 )]
 pub(super) async fn forward_root(
@@ -40,7 +41,7 @@ pub(super) async fn forward_root(
     operation_id = "forward",
     tag = "forwarding",
     params(
-        ("resource" = String, Path, description = "The resource held", min_length = 1, max_length = 200, pattern = r"^[A-Za-z0-9](\.?[A-Za-z0-9_:-])*\.?$"),
+        ("resource" = inline(ResourceName), Path, description = "The resource held"),
         ("path" = String, Path, description = "The upstream path (may span several segments)"),
         ("Lease-Secret" = String, Header, description = "The grant's `secret`"),
     ),

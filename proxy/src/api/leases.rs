@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use utoipa::{IntoParams, ToSchema};
 
 use super::authz::{self, Peer, Target};
+use super::schemas::{ResourceName, ResourcePrefix};
 use super::{body, AppState};
 use crate::audit::Event;
 use crate::auth::Op;
@@ -42,6 +43,8 @@ pub(super) struct AcquireBody {
     ttl_seconds: Option<serde_json::Number>,
     /// A session id: the grant lives on the session's lease (proven by its secret in
     /// `Lease-Secret`).
+    // `schemas::SessionId`'s pattern, written out: inlining that type here would turn this
+    // nullable field into a `oneOf`.
     #[serde(default)]
     #[schema(
         pattern = r"^([1-9][0-9]{0,17}|[1-8][0-9]{18}|9[0-1][0-9]{17}|92[0-1][0-9]{16}|922[0-2][0-9]{15}|9223[0-2][0-9]{14}|92233[0-6][0-9]{13}|922337[0-1][0-9]{12}|92233720[0-2][0-9]{10}|922337203[0-5][0-9]{9}|9223372036[0-7][0-9]{8}|92233720368[0-4][0-9]{7}|922337203685[0-3][0-9]{6}|9223372036854[0-6][0-9]{5}|92233720368547[0-6][0-9]{4}|922337203685477[0-4][0-9]{3}|9223372036854775[0-7][0-9]{2}|922337203685477580[0-6]|9223372036854775807)$"
@@ -60,27 +63,6 @@ pub(super) struct AcquireBody {
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RenewBody {}
-
-/// The pattern of a resource prefix (empty, or how a resource name can begin), as the document
-/// gives it.
-const PREFIX_PATTERN: &str = r"^([A-Za-z0-9](\.?[A-Za-z0-9_:-])*\.?)?$";
-
-/// A `?prefix=` of resource names (`GET /v1/leases`, `GET /v1/watch`), for the OpenAPI
-/// document: a string of at most 200 bytes matching [`PREFIX_PATTERN`].
-pub(super) struct ResourcePrefix;
-
-impl utoipa::PartialSchema for ResourcePrefix {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        use utoipa::openapi::schema::{ObjectBuilder, Type};
-        ObjectBuilder::new()
-            .schema_type(Type::String)
-            .max_length(Some(validate::MAX_RESOURCE_LEN))
-            .pattern(Some(PREFIX_PATTERN))
-            .into()
-    }
-}
-
-impl ToSchema for ResourcePrefix {}
 
 /// Query of `GET /v1/leases`.
 #[derive(Debug, Deserialize, IntoParams)]
@@ -115,7 +97,7 @@ pub(super) fn resource(path: Result<Path<String>, PathRejection>) -> Result<Stri
     operation_id = "acquire",
     tag = "leases",
     params(
-        ("resource" = String, Path, description = "The resource: 1-200 bytes of letters, digits and `._:-`, starting with a letter or digit, without `..`", min_length = 1, max_length = 200, pattern = r"^[A-Za-z0-9](\.?[A-Za-z0-9_:-])*\.?$"),
+        ("resource" = inline(ResourceName), Path, description = "The resource: 1-200 bytes of letters, digits and `._:-`, starting with a letter or digit, without `..`"),
         ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried acquire return the same grant: 1-255 visible ASCII characters", min_length = 1, max_length = 255, pattern = "^[!-~]+$"),
         ("Lease-Secret" = Option<String>, Header, description = "The session's secret, when acquiring under `session`"),
     ),
@@ -265,7 +247,7 @@ pub(super) fn created(body: impl serde::Serialize, location: &str) -> Response {
     path = "/v1/leases/{resource}/renew",
     operation_id = "renew",
     tag = "leases",
-    params(("resource" = String, Path, description = "The resource: 1-200 bytes of letters, digits and `._:-`, starting with a letter or digit, without `..`", min_length = 1, max_length = 200, pattern = r"^[A-Za-z0-9](\.?[A-Za-z0-9_:-])*\.?$"), ("Lease-Secret" = String, Header, description = "The grant's `secret` (a session's, with `session` in the body of an acquire)")),
+    params(("resource" = inline(ResourceName), Path, description = "The resource: 1-200 bytes of letters, digits and `._:-`, starting with a letter or digit, without `..`"), ("Lease-Secret" = String, Header, description = "The grant's `secret` (a session's, with `session` in the body of an acquire)")),
     request_body(content = Option<RenewBody>, content_type = "application/json", description = "Nothing, or an empty object"),
     responses(
         (status = 200, description = "Renewed", body = Renewal),
@@ -314,7 +296,7 @@ pub(super) async fn renew(
     path = "/v1/leases/{resource}",
     operation_id = "release",
     tag = "leases",
-    params(("resource" = String, Path, description = "The resource: 1-200 bytes of letters, digits and `._:-`, starting with a letter or digit, without `..`", min_length = 1, max_length = 200, pattern = r"^[A-Za-z0-9](\.?[A-Za-z0-9_:-])*\.?$"), ("Lease-Secret" = String, Header, description = "The grant's `secret` (a session's, with `session` in the body of an acquire)")),
+    params(("resource" = inline(ResourceName), Path, description = "The resource: 1-200 bytes of letters, digits and `._:-`, starting with a letter or digit, without `..`"), ("Lease-Secret" = String, Header, description = "The grant's `secret` (a session's, with `session` in the body of an acquire)")),
     responses(
         (status = 204, description = "Released, or already gone"),
         (status = 400, description = "Invalid resource or header"),
@@ -360,7 +342,7 @@ pub(super) async fn release(
     path = "/v1/leases/{resource}",
     operation_id = "get_lease",
     tag = "leases",
-    params(("resource" = String, Path, description = "The resource: 1-200 bytes of letters, digits and `._:-`, starting with a letter or digit, without `..`", min_length = 1, max_length = 200, pattern = r"^[A-Za-z0-9](\.?[A-Za-z0-9_:-])*\.?$")),
+    params(("resource" = inline(ResourceName), Path, description = "The resource: 1-200 bytes of letters, digits and `._:-`, starting with a letter or digit, without `..`")),
     responses(
         (status = 200, description = "Held", body = Holding),
         (status = 400, description = "Invalid resource"),

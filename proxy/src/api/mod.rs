@@ -8,6 +8,7 @@ mod openapi;
 mod ops;
 mod problem;
 mod rate;
+mod schemas;
 mod sessions;
 mod watch;
 

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use utoipa::ToSchema;
 
 use super::authz::{self, Peer, Target};
+use super::schemas::SessionId;
 use super::{body, AppState};
 use crate::audit::Event;
 use crate::auth::Op;
@@ -107,7 +108,7 @@ pub(super) async fn open(
     path = "/v1/sessions/{id}/keepalive",
     operation_id = "keepalive_session",
     tag = "sessions",
-    params(("id" = String, Path, description = "The session id (a positive decimal number that fits in 63 bits)", pattern = r"^([1-9][0-9]{0,17}|[1-8][0-9]{18}|9[0-1][0-9]{17}|92[0-1][0-9]{16}|922[0-2][0-9]{15}|9223[0-2][0-9]{14}|92233[0-6][0-9]{13}|922337[0-1][0-9]{12}|92233720[0-2][0-9]{10}|922337203[0-5][0-9]{9}|9223372036[0-7][0-9]{8}|92233720368[0-4][0-9]{7}|922337203685[0-3][0-9]{6}|9223372036854[0-6][0-9]{5}|92233720368547[0-6][0-9]{4}|922337203685477[0-4][0-9]{3}|9223372036854775[0-7][0-9]{2}|922337203685477580[0-6]|9223372036854775807)$"), ("Lease-Secret" = String, Header, description = "The session's `secret`")),
+    params(("id" = inline(SessionId), Path, description = "The session id (a positive decimal number that fits in 63 bits)"), ("Lease-Secret" = String, Header, description = "The session's `secret`")),
     request_body(content = Option<KeepaliveBody>, content_type = "application/json", description = "Nothing, or an empty object"),
     responses(
         (status = 200, description = "Renewed", body = Heartbeat),
@@ -145,7 +146,7 @@ pub(super) async fn keepalive(
     path = "/v1/sessions/{id}",
     operation_id = "close_session",
     tag = "sessions",
-    params(("id" = String, Path, description = "The session id (a positive decimal number that fits in 63 bits)", pattern = r"^([1-9][0-9]{0,17}|[1-8][0-9]{18}|9[0-1][0-9]{17}|92[0-1][0-9]{16}|922[0-2][0-9]{15}|9223[0-2][0-9]{14}|92233[0-6][0-9]{13}|922337[0-1][0-9]{12}|92233720[0-2][0-9]{10}|922337203[0-5][0-9]{9}|9223372036[0-7][0-9]{8}|92233720368[0-4][0-9]{7}|922337203685[0-3][0-9]{6}|9223372036854[0-6][0-9]{5}|92233720368547[0-6][0-9]{4}|922337203685477[0-4][0-9]{3}|9223372036854775[0-7][0-9]{2}|922337203685477580[0-6]|9223372036854775807)$"), ("Lease-Secret" = String, Header, description = "The session's `secret`")),
+    params(("id" = inline(SessionId), Path, description = "The session id (a positive decimal number that fits in 63 bits)"), ("Lease-Secret" = String, Header, description = "The session's `secret`")),
     responses(
         (status = 204, description = "Closed"),
         (status = 400, description = "Invalid id or header"),
@@ -179,7 +180,7 @@ pub(super) async fn close(
     path = "/v1/sessions/{id}",
     operation_id = "get_session",
     tag = "sessions",
-    params(("id" = String, Path, description = "The session id (a positive decimal number that fits in 63 bits)", pattern = r"^([1-9][0-9]{0,17}|[1-8][0-9]{18}|9[0-1][0-9]{17}|92[0-1][0-9]{16}|922[0-2][0-9]{15}|9223[0-2][0-9]{14}|92233[0-6][0-9]{13}|922337[0-1][0-9]{12}|92233720[0-2][0-9]{10}|922337203[0-5][0-9]{9}|9223372036[0-7][0-9]{8}|92233720368[0-4][0-9]{7}|922337203685[0-3][0-9]{6}|9223372036854[0-6][0-9]{5}|92233720368547[0-6][0-9]{4}|922337203685477[0-4][0-9]{3}|9223372036854775[0-7][0-9]{2}|922337203685477580[0-6]|9223372036854775807)$")),
+    params(("id" = inline(SessionId), Path, description = "The session id (a positive decimal number that fits in 63 bits)")),
     responses(
         (status = 200, description = "The session", body = SessionView),
         (status = 400, description = "Invalid id"),

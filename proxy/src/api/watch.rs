@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use utoipa::IntoParams;
 
 use super::authz::{self, Caller, Peer, Target};
-use super::leases::ResourcePrefix;
+use super::schemas::{EventId, ResourcePrefix};
 use super::AppState;
 use crate::auth::Op;
 use crate::etcd::{OwnershipEvent, Position, Subscription};
@@ -47,25 +47,6 @@ const RETRY_MS: u64 = 1000;
 /// Messages a stream holds for its reader: what the channel between its task and the response
 /// body carries at most.
 const BUFFERED: usize = 8;
-
-/// The pattern of an event id (`R` or `R.n`), as the document gives it.
-const ID_PATTERN: &str = r"^[1-9][0-9]{0,17}(\.[0-9]{1,9})?$";
-
-/// An event id (`R` or `R.n`) for the OpenAPI document: a string matching [`ID_PATTERN`]. The
-/// messages' `id`, `?last_event_id=` and `Last-Event-ID` are all one.
-pub(super) struct EventId;
-
-impl utoipa::PartialSchema for EventId {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        use utoipa::openapi::schema::{ObjectBuilder, Type};
-        ObjectBuilder::new()
-            .schema_type(Type::String)
-            .pattern(Some(ID_PATTERN))
-            .into()
-    }
-}
-
-impl utoipa::ToSchema for EventId {}
 
 /// One message of the stream, for the OpenAPI document (its `text/event-stream` convention:
 /// one object per message, with the SSE fields as properties).
