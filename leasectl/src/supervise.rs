@@ -1,6 +1,8 @@
 //! Running the command of `leasectl exec` while the lease is held: the command runs in a process
 //! group of its own, receives the signals forwarded to leasectl, is sent SIGTERM the moment the
-//! lease is lost and SIGKILL if it still runs after the grace period.
+//! lease is lost and SIGKILL if it still runs after the grace period. Whatever the command
+//! started in its group is stopped the same way — on a loss, and also when the command itself
+//! exits (a background writer it left must not outlive the lease, which is released next).
 
 use std::ffi::OsString;
 use std::io;
@@ -69,7 +71,12 @@ pub(crate) async fn supervise(
             biased;
             () = lost.cancelled() => break,
             status = child.wait() => {
-                return Ok(Outcome { status: status.map_err(Error::Wait)?, lost: None });
+                let status = status.map_err(Error::Wait)?;
+                // What it left running in its group ends before the lease is released.
+                if group_running(group) {
+                    stop_group(group, grace).await?;
+                }
+                return Ok(Outcome { status, lost: None });
             }
             signal = forward.recv(), if forwarding => match signal {
                 Some(signal) => send(group, signal)?,
@@ -84,20 +91,95 @@ pub(crate) async fn supervise(
     })
 }
 
-/// Stops `child`, the leader of process group `group`: SIGTERM to the group, then SIGKILL if
-/// the child has not exited `grace` later. Returns its exit status and how it was stopped.
+/// Stops `child`, the leader of process group `group`, and everything else in the group:
+/// SIGTERM to the group, then SIGKILL if anything in it still runs `grace` later. Returns the
+/// child's exit status and how the group was stopped.
 async fn stop(
     child: &mut Child,
     group: Pid,
     grace: Duration,
 ) -> Result<(ExitStatus, Stopped), Error> {
     send(group, Signal::SIGTERM)?;
-    if let Ok(status) = tokio::time::timeout(grace, child.wait()).await {
+    let ended = tokio::time::timeout(grace, async {
+        let status = child.wait().await;
+        while group_running(group) {
+            tokio::time::sleep(POLL).await;
+        }
+        status
+    })
+    .await;
+    if let Ok(status) = ended {
         return Ok((status.map_err(Error::Wait)?, Stopped::Terminated));
     }
-    send(group, Signal::SIGKILL)?;
+    kill_group(group).await?;
     let status = child.wait().await.map_err(Error::Wait)?;
     Ok((status, Stopped::Killed))
+}
+
+/// Stops what still runs in `group` after its leader exited: SIGTERM, then SIGKILL if anything
+/// still runs `grace` later.
+async fn stop_group(group: Pid, grace: Duration) -> Result<Stopped, Error> {
+    send(group, Signal::SIGTERM)?;
+    let gone = tokio::time::timeout(grace, async {
+        while group_running(group) {
+            tokio::time::sleep(POLL).await;
+        }
+    })
+    .await;
+    if gone.is_ok() {
+        return Ok(Stopped::Terminated);
+    }
+    kill_group(group).await?;
+    Ok(Stopped::Killed)
+}
+
+/// Sends SIGKILL to `group` and waits (briefly: SIGKILL cannot be ignored) until nothing in it
+/// runs any more.
+async fn kill_group(group: Pid) -> Result<(), Error> {
+    send(group, Signal::SIGKILL)?;
+    let _ = tokio::time::timeout(KILL_SETTLE, async {
+        while group_running(group) {
+            tokio::time::sleep(POLL).await;
+        }
+    })
+    .await;
+    Ok(())
+}
+
+/// How often a group is looked at while waiting for it to end.
+const POLL: Duration = Duration::from_millis(10);
+
+/// Longest wait for a SIGKILLed group to be gone.
+const KILL_SETTLE: Duration = Duration::from_secs(2);
+
+/// Whether any process of group `group` still runs. On Linux, from `/proc`: a zombie (exited,
+/// not yet reaped by whoever adopted it) runs nothing. Elsewhere, whether the group can still
+/// be signalled.
+fn group_running(group: Pid) -> bool {
+    match std::fs::read_dir("/proc") {
+        Ok(entries) => entries.flatten().any(|entry| {
+            let is_pid = entry
+                .file_name()
+                .to_str()
+                .is_some_and(|name| name.bytes().all(|b| b.is_ascii_digit()));
+            is_pid
+                && std::fs::read_to_string(entry.path().join("stat"))
+                    .is_ok_and(|stat| runs_in_group(&stat, group.as_raw()))
+        }),
+        Err(_) => killpg(group, None).is_ok(),
+    }
+}
+
+/// Whether a `/proc/PID/stat` line is of a live (not zombie or dead) process in `group`: the
+/// fields after the command name's closing parenthesis are the state, the parent and the group.
+fn runs_in_group(stat: &str, group: i32) -> bool {
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return false;
+    };
+    let mut fields = rest.split_whitespace();
+    let state = fields.next();
+    let pgrp = fields.nth(1).and_then(|g| g.parse::<i32>().ok());
+    pgrp == Some(group) && !matches!(state, Some("Z" | "X" | "x"))
 }
 
 /// The process group `child` leads (it was spawned with `process_group(0)`).
@@ -281,6 +363,82 @@ mod tests {
             }
         }
         panic!("the command's background sleep survived the loss");
+    }
+
+    /// Kills a command's whole group when dropped, so that a failing test leaves nothing
+    /// running (a leftover would hold the test runner's output open).
+    struct Reaper(Pid);
+
+    impl Drop for Reaper {
+        fn drop(&mut self) {
+            let _ = killpg(self.0, Signal::SIGKILL);
+        }
+    }
+
+    /// Whether process `pid` still runs (not gone, not a zombie).
+    fn runs(pid: &str) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()))
+            .is_ok_and(|stat| !stat.contains(") Z") && !stat.contains(") X"))
+    }
+
+    #[tokio::test]
+    async fn an_exit_stops_what_the_command_left_running_before_returning() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("pid");
+        // A background writer left behind by a command that exits at once.
+        let mut child = sh(&format!(
+            "sleep 300 & echo $! > {}; exit 0",
+            pid_file.display()
+        ));
+        let _reaper = Reaper(group_of(&child).unwrap());
+        let (_tx, mut rx) = mpsc::channel(1);
+        let out = supervise(
+            &mut child,
+            CancellationToken::new(),
+            Duration::from_secs(30),
+            &mut rx,
+        )
+        .await
+        .unwrap();
+        assert_eq!((exit_code(out.status), out.lost), (0, None));
+        // Already gone when supervise returns: the lease is released right after.
+        let background = std::fs::read_to_string(&pid_file).unwrap();
+        assert!(
+            !runs(&background),
+            "the background process outlived the command"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_loss_kills_a_background_process_that_ignores_sigterm() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("pid");
+        let mut child = sh(&format!(
+            "(trap '' TERM; while :; do sleep 0.05; done) & echo $! > {}; \
+             trap 'exit 7' TERM; while :; do sleep 0.05; done",
+            pid_file.display()
+        ));
+        let _reaper = Reaper(group_of(&child).unwrap());
+        let background = wait_for_file(&pid_file).await;
+        let lost = CancellationToken::new();
+        lost.cancel();
+        let (_tx, mut rx) = mpsc::channel(1);
+        let grace = Duration::from_millis(300);
+        let out = supervise(&mut child, lost, grace, &mut rx).await.unwrap();
+        assert_eq!(out.lost, Some(Stopped::Killed));
+        assert!(
+            !runs(&background),
+            "a TERM-proof background process survived the loss"
+        );
+    }
+
+    #[test]
+    fn reads_state_and_group_from_proc_stat() {
+        let live = "123 (a (odd) name) S 1 4242 4242 0 -1 4194560";
+        assert!(runs_in_group(live, 4242));
+        assert!(!runs_in_group(live, 4243));
+        assert!(!runs_in_group("123 (sh) Z 1 4242 4242 0", 4242));
+        assert!(!runs_in_group("garbage", 4242));
     }
 
     #[tokio::test]
