@@ -14,7 +14,7 @@ asyncio: :class:`AsyncClient`, the same calls awaited (``async with client.lease
 
 from .aio import AsyncClient, AsyncEventStream, AsyncLease, AsyncSession
 from .client import Client, EventStream, Lease, Session
-from .errors import Compacted, Held, LeaseProxyError, Lost, Problem, SessionLost, TransportError
+from .errors import Compacted, Held, LeaseProxyError, Lost, Problem, ProtocolError, SessionLost, TransportError
 from .models import Event, Grant, Holding, Renewal, SessionGrant
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "LeaseProxyError",
     "Lost",
     "Problem",
+    "ProtocolError",
     "Renewal",
     "Session",
     "SessionGrant",

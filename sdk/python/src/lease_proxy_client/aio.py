@@ -33,8 +33,8 @@ from .aio_liveness import AsyncLiveness, AsyncLostEvent
 from .client import USER_AGENT
 from .errors import LeaseProxyError, Lost, SessionLost, TransportError
 from .models import Event, Grant, Holding, Renewal, SessionGrant
-from .protocol import Cert, RELEASED, REVOKED, SESSION_LOST, Call, Verify
-from .sse import Parser, to_event
+from .protocol import Answer, Cert, EXPIRED, RELEASED, REVOKED, SESSION_LOST, Call, Verify
+from .sse import Item, Watch
 from .views import LeaseView, SessionView
 
 
@@ -75,20 +75,28 @@ class AsyncClient:
 
     # --- plumbing ---
 
-    async def _send(self, call: Call, timeout: Optional[float] = None) -> httpx.Response:
+    async def _send(self, call: Call, timeout: Optional[float] = None) -> Answer:
+        """Sends ``call`` and reads the answer (at most ``protocol.MAX_BODY`` bytes), all of it
+        within the timeout (an overall deadline, not per read); transport failures and the
+        timeout become :class:`TransportError`."""
+        limit = (timeout if timeout is not None else self.timeout) + call.extra_timeout
         try:
-            return await self._http.request(
-                call.method,
-                call.path,
-                headers=call.headers,
-                json=call.json,
-                params=call.params,
-                timeout=(timeout if timeout is not None else self.timeout) + call.extra_timeout,
-            )
+            return await asyncio.wait_for(self._exchange(call, limit), limit)
+        except asyncio.TimeoutError as e:
+            raise TransportError(f"{call.method} {call.path}: no whole answer within {limit} s") from e
         except httpx.TransportError as e:
             raise TransportError(f"{call.method} {call.path}: {e!r}") from e
 
-    async def _timed(self, call: Call, timeout: Optional[float] = None) -> Tuple[float, httpx.Response]:
+    async def _exchange(self, call: Call, limit: float) -> Answer:
+        async with self._http.stream(
+            call.method, call.path, headers=call.headers, json=call.json, params=call.params, timeout=limit
+        ) as response:
+            body = protocol.BodyReader(response, time.monotonic() + limit, f"{call.method} {call.path}")
+            async for chunk in response.aiter_bytes():
+                body.feed(chunk)
+            return body.answer()
+
+    async def _timed(self, call: Call, timeout: Optional[float] = None) -> Tuple[float, Answer]:
         """The monotonic instant read just before sending ``call``, and the checked answer."""
         sent = time.monotonic()
         return sent, protocol.check(await self._send(call, timeout))
@@ -98,16 +106,16 @@ class AsyncClient:
         while True:
             try:
                 sent, response = await self._timed(call)
-                return sent, Grant.from_json(response.json())
+                return sent, protocol.parse(response, Grant.from_json)
             except TransportError:
                 if not retry or attempt >= 3:
                     raise
                 await asyncio.sleep(protocol.retry_backoff(attempt))
                 attempt += 1
 
-    async def _renew_until(self, call: Call, liveness: AsyncLiveness) -> Optional[httpx.Response]:
+    async def _renew_until(self, call: Call, liveness: AsyncLiveness) -> Optional[float]:
         """As :meth:`Client._renew_until <lease_proxy_client.Client>`: retried until success, 410
-        (lost) or the deadline."""
+        (lost) or the deadline; the lifetime granted, or None when lost."""
         attempt = 0
         while liveness.reason is None:
             remaining = liveness.deadline - time.monotonic()
@@ -116,6 +124,7 @@ class AsyncClient:
                 return None
             try:
                 sent, response = await self._timed(call, timeout=min(self.timeout, remaining))
+                life = protocol.lifetime(*protocol.parse(response, protocol.timing))
             except (Lost, SessionLost):
                 liveness.fire(REVOKED)
                 return None
@@ -123,8 +132,11 @@ class AsyncClient:
                 await asyncio.sleep(min(protocol.retry_backoff(attempt), max(remaining, 0.0)))
                 attempt += 1
                 continue
-            liveness.extend(sent + int(response.json()["expires_in_ms"]) / 1000.0)
-            return response
+            if life <= 0:
+                liveness.fire(EXPIRED)
+                return None
+            liveness.extend(sent + life)
+            return life
         return None
 
     # --- guards ---
@@ -144,7 +156,7 @@ class AsyncClient:
             resource, holder=holder, ttl=ttl, wait=wait, idempotency_key=idempotency_key, metadata=metadata
         )
         sent, grant = await self._grant(call, retry=idempotency_key is not None)
-        return AsyncLease(self, grant, sent)
+        return AsyncLease(self, grant, sent, slack=wait or 0.0)
 
     def lease(
         self,
@@ -171,7 +183,7 @@ class AsyncClient:
     async def open_session(self, *, holder: str, ttl: int) -> "AsyncSession":
         """Opens a session (one heartbeat task for many leases)."""
         sent, response = await self._timed(protocol.open_session_call(holder, ttl))
-        return AsyncSession(self, SessionGrant.from_json(response.json()), sent)
+        return AsyncSession(self, protocol.parse(response, SessionGrant.from_json), sent)
 
     def session(self, *, holder: str, ttl: int) -> "_Acquiring[AsyncSession]":
         """:meth:`open_session` for ``async with client.session(...) as s:`` (closed on exit)."""
@@ -197,7 +209,7 @@ class AsyncClient:
 
     async def renew(self, resource: str, secret: str) -> Renewal:
         """One renewal; raises :class:`~lease_proxy_client.Lost` once the grant has ended."""
-        return Renewal.from_json((await self._timed(protocol.renew_call(resource, secret)))[1].json())
+        return protocol.parse((await self._timed(protocol.renew_call(resource, secret)))[1], Renewal.from_json)
 
     async def release(self, resource: str, secret: str) -> None:
         """Releases a grant (idempotent)."""
@@ -208,16 +220,16 @@ class AsyncClient:
         response = await self._send(protocol.get_call(resource))
         if response.status_code == 404:
             return None
-        return Holding.from_json(protocol.check(response).json())
+        return protocol.parse(protocol.check(response), Holding.from_json)
 
     async def list(self, prefix: str = "", *, page_size: Optional[int] = None) -> List[Holding]:
         """Every held resource whose name starts with ``prefix``, in name order (all pages)."""
         holdings: List[Holding] = []
         cursor: Optional[str] = None
         while True:
-            body = (await self._timed(protocol.list_call(prefix, cursor, page_size)))[1].json()
-            holdings.extend(Holding.from_json(h) for h in body.get("leases", []))
-            cursor = body.get("next_cursor")
+            answer = (await self._timed(protocol.list_call(prefix, cursor, page_size)))[1]
+            page, cursor = protocol.parse(answer, protocol.page)
+            holdings.extend(page)
             if not cursor:
                 return holdings
 
@@ -271,15 +283,13 @@ class _AsyncRenewer:
         client: AsyncClient,
         call: Call,
         liveness: AsyncLiveness,
-        ttl: int,
-        expires_in_ms: int,
+        lifetime: float,
         sent: float,
     ):
         self._client = client
         self._call = call
         self._liveness = liveness
-        self._ttl = ttl
-        self._next = sent + protocol.renew_interval(ttl, expires_in_ms)
+        self._next = sent + protocol.renew_interval(lifetime)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     def stop(self) -> None:
@@ -301,10 +311,10 @@ class _AsyncRenewer:
                 continue
             sent = time.monotonic()
             try:
-                response = await self._client._renew_until(self._call, self._liveness)
-                if response is None:
+                life = await self._client._renew_until(self._call, self._liveness)
+                if life is None:
                     return
-                self._next = sent + protocol.renew_interval(self._ttl, int(response.json()["expires_in_ms"]))
+                self._next = sent + protocol.renew_interval(life)
             except Exception:  # the client closed under it, an answer that does not parse…
                 return  # renew no more: the timer ends the lease at its deadline
 
@@ -316,24 +326,26 @@ class AsyncLease(LeaseView[AsyncLostEvent]):
     _liveness: AsyncLiveness
 
     def __init__(
-        self, client: AsyncClient, grant: Grant, sent: float, session: Optional["AsyncSession"] = None
+        self,
+        client: AsyncClient,
+        grant: Grant,
+        sent: float,
+        session: Optional["AsyncSession"] = None,
+        slack: float = 0.0,
     ):
         self._client = client
         self._grant = grant
-        self._renewer: Optional[_AsyncRenewer]
+        self._renewer: Optional[_AsyncRenewer] = None
         if session is None:
-            self._liveness = AsyncLiveness(sent + grant.expires_in_ms / 1000.0)
-            self._renewer = _AsyncRenewer(
-                client,
-                protocol.renew_call(grant.resource, grant.secret),
-                self._liveness,
-                grant.ttl_seconds,
-                grant.expires_in_ms,
-                sent,
-            )
+            # A grant of no time (TTL <= 0, expires_in_ms < 0) is a lease lost at once.
+            life = protocol.lifetime(grant.ttl_seconds, grant.expires_in_ms, slack)
+            self._liveness = AsyncLiveness(sent + life)
+            if life > 0:
+                self._renewer = _AsyncRenewer(
+                    client, protocol.renew_call(grant.resource, grant.secret), self._liveness, life, sent
+                )
         else:
             self._liveness = AsyncLiveness(0.0, parent=session._liveness)
-            self._renewer = None
         if self._renewer is not None:
             # Dropped without release: renew no more, so the grant ends at its TTL.
             weakref.finalize(self, self._renewer.stop_from_gc)
@@ -413,14 +425,10 @@ class AsyncSession(SessionView[AsyncLostEvent]):
     def __init__(self, client: AsyncClient, grant: SessionGrant, sent: float):
         self._client = client
         self._grant = grant
-        self._liveness = AsyncLiveness(sent + grant.expires_in_ms / 1000.0)
+        life = protocol.lifetime(grant.ttl_seconds, grant.expires_in_ms)
+        self._liveness = AsyncLiveness(sent + life)
         self._renewer = _AsyncRenewer(
-            client,
-            protocol.keepalive_call(grant.session_id, grant.secret),
-            self._liveness,
-            grant.ttl_seconds,
-            grant.expires_in_ms,
-            sent,
+            client, protocol.keepalive_call(grant.session_id, grant.secret), self._liveness, life, sent
         )
         weakref.finalize(self, self._renewer.stop_from_gc)  # dropped without close: it lapses at its TTL
         self._closed = False
@@ -508,48 +516,59 @@ class AsyncEventStream:
     def __init__(self, client: AsyncClient, prefix: str, last_event_id: Optional[str]):
         self._client = client
         self._prefix = prefix
-        self._parser = Parser(last_event_id)
+        self._watch = Watch(last_event_id)
         self._events = self._run()
 
     @property
     def last_event_id(self) -> Optional[str]:
         """The id to resume after."""
-        return self._parser.last_event_id
+        return self._watch.last_event_id
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self
 
     async def __anext__(self) -> Event:
-        return await self._events.__anext__()
+        """As :meth:`EventStream.__next__ <lease_proxy_client.EventStream>`: a malformed event
+        raises :class:`~lease_proxy_client.ProtocolError` and the stream carries on after it."""
+        item = await self._events.__anext__()
+        if isinstance(item, LeaseProxyError):
+            raise item
+        return item
 
     async def aclose(self) -> None:
         """Stops the stream."""
         await self._events.aclose()
 
-    async def _run(self) -> AsyncGenerator[Event, None]:
+    async def _run(self) -> AsyncGenerator[Item, None]:
         attempt = 0
         params = {"prefix": self._prefix} if self._prefix else {}
+        watch = self._watch
         while True:
+            watch.connecting()
             try:
                 async with self._client._http.stream(
                     "GET",
                     "/v1/watch",
                     params=params,
-                    headers=protocol.watch_headers(self._parser.last_event_id),
+                    headers=protocol.watch_headers(watch.last_event_id),
                     timeout=httpx.Timeout(self._client.timeout, read=60.0),
                 ) as response:
                     if not response.is_success:
-                        await response.aread()
-                        error = protocol.error_for(response)
+                        body = protocol.BodyReader(response, time.monotonic() + self._client.timeout, "watch")
+                        async for chunk in response.aiter_bytes():
+                            body.feed(chunk)
+                        error = protocol.error_for(body.answer())
                         if not protocol.is_transient(error):
                             raise error
                     else:
-                        attempt = 0
-                        async for line in response.aiter_lines():
-                            message = self._parser.feed(line)
-                            if message is not None and message.event in ("acquired", "released", "expired"):
-                                yield to_event(message)
-            except httpx.TransportError:
+                        async for chunk in response.aiter_bytes():
+                            for item in watch.feed(chunk):
+                                yield item
+                            if watch.broken:
+                                break  # over the size limit: drop the connection, resume
+            except (httpx.TransportError, TransportError):
                 pass
-            await asyncio.sleep(protocol.retry_backoff(min(attempt, 5)) * 2)
+            if watch.delivered:
+                attempt = 0
+            await asyncio.sleep(protocol.watch_backoff(attempt))
             attempt += 1

@@ -14,8 +14,8 @@ from . import protocol
 from .errors import Lost, LeaseProxyError, SessionLost, TransportError
 from .liveness import Liveness, LostEvent
 from .models import Event, Grant, Holding, Renewal, SessionGrant
-from .protocol import Cert, REVOKED, RELEASED, SESSION_LOST, Call, Verify
-from .sse import Parser, to_event
+from .protocol import Answer, Cert, EXPIRED, REVOKED, RELEASED, SESSION_LOST, Call, Verify
+from .sse import Item, Watch
 from .views import LeaseView, SessionView
 
 USER_AGENT = "lease-proxy-client-python/0.1"
@@ -62,21 +62,23 @@ class Client:
 
     # --- plumbing ---
 
-    def _send(self, call: Call, timeout: Optional[float] = None) -> httpx.Response:
-        """Sends ``call``; transport failures become :class:`TransportError`; the body is read."""
+    def _send(self, call: Call, timeout: Optional[float] = None) -> Answer:
+        """Sends ``call``; transport failures become :class:`TransportError`; the body is read
+        (at most ``protocol.MAX_BODY`` bytes, and not past the timeout: checked at every chunk)."""
+        limit = (timeout if timeout is not None else self.timeout) + call.extra_timeout
+        deadline = time.monotonic() + limit
         try:
-            return self._http.request(
-                call.method,
-                call.path,
-                headers=call.headers,
-                json=call.json,
-                params=call.params,
-                timeout=(timeout if timeout is not None else self.timeout) + call.extra_timeout,
-            )
+            with self._http.stream(
+                call.method, call.path, headers=call.headers, json=call.json, params=call.params, timeout=limit
+            ) as response:
+                body = protocol.BodyReader(response, deadline, f"{call.method} {call.path}")
+                for chunk in response.iter_bytes():
+                    body.feed(chunk)
+                return body.answer()
         except httpx.TransportError as e:
             raise TransportError(f"{call.method} {call.path}: {e!r}") from e
 
-    def _timed(self, call: Call, timeout: Optional[float] = None) -> Tuple[float, httpx.Response]:
+    def _timed(self, call: Call, timeout: Optional[float] = None) -> Tuple[float, Answer]:
         """Sends ``call`` and returns the monotonic instant read just before sending it, with the
         checked answer: a deadline is that instant plus the answer's ``expires_in_ms``."""
         sent = time.monotonic()
@@ -105,7 +107,7 @@ class Client:
             resource, holder=holder, ttl=ttl, wait=wait, idempotency_key=idempotency_key, metadata=metadata
         )
         sent, grant = self._grant(call, retry=idempotency_key is not None)
-        return Lease(self, grant, sent)
+        return Lease(self, grant, sent, slack=wait or 0.0)
 
     def lease(
         self,
@@ -127,7 +129,7 @@ class Client:
         while True:
             try:
                 sent, response = self._timed(call)
-                return sent, Grant.from_json(response.json())
+                return sent, protocol.parse(response, Grant.from_json)
             except TransportError:
                 if not retry or attempt >= 3:
                     raise
@@ -138,7 +140,7 @@ class Client:
         """Opens a session (one heartbeat for many leases); ``with client.session(...) as s:``
         closes it on exit."""
         sent, response = self._timed(protocol.open_session_call(holder, ttl))
-        return Session(self, SessionGrant.from_json(response.json()), sent)
+        return Session(self, protocol.parse(response, SessionGrant.from_json), sent)
 
     open_session = session
 
@@ -162,7 +164,7 @@ class Client:
 
     def renew(self, resource: str, secret: str) -> Renewal:
         """One renewal; raises :class:`~lease_proxy_client.Lost` once the grant has ended."""
-        return Renewal.from_json(self._timed(protocol.renew_call(resource, secret))[1].json())
+        return protocol.parse(self._timed(protocol.renew_call(resource, secret))[1], Renewal.from_json)
 
     def release(self, resource: str, secret: str) -> None:
         """Releases a grant (idempotent: releasing an ended grant is fine)."""
@@ -173,16 +175,15 @@ class Client:
         response = self._send(protocol.get_call(resource))
         if response.status_code == 404:
             return None
-        return Holding.from_json(protocol.check(response).json())
+        return protocol.parse(protocol.check(response), Holding.from_json)
 
     def list(self, prefix: str = "", *, page_size: Optional[int] = None) -> List[Holding]:
         """Every held resource whose name starts with ``prefix``, in name order (all pages)."""
         holdings: List[Holding] = []
         cursor: Optional[str] = None
         while True:
-            body = self._timed(protocol.list_call(prefix, cursor, page_size))[1].json()
-            holdings.extend(Holding.from_json(h) for h in body.get("leases", []))
-            cursor = body.get("next_cursor")
+            page, cursor = protocol.parse(self._timed(protocol.list_call(prefix, cursor, page_size))[1], protocol.page)
+            holdings.extend(page)
             if not cursor:
                 return holdings
 
@@ -194,11 +195,12 @@ class Client:
 
     # --- used by the guards ---
 
-    def _renew_until(self, call: Call, liveness: Liveness) -> Optional[httpx.Response]:
+    def _renew_until(self, call: Call, liveness: Liveness) -> Optional[float]:
         """One renewal (of a lease or a session), retried with backoff until it succeeds, the
         answer is 410 (the guard is then lost), or the deadline passes. A success moves the
-        deadline to the instant read before sending it plus the ``expires_in_ms`` answered, and
-        its answer is returned; None when the guard is lost."""
+        deadline to the instant read before sending it plus the lifetime answered
+        (:func:`protocol.lifetime`), which is returned; None when the guard is lost (also when
+        the answer grants no time: a TTL <= 0 or a negative ``expires_in_ms``)."""
         attempt = 0
         while liveness.reason is None:
             remaining = liveness.deadline - time.monotonic()
@@ -207,6 +209,7 @@ class Client:
                 return None
             try:
                 sent, response = self._timed(call, timeout=min(self.timeout, remaining))
+                life = protocol.lifetime(*protocol.parse(response, protocol.timing))
             except (Lost, SessionLost):
                 liveness.fire(REVOKED)
                 return None
@@ -214,9 +217,11 @@ class Client:
                 time.sleep(min(protocol.retry_backoff(attempt), max(remaining, 0.0)))
                 attempt += 1
                 continue
-            body = response.json()
-            liveness.extend(sent + int(body["expires_in_ms"]) / 1000.0)
-            return response
+            if life <= 0:
+                liveness.fire(EXPIRED)
+                return None
+            liveness.extend(sent + life)
+            return life
         return None
 
 
@@ -229,17 +234,15 @@ class _Renewer:
         client: Client,
         call: Call,
         liveness: Liveness,
-        ttl: int,
-        expires_in_ms: int,
+        lifetime: float,
         sent: float,
         name: str,
     ):
         self._client = client
         self._call = call
         self._liveness = liveness
-        self._ttl = ttl
         self._stop = threading.Event()
-        self._next = sent + protocol.renew_interval(ttl, expires_in_ms)
+        self._next = sent + protocol.renew_interval(lifetime)
         threading.Thread(target=self._run, name=f"renew {name}", daemon=True).start()
 
     def stop(self) -> None:
@@ -248,17 +251,20 @@ class _Renewer:
 
     def _run(self) -> None:
         while not self._stop.is_set() and self._liveness.reason is None:
-            if self._stop.wait(max(self._next - time.monotonic(), 0.0)):
-                return
+            delay = self._next - time.monotonic()
+            if delay > 0:
+                if self._stop.wait(min(delay, 3600.0)):  # bounded: waits have a maximum
+                    return
+                continue
             if self._client._renewals_paused.is_set():
                 self._next = time.monotonic() + 0.05
                 continue
             sent = time.monotonic()
             try:
-                response = self._client._renew_until(self._call, self._liveness)
-                if response is None:
+                life = self._client._renew_until(self._call, self._liveness)
+                if life is None:
                     return
-                self._next = sent + protocol.renew_interval(self._ttl, int(response.json()["expires_in_ms"]))
+                self._next = sent + protocol.renew_interval(life)
             except Exception:  # the client closed under it, an answer that does not parse…
                 return  # renew no more: the watchdog ends the lease at its deadline
 
@@ -273,24 +279,33 @@ class Lease(LeaseView[LostEvent]):
 
     _liveness: Liveness
 
-    def __init__(self, client: Client, grant: Grant, sent: float, session: Optional["Session"] = None):
+    def __init__(
+        self,
+        client: Client,
+        grant: Grant,
+        sent: float,
+        session: Optional["Session"] = None,
+        slack: float = 0.0,
+    ):
         self._client = client
         self._grant = grant
+        self._renewer: Optional[_Renewer] = None
         if session is None:
-            self._liveness = Liveness(sent + grant.expires_in_ms / 1000.0, grant.resource)
-            self._renewer: Optional[_Renewer] = _Renewer(
-                client,
-                protocol.renew_call(grant.resource, grant.secret),
-                self._liveness,
-                grant.ttl_seconds,
-                grant.expires_in_ms,
-                sent,
-                grant.resource,
-            )
+            # A grant of no time (TTL <= 0, expires_in_ms < 0) is a lease lost at once.
+            life = protocol.lifetime(grant.ttl_seconds, grant.expires_in_ms, slack)
+            self._liveness = Liveness(sent + life, grant.resource)
+            if life > 0:
+                self._renewer = _Renewer(
+                    client,
+                    protocol.renew_call(grant.resource, grant.secret),
+                    self._liveness,
+                    life,
+                    sent,
+                    grant.resource,
+                )
         else:
             # The session's heartbeat keeps this grant alive; it is lost with the session.
             self._liveness = Liveness(0.0, grant.resource, parent=session._liveness)
-            self._renewer = None
         if self._renewer is not None:
             # Dropped without release: renew no more, so the grant ends at its TTL.
             weakref.finalize(self, self._renewer.stop)
@@ -372,13 +387,13 @@ class Session(SessionView[LostEvent]):
     def __init__(self, client: Client, grant: SessionGrant, sent: float):
         self._client = client
         self._grant = grant
-        self._liveness = Liveness(sent + grant.expires_in_ms / 1000.0, f"session {grant.session_id}")
+        life = protocol.lifetime(grant.ttl_seconds, grant.expires_in_ms)
+        self._liveness = Liveness(sent + life, f"session {grant.session_id}")
         self._renewer = _Renewer(
             client,
             protocol.keepalive_call(grant.session_id, grant.secret),
             self._liveness,
-            grant.ttl_seconds,
-            grant.expires_in_ms,
+            life,
             sent,
             f"session {grant.session_id}",
         )
@@ -455,20 +470,27 @@ class EventStream:
     def __init__(self, client: Client, prefix: str, last_event_id: Optional[str]):
         self._client = client
         self._prefix = prefix
-        self._parser = Parser(last_event_id)
+        self._watch = Watch(last_event_id)
         self._events = self._run()
         self._closed = False
 
     @property
     def last_event_id(self) -> Optional[str]:
         """The id to resume after (the last event's, or the stream's starting point)."""
-        return self._parser.last_event_id
+        return self._watch.last_event_id
 
     def __iter__(self) -> Iterator[Event]:
         return self
 
     def __next__(self) -> Event:
-        return next(self._events)
+        """The next event; raises :class:`~lease_proxy_client.ProtocolError` for an event that
+        does not parse, or a line over the size limit (the stream carries on after it: iterate
+        again), and ends with :class:`~lease_proxy_client.Compacted` or another non-transient
+        error."""
+        item = next(self._events)
+        if isinstance(item, LeaseProxyError):
+            raise item
+        return item
 
     def close(self) -> None:
         """Stops the stream."""
@@ -481,31 +503,36 @@ class EventStream:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _run(self) -> Generator[Event, None, None]:
+    def _run(self) -> Generator[Item, None, None]:
         attempt = 0
         params = {"prefix": self._prefix} if self._prefix else {}
+        watch = self._watch
         while not self._closed:
+            watch.connecting()
             try:
                 with self._client._http.stream(
                     "GET",
                     "/v1/watch",
                     params=params,
-                    headers=protocol.watch_headers(self._parser.last_event_id),
+                    headers=protocol.watch_headers(watch.last_event_id),
                     # keepalive comments come every 15 s: a silent minute is a dead connection
                     timeout=httpx.Timeout(self._client.timeout, read=60.0),
                 ) as response:
                     if not response.is_success:
-                        response.read()
-                        error = protocol.error_for(response)
+                        body = protocol.BodyReader(response, time.monotonic() + self._client.timeout, "watch")
+                        for chunk in response.iter_bytes():
+                            body.feed(chunk)
+                        error = protocol.error_for(body.answer())
                         if not protocol.is_transient(error):
                             raise error
                     else:
-                        attempt = 0
-                        for line in response.iter_lines():
-                            message = self._parser.feed(line)
-                            if message is not None and message.event in ("acquired", "released", "expired"):
-                                yield to_event(message)
-            except httpx.TransportError:
+                        for chunk in response.iter_bytes():
+                            yield from watch.feed(chunk)
+                            if watch.broken:
+                                break  # over the size limit: drop the connection, resume
+            except (httpx.TransportError, TransportError):
                 pass
-            time.sleep(protocol.retry_backoff(min(attempt, 5)) * 2)
+            if watch.delivered:
+                attempt = 0
+            time.sleep(protocol.watch_backoff(attempt))
             attempt += 1

@@ -57,5 +57,18 @@ class Problem(LeaseProxyError):
         return self.type.rsplit("/", 1)[-1]
 
 
+class ProtocolError(LeaseProxyError):
+    """The proxy's answer does not make sense: not JSON, not an object, a field missing or of the
+    wrong type, a number that is not finite, a body or an event-stream line over the size limit
+    (1 MiB), or an event of a watch that does not parse."""
+
+    def __init__(self, status: Optional[int], problem: str) -> None:
+        super().__init__(f"malformed answer ({status}): {problem}" if status else f"malformed answer: {problem}")
+        #: HTTP status of the answer (None when there was none).
+        self.status = status
+        #: What was wrong with it.
+        self.problem = problem
+
+
 class TransportError(LeaseProxyError):
     """The proxy could not be reached or did not answer in time (the ``httpx`` error is the cause)."""

@@ -98,5 +98,5 @@ class Liveness:
                 remaining = self._deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                self._cond.wait(remaining)
+                self._cond.wait(min(remaining, 3600.0))  # waits have a maximum
         self.fire(EXPIRED)

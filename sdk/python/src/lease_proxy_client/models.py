@@ -25,16 +25,16 @@ class Grant:
     def from_json(cls, body: Mapping[str, Any]) -> "Grant":
         """Parses a 201 body of ``POST /v1/leases/{resource}``."""
         return cls(
-            resource=str(body["resource"]),
-            holder=str(body["holder"]),
-            lease_id=str(body["lease_id"]),
-            secret=str(body["secret"]),
-            token=int(body["token"]),
-            fencing_token=str(body["fencing_token"]),
-            ttl_seconds=int(body["ttl_seconds"]),
-            expires_in_ms=int(body["expires_in_ms"]),
+            resource=_str(body["resource"]),
+            holder=_str(body["holder"]),
+            lease_id=_str(body["lease_id"]),
+            secret=_str(body["secret"]),
+            token=_int(body["token"]),
+            fencing_token=_str(body["fencing_token"]),
+            ttl_seconds=_int(body["ttl_seconds"]),
+            expires_in_ms=_int(body["expires_in_ms"]),
             session=_opt_str(body.get("session")),
-            metadata=body.get("metadata"),
+            metadata=_opt_dict(body.get("metadata")),
         )
 
 
@@ -50,9 +50,9 @@ class Renewal:
     def from_json(cls, body: Mapping[str, Any]) -> "Renewal":
         """Parses a 200 body of ``POST /v1/leases/{resource}/renew``."""
         return cls(
-            ttl_seconds=int(body["ttl_seconds"]),
-            expires_in_ms=int(body["expires_in_ms"]),
-            token=int(body["token"]),
+            ttl_seconds=_int(body["ttl_seconds"]),
+            expires_in_ms=_int(body["expires_in_ms"]),
+            token=_int(body["token"]),
         )
 
 
@@ -74,15 +74,15 @@ class Holding:
     def from_json(cls, body: Mapping[str, Any]) -> "Holding":
         """Parses ``GET /v1/leases/{resource}`` or one entry of the listing."""
         return cls(
-            resource=str(body["resource"]),
-            holder=str(body["holder"]),
-            lease_id=str(body["lease_id"]),
-            token=int(body["token"]),
-            ttl_seconds=int(body["ttl_seconds"]),
-            expires_in_ms=int(body["expires_in_ms"]),
-            acquired_at=int(body.get("acquired_at", 0)),
+            resource=_str(body["resource"]),
+            holder=_str(body["holder"]),
+            lease_id=_str(body["lease_id"]),
+            token=_int(body["token"]),
+            ttl_seconds=_int(body["ttl_seconds"]),
+            expires_in_ms=_int(body["expires_in_ms"]),
+            acquired_at=_int(body.get("acquired_at", 0)),
             session=_opt_str(body.get("session")),
-            metadata=body.get("metadata"),
+            metadata=_opt_dict(body.get("metadata")),
         )
 
 
@@ -100,11 +100,11 @@ class SessionGrant:
     def from_json(cls, body: Mapping[str, Any]) -> "SessionGrant":
         """Parses a 201 body of ``POST /v1/sessions``."""
         return cls(
-            session_id=str(body["session_id"]),
-            holder=str(body["holder"]),
-            secret=str(body["secret"]),
-            ttl_seconds=int(body["ttl_seconds"]),
-            expires_in_ms=int(body["expires_in_ms"]),
+            session_id=_str(body["session_id"]),
+            holder=_str(body["holder"]),
+            secret=_str(body["secret"]),
+            ttl_seconds=_int(body["ttl_seconds"]),
+            expires_in_ms=_int(body["expires_in_ms"]),
         )
 
 
@@ -130,15 +130,42 @@ class Event:
         """Parses the ``data`` of one event."""
         return cls(
             id=id,
-            type=str(body["type"]),
-            resource=str(body["resource"]),
-            holder=str(body["holder"]),
-            token=int(body["token"]),
-            revision=int(body["revision"]),
-            lease_id=str(body["lease_id"]),
+            type=_str(body["type"]),
+            resource=_str(body["resource"]),
+            holder=_str(body["holder"]),
+            token=_int(body["token"]),
+            revision=_int(body["revision"]),
+            lease_id=_str(body["lease_id"]),
             session=_opt_str(body.get("session")),
         )
 
 
+# Strict readers: a field of the wrong type raises TypeError or ValueError, which the caller
+# (protocol.parse) turns into a ProtocolError.
+
+
+def _int(value: Any) -> int:
+    """An integer, or its decimal string (tokens and revisions are strings): never a bool, null,
+    a non-finite or fractional number."""
+    if isinstance(value, bool) or not isinstance(value, (int, str, float)):
+        raise TypeError(f"not an integer: {value!r}")
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError(f"not an integer: {value!r}")
+    return int(value)
+
+
+def _str(value: Any) -> str:
+    """A string (or a number, some ids being numbers in JSON): never null, a bool, a list."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise TypeError(f"not a string: {value!r}")
+    return str(value)
+
+
 def _opt_str(value: Any) -> Optional[str]:
-    return None if value is None else str(value)
+    return None if value is None else _str(value)
+
+
+def _opt_dict(value: Any) -> Optional[Dict[str, Any]]:
+    if value is not None and not isinstance(value, dict):
+        raise TypeError(f"not an object: {value!r}")
+    return value

@@ -6,13 +6,36 @@ from __future__ import annotations
 import json
 import random
 import ssl
+import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, TypeVar, Union
 from urllib.parse import quote
 
 import httpx
 
-from .errors import PROBLEM_PREFIX, Compacted, Held, LeaseProxyError, Lost, Problem, SessionLost
+from .errors import (
+    PROBLEM_PREFIX,
+    Compacted,
+    Held,
+    LeaseProxyError,
+    Lost,
+    Problem,
+    ProtocolError,
+    SessionLost,
+    TransportError,
+)
+from .models import Holding, _int
+
+T = TypeVar("T")
+
+#: The most bytes an answer's body may have; a longer one is a :class:`ProtocolError`.
+MAX_BODY = 1 << 20
+#: The most bytes an event-stream line, or the data of one message, may have.
+MAX_LINE = 1 << 20
+#: The most time one answer may grant (2^31 s): beyond any real TTL, keeps every timer finite.
+MAX_LIFETIME_MS = 2**31 * 1000
+#: The shortest pause between two renewals, whatever the answers say.
+MIN_RENEW_INTERVAL = 0.1
 
 #: The header proving a grant or a session.
 SECRET_HEADER = "Lease-Secret"
@@ -159,23 +182,115 @@ def base_headers(token: Optional[str], user_agent: str) -> Dict[str, str]:
     return headers
 
 
-def error_for(response: httpx.Response) -> LeaseProxyError:
+@dataclass(frozen=True)
+class Answer:
+    """A whole answer of the proxy, its body read (at most :data:`MAX_BODY` bytes)."""
+
+    status_code: int
+    reason_phrase: str
+    content: bytes
+
+    @property
+    def is_success(self) -> bool:
+        """A 2xx."""
+        return 200 <= self.status_code < 300
+
+
+class BodyReader:
+    """Collects an answer's body chunk by chunk: refuses it past :data:`MAX_BODY` bytes
+    (:class:`ProtocolError`) and past ``deadline`` on :func:`time.monotonic`'s clock
+    (:class:`TransportError`), so a server dripping its body cannot outlast the timeout."""
+
+    def __init__(self, response: httpx.Response, deadline: float, what: str) -> None:
+        self._response = response
+        self._deadline = deadline
+        self._what = what
+        self._chunks: List[bytes] = []
+        self._size = 0
+
+    def feed(self, chunk: bytes) -> None:
+        """Takes one chunk of the body."""
+        self._size += len(chunk)
+        if self._size > MAX_BODY:
+            raise ProtocolError(self._response.status_code, f"{self._what}: body over {MAX_BODY} bytes")
+        if time.monotonic() > self._deadline:
+            raise TransportError(f"{self._what}: the answer did not arrive within the timeout")
+        self._chunks.append(chunk)
+
+    def answer(self) -> Answer:
+        """The answer, once the body has been read."""
+        return Answer(self._response.status_code, self._response.reason_phrase, b"".join(self._chunks))
+
+
+#: What the answer readers accept: an :class:`Answer`, or an httpx one whose body was read.
+AnyAnswer = Union[Answer, httpx.Response]
+
+
+def _not_finite(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a number")
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, KeyError):
+        return f"field {error.args[0]!r} missing"
+    if isinstance(error, RecursionError):
+        return "JSON nested too deeply"
+    return f"{type(error).__name__}: {error}"
+
+
+def parse(answer: AnyAnswer, read: Callable[[Mapping[str, Any]], T]) -> T:
+    """The one place a 2xx answer is read: its body as a JSON object, given to ``read`` (a
+    model's ``from_json``). Anything malformed (not JSON, not an object, NaN or Infinity, a
+    field missing, null or of the wrong type) raises :class:`ProtocolError`."""
+    try:
+        body = json.loads(answer.content, parse_constant=_not_finite)
+        if not isinstance(body, dict):
+            raise TypeError(f"the body is not a JSON object but {type(body).__name__}")
+        return read(body)
+    except (ValueError, TypeError, KeyError, OverflowError, RecursionError) as e:
+        raise ProtocolError(answer.status_code, _describe(e)) from e
+
+
+def timing(body: Mapping[str, Any]) -> Tuple[int, int]:
+    """``ttl_seconds`` and ``expires_in_ms`` of a renewal or keepalive answer."""
+    return _int(body["ttl_seconds"]), _int(body["expires_in_ms"])
+
+
+def page(body: Mapping[str, Any]) -> Tuple[List[Holding], Optional[str]]:
+    """One page of ``GET /v1/leases``: its holdings and the next cursor (None on the last)."""
+    leases = body.get("leases", [])
+    if not isinstance(leases, list):
+        raise TypeError("leases is not a list")
+    cursor = body.get("next_cursor")
+    if cursor is not None and not isinstance(cursor, str):
+        raise TypeError("next_cursor is not a string")
+    return [Holding.from_json(h) if isinstance(h, dict) else _not_an_object(h) for h in leases], cursor or None
+
+
+def _not_an_object(value: Any) -> Holding:
+    raise TypeError(f"not an object: {value!r}")
+
+
+def error_for(response: AnyAnswer) -> LeaseProxyError:
     """The exception for a non-2xx answer (its body must have been read)."""
     body: Mapping[str, Any] = {}
     try:
         parsed = json.loads(response.content or b"{}")
         if isinstance(parsed, dict):
             body = parsed
-    except ValueError:
+    except (ValueError, RecursionError):
         pass
     kind = str(body.get("type", "about:blank"))
     slug = kind[len(PROBLEM_PREFIX) :] if kind.startswith(PROBLEM_PREFIX) else ""
     if response.status_code == 409 and slug == "lease-held":
-        return Held(
-            holder=str(body.get("holder", "")),
-            token=int(body.get("token", 0)),
-            expires_in_ms=int(body.get("expires_in_ms", 0)),
-        )
+        try:
+            return Held(
+                holder=str(body.get("holder", "")),
+                token=_int(body.get("token", 0)),
+                expires_in_ms=_int(body.get("expires_in_ms", 0)),
+            )
+        except (ValueError, TypeError, OverflowError) as e:
+            return ProtocolError(response.status_code, "lease-held: " + _describe(e))
     if response.status_code == 410:
         if slug == "session-lost":
             return SessionLost(str(body.get("detail") or "session lost"))
@@ -191,28 +306,44 @@ def error_for(response: httpx.Response) -> LeaseProxyError:
     )
 
 
-def is_lost_answer(response: httpx.Response) -> bool:
+def is_lost_answer(response: AnyAnswer) -> bool:
     """A 410 ``lease-lost``/``session-lost`` problem from the proxy (not an upstream's 410)."""
     return response.status_code == 410 and isinstance(error_for(response), (Lost, SessionLost))
 
 
-def check(response: httpx.Response) -> httpx.Response:
+def check(response: Answer) -> Answer:
     """Raises the matching exception unless the answer is a 2xx (its body must have been read)."""
     if response.is_success:
         return response
     raise error_for(response)
 
 
-def renew_interval(ttl_seconds: float, expires_in_ms: int) -> float:
+def lifetime(ttl_seconds: int, expires_in_ms: int, slack: float = 0.0) -> float:
+    """Seconds an acquire, renewal or keepalive answer grants from the instant its request was
+    sent: its ``expires_in_ms``, but never more than its TTL (plus ``slack``: the wait of a queued
+    acquire, the proxy counting the TTL from the grant), nor :data:`MAX_LIFETIME_MS`. 0 when the
+    answer makes no sense (``ttl_seconds`` <= 0 or ``expires_in_ms`` < 0): the guard is lost."""
+    if ttl_seconds <= 0 or expires_in_ms < 0:
+        return 0.0
+    most = ttl_seconds * 1000 + int(slack * 1000)
+    return min(expires_in_ms, most, MAX_LIFETIME_MS) / 1000.0
+
+
+def renew_interval(lifetime: float) -> float:
     """Seconds until the next renewal: a third of the lifetime just granted, ±10 % jitter (so many
-    holders started together do not renew in lockstep)."""
-    lifetime = min(float(ttl_seconds), expires_in_ms / 1000.0)
-    return lifetime / 3.0 * random.uniform(0.9, 1.1)
+    holders started together do not renew in lockstep), at least :data:`MIN_RENEW_INTERVAL`."""
+    return max(lifetime / 3.0 * random.uniform(0.9, 1.1), MIN_RENEW_INTERVAL)
 
 
 def retry_backoff(attempt: int) -> float:
     """Seconds before retry number ``attempt`` (0-based) of a failed renewal: short, growing."""
     return min(0.1 * 2.0**attempt, 1.0) * random.uniform(0.8, 1.2)
+
+
+def watch_backoff(attempt: int) -> float:
+    """Seconds before reconnecting a watch after ``attempt`` (0-based) connections in a row that
+    delivered no event: 0.2 s growing to 2 s."""
+    return retry_backoff(min(attempt, 5)) * 2
 
 
 def is_transient(error: BaseException) -> bool:
