@@ -970,3 +970,93 @@ async fn slot_comes_back(url: &str, failure: &str) {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
+
+/// A client that resets its connection right after sending a release: once the release has
+/// begun it runs to its end (marker written, lease revoked), so the grant is either ended or
+/// untouched — never alive with a release marker on it (it would lapse later labelled
+/// `released`, after renewing on for as long as its holder liked).
+#[tokio::test]
+async fn a_release_whose_client_resets_mid_request_is_finished_or_never_started() {
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let address = proxy.url.trim_start_matches("http://").to_owned();
+    let mut kv = etcd.client().await;
+    let (mut ended, mut untouched) = (0, 0);
+    for i in 0..40u64 {
+        let resource = format!("reset-{i}");
+        let (status, grant) = acquire(&proxy, &resource, "h", 10).await;
+        assert_eq!(status, 201);
+        let secret = str_field(&grant, "secret");
+        let lease = str_field(&grant, "lease_id");
+        delete_then_reset(&address, &format!("/v1/leases/{resource}"), &secret, i).await;
+        let marker = kv
+            .get(format!("/lease-proxy/ended/released/{lease}"), None)
+            .await
+            .unwrap()
+            .kvs()
+            .len();
+        match renew(&proxy, &resource, &secret).await.0 {
+            410 => ended += 1,
+            200 => {
+                assert_eq!(
+                    marker, 0,
+                    "{resource}: a release marker on a grant that is still alive"
+                );
+                untouched += 1;
+            }
+            other => panic!("{resource}: renew answered {other}"),
+        }
+    }
+    eprintln!("{ended} releases finished, {untouched} never started");
+}
+
+/// The same for closing a session: it ends with all its grants, or not at all — never a close
+/// marker on a session that lives on.
+#[tokio::test]
+async fn a_session_close_whose_client_resets_mid_request_is_finished_or_never_started() {
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let address = proxy.url.trim_start_matches("http://").to_owned();
+    let mut kv = etcd.client().await;
+    for i in 0..40u64 {
+        let (status, session) = open_session(&proxy, "h", 10).await;
+        assert_eq!(status, 201);
+        let id = str_field(&session, "session_id");
+        let secret = str_field(&session, "secret");
+        delete_then_reset(&address, &format!("/v1/sessions/{id}"), &secret, i).await;
+        let marker = kv
+            .get(format!("/lease-proxy/ended/closed/{id}"), None)
+            .await
+            .unwrap()
+            .kvs()
+            .len();
+        if session_keepalive(&proxy, &(id.clone(), secret.clone()))
+            .await
+            .0
+            == 200
+        {
+            assert_eq!(marker, 0, "session {id}: a close marker on a live session");
+        }
+    }
+}
+
+/// Sends `DELETE path` with `secret` and resets the connection `i % 4` ms later, cutting the
+/// request somewhere along its way; then waits for the proxy to have done what it will.
+async fn delete_then_reset(address: &str, path: &str, secret: &str, i: u64) {
+    use tokio::io::AsyncWriteExt as _;
+
+    let mut socket = tokio::net::TcpStream::connect(address).await.unwrap();
+    socket
+        .write_all(
+            format!("DELETE {path} HTTP/1.1\r\nhost: x\r\nlease-secret: {secret}\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_micros(i % 4 * 1000)).await;
+    // A zero linger resets at once (it is a non-zero one that would block the drop).
+    #[allow(deprecated)]
+    socket.set_linger(Some(Duration::ZERO)).unwrap();
+    drop(socket);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}

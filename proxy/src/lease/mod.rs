@@ -1085,6 +1085,25 @@ impl Leases {
             Err(e) => return Err(e),
         };
         record.owned_by(principal)?;
+        // From here on the release runs to its end in a task of its own, even if the client
+        // goes away: a marker written and a revoke never sent would leave the grant alive (to
+        // lapse later, labelled `released`).
+        let this = self.clone();
+        let resource = resource.to_owned();
+        self.tracker
+            .spawn(async move { this.end_grant(&resource, &record, revision).await })
+            .await
+            .map_err(|_| Error::ShuttingDown)?
+    }
+
+    /// The second half of [`Leases::release`]: ends the confirmed grant `revision` of
+    /// `resource` with its release marker.
+    async fn end_grant(
+        &self,
+        resource: &str,
+        record: &HolderRecord,
+        revision: i64,
+    ) -> Result<Option<String>> {
         self.holders.releasing(resource, revision);
         // The marker tells the event stream this end is a release, not an expiry.
         let marker = self

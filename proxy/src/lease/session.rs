@@ -300,13 +300,20 @@ impl Leases {
             Err(e) => return Err(e),
         }
         // The marker tells the event stream its grants were released, not expired; the revoke
-        // deletes it with them.
-        if self.commit.mark(&self.feed.closed_marker(id)).await? {
-            self.etcd.revoke(id).await?;
-        }
-        self.sessions.forget(id);
-        tracing::info!(session = id, "session closed");
-        Ok(())
+        // deletes it with them. Both run to their end in a task of their own, even if the
+        // client goes away: a marker without its revoke would leave the session alive.
+        let this = self.clone();
+        self.tracker
+            .spawn(async move {
+                if this.commit.mark(&this.feed.closed_marker(id)).await? {
+                    this.etcd.revoke(id).await?;
+                }
+                this.sessions.forget(id);
+                tracing::info!(session = id, "session closed");
+                Ok(())
+            })
+            .await
+            .map_err(|_| Error::ShuttingDown)?
     }
 
     /// Session `id`, its remaining lifetime and the resources held under it (those passing
