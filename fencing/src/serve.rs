@@ -1,8 +1,9 @@
 //! Serving an axum router with the drain both binaries need (lease-proxy uses it too), and the
 //! request ids both put on every request and log line.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -52,11 +53,16 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     /// How long a connection with no request in flight (its last answer fully sent) stays open.
     pub idle_timeout: Duration,
-    /// How long an answer may wait on a client that takes none of it (its socket buffers full:
-    /// a paused or vanished reader) before the connection is closed. Any progress restarts the
-    /// clock, so a slow reader is served; only one that reads nothing at all is cut. This is what
-    /// ends a long answer — an event stream, a large forwarded body — whose reader stopped,
-    /// since the answer's own timers are not polled while its writes wait.
+    /// How long an answer may wait on a client that takes none of it before the connection is
+    /// closed: a socket write that makes no progress (its buffers full: a paused or vanished
+    /// reader), or an answer (or a frame of its body) that hyper holds without coming back for
+    /// more — an HTTP/2 stream whose reader opens no window, whose body hyper then never polls.
+    /// Any progress restarts the clock. Progress is what the kernel (or the HTTP/2 window)
+    /// takes, in steps of about one segment or window update, so a reader much slower than
+    /// that step per timeout (about 1-2 KiB/s on loopback at 30 s) can be cut. This is what ends
+    /// a long answer — an event stream, a large forwarded body — whose reader stopped, since
+    /// the answer's own timers are not polled while it waits; on HTTP/2 the whole connection
+    /// goes, with its other streams.
     pub write_timeout: Duration,
 }
 
@@ -71,7 +77,7 @@ impl Default for Limits {
     }
 }
 
-/// What one connection is doing, for its idle deadline.
+/// What one connection is doing, for its deadlines.
 struct Activity {
     /// Requests whose answers are not yet fully sent.
     busy: AtomicUsize,
@@ -79,38 +85,119 @@ struct Activity {
     served: AtomicBool,
     /// When the last request ended (or the connection was accepted).
     last: Mutex<Instant>,
+    /// Numbers the connection's requests.
+    next: AtomicU64,
+    /// Answers handed to hyper (the answer itself, or a frame of its body) that hyper has not
+    /// come back for since, by request, with when: hyper polls a body only when it can send,
+    /// so an answer left here is one its reader is not taking (an HTTP/2 stream without
+    /// window, a full socket).
+    handed: Mutex<HashMap<u64, Instant>>,
 }
 
 /// One request in flight on a connection; ends when its answer's body is dropped.
-struct Busy(Arc<Activity>);
+struct Busy {
+    activity: Arc<Activity>,
+    id: u64,
+}
 
 impl Busy {
     fn new(activity: Arc<Activity>) -> Self {
         activity.busy.fetch_add(1, Ordering::AcqRel);
         activity.served.store(true, Ordering::Release);
-        Self(activity)
+        let id = activity.next.fetch_add(1, Ordering::Relaxed);
+        Self { activity, id }
+    }
+
+    /// Its answer (or a frame of it) was handed over: waiting for hyper to come back.
+    fn handed(&self) {
+        self.activity.handed().insert(self.id, Instant::now());
+    }
+
+    /// Hyper came back for more.
+    fn polled(&self) {
+        self.activity.handed().remove(&self.id);
     }
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        *self.0.last.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
-        self.0.busy.fetch_sub(1, Ordering::AcqRel);
+        self.polled();
+        *self.activity.last.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        self.activity.busy.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
+/// Why a connection is closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Close {
+    /// No request arrived in time, or none since the last answer.
+    Idle,
+    /// An answer was not taken for `write_timeout`.
+    Stalled,
+}
+
 impl Activity {
-    /// When the connection is to be closed if nothing happens before: `None` while busy.
-    fn deadline(&self, limits: &Limits) -> Option<Instant> {
+    fn new() -> Self {
+        Self {
+            busy: AtomicUsize::new(0),
+            served: AtomicBool::new(false),
+            last: Mutex::new(Instant::now()),
+            next: AtomicU64::new(0),
+            handed: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn handed(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Instant>> {
+        self.handed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// When the connection is to be closed if nothing happens before, and why: while busy,
+    /// when an answer handed over has waited `write_timeout` for its reader (`None`: none
+    /// waits); else the idle (or first-request) deadline.
+    fn deadline(&self, limits: &Limits) -> Option<(Instant, Close)> {
         if self.busy.load(Ordering::Acquire) > 0 {
-            return None;
+            let oldest = self.handed().values().min().copied();
+            return oldest.map(|at| (at + limits.write_timeout, Close::Stalled));
         }
         let limit = if self.served.load(Ordering::Acquire) {
             limits.idle_timeout
         } else {
             limits.header_read_timeout
         };
-        Some(*self.last.lock().unwrap_or_else(|p| p.into_inner()) + limit)
+        let last = *self.last.lock().unwrap_or_else(|p| p.into_inner());
+        Some((last + limit, Close::Idle))
+    }
+}
+
+/// An answer's body that tells its request's [`Busy`] when hyper takes a frame and when it
+/// comes back for the next.
+struct Watched {
+    body: axum::body::Body,
+    busy: Busy,
+}
+
+impl http_body::Body for Watched {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        self.busy.polled();
+        let polled = std::pin::Pin::new(&mut self.body).poll_frame(cx);
+        if let std::task::Poll::Ready(Some(Ok(_))) = &polled {
+            self.busy.handed();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -284,28 +371,30 @@ impl Connection {
             app,
             limits,
         } = self;
-        let activity = Arc::new(Activity {
-            busy: AtomicUsize::new(0),
-            served: AtomicBool::new(false),
-            last: Mutex::new(Instant::now()),
-        });
+        let activity = Arc::new(Activity::new());
         let service = TowerToHyperService::new(tracked(app, activity.clone(), peer));
         let connection = builder
             .serve_connection_with_upgrades(io, service)
             .into_owned();
         let connection = watcher.watch(connection);
         tokio::pin!(connection);
+        // Looked at again at least this often: an answer may be handed over, and start
+        // waiting, at any time.
+        let recheck = limits.idle_timeout.min(limits.write_timeout);
         loop {
             let check = activity
                 .deadline(&limits)
-                .unwrap_or_else(|| Instant::now() + limits.idle_timeout);
+                .map_or_else(|| Instant::now() + recheck, |(at, _)| at);
             match tokio::time::timeout_at(check, &mut connection).await {
                 Ok(Err(e)) => tracing::debug!(error = %e, "connection ended with an error"),
                 Ok(Ok(())) => {}
                 Err(_) => match activity.deadline(&limits) {
-                    Some(deadline) if deadline <= Instant::now() => {
-                        tracing::debug!("closing an idle connection");
-                    }
+                    Some((deadline, why)) if deadline <= Instant::now() => match why {
+                        Close::Idle => tracing::debug!("closing an idle connection"),
+                        Close::Stalled => {
+                            tracing::debug!("closing a connection whose reader takes nothing");
+                        }
+                    },
                     _ => continue,
                 },
             }
@@ -334,12 +423,8 @@ fn tracked(
         let answer = tower::ServiceExt::oneshot(app.clone(), req);
         async move {
             let response = answer.await?;
-            Ok(response.map(|body| {
-                axum::body::Body::new(http_body_util::BodyExt::map_frame(body, move |frame| {
-                    let _ = &busy;
-                    frame
-                }))
-            }))
+            busy.handed();
+            Ok(response.map(|body| axum::body::Body::new(Watched { body, busy })))
         }
     })
 }

@@ -460,3 +460,54 @@ async fn a_connection_whose_reader_takes_nothing_is_closed_at_the_write_deadline
     assert_eq!(answered.unwrap().unwrap(), 200);
     drop(stalled);
 }
+
+/// The same over HTTP/2, where no write ever waits: a client that opens no flow-control window
+/// takes none of an answer, and hyper then never polls its body — the request stays in flight
+/// and its connection busy. The answer not taken for `--client-write-timeout` closes the
+/// connection all the same.
+#[tokio::test]
+async fn an_http2_client_that_opens_no_window_is_closed_at_the_write_deadline() {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let etcd = Etcd::single().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_proxy, url) = start_binary(
+        &etcd,
+        dir.path(),
+        &[
+            "--max-client-connections",
+            "1",
+            "--client-write-timeout",
+            "2s",
+            "--idle-timeout",
+            "600s",
+        ],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await; // readiness probes' connections closed
+    let address = url.trim_start_matches("http://").to_owned();
+    let tcp = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .adaptive_window(false)
+        .initial_stream_window_size(0)
+        .handshake::<_, http_body_util::Empty<bytes::Bytes>>(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    // The connection itself stays lively (it answers pings); only no window is ever opened.
+    let driver = tokio::spawn(connection);
+    let request = hyper::Request::get(format!("http://{address}/openapi.json"))
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let stalled = sender.send_request(request).await.unwrap();
+    assert_eq!(stalled.status(), 200);
+    let next = tokio::spawn({
+        let url = format!("{url}/livez");
+        async move { reqwest::get(url).await.map(|r| r.status().as_u16()) }
+    });
+    let answered = tokio::time::timeout(Duration::from_secs(20), next)
+        .await
+        .expect("an HTTP/2 client that opened no window kept the only slot");
+    assert_eq!(answered.unwrap().unwrap(), 200);
+    drop(stalled);
+    driver.abort();
+}
