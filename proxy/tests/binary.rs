@@ -429,20 +429,7 @@ async fn a_connection_whose_reader_takes_nothing_is_closed_at_the_write_deadline
 
     let etcd = Etcd::single().await;
     let dir = tempfile::tempdir().unwrap();
-    let (_proxy, url) = start_binary(
-        &etcd,
-        dir.path(),
-        &[
-            "--max-client-connections",
-            "1",
-            "--client-write-timeout",
-            "2s",
-            "--idle-timeout",
-            "600s",
-        ],
-    )
-    .await;
-    tokio::time::sleep(Duration::from_millis(300)).await; // readiness probes' connections closed
+    let (_proxy, url) = one_connection_proxy(&etcd, dir.path()).await;
     let address: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_recv_buffer_size(4096).unwrap();
@@ -450,14 +437,11 @@ async fn a_connection_whose_reader_takes_nothing_is_closed_at_the_write_deadline
     // Pipelined asks for the OpenAPI document: megabytes of answers nobody reads.
     let ask = "GET /openapi.json HTTP/1.1\r\nhost: x\r\n\r\n".repeat(300);
     stalled.write_all(ask.as_bytes()).await.unwrap();
-    let next = tokio::spawn({
-        let url = format!("{url}/livez");
-        async move { reqwest::get(url).await.map(|r| r.status().as_u16()) }
-    });
-    let answered = tokio::time::timeout(Duration::from_secs(20), next)
-        .await
-        .expect("a connection whose reader took nothing kept the only slot");
-    assert_eq!(answered.unwrap().unwrap(), 200);
+    next_client_served(
+        &url,
+        "a connection whose reader took nothing kept the only slot",
+    )
+    .await;
     drop(stalled);
 }
 
@@ -471,20 +455,7 @@ async fn an_http2_client_that_opens_no_window_is_closed_at_the_write_deadline() 
 
     let etcd = Etcd::single().await;
     let dir = tempfile::tempdir().unwrap();
-    let (_proxy, url) = start_binary(
-        &etcd,
-        dir.path(),
-        &[
-            "--max-client-connections",
-            "1",
-            "--client-write-timeout",
-            "2s",
-            "--idle-timeout",
-            "600s",
-        ],
-    )
-    .await;
-    tokio::time::sleep(Duration::from_millis(300)).await; // readiness probes' connections closed
+    let (_proxy, url) = one_connection_proxy(&etcd, dir.path()).await;
     let address = url.trim_start_matches("http://").to_owned();
     let tcp = tokio::net::TcpStream::connect(&address).await.unwrap();
     let (mut sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
@@ -500,14 +471,43 @@ async fn an_http2_client_that_opens_no_window_is_closed_at_the_write_deadline() 
         .unwrap();
     let stalled = sender.send_request(request).await.unwrap();
     assert_eq!(stalled.status(), 200);
+    next_client_served(
+        &url,
+        "an HTTP/2 client that opened no window kept the only slot",
+    )
+    .await;
+    drop(stalled);
+    driver.abort();
+}
+
+/// A proxy serving one client connection at a time, with a 2 s write deadline (and an idle
+/// deadline far beyond the tests' patience), once its readiness probes' connections are closed.
+async fn one_connection_proxy(etcd: &Etcd, dir: &std::path::Path) -> (Running, String) {
+    let started = start_binary(
+        etcd,
+        dir,
+        &[
+            "--max-client-connections",
+            "1",
+            "--client-write-timeout",
+            "2s",
+            "--idle-timeout",
+            "600s",
+        ],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    started
+}
+
+/// Asserts that a new client of the proxy at `url` is answered within 20 s.
+async fn next_client_served(url: &str, failure: &str) {
     let next = tokio::spawn({
         let url = format!("{url}/livez");
         async move { reqwest::get(url).await.map(|r| r.status().as_u16()) }
     });
     let answered = tokio::time::timeout(Duration::from_secs(20), next)
         .await
-        .expect("an HTTP/2 client that opened no window kept the only slot");
+        .unwrap_or_else(|_| panic!("{failure}"));
     assert_eq!(answered.unwrap().unwrap(), 200);
-    drop(stalled);
-    driver.abort();
 }

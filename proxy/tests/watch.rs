@@ -861,12 +861,7 @@ async fn a_reader_that_stops_while_events_flow_loses_its_slot_at_the_write_deadl
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
     let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |c| {
-        c.max_watch_streams = 1;
-        c.watch_max_duration = Duration::from_secs(600);
-        c.client_write_timeout = Duration::from_secs(2);
-    })
-    .await;
+    let proxy = one_stream_proxy(&etcd).await;
     let url = watch_url(&proxy, "");
     // A raw connection with a small receive buffer: it reads the head of the answer, then
     // nothing, and stays open (its kernel keeps acknowledging).
@@ -902,12 +897,7 @@ async fn an_http2_stream_whose_reader_stops_loses_its_slot_at_the_write_deadline
     use hyper_util::rt::{TokioExecutor, TokioIo};
 
     let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |c| {
-        c.max_watch_streams = 1;
-        c.watch_max_duration = Duration::from_secs(600);
-        c.client_write_timeout = Duration::from_secs(2);
-    })
-    .await;
+    let proxy = one_stream_proxy(&etcd).await;
     let url = watch_url(&proxy, "");
     let address = proxy.url.trim_start_matches("http://").to_owned();
     let tcp = tokio::net::TcpStream::connect(&address).await.unwrap();
@@ -931,6 +921,17 @@ async fn an_http2_stream_whose_reader_stops_loses_its_slot_at_the_write_deadline
     slot_comes_back(&url, "an HTTP/2 stream whose reader stopped kept its slot").await;
     drop(stalled);
     driver.abort();
+}
+
+/// A proxy serving one event stream at a time, with a 2 s write deadline and streams that
+/// would otherwise live 10 minutes.
+async fn one_stream_proxy(etcd: &Etcd) -> Proxy {
+    Proxy::start(etcd.endpoints(), |c| {
+        c.max_watch_streams = 1;
+        c.watch_max_duration = Duration::from_secs(600);
+        c.client_write_timeout = Duration::from_secs(2);
+    })
+    .await
 }
 
 /// ~12 MiB of events (4 KiB holders) straight into etcd: far more than socket buffers and an
