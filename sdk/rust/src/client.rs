@@ -22,6 +22,37 @@ const IDEMPOTENT_ATTEMPTS: u32 = 4;
 /// First pause between those attempts (doubled each time).
 const IDEMPOTENT_BACKOFF: Duration = Duration::from_millis(100);
 
+/// `value` as one URL path segment: letters, digits and `._:-` as they are, every other byte
+/// (UTF-8) as `%XX`, so that the proxy sees the name as given (`x/../victim` stays one
+/// segment, `job?x` is no query). The names a URL cannot carry as a segment (empty, `.`, `..`:
+/// the URL parser would drop or fold them, `..` and `%2E%2E` alike) are sent as `...`, a
+/// segment the proxy refuses just as it refuses them (400 `invalid-resource`: a name starts
+/// with a letter or digit and has no `..`), never as the path around them.
+pub(crate) fn segment(value: &str) -> String {
+    if matches!(value, "" | "." | "..") {
+        return "...".to_owned();
+    }
+    let mut out = String::with_capacity(value.len());
+    for &b in value.as_bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// `/v1/leases/{resource}`, the resource as one segment.
+fn lease_path(resource: &str) -> String {
+    format!("/v1/leases/{}", segment(resource))
+}
+
+/// `/v1/sessions/{id}`, the id as one segment.
+fn session_path(id: &str) -> String {
+    format!("/v1/sessions/{}", segment(id))
+}
+
 /// A lease-proxy client. Cheap to clone: clones share one connection pool.
 #[derive(Clone, Debug)]
 pub struct Client {
@@ -262,7 +293,7 @@ impl Client {
         let mut attempt = 1;
         loop {
             let mut http = self
-                .request(Method::POST, &format!("/v1/leases/{resource}"))
+                .request(Method::POST, &lease_path(resource))
                 .timeout(timeout)
                 .json(&body);
             if let Some(key) = req.idempotency_key {
@@ -291,7 +322,7 @@ impl Client {
     /// ended.
     pub async fn renew(&self, resource: &str, secret: &str) -> Result<Renewal> {
         self.call(
-            self.request(Method::POST, &format!("/v1/leases/{resource}/renew"))
+            self.request(Method::POST, &format!("{}/renew", lease_path(resource)))
                 .header(LEASE_SECRET, secret),
         )
         .await
@@ -301,7 +332,7 @@ impl Client {
     /// grant succeeds.
     pub async fn release(&self, resource: &str, secret: &str) -> Result<()> {
         self.send(
-            self.request(Method::DELETE, &format!("/v1/leases/{resource}"))
+            self.request(Method::DELETE, &lease_path(resource))
                 .header(LEASE_SECRET, secret),
         )
         .await
@@ -311,7 +342,7 @@ impl Client {
     /// Who holds `resource`, or `None` when it is free.
     pub async fn get(&self, resource: &str) -> Result<Option<Holding>> {
         match self
-            .call(self.request(Method::GET, &format!("/v1/leases/{resource}")))
+            .call(self.request(Method::GET, &lease_path(resource)))
             .await
         {
             Ok(holding) => Ok(Some(holding)),
@@ -352,7 +383,7 @@ impl Client {
         path: &str,
     ) -> RequestBuilder {
         let path = path.trim_start_matches('/');
-        self.request(method, &format!("/v1/leases/{resource}/forward/{path}"))
+        self.request(method, &format!("{}/forward/{path}", lease_path(resource)))
             .header(LEASE_SECRET, secret)
     }
 
@@ -368,7 +399,7 @@ impl Client {
     /// `POST /v1/sessions/{id}/keepalive`.
     pub(crate) async fn keepalive(&self, id: &str, secret: &str) -> Result<Heartbeat> {
         self.call(
-            self.request(Method::POST, &format!("/v1/sessions/{id}/keepalive"))
+            self.request(Method::POST, &format!("{}/keepalive", session_path(id)))
                 .header(LEASE_SECRET, secret),
         )
         .await
@@ -377,7 +408,7 @@ impl Client {
     /// `DELETE /v1/sessions/{id}`.
     pub(crate) async fn close(&self, id: &str, secret: &str) -> Result<()> {
         self.send(
-            self.request(Method::DELETE, &format!("/v1/sessions/{id}"))
+            self.request(Method::DELETE, &session_path(id))
                 .header(LEASE_SECRET, secret),
         )
         .await
@@ -388,6 +419,17 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn path_segments_are_percent_encoded() {
+        assert_eq!(segment("aisle-1.a_b:c"), "aisle-1.a_b:c");
+        assert_eq!(segment("x/../victim"), "x%2F..%2Fvictim");
+        assert_eq!(segment("job?x#y z%"), "job%3Fx%23y%20z%25");
+        assert_eq!(segment("é"), "%C3%A9");
+        for dots in ["", ".", ".."] {
+            assert_eq!(segment(dots), "...");
+        }
+    }
 
     #[test]
     fn bad_configuration_is_refused() {
