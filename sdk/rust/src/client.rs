@@ -233,7 +233,7 @@ impl Client {
     async fn call<T: DeserializeOwned>(&self, req: RequestBuilder) -> Result<T> {
         let (status, body) = self.send(req).await?;
         serde_json::from_slice(&body)
-            .map_err(|e| Error::Config(format!("unexpected {status} answer: {e}")))
+            .map_err(|e| Error::Protocol(format!("unexpected {status} answer: {e}")))
     }
 
     /// Acquires `resource` once and returns the grant, without renewing it (see

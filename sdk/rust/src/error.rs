@@ -47,10 +47,14 @@ pub enum Error {
     /// The request could not be delivered or its answer read.
     #[error("HTTP: {0}")]
     Http(reqwest::Error),
-    /// The client was set up wrongly (bad URL, unreadable certificate…), or the proxy answered
-    /// something that is not its API.
+    /// The client was set up wrongly (bad URL, unreadable certificate…).
     #[error("configuration: {0}")]
     Config(String),
+    /// The proxy answered something that is not its API: a body that does not parse (not
+    /// JSON, a field missing or of the wrong type), a `lease-held` problem whose fields do not
+    /// parse, or a malformed watch event.
+    #[error("protocol: {0}")]
+    Protocol(String),
 }
 
 /// The crate's result type.
@@ -118,6 +122,13 @@ pub(crate) fn from_answer(status: u16, body: &[u8]) -> Error {
                     };
                 }
             }
+            return Error::Protocol(format!(
+                "409 lease-held without a holder and a decimal token: {}",
+                String::from_utf8_lossy(body)
+                    .chars()
+                    .take(500)
+                    .collect::<String>()
+            ));
         }
         (410, "lease-lost") => return Error::Lost,
         (410, "session-lost") => return Error::SessionLost,

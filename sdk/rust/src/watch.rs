@@ -77,8 +77,10 @@ struct Data {
 impl Event {
     /// The event in message `data` with id `id`.
     fn parse(id: String, data: &str) -> Result<Event> {
-        let d: Data = serde_json::from_str(data)
-            .map_err(|e| Error::Config(format!("watch event {id}: {e}: {data}")))?;
+        let d: Data = serde_json::from_str(data).map_err(|e| {
+            let data: String = data.chars().take(500).collect();
+            Error::Protocol(format!("watch event {id}: {e}: {data}"))
+        })?;
         Ok(Event {
             id,
             kind: d.kind,
@@ -100,7 +102,8 @@ enum Item {
 
 /// The events of a watch, as a [`Stream`]. Reconnects after transport failures, 5xx answers
 /// and silent connections (with a backoff up to 5 s), resuming after the last event id seen,
-/// so nothing is lost or repeated. Ends after yielding an error that retrying cannot fix:
+/// so nothing is lost or repeated. A malformed event is yielded as an [`Error::Protocol`]
+/// item and the stream goes on. Ends after yielding an error that retrying cannot fix:
 /// [`Error::Compacted`] (list again, then watch without a last event id), or a problem such
 /// as 401/403.
 pub struct EventStream {
@@ -287,7 +290,7 @@ mod tests {
         assert_eq!((e.kind, e.session), (EventKind::Expired, None));
         assert!(matches!(
             Event::parse("1".into(), r#"{"type":"stolen"}"#),
-            Err(Error::Config(_))
+            Err(Error::Protocol(_))
         ));
     }
 
