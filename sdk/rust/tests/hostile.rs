@@ -7,11 +7,99 @@ mod common;
 
 use std::time::Duration;
 
-use common::fake::{json, Fake};
-use lease_proxy_client::{AcquireOptions, Client, Error};
+use common::fake::{grant, json, renewal, Fake};
+use lease_proxy_client::{AcquireOptions, Client, Error, LostReason};
+use tokio::time::Instant;
 
 fn opts() -> AcquireOptions {
     AcquireOptions::new("h", Duration::from_secs(3))
+}
+
+#[tokio::test]
+async fn an_expires_in_ms_beyond_the_ttl_is_capped_by_the_ttl() {
+    for expires in ["1000000000000000", "18446744073709551615"] {
+        let fake = Fake::start(move |r, _| match r.path.ends_with("/renew") {
+            true => renewal(3, 3000),
+            false => grant("a", 3, expires),
+        })
+        .await;
+        let client = Client::new(&fake.url).unwrap();
+        let before = Instant::now();
+        let lease = client.acquire("a", opts()).await.unwrap();
+        assert!(
+            lease.deadline() <= before + Duration::from_secs(3) + Duration::from_millis(200),
+            "expires_in_ms {expires}: the deadline is {:?} away",
+            lease.deadline() - before
+        );
+        assert!(!lease.is_lost());
+    }
+}
+
+#[tokio::test]
+async fn a_queued_acquire_may_last_its_ttl_plus_the_wait() {
+    let fake = Fake::start(|r, _| match r.path.ends_with("/renew") {
+        true => renewal(3, 3000),
+        false => grant("a", 3, "7000"),
+    })
+    .await;
+    let client = Client::new(&fake.url).unwrap();
+    let before = Instant::now();
+    let lease = client
+        .acquire("a", opts().wait(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert!(lease.deadline() > before + Duration::from_secs(6));
+    assert!(lease.deadline() <= Instant::now() + Duration::from_secs(7));
+}
+
+#[tokio::test]
+async fn a_grant_of_ttl_zero_is_lost_at_once_and_never_renewed() {
+    let fake = Fake::start(|r, _| match r.path.ends_with("/renew") {
+        true => renewal(0, 5000),
+        false => grant("a", 0, "5000"),
+    })
+    .await;
+    let client = Client::new(&fake.url).unwrap();
+    let lease = client.acquire("a", opts()).await.unwrap();
+    assert!(lease.is_lost(), "a grant of no time is held");
+    assert_eq!(lease.lost_reason().await, LostReason::Expired);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(fake.count("POST", "/v1/leases/a/renew"), 0);
+}
+
+#[tokio::test]
+async fn a_renewal_answering_ttl_zero_loses_the_lease_at_once() {
+    let fake = Fake::start(|r, _| match r.path.ends_with("/renew") {
+        true => renewal(0, 3000),
+        false => grant("a", 3, "3000"),
+    })
+    .await;
+    let client = Client::new(&fake.url).unwrap();
+    let lease = client.acquire("a", opts()).await.unwrap();
+    let deadline = lease.deadline();
+    // The first renewal comes at about 1 s.
+    tokio::time::timeout(Duration::from_secs(2), lease.lost().cancelled())
+        .await
+        .expect("a renewal granting no time kept the lease");
+    assert!(Instant::now() < deadline);
+    assert_eq!(lease.lost_reason().await, LostReason::Expired);
+    assert_eq!(fake.count("POST", "/v1/leases/a/renew"), 1);
+}
+
+#[tokio::test]
+async fn renewals_are_at_least_100_ms_apart() {
+    let fake = Fake::start(|r, _| match r.path.ends_with("/renew") {
+        true => renewal(1, 1),
+        false => grant("a", 1, "1000"),
+    })
+    .await;
+    let client = Client::new(&fake.url).unwrap();
+    let lease = client.acquire("a", opts()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let renewals = fake.count("POST", "/v1/leases/a/renew");
+    // The first at about 333 ms, then one every 100 ms at most.
+    assert!(renewals <= 7, "{renewals} renewals in 900 ms");
+    drop(lease);
 }
 
 #[tokio::test]
