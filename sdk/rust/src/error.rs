@@ -81,6 +81,18 @@ impl Error {
         }
     }
 
+    /// Whether a watch reconnects after this error: a transient one, or any 5xx answer.
+    pub(crate) fn reconnects_watch(&self) -> bool {
+        self.is_transient()
+            || matches!(
+                self,
+                Error::Problem {
+                    status: 500..=599,
+                    ..
+                }
+            )
+    }
+
     /// The problem slug (the last segment of the `type` URI) of a [`Error::Problem`].
     pub fn slug(&self) -> Option<&str> {
         match self {

@@ -100,9 +100,9 @@ enum Item {
     Id(String),
 }
 
-/// The events of a watch, as a [`Stream`]. Reconnects after transport failures, 5xx answers
-/// and silent connections (with a backoff up to 5 s), resuming after the last event id seen,
-/// so nothing is lost or repeated. A malformed event is yielded as an [`Error::Protocol`]
+/// The events of a watch, as a [`Stream`]. Reconnects after transport failures, any 5xx
+/// answer and silent connections (with a backoff up to 5 s), resuming after the last event id
+/// seen, so nothing is lost or repeated. A malformed event is yielded as an [`Error::Protocol`]
 /// item and the stream goes on. Ends after yielding an error that retrying cannot fix:
 /// [`Error::Compacted`] (list again, then watch without a last event id), or a problem such
 /// as 401/403.
@@ -191,7 +191,7 @@ impl Watch {
             let Some((response, parser)) = &mut self.connection else {
                 match self.connect().await {
                     Ok(response) => self.connection = Some((response, sse::Parser::default())),
-                    Err(e) if e.is_transient() => self.pause().await,
+                    Err(e) if e.reconnects_watch() => self.pause().await,
                     Err(e) => {
                         self.ended = true;
                         return Some((Err(e), self));

@@ -7,12 +7,43 @@ mod common;
 
 use std::time::Duration;
 
-use common::fake::{grant, json, renewal, Fake};
-use lease_proxy_client::{AcquireOptions, Client, Error, LostReason};
+use common::fake::{events, grant, json, renewal, Fake};
+use futures::StreamExt;
+use lease_proxy_client::{AcquireOptions, Client, Error, EventKind, LostReason};
 use tokio::time::Instant;
 
 fn opts() -> AcquireOptions {
     AcquireOptions::new("h", Duration::from_secs(3))
+}
+
+fn event(id: &str, resource: &str) -> String {
+    format!(
+        "id: {id}\nevent: acquired\ndata: {{\"type\":\"acquired\",\"resource\":\"{resource}\",\"holder\":\"h\",\"token\":\"9\",\"revision\":9,\"lease_id\":\"5\"}}\n\n"
+    )
+}
+
+#[tokio::test]
+async fn the_watch_reconnects_after_a_500() {
+    let fake = Fake::start(|_, n| match n {
+        0 => json(
+            500,
+            r#"{"type":"https://lease-proxy.dev/problems/internal","title":"Internal","status":500,"detail":"boom"}"#,
+        ),
+        1 => events(&event("11", "a")),
+        _ => events(": idle\n\n"),
+    })
+    .await;
+    let client = Client::new(&fake.url).unwrap();
+    let mut stream = client.watch("", None);
+    let first = tokio::time::timeout(Duration::from_secs(5), stream.next())
+        .await
+        .expect("nothing within 5 s")
+        .expect("the stream ended");
+    let event = first.expect("the 500 ended the watch instead of a reconnection");
+    assert_eq!(
+        (event.kind, event.resource.as_str()),
+        (EventKind::Acquired, "a")
+    );
 }
 
 #[tokio::test]
