@@ -101,9 +101,10 @@ enum Item {
 }
 
 /// The events of a watch, as a [`Stream`]. Reconnects after transport failures, any 5xx
-/// answer and silent connections (with a backoff up to 5 s), resuming after the last event id
-/// seen, so nothing is lost or repeated. A malformed event is yielded as an [`Error::Protocol`]
-/// item and the stream goes on. Ends after yielding an error that retrying cannot fix:
+/// answer and silent connections (with a backoff from 100 ms up to 5 s, reset only once a
+/// connection delivered an event), resuming after the last event id seen, so nothing is lost
+/// or repeated. A malformed event is yielded as an [`Error::Protocol`] item and the stream
+/// goes on. Ends after yielding an error that retrying cannot fix:
 /// [`Error::Compacted`] (list again, then watch without a last event id), or a problem such
 /// as 401/403.
 pub struct EventStream {
@@ -201,7 +202,6 @@ impl Watch {
             };
             match tokio::time::timeout(IDLE, response.chunk()).await {
                 Ok(Ok(Some(bytes))) => {
-                    self.backoff = FIRST_BACKOFF;
                     for message in parser.feed(&bytes) {
                         self.receive(message);
                     }
@@ -246,7 +246,11 @@ impl Watch {
         };
         self.last_event_id = Some(id.clone());
         let item = match message.data {
-            Some(data) => Event::parse(id, &data).map(Item::Event),
+            Some(data) => {
+                // An event (even a malformed one): this connection works, back off no more.
+                self.backoff = FIRST_BACKOFF;
+                Event::parse(id, &data).map(Item::Event)
+            }
             None => Ok(Item::Id(id)),
         };
         self.ready.push_back(item);

@@ -155,3 +155,19 @@ async fn malformed_answers_are_protocol_errors() {
         assert!(matches!(result, Err(Error::Protocol(_))), "{result:?}");
     }
 }
+
+#[tokio::test]
+async fn a_server_that_closes_every_watch_at_once_is_not_hammered() {
+    // Each connection: 200, a resume point and a comment (data, but no event), closed.
+    let fake = Fake::start(|_, _| events("id: 7\n\n: hello\n\n")).await;
+    let client = Client::new(&fake.url).unwrap();
+    let mut stream = client.watch("", None);
+    let _ = tokio::time::timeout(Duration::from_secs(2), stream.next()).await;
+    let connections = fake.count("GET", "/v1/watch");
+    // Backing off 100, 200, 400, 800 ms…: 5 connections in 2 s.
+    assert!(connections <= 7, "{connections} connections in 2 s");
+    assert_eq!(
+        fake.requests().last().unwrap().header("last-event-id"),
+        Some("7")
+    );
+}
