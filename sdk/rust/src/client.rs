@@ -21,6 +21,9 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 const IDEMPOTENT_ATTEMPTS: u32 = 4;
 /// First pause between those attempts (doubled each time).
 const IDEMPOTENT_BACKOFF: Duration = Duration::from_millis(100);
+/// The most bytes the body of an answer of the API may have (not a forwarded request's: that
+/// is the upstream's data); a longer one is an [`Error::Protocol`].
+pub(crate) const MAX_BODY: usize = 1 << 20;
 
 /// `value` as one URL path segment: letters, digits and `._:-` as they are, every other byte
 /// (UTF-8) as `%XX`, so that the proxy sees the name as given (`x/../victim` stays one
@@ -51,6 +54,27 @@ fn lease_path(resource: &str) -> String {
 /// `/v1/sessions/{id}`, the id as one segment.
 fn session_path(id: &str) -> String {
     format!("/v1/sessions/{}", segment(id))
+}
+
+/// Reads the body of `resp` chunk by chunk, refusing it past [`MAX_BODY`] bytes
+/// ([`Error::Protocol`]) without reading the rest.
+pub(crate) async fn read_body(mut resp: reqwest::Response) -> Result<Bytes> {
+    let status = resp.status().as_u16();
+    if resp.content_length().is_some_and(|n| n > MAX_BODY as u64) {
+        return Err(Error::Protocol(format!(
+            "{status} answer: body over {MAX_BODY} bytes"
+        )));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await? {
+        if body.len() + chunk.len() > MAX_BODY {
+            return Err(Error::Protocol(format!(
+                "{status} answer: body over {MAX_BODY} bytes"
+            )));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Bytes::from(body))
 }
 
 /// A lease-proxy client. Cheap to clone: clones share one connection pool.
@@ -217,11 +241,12 @@ impl Client {
         req
     }
 
-    /// Sends `req`; a non-success status becomes its [`Error`].
+    /// Sends `req`; a non-success status becomes its [`Error`]. The body is read up to
+    /// [`MAX_BODY`] bytes ([`Error::Protocol`] past it).
     pub(crate) async fn send(&self, req: RequestBuilder) -> Result<(u16, Bytes)> {
         let resp = req.send().await?;
         let status = resp.status().as_u16();
-        let body = resp.bytes().await?;
+        let body = read_body(resp).await?;
         if (200..300).contains(&status) {
             Ok((status, body))
         } else {

@@ -52,7 +52,7 @@ pub enum Error {
     Config(String),
     /// The proxy answered something that is not its API: a body that does not parse (not
     /// JSON, a field missing or of the wrong type), a `lease-held` problem whose fields do not
-    /// parse, or a malformed watch event.
+    /// parse, a malformed watch event, or an answer body (or event-stream line) over 1 MiB.
     #[error("protocol: {0}")]
     Protocol(String),
 }

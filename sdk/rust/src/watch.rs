@@ -102,9 +102,10 @@ enum Item {
 
 /// The events of a watch, as a [`Stream`]. Reconnects after transport failures, any 5xx
 /// answer and silent connections (with a backoff from 100 ms up to 5 s, reset only once a
-/// connection delivered an event), resuming after the last event id seen, so nothing is lost
-/// or repeated. A malformed event is yielded as an [`Error::Protocol`] item and the stream
-/// goes on. Ends after yielding an error that retrying cannot fix:
+/// connection delivered an event), resuming after the last complete message seen, so nothing
+/// is lost or repeated. A malformed event, or a line (or one message's data) over 1 MiB, is
+/// yielded as an [`Error::Protocol`] item and the stream goes on (after an oversized line, on
+/// a new connection). Ends after yielding an error that retrying cannot fix:
 /// [`Error::Compacted`] (list again, then watch without a last event id), or a problem such
 /// as 401/403.
 pub struct EventStream {
@@ -159,6 +160,7 @@ impl Client {
             connection: None,
             ready: VecDeque::new(),
             backoff: FIRST_BACKOFF,
+            pause_first: false,
             ended: false,
         };
         EventStream {
@@ -177,6 +179,9 @@ struct Watch {
     /// Parsed items not yet yielded.
     ready: VecDeque<Result<Item>>,
     backoff: Duration,
+    /// Back off before the next connection (set once the error that dropped the last one
+    /// has been yielded).
+    pause_first: bool,
     ended: bool,
 }
 
@@ -190,6 +195,9 @@ impl Watch {
                 return None;
             }
             let Some((response, parser)) = &mut self.connection else {
+                if std::mem::take(&mut self.pause_first) {
+                    self.pause().await;
+                }
                 match self.connect().await {
                     Ok(response) => self.connection = Some((response, sse::Parser::default())),
                     Err(e) if e.reconnects_watch() => self.pause().await,
@@ -202,8 +210,19 @@ impl Watch {
             };
             match tokio::time::timeout(IDLE, response.chunk()).await {
                 Ok(Ok(Some(bytes))) => {
-                    for message in parser.feed(&bytes) {
+                    let messages = parser.feed(&bytes);
+                    let overflowed = parser.overflowed();
+                    for message in messages {
                         self.receive(message);
+                    }
+                    if overflowed {
+                        // Resumes after the last complete message on a new connection.
+                        self.connection = None;
+                        self.ready.push_back(Err(Error::Protocol(format!(
+                            "watch: an event-stream line or message over {} bytes",
+                            sse::MAX_LINE
+                        ))));
+                        self.pause_first = true;
                     }
                 }
                 // Ended, broken or silent: reconnect after the last id seen.
@@ -234,7 +253,7 @@ impl Watch {
         if status == 200 {
             Ok(response)
         } else {
-            let body = response.bytes().await.unwrap_or_default();
+            let body = crate::client::read_body(response).await.unwrap_or_default();
             Err(error::from_answer(status, &body))
         }
     }
@@ -307,6 +326,7 @@ mod tests {
             connection: None,
             ready: VecDeque::new(),
             backoff: FIRST_BACKOFF,
+            pause_first: false,
             ended: false,
         };
         let mut parser = sse::Parser::default();

@@ -7,9 +7,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::fake::{events, grant, json, renewal, Fake};
+use common::fake::{events, grant, json, renewal, Fake, Reply};
 use futures::StreamExt;
-use lease_proxy_client::{AcquireOptions, Client, Error, EventKind, LostReason};
+use lease_proxy_client::{
+    AcquireOptions, Client, Error, Event, EventKind, EventStream, LostReason,
+};
 use tokio::time::Instant;
 
 fn opts() -> AcquireOptions {
@@ -21,6 +23,17 @@ fn event(id: &str, resource: &str) -> String {
         "id: {id}\nevent: acquired\ndata: {{\"type\":\"acquired\",\"resource\":\"{resource}\",\"holder\":\"h\",\"token\":\"9\",\"revision\":9,\"lease_id\":\"5\"}}\n\n"
     )
 }
+
+/// The next item of `stream`, within 10 s.
+async fn next(stream: &mut EventStream) -> Result<Event, Error> {
+    tokio::time::timeout(Duration::from_secs(10), stream.next())
+        .await
+        .expect("nothing within 10 s")
+        .expect("the stream ended")
+}
+
+const HTTP_200_JSON: &str =
+    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n";
 
 #[tokio::test]
 async fn the_watch_reconnects_after_a_500() {
@@ -154,6 +167,66 @@ async fn malformed_answers_are_protocol_errors() {
     ] {
         assert!(matches!(result, Err(Error::Protocol(_))), "{result:?}");
     }
+}
+
+#[tokio::test]
+async fn an_answer_over_1_mib_is_refused_without_reading_it_all() {
+    const LIMIT: usize = 64 << 20;
+    let fake = Fake::start(|_, _| Reply::Endless {
+        head: HTTP_200_JSON.as_bytes().to_vec(),
+        filler: vec![b' '; 64 << 10],
+        limit: LIMIT,
+    })
+    .await;
+    let client = Client::new(&fake.url).unwrap();
+    let result = client.get("a").await;
+    assert!(matches!(result, Err(Error::Protocol(_))), "{result:?}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        fake.written() < 24 << 20,
+        "{} bytes were sent before the client gave up",
+        fake.written()
+    );
+
+    // A length announced over the limit is refused before reading.
+    let fake = Fake::start(|_, _| {
+        Reply::Raw(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2000000000\r\n\r\n{"
+                .to_vec(),
+        )
+    })
+    .await;
+    let client = Client::new(&fake.url).unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(5), client.get("a"))
+        .await
+        .unwrap();
+    assert!(matches!(result, Err(Error::Protocol(_))), "{result:?}");
+}
+
+#[tokio::test]
+async fn an_event_stream_line_over_1_mib_is_an_error_and_the_watch_resumes_after_it() {
+    let fake = Fake::start(|_, n| match n {
+        0 => Reply::Endless {
+            head: format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n{}data: ",
+                event("1", "first")
+            )
+            .into_bytes(),
+            filler: vec![b'a'; 64 << 10],
+            limit: 8 << 20,
+        },
+        1 => events(&event("2", "second")),
+        _ => events(": idle\n\n"),
+    })
+    .await;
+    let client = Client::new(&fake.url).unwrap();
+    let mut stream = client.watch("", None);
+    assert_eq!(next(&mut stream).await.unwrap().resource, "first");
+    let error = next(&mut stream).await;
+    assert!(matches!(error, Err(Error::Protocol(_))), "{error:?}");
+    assert_eq!(next(&mut stream).await.unwrap().resource, "second");
+    let requests = fake.requests();
+    assert_eq!(requests[1].header("last-event-id"), Some("1"));
 }
 
 #[tokio::test]
