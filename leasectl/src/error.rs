@@ -51,6 +51,8 @@ impl Error {
             Error::Client(ClientError::Held { .. }) => EXIT_HELD,
             Error::Client(ClientError::Lost | ClientError::SessionLost) => EXIT_LOST,
             Error::Client(ClientError::Config(_)) | Error::Usage(_) => EXIT_USAGE,
+            // A broken answer is the proxy's fault, not the command line's.
+            Error::Client(ClientError::Protocol(_)) => EXIT_UNAVAILABLE,
             Error::Client(_) => EXIT_UNAVAILABLE,
             Error::Spawn { source, .. } if source.kind() == io::ErrorKind::NotFound => {
                 EXIT_NOT_FOUND

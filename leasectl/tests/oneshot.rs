@@ -334,3 +334,38 @@ async fn watch_resumes_after_the_last_event_id() {
     assert_eq!(acquired["token"], second["token"]);
     resumed.kill().await.unwrap();
 }
+
+/// A proxy answering something that is not its API: exit 69 (the proxy's fault), not 64 (the
+/// command line's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_answer_exits_69_not_64() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                // The request (small, in one read is enough for this test), then the answer.
+                let mut buf = vec![0u8; 64 << 10];
+                let _ = stream.read(&mut buf).await;
+                let body = r#"{"nonsense":1}"#;
+                let answer = format!(
+                    "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_leasectl"))
+        .args(["acquire", "scanner-1", "--ttl", "30"])
+        .env("LEASECTL_URL", &url)
+        .env_remove("LEASECTL_TOKEN")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{err}");
+}

@@ -21,6 +21,61 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 const IDEMPOTENT_ATTEMPTS: u32 = 4;
 /// First pause between those attempts (doubled each time).
 const IDEMPOTENT_BACKOFF: Duration = Duration::from_millis(100);
+/// The most bytes the body of an answer of the API may have (not a forwarded request's: that
+/// is the upstream's data); a longer one is an [`Error::Protocol`].
+pub(crate) const MAX_BODY: usize = 1 << 20;
+
+/// `value` as one URL path segment: letters, digits and `._:-` as they are, every other byte
+/// (UTF-8) as `%XX`, so that the proxy sees the name as given (`x/../victim` stays one
+/// segment, `job?x` is no query). The names a URL cannot carry as a segment (empty, `.`, `..`:
+/// the URL parser would drop or fold them, `..` and `%2E%2E` alike) are sent as `...`, a
+/// segment the proxy refuses just as it refuses them (400 `invalid-resource`: a name starts
+/// with a letter or digit and has no `..`), never as the path around them.
+pub(crate) fn segment(value: &str) -> String {
+    if matches!(value, "" | "." | "..") {
+        return "...".to_owned();
+    }
+    let mut out = String::with_capacity(value.len());
+    for &b in value.as_bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// `/v1/leases/{resource}`, the resource as one segment.
+fn lease_path(resource: &str) -> String {
+    format!("/v1/leases/{}", segment(resource))
+}
+
+/// `/v1/sessions/{id}`, the id as one segment.
+fn session_path(id: &str) -> String {
+    format!("/v1/sessions/{}", segment(id))
+}
+
+/// Reads the body of `resp` chunk by chunk, refusing it past [`MAX_BODY`] bytes
+/// ([`Error::Protocol`]) without reading the rest.
+pub(crate) async fn read_body(mut resp: reqwest::Response) -> Result<Bytes> {
+    let status = resp.status().as_u16();
+    if resp.content_length().is_some_and(|n| n > MAX_BODY as u64) {
+        return Err(Error::Protocol(format!(
+            "{status} answer: body over {MAX_BODY} bytes"
+        )));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await? {
+        if body.len() + chunk.len() > MAX_BODY {
+            return Err(Error::Protocol(format!(
+                "{status} answer: body over {MAX_BODY} bytes"
+            )));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Bytes::from(body))
+}
 
 /// A lease-proxy client. Cheap to clone: clones share one connection pool.
 #[derive(Clone, Debug)]
@@ -186,11 +241,12 @@ impl Client {
         req
     }
 
-    /// Sends `req`; a non-success status becomes its [`Error`].
+    /// Sends `req`; a non-success status becomes its [`Error`]. The body is read up to
+    /// [`MAX_BODY`] bytes ([`Error::Protocol`] past it).
     pub(crate) async fn send(&self, req: RequestBuilder) -> Result<(u16, Bytes)> {
         let resp = req.send().await?;
         let status = resp.status().as_u16();
-        let body = resp.bytes().await?;
+        let body = read_body(resp).await?;
         if (200..300).contains(&status) {
             Ok((status, body))
         } else {
@@ -202,7 +258,7 @@ impl Client {
     async fn call<T: DeserializeOwned>(&self, req: RequestBuilder) -> Result<T> {
         let (status, body) = self.send(req).await?;
         serde_json::from_slice(&body)
-            .map_err(|e| Error::Config(format!("unexpected {status} answer: {e}")))
+            .map_err(|e| Error::Protocol(format!("unexpected {status} answer: {e}")))
     }
 
     /// Acquires `resource` once and returns the grant, without renewing it (see
@@ -262,7 +318,7 @@ impl Client {
         let mut attempt = 1;
         loop {
             let mut http = self
-                .request(Method::POST, &format!("/v1/leases/{resource}"))
+                .request(Method::POST, &lease_path(resource))
                 .timeout(timeout)
                 .json(&body);
             if let Some(key) = req.idempotency_key {
@@ -291,7 +347,7 @@ impl Client {
     /// ended.
     pub async fn renew(&self, resource: &str, secret: &str) -> Result<Renewal> {
         self.call(
-            self.request(Method::POST, &format!("/v1/leases/{resource}/renew"))
+            self.request(Method::POST, &format!("{}/renew", lease_path(resource)))
                 .header(LEASE_SECRET, secret),
         )
         .await
@@ -301,7 +357,7 @@ impl Client {
     /// grant succeeds.
     pub async fn release(&self, resource: &str, secret: &str) -> Result<()> {
         self.send(
-            self.request(Method::DELETE, &format!("/v1/leases/{resource}"))
+            self.request(Method::DELETE, &lease_path(resource))
                 .header(LEASE_SECRET, secret),
         )
         .await
@@ -311,7 +367,7 @@ impl Client {
     /// Who holds `resource`, or `None` when it is free.
     pub async fn get(&self, resource: &str) -> Result<Option<Holding>> {
         match self
-            .call(self.request(Method::GET, &format!("/v1/leases/{resource}")))
+            .call(self.request(Method::GET, &lease_path(resource)))
             .await
         {
             Ok(holding) => Ok(Some(holding)),
@@ -352,7 +408,7 @@ impl Client {
         path: &str,
     ) -> RequestBuilder {
         let path = path.trim_start_matches('/');
-        self.request(method, &format!("/v1/leases/{resource}/forward/{path}"))
+        self.request(method, &format!("{}/forward/{path}", lease_path(resource)))
             .header(LEASE_SECRET, secret)
     }
 
@@ -368,7 +424,7 @@ impl Client {
     /// `POST /v1/sessions/{id}/keepalive`.
     pub(crate) async fn keepalive(&self, id: &str, secret: &str) -> Result<Heartbeat> {
         self.call(
-            self.request(Method::POST, &format!("/v1/sessions/{id}/keepalive"))
+            self.request(Method::POST, &format!("{}/keepalive", session_path(id)))
                 .header(LEASE_SECRET, secret),
         )
         .await
@@ -377,7 +433,7 @@ impl Client {
     /// `DELETE /v1/sessions/{id}`.
     pub(crate) async fn close(&self, id: &str, secret: &str) -> Result<()> {
         self.send(
-            self.request(Method::DELETE, &format!("/v1/sessions/{id}"))
+            self.request(Method::DELETE, &session_path(id))
                 .header(LEASE_SECRET, secret),
         )
         .await
@@ -388,6 +444,17 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn path_segments_are_percent_encoded() {
+        assert_eq!(segment("aisle-1.a_b:c"), "aisle-1.a_b:c");
+        assert_eq!(segment("x/../victim"), "x%2F..%2Fvictim");
+        assert_eq!(segment("job?x#y z%"), "job%3Fx%23y%20z%25");
+        assert_eq!(segment("é"), "%C3%A9");
+        for dots in ["", ".", ".."] {
+            assert_eq!(segment(dots), "...");
+        }
+    }
 
     #[test]
     fn bad_configuration_is_refused() {

@@ -47,10 +47,14 @@ pub enum Error {
     /// The request could not be delivered or its answer read.
     #[error("HTTP: {0}")]
     Http(reqwest::Error),
-    /// The client was set up wrongly (bad URL, unreadable certificate…), or the proxy answered
-    /// something that is not its API.
+    /// The client was set up wrongly (bad URL, unreadable certificate…).
     #[error("configuration: {0}")]
     Config(String),
+    /// The proxy answered something that is not its API: a body that does not parse (not
+    /// JSON, a field missing or of the wrong type), a `lease-held` problem whose fields do not
+    /// parse, a malformed watch event, or an answer body (or event-stream line) over 1 MiB.
+    #[error("protocol: {0}")]
+    Protocol(String),
 }
 
 /// The crate's result type.
@@ -75,6 +79,18 @@ impl Error {
             Error::Problem { status, .. } => matches!(status, 502..=504),
             _ => false,
         }
+    }
+
+    /// Whether a watch reconnects after this error: a transient one, or any 5xx answer.
+    pub(crate) fn reconnects_watch(&self) -> bool {
+        self.is_transient()
+            || matches!(
+                self,
+                Error::Problem {
+                    status: 500..=599,
+                    ..
+                }
+            )
     }
 
     /// The problem slug (the last segment of the `type` URI) of a [`Error::Problem`].
@@ -118,6 +134,13 @@ pub(crate) fn from_answer(status: u16, body: &[u8]) -> Error {
                     };
                 }
             }
+            return Error::Protocol(format!(
+                "409 lease-held without a holder and a decimal token: {}",
+                String::from_utf8_lossy(body)
+                    .chars()
+                    .take(500)
+                    .collect::<String>()
+            ));
         }
         (410, "lease-lost") => return Error::Lost,
         (410, "session-lost") => return Error::SessionLost,

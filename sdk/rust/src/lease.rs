@@ -1,8 +1,6 @@
 //! The lease guard: a grant kept alive by a background task, with the `lost` signal, forward
 //! and release (explicit or on drop).
 
-use std::time::Duration;
-
 use bytes::Bytes;
 use reqwest::Method;
 use tokio::time::Instant;
@@ -10,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::liveness::LostReason;
 use crate::renewal::Target;
-use crate::upkeep::Upkeep;
+use crate::upkeep::{lifetime, Upkeep};
 use crate::{AcquireOptions, Client, Error, Grant, Result};
 
 /// A held resource. Renews itself in the background (at a third of the TTL, ±10 %), says when it
@@ -29,10 +27,18 @@ pub struct Lease {
 
 impl Client {
     /// Acquires `resource` and returns a guard that keeps it (see [`Lease`]). The deadline
-    /// counts from the instant read just before the request that succeeded was sent.
+    /// counts from the instant read just before the request that succeeded was sent: its
+    /// `expires_in_ms`, but no more than its `ttl_seconds` plus the wait allowed. An answer
+    /// with `ttl_seconds` 0 gives a guard already lost ([`LostReason::Expired`]), not renewed
+    /// (still released when dropped).
     pub async fn acquire(&self, resource: &str, opts: AcquireOptions) -> Result<Lease> {
         let (grant, sent) = self.grant_sent(resource, &opts).await?;
-        let upkeep = Upkeep::granted(sent, grant.expires_in_ms);
+        let granted_for = lifetime(
+            grant.ttl_seconds,
+            grant.expires_in_ms,
+            opts.wait.unwrap_or_default(),
+        );
+        let upkeep = Upkeep::granted(sent, granted_for);
         let lease = Lease::new(self.clone(), grant, upkeep);
         lease.upkeep.renew(
             self.clone(),
@@ -40,7 +46,7 @@ impl Client {
                 resource: lease.grant.resource.clone(),
                 secret: lease.grant.secret.clone(),
             },
-            Duration::from_secs(lease.grant.ttl_seconds),
+            granted_for,
             sent,
         );
         Ok(lease)

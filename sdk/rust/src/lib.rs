@@ -38,10 +38,12 @@
 //!
 //! - The deadline is the monotonic instant read just before sending the request that succeeded
 //!   (acquire or renewal) plus the `expires_in_ms` it answered: the proxy's lease cannot end
-//!   before it, so nobody else can hold the resource before it.
-//! - Renewals run at a third of the TTL (±10 %); failures other than 410 are retried with a
-//!   short backoff until the deadline; a 410 reports the lease lost at once
-//!   ([`LostReason::Revoked`]).
+//!   before it, so nobody else can hold the resource before it. Never more than the answer's
+//!   `ttl_seconds` (plus the wait of a queued acquire), nor 2^31 s; an answer with
+//!   `ttl_seconds` 0 means lost at once ([`LostReason::Expired`]).
+//! - Renewals run at a third of the lifetime last granted (±10 %, at least 100 ms apart);
+//!   failures other than 410 are retried with a short backoff until the deadline; a 410
+//!   reports the lease lost at once ([`LostReason::Revoked`]).
 //! - `lost` fires no later than the deadline (a timer on it), and [`Lease::is_lost`] reads the
 //!   clock itself, so a process resumed past its deadline sees the loss before anything else.
 //! - A lease under a [`Session`] is lost when the session is ([`LostReason::SessionLost`]).

@@ -188,12 +188,14 @@ pub(crate) struct Opened {
     pub(crate) session_id: String,
     pub(crate) holder: String,
     pub(crate) secret: String,
+    pub(crate) ttl_seconds: u64,
     pub(crate) expires_in_ms: u64,
 }
 
 /// `200` of a session keepalive.
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct Heartbeat {
+    pub(crate) ttl_seconds: u64,
     pub(crate) expires_in_ms: u64,
 }
 

@@ -10,13 +10,15 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::liveness::{Liveness, LostReason};
-use crate::upkeep::deadline_after;
+use crate::upkeep::{deadline_after, lifetime};
 use crate::{Client, Error, Result};
 
 /// First pause before retrying a renewal that failed (doubled up to [`MAX_RETRY_PAUSE`]).
 const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// Longest pause between retries of a failed renewal.
 const MAX_RETRY_PAUSE: Duration = Duration::from_secs(1);
+/// The shortest pause between two renewals, whatever the answers say.
+pub(crate) const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(100);
 
 /// What is kept alive.
 pub(crate) enum Target {
@@ -30,7 +32,8 @@ pub(crate) enum Target {
 pub(crate) struct Renewer {
     pub(crate) client: Client,
     pub(crate) target: Target,
-    pub(crate) ttl: Duration,
+    /// The lifetime the last successful answer granted (the renewal period is a third).
+    pub(crate) lifetime: Duration,
     pub(crate) liveness: Arc<Liveness>,
     /// Test hook: renewals are skipped while set.
     pub(crate) paused: Arc<AtomicBool>,
@@ -47,29 +50,32 @@ impl Renewer {
         }
     }
 
-    /// One renewal: the `expires_in_ms` answered, or why not.
-    async fn renew(&self) -> Result<u64> {
-        match &self.target {
+    /// One renewal: the lifetime it grants ([`lifetime`]), or why not.
+    async fn renew(&self) -> Result<Duration> {
+        let (ttl_seconds, expires_in_ms) = match &self.target {
             Target::Grant { resource, secret } => self
                 .client
                 .renew(resource, secret)
                 .await
-                .map(|r| r.expires_in_ms),
+                .map(|r| (r.ttl_seconds, r.expires_in_ms))?,
             Target::Session { id, secret } => self
                 .client
                 .keepalive(id, secret)
                 .await
-                .map(|h| h.expires_in_ms),
-        }
+                .map(|h| (h.ttl_seconds, h.expires_in_ms))?,
+        };
+        Ok(lifetime(ttl_seconds, expires_in_ms, Duration::ZERO))
     }
 
-    /// Renews at a third of the TTL (±10 %) after the last successful renewal was sent; any
-    /// other failure than a 410 is retried with a short backoff (the deadline timer bounds it);
-    /// a 410 ends it at once.
+    /// Renews at a third of the lifetime last granted (±10 %, at least [`MIN_RENEW_INTERVAL`])
+    /// after the last successful renewal was sent; any other failure than a 410 is retried
+    /// with a short backoff (the deadline timer bounds it); a 410, or an answer granting no
+    /// time (`ttl_seconds` 0), ends it at once.
     async fn renew_loop(&self, granted: Instant) {
         let mut last = granted;
+        let mut granted_for = self.lifetime;
         loop {
-            tokio::time::sleep_until(last + jittered(self.ttl / 3)).await;
+            tokio::time::sleep_until(last + renew_interval(granted_for)).await;
             if self.paused.load(Ordering::SeqCst) {
                 last = Instant::now();
                 continue;
@@ -78,9 +84,14 @@ impl Renewer {
             loop {
                 let sent = Instant::now();
                 match self.renew().await {
-                    Ok(expires_in_ms) => {
-                        self.liveness.extend(deadline_after(sent, expires_in_ms));
+                    Ok(lifetime) if lifetime.is_zero() => {
+                        self.liveness.lose(LostReason::Expired);
+                        return;
+                    }
+                    Ok(lifetime) => {
+                        self.liveness.extend(deadline_after(sent, lifetime));
                         last = sent;
+                        granted_for = lifetime;
                         break;
                     }
                     Err(Error::Lost | Error::SessionLost) => {
@@ -95,6 +106,12 @@ impl Renewer {
             }
         }
     }
+}
+
+/// The pause after a renewal granting `lifetime`: a third of it ±10 %, at least
+/// [`MIN_RENEW_INTERVAL`].
+fn renew_interval(lifetime: Duration) -> Duration {
+    jittered(lifetime / 3).max(MIN_RENEW_INTERVAL)
 }
 
 /// `base` ±10 %.
@@ -113,5 +130,10 @@ mod tests {
             let j = jittered(base);
             assert!(j >= Duration::from_secs(9) && j <= Duration::from_secs(11));
         }
+        assert_eq!(renew_interval(Duration::ZERO), MIN_RENEW_INTERVAL);
+        assert_eq!(
+            renew_interval(Duration::from_millis(30)),
+            MIN_RENEW_INTERVAL
+        );
     }
 }

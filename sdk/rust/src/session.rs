@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use crate::client::AcquireRequest;
 use crate::liveness::{Liveness, LostReason};
 use crate::renewal::Target;
-use crate::upkeep::Upkeep;
+use crate::upkeep::{lifetime, Upkeep};
 use crate::{Client, Error, Lease, Result, SessionAcquireOptions};
 
 /// An open session, kept alive in the background (at a third of its TTL, ±10 %). Its leases
@@ -32,9 +32,10 @@ impl Client {
         let ttl_seconds = crate::AcquireOptions::new(holder, ttl).ttl_seconds();
         let sent = Instant::now();
         let opened = self.open(holder, ttl_seconds).await?;
+        let granted_for = lifetime(opened.ttl_seconds, opened.expires_in_ms, Duration::ZERO);
         let session = Session {
             client: self.clone(),
-            upkeep: Upkeep::granted(sent, opened.expires_in_ms),
+            upkeep: Upkeep::granted(sent, granted_for),
             id: opened.session_id,
             secret: opened.secret,
             holder: opened.holder,
@@ -46,7 +47,7 @@ impl Client {
                 id: session.id.clone(),
                 secret: session.secret.clone(),
             },
-            Duration::from_secs(ttl_seconds),
+            granted_for,
             sent,
         );
         Ok(session)

@@ -1,6 +1,9 @@
 //! An incremental parser of Server-Sent Events (the `text/event-stream` format of the HTML
 //! standard): bytes in, messages out, whatever the chunk boundaries.
 
+/// The most bytes one line, or the data of one message, may have.
+pub(crate) const MAX_LINE: usize = 1 << 20;
+
 /// One dispatched message: the fields seen since the previous blank line.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Message {
@@ -20,13 +23,24 @@ pub(crate) struct Parser {
     /// A `\r` ended the last line: a `\n` right after it belongs to it.
     after_cr: bool,
     pending: Message,
+    /// A line or a message's data went over [`MAX_LINE`]: nothing more is parsed.
+    overflowed: bool,
 }
 
 impl Parser {
-    /// Feeds `bytes`; returns the messages completed by them.
+    /// Whether a line, or one message's data, went over [`MAX_LINE`] bytes: the parser takes
+    /// nothing more (the connection must be dropped; the message being read is lost).
+    pub(crate) fn overflowed(&self) -> bool {
+        self.overflowed
+    }
+
+    /// Feeds `bytes`; returns the messages completed by them (up to an overflow).
     pub(crate) fn feed(&mut self, bytes: &[u8]) -> Vec<Message> {
         let mut out = Vec::new();
         for &b in bytes {
+            if self.overflowed {
+                break;
+            }
             if std::mem::take(&mut self.after_cr) && b == b'\n' {
                 continue;
             }
@@ -37,6 +51,11 @@ impl Parser {
                     if let Some(message) = self.line_ended(&line) {
                         out.push(message);
                     }
+                }
+                _ if self.line.len() >= MAX_LINE => {
+                    self.overflowed = true;
+                    self.line = Vec::new();
+                    self.pending = Message::default();
                 }
                 _ => self.line.push(b),
             }
@@ -62,6 +81,10 @@ impl Parser {
             "id" if !value.contains('\0') => self.pending.id = Some(value.to_owned()),
             "event" => self.pending.event = Some(value.to_owned()),
             "data" => match &mut self.pending.data {
+                Some(data) if data.len() + 1 + value.len() > MAX_LINE => {
+                    self.overflowed = true;
+                    self.pending = Message::default();
+                }
                 Some(data) => {
                     data.push('\n');
                     data.push_str(value);
@@ -138,5 +161,25 @@ mod tests {
         );
         // Only comments and blank lines: nothing.
         assert!(parser.feed(b": a\n\n\n:b\n\n").is_empty());
+    }
+
+    #[test]
+    fn a_line_or_a_message_over_the_limit_stops_the_parser() {
+        let mut parser = Parser::default();
+        let mut bytes = b"id: 1\ndata: x\n\nid: 2\ndata: ".to_vec();
+        bytes.extend(std::iter::repeat_n(b'a', MAX_LINE));
+        bytes.extend(b"\n\nid: 3\n\n");
+        let got = parser.feed(&bytes);
+        assert_eq!(got.len(), 1, "only the message before the long line");
+        assert!(parser.overflowed());
+        assert!(parser.feed(b"id: 4\n\n").is_empty());
+
+        // Many data lines, each short, adding up to more than the limit.
+        let mut parser = Parser::default();
+        let line = format!("data: {}\n", "b".repeat(1000));
+        for _ in 0..(MAX_LINE / 1000 + 1) {
+            assert!(parser.feed(line.as_bytes()).is_empty());
+        }
+        assert!(parser.overflowed());
     }
 }

@@ -13,11 +13,28 @@ use crate::liveness::{Liveness, LostReason};
 use crate::renewal::{Renewer, Target};
 use crate::Client;
 
+/// The most time one answer may grant (2^31 s): beyond any real TTL, keeps every timer finite.
+pub(crate) const MAX_LIFETIME: Duration = Duration::from_secs(1 << 31);
+
+/// How long an acquire, renewal or keepalive answer grants from the instant its request was
+/// sent: its `expires_in_ms`, but never more than its `ttl_seconds` plus `slack` (the wait
+/// allowance of a queued acquire: the proxy counts the TTL from the grant), nor
+/// [`MAX_LIFETIME`]. Zero when `ttl_seconds` is 0: the answer grants nothing, the guard is lost.
+pub(crate) fn lifetime(ttl_seconds: u64, expires_in_ms: u64, slack: Duration) -> Duration {
+    if ttl_seconds == 0 {
+        return Duration::ZERO;
+    }
+    let most = Duration::from_secs(ttl_seconds).saturating_add(slack);
+    Duration::from_millis(expires_in_ms)
+        .min(most)
+        .min(MAX_LIFETIME)
+}
+
 /// The deadline a successful request gives: `sent`, the monotonic instant read just before the
-/// request was sent, plus the `expires_in_ms` it answered. The proxy's lease cannot end before
+/// request was sent, plus the `lifetime` its answer grants. The proxy's lease cannot end before
 /// it (the proxy measures `expires_in_ms` from when the request reached it, which is later).
-pub(crate) fn deadline_after(sent: Instant, expires_in_ms: u64) -> Instant {
-    sent + Duration::from_millis(expires_in_ms)
+pub(crate) fn deadline_after(sent: Instant, lifetime: Duration) -> Instant {
+    sent.checked_add(lifetime).unwrap_or(sent)
 }
 
 /// The state of one guard.
@@ -41,19 +58,28 @@ impl Upkeep {
     }
 
     /// A guard held until `sent` (read just before sending the request that succeeded) plus
-    /// the `expires_in_ms` it answered, unless renewed.
-    pub(crate) fn granted(sent: Instant, expires_in_ms: u64) -> Self {
-        Self::new(Liveness::new(deadline_after(sent, expires_in_ms)))
+    /// the `lifetime` its answer grants, unless renewed. A zero lifetime is lost at once
+    /// ([`LostReason::Expired`]).
+    pub(crate) fn granted(sent: Instant, lifetime: Duration) -> Self {
+        let upkeep = Self::new(Liveness::new(deadline_after(sent, lifetime)));
+        if lifetime.is_zero() {
+            upkeep.liveness.lose(LostReason::Expired);
+        }
+        upkeep
     }
 
-    /// Starts the background renewal of `target` (at a third of `ttl`, ±10 %) and the deadline
-    /// timer, until [`Upkeep::end`]. `sent` is the instant read before sending the request that
-    /// made the grant (or opened the session).
-    pub(crate) fn renew(&self, client: Client, target: Target, ttl: Duration, sent: Instant) {
+    /// Starts the background renewal of `target` (at a third of `lifetime`, ±10 %, at least
+    /// 100 ms) and the deadline timer, until [`Upkeep::end`]. `sent` is the instant read before
+    /// sending the request that made the grant (or opened the session). Nothing is started for
+    /// a guard already lost.
+    pub(crate) fn renew(&self, client: Client, target: Target, lifetime: Duration, sent: Instant) {
+        if self.liveness.check() {
+            return;
+        }
         let renewer = Renewer {
             client,
             target,
-            ttl,
+            lifetime,
             liveness: self.liveness.clone(),
             paused: self.paused.clone(),
         };
@@ -106,7 +132,7 @@ mod tests {
     async fn held_until_the_instant_before_sending_plus_expires_in_ms() {
         let sent = Instant::now();
         tokio::time::advance(Duration::from_millis(300)).await; // the request's round trip
-        let upkeep = Upkeep::granted(sent, 1500);
+        let upkeep = Upkeep::granted(sent, Duration::from_millis(1500));
         assert_eq!(upkeep.deadline(), sent + Duration::from_millis(1500));
         tokio::time::advance(Duration::from_millis(1199)).await;
         assert!(!upkeep.is_lost());
@@ -116,9 +142,31 @@ mod tests {
         assert_eq!(upkeep.lost_reason().await, LostReason::Expired);
     }
 
+    #[test]
+    fn a_lifetime_is_capped_by_the_ttl_and_zero_without_one() {
+        let ms = Duration::from_millis;
+        assert_eq!(lifetime(3, 2900, Duration::ZERO), ms(2900));
+        assert_eq!(lifetime(3, 1_000_000_000_000_000, Duration::ZERO), ms(3000));
+        assert_eq!(lifetime(3, u64::MAX, Duration::ZERO), ms(3000));
+        // A queued acquire: the TTL counts from the grant, up to the wait after sending.
+        assert_eq!(lifetime(3, 7000, ms(5000)), ms(7000));
+        assert_eq!(lifetime(3, u64::MAX, ms(5000)), ms(8000));
+        assert_eq!(lifetime(u64::MAX, u64::MAX, Duration::MAX), MAX_LIFETIME);
+        assert_eq!(lifetime(0, 5000, ms(5000)), Duration::ZERO);
+        let now = Instant::now();
+        assert_eq!(deadline_after(now, ms(5)), now + ms(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_zero_lifetime_is_lost_at_once() {
+        let upkeep = Upkeep::granted(Instant::now(), Duration::ZERO);
+        assert!(upkeep.is_lost());
+        assert_eq!(upkeep.lost_reason().await, LostReason::Expired);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn ending_marks_it_released() {
-        let upkeep = Upkeep::granted(Instant::now(), 10_000);
+        let upkeep = Upkeep::granted(Instant::now(), Duration::from_secs(10));
         let lost = upkeep.lost();
         upkeep.end();
         assert!(lost.is_cancelled() && upkeep.is_lost());

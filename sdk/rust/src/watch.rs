@@ -77,8 +77,10 @@ struct Data {
 impl Event {
     /// The event in message `data` with id `id`.
     fn parse(id: String, data: &str) -> Result<Event> {
-        let d: Data = serde_json::from_str(data)
-            .map_err(|e| Error::Config(format!("watch event {id}: {e}: {data}")))?;
+        let d: Data = serde_json::from_str(data).map_err(|e| {
+            let data: String = data.chars().take(500).collect();
+            Error::Protocol(format!("watch event {id}: {e}: {data}"))
+        })?;
         Ok(Event {
             id,
             kind: d.kind,
@@ -98,9 +100,12 @@ enum Item {
     Id(String),
 }
 
-/// The events of a watch, as a [`Stream`]. Reconnects after transport failures, 5xx answers
-/// and silent connections (with a backoff up to 5 s), resuming after the last event id seen,
-/// so nothing is lost or repeated. Ends after yielding an error that retrying cannot fix:
+/// The events of a watch, as a [`Stream`]. Reconnects after transport failures, any 5xx
+/// answer and silent connections (with a backoff from 100 ms up to 5 s, reset only once a
+/// connection delivered an event), resuming after the last complete message seen, so nothing
+/// is lost or repeated. A malformed event, or a line (or one message's data) over 1 MiB, is
+/// yielded as an [`Error::Protocol`] item and the stream goes on (after an oversized line, on
+/// a new connection). Ends after yielding an error that retrying cannot fix:
 /// [`Error::Compacted`] (list again, then watch without a last event id), or a problem such
 /// as 401/403.
 pub struct EventStream {
@@ -155,6 +160,7 @@ impl Client {
             connection: None,
             ready: VecDeque::new(),
             backoff: FIRST_BACKOFF,
+            pause_first: false,
             ended: false,
         };
         EventStream {
@@ -173,6 +179,9 @@ struct Watch {
     /// Parsed items not yet yielded.
     ready: VecDeque<Result<Item>>,
     backoff: Duration,
+    /// Back off before the next connection (set once the error that dropped the last one
+    /// has been yielded).
+    pause_first: bool,
     ended: bool,
 }
 
@@ -186,9 +195,12 @@ impl Watch {
                 return None;
             }
             let Some((response, parser)) = &mut self.connection else {
+                if std::mem::take(&mut self.pause_first) {
+                    self.pause().await;
+                }
                 match self.connect().await {
                     Ok(response) => self.connection = Some((response, sse::Parser::default())),
-                    Err(e) if e.is_transient() => self.pause().await,
+                    Err(e) if e.reconnects_watch() => self.pause().await,
                     Err(e) => {
                         self.ended = true;
                         return Some((Err(e), self));
@@ -198,9 +210,19 @@ impl Watch {
             };
             match tokio::time::timeout(IDLE, response.chunk()).await {
                 Ok(Ok(Some(bytes))) => {
-                    self.backoff = FIRST_BACKOFF;
-                    for message in parser.feed(&bytes) {
+                    let messages = parser.feed(&bytes);
+                    let overflowed = parser.overflowed();
+                    for message in messages {
                         self.receive(message);
+                    }
+                    if overflowed {
+                        // Resumes after the last complete message on a new connection.
+                        self.connection = None;
+                        self.ready.push_back(Err(Error::Protocol(format!(
+                            "watch: an event-stream line or message over {} bytes",
+                            sse::MAX_LINE
+                        ))));
+                        self.pause_first = true;
                     }
                 }
                 // Ended, broken or silent: reconnect after the last id seen.
@@ -231,7 +253,7 @@ impl Watch {
         if status == 200 {
             Ok(response)
         } else {
-            let body = response.bytes().await.unwrap_or_default();
+            let body = crate::client::read_body(response).await.unwrap_or_default();
             Err(error::from_answer(status, &body))
         }
     }
@@ -243,7 +265,11 @@ impl Watch {
         };
         self.last_event_id = Some(id.clone());
         let item = match message.data {
-            Some(data) => Event::parse(id, &data).map(Item::Event),
+            Some(data) => {
+                // An event (even a malformed one): this connection works, back off no more.
+                self.backoff = FIRST_BACKOFF;
+                Event::parse(id, &data).map(Item::Event)
+            }
             None => Ok(Item::Id(id)),
         };
         self.ready.push_back(item);
@@ -287,7 +313,7 @@ mod tests {
         assert_eq!((e.kind, e.session), (EventKind::Expired, None));
         assert!(matches!(
             Event::parse("1".into(), r#"{"type":"stolen"}"#),
-            Err(Error::Config(_))
+            Err(Error::Protocol(_))
         ));
     }
 
@@ -300,6 +326,7 @@ mod tests {
             connection: None,
             ready: VecDeque::new(),
             backoff: FIRST_BACKOFF,
+            pause_first: false,
             ended: false,
         };
         let mut parser = sse::Parser::default();

@@ -487,3 +487,58 @@ async fn list_follows_the_cursor_past_one_page() {
     assert_eq!(listed.len(), names.len());
     assert!(listed == names, "not the held resources in name order");
 }
+
+/// Names with `/`, `..` or `?` reach the proxy as given (one path segment) and are refused
+/// there, instead of being read as another resource (`victim`, `job`).
+#[tokio::test(flavor = "multi_thread")]
+async fn resource_names_are_one_path_segment_and_odd_ones_are_refused() {
+    let etcd = Etcd::single().await;
+    let proxy = start_proxy(&etcd).await;
+    let client = Client::new(&proxy.url).unwrap();
+    for (name, other) in [
+        ("x/../victim", "victim"),
+        ("job?x", "job"),
+        ("job#x", "job"),
+        ("a/b", "a"),
+    ] {
+        let refused = client.acquire(name, opts("robot-a", 30)).await;
+        assert!(
+            matches!(
+                &refused,
+                Err(e @ Error::Problem { status: 400, .. }) if e.slug() == Some("invalid-resource")
+            ),
+            "{name}: {refused:?}"
+        );
+        assert!(
+            client.get(other).await.unwrap().is_none(),
+            "{name} took {other}"
+        );
+        let granted = client.grant(other, &opts("robot-b", 30)).await.unwrap();
+        client.release(other, &granted.secret).await.unwrap();
+    }
+    // Names a URL cannot carry as a segment: refused too, never sent as the path around them
+    // (`./renew` would be `/v1/leases/renew`, an acquire of `renew`).
+    for name in ["", ".", ".."] {
+        let refused = client.acquire(name, opts("robot-a", 30)).await;
+        let renewed = client.renew(name, "secret").await;
+        for result in [refused.map(drop), renewed.map(drop)] {
+            assert!(
+                matches!(
+                    &result,
+                    Err(e @ Error::Problem { status: 400, .. }) if e.slug() == Some("invalid-resource")
+                ),
+                "{name:?}: {result:?}"
+            );
+        }
+    }
+    assert!(client.get("renew").await.unwrap().is_none());
+    // The forward route: the resource is one segment, the storage path stays a path.
+    let req = client
+        .forward_request("x/../y", "s", reqwest::Method::GET, "/shelf/a b")
+        .build()
+        .unwrap();
+    assert_eq!(
+        req.url().path(),
+        "/v1/leases/x%2F..%2Fy/forward/shelf/a%20b"
+    );
+}

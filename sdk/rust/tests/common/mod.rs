@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use lease_proxy::Config;
 
+pub mod fake;
+
 pub use lease_proxy_testkit::Etcd;
 
 pub use lease_proxy_testkit::proxy::Proxy;
