@@ -91,59 +91,36 @@ pub(crate) async fn supervise(
     })
 }
 
-/// Stops `child`, the leader of process group `group`, and everything else in the group:
-/// SIGTERM to the group, then SIGKILL if anything in it still runs `grace` later. Returns the
-/// child's exit status and how the group was stopped.
+/// Stops `child`, the leader of process group `group`, and everything else in the group (the
+/// leader counts as running until it exits: a zombie runs nothing). Returns the child's exit
+/// status and how the group was stopped.
 async fn stop(
     child: &mut Child,
     group: Pid,
     grace: Duration,
 ) -> Result<(ExitStatus, Stopped), Error> {
-    send(group, Signal::SIGTERM)?;
-    let ended = tokio::time::timeout(grace, async {
-        let status = child.wait().await;
-        while group_running(group) {
-            tokio::time::sleep(POLL).await;
-        }
-        status
-    })
-    .await;
-    if let Ok(status) = ended {
-        return Ok((status.map_err(Error::Wait)?, Stopped::Terminated));
-    }
-    kill_group(group).await?;
+    let stopped = stop_group(group, grace).await?;
     let status = child.wait().await.map_err(Error::Wait)?;
-    Ok((status, Stopped::Killed))
+    Ok((status, stopped))
 }
 
-/// Stops what still runs in `group` after its leader exited: SIGTERM, then SIGKILL if anything
-/// still runs `grace` later.
+/// Stops what runs in `group`: SIGTERM, then SIGKILL if anything still runs `grace` later (and
+/// a short wait for it to go: SIGKILL cannot be ignored).
 async fn stop_group(group: Pid, grace: Duration) -> Result<Stopped, Error> {
     send(group, Signal::SIGTERM)?;
-    let gone = tokio::time::timeout(grace, async {
-        while group_running(group) {
-            tokio::time::sleep(POLL).await;
-        }
-    })
-    .await;
-    if gone.is_ok() {
+    if tokio::time::timeout(grace, gone(group)).await.is_ok() {
         return Ok(Stopped::Terminated);
     }
-    kill_group(group).await?;
+    send(group, Signal::SIGKILL)?;
+    let _ = tokio::time::timeout(KILL_SETTLE, gone(group)).await;
     Ok(Stopped::Killed)
 }
 
-/// Sends SIGKILL to `group` and waits (briefly: SIGKILL cannot be ignored) until nothing in it
-/// runs any more.
-async fn kill_group(group: Pid) -> Result<(), Error> {
-    send(group, Signal::SIGKILL)?;
-    let _ = tokio::time::timeout(KILL_SETTLE, async {
-        while group_running(group) {
-            tokio::time::sleep(POLL).await;
-        }
-    })
-    .await;
-    Ok(())
+/// Resolves once nothing in `group` runs any more.
+async fn gone(group: Pid) {
+    while group_running(group) {
+        tokio::time::sleep(POLL).await;
+    }
 }
 
 /// How often a group is looked at while waiting for it to end.
