@@ -14,6 +14,7 @@
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use tokio::time::Instant;
 
 use crate::gate::GateError;
 use crate::Token;
@@ -44,14 +45,31 @@ pub trait Release: Send + 'static {
 #[must_use = "the write counts as in flight until the permit is ended"]
 pub struct Permit {
     guard: Option<Box<dyn Release>>,
+    deadline: Option<Instant>,
 }
 
 impl Permit {
-    /// A permit ended through `guard`.
+    /// A permit ended through `guard`, with no deadline of its own.
     pub fn new(guard: impl Release) -> Self {
         Self {
             guard: Some(Box::new(guard)),
+            deadline: None,
         }
+    }
+
+    /// The same permit, whose write must be over at the storage by `deadline`: nothing of the
+    /// write may be sent after it. A gate whose record of the write lapses on a clock that the
+    /// gateway's process does not stop (a registration in a shared database) sets it, measured
+    /// from *before* that record was made, so that a pause of the process anywhere between the
+    /// record and the exchange eats into the exchange, never past the record.
+    pub fn with_deadline(mut self, deadline: Instant) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// When the write's exchange must have ended, if the gate says so.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
     }
 
     /// The write's exchange ended completely: higher tokens may proceed now.
@@ -82,6 +100,7 @@ impl std::fmt::Debug for Permit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Permit")
             .field("ended", &self.guard.is_none())
+            .field("deadline", &self.deadline)
             .finish()
     }
 }
@@ -137,9 +156,15 @@ mod tests {
         assert_eq!(ends.take(), [Outcome::Uncertain]);
         // Ended explicitly, then dropped: released exactly once.
         let mut permit = Permit::new(ends.clone());
-        assert_eq!(format!("{permit:?}"), "Permit { ended: false }");
+        assert_eq!(
+            format!("{permit:?}"),
+            "Permit { ended: false, deadline: None }"
+        );
         permit.end(Outcome::Complete);
-        assert_eq!(format!("{permit:?}"), "Permit { ended: true }");
+        assert_eq!(
+            format!("{permit:?}"),
+            "Permit { ended: true, deadline: None }"
+        );
         drop(permit);
         assert_eq!(ends.take(), [Outcome::Complete]);
     }

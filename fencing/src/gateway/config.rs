@@ -221,6 +221,12 @@ pub enum NegativeControl {
     /// marks are shared, in-flight writes are not): another gateway raises over them, as when
     /// a dead session's lock vanished (issue 14, item 3).
     LocalGate,
+    /// A write's exchange deadline counts from when the gateway reads its admission, not from
+    /// before its registration in a shared store, and an admission's answer that a pause made
+    /// late is taken (as when it wins the race with the step's timer): a gateway paused
+    /// between the two delivers the write after its registration may have lapsed (issue 27,
+    /// F1).
+    DeadlineFromAdmission,
 }
 
 /// A configuration that cannot be used.
@@ -433,7 +439,14 @@ impl GatewayConfig {
         .await?
         .with_max_exchange(self.upstream_timeout)
         .with_write_grace(self.write_grace);
-        Ok(Arc::new(SharedGate::new(store).with_latency(latency)))
+        let gate = SharedGate::new(store).with_latency(latency);
+        Ok(Arc::new(
+            if self.negative_control == Some(NegativeControl::DeadlineFromAdmission) {
+                gate.negative_control_late_answers()
+            } else {
+                gate
+            },
+        ))
     }
 }
 

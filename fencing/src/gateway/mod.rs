@@ -137,11 +137,20 @@ pub async fn run(
         .layer({
             let layer =
                 FencingLayer::new(fence, classify).with_exchange_deadline(config.upstream_timeout);
-            if config.negative_control == Some(config::NegativeControl::ReleaseWithCaller) {
-                tracing::warn!("negative control release-with-caller: permits end with the caller");
-                layer.negative_control_release_with_caller()
-            } else {
-                layer
+            match config.negative_control {
+                Some(config::NegativeControl::ReleaseWithCaller) => {
+                    tracing::warn!(
+                        "negative control release-with-caller: permits end with the caller"
+                    );
+                    layer.negative_control_release_with_caller()
+                }
+                Some(config::NegativeControl::DeadlineFromAdmission) => {
+                    tracing::warn!(
+                        "negative control deadline-from-admission: the gate's deadline is ignored"
+                    );
+                    layer.negative_control_deadline_from_admission()
+                }
+                _ => layer,
             }
         })
         .service(proxy);

@@ -108,6 +108,7 @@ fn rejections() -> Vec<Rejection> {
         Rejection::Token(TokenError::WrongResource),
         Rejection::Stale { token, mark: token },
         Rejection::StoreUnavailable,
+        Rejection::AdmittedTooLate,
     ]
 }
 
@@ -214,13 +215,14 @@ mod tests {
             Rejection::Token(_) => 10,
             Rejection::Stale { .. } => 11,
             Rejection::StoreUnavailable => 12,
+            Rejection::AdmittedTooLate => 13,
         }
     }
 
     #[test]
     fn every_refusal_is_a_documented_problem_type() {
         let listed: BTreeSet<usize> = rejections().iter().map(index).collect();
-        assert_eq!(listed, (0..=12).collect());
+        assert_eq!(listed, (0..=13).collect());
         let types = problem_types();
         for r in rejections() {
             let (status, slug) = r.classify();

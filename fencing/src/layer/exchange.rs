@@ -61,9 +61,10 @@ impl Exchange {
         self.deadline
     }
 
-    /// Ends the permit now, whatever the exchange is doing: only for the negative control that
-    /// ties the permit to the caller ([`super::FencingLayer::negative_control_release_with_caller`]).
-    fn end_now(&self, outcome: Outcome) {
+    /// Ends the permit now, whatever the exchange is doing: when nothing was sent, and for the
+    /// negative control that ties the permit to the caller
+    /// ([`super::FencingLayer::negative_control_release_with_caller`]).
+    pub(super) fn end_now(&self, outcome: Outcome) {
         let permit = self
             .permit
             .lock()
@@ -169,7 +170,18 @@ where
             // Ended, or failed: nothing more to give.
             return Poll::Ready(None);
         }
-        match Pin::new(&mut this.inner).poll_frame(cx) {
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        // A request frame (or its end, which completes a chunked request) handed over past the
+        // deadline would reach the storage after the gate stopped counting the write as in
+        // flight — it happens when the process was paused with the frame ready: fail instead.
+        if matches!(this.side, Side::Request)
+            && polled.is_ready()
+            && Instant::now() >= this.deadline.deadline()
+        {
+            this.exchange = None;
+            return Poll::Ready(Some(Err(Box::new(ExchangeDeadline))));
+        }
+        match polled {
             Poll::Ready(None) => {
                 this.finish();
                 Poll::Ready(None)

@@ -48,7 +48,7 @@ use http_body::Body as _;
 use tower::{Layer, Service};
 use tracing::Instrument as _;
 
-use crate::admission::{Admission, Permit};
+use crate::admission::{Admission, Outcome, Permit};
 use crate::{Keyring, Token, RESOURCE_HEADER, TOKEN_HEADER, TOKEN_HEADER_LEGACY};
 use exchange::{CallerRelease, Exchange, Side, Tracked};
 
@@ -106,7 +106,7 @@ impl Outcomes {
     fn refused(&self, rejection: &Rejection) {
         let counter = match rejection {
             Rejection::Stale { .. } => &self.stale,
-            Rejection::StoreUnavailable => &self.store_errors,
+            Rejection::StoreUnavailable | Rejection::AdmittedTooLate => &self.store_errors,
             _ => &self.invalid,
         };
         counter.fetch_add(1, Ordering::Relaxed);
@@ -144,6 +144,7 @@ pub struct FencingLayer<S: ?Sized, C> {
     classify: C,
     deadline: Duration,
     release_with_caller: bool,
+    deadline_from_admission: bool,
 }
 
 impl<S: ?Sized, C: Clone> Clone for FencingLayer<S, C> {
@@ -153,6 +154,7 @@ impl<S: ?Sized, C: Clone> Clone for FencingLayer<S, C> {
             classify: self.classify.clone(),
             deadline: self.deadline,
             release_with_caller: self.release_with_caller,
+            deadline_from_admission: self.deadline_from_admission,
         }
     }
 }
@@ -165,6 +167,7 @@ impl<S: ?Sized, C> FencingLayer<S, C> {
             classify,
             deadline: DEFAULT_EXCHANGE_DEADLINE,
             release_with_caller: false,
+            deadline_from_admission: false,
         }
     }
 
@@ -184,6 +187,16 @@ impl<S: ?Sized, C> FencingLayer<S, C> {
         self.release_with_caller = true;
         self
     }
+
+    /// **Broken on purpose**, for the fault campaign's negative control only: a write's
+    /// exchange deadline counts from when this process reads its admission, ignoring the
+    /// gate's deadline ([`Permit::deadline`]), so a gateway paused between a shared
+    /// registration and its answer can deliver the write after the registration lapsed.
+    #[doc(hidden)]
+    pub fn negative_control_deadline_from_admission(mut self) -> Self {
+        self.deadline_from_admission = true;
+        self
+    }
 }
 
 impl<Inner, S: ?Sized, C> Layer<Inner> for FencingLayer<S, C>
@@ -199,6 +212,7 @@ where
             classify: self.classify.clone(),
             deadline: self.deadline,
             release_with_caller: self.release_with_caller,
+            deadline_from_admission: self.deadline_from_admission,
         }
     }
 }
@@ -210,6 +224,7 @@ pub struct FencingService<Inner, S: ?Sized, C> {
     classify: C,
     deadline: Duration,
     release_with_caller: bool,
+    deadline_from_admission: bool,
 }
 
 impl<Inner: Clone, S: ?Sized, C: Clone> Clone for FencingService<Inner, S, C> {
@@ -220,6 +235,7 @@ impl<Inner: Clone, S: ?Sized, C: Clone> Clone for FencingService<Inner, S, C> {
             classify: self.classify.clone(),
             deadline: self.deadline,
             release_with_caller: self.release_with_caller,
+            deadline_from_admission: self.deadline_from_admission,
         }
     }
 }
@@ -251,6 +267,7 @@ where
         let fence = self.fence.clone();
         let deadline = self.deadline;
         let release_with_caller = self.release_with_caller;
+        let deadline_from_admission = self.deadline_from_admission;
         let decision = match self.classify.classify(&req) {
             Decision::Protect(resource) => match token_header(&req) {
                 Ok(wire) => Ok((resource, wire.to_owned())),
@@ -297,7 +314,13 @@ where
                     parts.headers.insert(name, value);
                 }
             }
-            let exchange = Exchange::new(permit, tokio::time::Instant::now() + deadline);
+            // The gate's deadline (a shared gate's registration lapses on a clock this process
+            // does not stop) bounds the exchange too.
+            let mut until = tokio::time::Instant::now() + deadline;
+            if let Some(gate_deadline) = permit.deadline().filter(|_| !deadline_from_admission) {
+                until = until.min(gate_deadline);
+            }
+            let exchange = Exchange::new(permit, until);
             let _caller = release_with_caller.then(|| CallerRelease(exchange.clone()));
             let req = Request::from_parts(
                 parts,
@@ -307,32 +330,7 @@ where
             // write half-way, nor end its permit early.
             let (answer, answered) = tokio::sync::oneshot::channel();
             tokio::spawn(
-                async move {
-                    let until = exchange.deadline();
-                    let response = match tokio::time::timeout_at(until, inner.call(req)).await {
-                        Ok(Ok(response)) => response.map(Body::new),
-                        Ok(Err(e)) => {
-                            let _ = answer.send(Err(e));
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::warn!("write passed its exchange deadline");
-                            let _ = answer.send(Ok(exchange_timeout()));
-                            return;
-                        }
-                    };
-                    if response.extensions().get::<ExchangeIncomplete>().is_none() {
-                        exchange.answered();
-                    }
-                    let response =
-                        response.map(|b| Body::new(Tracked::new(b, exchange, Side::Response)));
-                    if let Err(Ok(unwanted)) = answer.send(Ok(response)) {
-                        // Nobody waits for the answer: read it to its end here, so a write the
-                        // storage completed counts as complete.
-                        let _ = http_body_util::BodyExt::collect(unwanted.into_body()).await;
-                    }
-                }
-                .in_current_span(),
+                exchange_with(inner, req, exchange, fence.outcomes, answer).in_current_span(),
             );
             match answered.await {
                 Ok(result) => result,
@@ -340,6 +338,52 @@ where
                 Err(_) => Ok(exchange_timeout()),
             }
         })
+    }
+}
+
+/// One admitted write's exchange with the storage, run in a task of its own; its answer goes
+/// to `answer`, or is read to its end here if nobody waits for it.
+async fn exchange_with<Inner, ResBody>(
+    mut inner: Inner,
+    req: Request<Body>,
+    exchange: std::sync::Arc<Exchange>,
+    outcomes: Arc<Outcomes>,
+    answer: tokio::sync::oneshot::Sender<Result<Response<Body>, Inner::Error>>,
+) where
+    Inner: Service<Request<Body>, Response = Response<ResBody>>,
+    ResBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    ResBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let until = exchange.deadline();
+    // `timeout_at` polls the call before its timer, so a call begun past the deadline would
+    // still go out: a process paused since its admission sends nothing, and nothing was sent.
+    if tokio::time::Instant::now() >= until {
+        tracing::warn!("write admitted too late to be sent before its deadline; not sent");
+        exchange.end_now(Outcome::Complete);
+        outcomes.refused(&Rejection::AdmittedTooLate);
+        let _ = answer.send(Ok(Rejection::AdmittedTooLate.into_response()));
+        return;
+    }
+    let response = match tokio::time::timeout_at(until, inner.call(req)).await {
+        Ok(Ok(response)) => response.map(Body::new),
+        Ok(Err(e)) => {
+            let _ = answer.send(Err(e));
+            return;
+        }
+        Err(_) => {
+            tracing::warn!("write passed its exchange deadline");
+            let _ = answer.send(Ok(exchange_timeout()));
+            return;
+        }
+    };
+    if response.extensions().get::<ExchangeIncomplete>().is_none() {
+        exchange.answered();
+    }
+    let response = response.map(|b| Body::new(Tracked::new(b, exchange, Side::Response)));
+    if let Err(Ok(unwanted)) = answer.send(Ok(response)) {
+        // Nobody waits for the answer: read it to its end here, so a write the storage
+        // completed counts as complete.
+        let _ = http_body_util::BodyExt::collect(unwanted.into_body()).await;
     }
 }
 

@@ -60,6 +60,10 @@ pub enum Rejection {
     /// The mark store failed: fail closed.
     #[error("the high-water-mark store is unavailable")]
     StoreUnavailable,
+    /// The write was admitted, but its exchange could not begin before the gate's deadline (the
+    /// gateway was paused, or starved, after its admission): nothing was sent; retry.
+    #[error("the write was admitted too late to be sent safely; nothing was sent")]
+    AdmittedTooLate,
 }
 
 impl From<GateError> for Rejection {
@@ -95,6 +99,7 @@ impl Rejection {
             Rejection::StoreUnavailable => {
                 (StatusCode::SERVICE_UNAVAILABLE, "fence-store-unavailable")
             }
+            Rejection::AdmittedTooLate => (StatusCode::SERVICE_UNAVAILABLE, "admitted-too-late"),
         }
     }
 

@@ -235,7 +235,11 @@ impl GatewayProcess {
             .arg(key_file)
             .args(extra)
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(if std::env::var_os("GATEWAY_LOG").is_some() {
+                std::process::Stdio::inherit()
+            } else {
+                std::process::Stdio::null()
+            })
             .spawn()
             .unwrap();
         // Owned from here on, so a failed start is still killed (by Drop).

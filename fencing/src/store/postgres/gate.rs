@@ -71,11 +71,18 @@ impl Backoff {
 /// - **Session settings must stick.** PgBouncer in *transaction* pooling mode (or any pooler
 ///   that moves a session's statements between server connections) loses the timeouts set per
 ///   session and breaks the prepared statements. Use session pooling or direct connections.
-/// - **A gateway paused for longer than its registration** (`L` after admission: GC,
-///   SIGSTOP, a VM migration, swapping) may still deliver its write after a higher token was
-///   admitted elsewhere. Configure `max_exchange` as the gateway's exchange deadline
-///   (`--upstream-timeout`); storage that checks the `Fencing-Token` itself is not exposed to
-///   this.
+/// - **A pause in the last instructions before the kernel takes the write's bytes.** The
+///   permit carries a deadline ([`Permit::deadline`]) measured from *before* the registration
+///   was sent: `max_exchange + deadline` later (plus `W` if it waited), so the registration
+///   outlasts it by the write grace. The fencing layer sends nothing of the write after it (it
+///   looks at the clock before the call and before each body frame), so a pause of the
+///   gateway anywhere else — between the registration's commit and reading its answer, during
+///   a wait or its last poll, before the exchange, mid-body: GC, SIGSTOP, a VM freeze,
+///   cgroup throttling, swapping — cancels or shortens the exchange instead of moving it past
+///   the registration. What remains is a pause between that last look and the kernel
+///   accepting the bytes, near the deadline. Configure `max_exchange` as the gateway's
+///   exchange deadline (`--upstream-timeout`); storage that checks the `Fencing-Token` itself
+///   is not exposed to this.
 /// - **A gateway that dies while a higher token waits for its write** holds that token back
 ///   until its registration expires (`L`, or `L + W` if it was itself waiting); the waiting
 ///   write gives up with 503 after `W` and is retried.
@@ -107,6 +114,9 @@ pub struct SharedGate {
     /// Wakes `ended` on the ends of other gateways' permits; stops with the last clone.
     _listener: Option<Arc<Listener>>,
     last_sweep: Arc<Mutex<Instant>>,
+    /// The negative control's bound on an admission step (see
+    /// [`SharedGate::negative_control_late_answers`]); the store deadline otherwise.
+    step_deadline: Duration,
 }
 
 impl SharedGate {
@@ -121,13 +131,25 @@ impl SharedGate {
         let ended = Arc::new(Notify::new());
         let listener = Listener::start(store.config.clone(), store.deadline, ended.clone());
         Self {
-            store,
             latency: StoreLatency::global(),
             tasks: TaskTracker::new(),
             ended,
             _listener: listener.map(Arc::new),
             last_sweep: Arc::new(Mutex::new(Instant::now())),
+            step_deadline: store.deadline,
+            store,
         }
+    }
+
+    /// **Broken on purpose**, for the negative controls only: an admission step waits ten store
+    /// deadlines for its answer, so an answer that a paused gateway reads late is always taken
+    /// (without this, whether it is depends on which of the answer and the step's timer the
+    /// runtime sees first on waking). Only unsafe together with the layer's
+    /// `negative_control_deadline_from_admission`.
+    #[doc(hidden)]
+    pub fn negative_control_late_answers(mut self) -> Self {
+        self.step_deadline = self.store.deadline * 10;
+        self
     }
 
     /// Times the database calls into `latency` instead.
@@ -201,7 +223,7 @@ impl SharedGate {
         token: Token,
         reply: &mut oneshot::Sender<Result<Permit, GateError>>,
     ) -> Result<Permit, GateError> {
-        let deadline = self.store.deadline;
+        let deadline = self.step_deadline;
         // Armed before each look at the database, so that an end between the look and the
         // wait is not missed.
         let wake = self.ended.notified();
@@ -213,9 +235,12 @@ impl SharedGate {
             lifetime: self.store.lifetime(),
             max_wait: self.store.max_wait(),
         };
-        // Taken before the registration commits, so that the registration (lengthened by the
-        // longest wait if it has to wait) outlasts the wait by a whole lifetime.
-        let give_up = Instant::now() + entry.max_wait;
+        // Taken before the registration is sent, so that the registration (lengthened by the
+        // longest wait if it has to wait) outlasts the wait by a whole lifetime, and the
+        // permit's deadline falls inside it however late this process reads the answers.
+        let started = Instant::now();
+        let give_up = started + entry.max_wait;
+        let budget = self.store.exchange_budget();
         let mut registered = self
             .latency
             .time(
@@ -258,7 +283,7 @@ impl SharedGate {
         // caller protected no write, so it ends as complete.
         let registration = self.permit(entry.id);
         if lower.live == 0 {
-            return Ok(registration);
+            return Ok(registration.with_deadline(started + budget));
         }
         tracing::debug!(resource, %token, lower = lower.live, "waiting for lower in-flight writes");
         let mut backoff = Backoff::default();
@@ -294,7 +319,8 @@ impl SharedGate {
                 )
                 .await;
             match polled {
-                Ok(Polled::Clear) => return Ok(registration),
+                // Lengthened by the longest wait: so is the deadline.
+                Ok(Polled::Clear) => return Ok(registration.with_deadline(give_up + budget)),
                 Ok(Polled::Waiting(expiry)) => next_expiry = expiry,
                 Ok(Polled::Overtaken(mark)) => {
                     registration.complete();

@@ -254,7 +254,16 @@ impl PostgresStore {
     /// How long a registration lasts after admission (`L`): the exchange, the grace after an
     /// uncertain end, and the time the admission's answer may take to reach the gateway.
     fn lifetime(&self) -> Duration {
-        self.max_exchange + self.write_grace + self.deadline
+        self.exchange_budget() + self.write_grace
+    }
+
+    /// By when, counted from *before* its registration was sent, a write's exchange must have
+    /// ended (the permit's deadline; plus the longest wait if it had to wait): the
+    /// registration, made later, lasts this and the write grace, so an exchange cut off by
+    /// then, whose storage finishes within the grace, is over inside it — however long the
+    /// gateway was paused between the registration and the exchange.
+    fn exchange_budget(&self) -> Duration {
+        self.max_exchange + self.deadline
     }
 
     /// How long a write waits for lower in-flight writes before giving up (`W`): every lower
