@@ -29,6 +29,10 @@ data_files() {
   for control in no-fencing memory-marks forget-in-flight release-with-caller local-gate no-prefence; do
     [ -f "campaign/data/control-$control.json" ] && echo "campaign/data/control-$control.json"
   done
+  [ -f campaign/data/paused-admissions.json ] && echo campaign/data/paused-admissions.json
+  [ -f campaign/data/control-deadline-from-admission.json ] \
+    && echo campaign/data/control-deadline-from-admission.json
+  return 0
 }
 
 case "${1:-render}" in
@@ -68,6 +72,13 @@ case "${1:-render}" in
         --report "campaign/data/control-$control" || status=1
       seed=$((seed + 1000))
     done
+    # Gateways paused mid-admission (issue 27 F1): their own fault mix, on gateways whose
+    # registrations last 4 s, the real gateways and the control.
+    "$bin" --runs "$control_runs" --duration 25s --seed 9500 --faults paused-admissions \
+      --report campaign/data/paused-admissions || status=1
+    "$bin" --runs "$control_runs" --duration 25s --seed 9600 --faults paused-admissions \
+      --control deadline-from-admission --report campaign/data/control-deadline-from-admission \
+      || status=1
     exit "$status"
     ;;
   *) echo "usage: $0 [render|doc|run]" >&2; exit 64 ;;

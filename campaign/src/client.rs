@@ -129,12 +129,25 @@ pub enum Quirk {
     /// with it (no renewals: the lease lapses) for the TTL and this much more, then close the
     /// socket before the answer.
     StallMidWrite(Duration),
+    /// Send a write the storage takes this long to apply straight to enforcer `gateway`, and
+    /// wait for its answer (no renewals meanwhile): the nemesis stops that enforcer between the
+    /// write's registration and its answer ([`crate::nemesis::Fault::GatewayPauseMidAdmission`]).
+    ThroughPausedGateway {
+        /// The enforcer, by index.
+        gateway: usize,
+        /// The storage's processing time for the write.
+        slow: Duration,
+    },
 }
 
 /// How long the storage takes to apply a stalled client's write: longer than the TTL plus the
 /// client's stall, so that it is still being applied when the client gives up and, the lease
 /// having lapsed, another client may already be waiting for the resource.
 pub const SLOW_WRITE: Duration = Duration::from_secs(TTL_SECONDS + 2);
+
+/// How long a client whose enforcer is paused mid-admission waits for its write's answer:
+/// longer than any pause of [`crate::nemesis::Fault::GatewayPauseMidAdmission`] and the write.
+const PAUSED_WAIT: Duration = Duration::from_secs(30);
 
 /// A client's handle for the nemesis.
 pub struct Handle {
@@ -168,6 +181,18 @@ impl Handle {
         self.pause.lock().is_ok_and(|p| p.is_some())
             || self.quirk.lock().is_ok_and(|q| q.is_some())
             || self.stalling.load(Ordering::Acquire)
+    }
+
+    /// Arms `quirk` for the client's next write.
+    pub fn arm(&self, quirk: Quirk) {
+        if let Ok(mut q) = self.quirk.lock() {
+            *q = Some(quirk);
+        }
+    }
+
+    /// Takes back an armed quirk the client has not acted on yet; whether there was one.
+    pub fn disarm(&self) -> bool {
+        self.take_quirk().is_some()
     }
 
     fn take_pause(&self) -> Option<Duration> {
@@ -278,6 +303,14 @@ impl Clients {
         Some((handle.name.clone(), holding))
     }
 
+    /// A client free of other faults that holds a resource (by `choice`), and that resource.
+    pub fn holder(&self, choice: u64) -> Option<(Arc<Handle>, String)> {
+        let running = self.running.lock().ok()?;
+        let (handle, _) = &running[pick_victim(&running, choice, |h| !h.busy())?];
+        let resource = handle.holding()?;
+        Some((handle.clone(), resource))
+    }
+
     /// Makes client `choice`'s next write give up as `quirk` (preferring holders no other fault
     /// has); returns its name and what it holds now. A client stalling mid-write makes its
     /// resource contended, as a paused one does.
@@ -297,6 +330,17 @@ impl Clients {
             });
         }
         Some((handle.name.clone(), holding))
+    }
+
+    /// Makes the other clients go for `resource` more often for `how_long`, acquiring through a
+    /// proxy that pre-fences at another enforcer than `gateway`.
+    pub fn contend(&self, resource: &str, how_long: Duration, gateway: usize) {
+        self.env.contend(Contended {
+            resource: resource.to_owned(),
+            until: Instant::now() + how_long,
+            share: 0.6,
+            gateway: Some(gateway),
+        });
     }
 
     /// Waits up to `within` until an acquire is in flight through proxy `proxy`; whether one was.
@@ -618,19 +662,32 @@ async fn hold(
                 Outcome::Indeterminate => {}
             }
         }
-        let quirk = if zombie { None } else { me.take_quirk() };
+        let mut quirk = if zombie { None } else { me.take_quirk() };
         // A woken zombie writes straight to an enforcer: the path no proxy guards; so does a
-        // client about to stall mid-write.
+        // client about to stall mid-write, or whose enforcer is about to be paused.
         let stall = matches!(quirk, Some(Quirk::StallMidWrite(_)));
-        let direct = zombie || stall || rng.random_bool(0.5);
+        let paused = match quirk {
+            Some(Quirk::ThroughPausedGateway { gateway, slow }) => {
+                // An ordinary write, slow and to that enforcer: answered by the enforcer.
+                quirk = None;
+                Some((gateway, slow))
+            }
+            _ => None,
+        };
+        let direct = zombie || stall || paused.is_some() || rng.random_bool(0.5);
         let op = next_op(env);
-        let body = if stall {
-            json!({"client": me.name, "op": op, "slow_ms": SLOW_WRITE.as_millis()})
-        } else {
-            json!({"client": me.name, "op": op})
+        let body = match (stall, paused) {
+            (true, _) => json!({"client": me.name, "op": op, "slow_ms": SLOW_WRITE.as_millis()}),
+            (_, Some((_, slow))) => {
+                json!({"client": me.name, "op": op, "slow_ms": slow.as_millis()})
+            }
+            _ => json!({"client": me.name, "op": op}),
         };
         let (kind, url, headers) = if direct {
-            let g = rng.random_range(0..env.direct.len().max(1));
+            let g = match paused {
+                Some((gateway, _)) => gateway,
+                None => rng.random_range(0..env.direct.len().max(1)),
+            };
             let gateway = env.direct.get(g).cloned().unwrap_or_default();
             if stall {
                 env.contend(Contended {
@@ -663,6 +720,11 @@ async fn hold(
             Some(quirk) => give_up(me, env, kind, grant, op, quirk, &url, &headers, &body).await,
             None => {
                 let mut req = http.put(&url).json(&body);
+                if paused.is_some() {
+                    // Waits out the enforcer's pause: a client that gave up would take the
+                    // write with it (its enforcer would never send it).
+                    req = req.timeout(PAUSED_WAIT);
+                }
                 for (name, value) in &headers {
                     req = req.header(*name, value);
                 }
@@ -724,6 +786,8 @@ async fn give_up(
             me.stalling.store(false, Ordering::Release);
             None
         }
+        // Sent as an ordinary write by `hold`.
+        Quirk::ThroughPausedGateway { .. } => None,
         Quirk::GiveUpMidBody(wait) | Quirk::GiveUpAwaitingAnswer(wait) => {
             let whole = matches!(quirk, Quirk::GiveUpAwaitingAnswer(_));
             // Errors only mean the socket went away sooner: the outcome is unknown either way.

@@ -44,7 +44,53 @@ pub enum Control {
     LocalGate,
     /// The proxies do not pre-fence: a grant is announced before the enforcer's mark is raised.
     NoPrefence,
+    /// A gateway's exchange deadline counts from when it reads its admission, and a late answer
+    /// is taken (`--negative-control deadline-from-admission`): a gateway paused between a
+    /// write's registration and its answer delivers the write after the registration lapsed.
+    DeadlineFromAdmission,
 }
+
+/// Which faults a run draws from.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Faults {
+    /// Every kind the deployment has (the campaign).
+    #[default]
+    All,
+    /// Only [`Fault::GatewayPauseMidAdmission`](crate::nemesis::Fault), every few seconds, on
+    /// gateways whose registrations are short ([`PAUSED_TIMING`]), so that a pause can outlast
+    /// one within a few seconds.
+    PausedAdmissions,
+}
+
+/// The gateways' timing: `--upstream-timeout`, `--write-grace`, `--store-timeout`.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// `--upstream-timeout`.
+    pub upstream: Duration,
+    /// `--write-grace`.
+    pub grace: Duration,
+    /// `--store-timeout`.
+    pub store: Duration,
+}
+
+/// The timing of the campaign's gateways: a registration lasts 17 s.
+pub const TIMING: Timing = Timing {
+    upstream: UPSTREAM_TIMEOUT,
+    grace: WRITE_GRACE,
+    store: Duration::from_secs(2),
+};
+
+/// The timing under [`Faults::PausedAdmissions`]: a registration lasts 1 + 2 + 1 = 4 s; the
+/// storage's processing stays far below the grace (its writes take at most 60 ms; the paused
+/// write, [`Shape::paused_write`], 1.5 s).
+pub const PAUSED_TIMING: Timing = Timing {
+    upstream: Duration::from_secs(1),
+    grace: Duration::from_secs(2),
+    store: Duration::from_secs(1),
+};
 
 /// Where the gateways keep their marks.
 #[derive(
@@ -69,9 +115,25 @@ pub struct Shape {
     pub processing: (Duration, Duration),
     /// Where the marks live.
     pub marks: Marks,
+    /// Which faults the run draws from.
+    pub faults: Faults,
 }
 
 impl Shape {
+    /// The gateways' timing.
+    pub fn timing(&self) -> Timing {
+        match self.faults {
+            Faults::All => TIMING,
+            Faults::PausedAdmissions => PAUSED_TIMING,
+        }
+    }
+
+    /// How long the storage takes to apply the write of a holder whose gateway is paused
+    /// mid-admission: three quarters of the write grace, within what the storage promises.
+    pub fn paused_write(&self) -> Duration {
+        self.timing().grace * 3 / 4
+    }
+
     /// How many gateways the deployment runs: none without fencing, one with memory marks or
     /// SQLite, two sharing PostgreSQL.
     pub fn gateways(&self) -> usize {
@@ -284,6 +346,8 @@ pub struct Cluster {
     pub storage_path: Relay,
     /// The gateways' shared mark store, when on PostgreSQL.
     pub postgres: Option<Postgres>,
+    /// What the deployment was made of.
+    pub shape: Shape,
     sqlite: Option<PathBuf>,
     _dir: tempfile::TempDir,
 }
@@ -342,7 +406,7 @@ impl Cluster {
                 "--drain-timeout".into(),
                 "1s".into(),
                 "--store-timeout".into(),
-                "2s".into(),
+                humantime::format_duration(shape.timing().store).to_string(),
             ];
             match control {
                 Control::ForgetInFlight => {
@@ -357,9 +421,9 @@ impl Cluster {
                 _ => {
                     args.extend([
                         "--write-grace".into(),
-                        humantime::format_duration(WRITE_GRACE).to_string(),
+                        humantime::format_duration(shape.timing().grace).to_string(),
                         "--upstream-timeout".into(),
-                        humantime::format_duration(UPSTREAM_TIMEOUT).to_string(),
+                        humantime::format_duration(shape.timing().upstream).to_string(),
                     ]);
                 }
             }
@@ -369,6 +433,12 @@ impl Cluster {
                 }
                 Control::LocalGate => {
                     args.extend(["--negative-control".into(), "local-gate".into()]);
+                }
+                Control::DeadlineFromAdmission => {
+                    args.extend([
+                        "--negative-control".into(),
+                        "deadline-from-admission".into(),
+                    ]);
                 }
                 _ => {}
             }
@@ -466,6 +536,7 @@ impl Cluster {
             keys,
             sqlite: (shape.gateways() == 1 && control != Control::MemoryMarks).then_some(sqlite),
             postgres,
+            shape,
             _dir: dir,
         })
     }

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use lease_proxy_campaign::cluster::{Control, Marks};
+use lease_proxy_campaign::cluster::{Control, Faults, Marks};
 use lease_proxy_campaign::report;
 use lease_proxy_campaign::run::{run_once, Settings};
 
@@ -41,6 +41,10 @@ struct Args {
     /// session kills and restarts), or one gateway on SQLite.
     #[arg(long, value_enum, default_value = "postgres")]
     marks: Marks,
+    /// Which faults the runs draw from: every kind, or only gateways paused mid-admission (on
+    /// gateways sharing PostgreSQL whose registrations last 4 s).
+    #[arg(long, value_enum, default_value = "all")]
+    faults: Faults,
     /// Seed of the first run (run i has seed + i); drawn at random and printed when absent.
     #[arg(long)]
     seed: Option<u64>,
@@ -89,6 +93,7 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
             seed: first_seed.wrapping_add(i as u64),
             processing: (args.processing_min, args.processing_max),
             marks: args.marks,
+            faults: args.faults,
             history_file: args
                 .history_dir
                 .as_ref()

@@ -72,6 +72,12 @@ pub enum Fault {
     ResetGatewayStorage,
     /// The gateway → the storage: nothing moves (a partition TCP rides out).
     BlackholeGatewayStorage,
+    /// A holder sends a slow write straight to one of the gateways sharing PostgreSQL, whose
+    /// registration is made to wait on the mark row; the gateway is SIGSTOPped while it waits,
+    /// the row let go (the registration commits, its answer waits in the stopped gateway's
+    /// socket), and SIGCONT comes after the hold — the holder's lease has lapsed meanwhile and
+    /// its resource is contended through the other gateway (issue 27, F1).
+    GatewayPauseMidAdmission,
 }
 
 impl Fault {
@@ -82,7 +88,10 @@ impl Fault {
 
     /// Whether the fault exists only with the marks in PostgreSQL.
     pub fn needs_postgres(self) -> bool {
-        matches!(self, Fault::PgTerminateSessions | Fault::PgRestart)
+        matches!(
+            self,
+            Fault::PgTerminateSessions | Fault::PgRestart | Fault::GatewayPauseMidAdmission
+        )
     }
 
     fn touches_etcd(self) -> bool {
@@ -252,6 +261,7 @@ impl Fault {
                 | Fault::ClientGiveUpAwaitingAnswer
                 | Fault::ClientShortTimeout
                 | Fault::ClientStallMidWrite
+                | Fault::GatewayPauseMidAdmission
         )
     }
 }
@@ -278,6 +288,9 @@ async fn inject(step: &Step, cluster: &Cluster, clients: &Clients, log: &Log, st
         }
         Fault::ClientShortTimeout => {
             hit = clients.quirk_one(step.target, Quirk::ShortTimeout);
+        }
+        Fault::GatewayPauseMidAdmission => {
+            hit = pause_mid_admission(step, cluster, clients, hold).await;
         }
         Fault::ClientStallMidWrite => {
             hit = clients.quirk_one(step.target, Quirk::StallMidWrite(hold));
@@ -549,4 +562,46 @@ async fn probe(
             }
         }
     }
+}
+
+/// [`Fault::GatewayPauseMidAdmission`]: the client hit, named with the gateway it stopped
+/// (`c7 → fence-gateway-1 mid-admission`) or why none was (no mark yet, the write did not
+/// come), and the resource it held; `None` when no client held anything.
+async fn pause_mid_admission(
+    step: &Step,
+    cluster: &Cluster,
+    clients: &Clients,
+    pause: Duration,
+) -> Option<(String, Option<String>)> {
+    let (pg, (holder, resource)) = (cluster.postgres.as_ref()?, clients.holder(step.target)?);
+    let missed = |why: &str| Some((format!("{} ({why})", holder.name), Some(resource.clone())));
+    let g = usize::try_from(step.target).unwrap_or(0) % cluster.gateways.len().max(1);
+    let Some(gateway) = cluster.gateways.get(g) else {
+        return missed("no gateway");
+    };
+    let Ok(Some(row)) = pg.hold_mark(&resource).await else {
+        return missed("no mark yet");
+    };
+    holder.arm(Quirk::ThroughPausedGateway {
+        gateway: g,
+        slow: cluster.shape.paused_write(),
+    });
+    // Well within the gateway's lock timeout (its store timeout).
+    let waited = row
+        .until_waited_for(&crate::cluster::gateway_app(g), Duration::from_millis(700))
+        .await;
+    if !waited {
+        holder.disarm();
+        row.release().await;
+        return missed("no registration waited");
+    }
+    gateway.signal("STOP");
+    row.release().await;
+    clients.contend(&resource, pause * 3, g);
+    tokio::time::sleep(pause).await;
+    gateway.signal("CONT");
+    Some((
+        format!("{} → {} mid-admission", holder.name, gateway.name()),
+        Some(resource),
+    ))
 }

@@ -104,6 +104,33 @@ impl Plan {
     }
 }
 
+impl Plan {
+    /// The plan of a [`Faults::PausedAdmissions`](crate::cluster::Faults) run: from 2 s on, every
+    /// 5–7 s, a gateway paused mid-admission for 3–5 s — around the 4 s its registrations last,
+    /// always longer than its store timeout.
+    pub fn paused_admissions(seed: u64, chaos: Duration) -> Self {
+        let until = u64::try_from(chaos.as_millis()).unwrap_or(u64::MAX);
+        let rng = &mut stream(seed, "paused-admissions", 0);
+        let mut clients = Vec::new();
+        let mut now = 2000;
+        while now < until {
+            clients.push(Step {
+                at_ms: now,
+                fault: Fault::GatewayPauseMidAdmission,
+                target: rng.random(),
+                hold_ms: rng.random_range(3000..5000),
+                delay_ms: 0,
+            });
+            now += rng.random_range(5000..7000);
+        }
+        Self {
+            seed,
+            infrastructure: Vec::new(),
+            clients,
+        }
+    }
+}
+
 /// How long the deployment is left alone, once every infrastructure kind has been met, for a
 /// client stalling mid-write (its window: the lease lapses within [`crate::client::TTL_SECONDS`],
 /// it gives up soon after, its slow write is applied [`crate::client::SLOW_WRITE`] after it was

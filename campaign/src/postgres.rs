@@ -63,6 +63,42 @@ pub struct Postgres {
     server: tokio::sync::Mutex<Option<Child>>,
 }
 
+/// A mark row held `FOR UPDATE` ([`Postgres::hold_mark`]); dropping it ends the session, and so
+/// the hold.
+pub struct MarkHold {
+    client: tokio_postgres::Client,
+}
+
+impl MarkHold {
+    /// Waits (up to `within`) until a session of `application_name` waits for a lock — the
+    /// held row, when that gateway registers a write on it; whether one did.
+    pub async fn until_waited_for(&self, application_name: &str, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            let waiting = self
+                .client
+                .query_one(
+                    "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
+                     WHERE NOT l.granted AND a.application_name = $1",
+                    &[&application_name],
+                )
+                .await
+                .map(|row| row.get::<_, i64>(0));
+            match waiting {
+                Ok(n) if n > 0 => return true,
+                Ok(_) => tokio::time::sleep(Duration::from_millis(2)).await,
+                Err(_) => return false,
+            }
+        }
+        false
+    }
+
+    /// Lets the row go: the waiting registration goes ahead at once.
+    pub async fn release(self) {
+        let _ = tokio::time::timeout(ADMIN_TIMEOUT, self.client.batch_execute("ROLLBACK")).await;
+    }
+}
+
 impl Postgres {
     /// Initialises a data directory in a new temporary directory, starts a server on it and
     /// waits (up to 30 s) until it accepts connections, then creates the gateways' role and
@@ -209,15 +245,39 @@ impl Postgres {
         Ok(store.get(resource).await?)
     }
 
+    /// Holds `resource`'s mark row `FOR UPDATE` in a transaction of its own, so that a gateway's
+    /// next registration of a write on it (which takes the row `FOR SHARE`) waits in the
+    /// database until the hold is let go. `None` if the resource has no mark yet.
+    pub async fn hold_mark(&self, resource: &str) -> anyhow::Result<Option<MarkHold>> {
+        let client = self.admin_in(GATEWAY_ROLE).await?;
+        let held = tokio::time::timeout(ADMIN_TIMEOUT, async {
+            client.batch_execute("BEGIN").await?;
+            client
+                .query_opt(
+                    "SELECT 1 FROM fence_marks WHERE resource = $1 FOR UPDATE",
+                    &[&resource],
+                )
+                .await
+        })
+        .await
+        .context("holding the mark row timed out")??;
+        Ok(held.map(|_| MarkHold { client }))
+    }
+
     /// A superuser session (`postgres` database) whose connection task runs in the background
     /// until the client is dropped.
     async fn admin(&self) -> anyhow::Result<tokio_postgres::Client> {
+        self.admin_in("postgres").await
+    }
+
+    /// A superuser session in database `dbname`.
+    async fn admin_in(&self, dbname: &str) -> anyhow::Result<tokio_postgres::Client> {
         let mut config = tokio_postgres::Config::new();
         config
             .host("127.0.0.1")
             .port(self.port)
             .user("postgres")
-            .dbname("postgres")
+            .dbname(dbname)
             .application_name(ADMIN_APPLICATION)
             .connect_timeout(ADMIN_TIMEOUT);
         let (client, connection) = tokio::time::timeout(ADMIN_TIMEOUT, config.connect(NoTls))

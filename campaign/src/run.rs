@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::checker;
 use crate::client::{Clients, Env};
-use crate::cluster::{Cluster, Control, Marks, Shape, IDLE};
+use crate::cluster::{Cluster, Control, Faults, Marks, Shape, IDLE};
 use crate::history::{Event, History, Kind, Outcome};
 use crate::hostile;
 use crate::nemesis::{self, Fault, Injected};
@@ -38,6 +38,8 @@ pub struct Settings {
     pub processing: (Duration, Duration),
     /// Where the gateways keep their marks.
     pub marks: Marks,
+    /// Which faults the run draws from.
+    pub faults: Faults,
     /// Write the history and the storage's applied log here, one line each (seconds since the
     /// start: invoked/received, completed/applied; client, kind, resource, token, outcome), for
     /// reading a run's violations.
@@ -52,6 +54,7 @@ impl Settings {
             seed: self.seed,
             processing: self.processing,
             marks: self.marks,
+            faults: self.faults,
         }
     }
 
@@ -63,14 +66,17 @@ impl Settings {
     /// The plan this run follows.
     pub fn plan(&self) -> Plan {
         let shape = self.shape();
-        Plan::generate(
-            self.seed,
-            self.chaos(),
-            Parts {
-                gateway: shape.gateways() > 0,
-                postgres: shape.on_postgres(),
-            },
-        )
+        match self.faults {
+            Faults::All => Plan::generate(
+                self.seed,
+                self.chaos(),
+                Parts {
+                    gateway: shape.gateways() > 0,
+                    postgres: shape.on_postgres(),
+                },
+            ),
+            Faults::PausedAdmissions => Plan::paused_admissions(self.seed, self.chaos()),
+        }
     }
 }
 
@@ -125,6 +131,9 @@ pub struct Report {
     /// Gateways in the deployment.
     #[serde(default)]
     pub gateways: usize,
+    /// Which faults the run drew from.
+    #[serde(default)]
+    pub faults_drawn: Faults,
     /// Clients and resources.
     pub clients: usize,
     /// Resources.
@@ -348,6 +357,7 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
         processing_ms: (ms(settings.processing.0), ms(settings.processing.1)),
         marks: settings.marks,
         gateways: shape.gateways(),
+        faults_drawn: settings.faults,
         clients: settings.clients,
         resources: settings.resources,
         plan,

@@ -3,13 +3,14 @@
 //! violation (and at least 400 acknowledged writes each, a liveness smoke check on a debug
 //! build), and each negative control must be caught in at least 2 of 3 runs: no enforcer; marks
 //! in memory across gateway restarts; in-flight writes forgotten early; permits ended with the
-//! caller; in-flight writes not shared between gateways; no pre-fence. Runs are sequential:
-//! they share the machine's two cores.
+//! caller; in-flight writes not shared between gateways; no pre-fence. Then the gateways paused
+//! mid-admission, in their own fault mix: one real run, three of its control. Runs are
+//! sequential: they share the machine's two cores.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 
-use lease_proxy_campaign::cluster::{Control, Marks};
+use lease_proxy_campaign::cluster::{Control, Faults, Marks};
 use lease_proxy_campaign::run::{run_once, Settings};
 
 fn settings(control: Control, seconds: u64, seed: u64) -> Settings {
@@ -22,6 +23,7 @@ fn settings(control: Control, seconds: u64, seed: u64) -> Settings {
         seed,
         processing: (Duration::from_millis(10), Duration::from_millis(60)),
         marks: Marks::Postgres,
+        faults: Faults::All,
         history_file: None,
     }
 }
@@ -90,4 +92,37 @@ async fn bounded_campaign_and_negative_controls() {
             seeds.len()
         );
     }
+    paused_admissions().await;
+}
+
+/// Gateways paused mid-admission (issue 27 F1), in their own fault mix on gateways whose
+/// registrations last 4 s: the real gateways show no violation with pauses that landed; the
+/// control (the exchange's clock started at reading the admission) is caught in 2 of 3 runs.
+async fn paused_admissions() {
+    let paused = |control, seed| Settings {
+        faults: Faults::PausedAdmissions,
+        ..settings(control, 25, seed)
+    };
+    let r = run_once(&paused(Control::None, 71)).await.unwrap();
+    let landed = r
+        .fault_log
+        .iter()
+        .filter(|f| f.target.ends_with("mid-admission"))
+        .count();
+    eprintln!("paused admissions seed 71: {landed} pauses landed, {:?}", r.fault_log);
+    assert!(r.violations.is_empty(), "seed 71: {:#?}", r.violations);
+    assert!(landed >= 2, "seed 71: only {landed} pauses landed mid-admission");
+    let mut caught = 0;
+    for seed in [81, 82, 83] {
+        let r = run_once(&paused(Control::DeadlineFromAdmission, seed))
+            .await
+            .unwrap();
+        eprintln!(
+            "DeadlineFromAdmission seed {seed}: {} violations, first: {:?}",
+            r.violations.len(),
+            r.violations.first()
+        );
+        caught += usize::from(!r.violations.is_empty());
+    }
+    assert!(caught >= 2, "DeadlineFromAdmission caught in only {caught} of 3 runs");
 }

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use lease_proxy_campaign::cluster::{Control, Marks, Shape};
+use lease_proxy_campaign::cluster::{Control, Faults, Marks, Shape};
 use lease_proxy_campaign::nemesis::Fault;
 use lease_proxy_campaign::plan::{Parts, Plan};
 
@@ -29,17 +29,24 @@ fn committed_seeds_reproduce_their_schedules() {
             );
             let recorded: Plan = serde_json::from_value(run["plan"].clone()).unwrap();
             let marks: Marks = serde_json::from_value(run["marks"].clone()).unwrap();
+            let faults: Faults = run
+                .get("faults_drawn")
+                .map_or(Faults::All, |f| serde_json::from_value(f.clone()).unwrap());
             let shape = Shape {
                 control,
                 seed,
                 processing: (Duration::ZERO, Duration::ZERO),
                 marks,
+                faults,
             };
             let parts = Parts {
                 gateway: shape.gateways() > 0,
                 postgres: shape.on_postgres(),
             };
-            let plan = Plan::generate(seed, chaos, parts);
+            let plan = match faults {
+                Faults::All => Plan::generate(seed, chaos, parts),
+                Faults::PausedAdmissions => Plan::paused_admissions(seed, chaos),
+            };
             assert_eq!(plan, recorded, "{}: seed {seed}", path.display());
 
             let mut planned: BTreeMap<Fault, u64> = BTreeMap::new();
