@@ -109,9 +109,15 @@ async fn paused_admissions() {
         .iter()
         .filter(|f| f.target.ends_with("mid-admission"))
         .count();
-    eprintln!("paused admissions seed 71: {landed} pauses landed, {:?}", r.fault_log);
+    eprintln!(
+        "paused admissions seed 71: {landed} pauses landed, {:?}",
+        r.fault_log
+    );
     assert!(r.violations.is_empty(), "seed 71: {:#?}", r.violations);
-    assert!(landed >= 2, "seed 71: only {landed} pauses landed mid-admission");
+    assert!(
+        landed >= 2,
+        "seed 71: only {landed} pauses landed mid-admission"
+    );
     let mut caught = 0;
     for seed in [81, 82, 83] {
         let r = run_once(&paused(Control::DeadlineFromAdmission, seed))
@@ -124,5 +130,8 @@ async fn paused_admissions() {
         );
         caught += usize::from(!r.violations.is_empty());
     }
-    assert!(caught >= 2, "DeadlineFromAdmission caught in only {caught} of 3 runs");
+    assert!(
+        caught >= 2,
+        "DeadlineFromAdmission caught in only {caught} of 3 runs"
+    );
 }
