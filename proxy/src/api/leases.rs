@@ -18,7 +18,7 @@ use super::schemas::{ResourceName, ResourcePrefix};
 use super::{body, AppState};
 use crate::audit::Event;
 use crate::auth::Op;
-use crate::lease::{session, validate, Acquire, Grant, Holding, Page, Renewal};
+use crate::lease::{list_prefixes, session, validate, Acquire, Grant, Holding, Page, Renewal};
 use crate::{Error, Result};
 
 /// Default and largest page size of a listing.
@@ -388,14 +388,15 @@ pub(super) async fn list(
             reason: format!("must be between 1 and {MAX_LIMIT}"),
         });
     }
-    let mut page = app
+    // Only what the caller may read is read, so the page and its cursor show nothing else.
+    let readable: Vec<&str> = match &caller {
+        Some(principal) => principal.prefixes(Op::Read).collect(),
+        None => vec![""],
+    };
+    let prefixes = list_prefixes(&q.prefix, &readable);
+    let page = app
         .leases
-        .list(&q.prefix, limit, q.cursor.as_deref())
+        .list(&prefixes, limit, q.cursor.as_deref())
         .await?;
-    if let Some(principal) = &caller {
-        // Filtered after the read, so a page may hold fewer than `limit` entries (even none)
-        // while `next_cursor` still leads on: the cursor never depends on who asks.
-        page.leases.retain(|h| principal.may(Op::Read, &h.resource));
-    }
     Ok(Json(page).into_response())
 }

@@ -1,0 +1,183 @@
+//! Tenants of one proxy (`--auth-tokens`) neither see nor block each other through `/v1`: a
+//! list and its cursors stay inside the caller's read prefixes, a session is seen and proven
+//! only by its principal (another principal cannot even tell that it exists), and one principal
+//! cannot take every event-stream slot of a replica.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::PathBuf;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use common::*;
+use reqwest::Method;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+const WRITER: &str = "writer-token-4be1c0";
+const ALPHA: &str = "alpha-token-0d97aa";
+const MULTI: &str = "multi-token-71c3e2";
+const ALL: &str = "all-token-c5a0b4";
+const ACME: &str = "acme-token-b21f67";
+const GLOBEX: &str = "globex-token-e803d9";
+
+/// writer acquires anything; alpha reads `a-`; multi reads `b-` and `d-`; all reads
+/// everything; acme and globex each acquire and read their own prefix.
+fn token_file(dir: &tempfile::TempDir) -> PathBuf {
+    let path = dir.path().join("tokens");
+    let line = |name: &str, token: &str, perms: &str| {
+        format!(
+            "{name} {} {perms}\n",
+            hex::encode(Sha256::digest(token.as_bytes()))
+        )
+    };
+    let text = [
+        line("writer", WRITER, "acquire:*"),
+        line("alpha", ALPHA, "read:a-"),
+        line("multi", MULTI, "read:d-,read:b-"),
+        line("all", ALL, "read:*"),
+        line("acme", ACME, "acquire:acme-,read:acme-"),
+        line("globex", GLOBEX, "acquire:globex-,read:globex-"),
+    ]
+    .concat();
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// One request as `token` (with a `Lease-Secret` and a JSON body if given): status, body.
+async fn call(
+    method: Method,
+    url: String,
+    token: &str,
+    secret: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut req = http().request(method, url).bearer_auth(token);
+    if let Some(secret) = secret {
+        req = req.header("lease-secret", secret);
+    }
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    send(req).await
+}
+
+/// Every page of `GET /v1/leases?prefix=…&limit=…` as `token`, starting at `cursor`: the names
+/// of each page, and the resource each `next_cursor` names.
+async fn pages(
+    proxy: &Proxy,
+    token: &str,
+    prefix: &str,
+    limit: usize,
+    mut cursor: Option<String>,
+) -> (Vec<Vec<String>>, Vec<String>) {
+    let (mut pages, mut cursors) = (Vec::new(), Vec::new());
+    loop {
+        let mut url = format!("{}/v1/leases?prefix={prefix}&limit={limit}", proxy.url);
+        if let Some(c) = &cursor {
+            url.push_str(&format!("&cursor={c}"));
+        }
+        let (status, page) = call(Method::GET, url, token, None, None).await;
+        assert_eq!(status, 200, "{page}");
+        let names: Vec<String> = page["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| str_field(h, "resource"))
+            .collect();
+        pages.push(names);
+        cursor = page["next_cursor"].as_str().map(str::to_owned);
+        let Some(c) = &cursor else {
+            return (pages, cursors);
+        };
+        let named = String::from_utf8(URL_SAFE_NO_PAD.decode(c).unwrap()).unwrap();
+        cursors.push(named);
+        assert!(pages.len() < 100, "the pages never end: {pages:?}");
+    }
+}
+
+fn flat(pages: &[Vec<String>]) -> Vec<String> {
+    pages.concat()
+}
+
+/// D1: with `read:a-` a principal pages through `a-…` only; every `next_cursor` names a
+/// resource it was shown (never another tenant's), several prefixes are listed in key order,
+/// and a hand-made cursor shows nothing outside the caller's prefixes either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_and_its_cursors_stay_inside_the_callers_read_prefixes() {
+    let etcd = Etcd::single().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = token_file(&dir);
+    let proxy = Proxy::start(etcd.endpoints(), |c| c.auth_tokens = Some(tokens.clone())).await;
+    let held = [
+        "a-1", "a-2", "a-3", "ab-1", "b-1", "c-1", "c-2", "d-1", "d-2", "e-1",
+    ];
+    for r in held {
+        let (s, body) = call(
+            Method::POST,
+            format!("{}/v1/leases/{r}", proxy.url),
+            WRITER,
+            None,
+            Some(json!({"holder": "w", "ttl_seconds": 30})),
+        )
+        .await;
+        assert_eq!(s, 201, "{body}");
+    }
+    let names = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+
+    // One entry a page: exactly alpha's resources, no empty page, every cursor one of them.
+    let (alpha, cursors) = pages(&proxy, ALPHA, "", 1, None).await;
+    assert_eq!(cursors, names(&["a-1", "a-2"]), "alpha's cursors");
+    assert_eq!(flat(&alpha), names(&["a-1", "a-2", "a-3"]));
+    assert!(alpha.iter().all(|p| p.len() == 1), "{alpha:?}");
+    // Asked prefixes are intersected with the caller's.
+    for (prefix, want) in [
+        ("a-2", &["a-2"][..]),
+        ("a", &["a-1", "a-2", "a-3"]),
+        ("ab-", &[]),
+        ("b-", &[]),
+    ] {
+        let (got, cursors) = pages(&proxy, ALPHA, prefix, 1, None).await;
+        assert_eq!(flat(&got), names(want), "alpha, prefix {prefix:?}");
+        assert!(
+            cursors.iter().all(|c| want.contains(&c.as_str())),
+            "{cursors:?}"
+        );
+    }
+
+    // Two prefixes, in key order whatever the token file's order, paged across both.
+    for limit in [1, 2, 3, 100] {
+        let (multi, cursors) = pages(&proxy, MULTI, "", limit, None).await;
+        assert_eq!(flat(&multi), names(&["b-1", "d-1", "d-2"]), "limit {limit}");
+        let shown = flat(&multi);
+        assert!(cursors.iter().all(|c| shown.contains(c)), "{cursors:?}");
+    }
+    let (multi, _) = pages(&proxy, MULTI, "d", 100, None).await;
+    assert_eq!(flat(&multi), names(&["d-1", "d-2"]));
+
+    // A hand-made cursor is a position, not a permission: after another tenant's name, or
+    // before everything, the caller still sees only its own.
+    let cursor = |r: &str| Some(URL_SAFE_NO_PAD.encode(r));
+    for (after, want) in [
+        ("0", &["a-1", "a-2", "a-3"][..]),
+        ("a-1", &["a-2", "a-3"]),
+        ("ab-1", &[]),
+        ("c-1", &[]),
+    ] {
+        let (got, cursors) = pages(&proxy, ALPHA, "", 1, cursor(after)).await;
+        assert_eq!(flat(&got), names(want), "alpha after {after}");
+        assert!(
+            cursors.iter().all(|c| want.contains(&c.as_str())),
+            "{cursors:?}"
+        );
+    }
+    let (got, _) = pages(&proxy, MULTI, "", 1, cursor("c-2")).await;
+    assert_eq!(flat(&got), names(&["d-1", "d-2"]));
+
+    // `read:*` pages through everything, as without authentication.
+    let (every, cursors) = pages(&proxy, ALL, "", 4, None).await;
+    assert_eq!(flat(&every), names(&held));
+    assert_eq!(cursors, names(&["ab-1", "d-1"]));
+    proxy.stop().await;
+}
