@@ -181,3 +181,174 @@ async fn a_list_and_its_cursors_stay_inside_the_callers_read_prefixes() {
     assert_eq!(cursors, names(&["ab-1", "d-1"]));
     proxy.stop().await;
 }
+
+/// D4: acme's session is invisible to globex — `GET` answers as for a session that does not
+/// exist, and keepalive, close and acquire under it answer exactly as for an absent session,
+/// whatever secret globex shows — while `read:*` sees it and acme uses it. A forged secret on
+/// one's own session answers as an absent session too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_is_seen_and_proven_only_by_its_principal() {
+    let etcd = Etcd::single().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = token_file(&dir);
+    let log = dir.path().join("audit.jsonl");
+    let proxy = Proxy::start(etcd.endpoints(), |c| {
+        c.auth_tokens = Some(tokens.clone());
+        c.audit_log = Some(log.clone());
+    })
+    .await;
+    let url = &proxy.url;
+    let (s, opened) = call(
+        Method::POST,
+        format!("{url}/v1/sessions"),
+        ACME,
+        None,
+        Some(json!({"holder": "acme-robot", "ttl_seconds": 30})),
+    )
+    .await;
+    assert_eq!(s, 201, "{opened}");
+    let id = str_field(&opened, "session_id");
+    let secret = str_field(&opened, "secret");
+    let (s, grant) = call(
+        Method::POST,
+        format!("{url}/v1/leases/acme-1"),
+        ACME,
+        Some(&secret),
+        Some(json!({"holder": "acme-robot", "session": id})),
+    )
+    .await;
+    assert_eq!(s, 201, "{grant}");
+    // A session id nobody has: the next ids etcd hands out are its neighbours.
+    let (s, other) = call(
+        Method::POST,
+        format!("{url}/v1/sessions"),
+        GLOBEX,
+        None,
+        Some(json!({"holder": "g", "ttl_seconds": 30})),
+    )
+    .await;
+    assert_eq!(s, 201);
+    let other_secret = str_field(&other, "secret");
+    let absent = (str_field(&other, "session_id").parse::<i64>().unwrap() + 1000).to_string();
+    let forged = {
+        // The shape of a secret, sealed by nobody.
+        let mut bytes = URL_SAFE_NO_PAD.decode(&secret).unwrap();
+        bytes[30] ^= 1;
+        URL_SAFE_NO_PAD.encode(bytes)
+    };
+
+    // GET: globex sees what it sees of an absent session; `read:*` and acme see it.
+    let get = |token: &'static str, id: String| {
+        call(
+            Method::GET,
+            format!("{url}/v1/sessions/{id}"),
+            token,
+            None,
+            None,
+        )
+    };
+    let nothing = get(GLOBEX, absent.clone()).await;
+    assert_eq!(nothing.0, 404, "{}", nothing.1);
+    assert_eq!(get(GLOBEX, id.clone()).await, nothing, "globex's view");
+    for token in [ALL, ACME] {
+        let (s, view) = get(token, id.clone()).await;
+        assert_eq!(s, 200, "{view}");
+        assert_eq!(view["holder"], "acme-robot");
+    }
+    assert_eq!(
+        get(ACME, id.clone()).await.1["resources"],
+        json!(["acme-1"])
+    );
+
+    // Keepalive, close and acquire under it: globex's answers, with any secret, are those
+    // of an absent session (same status, same body); so are acme's with a forged secret.
+    let keepalive = |token: &'static str, id: String, secret: String| async move {
+        call(
+            Method::POST,
+            format!("{url}/v1/sessions/{id}/keepalive"),
+            token,
+            Some(&secret),
+            None,
+        )
+        .await
+    };
+    let close = |token: &'static str, id: String, secret: String| async move {
+        call(
+            Method::DELETE,
+            format!("{url}/v1/sessions/{id}"),
+            token,
+            Some(&secret),
+            None,
+        )
+        .await
+    };
+    let acquire = |token: &'static str, id: String, secret: String| async move {
+        let resource = if token == ACME { "acme-2" } else { "globex-2" };
+        call(
+            Method::POST,
+            format!("{url}/v1/leases/{resource}"),
+            token,
+            Some(&secret),
+            Some(json!({"holder": "x", "session": id})),
+        )
+        .await
+    };
+    let gone = keepalive(GLOBEX, absent.clone(), forged.clone()).await;
+    assert_eq!(gone.0, 410, "{}", gone.1);
+    let closed = close(GLOBEX, absent.clone(), forged.clone()).await;
+    assert_eq!(closed.0, 204, "{}", closed.1);
+    let lost = acquire(GLOBEX, absent.clone(), forged.clone()).await;
+    assert_eq!(lost.0, 410, "{}", lost.1);
+    let mut wrong = Vec::new();
+    for (who, token, shown) in [
+        ("globex, forged", GLOBEX, forged.clone()),
+        ("globex, its own session's", GLOBEX, other_secret.clone()),
+        (
+            "globex, acme's grant's",
+            GLOBEX,
+            str_field(&grant, "secret"),
+        ),
+        ("globex, the session's own", GLOBEX, secret.clone()),
+        ("acme, forged", ACME, forged.clone()),
+    ] {
+        let got = keepalive(token, id.clone(), shown.clone()).await;
+        if got != gone {
+            wrong.push(format!("{who}: keepalive {got:?}, absent {gone:?}"));
+        }
+        let got = acquire(token, id.clone(), shown.clone()).await;
+        if got != lost {
+            wrong.push(format!("{who}: acquire {got:?}, absent {lost:?}"));
+        }
+        let got = close(token, id.clone(), shown.clone()).await;
+        if got != closed {
+            wrong.push(format!("{who}: close {got:?}, absent {closed:?}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    // None of it touched the session: acme keeps it alive and still holds its grant.
+    let (s, beat) = keepalive(ACME, id.clone(), secret.clone()).await;
+    assert_eq!(s, 200, "{beat}");
+    assert_eq!(
+        get(ACME, id.clone()).await.1["resources"],
+        json!(["acme-1"])
+    );
+    assert_eq!(close(ACME, id.clone(), secret.clone()).await.0, 204);
+    assert_eq!(get(ACME, id.clone()).await, nothing);
+    proxy.stop().await;
+    // The audit log tells the truth the answers hide.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let refused = |principal: &str, why: &str| {
+        text.lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|l| {
+                l["event"] == "session"
+                    && l["outcome"] == why
+                    && l["principal"] == principal
+                    && l["session"] == id.as_str()
+            })
+            .count()
+    };
+    // Keepalive and acquire, for each of globex's four secrets and acme's forged one.
+    assert_eq!(refused("globex", "other-principal"), 8, "{text}");
+    assert_eq!(refused("acme", "wrong-secret"), 2, "{text}");
+}

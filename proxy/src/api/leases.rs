@@ -172,9 +172,7 @@ pub(super) async fn acquire(
                 .leases
                 .verify_session(id, &secret, principal.as_deref())
                 .await
-                .inspect_err(|e| {
-                    authz::audit_refusal(&app, &headers, &caller, Op::Acquire, &resource, e)
-                })?;
+                .inspect_err(|e| authz::audit_session_refusal(&app, &headers, &caller, id, e))?;
             if ttl_seconds.is_some_and(|ttl| ttl != record.ttl_seconds) {
                 return Err(Error::InvalidField {
                     field: "ttl_seconds",
