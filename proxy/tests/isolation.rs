@@ -7,6 +7,7 @@
 mod common;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -14,6 +15,7 @@ use common::*;
 use reqwest::Method;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
+use tokio::time::Instant;
 
 const WRITER: &str = "writer-token-4be1c0";
 const ALPHA: &str = "alpha-token-0d97aa";
@@ -351,4 +353,94 @@ async fn a_session_is_seen_and_proven_only_by_its_principal() {
     // Keepalive and acquire, for each of globex's four secrets and acme's forged one.
     assert_eq!(refused("globex", "other-principal"), 8, "{text}");
     assert_eq!(refused("acme", "wrong-secret"), 2, "{text}");
+}
+
+/// Opens `GET /v1/watch` as `token`: the response (kept open while held).
+async fn watch(proxy: &Proxy, token: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .get(format!("{}/v1/watch", proxy.url))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// How many streams `token` opens before it is refused, and the refusal.
+async fn streams_until_refused(
+    proxy: &Proxy,
+    token: &str,
+) -> (Vec<reqwest::Response>, u16, Value, Option<String>) {
+    let mut open = Vec::new();
+    loop {
+        let r = watch(proxy, token).await;
+        if r.status() == 200 {
+            open.push(r);
+            assert!(open.len() <= 64, "never refused");
+            continue;
+        }
+        let status = r.status().as_u16();
+        let retry_after = r
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let body: Value = r.json().await.unwrap();
+        return (open, status, body, retry_after);
+    }
+}
+
+/// D5: at `--max-watch-streams 8` one principal gets its share (a quarter by default) and is
+/// then refused 429 `quota-exceeded` with `Retry-After`; other principals still get streams, and
+/// once the replica is full, 503 `too-many-watches` with `Retry-After`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_principal_cannot_take_every_event_stream_slot() {
+    let etcd = Etcd::single().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = token_file(&dir);
+    let proxy = Proxy::start(etcd.endpoints(), |c| {
+        c.auth_tokens = Some(tokens.clone());
+        c.max_watch_streams = 8;
+    })
+    .await;
+    let (mut hog, status, problem, retry_after) = streams_until_refused(&proxy, ALPHA).await;
+    assert_eq!(
+        (hog.len(), status),
+        (2, 429),
+        "alpha's streams, then: {problem}"
+    );
+    assert!(
+        str_field(&problem, "type").ends_with("/quota-exceeded"),
+        "{problem}"
+    );
+    assert_eq!(problem["quota"], "watch-streams");
+    assert!(retry_after.is_some_and(|s| s.parse::<u64>().unwrap() >= 1));
+    // Others still get theirs, until the replica is full.
+    let mut others = Vec::new();
+    for token in [MULTI, ALL, ACME] {
+        let (open, status, _, _) = streams_until_refused(&proxy, token).await;
+        assert_eq!((open.len(), status), (2, 429), "{token}");
+        others.extend(open);
+    }
+    let (none, status, problem, retry_after) = streams_until_refused(&proxy, GLOBEX).await;
+    assert_eq!((none.len(), status), (0, 503), "{problem}");
+    assert!(str_field(&problem, "type").ends_with("/too-many-watches"));
+    assert!(retry_after.is_some(), "503 without Retry-After");
+    // A stream alpha closes is a slot alpha may take again.
+    drop(hog.pop());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = watch(&proxy, ALPHA).await;
+        if r.status() == 200 {
+            hog.push(r);
+            break;
+        }
+        assert!(Instant::now() < deadline, "alpha's slot never came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let metrics = metrics_text(&proxy.url).await;
+    assert!(
+        metrics.contains("lease_proxy_quota_refusals_total{quota=\"watch-streams\""),
+        "{metrics}"
+    );
+    drop((hog, others));
+    proxy.stop().await;
 }

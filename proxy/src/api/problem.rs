@@ -172,7 +172,8 @@ impl IntoResponse for Error {
             | Error::EtcdBatch(_)
             | Error::EtcdTimeout(_)
             | Error::ShuttingDown
-            | Error::PrefenceFailed(_) => {
+            | Error::PrefenceFailed(_)
+            | Error::TooManyWatches(_) => {
                 retry_after = Some(1);
                 None
             }
