@@ -27,9 +27,10 @@ const QUEUE: usize = 4096;
 pub(crate) struct Event {
     /// RFC 3339, UTC, milliseconds.
     pub(crate) time: String,
-    /// `grant`, `release`, `expire`, `renew` or `authz`.
+    /// `grant`, `release`, `expire`, `renew`, `authz` or `session` (a session not proven).
     pub(crate) event: &'static str,
-    /// `ok`, or why not: `unauthenticated`, `forbidden`, `other-principal`, a problem slug.
+    /// `ok`, or why not: `unauthenticated`, `forbidden`, `other-principal`, `wrong-secret`, a
+    /// problem slug.
     pub(crate) outcome: &'static str,
     /// The authenticated principal, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -43,6 +44,9 @@ pub(crate) struct Event {
     /// The grant's fencing token (revision), if known.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) token: Option<String>,
+    /// The session concerned, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) session: Option<String>,
     /// The request's `X-Request-Id`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) request_id: Option<String>,
@@ -70,6 +74,7 @@ impl Event {
             op: None,
             resource: None,
             token: None,
+            session: None,
             request_id: None,
         }
     }

@@ -129,6 +129,13 @@ pub struct Config {
     #[arg(long, env = "LEASE_PROXY_MAX_WATCH_STREAMS", default_value_t = 256)]
     pub max_watch_streams: usize,
 
+    /// Most ownership event streams one principal may have open on this replica, so that no
+    /// principal takes every slot (needs `--auth-tokens`; default a quarter of
+    /// `--max-watch-streams`, at least 1; equal to it: no share); its next one is answered 429
+    /// `quota-exceeded`. Without authentication all callers are one principal with every slot.
+    #[arg(long, env = "LEASE_PROXY_QUOTA_WATCH_STREAMS")]
+    pub quota_watch_streams: Option<usize>,
+
     /// Longest life of one ownership event stream, ±10 % (clients resume where it ended, with
     /// `Last-Event-ID`): bounds how long a client that stopped reading — paused, or gone without
     /// a trace — holds a stream slot and its etcd watch, and re-authenticates everyone.
@@ -455,12 +462,22 @@ impl Config {
             return fail("--etcd-timeout must be at least 100ms".into());
         }
         if self.auth_tokens.is_none()
-            && (self.quota_held.is_some() || self.quota_acquire_rate.is_some())
+            && (self.quota_held.is_some()
+                || self.quota_acquire_rate.is_some()
+                || self.quota_watch_streams.is_some())
         {
             return fail(
-                "--quota-held and --quota-acquire-rate are per principal and need --auth-tokens"
+                "--quota-held, --quota-acquire-rate and --quota-watch-streams are per principal \
+                 and need --auth-tokens"
                     .into(),
             );
+        }
+        if let Some(share) = self.quota_watch_streams {
+            if share == 0 || share > self.max_watch_streams {
+                return fail(
+                    "--quota-watch-streams must be between 1 and --max-watch-streams".into(),
+                );
+            }
         }
         if self.quota_held == Some(0) {
             return fail("--quota-held must be at least 1".into());
@@ -629,6 +646,16 @@ impl Config {
     }
 
     /// The `/v3` namespace in effect.
+    /// The event streams one principal may have open (`--quota-watch-streams` or its default);
+    /// `None` without authentication, whose one anonymous principal may use every slot.
+    pub(crate) fn watch_streams_per_principal(&self) -> Option<usize> {
+        self.auth_tokens.as_ref()?;
+        Some(
+            self.quota_watch_streams
+                .unwrap_or((self.max_watch_streams / 4).max(1)),
+        )
+    }
+
     pub(crate) fn v3_namespace_or_default(&self) -> String {
         self.v3_namespace
             .clone()
@@ -806,6 +833,29 @@ mod tests {
         }
         with(Some(3), Some(0.5), true).unwrap();
         with(None, None, false).unwrap();
+    }
+
+    #[test]
+    fn the_watch_share_needs_authentication_and_fits_the_replica() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens");
+        std::fs::write(&path, format!("alice {} read:*\n", "ab".repeat(32))).unwrap();
+        let with = |share: Option<usize>, max: usize, auth: bool| {
+            let mut c = Config::parse_from(["lease-proxy"]);
+            c.quota_watch_streams = share;
+            c.max_watch_streams = max;
+            c.auth_tokens = auth.then(|| path.clone());
+            c.validate().map(|()| c.watch_streams_per_principal())
+        };
+        assert!(with(Some(2), 16, false).is_err());
+        assert!(with(Some(0), 16, true).is_err());
+        assert!(with(Some(17), 16, true).is_err());
+        assert_eq!(with(Some(16), 16, true).unwrap(), Some(16));
+        assert_eq!(with(Some(3), 16, true).unwrap(), Some(3));
+        assert_eq!(with(None, 16, true).unwrap(), Some(4));
+        assert_eq!(with(None, 256, true).unwrap(), Some(64));
+        assert_eq!(with(None, 3, true).unwrap(), Some(1));
+        assert_eq!(with(None, 16, false).unwrap(), None);
     }
 
     #[test]

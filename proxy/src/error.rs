@@ -88,8 +88,16 @@ pub enum Error {
     #[error("etcd: {0}")]
     EtcdBatch(String),
     /// The session named by the request has ended (closed or expired), or never existed.
-    #[error("the session has ended or does not exist")]
+    #[error("{SESSION_LOST}")]
     SessionLost,
+    /// The request does not prove the session it names: a secret that is not the session's, or
+    /// another principal's session (whatever the secret). Answered exactly as [`Error::SessionLost`],
+    /// so that nobody tells a session they cannot prove from one that does not exist.
+    #[error("{SESSION_LOST}")]
+    SessionNotProven {
+        /// For the audit log: `other-principal` or `wrong-secret`.
+        why: &'static str,
+    },
     /// No such session (it has ended, or never existed), on an inspection.
     #[error("no such session: it has ended or never existed")]
     NoSession,
@@ -100,9 +108,6 @@ pub enum Error {
     /// This replica serves as many event streams as it may.
     #[error("this replica serves its maximum of {0} event streams")]
     TooManyWatches(usize),
-    /// The secret does not prove the session.
-    #[error("the Lease-Secret does not belong to this session")]
-    NotSessionHolder,
     /// etcd did not answer in time.
     #[error("etcd did not answer within {0:?}")]
     EtcdTimeout(std::time::Duration),
@@ -130,6 +135,11 @@ pub enum Error {
         reason: String,
     },
 }
+
+/// What a request learns of a session it cannot use: whether it has ended, never existed, or
+/// is not the caller's to prove, it is the same answer.
+const SESSION_LOST: &str =
+    "the session has ended or does not exist, or the Lease-Secret does not prove it";
 
 impl From<etcd_client::Error> for Error {
     fn from(e: etcd_client::Error) -> Self {

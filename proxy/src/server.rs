@@ -214,16 +214,16 @@ pub async fn run(
         tracker.clone(),
         stopping.clone(),
     );
-    let watch_streams = Arc::new(tokio::sync::Semaphore::new(config.max_watch_streams));
-    let slots = (watch_streams.clone(), config.max_watch_streams);
+    let watch_slots = Arc::new(crate::api::WatchSlots::new(
+        config.max_watch_streams,
+        config.watch_streams_per_principal(),
+    ));
+    let slots = watch_slots.clone();
     metrics
         .meter()
         .u64_observable_gauge("lease_proxy.watch.streams")
         .with_description("Ownership event streams (GET /v1/watch) open on this replica.")
-        .with_callback(move |o| {
-            let (free, max) = (&slots.0, slots.1);
-            o.observe(max.saturating_sub(free.available_permits()) as u64, &[]);
-        })
+        .with_callback(move |o| o.observe(slots.open() as u64, &[]))
         .build();
     let state = Arc::new(AppState {
         upstream: upstream(&config.upstream, &config, &metrics)?,
@@ -237,10 +237,9 @@ pub async fn run(
             deadline: config.header_read_timeout,
         },
         draining: AtomicBool::new(false),
-        watch_streams,
+        watch_slots,
         watch_max_duration: config.watch_max_duration,
         watch_write_timeout: config.client_write_timeout,
-        max_watch_streams: config.max_watch_streams,
         openapi: std::sync::OnceLock::new(),
         acquire_rate: config
             .quota_acquire_rate

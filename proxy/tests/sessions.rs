@@ -259,7 +259,8 @@ async fn sessions_refuse_strangers_and_bad_input_changing_nothing() {
     };
     let other = session(&proxy, "robot-2", 10).await;
     let cases = [
-        // No secret, another session's secret, a grant's secret (same lease id, other domain).
+        // No secret; another session's secret, a grant's secret (same lease id, other domain):
+        // a secret that does not prove the session is answered as if there were none.
         (
             json!({"holder": "h", "session": s.0}),
             None,
@@ -269,14 +270,14 @@ async fn sessions_refuse_strangers_and_bad_input_changing_nothing() {
         (
             json!({"holder": "h", "session": s.0}),
             Some(other.1.as_str()),
-            403,
-            "not-session-holder",
+            410,
+            "session-lost",
         ),
         (
             json!({"holder": "h", "session": s.0}),
             Some(grant_secret.as_str()),
-            403,
-            "not-session-holder",
+            410,
+            "session-lost",
         ),
         // Not a session id; an id no session has.
         (
@@ -320,12 +321,13 @@ async fn sessions_refuse_strangers_and_bad_input_changing_nothing() {
             "{body}: {answer}"
         );
     }
-    // Keepalive and close with the wrong secret; bad ids.
+    // Keepalive and close with the wrong secret: as for an ended session (close is a no-op
+    // 204, checked below: nothing changed); bad ids.
     let wrong = (s.0.clone(), other.1.clone());
-    assert_eq!(session_keepalive(&proxy, &wrong).await.0, 403);
-    assert_eq!(close_session(&proxy, &wrong).await.0, 403);
+    assert_eq!(session_keepalive(&proxy, &wrong).await.0, 410);
+    assert_eq!(close_session(&proxy, &wrong).await.0, 204);
     let grant_as_session = (s.0.clone(), grant_secret.clone());
-    assert_eq!(close_session(&proxy, &grant_as_session).await.0, 403);
+    assert_eq!(close_session(&proxy, &grant_as_session).await.0, 204);
     for id in ["x", "-1", "0", "1.5"] {
         let bad = (id.to_owned(), s.1.clone());
         assert_eq!(session_keepalive(&proxy, &bad).await.0, 400, "{id}");
@@ -512,13 +514,11 @@ async fn prefence_idempotency_and_principals_work_under_sessions() {
         (status, body["type"].as_str()),
         (403, Some("https://lease-proxy.dev/problems/forbidden"))
     );
+    // To another principal, even with the secret, the session is as good as ended.
     let (status, body) = send(under("carol-token-1", "aisle-2")).await;
     assert_eq!(
         (status, body["type"].as_str()),
-        (
-            403,
-            Some("https://lease-proxy.dev/problems/other-principal")
-        ),
+        (410, Some("https://lease-proxy.dev/problems/session-lost")),
         "carol used alice's session"
     );
     let keepalive = |token: &str| {
@@ -529,7 +529,7 @@ async fn prefence_idempotency_and_principals_work_under_sessions() {
                 .header("lease-secret", &secret),
         )
     };
-    assert_eq!(send(keepalive("carol-token-1")).await.0, 403);
+    assert_eq!(send(keepalive("carol-token-1")).await.0, 410);
     assert_eq!(send(keepalive("alice-token-1")).await.0, 200);
     let close = |token: &str| {
         as_(
@@ -539,7 +539,12 @@ async fn prefence_idempotency_and_principals_work_under_sessions() {
                 .header("lease-secret", &secret),
         )
     };
-    assert_eq!(send(close("carol-token-1")).await.0, 403);
+    assert_eq!(send(close("carol-token-1")).await.0, 204);
+    assert_eq!(
+        send(keepalive("alice-token-1")).await.0,
+        200,
+        "carol closed it"
+    );
     assert_eq!(
         send(
             http()

@@ -143,3 +143,22 @@ pub(super) fn audit_refusal(
         });
     }
 }
+
+/// Records a refusal of a request under session `id` that did not prove it (another
+/// principal's session, or a wrong secret): the caller got the answer of an ended session,
+/// the audit log tells the truth.
+pub(super) fn audit_session_refusal(
+    app: &AppState,
+    headers: &HeaderMap,
+    caller: &Caller,
+    id: i64,
+    error: &Error,
+) {
+    if let Error::SessionNotProven { why } = error {
+        app.audit.record(Event {
+            principal: name(caller),
+            session: Some(id.to_string()),
+            ..Event::new("session", why, headers)
+        });
+    }
+}

@@ -18,7 +18,7 @@ use super::schemas::{ResourceName, ResourcePrefix};
 use super::{body, AppState};
 use crate::audit::Event;
 use crate::auth::Op;
-use crate::lease::{session, validate, Acquire, Grant, Holding, Page, Renewal};
+use crate::lease::{list_prefixes, session, validate, Acquire, Grant, Holding, Page, Renewal};
 use crate::{Error, Result};
 
 /// Default and largest page size of a listing.
@@ -172,9 +172,7 @@ pub(super) async fn acquire(
                 .leases
                 .verify_session(id, &secret, principal.as_deref())
                 .await
-                .inspect_err(|e| {
-                    authz::audit_refusal(&app, &headers, &caller, Op::Acquire, &resource, e)
-                })?;
+                .inspect_err(|e| authz::audit_session_refusal(&app, &headers, &caller, id, e))?;
             if ttl_seconds.is_some_and(|ttl| ttl != record.ttl_seconds) {
                 return Err(Error::InvalidField {
                     field: "ttl_seconds",
@@ -388,14 +386,15 @@ pub(super) async fn list(
             reason: format!("must be between 1 and {MAX_LIMIT}"),
         });
     }
-    let mut page = app
+    // Only what the caller may read is read, so the page and its cursor show nothing else.
+    let readable: Vec<&str> = match &caller {
+        Some(principal) => principal.prefixes(Op::Read).collect(),
+        None => vec![""],
+    };
+    let prefixes = list_prefixes(&q.prefix, &readable);
+    let page = app
         .leases
-        .list(&q.prefix, limit, q.cursor.as_deref())
+        .list(&prefixes, limit, q.cursor.as_deref())
         .await?;
-    if let Some(principal) = &caller {
-        // Filtered after the read, so a page may hold fewer than `limit` entries (even none)
-        // while `next_cursor` still leads on: the cursor never depends on who asks.
-        page.leases.retain(|h| principal.may(Op::Read, &h.resource));
-    }
     Ok(Json(page).into_response())
 }

@@ -10,6 +10,7 @@ mod problem;
 mod rate;
 mod schemas;
 mod sessions;
+mod slots;
 mod watch;
 
 use std::any::Any;
@@ -27,6 +28,7 @@ pub(crate) use body::{BodyLimits, SECRET_HEADER};
 pub(crate) use problem::BEARER_CHALLENGE;
 pub use problem::PROBLEM_BASE;
 pub(crate) use rate::AcquireRate;
+pub(crate) use slots::WatchSlots;
 
 use crate::etcd::Etcd;
 use crate::lease::Leases;
@@ -54,10 +56,8 @@ pub(crate) struct AppState {
     pub(crate) acquire_rate: Option<AcquireRate>,
     /// The audit log (a no-op without `--audit-log`).
     pub(crate) audit: crate::audit::Audit,
-    /// Slots for event streams (`--max-watch-streams`).
-    pub(crate) watch_streams: Arc<tokio::sync::Semaphore>,
-    /// Their number.
-    pub(crate) max_watch_streams: usize,
+    /// Slots for event streams (`--max-watch-streams`, `--quota-watch-streams`).
+    pub(crate) watch_slots: Arc<WatchSlots>,
     /// Their longest life (`--watch-max-duration`, ±10 %).
     pub(crate) watch_max_duration: std::time::Duration,
     /// How long a stream waits on a reader that takes nothing before it ends

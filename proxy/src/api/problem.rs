@@ -84,7 +84,6 @@ problems! {
     IdempotencyKeyUsed => CONFLICT, "idempotency-key-used", "Idempotency key already used";
     Lost => GONE, "lease-lost", "Lease lost";
     SessionLost => GONE, "session-lost", "Session lost";
-    NotSessionHolder => FORBIDDEN, "not-session-holder", "Not the session's holder";
     NotFound => NOT_FOUND, "not-found", "No lease";
     NoSession => NOT_FOUND, "no-session", "No such session";
     NoRoute => NOT_FOUND, "no-route", "Not found";
@@ -123,8 +122,8 @@ impl Error {
             Error::Held(_) => Kind::Held,
             Error::IdempotencyKeyUsed => Kind::IdempotencyKeyUsed,
             Error::Lost => Kind::Lost,
-            Error::SessionLost => Kind::SessionLost,
-            Error::NotSessionHolder => Kind::NotSessionHolder,
+            // One answer for both: see `Error::SessionNotProven`.
+            Error::SessionLost | Error::SessionNotProven { .. } => Kind::SessionLost,
             Error::NotFound => Kind::NotFound,
             Error::NoSession => Kind::NoSession,
             Error::NoRoute => Kind::NoRoute,
@@ -173,7 +172,8 @@ impl IntoResponse for Error {
             | Error::EtcdBatch(_)
             | Error::EtcdTimeout(_)
             | Error::ShuttingDown
-            | Error::PrefenceFailed(_) => {
+            | Error::PrefenceFailed(_)
+            | Error::TooManyWatches(_) => {
                 retry_after = Some(1);
                 None
             }

@@ -136,7 +136,8 @@ pub(super) async fn keepalive(
     let beat = app
         .leases
         .keepalive_session(id, &secret, principal.as_deref(), received)
-        .await?;
+        .await
+        .inspect_err(|e| authz::audit_session_refusal(&app, &headers, &caller, id, e))?;
     Ok(Json(beat).into_response())
 }
 
@@ -195,9 +196,14 @@ pub(super) async fn get(
 ) -> Result<Response> {
     let id = session_id(path)?;
     let caller = authz::authorize(&app, &headers, &peer, Op::Read, Target::Some)?;
+    // Its principal's, or anyone's who may read every resource (and so every holder).
+    let owner = caller
+        .as_ref()
+        .filter(|p| !p.may(Op::Read, ""))
+        .map(|p| p.name.as_str());
     let view = app
         .leases
-        .session(id, |resource| {
+        .session(id, owner, |resource| {
             caller.as_ref().is_none_or(|p| p.may(Op::Read, resource))
         })
         .await?;

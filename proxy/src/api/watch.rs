@@ -25,12 +25,12 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
 use serde::Deserialize;
-use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use utoipa::IntoParams;
 
 use super::authz::{self, Caller, Peer, Target};
 use super::schemas::{EventId, ResourcePrefix};
+use super::slots::Slot;
 use super::AppState;
 use crate::auth::Op;
 use crate::etcd::{OwnershipEvent, Position, Subscription};
@@ -116,6 +116,7 @@ pub(super) struct WatchQuery {
         (status = 200, description = "The event stream (`text/event-stream`; comments every 15 s)", content_type = "text/event-stream", body = EventMessage),
         (status = 400, description = "Invalid prefix, query or Last-Event-ID"),
         (status = 410, description = "The resume point is no longer (or not) in etcd's history: list, then watch without an id"),
+        (status = 429, description = "The principal has its share of this replica's streams open (`--quota-watch-streams`)", headers(("Retry-After" = u64, description = "Seconds to wait"))),
     ),
 )]
 pub(super) async fn watch(
@@ -142,11 +143,10 @@ pub(super) async fn watch(
         })?)?),
         None => from_query,
     };
-    let permit = app
-        .watch_streams
-        .clone()
-        .try_acquire_owned()
-        .map_err(|_| Error::TooManyWatches(app.max_watch_streams))?;
+    let slot = app
+        .watch_slots
+        .take(caller.as_deref().map(|p| p.name.as_str()))
+        .inspect_err(|e| authz::audit_refusal(&app, &headers, &caller, Op::Read, &q.prefix, e))?;
     let subscription = app.leases.feed().subscribe(after).await?;
     // What authenticated the stream, to check it again while it runs: a token removed from the
     // file (or a permission taken away) ends or narrows the stream within a second.
@@ -174,7 +174,7 @@ pub(super) async fn watch(
             },
             ends_at: tokio::time::Instant::now() + jittered(app.watch_max_duration),
             stopping: app.leases.stopping().clone(),
-            _permit: permit,
+            _slot: slot,
         },
     );
     Ok(Sse::new(stream)
@@ -203,7 +203,7 @@ struct Watcher {
     /// When the stream ends (the client resumes).
     ends_at: tokio::time::Instant,
     stopping: CancellationToken,
-    _permit: OwnedSemaphorePermit,
+    _slot: Slot,
 }
 
 impl Watcher {

@@ -77,6 +77,14 @@ impl Principal {
     pub(crate) fn may_any(&self, op: Op) -> bool {
         self.permissions.iter().any(|p| p.op == op)
     }
+
+    /// The resource-name prefixes the principal may do `op` on (`""`: every resource).
+    pub(crate) fn prefixes(&self, op: Op) -> impl Iterator<Item = &str> {
+        self.permissions
+            .iter()
+            .filter(move |p| p.op == op)
+            .map(|p| p.prefix.as_str())
+    }
 }
 
 /// How a line's principal proves who it is.

@@ -6,6 +6,7 @@
 //! dies its lease lapses, etcd deletes the key, and waiters are woken by the holder watch.
 //! Leases that end up carrying no key are reused by later acquires (see [`spares`]).
 
+mod list;
 mod queue;
 mod quota;
 mod record;
@@ -17,8 +18,6 @@ pub(crate) mod validate;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine;
 use fencing::{Keyring, Token};
 use serde::Serialize;
 use tokio::sync::{broadcast, oneshot};
@@ -28,12 +27,13 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
 use crate::etcd::{
-    prefix_end, Companion, Create, Creation, Deleted, Deletions, Etcd, Feed, GroupCommit, Holders,
-    KeepAlive, Wakeup,
+    Companion, Create, Creation, Deleted, Deletions, Etcd, Feed, GroupCommit, Holders, KeepAlive,
+    Wakeup,
 };
 use crate::forward::Upstream;
 use crate::metrics;
 use crate::{Error, Result};
+pub(crate) use list::{list_prefixes, Page};
 pub(crate) use record::{i64_string, opt_i64_string, HolderRecord};
 
 /// Bounds applied to client requests.
@@ -174,16 +174,6 @@ pub(crate) struct Holding {
     )]
     #[schema(value_type = Option<String>)]
     pub(crate) session: Option<i64>,
-}
-
-/// One page of a listing.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub(crate) struct Page {
-    /// Held resources in name order.
-    pub(crate) leases: Vec<Holding>,
-    /// Pass as `cursor` to get the next page; absent on the last page.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) next_cursor: Option<String>,
 }
 
 /// The lease service. Stateless apart from its connections: any replica can serve any lease.
@@ -1152,53 +1142,6 @@ impl Leases {
             .ok_or(Error::NotFound)?;
         Ok(holding(resource.to_owned(), record, revision, remaining))
     }
-
-    /// Held resources whose names start with `prefix`, in name order, `limit` per page, after
-    /// `cursor` (an opaque value from a previous page).
-    pub(crate) async fn list(
-        &self,
-        prefix: &str,
-        limit: usize,
-        cursor: Option<&str>,
-    ) -> Result<Page> {
-        let base = self.key(prefix).into_bytes();
-        let end = prefix_end(&base);
-        let mut start = base.clone();
-        if let Some(cursor) = cursor {
-            let after = decode_cursor(cursor)?;
-            let mut from = self.key(&after).into_bytes();
-            from.push(0);
-            start = start.max(from);
-        }
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let (kvs, more) = self.etcd.range(&start, &end, limit).await?;
-        let holders_prefix = self.holders_prefix.as_bytes();
-        // One range read per page, no look-up per lease (a page of 1,000 made 1,000 TTL
-        // look-ups): every key read is held, since etcd deletes a lease's keys in the same
-        // step that ends the lease. The remaining lifetime is reported from the record as the
-        // grant's TTL, the most the lease can have left; `get` asks etcd for the exact value.
-        let mut leases = Vec::with_capacity(kvs.len());
-        for kv in &kvs {
-            let key = String::from_utf8_lossy(kv.key()).into_owned();
-            let resource = kv
-                .key()
-                .strip_prefix(holders_prefix)
-                .map(|r| String::from_utf8_lossy(r).into_owned())
-                .unwrap_or_default();
-            let record = HolderRecord::decode(&key, kv.value())?;
-            let most = i64::try_from(record.ttl_seconds).unwrap_or(i64::MAX);
-            leases.push(holding(resource, record, kv.create_revision(), most));
-        }
-        let next_cursor = more
-            .then(|| kvs.last())
-            .flatten()
-            .and_then(|kv| kv.key().strip_prefix(holders_prefix))
-            .map(|r| URL_SAFE_NO_PAD.encode(r));
-        Ok(Page {
-            leases,
-            next_cursor,
-        })
-    }
 }
 
 fn holding(resource: String, record: HolderRecord, revision: i64, remaining: i64) -> Holding {
@@ -1239,17 +1182,6 @@ fn view_confirms(record: &HolderRecord, lease_id: i64, secret: &str, purpose: Pu
         && secret::matches(secret, &record.secret_hash)
 }
 
-fn decode_cursor(cursor: &str) -> Result<String> {
-    let bad = || Error::InvalidField {
-        field: "cursor",
-        reason: "not a cursor returned by this API".to_owned(),
-    };
-    let bytes = URL_SAFE_NO_PAD.decode(cursor).map_err(|_| bad())?;
-    let name = String::from_utf8(bytes).map_err(|_| bad())?;
-    validate::resource(&name).map_err(|_| bad())?;
-    Ok(name)
-}
-
 fn secs_to_ms(secs: i64) -> u64 {
     u64::try_from(secs).unwrap_or_default().saturating_mul(1000)
 }
@@ -1285,30 +1217,6 @@ mod tests {
         // etcd answers -1 for a lease it no longer knows.
         assert_eq!(secs_to_ms(-1), 0);
         assert_eq!(secs_to_ms(i64::MAX), u64::MAX);
-    }
-
-    #[test]
-    fn cursors_name_a_resource_or_are_refused() {
-        let cursor = URL_SAFE_NO_PAD.encode("aisle-7");
-        assert_eq!(decode_cursor(&cursor).unwrap(), "aisle-7");
-        let bad = [
-            String::new(),
-            "!!".into(),
-            URL_SAFE_NO_PAD.encode([0xff]),
-            URL_SAFE_NO_PAD.encode("a/b"),
-        ];
-        for bad in bad {
-            assert!(
-                matches!(
-                    decode_cursor(&bad),
-                    Err(Error::InvalidField {
-                        field: "cursor",
-                        ..
-                    })
-                ),
-                "{bad:?}"
-            );
-        }
     }
 
     #[test]

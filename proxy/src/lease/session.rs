@@ -13,6 +13,11 @@
 //! released (its key alone is deleted, compare-and-delete on its create revision) and forwarded
 //! like any other.
 //!
+//! A session is its principal's (the one that opened it, with authentication on): to anyone
+//! else, whatever secret they show, it answers as a session that does not exist — inspected,
+//! kept alive, closed or acquired under — so session ids, which etcd hands out in sequence,
+//! tell other principals nothing. A secret that does not prove the session gets the same answer.
+//!
 //! The session's secret proves the session: it opens grants on it and heartbeats and closes it;
 //! it is sealed in a domain of its own, so it is never taken for a grant's secret on the same
 //! lease id. Session ids are never reused (a lease id belongs to one session, since session
@@ -209,38 +214,47 @@ impl Leases {
         })
     }
 
-    /// The record of session `id` if `secret` proves it and `principal` opened it;
-    /// [`Error::SessionLost`] if it has ended.
+    /// The record of session `id` if `secret` proves it and `principal` opened it (`None`:
+    /// authentication is off, so anyone may). [`Error::SessionLost`] if it has ended,
+    /// [`Error::SessionNotProven`] (answered the same) if it is not proven.
+    ///
+    /// A request that does not prove a session must not learn that it exists, from the answer
+    /// or from its timing: a session found in this replica's cache but not proven costs the
+    /// same etcd read as one that is absent.
     pub(crate) async fn verify_session(
         &self,
         id: i64,
         secret: &str,
         principal: Option<&str>,
     ) -> Result<Arc<SessionRecord>> {
-        let record = match self.sessions.get(id) {
-            Some(record) => record,
+        let key = self.session_key(id);
+        let (record, cached) = match self.sessions.get(id) {
+            Some(record) => (record, true),
             None => {
-                let key = self.session_key(id);
                 let kv = self.etcd.get(&key).await?.ok_or(Error::SessionLost)?;
                 let record: SessionRecord =
                     serde_json::from_slice(kv.value()).map_err(|e| Error::CorruptRecord {
-                        key,
+                        key: key.clone(),
                         reason: e.to_string(),
                     })?;
                 let record = Arc::new(record);
                 self.sessions.put(id, record.clone());
-                record
+                (record, false)
             }
         };
-        if !secret::matches(secret, &record.secret_hash) {
-            return Err(Error::NotSessionHolder);
+        // The principal first: another principal's session is not proven by any secret.
+        let why = if principal.is_some_and(|p| record.principal.as_deref() != Some(p)) {
+            "other-principal"
+        } else if !secret::matches(secret, &record.secret_hash) {
+            "wrong-secret"
+        } else {
+            return Ok(record);
+        };
+        if cached {
+            self.etcd.get(&key).await?;
         }
-        if let Some(p) = principal {
-            if record.principal.as_deref() != Some(p) {
-                return Err(Error::OtherPrincipal);
-            }
-        }
-        Ok(record)
+        tracing::info!(session = id, why, "session not proven; answered as ended");
+        Err(Error::SessionNotProven { why })
     }
 
     /// Renews session `id` (and so every grant on it) through the multiplexed keepalive
@@ -296,7 +310,9 @@ impl Leases {
     ) -> Result<()> {
         match self.verify_session(id, secret, principal).await {
             Ok(_) => {}
-            Err(Error::SessionLost) => return Ok(()),
+            // Nothing to close for this caller; an unproven session is answered as an ended one
+            // (and left alone).
+            Err(Error::SessionLost | Error::SessionNotProven { .. }) => return Ok(()),
             Err(e) => return Err(e),
         }
         // The marker tells the event stream its grants were released, not expired; the revoke
@@ -317,10 +333,13 @@ impl Leases {
     }
 
     /// Session `id`, its remaining lifetime and the resources held under it (those passing
-    /// `visible`). [`Error::NoSession`] if it has ended.
+    /// `visible`), if `principal` opened it (`None`: anyone may see it).
+    /// [`Error::NoSession`] if it has ended, or is another principal's: the answer, and the etcd
+    /// reads before it, are the same.
     pub(crate) async fn session(
         &self,
         id: i64,
+        principal: Option<&str>,
         visible: impl Fn(&str) -> bool,
     ) -> Result<SessionView> {
         let key = self.session_key(id);
@@ -330,6 +349,9 @@ impl Leases {
                 key,
                 reason: e.to_string(),
             })?;
+        if principal.is_some_and(|p| record.principal.as_deref() != Some(p)) {
+            return Err(Error::NoSession);
+        }
         let (remaining, keys) = self.etcd.lease_keys(id).await?.ok_or(Error::NoSession)?;
         let mut resources: Vec<String> = keys
             .iter()
