@@ -23,6 +23,16 @@
 //! replays a revision's events in the same order). A subscriber resumes after `R.n` by watching
 //! from `R` and skipping indices up to `n`, or after a bare `R` (everything up to `R` seen) by
 //! watching from `R + 1`.
+//!
+//! Progress: a subscription also says how far it has read when that is past its last event
+//! ([`Next::Progress`], a bare `R`), so a subscriber whose keys are quiet holds a resume point
+//! that etcd's compaction does not overtake. `R` is the last revision whose events it has
+//! classified (those it yields none for included), or the revision of one of etcd's timed
+//! progress notifications (`progress_notify`, every `--experimental-watch-progress-notify-interval`
+//! of etcd, 10 min by default). Those come through the same channel as the watch's events, and
+//! only to a watcher that has been sent every event up to that revision, so they claim nothing
+//! unsent. Progress *requested* from etcd is not used: before etcd 3.4.25 and 3.5.8 its answer
+//! could overtake events still queued (etcd#15220).
 
 use std::collections::{HashSet, VecDeque};
 use std::fmt;
@@ -107,6 +117,16 @@ impl Kind {
     }
 }
 
+/// What a subscription yields, in revision order.
+#[derive(Debug, Clone)]
+pub(crate) enum Next {
+    /// An ownership event.
+    Event(OwnershipEvent),
+    /// Every event up to this position has been yielded, and the subscription has read further
+    /// than its last event.
+    Progress(Position),
+}
+
 /// One ownership event, as sent in an SSE `data` line.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct OwnershipEvent {
@@ -183,15 +203,23 @@ impl Feed {
             .with_range(prefix_end(self.holders.as_bytes()))
             .with_prev_key()
             .with_fragment()
+            .with_progress_notify()
             .with_start_revision(start.watch_from());
         let (index, stream) = self
             .etcd
             .open_watch(&self.ended, options, "event")
             .await
             .ok_or(Error::EtcdTimeout(self.etcd.timeout()))?;
+        // Everything up to here has been seen: `R` bare, or the revision before `R.n`.
+        let through = match start.index {
+            Some(_) => start.revision - 1,
+            None => start.revision,
+        };
         Ok(Subscription {
             feed: self.clone(),
             start,
+            through,
+            told: through,
             skip: start.index.map(|n| (start.revision, n)),
             stream,
             pinned: index,
@@ -338,6 +366,11 @@ pub(crate) struct Subscription {
     feed: Feed,
     /// Where the subscription starts (the first SSE id).
     start: Position,
+    /// Every event of the revisions up to this one has been read from etcd and classified (it
+    /// is in `ready`, or was yielded, or was none of the subscriber's).
+    through: i64,
+    /// The `through` last yielded as [`Next::Progress`] (or covered by the start).
+    told: i64,
     /// Events of this revision up to this index were seen before (a resume inside a revision).
     /// Kept for the subscription's life: responses before that revision's (etcd's "created")
     /// carry no events, and later revisions never match.
@@ -355,12 +388,19 @@ impl Subscription {
         self.start
     }
 
-    /// The next event, in revision order; `Ok(None)` when etcd ended the watch,
-    /// [`Error::EventsUnavailable`] when it cancelled it for compaction.
-    pub(crate) async fn next(&mut self) -> Result<Option<OwnershipEvent>> {
+    /// The next event or progress, in revision order; `Ok(None)` when etcd ended the watch,
+    /// [`Error::EventsUnavailable`] when it cancelled it for compaction. Cancel-safe.
+    pub(crate) async fn next(&mut self) -> Result<Option<Next>> {
         loop {
             if let Some(event) = self.ready.pop_front() {
-                return Ok(Some(event));
+                return Ok(Some(Next::Event(event)));
+            }
+            if self.through > self.told {
+                self.told = self.through;
+                return Ok(Some(Next::Progress(Position {
+                    revision: self.through,
+                    index: None,
+                })));
             }
             let resp = match self.stream.message().await {
                 Ok(Some(resp)) => resp,
@@ -378,6 +418,16 @@ impl Subscription {
                     )));
                 }
                 return Ok(None);
+            }
+            if resp.events().is_empty() {
+                // A timed progress notification: every event up to its revision was sent
+                // before it. (The watch's "created" answer says nothing of the kind: events
+                // from an older start revision follow it. A fragment never ends empty.)
+                if !resp.created() && !resp.0.fragment && self.partial.is_empty() {
+                    let revision = resp.header().map_or(0, |h| h.revision());
+                    self.through = self.through.max(revision);
+                }
+                continue;
             }
             // A fragment (etcd splits responses over its request size limit) may end inside a
             // revision: that revision's events wait for the rest. Only the revision being read
@@ -409,6 +459,7 @@ impl Subscription {
         let events = self.feed.classify(revision, &group, skip);
         self.ready.extend(events);
         self.partial.clear();
+        self.through = self.through.max(revision);
     }
 }
 

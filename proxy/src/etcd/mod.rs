@@ -11,7 +11,7 @@ mod watch;
 pub(crate) use batch::{Batching, GroupCommit, ETCD_MAX_TXN_OPS};
 pub(crate) use create::{Companion, Create, Creation, Quota};
 pub(crate) use deletions::{Deleted, Deletions};
-pub(crate) use events::{Feed, OwnershipEvent, Position, Subscription};
+pub(crate) use events::{Feed, Next, OwnershipEvent, Position, Subscription};
 pub(crate) use keepalive::KeepAlive;
 pub(crate) use watch::{Holders, Wakeup};
 
