@@ -17,7 +17,8 @@
 //! - A batch etcd *rejects* before applying anything (a lease that lapsed meanwhile, a request
 //!   too large: `InvalidArgument`, `NotFound`, `FailedPrecondition`) is split: each transaction is
 //!   sent again on its own and gets its own answer. Nothing of the batch took effect, so
-//!   nothing is done twice.
+//!   nothing is done twice. (Each split is counted. Markers guard their lease with a compare,
+//!   so a lapsed one fails alone without a split: see `GroupCommit::mark`.)
 //! - Any other failure (a timeout, a connection lost mid-request) leaves the outcome of the
 //!   whole batch unknown, exactly as it leaves a lone transaction's: every transaction of the
 //!   batch is answered with the error, and its caller cleans up as for an unknown outcome. A
@@ -303,6 +304,7 @@ async fn send(etcd: Etcd, jobs: Vec<Job>, slot: OwnedSemaphorePermit) {
         Err(Error::Etcd(e)) if is_rejected(&e) => {
             // Nothing of the batch was applied: each transaction on its own.
             tracing::debug!(error = %e, transactions = n, "batch refused by etcd; sending each transaction alone");
+            etcd.metrics().batch_splits.add(1, &[]);
             drop(slot);
             let singles = jobs.into_iter().map(|job| {
                 let etcd = etcd.clone();
@@ -465,6 +467,47 @@ mod tests {
         );
         let doomed = client.get("/t/doomed", None).await.unwrap();
         assert!(doomed.kvs().is_empty());
+        stop.cancel();
+        tracker.close();
+        tracker.wait().await;
+    }
+
+    /// A release or close marker on a lease etcd no longer has (a grant or session that lapsed
+    /// while a replica still had it cached) writes nothing and answers `false`, without etcd
+    /// refusing the batch it shares: its batch-mates keep their one proposal.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_marker_on_a_lapsed_lease_never_fails_its_batch() {
+        let (cluster, etcd) = etcd().await;
+        let (commit, tracker, stop) = lingering(&etcd, 1);
+        let mut client = cluster.client().await;
+        let lease = client.lease_grant(30, None).await.unwrap().id();
+        let guard = "/t/lapsed";
+        client
+            .put(guard, "", Some(PutOptions::new().with_lease(lease)))
+            .await
+            .unwrap();
+        client.lease_revoke(lease).await.unwrap();
+        let marker = super::super::create::Marker {
+            key: "/t/ended/closed/1".into(),
+            value: String::new(),
+            lease,
+        };
+        let (ka, ta) = create("/t/mate-a", 0);
+        let (kb, tb) = create("/t/mate-b", 0);
+        let (a, marked, b) = tokio::join!(
+            commit.commit("txn_test", ka, ta, 64),
+            commit.mark(&marker, guard),
+            commit.commit("txn_test", kb, tb, 64),
+        );
+        assert_eq!(marked.ok(), Some(false));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert!(a.succeeded && b.succeeded);
+        assert_eq!(a.revision, b.revision, "the batch was split");
+        let ended = client.get(
+            "/t/ended/",
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        );
+        assert!(ended.await.unwrap().kvs().is_empty());
         stop.cancel();
         tracker.close();
         tracker.wait().await;

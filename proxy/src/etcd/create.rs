@@ -172,18 +172,28 @@ impl GroupCommit {
         Ok(Create::Exists(Box::new(kv), companion))
     }
 
-    /// Writes `marker` on its lease, in the next batch that does not touch it; `false` if the
-    /// lease no longer exists (nothing written).
-    pub(crate) async fn mark(&self, marker: &Marker) -> Result<bool> {
+    /// Writes `marker` on its lease if `alive_while` — a key that lives exactly as long as the
+    /// lease (a grant's ownership key on its own lease, a session's key) — is still attached to
+    /// it, in the next batch that touches neither; `false` if it is not (the lease has ended:
+    /// nothing written).
+    ///
+    /// The compare is what keeps a lapsed lease from costing its batch: etcd refuses a whole
+    /// request whose taken branch puts on a lease it no longer has (`NotFound`), and group
+    /// commit then re-sends every batch-mate alone, whereas a failed compare only skips this
+    /// transaction's put. Key and lease are checked in one apply, so the put never names a
+    /// lease that is gone.
+    pub(crate) async fn mark(&self, marker: &Marker, alive_while: &str) -> Result<bool> {
         let options = PutOptions::new().with_lease(marker.lease);
         let put = TxnOp::put(marker.key.as_str(), marker.value.as_str(), Some(options));
-        let bytes = marker.key.len() * 2 + marker.value.len() + 32;
-        let keys = vec![marker.key.as_bytes().to_vec()];
-        match self
-            .commit("txn_marker", keys, Txn::new().and_then(vec![put]), bytes)
-            .await
-        {
-            Ok(_) => Ok(true),
+        let guard = Compare::lease(alive_while, CompareOp::Equal, marker.lease);
+        let bytes = (marker.key.len() + alive_while.len()) * 2 + marker.value.len() + 48;
+        let keys = vec![
+            marker.key.as_bytes().to_vec(),
+            alive_while.as_bytes().to_vec(),
+        ];
+        let txn = Txn::new().when(vec![guard]).and_then(vec![put]);
+        match self.commit("txn_marker", keys, txn, bytes).await {
+            Ok(committed) => Ok(committed.succeeded),
             Err(Error::Etcd(e)) if super::is_lease_not_found(&e) => Ok(false),
             Err(e) => Err(e),
         }
