@@ -364,7 +364,7 @@ fn share(e: &Error) -> Error {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::sync::Arc;
 
     use etcd_client::{Compare, CompareOp, PutOptions};
@@ -374,7 +374,7 @@ mod tests {
     use crate::metrics::Metrics;
 
     /// A single-member etcd and the proxy's handle on it.
-    async fn etcd() -> (TestEtcd, Etcd) {
+    pub(in crate::etcd) async fn etcd() -> (TestEtcd, Etcd) {
         let cluster = TestEtcd::single().await;
         let metrics = Arc::new(Metrics::new().unwrap());
         let etcd = Etcd::connect(
@@ -390,7 +390,10 @@ mod tests {
 
     /// A batcher lingering 300 ms (what is submitted together shares as few batches as
     /// allowed), its tracker and its stop token.
-    fn lingering(etcd: &Etcd, in_flight: usize) -> (GroupCommit, TaskTracker, CancellationToken) {
+    pub(in crate::etcd) fn lingering(
+        etcd: &Etcd,
+        in_flight: usize,
+    ) -> (GroupCommit, TaskTracker, CancellationToken) {
         let tracker = TaskTracker::new();
         let stop = CancellationToken::new();
         let batching = Batching {
@@ -402,7 +405,7 @@ mod tests {
         (commit, tracker, stop)
     }
 
-    fn create(key: &str, lease: i64) -> (Vec<Vec<u8>>, Txn) {
+    pub(in crate::etcd) fn create(key: &str, lease: i64) -> (Vec<Vec<u8>>, Txn) {
         let txn = Txn::new()
             .when(vec![Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then(vec![TxnOp::put(
@@ -467,47 +470,6 @@ mod tests {
         );
         let doomed = client.get("/t/doomed", None).await.unwrap();
         assert!(doomed.kvs().is_empty());
-        stop.cancel();
-        tracker.close();
-        tracker.wait().await;
-    }
-
-    /// A release or close marker on a lease etcd no longer has (a grant or session that lapsed
-    /// while a replica still had it cached) writes nothing and answers `false`, without etcd
-    /// refusing the batch it shares: its batch-mates keep their one proposal.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_marker_on_a_lapsed_lease_never_fails_its_batch() {
-        let (cluster, etcd) = etcd().await;
-        let (commit, tracker, stop) = lingering(&etcd, 1);
-        let mut client = cluster.client().await;
-        let lease = client.lease_grant(30, None).await.unwrap().id();
-        let guard = "/t/lapsed";
-        client
-            .put(guard, "", Some(PutOptions::new().with_lease(lease)))
-            .await
-            .unwrap();
-        client.lease_revoke(lease).await.unwrap();
-        let marker = super::super::create::Marker {
-            key: "/t/ended/closed/1".into(),
-            value: String::new(),
-            lease,
-        };
-        let (ka, ta) = create("/t/mate-a", 0);
-        let (kb, tb) = create("/t/mate-b", 0);
-        let (a, marked, b) = tokio::join!(
-            commit.commit("txn_test", ka, ta, 64),
-            commit.mark(&marker, guard),
-            commit.commit("txn_test", kb, tb, 64),
-        );
-        assert_eq!(marked.ok(), Some(false));
-        let (a, b) = (a.unwrap(), b.unwrap());
-        assert!(a.succeeded && b.succeeded);
-        assert_eq!(a.revision, b.revision, "the batch was split");
-        let ended = client.get(
-            "/t/ended/",
-            Some(etcd_client::GetOptions::new().with_prefix()),
-        );
-        assert!(ended.await.unwrap().kvs().is_empty());
         stop.cancel();
         tracker.close();
         tracker.wait().await;

@@ -257,3 +257,52 @@ impl GroupCommit {
         Ok(self.commit("txn_delete", keys, txn, bytes).await?.succeeded)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use etcd_client::PutOptions;
+
+    use super::super::batch::tests::{create, etcd, lingering};
+    use super::Marker;
+
+    /// A release or close marker on a lease etcd no longer has (a grant or session that lapsed
+    /// while a replica still had it cached) writes nothing and answers `false`, without etcd
+    /// refusing the batch it shares: its batch-mates keep their one proposal.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_marker_on_a_lapsed_lease_never_fails_its_batch() {
+        let (cluster, etcd) = etcd().await;
+        let (commit, tracker, stop) = lingering(&etcd, 1);
+        let mut client = cluster.client().await;
+        let lease = client.lease_grant(30, None).await.unwrap().id();
+        let guard = "/t/lapsed";
+        client
+            .put(guard, "", Some(PutOptions::new().with_lease(lease)))
+            .await
+            .unwrap();
+        client.lease_revoke(lease).await.unwrap();
+        let marker = Marker {
+            key: "/t/ended/closed/1".into(),
+            value: String::new(),
+            lease,
+        };
+        let (ka, ta) = create("/t/mate-a", 0);
+        let (kb, tb) = create("/t/mate-b", 0);
+        let (a, marked, b) = tokio::join!(
+            commit.commit("txn_test", ka, ta, 64),
+            commit.mark(&marker, guard),
+            commit.commit("txn_test", kb, tb, 64),
+        );
+        assert_eq!(marked.ok(), Some(false));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert!(a.succeeded && b.succeeded);
+        assert_eq!(a.revision, b.revision, "the batch was split");
+        let ended = client.get(
+            "/t/ended/",
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        );
+        assert!(ended.await.unwrap().kvs().is_empty());
+        stop.cancel();
+        tracker.close();
+        tracker.wait().await;
+    }
+}
