@@ -43,6 +43,9 @@ pub(crate) struct Metrics {
     pub(crate) audit_dropped: Counter<u64>,
     etcd: Histogram<f64>,
     batch: Histogram<u64>,
+    /// Group-commit batches etcd refused as a whole, each of whose transactions was then sent
+    /// alone (`lease_proxy_etcd_batch_splits_total`).
+    pub(crate) batch_splits: Counter<u64>,
     /// Sessions opened here (`lease_proxy_sessions_opened_total`).
     pub(crate) sessions_opened: Counter<u64>,
     /// Keepalive streams currently open to etcd.
@@ -109,6 +112,10 @@ impl Metrics {
                 )
                 .with_boundaries(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0])
                 .build(),
+            batch_splits: counter(
+                "lease_proxy.etcd.batch.splits",
+                "Group-commit batches etcd refused as a whole, their transactions then sent alone.",
+            ),
             sessions_opened: counter("lease_proxy.sessions.opened", "Sessions opened."),
             keepalive_streams,
             exporter,
@@ -125,6 +132,7 @@ impl Metrics {
             &self.releases,
             &self.expirations,
             &self.audit_dropped,
+            &self.batch_splits,
             &self.sessions_opened,
         ] {
             counter.add(0, &[]);

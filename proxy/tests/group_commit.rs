@@ -192,3 +192,76 @@ async fn a_leader_kill_mid_batch_never_makes_two_holders_or_a_hidden_grant() {
     eprintln!("outcomes: {statuses:?}, {in_etcd} grants");
     proxy.stop().await;
 }
+
+/// `lease_proxy_etcd_batch_splits_total` of a proxy.
+async fn batch_splits(proxy: &Proxy) -> f64 {
+    let text = metrics_text(&proxy.url).await;
+    text.lines()
+        .find(|l| l.starts_with("lease_proxy_etcd_batch_splits_total"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no split counter in {text}"))
+}
+
+/// Closing sessions that have already lapsed (their leases gone from etcd, their records still
+/// cached on this replica) among concurrent acquires: etcd refuses no batch (none is split and
+/// re-sent alone), and every answer is what it would be alone — 204 for each close (nothing
+/// written for it), 201 for each acquire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_lapsed_sessions_never_splits_a_batch() {
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |c| {
+        c.batch_linger = Duration::from_millis(20);
+    })
+    .await;
+    let mut kv = etcd.client().await;
+    for round in 0..3 {
+        // Opened through this replica (so cached here), then lapsed behind its back.
+        let mut sessions = Vec::new();
+        for i in 0..8 {
+            let s = session(&proxy, &format!("s{round}-{i}"), 30).await;
+            assert_eq!(
+                acquire_in(&proxy, &format!("in-{round}-{i}"), "h", &s)
+                    .await
+                    .0,
+                201
+            );
+            kv.lease_revoke(s.0.parse::<i64>().unwrap()).await.unwrap();
+            sessions.push(s);
+        }
+        let before = batch_splits(&proxy).await;
+        let (closes, acquires) = tokio::join!(
+            futures::future::join_all(sessions.iter().map(|s| close_session(&proxy, s))),
+            futures::future::join_all((0..32).map(|i| {
+                let proxy = &proxy;
+                async move { acquire(proxy, &format!("mate-{round}-{i}"), "h", 30).await }
+            })),
+        );
+        assert!(closes.iter().all(|(s, _)| *s == 204), "{closes:?}");
+        assert!(acquires.iter().all(|(s, _)| *s == 201), "{acquires:?}");
+        assert_eq!(
+            batch_splits(&proxy).await,
+            before,
+            "round {round}: a batch was split"
+        );
+        for (i, (_, grant)) in acquires.iter().enumerate() {
+            let key = format!("/lease-proxy/holders/mate-{round}-{i}");
+            let got = kv.get(key.as_str(), None).await.unwrap();
+            assert_eq!(
+                got.kvs().first().map(|k| k.create_revision() as u64),
+                Some(token(grant)),
+                "{key}"
+            );
+        }
+    }
+    let closed = kv
+        .get(
+            "/lease-proxy/ended/closed/",
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert!(
+        closed.kvs().is_empty(),
+        "a close marker for a lapsed session"
+    );
+}

@@ -47,6 +47,8 @@ pub struct Etcd {
     members: Vec<Member>,
     cluster_token: String,
     security: Option<Security>,
+    /// Flags given to every member after the ones set here.
+    extra_args: Vec<String>,
     _dir: TempDir,
 }
 
@@ -119,7 +121,19 @@ impl Etcd {
 
     /// Starts an `n`-member cluster and waits until every member answers and a leader exists.
     pub async fn cluster(n: usize) -> Self {
+        Self::cluster_with(n, &[]).await
+    }
+
+    /// Starts one member with these extra etcd flags (e.g.
+    /// `--experimental-watch-progress-notify-interval=300ms`) and waits until it answers.
+    pub async fn single_with(args: &[&str]) -> Self {
+        Self::cluster_with(1, args).await
+    }
+
+    /// [`Etcd::cluster`] with these extra etcd flags on every member (restarts keep them).
+    pub async fn cluster_with(n: usize, args: &[&str]) -> Self {
         let mut etcd = Self::unstarted(n, None);
+        etcd.extra_args = args.iter().map(|a| (*a).to_owned()).collect();
         for i in 0..n {
             etcd.spawn(i);
         }
@@ -147,6 +161,7 @@ impl Etcd {
             members,
             cluster_token: format!("t{}", free_port()),
             security,
+            extra_args: Vec::new(),
             _dir: dir,
         }
     }
@@ -260,6 +275,7 @@ impl Etcd {
             .args(["--initial-cluster-state", "new"])
             .args(["--initial-cluster-token", &self.cluster_token])
             .args(["--logger", "zap", "--log-level", "warn"])
+            .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

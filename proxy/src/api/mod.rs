@@ -7,6 +7,7 @@ mod leases;
 mod openapi;
 mod ops;
 mod problem;
+mod progress;
 mod rate;
 mod schemas;
 mod sessions;

@@ -29,11 +29,12 @@ use tokio_util::sync::CancellationToken;
 use utoipa::IntoParams;
 
 use super::authz::{self, Caller, Peer, Target};
+use super::progress::{self, Pacer};
 use super::schemas::{EventId, ResourcePrefix};
 use super::slots::Slot;
 use super::AppState;
 use crate::auth::Op;
-use crate::etcd::{OwnershipEvent, Position, Subscription};
+use crate::etcd::{Next, OwnershipEvent, Position, Subscription};
 use crate::lease::validate;
 use crate::{Error, Result};
 
@@ -58,8 +59,10 @@ impl utoipa::PartialSchema for EventMessage {
         let string = || ObjectBuilder::new().schema_type(Type::String);
         ObjectBuilder::new()
             .description(Some(
-                "One SSE message: the first carries only `id` (and `retry`); every other one \
-                 is an event",
+                "One SSE message: an event, or a message with only `id`: the first (with \
+                 `retry`: where the stream starts) and, while the stream has no event to show, \
+                 how far it has read (at most one a second). Every id is a resume point: \
+                 resume with the newest",
             ))
             .property("id", <EventId as utoipa::PartialSchema>::schema())
             .property(
@@ -100,8 +103,10 @@ pub(super) struct WatchQuery {
 
 /// Ownership events (`acquired`, `released`, `expired`) under `prefix`, in etcd's revision
 /// order, as Server-Sent Events. The first message carries only an `id` (where the stream
-/// starts); each event's `data` is one JSON object (`type`, `resource`, `holder`, `token`,
-/// `revision`, `lease_id`, `session`). Resume with the last id seen in `Last-Event-ID`.
+/// starts), and so do the messages that tell a stream with no event to show how far it has
+/// read; each event's `data` is one JSON object (`type`, `resource`, `holder`, `token`,
+/// `revision`, `lease_id`, `session`). Resume with the last id seen (of any message) in
+/// `Last-Event-ID`.
 #[utoipa::path(
     get,
     path = "/v1/watch",
@@ -231,8 +236,9 @@ impl Watcher {
                 .is_none_or(|p| p.may(Op::Read, &event.resource))
     }
 
-    /// The next event to send; `None` ends the stream.
-    async fn next(&mut self) -> Option<OwnershipEvent> {
+    /// The next event to send, or how far the stream has read without one (an event the
+    /// caller does not see is read past); `None` ends the stream. Cancel-safe.
+    async fn next(&mut self) -> Option<Next> {
         loop {
             // `Subscription::next` is cancel-safe: a tick loses no event.
             let next = tokio::select! {
@@ -247,8 +253,11 @@ impl Watcher {
                 next = self.subscription.next() => next,
             };
             match next {
-                Ok(Some(event)) if self.shows(&event) => return Some(event),
-                Ok(Some(_)) => {}
+                Ok(Some(Next::Event(event))) if self.shows(&event) => {
+                    return Some(Next::Event(event))
+                }
+                Ok(Some(Next::Event(event))) => return Some(Next::Progress(event.position)),
+                Ok(Some(progress @ Next::Progress(_))) => return Some(progress),
                 Ok(None) => return None,
                 Err(e) => {
                     // The client resumes from its last id: on compaction that answers 410.
@@ -266,8 +275,10 @@ fn jittered(d: Duration) -> Duration {
 }
 
 /// The SSE messages: first the position the stream starts after (an id with no data, which a
-/// client stores as its last event id), then one message per event. They are made by a tracked
-/// task that owns `watcher` (its subscription and slot) and ends as the module doc says.
+/// client stores as its last event id), then one message per event, and between them, on a
+/// stream with no event to show, how far it has read (ids with no data, paced by
+/// [`progress`]). They are made by a tracked task that owns `watcher` (its subscription and
+/// slot) and ends as the module doc says.
 fn events(
     app: &AppState,
     mut watcher: Watcher,
@@ -278,6 +289,7 @@ fn events(
         let mut message = Event::default()
             .id(watcher.subscription.start().to_string())
             .retry(Duration::from_millis(RETRY_MS));
+        let mut pacer = Pacer::new(progress::EVERY);
         loop {
             // Handed over, or the stream ends: the reader left, or took nothing for the
             // write timeout, or the stream's life is over.
@@ -293,18 +305,25 @@ fn events(
             if !handed {
                 return;
             }
-            let event = tokio::select! {
-                event = watcher.next() => event,
-                () = tx.closed() => None,
+            pacer.sent();
+            message = loop {
+                let next = tokio::select! {
+                    next = watcher.next() => next,
+                    position = pacer.due() => break Event::default().id(position.to_string()),
+                    () = tx.closed() => None,
+                };
+                match next {
+                    Some(Next::Event(event)) => {
+                        break Event::default()
+                            .id(event.position.to_string())
+                            .event(event.kind.as_str())
+                            .json_data(&event)
+                            .unwrap_or_else(|_| Event::default().comment("unserialisable event"))
+                    }
+                    Some(Next::Progress(position)) => pacer.read_through(position),
+                    None => return,
+                }
             };
-            let Some(event) = event else {
-                return;
-            };
-            message = Event::default()
-                .id(event.position.to_string())
-                .event(event.kind.as_str())
-                .json_data(&event)
-                .unwrap_or_else(|_| Event::default().comment("unserialisable event"));
         }
     });
     futures::stream::unfold(rx, |mut rx| async move {

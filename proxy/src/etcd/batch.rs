@@ -17,7 +17,8 @@
 //! - A batch etcd *rejects* before applying anything (a lease that lapsed meanwhile, a request
 //!   too large: `InvalidArgument`, `NotFound`, `FailedPrecondition`) is split: each transaction is
 //!   sent again on its own and gets its own answer. Nothing of the batch took effect, so
-//!   nothing is done twice.
+//!   nothing is done twice. (Each split is counted. Markers guard their lease with a compare,
+//!   so a lapsed one fails alone without a split: see `GroupCommit::mark`.)
 //! - Any other failure (a timeout, a connection lost mid-request) leaves the outcome of the
 //!   whole batch unknown, exactly as it leaves a lone transaction's: every transaction of the
 //!   batch is answered with the error, and its caller cleans up as for an unknown outcome. A
@@ -303,6 +304,7 @@ async fn send(etcd: Etcd, jobs: Vec<Job>, slot: OwnedSemaphorePermit) {
         Err(Error::Etcd(e)) if is_rejected(&e) => {
             // Nothing of the batch was applied: each transaction on its own.
             tracing::debug!(error = %e, transactions = n, "batch refused by etcd; sending each transaction alone");
+            etcd.metrics().batch_splits.add(1, &[]);
             drop(slot);
             let singles = jobs.into_iter().map(|job| {
                 let etcd = etcd.clone();
@@ -362,7 +364,7 @@ fn share(e: &Error) -> Error {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::sync::Arc;
 
     use etcd_client::{Compare, CompareOp, PutOptions};
@@ -372,7 +374,7 @@ mod tests {
     use crate::metrics::Metrics;
 
     /// A single-member etcd and the proxy's handle on it.
-    async fn etcd() -> (TestEtcd, Etcd) {
+    pub(in crate::etcd) async fn etcd() -> (TestEtcd, Etcd) {
         let cluster = TestEtcd::single().await;
         let metrics = Arc::new(Metrics::new().unwrap());
         let etcd = Etcd::connect(
@@ -388,7 +390,10 @@ mod tests {
 
     /// A batcher lingering 300 ms (what is submitted together shares as few batches as
     /// allowed), its tracker and its stop token.
-    fn lingering(etcd: &Etcd, in_flight: usize) -> (GroupCommit, TaskTracker, CancellationToken) {
+    pub(in crate::etcd) fn lingering(
+        etcd: &Etcd,
+        in_flight: usize,
+    ) -> (GroupCommit, TaskTracker, CancellationToken) {
         let tracker = TaskTracker::new();
         let stop = CancellationToken::new();
         let batching = Batching {
@@ -400,7 +405,7 @@ mod tests {
         (commit, tracker, stop)
     }
 
-    fn create(key: &str, lease: i64) -> (Vec<Vec<u8>>, Txn) {
+    pub(in crate::etcd) fn create(key: &str, lease: i64) -> (Vec<Vec<u8>>, Txn) {
         let txn = Txn::new()
             .when(vec![Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then(vec![TxnOp::put(

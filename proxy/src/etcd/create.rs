@@ -172,18 +172,28 @@ impl GroupCommit {
         Ok(Create::Exists(Box::new(kv), companion))
     }
 
-    /// Writes `marker` on its lease, in the next batch that does not touch it; `false` if the
-    /// lease no longer exists (nothing written).
-    pub(crate) async fn mark(&self, marker: &Marker) -> Result<bool> {
+    /// Writes `marker` on its lease if `alive_while` — a key that lives exactly as long as the
+    /// lease (a grant's ownership key on its own lease, a session's key) — is still attached to
+    /// it, in the next batch that touches neither; `false` if it is not (the lease has ended:
+    /// nothing written).
+    ///
+    /// The compare is what keeps a lapsed lease from costing its batch: etcd refuses a whole
+    /// request whose taken branch puts on a lease it no longer has (`NotFound`), and group
+    /// commit then re-sends every batch-mate alone, whereas a failed compare only skips this
+    /// transaction's put. Key and lease are checked in one apply, so the put never names a
+    /// lease that is gone.
+    pub(crate) async fn mark(&self, marker: &Marker, alive_while: &str) -> Result<bool> {
         let options = PutOptions::new().with_lease(marker.lease);
         let put = TxnOp::put(marker.key.as_str(), marker.value.as_str(), Some(options));
-        let bytes = marker.key.len() * 2 + marker.value.len() + 32;
-        let keys = vec![marker.key.as_bytes().to_vec()];
-        match self
-            .commit("txn_marker", keys, Txn::new().and_then(vec![put]), bytes)
-            .await
-        {
-            Ok(_) => Ok(true),
+        let guard = Compare::lease(alive_while, CompareOp::Equal, marker.lease);
+        let bytes = (marker.key.len() + alive_while.len()) * 2 + marker.value.len() + 48;
+        let keys = vec![
+            marker.key.as_bytes().to_vec(),
+            alive_while.as_bytes().to_vec(),
+        ];
+        let txn = Txn::new().when(vec![guard]).and_then(vec![put]);
+        match self.commit("txn_marker", keys, txn, bytes).await {
+            Ok(committed) => Ok(committed.succeeded),
             Err(Error::Etcd(e)) if super::is_lease_not_found(&e) => Ok(false),
             Err(e) => Err(e),
         }
@@ -245,5 +255,54 @@ impl GroupCommit {
         let txn = Txn::new().when(vec![guard]).and_then(ops);
         let bytes = keys.iter().map(Vec::len).sum::<usize>() * 2 + guard_bytes + marker_bytes + 32;
         Ok(self.commit("txn_delete", keys, txn, bytes).await?.succeeded)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use etcd_client::PutOptions;
+
+    use super::super::batch::tests::{create, etcd, lingering};
+    use super::Marker;
+
+    /// A release or close marker on a lease etcd no longer has (a grant or session that lapsed
+    /// while a replica still had it cached) writes nothing and answers `false`, without etcd
+    /// refusing the batch it shares: its batch-mates keep their one proposal.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_marker_on_a_lapsed_lease_never_fails_its_batch() {
+        let (cluster, etcd) = etcd().await;
+        let (commit, tracker, stop) = lingering(&etcd, 1);
+        let mut client = cluster.client().await;
+        let lease = client.lease_grant(30, None).await.unwrap().id();
+        let guard = "/t/lapsed";
+        client
+            .put(guard, "", Some(PutOptions::new().with_lease(lease)))
+            .await
+            .unwrap();
+        client.lease_revoke(lease).await.unwrap();
+        let marker = Marker {
+            key: "/t/ended/closed/1".into(),
+            value: String::new(),
+            lease,
+        };
+        let (ka, ta) = create("/t/mate-a", 0);
+        let (kb, tb) = create("/t/mate-b", 0);
+        let (a, marked, b) = tokio::join!(
+            commit.commit("txn_test", ka, ta, 64),
+            commit.mark(&marker, guard),
+            commit.commit("txn_test", kb, tb, 64),
+        );
+        assert_eq!(marked.ok(), Some(false));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert!(a.succeeded && b.succeeded);
+        assert_eq!(a.revision, b.revision, "the batch was split");
+        let ended = client.get(
+            "/t/ended/",
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        );
+        assert!(ended.await.unwrap().kvs().is_empty());
+        stop.cancel();
+        tracker.close();
+        tracker.wait().await;
     }
 }

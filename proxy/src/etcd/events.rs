@@ -23,66 +23,25 @@
 //! replays a revision's events in the same order). A subscriber resumes after `R.n` by watching
 //! from `R` and skipping indices up to `n`, or after a bare `R` (everything up to `R` seen) by
 //! watching from `R + 1`.
+//!
+//! Progress: a subscription also says how far it has read when that is past its last event
+//! ([`Next::Progress`], a bare `R`), so a subscriber whose keys are quiet holds a resume point
+//! that etcd's compaction does not overtake. `R` is the last revision whose events it has
+//! classified (those it yields none for included), or the revision of one of etcd's timed
+//! progress notifications (`progress_notify`, every `--experimental-watch-progress-notify-interval`
+//! of etcd, 10 min by default). Those come through the same channel as the watch's events, and
+//! only to a watcher that has been sent every event up to that revision, so they claim nothing
+//! unsent. Progress *requested* from etcd is not used: before etcd 3.4.25 and 3.5.8 its answer
+//! could overtake events still queued (etcd#15220).
 
 use std::collections::{HashSet, VecDeque};
-use std::fmt;
 
 use etcd_client::{EventType, WatchOptions, WatchStream};
 use serde::Serialize;
 
-use super::{prefix_end, Etcd};
+use super::{prefix_end, Etcd, Position};
 use crate::lease::HolderRecord;
 use crate::{Error, Result};
-
-/// Where a subscriber stands in the event history.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Position {
-    /// The etcd revision.
-    pub(crate) revision: i64,
-    /// The index within the revision of the last event seen; `None`: all of it seen.
-    pub(crate) index: Option<u32>,
-}
-
-impl Position {
-    /// Parses a `Last-Event-ID`: `R` or `R.n`, decimal, `R` ≥ 1. Anything else is refused.
-    pub(crate) fn parse(id: &str) -> Result<Self> {
-        let bad = || Error::InvalidField {
-            field: "Last-Event-ID",
-            reason: "must be an event id from this stream: REVISION or REVISION.INDEX".into(),
-        };
-        let digits =
-            |s: &str| !s.is_empty() && s.len() <= 19 && s.bytes().all(|b| b.is_ascii_digit());
-        let (revision, index) = match id.split_once('.') {
-            Some((r, n)) if digits(r) && digits(n) => (
-                r.parse::<i64>().map_err(|_| bad())?,
-                Some(n.parse::<u32>().map_err(|_| bad())?),
-            ),
-            None if digits(id) => (id.parse::<i64>().map_err(|_| bad())?, None),
-            _ => return Err(bad()),
-        };
-        if revision < 1 {
-            return Err(bad());
-        }
-        Ok(Self { revision, index })
-    }
-
-    /// The first revision a watch resuming after this position must see.
-    fn watch_from(self) -> i64 {
-        match self.index {
-            Some(_) => self.revision,
-            None => self.revision.saturating_add(1),
-        }
-    }
-}
-
-impl fmt::Display for Position {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.index {
-            Some(n) => write!(f, "{}.{n}", self.revision),
-            None => write!(f, "{}", self.revision),
-        }
-    }
-}
 
 /// What happened to a grant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -105,6 +64,16 @@ impl Kind {
             Kind::Expired => "expired",
         }
     }
+}
+
+/// What a subscription yields, in revision order.
+#[derive(Debug, Clone)]
+pub(crate) enum Next {
+    /// An ownership event.
+    Event(OwnershipEvent),
+    /// Every event up to this position has been yielded, and the subscription has read further
+    /// than its last event.
+    Progress(Position),
 }
 
 /// One ownership event, as sent in an SSE `data` line.
@@ -183,15 +152,23 @@ impl Feed {
             .with_range(prefix_end(self.holders.as_bytes()))
             .with_prev_key()
             .with_fragment()
+            .with_progress_notify()
             .with_start_revision(start.watch_from());
         let (index, stream) = self
             .etcd
             .open_watch(&self.ended, options, "event")
             .await
             .ok_or(Error::EtcdTimeout(self.etcd.timeout()))?;
+        // Everything up to here has been seen: `R` bare, or the revision before `R.n`.
+        let through = match start.index {
+            Some(_) => start.revision - 1,
+            None => start.revision,
+        };
         Ok(Subscription {
             feed: self.clone(),
             start,
+            through,
+            told: through,
             skip: start.index.map(|n| (start.revision, n)),
             stream,
             pinned: index,
@@ -338,6 +315,11 @@ pub(crate) struct Subscription {
     feed: Feed,
     /// Where the subscription starts (the first SSE id).
     start: Position,
+    /// Every event of the revisions up to this one has been read from etcd and classified (it
+    /// is in `ready`, or was yielded, or was none of the subscriber's).
+    through: i64,
+    /// The `through` last yielded as [`Next::Progress`] (or covered by the start).
+    told: i64,
     /// Events of this revision up to this index were seen before (a resume inside a revision).
     /// Kept for the subscription's life: responses before that revision's (etcd's "created")
     /// carry no events, and later revisions never match.
@@ -355,12 +337,19 @@ impl Subscription {
         self.start
     }
 
-    /// The next event, in revision order; `Ok(None)` when etcd ended the watch,
-    /// [`Error::EventsUnavailable`] when it cancelled it for compaction.
-    pub(crate) async fn next(&mut self) -> Result<Option<OwnershipEvent>> {
+    /// The next event or progress, in revision order; `Ok(None)` when etcd ended the watch,
+    /// [`Error::EventsUnavailable`] when it cancelled it for compaction. Cancel-safe.
+    pub(crate) async fn next(&mut self) -> Result<Option<Next>> {
         loop {
             if let Some(event) = self.ready.pop_front() {
-                return Ok(Some(event));
+                return Ok(Some(Next::Event(event)));
+            }
+            if self.through > self.told {
+                self.told = self.through;
+                return Ok(Some(Next::Progress(Position {
+                    revision: self.through,
+                    index: None,
+                })));
             }
             let resp = match self.stream.message().await {
                 Ok(Some(resp)) => resp,
@@ -378,6 +367,16 @@ impl Subscription {
                     )));
                 }
                 return Ok(None);
+            }
+            if resp.events().is_empty() {
+                // A timed progress notification: every event up to its revision was sent
+                // before it. (The watch's "created" answer says nothing of the kind: events
+                // from an older start revision follow it. A fragment never ends empty.)
+                if !resp.created() && !resp.0.fragment && self.partial.is_empty() {
+                    let revision = resp.header().map_or(0, |h| h.revision());
+                    self.through = self.through.max(revision);
+                }
+                continue;
             }
             // A fragment (etcd splits responses over its request size limit) may end inside a
             // revision: that revision's events wait for the rest. Only the revision being read
@@ -409,44 +408,6 @@ impl Subscription {
         let events = self.feed.classify(revision, &group, skip);
         self.ready.extend(events);
         self.partial.clear();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Position;
-
-    #[test]
-    fn positions_parse_and_print_back() {
-        for id in ["1", "42", "42.0", "42.17", "9223372036854775807.4294967295"] {
-            assert_eq!(
-                Position::parse(id).map(|p| p.to_string()).ok().as_deref(),
-                Some(id)
-            );
-        }
-        let p = Position::parse("42.3").ok();
-        assert_eq!(p.map(|p| p.watch_from()), Some(42));
-        assert_eq!(Position::parse("42").ok().map(|p| p.watch_from()), Some(43));
-        for bad in [
-            "",
-            "0",
-            "-1",
-            "+1",
-            "1.",
-            ".1",
-            "1.2.3",
-            "a",
-            "1.a",
-            " 1",
-            "1 ",
-            "1e3",
-            "0x10",
-            "99999999999999999999",
-            "1.99999999999",
-            "1.-1",
-            "１",
-        ] {
-            assert!(Position::parse(bad).is_err(), "{bad:?} accepted");
-        }
+        self.through = self.through.max(revision);
     }
 }

@@ -6,13 +6,15 @@ mod create;
 mod deletions;
 mod events;
 mod keepalive;
+mod position;
 mod watch;
 
 pub(crate) use batch::{Batching, GroupCommit, ETCD_MAX_TXN_OPS};
 pub(crate) use create::{Companion, Create, Creation, Quota};
 pub(crate) use deletions::{Deleted, Deletions};
-pub(crate) use events::{Feed, OwnershipEvent, Position, Subscription};
+pub(crate) use events::{Feed, Next, OwnershipEvent, Subscription};
 pub(crate) use keepalive::KeepAlive;
+pub(crate) use position::Position;
 pub(crate) use watch::{Holders, Wakeup};
 
 use std::future::Future;

@@ -1112,8 +1112,9 @@ impl Leases {
                 )
                 .await
         } else {
-            // The marker goes on the grant's own lease, so the revoke deletes it with the key.
-            match self.commit.mark(&marker).await {
+            // The marker goes on the grant's own lease, so the revoke deletes it with the key;
+            // it is written only while the key is still on that lease.
+            match self.commit.mark(&marker, &self.key(resource)).await {
                 Ok(true) => self.etcd.revoke_existing(record.lease_id).await,
                 other => other,
             }

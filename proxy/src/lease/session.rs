@@ -317,11 +317,14 @@ impl Leases {
         }
         // The marker tells the event stream its grants were released, not expired; the revoke
         // deletes it with them. Both run to their end in a task of their own, even if the
-        // client goes away: a marker without its revoke would leave the session alive.
+        // client goes away: a marker without its revoke would leave the session alive. A
+        // session that lapsed while its record was cached here writes nothing (its key is
+        // gone from its lease): closed already.
         let this = self.clone();
         self.tracker
             .spawn(async move {
-                if this.commit.mark(&this.feed.closed_marker(id)).await? {
+                let marker = this.feed.closed_marker(id);
+                if this.commit.mark(&marker, &this.session_key(id)).await? {
                     this.etcd.revoke(id).await?;
                 }
                 this.sessions.forget(id);

@@ -2,6 +2,8 @@
 //! of a real etcd (from `lease-proxy-testkit`), an HTTP client, and an etcd state snapshot.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod sse;
+
 use std::time::Duration;
 
 use serde_json::Value;

@@ -66,12 +66,14 @@ class Etcd:
         response = httpx.post(f"{self.url}/v3/lease/revoke", json={"ID": lease_id}, timeout=10)
         response.raise_for_status()
 
-    def compact(self) -> None:
-        """Compacts etcd's history up to its current revision."""
-        header = httpx.post(f"{self.url}/v3/kv/range", json={"key": "AA=="}, timeout=10).json()["header"]
+    def compact(self, revision: Optional[int] = None) -> None:
+        """Compacts etcd's history up to ``revision`` (default: its current revision)."""
+        if revision is None:
+            header = httpx.post(f"{self.url}/v3/kv/range", json={"key": "AA=="}, timeout=10).json()["header"]
+            revision = int(header["revision"])
         response = httpx.post(
             f"{self.url}/v3/kv/compaction",
-            json={"revision": header["revision"], "physical": True},
+            json={"revision": str(revision), "physical": True},
             timeout=10,
         )
         response.raise_for_status()

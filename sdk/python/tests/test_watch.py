@@ -154,6 +154,46 @@ def test_watch_reconnects_resumes_after_the_last_id_and_stops_on_compaction(scri
     assert stream.last_event_id == "12.1"
 
 
+# A quiet stream: id-only messages after the first (progress) move the resume point on
+# without an event; a reconnection resumes from the newest id of any message.
+PROGRESS_SCRIPT = [
+    (200, "id: 10\n\n" + event_text("11", "acquired", 11) + ": keepalive\n\nid: 14\n\n"),
+    (200, "id: 14\n\nid: 20\n\n" + event_text("21.0", "released", 11) + "id: 25\n\n"),
+    (410, COMPACTED),
+]
+
+
+@pytest.fixture
+def progressing() -> Iterator[ScriptedWatch]:
+    server = ScriptedWatch(PROGRESS_SCRIPT)
+    yield server
+    server.close()
+
+
+def test_progress_ids_move_the_resume_point_and_are_never_events(progressing: ScriptedWatch) -> None:
+    with Client(progressing.url) as client:
+        stream = client.watch(prefix="aisle-")
+        got = []
+        with pytest.raises(Compacted):
+            for event in stream:
+                got.append(event.id)
+    assert got == ["11", "21.0"]
+    assert progressing.seen_ids == [None, "14", "25"]
+    assert stream.last_event_id == "25"
+
+
+@pytest.mark.asyncio
+async def test_async_progress_ids_move_the_resume_point(progressing: ScriptedWatch) -> None:
+    async with AsyncClient(progressing.url) as client:
+        stream = client.watch()
+        got = []
+        with pytest.raises(Compacted):
+            async for event in stream:
+                got.append(event.id)
+    assert got == ["11", "21.0"]
+    assert progressing.seen_ids == [None, "14", "25"]
+
+
 @pytest.mark.asyncio
 async def test_async_watch_reconnects_and_resumes(scripted: ScriptedWatch) -> None:
     async with AsyncClient(scripted.url) as client:
@@ -213,3 +253,38 @@ def test_a_watch_resuming_from_compacted_history_raises_compacted(
         with pytest.raises(Compacted):
             for _ in client.watch(prefix=resource, last_event_id="1"):
                 pass
+
+
+def test_a_quiet_watch_keeps_a_resume_point_that_survives_compaction(
+    proxy: str, etcd: Etcd, resource: str
+) -> None:
+    """Against the proxy: changes under other names move a quiet watch's resume point on (no
+    event yielded); after a compaction up to it, resuming from it delivers what came next."""
+    with Client(proxy) as client:
+        stream = client.watch(prefix=resource)
+        events: List[Event] = []
+        reader = threading.Thread(target=lambda: events.extend(e for _, e in zip(range(1), stream)))
+        reader.start()
+        deadline = time.monotonic() + 10
+        while stream.last_event_id is None:
+            assert time.monotonic() < deadline, "the watch never started"
+            time.sleep(0.05)
+        first = stream.last_event_id
+        with client.lease(f"x{resource}", ttl=10, holder="elsewhere") as other:
+            pass
+        # the release came after the grant: wait for a resume point past it
+        while not (stream.last_event_id or "").isdigit() or int(stream.last_event_id) <= other.token:
+            assert time.monotonic() < deadline, f"resume point stayed at {stream.last_event_id} (first {first})"
+            time.sleep(0.05)
+        assert events == []
+        progress = stream.last_event_id
+        etcd.compact(int(progress))
+        resumed = client.watch(prefix=resource, last_event_id=progress)
+        with client.lease(resource, ttl=10, holder="after") as lease:
+            pass
+        [event] = [e for _, e in zip(range(1), resumed)]
+        assert (event.type, event.holder, event.token) == ("acquired", "after", lease.token)
+        resumed.close()
+        reader.join(timeout=20)  # the first stream sees the same acquire
+        stream.close()
+        assert [e.id for e in events] == [event.id]

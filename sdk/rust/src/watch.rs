@@ -94,7 +94,8 @@ impl Event {
     }
 }
 
-/// What the connection loop yields: an event, or an id-only message (a resume point).
+/// What the connection loop yields: an event, or an id-only message (a resume point: where
+/// the stream starts, or progress on a stream with no event to show).
 enum Item {
     Event(Event),
     Id(String),
@@ -103,7 +104,9 @@ enum Item {
 /// The events of a watch, as a [`Stream`]. Reconnects after transport failures, any 5xx
 /// answer and silent connections (with a backoff from 100 ms up to 5 s, reset only once a
 /// connection delivered an event), resuming after the last complete message seen, so nothing
-/// is lost or repeated. A malformed event, or a line (or one message's data) over 1 MiB, is
+/// is lost or repeated. Id-only messages (where the stream starts, and how far a stream with
+/// no event to show has read) are never yielded; they move the resume point on, so a quiet
+/// watch's resume point keeps up with etcd's compaction. A malformed event, or a line (or one message's data) over 1 MiB, is
 /// yielded as an [`Error::Protocol`] item and the stream goes on (after an oversized line, on
 /// a new connection). Ends after yielding an error that retrying cannot fix:
 /// [`Error::Compacted`] (list again, then watch without a last event id), or a problem such
@@ -122,8 +125,8 @@ impl std::fmt::Debug for EventStream {
 }
 
 impl EventStream {
-    /// The id of the last message received (event or resume point): pass it to
-    /// [`Client::watch`] to resume after it.
+    /// The id of the last message received (event, or an id-only resume point: the start, or
+    /// progress on a quiet stream): pass it to [`Client::watch`] to resume after it.
     pub fn last_event_id(&self) -> Option<&str> {
         self.last_event_id.as_deref()
     }
@@ -339,5 +342,39 @@ mod tests {
             matches!(w.ready.pop_front(), Some(Ok(Item::Event(e))) if e.token == 90 && e.kind == EventKind::Released)
         );
         assert!(w.ready.is_empty());
+        // A quiet stream's progress: an id-only message moves the resume point on, no event.
+        for m in parser.feed(b": keepalive\n\nid: 140\n\n") {
+            w.receive(m);
+        }
+        assert_eq!(w.last_event_id.as_deref(), Some("140"));
+        assert!(matches!(w.ready.pop_front(), Some(Ok(Item::Id(id))) if id == "140"));
+        assert!(w.ready.is_empty());
+    }
+
+    /// The stream yields events only, and its resume point is the newest id of any message:
+    /// progress after the last event included.
+    #[tokio::test]
+    async fn progress_ids_move_the_resume_point_and_are_never_yielded() {
+        use futures::StreamExt as _;
+        let event = Event::parse(
+            "101.0".into(),
+            r#"{"type":"acquired","resource":"a","holder":"h","token":"101","revision":101,"lease_id":"5"}"#,
+        )
+        .unwrap();
+        let items = vec![
+            Ok(Item::Id("100".into())),
+            Ok(Item::Id("100.4".into())),
+            Ok(Item::Event(event.clone())),
+            Ok(Item::Id("130".into())),
+            Ok(Item::Id("150".into())),
+        ];
+        let mut stream = EventStream {
+            items: Box::pin(futures::stream::iter(items)),
+            last_event_id: None,
+        };
+        assert_eq!(stream.next().await.map(|e| e.ok()), Some(Some(event)));
+        assert_eq!(stream.last_event_id(), Some("101.0"));
+        assert!(stream.next().await.is_none());
+        assert_eq!(stream.last_event_id(), Some("150"));
     }
 }

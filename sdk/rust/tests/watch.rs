@@ -158,3 +158,57 @@ async fn a_compacted_resume_point_is_reported_and_ends_the_stream() {
     );
     assert!(stream.next().await.is_none());
 }
+
+/// A watch whose prefix is quiet while others change: its resume point moves on with id-only
+/// messages (never yielded as events), so after etcd compacted past its first id, resuming
+/// from the newest one succeeds and delivers what came next.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_quiet_watch_keeps_a_resume_point_that_survives_compaction() {
+    let etcd = Etcd::single().await;
+    let proxy = start_proxy(&etcd).await;
+    let client = Client::new(&proxy.url).unwrap();
+    let mut stream = client.watch("aisle-", None);
+    while stream.last_event_id().is_none() {
+        let _ = tokio::time::timeout(Duration::from_millis(100), stream.next()).await;
+    }
+    let first = stream.last_event_id().unwrap().to_owned();
+    let ttl = Duration::from_secs(30);
+    let mut last = 0;
+    for r in ["dock-1", "dock-2", "dock-3"] {
+        last = client
+            .grant(r, &AcquireOptions::new("robot-a", ttl))
+            .await
+            .unwrap()
+            .token;
+    }
+    // Polled with no event to yield until its resume point reaches the last change.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let progress = loop {
+        let polled = tokio::time::timeout(Duration::from_millis(200), stream.next()).await;
+        assert!(polled.is_err(), "a quiet watch yielded {polled:?}");
+        let id = stream.last_event_id().unwrap().to_owned();
+        if id.parse::<u64>().is_ok_and(|r| r >= last) {
+            break id;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the resume point stayed at {id} (first {first}), the last change is {last}"
+        );
+    };
+    drop(stream);
+    let mut etcd_client = etcd.client().await;
+    etcd_client
+        .compact(progress.parse::<i64>().unwrap(), None)
+        .await
+        .unwrap();
+    let mut resumed = client.watch("aisle-", Some(progress));
+    let held = client
+        .grant("aisle-1", &AcquireOptions::new("robot-b", ttl))
+        .await
+        .unwrap();
+    let event = next(&mut resumed).await;
+    assert_eq!(
+        (event.kind, event.resource.as_str(), event.token),
+        (EventKind::Acquired, "aisle-1", held.token)
+    );
+}

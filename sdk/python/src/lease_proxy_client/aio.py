@@ -521,7 +521,8 @@ class AsyncEventStream:
 
     @property
     def last_event_id(self) -> Optional[str]:
-        """The id to resume after."""
+        """The id to resume after: the newest of any message, progress included (as
+        :attr:`EventStream.last_event_id <lease_proxy_client.EventStream>`)."""
         return self._watch.last_event_id
 
     def __aiter__(self) -> AsyncIterator[Event]:

@@ -476,7 +476,9 @@ class EventStream:
 
     @property
     def last_event_id(self) -> Optional[str]:
-        """The id to resume after (the last event's, or the stream's starting point)."""
+        """The id to resume after: the newest of any message — the last event's, the stream's
+        starting point, or a quiet stream's progress (id-only messages, never yielded as events),
+        so a quiet watch's resume point keeps up with etcd's compaction."""
         return self._watch.last_event_id
 
     def __iter__(self) -> Iterator[Event]:

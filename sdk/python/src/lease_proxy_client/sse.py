@@ -33,7 +33,8 @@ class Parser:
     Follows the event-stream rules: ``:`` starts a comment, ``field: value`` loses one space after
     the colon, a line without a colon is a field with an empty value, an ``id`` containing NUL is
     ignored, a blank line dispatches. A message with no data is not dispatched, but its ``id`` is
-    still taken: that is how the watch's first, id-only message sets the resume point.
+    still taken: that is how the watch's first, id-only message sets the resume point, and how a
+    quiet stream's progress messages (id-only too) move it on.
     """
 
     def __init__(self, last_event_id: Optional[str] = None) -> None:
