@@ -314,7 +314,8 @@ async fn livez() -> &'static str {
     "ok"
 }
 
-/// Ready when not draining and the mark store answers.
+/// Ready when not draining and the mark store can make a raise: its write probe (a small
+/// durable write of its own, at most once per [`PROBE_TTL`](crate::store::PROBE_TTL)) succeeds.
 #[utoipa::path(
     get,
     path = "/readyz",
@@ -322,7 +323,7 @@ async fn livez() -> &'static str {
     tag = "operations",
     responses(
         (status = 200, description = "`ok`", body = String, content_type = "text/plain"),
-        (status = 503, description = "`draining` or `store unavailable`", body = String, content_type = "text/plain"),
+        (status = 503, description = "`draining`, or `store unavailable`: the store's write probe failed (a raise would fail)", body = String, content_type = "text/plain"),
     ),
 )]
 async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, &'static str) {

@@ -41,7 +41,8 @@ impl SqliteStore {
             "CREATE TABLE IF NOT EXISTS fence (
                 resource TEXT PRIMARY KEY NOT NULL,
                 mark BLOB NOT NULL CHECK (length(mark) = 16)
-            ) WITHOUT ROWID;",
+            ) WITHOUT ROWID;
+            CREATE TABLE IF NOT EXISTS fence_probe (id INTEGER PRIMARY KEY, pad BLOB);",
         )
         .map_err(err)?;
         Ok(Self {
@@ -105,11 +106,39 @@ impl HighWaterMarks for SqliteStore {
             decode(&mark)
         }))
     }
+
+    /// A transaction that allocates [`PROBE_PAGES`] pages (a row that needs them, deleted again
+    /// before the commit) and commits, fsynced: it fails when the file may not grow by that much
+    /// and its free pages are used up (`SQLITE_FULL`), when the journal cannot grow (a full
+    /// disk), or when the write lock is held elsewhere — as a raise would. The pages it frees go
+    /// to the file's free list, so probes do not grow the file.
+    fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(self.with_conn(|conn| {
+            let tx = conn
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(err)?;
+            let page_size: i64 = tx
+                .query_row("PRAGMA page_size", [], |row| row.get(0))
+                .map_err(err)?;
+            tx.execute(
+                "INSERT OR REPLACE INTO fence_probe (id, pad) VALUES (1, zeroblob(?1))",
+                params![PROBE_PAGES * page_size],
+            )
+            .map_err(err)?;
+            tx.execute("DELETE FROM fence_probe", []).map_err(err)?;
+            tx.commit().map_err(err)
+        }))
+    }
 }
+
+/// How many pages a readiness probe allocates: more than a raise needs (a new row, at worst a
+/// leaf and an interior page split), so a store with room for a probe has room for a raise.
+const PROBE_PAGES: i64 = 3;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[tokio::test]
     async fn marks_only_rise_and_survive_reopen() {
@@ -121,6 +150,58 @@ mod tests {
         let store = SqliteStore::open(&path).unwrap();
         assert_eq!(store.get("r").await.unwrap(), Some(Token::new(1, 0)));
         assert_eq!(store.get("other").await.unwrap(), None);
+    }
+
+    /// Polls `gate`'s readiness until it is `want`, for at most `within`.
+    async fn readiness_becomes(gate: &crate::Gate<SqliteStore>, want: bool, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        while crate::Admission::ready(gate).await != want {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "readiness still {} after {within:?}",
+                !want
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A full disk, as SQLite sees one (`SQLITE_FULL` once the file may not grow): readiness
+    /// follows whether a raise can be made, and comes back when it can again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn readiness_follows_whether_a_raise_can_be_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("marks.db")).unwrap();
+        let gate = crate::Gate::new(store.clone()).with_write_grace(Duration::ZERO);
+        readiness_becomes(&gate, true, Duration::from_secs(5)).await;
+        let pragma = |sql: &'static str| {
+            let conn = store.conn.lock().unwrap();
+            conn.execute_batch(sql).unwrap();
+        };
+        {
+            let conn = store.conn.lock().unwrap();
+            let pages: i64 = conn
+                .query_row("PRAGMA page_count", [], |r| r.get(0))
+                .unwrap();
+            conn.execute_batch(&format!("PRAGMA max_page_count = {pages}"))
+                .unwrap();
+        }
+        let mut raised = 0;
+        let full = loop {
+            assert!(raised < 20_000, "the store never filled up");
+            match gate.admit(&format!("r-{raised}"), Token::new(0, 1)).await {
+                Ok(permit) => permit.complete(),
+                Err(e) => break e,
+            }
+            raised += 1;
+        };
+        assert!(full.to_string().contains("full"), "{full}");
+        readiness_becomes(&gate, false, Duration::from_secs(5)).await;
+        pragma("PRAGMA max_page_count = 1000000");
+        readiness_becomes(&gate, true, Duration::from_secs(5)).await;
+        gate.admit(&format!("r-{raised}"), Token::new(0, 1))
+            .await
+            .unwrap()
+            .complete();
     }
 
     #[tokio::test]

@@ -82,4 +82,8 @@ impl<S: HighWaterMarks> HighWaterMarks for Timed<S> {
                 .time("raise", self.inner.raise(resource, token)),
         )
     }
+
+    fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(self.latency.time("probe", self.inner.probe()))
+    }
 }
