@@ -244,6 +244,10 @@ impl<S: HighWaterMarks> Gate<S> {
     /// Admits a write with `token` on `resource`, waiting for lower in-flight writes to finish
     /// and raising the mark durably when `token` is above it.
     pub async fn admit(&self, resource: &str, token: Token) -> Result<Permit, GateError> {
+        // A store that lost its file refuses writes at the mark too, not only raises.
+        if let Some(failed) = self.store.failed() {
+            return Err(failed.into());
+        }
         let entry = self.entry(resource);
         loop {
             {

@@ -1,4 +1,5 @@
-//! The fence-gateway binary on a SQLite marks file: readiness on a full disk.
+//! The fence-gateway binary on a SQLite marks file: readiness on a full disk, one gateway per
+//! file, and a file removed, replaced or restored from a backup never lowering a mark.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -109,4 +110,139 @@ async fn readyz_is_503_while_the_disk_is_full() {
     assert_eq!(put(&gw, &keys, "aisle-2", 1).await, 200);
     assert_eq!(put(&gw, &keys, "aisle-1", 2).await, 200);
     drop(gw);
+}
+
+/// What the storage applied, in order: the revision of each token that reached it.
+fn applied(storage: &RecordingStorage) -> Vec<u64> {
+    storage
+        .take()
+        .iter()
+        .filter(|r| r.method == "PUT")
+        .map(|r| {
+            let wire = String::from_utf8(r.tokens[0].clone()).unwrap();
+            wire.split('.').nth(3).unwrap().parse().unwrap()
+        })
+        .collect()
+}
+
+async fn put_era(gw: &GatewayProcess, keys: &Keyring, resource: &str, token: Token) -> u16 {
+    reqwest::Client::new()
+        .put(format!("{}/inventory/{resource}", gw.url))
+        .header("fencing-resource", resource)
+        .header("fencing-token", keys.mint(resource, token))
+        .body("count")
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// F3: one SQLite file serves one gateway. A second gateway on it does not start (exit 1, the
+/// binary's status for a store it cannot open) and says why; the first goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_gateway_on_the_same_file_fails_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (keys_path, keys) = key_file(dir.path());
+    let storage = RecordingStorage::start().await;
+    let store = format!("sqlite:{}", dir.path().join("marks.db").display());
+    let first = GatewayProcess::start_with_store(&storage.url, &store, &keys_path, &[]).await;
+    assert_eq!(put(&first, &keys, "aisle-1", 10).await, 200);
+    let (status, stderr) = common::gateway_refuses(&storage.url, &store, &keys_path, &[]);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("in use by another process"), "{stderr}");
+    assert_eq!(put(&first, &keys, "aisle-1", 11).await, 200);
+    assert_eq!(put(&first, &keys, "aisle-1", 10).await, 409);
+    assert_eq!(applied(&storage), [10, 11]);
+}
+
+/// F3: the marks file removed (and another put in its place) while the gateway runs: every
+/// write is refused and `/readyz` is 503 from the next raise or probe on; a restart on what is
+/// now at the path is refused, so the lower token is never admitted (not 20, 21, 19). The way
+/// forward is an era floor: every token of an older era is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_marks_file_removed_while_running_is_noticed_and_never_lowers_a_mark() {
+    let dir = tempfile::tempdir().unwrap();
+    let (keys_path, keys) = key_file(dir.path());
+    let storage = RecordingStorage::start().await;
+    let path = dir.path().join("marks.db");
+    let store = format!("sqlite:{}", path.display());
+    let gw = GatewayProcess::start_with_store(&storage.url, &store, &keys_path, &[]).await;
+    assert_eq!(put(&gw, &keys, "aisle-1", 20).await, 200);
+    assert_eq!(put(&gw, &keys, "aisle-1", 21).await, 200);
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    readyz_becomes(&gw, 503, Duration::from_secs(10)).await;
+    // A raise and a write at the mark alike.
+    assert_eq!(put(&gw, &keys, "aisle-2", 1).await, 503);
+    assert_eq!(put(&gw, &keys, "aisle-1", 21).await, 503);
+    // An empty marks file put in its place changes nothing.
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch("CREATE TABLE t (x)")
+        .unwrap();
+    assert_eq!(put(&gw, &keys, "aisle-1", 22).await, 503);
+    drop(gw);
+
+    let (status, stderr) = common::gateway_refuses(&storage.url, &store, &keys_path, &[]);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--era-floor"), "{stderr}");
+    std::fs::remove_file(&path).unwrap();
+    let (status, stderr) = common::gateway_refuses(&storage.url, &store, &keys_path, &[]);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("missing"), "{stderr}");
+
+    // The operator bumps the proxies' era to 1 and starts the gateway with that floor.
+    let flags = ["--era-floor", "1"];
+    let gw = GatewayProcess::start_with_store(&storage.url, &store, &keys_path, &flags).await;
+    assert_eq!(put(&gw, &keys, "aisle-1", 19).await, 409);
+    assert_eq!(put(&gw, &keys, "aisle-1", 21).await, 409);
+    assert_eq!(put_era(&gw, &keys, "aisle-1", Token::new(1, 3)).await, 200);
+    drop(gw);
+    // The floor is kept in the file: it holds without the flag.
+    let gw = GatewayProcess::start_with_store(&storage.url, &store, &keys_path, &[]).await;
+    assert_eq!(put(&gw, &keys, "aisle-9", 30).await, 409);
+    assert_eq!(applied(&storage), [20, 21, 3]);
+}
+
+/// F3: an older copy of the marks file (a backup taken while the gateway ran, before a raise)
+/// put back is refused at start, rather than letting 19 in after 21; with an era floor above
+/// every era the store used, every old token is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_older_copy_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (keys_path, keys) = key_file(dir.path());
+    let storage = RecordingStorage::start().await;
+    let path = dir.path().join("marks.db");
+    let backup = dir.path().join("backup.db");
+    let store = format!("sqlite:{}", path.display());
+    let gw = GatewayProcess::start_with_store(&storage.url, &store, &keys_path, &[]).await;
+    assert_eq!(put(&gw, &keys, "aisle-1", 20).await, 200);
+    // An online backup, as `sqlite3 marks.db .backup` takes one.
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute(&format!("VACUUM INTO '{}'", backup.display()), [])
+        .unwrap();
+    assert_eq!(put(&gw, &keys, "aisle-1", 21).await, 200);
+    drop(gw);
+    for suffix in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    std::fs::copy(&backup, &path).unwrap();
+
+    let (status, stderr) = common::gateway_refuses(&storage.url, &store, &keys_path, &[]);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("older copy"), "{stderr}");
+    // A floor that is not above the era the store has used does not do.
+    let (status, stderr) =
+        common::gateway_refuses(&storage.url, &store, &keys_path, &["--era-floor", "0"]);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+
+    let flags = ["--era-floor", "1"];
+    let gw = GatewayProcess::start_with_store(&storage.url, &store, &keys_path, &flags).await;
+    assert_eq!(put(&gw, &keys, "aisle-1", 19).await, 409);
+    assert_eq!(put(&gw, &keys, "aisle-1", 20).await, 409);
+    assert_eq!(put_era(&gw, &keys, "aisle-1", Token::new(1, 2)).await, 200);
+    assert_eq!(applied(&storage), [20, 21, 2]);
 }

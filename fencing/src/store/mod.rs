@@ -53,6 +53,13 @@ pub trait HighWaterMarks: Send + Sync + 'static {
     /// `Err` when a raise would fail — a full disk, a read-only database, a lock held elsewhere.
     /// Gates call it at most once per [`PROBE_TTL`].
     fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// A failure after which the store refuses every call until the process restarts (SQLite:
+    /// its file was removed or replaced while running), once one was seen; `None` otherwise.
+    /// Gates check it before admitting any write, so it must be cheap (no I/O).
+    fn failed(&self) -> Option<StoreError> {
+        None
+    }
 }
 
 /// A store chosen at run time (e.g. from `--store`).
@@ -71,6 +78,10 @@ impl HighWaterMarks for Box<dyn HighWaterMarks> {
 
     fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         (**self).probe()
+    }
+
+    fn failed(&self) -> Option<StoreError> {
+        (**self).failed()
     }
 }
 

@@ -86,4 +86,8 @@ impl<S: HighWaterMarks> HighWaterMarks for Timed<S> {
     fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(self.latency.time("probe", self.inner.probe()))
     }
+
+    fn failed(&self) -> Option<StoreError> {
+        self.inner.failed()
+    }
 }
