@@ -177,6 +177,22 @@ async fn a_marks_file_removed_while_running_is_noticed_and_never_lowers_a_mark()
     // A raise and a write at the mark alike.
     assert_eq!(put(&gw, &keys, "aisle-2", 1).await, 503);
     assert_eq!(put(&gw, &keys, "aisle-1", 21).await, 503);
+    let refused = reqwest::Client::new()
+        .put(format!("{}/inventory/aisle-1", gw.url))
+        .header("fencing-resource", "aisle-1")
+        .header("fencing-token", keys.mint("aisle-1", Token::new(0, 21)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        refused.headers()["content-type"],
+        "application/problem+json"
+    );
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert!(body["type"]
+        .as_str()
+        .unwrap()
+        .ends_with("/fence-store-unavailable"));
     // An empty marks file put in its place changes nothing.
     rusqlite::Connection::open(&path)
         .unwrap()
