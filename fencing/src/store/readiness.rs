@@ -1,8 +1,9 @@
 //! Readiness from a write probe: whether the store can make a raise now, learnt by making a
 //! small durable write of its own ([`HighWaterMarks::probe`](super::HighWaterMarks::probe)) —
 //! a store that answers reads while every write fails (a full disk, a read-only standby, a lock
-//! held elsewhere) is not ready. The outcome is kept for [`PROBE_TTL`], so a probe costs one write
-//! however often readiness is asked, and concurrent checks share one probe.
+//! held elsewhere) is not ready. A success is kept for [`PROBE_TTL`], so a healthy store costs one
+//! probe write per TTL however often readiness is asked; a failure is not kept, so a store that
+//! recovers is ready at the next check. Concurrent checks share one probe.
 
 use std::future::Future;
 use std::time::Duration;
@@ -11,40 +12,40 @@ use tokio::time::Instant;
 
 use super::StoreError;
 
-/// How long a probe's outcome answers readiness checks (load balancers and orchestrators may ask
-/// several times a second; each probe is a durable write). Readiness follows a store that starts
-/// or stops taking writes within this time (plus the probe's own deadline).
+/// How long a successful probe answers readiness checks (load balancers and orchestrators may ask
+/// several times a second; each probe is a durable write). Readiness follows a store that stops
+/// taking writes within this time (plus the probe's own deadline).
 pub const PROBE_TTL: Duration = Duration::from_secs(1);
 
-/// The last probe's outcome, shared by every readiness check of one gate.
+/// When a probe last succeeded, shared by every readiness check of one gate.
 #[derive(Debug, Default)]
 pub(crate) struct Readiness {
-    last: tokio::sync::Mutex<Option<(Instant, bool)>>,
+    last_success: tokio::sync::Mutex<Option<Instant>>,
 }
 
 impl Readiness {
-    /// Whether the store can make a raise: the last outcome if younger than [`PROBE_TTL`], else
-    /// `probe()`'s (which the caller bounds with the store deadline). Checks arriving while a
-    /// probe runs wait for its outcome instead of starting their own.
+    /// Whether the store can make a raise: `true` if a probe succeeded within [`PROBE_TTL`],
+    /// else `probe()`'s outcome (the caller bounds it with the store deadline). Checks arriving
+    /// while a probe runs wait for it, then use its success or probe again.
     pub(crate) async fn check<F>(&self, probe: impl FnOnce() -> F) -> bool
     where
         F: Future<Output = Result<(), StoreError>>,
     {
-        let mut last = self.last.lock().await;
-        if let Some((at, ok)) = *last {
-            if at.elapsed() < PROBE_TTL {
-                return ok;
-            }
+        let mut last_success = self.last_success.lock().await;
+        if last_success.is_some_and(|at| at.elapsed() < PROBE_TTL) {
+            return true;
         }
-        let ok = match probe().await {
-            Ok(()) => true,
+        match probe().await {
+            Ok(()) => {
+                *last_success = Some(Instant::now());
+                true
+            }
             Err(e) => {
+                *last_success = None;
                 tracing::warn!(error = %e, "readiness probe failed: a raise cannot be made");
                 false
             }
-        };
-        *last = Some((Instant::now(), ok));
-        ok
+        }
     }
 }
 
@@ -55,7 +56,7 @@ mod tests {
     use std::sync::Arc;
 
     #[tokio::test(start_paused = true)]
-    async fn one_probe_answers_for_its_ttl_and_concurrent_checks_share_it() {
+    async fn a_success_answers_for_its_ttl_a_failure_is_probed_again() {
         let readiness = Arc::new(Readiness::default());
         let probes = Arc::new(AtomicUsize::new(0));
         let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -93,10 +94,10 @@ mod tests {
         tokio::time::advance(PROBE_TTL).await;
         assert!(!check().await, "a failed probe read as ready");
         assert!(!check().await);
-        assert_eq!(probes.load(Ordering::SeqCst), 2);
+        assert_eq!(probes.load(Ordering::SeqCst), 3, "a failure was kept");
         failing.store(false, Ordering::SeqCst);
-        tokio::time::advance(PROBE_TTL).await;
-        assert!(check().await, "readiness did not come back");
-        assert_eq!(probes.load(Ordering::SeqCst), 3);
+        assert!(check().await, "readiness did not come back at once");
+        assert!(check().await);
+        assert_eq!(probes.load(Ordering::SeqCst), 4);
     }
 }
