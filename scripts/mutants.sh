@@ -36,7 +36,7 @@ skip=(
 nice -n 19 cargo mutants "${common[@]}" --package fencing \
   -f fencing/src/gate.rs -f fencing/src/token.rs -f fencing/src/keys.rs -f fencing/src/domain.rs \
   -f fencing/src/admission.rs -f fencing/src/layer/classify.rs \
-  -f fencing/src/store/memory.rs -f fencing/src/store/sqlite.rs \
+  -f fencing/src/store/memory.rs -f 'fencing/src/store/sqlite/*.rs' \
   "${skip[@]}" -o "$out/fencing" || true
 nice -n 19 cargo mutants "${common[@]}" --package lease-proxy -f 'proxy/src/lease/*.rs' \
   -o "$out/lease-proxy" || true

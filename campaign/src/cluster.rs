@@ -568,8 +568,8 @@ impl Cluster {
         let Some(path) = &self.sqlite else {
             return Ok(None);
         };
-        let store = fencing::SqliteStore::open(path)?;
-        Ok(fencing::HighWaterMarks::get(&store, resource).await?)
+        // Read beside the running gateway, which holds the store itself.
+        Ok(fencing::SqliteStore::read_mark(path, resource)?)
     }
 
     /// Whether marks are kept durably where [`Cluster::stored_mark`] can read them.

@@ -26,7 +26,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::admission::{Admission, Outcome, Permit, Release, DEFAULT_WRITE_GRACE};
-use crate::store::{HighWaterMarks, StoreError};
+use crate::store::{HighWaterMarks, Readiness, StoreError};
 use crate::Token;
 
 /// Why a write was not admitted.
@@ -83,6 +83,7 @@ pub struct Gate<S> {
     idle_eviction: Duration,
     last_sweep: Mutex<Instant>,
     store_timeout: Duration,
+    readiness: Readiness,
 }
 
 /// One in-flight write, counted until its permit ends.
@@ -125,6 +126,7 @@ impl<S: HighWaterMarks> Gate<S> {
             idle_eviction: DEFAULT_IDLE_EVICTION,
             last_sweep: Mutex::new(now),
             store_timeout: DEFAULT_STORE_TIMEOUT,
+            readiness: Readiness::default(),
         }
     }
 
@@ -242,6 +244,10 @@ impl<S: HighWaterMarks> Gate<S> {
     /// Admits a write with `token` on `resource`, waiting for lower in-flight writes to finish
     /// and raising the mark durably when `token` is above it.
     pub async fn admit(&self, resource: &str, token: Token) -> Result<Permit, GateError> {
+        // A store that lost its file refuses writes at the mark too, not only raises.
+        if let Some(failed) = self.store.failed() {
+            return Err(failed.into());
+        }
         let entry = self.entry(resource);
         loop {
             {
@@ -353,8 +359,13 @@ impl<S: HighWaterMarks> Admission for Gate<S> {
         Box::pin(Gate::admit(self, resource, token))
     }
 
+    /// Ready when the store can make a raise: its write probe, within the store timeout (at
+    /// most one probe per [`PROBE_TTL`](crate::store::PROBE_TTL)).
     fn ready(&self) -> futures::future::BoxFuture<'_, bool> {
-        Box::pin(async move { self.bounded("get", self.store.get("readyz")).await.is_ok() })
+        Box::pin(
+            self.readiness
+                .check(|| self.bounded("probe", self.store.probe())),
+        )
     }
 }
 
@@ -436,6 +447,10 @@ mod tests {
             token: Token,
         ) -> futures::future::BoxFuture<'a, Result<Token, StoreError>> {
             self.inner.raise(resource, token)
+        }
+
+        fn probe(&self) -> futures::future::BoxFuture<'_, Result<(), StoreError>> {
+            self.inner.probe()
         }
     }
 

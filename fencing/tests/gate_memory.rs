@@ -30,6 +30,10 @@ impl HighWaterMarks for Elsewhere {
     fn raise<'a>(&'a self, _: &'a str, token: Token) -> BoxFuture<'a, Result<Token, StoreError>> {
         Box::pin(async move { Ok(token) })
     }
+
+    fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -166,6 +166,11 @@ impl HighWaterMarks for BrokenStore {
     ) -> futures::future::BoxFuture<'a, Result<Token, fencing::StoreError>> {
         Box::pin(async { Err(fencing::StoreError("disk on fire".into())) })
     }
+
+    /// Writes fail, whether reads work or not.
+    fn probe(&self) -> futures::future::BoxFuture<'_, Result<(), fencing::StoreError>> {
+        Box::pin(async { Err(fencing::StoreError("disk on fire".into())) })
+    }
 }
 
 #[tokio::test]
@@ -174,6 +179,11 @@ async fn a_failing_store_fails_closed() {
     for reads_work in [false, true] {
         let log: Log = Arc::default();
         let gate = Arc::new(Gate::new(BrokenStore { reads_work }));
+        // No raise can be made: not ready, even when reads work (issue 27 F4).
+        assert!(
+            !fencing::Admission::ready(&*gate).await,
+            "reads_work={reads_work}"
+        );
         let mut service = ServiceBuilder::new()
             .layer(FencingLayer::new(Fence::new(keys.clone(), gate), ByHeader))
             .service(recording_upstream(log.clone()));

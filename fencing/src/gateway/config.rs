@@ -48,6 +48,19 @@ pub struct GatewayConfig {
     )]
     pub store: String,
 
+    /// SQLite store only: refuse every token of an era below ERA, on every resource (kept in the
+    /// marks file: it stays when the flag is gone, and never goes down). The way forward when the
+    /// marks file was lost or restored from a backup, which the gateway otherwise refuses to
+    /// start on: bump every lease-proxy's `--era` to ERA, then start with `--era-floor ERA`, ERA
+    /// above every era the store used (the refusal names it).
+    #[arg(
+        long,
+        env = "FENCE_GATEWAY_ERA_FLOOR",
+        default_value_t = 0,
+        value_name = "ERA"
+    )]
+    pub era_floor: u64,
+
     /// Fencing key file shared with lease-proxy (`KID SECRET` per line). Required.
     #[arg(long, env = "FENCE_GATEWAY_KEY_FILE")]
     pub key_file: Option<PathBuf>,
@@ -393,6 +406,11 @@ impl GatewayConfig {
                 self.store
             )));
         }
+        if self.era_floor > 0 && !self.store.starts_with("sqlite:") {
+            return Err(GatewayConfigError(
+                "--era-floor is for the SQLite store (--store sqlite:PATH)".into(),
+            ));
+        }
         if postgres && self.store.parse::<tokio_postgres::Config>().is_err() {
             return Err(GatewayConfigError("--store: invalid PostgreSQL URL".into()));
         }
@@ -415,7 +433,8 @@ impl GatewayConfig {
             )
         };
         if let Some(path) = self.store.strip_prefix("sqlite:") {
-            return Ok(local(Box::new(SqliteStore::open(path.as_ref())?)));
+            let store = SqliteStore::open_with_era_floor(path.as_ref(), self.era_floor)?;
+            return Ok(local(Box::new(store)));
         }
         if self.store == "memory" {
             tracing::warn!("--store memory: marks are forgotten on restart (tests only)");
@@ -503,5 +522,11 @@ mod tests {
         let mut c = base();
         c.upstream = Some("ftp://127.0.0.1:1".into());
         assert!(refused(c).contains("http(s)"));
+        let mut c = base();
+        c.era_floor = 1;
+        assert!(refused(c).contains("--era-floor is for the SQLite store"));
+        let mut c = GatewayConfig::new("http://127.0.0.1:1", "sqlite:m.db", key.clone());
+        c.era_floor = 1;
+        c.validate().unwrap();
     }
 }

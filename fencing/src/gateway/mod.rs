@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use http::Request;
@@ -68,6 +68,8 @@ struct Shared {
     metrics: Metrics,
     /// Who may pre-fence (client certificate names); empty: anyone.
     fence_principals: Vec<String>,
+    /// The pre-fence route as a path-mode pattern: its resource is taken as a write's is.
+    prefence_path: PathPattern,
 }
 
 /// How the gateway tells which writes are protected: a path pattern if configured, else the
@@ -126,6 +128,8 @@ pub async fn run(
         draining: AtomicBool::new(false),
         metrics,
         fence_principals: config.fence_principals.clone(),
+        prefence_path: PathPattern::parse(PREFENCE_PATTERN)
+            .ok_or_else(|| GatewayConfigError(format!("{PREFENCE_PATTERN}: not a pattern")))?,
     });
     let max_body = config.max_body_bytes;
     let proxy = tower::service_fn(move |req: Request<Body>| {
@@ -226,8 +230,13 @@ fn limit_body(req: Request<Body>, limit: usize) -> Request<Body> {
     req.map(|b| Body::new(Limited::new(b, limit)))
 }
 
+/// The pre-fence route, as a [`PathPattern`].
+const PREFENCE_PATTERN: &str = "/fence/{resource}";
+
 /// `POST /fence/{resource}`: raises the mark to the presented token without a write, so an
-/// evicted holder is cut off before the new holder's first write.
+/// evicted holder is cut off before the new holder's first write. The resource is read from the
+/// raw path exactly as path mode reads a write's (canonical, no encoding, the resource grammar),
+/// so a pre-fence can raise no mark that no write could reach.
 #[utoipa::path(
     post,
     path = "/fence/{resource}",
@@ -239,22 +248,24 @@ fn limit_body(req: Request<Body>, limit: usize) -> Request<Body> {
     ),
     responses(
         (status = 200, description = "The mark is now at least the token", body = openapi::Fenced),
-        (status = 400, description = "More than one token"),
+        (status = 400, description = "More than one token, or a resource outside the resource grammar (1–200 bytes of `[A-Za-z0-9._:-]`, starting with a letter or digit, no `..`) or percent-encoded"),
         (status = 401, description = "The token is malformed, forged or from an unknown key"),
-        (status = 403, description = "The token is for another resource, or the client certificate names no principal allowed to pre-fence"),
+        (status = 403, description = "The token is for another resource, a `Fencing-Resource` header names another resource, or the client certificate names no principal allowed to pre-fence"),
         (status = 409, description = "The token is below the mark (which is in `mark`)"),
         (status = 428, description = "No token"),
     ),
     security((), ("client_certificate" = [])),
 )]
-async fn prefence(
-    State(shared): State<Arc<Shared>>,
-    Path(resource): Path<String>,
-    req: Request<Body>,
-) -> Response {
+async fn prefence(State(shared): State<Arc<Shared>>, req: Request<Body>) -> Response {
     if let Some(refusal) = fence_caller(&shared.fence_principals, &req) {
         return refusal;
     }
+    let resource = match shared.prefence_path.classify(&req) {
+        Decision::Protect(resource) => resource,
+        Decision::Reject(refusal) => return refusal.into_response(),
+        // Only for reads, and this route serves POST alone.
+        Decision::Pass => return Rejection::UnmatchedPath.into_response(),
+    };
     let wire = match crate::layer::presented_token(&req) {
         Ok(w) => w.to_owned(),
         Err(r) => return r.into_response(),
@@ -312,7 +323,8 @@ async fn livez() -> &'static str {
     "ok"
 }
 
-/// Ready when not draining and the mark store answers.
+/// Ready when not draining and the mark store can make a raise: its write probe (a small
+/// durable write of its own, at most once per [`PROBE_TTL`](crate::store::PROBE_TTL)) succeeds.
 #[utoipa::path(
     get,
     path = "/readyz",
@@ -320,7 +332,7 @@ async fn livez() -> &'static str {
     tag = "operations",
     responses(
         (status = 200, description = "`ok`", body = String, content_type = "text/plain"),
-        (status = 503, description = "`draining` or `store unavailable`", body = String, content_type = "text/plain"),
+        (status = 503, description = "`draining`, or `store unavailable`: the store's write probe failed (a raise would fail)", body = String, content_type = "text/plain"),
     ),
 )]
 async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, &'static str) {

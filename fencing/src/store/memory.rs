@@ -46,6 +46,16 @@ impl HighWaterMarks for MemoryStore {
             Ok(*mark)
         })
     }
+
+    /// Memory takes every write it can lock.
+    fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            self.marks
+                .lock()
+                .map(drop)
+                .map_err(|_| StoreError("poisoned".into()))
+        })
+    }
 }
 
 #[cfg(test)]

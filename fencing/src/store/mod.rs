@@ -9,6 +9,7 @@
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod readiness;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod timed;
@@ -16,6 +17,8 @@ mod timed;
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{FencedError, PostgresStore, SharedGate};
+pub(crate) use readiness::Readiness;
+pub use readiness::PROBE_TTL;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use timed::{StoreLatency, Timed, DURATION_BUCKETS};
@@ -44,6 +47,19 @@ pub trait HighWaterMarks: Send + Sync + 'static {
         resource: &'a str,
         token: Token,
     ) -> BoxFuture<'a, Result<Token, StoreError>>;
+
+    /// Whether a raise can be made now, for readiness: a small write of the store's own, made
+    /// durable the way a raise is (SQLite: fsynced; PostgreSQL: committed), touching no mark.
+    /// `Err` when a raise would fail — a full disk, a read-only database, a lock held elsewhere.
+    /// Gates call it at most once per [`PROBE_TTL`].
+    fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// A failure after which the store refuses every call until the process restarts (SQLite:
+    /// its file was removed or replaced while running), once one was seen; `None` otherwise.
+    /// Gates check it before admitting any write, so it must be cheap (no I/O).
+    fn failed(&self) -> Option<StoreError> {
+        None
+    }
 }
 
 /// A store chosen at run time (e.g. from `--store`).
@@ -58,6 +74,14 @@ impl HighWaterMarks for Box<dyn HighWaterMarks> {
         token: Token,
     ) -> BoxFuture<'a, Result<Token, StoreError>> {
         (**self).raise(resource, token)
+    }
+
+    fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        (**self).probe()
+    }
+
+    fn failed(&self) -> Option<StoreError> {
+        (**self).failed()
     }
 }
 

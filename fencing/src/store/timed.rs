@@ -82,4 +82,12 @@ impl<S: HighWaterMarks> HighWaterMarks for Timed<S> {
                 .time("raise", self.inner.raise(resource, token)),
         )
     }
+
+    fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(self.latency.time("probe", self.inner.probe()))
+    }
+
+    fn failed(&self) -> Option<StoreError> {
+        self.inner.failed()
+    }
 }

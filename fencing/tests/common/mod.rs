@@ -262,6 +262,42 @@ impl GatewayProcess {
     }
 }
 
+/// Runs the gateway binary with `store` and `extra` flags, expecting it to refuse to start:
+/// its exit status and what it wrote to stderr. Panics if it is still running after 10 s.
+pub fn gateway_refuses(
+    upstream: &str,
+    store: &str,
+    key_file: &std::path::Path,
+    extra: &[&str],
+) -> (std::process::ExitStatus, String) {
+    let port = lease_proxy_testkit::free_port();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fence-gateway"))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--upstream", upstream, "--store", store])
+        .arg("--key-file")
+        .arg(key_file)
+        .args(extra)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if tokio::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("fence-gateway on {store} was expected to refuse to start, and is running");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    (status, stderr)
+}
+
 impl Drop for GatewayProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -14,7 +14,7 @@ use super::session::bounded;
 use super::PostgresStore;
 use crate::admission::{Admission, Outcome, Permit, Release};
 use crate::gate::GateError;
-use crate::store::{HighWaterMarks, StoreError, StoreLatency};
+use crate::store::{HighWaterMarks, Readiness, StoreError, StoreLatency};
 use crate::Token;
 
 /// How often at most a gate sweeps expired registrations left behind.
@@ -117,6 +117,7 @@ pub struct SharedGate {
     /// The negative control's bound on an admission step (see
     /// [`SharedGate::negative_control_late_answers`]); the store deadline otherwise.
     step_deadline: Duration,
+    readiness: Arc<Readiness>,
 }
 
 impl SharedGate {
@@ -138,6 +139,7 @@ impl SharedGate {
             last_sweep: Arc::new(Mutex::new(Instant::now())),
             step_deadline: store.deadline,
             store,
+            readiness: Arc::default(),
         }
     }
 
@@ -437,12 +439,16 @@ impl Admission for SharedGate {
         Box::pin(self.admit_inner(resource, token))
     }
 
+    /// Ready when the database takes a write: the store's probe (at most one per
+    /// [`PROBE_TTL`](crate::store::PROBE_TTL)), timed as `probe`.
     fn ready(&self) -> BoxFuture<'_, bool> {
-        Box::pin(async move {
-            // `get` is bounded by the deadline; the timeout is the last resort.
-            tokio::time::timeout(self.store.deadline * 2, self.store.get("readyz"))
-                .await
-                .is_ok_and(|r| r.is_ok())
-        })
+        Box::pin(self.readiness.check(|| async {
+            // `probe` is bounded by the deadline; the timeout is the last resort.
+            let probe = self.latency.time("probe", self.store.probe());
+            match tokio::time::timeout(self.store.deadline * 2, probe).await {
+                Ok(probed) => probed,
+                Err(_) => Err(StoreError("the write probe did not finish".into())),
+            }
+        }))
     }
 }

@@ -102,6 +102,10 @@ CREATE TABLE IF NOT EXISTS fence_inflight (
     expires_at timestamptz NOT NULL
 );
 CREATE INDEX IF NOT EXISTS fence_inflight_by_resource ON fence_inflight (resource, token);
+CREATE TABLE IF NOT EXISTS fence_probe (
+    id smallint PRIMARY KEY CHECK (id = 1),
+    probed_at timestamptz NOT NULL
+);
 ";
 
 /// The store deadline unless configured (see [`PostgresStore::connect_with_deadline`]).
@@ -369,6 +373,27 @@ impl HighWaterMarks for PostgresStore {
             tx.commit().await.map_err(err)?;
             session.done();
             Ok(before.max(token))
+        }))
+    }
+
+    /// Updates the one row of `fence_probe` and commits, synchronously like a raise: it fails
+    /// on a database that refuses writes (read-only, a standby after a failover, a full disk)
+    /// or holds the table locked past the deadline.
+    fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(bounded(self.deadline, "probe a write", async move {
+            let mut session = self.session().await?;
+            let tx = session.transaction().await.map_err(err)?;
+            let write = tx
+                .prepare_cached(
+                    "INSERT INTO fence_probe (id, probed_at) VALUES (1, clock_timestamp()) \
+                     ON CONFLICT (id) DO UPDATE SET probed_at = excluded.probed_at",
+                )
+                .await
+                .map_err(err)?;
+            tx.execute(&write, &[]).await.map_err(err)?;
+            tx.commit().await.map_err(err)?;
+            session.done();
+            Ok(())
         }))
     }
 }

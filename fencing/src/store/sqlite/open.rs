@@ -1,0 +1,194 @@
+//! Opening a SQLite marks file: the exclusive lock, the schema, and the check that the file is
+//! the one this store last used — not removed, replaced, or put back from an older copy.
+//!
+//! The file holds a random store id and a generation that rises at every open and every raise
+//! (in the raise's own transaction, so it costs no extra fsync); the lock file records the last
+//! (store id, generation) reached and the highest era used. At start a missing file, another
+//! store's file, a file without an id, or a lower generation than recorded is refused: its marks
+//! may be below marks already admitted. The way forward is an era floor above every era the
+//! store used (`--era-floor`), kept in the file: every token of an older era is refused, and
+//! tokens of the proxies' bumped era outrank everything the lost marks held.
+//!
+//! Undetectable: the lock file restored together with its marks file (or deleted together with
+//! it), and a restore of a backup taken after the last raise the lock file recorded — after a
+//! power loss (not a process crash) the record may lag the last few raises, since it is fsynced
+//! only at start.
+
+use std::path::Path;
+
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+
+use super::lockfile::{self, LockFile, Record};
+use super::{err, generation, Inner};
+use crate::store::{decode, encode, StoreError};
+use crate::Token;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS fence (
+    resource TEXT PRIMARY KEY NOT NULL,
+    mark BLOB NOT NULL CHECK (length(mark) = 16)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS fence_probe (id INTEGER PRIMARY KEY, pad BLOB);
+CREATE TABLE IF NOT EXISTS fence_store (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    store_id TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    floor BLOB NOT NULL CHECK (length(floor) = 16)
+);
+";
+
+/// What the marks file says of itself.
+struct Held {
+    store_id: String,
+    generation: u64,
+    floor: Token,
+}
+
+/// Opens the store at `path` (see the module docs), raising its era floor to `era_floor`.
+pub(super) fn open(path: &Path, era_floor: u64) -> Result<Inner, StoreError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(err)?;
+    }
+    let lock = LockFile::acquire(path)?;
+    let record = lock.read()?;
+    let exists = std::fs::symlink_metadata(path).is_ok();
+    if let (Some(record), false) = (&record, exists) {
+        if era_floor <= record.max_era {
+            return Err(refusal(path, &lock, "is missing", record.max_era));
+        }
+    }
+    let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    if !exists {
+        flags |= OpenFlags::SQLITE_OPEN_CREATE;
+    }
+    let mut conn = Connection::open_with_flags(path, flags).map_err(err)?;
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(err)?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(err)?;
+    conn.execute_batch(SCHEMA).map_err(err)?;
+    let held = held(&conn)?;
+    let highest: Option<Vec<u8>> = conn
+        .query_row("SELECT max(mark) FROM fence", [], |row| row.get(0))
+        .map_err(err)?;
+    let file_era = highest
+        .map(|m| decode(&m))
+        .transpose()?
+        .into_iter()
+        .chain(held.as_ref().map(|h| h.floor))
+        .map(|t| t.era)
+        .max()
+        .unwrap_or(0);
+    let known_era = file_era.max(record.as_ref().map_or(0, |r| r.max_era));
+    if let Some(what) = mismatch(record.as_ref(), held.as_ref(), exists) {
+        if era_floor <= known_era {
+            return Err(refusal(path, &lock, &what, known_era));
+        }
+        tracing::warn!(
+            path = %path.display(),
+            era_floor,
+            "the marks file {what}: accepted with --era-floor, every token of an older era is refused"
+        );
+    }
+    let store_id = held
+        .as_ref()
+        .map_or_else(new_store_id, |h| h.store_id.clone());
+    let floor = held
+        .as_ref()
+        .map_or_else(Token::default, |h| h.floor)
+        .max(Token::new(era_floor, 0));
+    let tx = conn.transaction().map_err(err)?;
+    tx.execute(
+        "INSERT INTO fence_store (id, store_id, generation, floor) VALUES (1, ?1, 0, ?2)
+         ON CONFLICT (id) DO UPDATE SET floor = excluded.floor",
+        params![store_id, encode(floor).to_vec()],
+    )
+    .map_err(err)?;
+    let generation = generation(&tx)?;
+    tx.commit().map_err(err)?;
+    let record = Record {
+        store_id,
+        generation,
+        max_era: known_era.max(era_floor),
+    };
+    lock.write(&record, true)?;
+    let identity = lockfile::identity(path).map_err(err)?;
+    Ok(Inner {
+        conn,
+        lock,
+        record,
+        floor,
+        path: path.to_owned(),
+        identity,
+    })
+}
+
+/// The marks file's own id, generation and floor, if it has them.
+fn held(conn: &Connection) -> Result<Option<Held>, StoreError> {
+    conn.query_row(
+        "SELECT store_id, generation, floor FROM fence_store WHERE id = 1",
+        [],
+        |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, i64>(1)?,
+                row.get::<_, Vec<u8>>(2)?,
+            ))
+        },
+    )
+    .optional()
+    .map_err(err)?
+    .map(|(store_id, generation, floor)| {
+        Ok(Held {
+            store_id,
+            generation: u64::try_from(generation).map_err(err)?,
+            floor: decode(&floor)?,
+        })
+    })
+    .transpose()
+}
+
+/// Why the marks file is not the one the lock file records, if it is not.
+fn mismatch(record: Option<&Record>, held: Option<&Held>, exists: bool) -> Option<String> {
+    match (record, held) {
+        (None, None) => None,
+        (None, Some(_)) => Some(
+            "has a store id but its lock file is new: the marks file was copied or restored \
+             without its lock file, or the lock file was removed"
+                .into(),
+        ),
+        (Some(_), None) if !exists => Some("is missing".into()),
+        (Some(r), None) => Some(format!(
+            "is not the store its lock file records (store {}): it has no store id",
+            r.store_id
+        )),
+        (Some(r), Some(h)) if h.store_id != r.store_id => Some(format!(
+            "is another store's file (store {}, not {})",
+            h.store_id, r.store_id
+        )),
+        (Some(r), Some(h)) if h.generation < r.generation => Some(format!(
+            "is an older copy of store {} (generation {}; the store had reached {})",
+            r.store_id, h.generation, r.generation
+        )),
+        (Some(_), Some(_)) => None,
+    }
+}
+
+/// The refusal to start on a marks file that may have lost marks, saying what to do.
+fn refusal(path: &Path, lock: &LockFile, what: &str, known_era: u64) -> StoreError {
+    let era = known_era.saturating_add(1);
+    StoreError(format!(
+        "marks file {} {what}. Its marks may be below marks already admitted, so a stale write \
+         could get through: refusing to start. If this is the file to run on (a backup restored \
+         on purpose, a lost file): bump every lease-proxy's --era to {era} or above, then start \
+         fence-gateway with --era-floor {era} (every token of an older era is then refused). \
+         Otherwise put back the marks file that belongs with {}.",
+        path.display(),
+        lock.path().display()
+    ))
+}
+
+/// A fresh random store id (128 bits, hex).
+fn new_store_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
