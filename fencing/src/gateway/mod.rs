@@ -36,7 +36,7 @@ use crate::layer::{
 use crate::store::StoreLatency;
 use crate::telemetry::Metrics;
 use crate::tls::PeerCertificate;
-use crate::{Admission, Keyring};
+use crate::{Admission, Keys};
 
 /// Why the gateway could not start or serve.
 #[derive(Debug, thiserror::Error)]
@@ -94,10 +94,11 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), GatewayError> {
     config.validate()?;
-    let keys = Arc::new(Keyring::load(config.key_file()?)?);
+    let keys = Keys::load(config.key_file()?)?;
     let metrics = Metrics::new("fence-gateway").map_err(GatewayError::Metrics)?;
     let latency = StoreLatency::new(&metrics.meter());
-    let fence: Fence<dyn Admission> = Fence::new(keys, config.open_admission(latency).await?);
+    let fence: Fence<dyn Admission> =
+        Fence::new(keys.clone(), config.open_admission(latency).await?);
     count_outcomes(&metrics.meter(), fence.outcomes.clone());
     let upstream = config
         .upstream()?
@@ -115,6 +116,8 @@ pub async fn run(
     if let Some(tls) = &tls {
         tls.watch(&tasks, background.clone());
     }
+    // Always watched, so SIGHUP (which would otherwise end the process) is always handled.
+    keys.watch(&tasks, background.clone());
     let classify = match &config.resource_path {
         Some(p) => Resources::Path(
             PathPattern::parse(p).ok_or_else(|| GatewayConfigError("--resource-path".into()))?,

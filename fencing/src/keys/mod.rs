@@ -8,6 +8,12 @@
 //!
 //! The MAC covers the tag, and the tag is keyed, so the token is bound to its resource as firmly
 //! as the MAC itself.
+//!
+//! [`Keys`] is the keyring in force, swapped whole when its file is reloaded.
+
+mod current;
+
+pub use current::Keys;
 
 use std::fmt;
 use std::path::Path;
@@ -58,6 +64,7 @@ impl fmt::Display for KeyId {
     }
 }
 
+#[derive(Clone)]
 struct Key {
     id: KeyId,
     secret: Vec<u8>,
@@ -147,15 +154,13 @@ impl Keyring {
         Ok(Self { keys })
     }
 
-    /// Reads and parses a key file (see [`Keyring::parse`]).
+    /// Reads and parses a key file (see [`Keyring::parse`]); a file whose last line has no
+    /// newline is refused as possibly cut short ([`crate::files::read_config_text`]).
     pub fn load(path: &Path) -> Result<Self, Error> {
-        let io = |source| Error::Io {
+        let text = crate::files::read_config_text(path, 1 << 20).map_err(|source| Error::Io {
             path: path.to_owned(),
             source,
-        };
-        let bytes = crate::files::read_config_file(path, 1 << 20).map_err(io)?;
-        let text = String::from_utf8(bytes)
-            .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
+        })?;
         Self::parse(&text)
     }
 
@@ -193,6 +198,21 @@ impl Keyring {
     /// The id of the signing key.
     pub fn signing_key_id(&self) -> &KeyId {
         &self.keys[0].id
+    }
+
+    /// The ids of every key, the signing key first.
+    pub fn key_ids(&self) -> impl Iterator<Item = &KeyId> {
+        self.keys.iter().map(|k| &k.id)
+    }
+
+    /// The ring as each of its keys would sign: one single-key ring per key, the signing key
+    /// first. For checking a value [`Keyring::derive`]d (or minted) by a holder of this file
+    /// before a rotation made another key the signing one: it matches under one of them as
+    /// long as the key that made it is still a line of the file.
+    pub fn signers(&self) -> impl Iterator<Item = Keyring> + '_ {
+        self.keys.iter().map(|k| Keyring {
+            keys: vec![k.clone()],
+        })
     }
 
     /// 32 bytes derived from the signing key and `context`: the same for the same key and
@@ -344,6 +364,21 @@ mod tests {
         assert_eq!(after.verify("r", &old_wire), Ok(t));
         assert!(after.mint("r", t).starts_with("v1.new."));
         assert_eq!(after.signing_key_id().as_str(), "new");
+    }
+
+    #[test]
+    fn each_key_signs_alone_in_its_own_ring() {
+        let old = Keyring::generate_file(&KeyId::parse("old").unwrap());
+        let new = Keyring::generate_file(&KeyId::parse("new").unwrap());
+        let before = Keyring::parse(&old).unwrap();
+        let after = Keyring::parse(&format!("{new}{old}")).unwrap();
+        let ids: Vec<&str> = after.key_ids().map(KeyId::as_str).collect();
+        assert_eq!(ids, ["new", "old"]);
+        let signers: Vec<Keyring> = after.signers().collect();
+        assert_eq!(signers.len(), 2);
+        assert_eq!(signers[0].signing_key_id().as_str(), "new");
+        assert_eq!(signers[1].derive(b"ctx"), before.derive(b"ctx"));
+        assert_ne!(signers[0].derive(b"ctx"), before.derive(b"ctx"));
     }
 
     #[test]
