@@ -3,14 +3,13 @@
 //! and a file that does not load changes nothing and is logged with its reason.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::Duration;
 
 use fencing::{KeyId, Keyring, Token};
-use lease_proxy_testkit::{free_port, signal_pid};
+use lease_proxy_testkit::free_port;
+use lease_proxy_testkit::process::Spawned;
 use tokio::time::Instant;
 
 const BIN: &str = env!("CARGO_BIN_EXE_fence-gateway");
@@ -24,44 +23,26 @@ async fn storage() -> String {
     url
 }
 
-/// A gateway process whose standard error is collected.
+/// A gateway process (SQLite marks, no TLS) and its log.
 struct Gateway {
-    child: Child,
+    process: Spawned,
     url: String,
-    log: Arc<Mutex<String>>,
 }
 
 impl Gateway {
     async fn start(dir: &Path, keys: &Path) -> Self {
         let port = free_port();
-        let mut child = Command::new(BIN)
+        let mut command = Command::new(BIN);
+        command
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--upstream", &storage().await])
             .arg("--store")
             .arg(format!("sqlite:{}", dir.join("marks.db").display()))
             .arg("--key-file")
-            .arg(keys)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let log: Arc<Mutex<String>> = Arc::default();
-        let stderr = child.stderr.take().unwrap();
-        let lines = log.clone();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stderr)
-                .lines()
-                .map_while(Result::ok)
-            {
-                let mut log = lines.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
+            .arg(keys);
         let gw = Self {
-            child,
+            process: Spawned::start(command),
             url: format!("http://127.0.0.1:{port}"),
-            log,
         };
         for _ in 0..400 {
             if let Ok(r) = reqwest::get(format!("{}/readyz", gw.url)).await {
@@ -75,16 +56,7 @@ impl Gateway {
     }
 
     fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-
-    fn hangup(&self) {
-        signal_pid(self.child.id(), "HUP");
-    }
-
-    /// Whether the process is still running.
-    fn alive(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
+        self.process.log()
     }
 
     /// The status of a write to a resource of its own, with a token `keys` signed.
@@ -116,13 +88,6 @@ impl Gateway {
     }
 }
 
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn key(kid: &str) -> String {
     Keyring::generate_file(&KeyId::parse(kid).unwrap())
 }
@@ -140,12 +105,23 @@ async fn sighup_never_ends_a_gateway_without_tls() {
     let keys = dir.path().join("keys");
     std::fs::write(&keys, key("k1")).unwrap();
     let ring = Keyring::load(&keys).unwrap();
-    let mut gw = Gateway::start(dir.path(), &keys).await;
-    for _ in 0..3 {
-        gw.hangup();
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    let gw = Gateway::start(dir.path(), &keys).await;
+    for n in 0..3 {
+        gw.process.signal("HUP");
+        let reloaded = "fencing key file reloaded";
+        // A gateway that SIGHUP ends never logs this (its log ends instead).
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            gw.process.wait_logged(reloaded, n, Duration::from_secs(10)),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("no reload {n}"));
     }
-    assert!(gw.alive(), "SIGHUP ended the gateway:\n{}", gw.log());
+    assert!(
+        gw.process.alive(),
+        "SIGHUP ended the gateway:\n{}",
+        gw.log()
+    );
     assert_eq!(gw.put(&ring).await, 200, "{}", gw.log());
     assert!(
         gw.log().contains("fencing key file reloaded"),
@@ -182,18 +158,13 @@ async fn the_key_file_is_reloaded_whole_or_not_at_all() {
         ("k3 c2hvcnQ\n", "secret must be at least 32 bytes"),
         (&k1[..k1.len() - 5], "the last line has no newline"),
     ] {
-        let before = gw.log().matches("NOT reloaded").count();
+        let refused = "fencing key file NOT reloaded";
+        let before = gw.process.logged(refused);
         replace(&path, bad);
-        gw.hangup();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while gw.log().matches("NOT reloaded").count() == before {
-            assert!(
-                Instant::now() < deadline,
-                "no refusal logged:\n{}",
-                gw.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        gw.process.signal("HUP");
+        gw.process
+            .wait_logged(refused, before, Duration::from_secs(10))
+            .await;
         reasons.push(why);
         assert_eq!(gw.put(&new).await, 200, "k2 must still verify");
         assert_eq!(gw.put(&old).await, 401, "k1 must stay removed");

@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use fencing::{Keyring, Token};
+use fencing::{Keys, Token};
 use serde::Serialize;
 use tokio::sync::{broadcast, oneshot};
 use tokio::time::Instant;
@@ -193,7 +193,8 @@ pub(crate) struct Leases {
     etcd: Etcd,
     keepalive: KeepAlive,
     holders: Holders,
-    keys: Arc<Keyring>,
+    /// The keyring in force (reloaded with the key file): read once per operation.
+    keys: Keys,
     holders_prefix: String,
     idempotency_prefix: String,
     principals_prefix: String,
@@ -314,7 +315,7 @@ impl Leases {
         commit: GroupCommit,
         keepalive: KeepAlive,
         holders: Holders,
-        keys: Arc<Keyring>,
+        keys: Keys,
         layout: Layout,
         era: u64,
         limits: Limits,
@@ -477,9 +478,14 @@ impl Leases {
         format!("{}{resource}", self.holders_prefix)
     }
 
+    /// The token of `revision`, signed now: with the signing key in force, so after a key
+    /// rotation a renewal or a forward carries the new key's token for the same grant.
     fn token(&self, resource: &str, revision: i64) -> (String, String) {
         let revision = u64::try_from(revision).unwrap_or_default();
-        let signed = self.keys.mint(resource, Token::new(self.era, revision));
+        let signed = self
+            .keys
+            .current()
+            .mint(resource, Token::new(self.era, revision));
         (revision.to_string(), signed)
     }
 
@@ -651,10 +657,11 @@ impl Leases {
         let Some(window) = self.etcd.get(window_key).await? else {
             return Ok(());
         };
+        let keys = self.keys.current();
         let used = std::str::from_utf8(window.value())
             .ok()
             .and_then(|marker| {
-                secret::idempotency_salt(&self.keys, marker, &req.resource, &req.holder, key)
+                secret::idempotency_salt(&keys, marker, &req.resource, &req.holder, key)
             })
             .is_some();
         if !used {
@@ -771,11 +778,13 @@ impl Leases {
         let in_session = req.session.is_some();
         let session_guard = req.session.map(|s| self.session_key(s));
         let expires_in_ms = expires_in_ms(counted_from, ttl_seconds, req.received);
+        // One keyring for the secret and the marker: a replay finds the key that made both.
+        let keys = self.keys.current();
         let secret = match idempotent {
             Some((k, salt)) => {
-                secret::idempotent(&self.keys, &req.resource, &req.holder, k, lease_id, &salt)
+                secret::idempotent(&keys, &req.resource, &req.holder, k, lease_id, &salt)
             }
-            None => secret::random(&self.keys, lease_id),
+            None => secret::random(&keys, lease_id),
         };
         let record = HolderRecord {
             holder: req.holder.clone(),
@@ -786,7 +795,7 @@ impl Leases {
             ttl_seconds,
             principal: req.principal.clone(),
             idempotency: idempotent.map(|(k, salt)| {
-                secret::idempotency_marker(&self.keys, &req.resource, &req.holder, k, &salt)
+                secret::idempotency_marker(&keys, &req.resource, &req.holder, k, &salt)
             }),
             session: in_session,
         };
@@ -882,13 +891,15 @@ impl Leases {
             // names the same holder and key (checked against a keyed marker) and comes while
             // the grant's window key is still there (written with it: same revision).
             let in_window = window_kv.is_some_and(|w| w.mod_revision() == kv.create_revision());
+            // Under whichever key of the ring made it (a rotation since then is fine as long as
+            // that key is still a line of the file): the replayed secret is made with it again.
             let salt = existing.idempotency.as_deref().and_then(|marker| {
-                secret::idempotency_salt(&self.keys, marker, &req.resource, &req.holder, k)
+                secret::idempotency_salt(&keys, marker, &req.resource, &req.holder, k)
             });
             // Under a session, only a retry under the same session gets its grant back.
             let same_lease = !existing.session && !in_session
                 || existing.session && req.session == Some(existing.lease_id);
-            if let (true, true, Some(salt)) =
+            if let (true, true, Some((salt, signer))) =
                 (in_window && same_lease, existing.holder == req.holder, salt)
             {
                 // The key and holder are right, but an Idempotency-Key is no credential: a
@@ -904,7 +915,7 @@ impl Leases {
                 return Ok(Attempt::Replayed(Grant {
                     resource: req.resource.clone(),
                     secret: secret::idempotent(
-                        &self.keys,
+                        &signer,
                         &req.resource,
                         &req.holder,
                         k,
@@ -958,7 +969,7 @@ impl Leases {
             Some((record, revision)) if record.lease_id == lease_id => {
                 if secret::matches(secret, &record.secret_hash) {
                     Ok(Some((record, revision)))
-                } else if secret::sealed(&self.keys, secret) {
+                } else if secret::sealed(&self.keys.current(), secret) {
                     // An earlier grant's secret on a lease since reused for this grant.
                     Ok(None)
                 } else {
