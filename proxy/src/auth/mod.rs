@@ -63,10 +63,14 @@ pub(crate) struct Auth {
 }
 
 impl Auth {
-    /// Loads the token file; an unusable file is refused (the proxy does not start).
-    /// `cert_name` says which name of a client certificate is its principal.
+    /// Loads the token file; an unusable file is refused (the proxy does not start). A file
+    /// without principals is taken (nobody may call) but warned about. `cert_name` says which
+    /// name of a client certificate is its principal.
     pub(crate) fn load(path: &Path, cert_name: CertPrincipal) -> Result<Self, String> {
         let table = Table::load(path)?;
+        if table.len() == 0 {
+            tracing::warn!(path = %path.display(), "the token file names no principal: every request that needs one is refused (401)");
+        }
         tracing::info!(path = %path.display(), principals = table.len(), "token file loaded");
         Ok(Self {
             path: path.to_owned(),
@@ -136,9 +140,23 @@ impl Auth {
             .clone()
     }
 
-    /// Reads the file again; a file that does not parse leaves the current table in force.
+    /// Reads the file again; a file that does not load (it does not parse, or its last line
+    /// is cut) leaves the current table in force, and so does a file without principals while
+    /// the current table has some: that is what a file emptied mid-rewrite looks like, and
+    /// taking it would lock every principal out.
     fn reload(&self, why: &'static str) {
-        match Table::load(&self.path) {
+        let loaded = Table::load(&self.path).and_then(|table| {
+            if table.len() == 0 && self.current().len() > 0 {
+                Err(format!(
+                    "token file {}: it names no principal (emptied, or being rewritten?); \
+                     to lock everyone out, leave one line whose token nobody has",
+                    self.path.display()
+                ))
+            } else {
+                Ok(table)
+            }
+        });
+        match loaded {
             Ok(table) => {
                 tracing::info!(path = %self.path.display(), principals = table.len(), why, "token file reloaded");
                 *self
