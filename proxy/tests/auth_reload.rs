@@ -166,3 +166,101 @@ fn a_token_file_cut_short_stops_the_binary_with_64() {
     assert_eq!(out.status.code(), Some(64), "{stderr}");
     assert!(stderr.contains("the last line has no newline"), "{stderr}");
 }
+
+/// Replaces `path` by rename, as the docs say to.
+fn replace(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// The keys under `prefix` in etcd.
+async fn keys_under(etcd: &Etcd, prefix: &str) -> Vec<String> {
+    let mut client = etcd.client().await;
+    let resp = client
+        .get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    resp.kvs()
+        .iter()
+        .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+        .collect()
+}
+
+/// Polls (up to 15 s) until `done` answers true.
+async fn eventually<F: std::future::Future<Output = bool>>(what: &str, done: impl Fn() -> F) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !done().await {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// bob waits for a resource alice holds; then the token file changes (by rename) to `after`,
+/// and `reloaded` says when it is in force. bob's wait must end with `status` at once — before
+/// alice lets go — and once she has, nobody holds the resource and nobody stands in its line.
+async fn a_waiter_judged_again(after: &str, status: u16, reloaded: impl Fn(String) -> bool) {
+    let etcd = Etcd::single().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens");
+    std::fs::write(&path, tokens()).unwrap();
+    let proxy = Proxy::start(etcd.endpoints(), |c| c.auth_tokens = Some(path.clone())).await;
+    let url = proxy.url.clone();
+    let (s, held) = acquire_as(&url, ALICE, "a-1", 0).await;
+    assert_eq!(s, 201, "{held}");
+    let waiter = {
+        let url = url.clone();
+        tokio::spawn(async move { acquire_as(&url, BOB, "a-1", 30_000).await })
+    };
+    let line_of = "/lease-proxy/waiters/a-1/";
+    eventually("bob never stood in line", || async {
+        keys_under(&etcd, line_of).await.len() == 1
+    })
+    .await;
+
+    replace(&path, after);
+    eventually("the new token file was never loaded", || async {
+        let (s, _) = acquire_as(&url, BOB, "a-1", 0).await;
+        reloaded(format!("{s}"))
+    })
+    .await;
+    let (s, body) = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("bob still waits, under a table that no longer lets him")
+        .unwrap();
+    assert_eq!(s, status, "{body}");
+
+    let (s, _) = send(
+        http()
+            .delete(format!("{url}/v1/leases/a-1"))
+            .bearer_auth(ALICE)
+            .header("lease-secret", str_field(&held, "secret")),
+    )
+    .await;
+    assert_eq!(s, 204);
+    eventually("bob's place in line was left behind", || async {
+        keys_under(&etcd, line_of).await.is_empty()
+    })
+    .await;
+    assert!(keys_under(&etcd, "/lease-proxy/holders/").await.is_empty());
+    let (s, body) = send(
+        http()
+            .get(format!("{url}/v1/leases/a-1"))
+            .bearer_auth(ALICE),
+    )
+    .await;
+    assert_eq!(s, 404, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_acquire_of_a_removed_principal_ends_with_401() {
+    let alice_only = line("alice", ALICE, "acquire:a-,read:*");
+    a_waiter_judged_again(&alice_only, 401, |s| s == "401").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_acquire_of_a_narrowed_principal_ends_with_403() {
+    let narrowed =
+        line("alice", ALICE, "acquire:a-,read:*") + &line("bob", BOB, "acquire:b-,read:*");
+    a_waiter_judged_again(&narrowed, 403, |s| s == "403").await;
+}

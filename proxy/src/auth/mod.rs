@@ -6,7 +6,9 @@
 //!
 //! The table is swapped whole on reload (SIGHUP, or the file's modification time or length
 //! changing), so a request sees either the old table or the new one; connections are not
-//! touched, each request is judged by the table current when it arrives.
+//! touched, each request is judged by the table current when it arrives — and an acquire again
+//! before its create transaction and whenever a reload happens while it waits
+//! ([`Auth::changes`], `lease::Recheck`).
 
 mod table;
 
@@ -34,6 +36,9 @@ pub(crate) enum Unauthenticated {
     /// A verified client certificate, no bearer token, and no `cert` line for any name the
     /// certificate gives.
     UnknownCertificate,
+    /// Judged again after a reload, the credential names another principal than the one the
+    /// request was made as.
+    Replaced,
     /// A bearer token and a client certificate naming two different principals.
     Conflicting,
 }
@@ -51,6 +56,9 @@ impl Unauthenticated {
             Unauthenticated::Conflicting => {
                 "the bearer token and the client certificate name different principals"
             }
+            Unauthenticated::Replaced => {
+                "since the request arrived, the token file gives its credential to another principal"
+            }
         }
     }
 }
@@ -59,6 +67,8 @@ impl Unauthenticated {
 pub(crate) struct Auth {
     path: PathBuf,
     table: RwLock<Arc<Table>>,
+    /// Marked changed on every reload that swapped the table.
+    reloaded: tokio::sync::watch::Sender<()>,
     cert_name: CertPrincipal,
 }
 
@@ -75,6 +85,7 @@ impl Auth {
         Ok(Self {
             path: path.to_owned(),
             table: RwLock::new(Arc::new(table)),
+            reloaded: tokio::sync::watch::Sender::new(()),
             cert_name,
         })
     }
@@ -163,11 +174,19 @@ impl Auth {
                     .table
                     .write()
                     .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(table);
+                // After the swap: whoever wakes and judges again sees the new table.
+                self.reloaded.send_replace(());
             }
             Err(e) => {
                 tracing::error!(error = %e, why, "token file NOT reloaded; the previous table stays in force");
             }
         }
+    }
+
+    /// Marked changed whenever a reload has put another table in force (changes before this
+    /// call count as seen).
+    pub(crate) fn changes(&self) -> tokio::sync::watch::Receiver<()> {
+        self.reloaded.subscribe()
     }
 
     /// Reloads on SIGHUP and when the file changes, until `cancel`; the task is `tracker`'s.

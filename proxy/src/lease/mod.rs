@@ -8,6 +8,7 @@
 
 mod queue;
 mod quota;
+mod recheck;
 mod record;
 mod secret;
 pub(crate) mod session;
@@ -34,6 +35,7 @@ use crate::etcd::{
 use crate::forward::Upstream;
 use crate::metrics;
 use crate::{Error, Result};
+pub(crate) use recheck::Recheck;
 pub(crate) use record::{i64_string, opt_i64_string, HolderRecord};
 
 /// Bounds applied to client requests.
@@ -71,6 +73,9 @@ pub(crate) struct Acquire {
     /// The session to hold the resource under (its lease), instead of a lease of its own;
     /// verified (secret, principal) by the caller.
     pub(crate) session: Option<i64>,
+    /// The caller's right to this acquire, judged again before every create transaction and
+    /// whenever it may have changed while the acquire waits (`None` with authentication off).
+    pub(crate) recheck: Option<Recheck>,
 }
 
 /// A successful acquire, as returned to the client (the only time the secret is shown).
@@ -514,6 +519,9 @@ impl Leases {
                 }
             }
         }
+        // Judged again whenever the token file changes while this acquire waits: a caller
+        // removed or narrowed meanwhile leaves the line with the check's 401 or 403.
+        let mut recheck = req.recheck.clone();
         let mut place = self.queue.enqueue(&req.resource).await?;
         // 1. Wait until nobody is ahead in line.
         loop {
@@ -528,7 +536,7 @@ impl Leases {
             };
             let own = place.key().as_bytes().to_vec();
             let woken = self
-                .wait_for(&mut deletions, deadline, |d: &Deleted| {
+                .wait_for(&mut deletions, deadline, &mut recheck, |d: &Deleted| {
                     d.concerns(&ahead) || d.concerns(&own)
                 })
                 .await?;
@@ -566,7 +574,9 @@ impl Leases {
             };
             let resource = req.resource.as_str();
             let woken = self
-                .wait_for(&mut released, deadline, |w: &Wakeup| w.concerns(resource))
+                .wait_for(&mut released, deadline, &mut recheck, |w: &Wakeup| {
+                    w.concerns(resource)
+                })
                 .await?;
             if let Woken::Deadline = woken {
                 drop(place);
@@ -596,17 +606,24 @@ impl Leases {
     }
 
     /// Waits for a broadcast that `wanted` says concerns the waiter, or the deadline. A
-    /// lagging receiver may have missed one, so it is woken too.
+    /// lagging receiver may have missed one, so it is woken too. Ends with the error of
+    /// `recheck` once the caller may no longer make the acquire.
     async fn wait_for<T: Clone>(
         &self,
         events: &mut broadcast::Receiver<T>,
         deadline: Instant,
+        recheck: &mut Option<Recheck>,
         wanted: impl Fn(&T) -> bool,
     ) -> Result<Woken<T>> {
         loop {
             tokio::select! {
                 _ = self.stopping.cancelled() => return Err(Error::ShuttingDown),
                 _ = tokio::time::sleep_until(deadline) => return Ok(Woken::Deadline),
+                () = recheck::changed(recheck) => {
+                    if let Some(r) = recheck {
+                        r.check()?;
+                    }
+                }
                 event = events.recv() => match event {
                     Ok(e) if wanted(&e) => return Ok(Woken::By(e)),
                     Ok(_) => {}
@@ -806,6 +823,14 @@ impl Leases {
             lease,
         });
         let value = record.encode();
+        // The last moment before the grant can exist: a caller removed from (or narrowed in)
+        // the token file since its request was authorised gets the check's 401 or 403.
+        if let Err(e) = req.recheck.as_ref().map_or(Ok(()), Recheck::check) {
+            if !in_session {
+                self.give_back(lease_id, ttl_seconds, counted_from).await?;
+            }
+            return Err(e);
+        }
         let created = match self
             .commit
             .create_if_absent(Creation {
