@@ -144,7 +144,8 @@ pub(crate) struct Renewal {
     pub(crate) expires_in_ms: u64,
     /// The token (revision, decimal string) — unchanged by renewal.
     pub(crate) token: String,
-    /// The signed fencing token — unchanged by renewal.
+    /// The signed fencing token of the same revision, signed with the key that signs now
+    /// (after a key rotation, the new key).
     pub(crate) fencing_token: String,
 }
 
