@@ -118,6 +118,13 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
     let keys = load_keys(&config)?;
+    let tracker = TaskTracker::new();
+    let background = CancellationToken::new();
+    // However `run` returns (a failed start included), the background tasks are told to stop.
+    let _stop_background = background.clone().drop_guard();
+    // Watched from the start, so SIGHUP (whose default action ends the process) is handled
+    // from here on, while etcd is still being dialled too.
+    keys.watch(&tracker, background.clone());
     let auth = match &config.auth_tokens {
         Some(path) => Some(Arc::new(
             Auth::load(path, config.tls_client_principal).map_err(StartError::Auth)?,
@@ -138,14 +145,10 @@ pub async fn run(
         &access,
     )
     .await?;
-    let tracker = TaskTracker::new();
-    let background = CancellationToken::new();
     let stopping = CancellationToken::new();
     if let Some(tls) = &tls {
         tls.watch(&tracker, background.clone());
     }
-    // Always watched, so SIGHUP (which would otherwise end the process) is always handled.
-    keys.watch(&tracker, background.clone());
 
     let keepalive = KeepAlive::start(
         &etcd,

@@ -95,6 +95,13 @@ pub async fn run(
 ) -> Result<(), GatewayError> {
     config.validate()?;
     let keys = Keys::load(config.key_file()?)?;
+    let tasks = tokio_util::task::TaskTracker::new();
+    let background = CancellationToken::new();
+    // However `run` returns (a failed start included), the background tasks are told to stop.
+    let _stop_background = background.clone().drop_guard();
+    // Watched from the start, so SIGHUP (whose default action ends the process) is handled
+    // from here on, while the store is still being opened too.
+    keys.watch(&tasks, background.clone());
     let metrics = Metrics::new("fence-gateway").map_err(GatewayError::Metrics)?;
     let latency = StoreLatency::new(&metrics.meter());
     let fence: Fence<dyn Admission> =
@@ -111,13 +118,9 @@ pub async fn run(
         .map(|files| crate::tls::ServerTls::load(files).map(Arc::new))
         .transpose()
         .map_err(GatewayError::Tls)?;
-    let tasks = tokio_util::task::TaskTracker::new();
-    let background = CancellationToken::new();
     if let Some(tls) = &tls {
         tls.watch(&tasks, background.clone());
     }
-    // Always watched, so SIGHUP (which would otherwise end the process) is always handled.
-    keys.watch(&tasks, background.clone());
     let classify = match &config.resource_path {
         Some(p) => Resources::Path(
             PathPattern::parse(p).ok_or_else(|| GatewayConfigError("--resource-path".into()))?,
