@@ -264,3 +264,53 @@ async fn a_waiting_acquire_of_a_narrowed_principal_ends_with_403() {
         line("alice", ALICE, "acquire:a-,read:*") + &line("bob", BOB, "acquire:b-,read:*");
     a_waiter_judged_again(&narrowed, 403, |s| s == "403").await;
 }
+
+/// An acquire authorised when its headers arrived, whose body comes only after the caller's line
+/// was removed: judged again right before the create transaction, it gets 401 and no grant
+/// (without a wait, so no wake-up is involved).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_whose_principal_was_removed_before_its_create_gets_401() {
+    let etcd = Etcd::single().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens");
+    std::fs::write(&path, tokens()).unwrap();
+    let proxy = Proxy::start(etcd.endpoints(), |c| {
+        c.auth_tokens = Some(path.clone());
+        c.header_read_timeout = Duration::from_secs(30);
+    })
+    .await;
+    let url = proxy.url.clone();
+    let (body_tx, body_rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+    let pending = {
+        let url = url.clone();
+        tokio::spawn(async move {
+            let chunks = futures::stream::unfold(body_rx, |mut rx| async move {
+                rx.recv().await.map(|chunk| (chunk, rx))
+            });
+            let body = reqwest::Body::wrap_stream(chunks);
+            send(
+                http()
+                    .post(format!("{url}/v1/leases/b-1"))
+                    .bearer_auth(BOB)
+                    .header("content-type", "application/json")
+                    .body(body),
+            )
+            .await
+        })
+    };
+    // bob's headers are in (his request is authorised, the body awaited) …
+    body_tx.send(Ok(b"{".to_vec())).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // … when his line goes.
+    replace(&path, &line("alice", ALICE, "acquire:a-,read:*"));
+    eventually("the new token file was never loaded", || async {
+        read_as(&url, BOB).await == 401
+    })
+    .await;
+    let rest = br#""holder": "h", "ttl_seconds": 30}"#;
+    body_tx.send(Ok(rest.to_vec())).await.unwrap();
+    drop(body_tx);
+    let (s, body) = pending.await.unwrap();
+    assert_eq!(s, 401, "{body}");
+    assert!(keys_under(&etcd, "/lease-proxy/holders/").await.is_empty());
+}
