@@ -1,6 +1,8 @@
 //! Reading the files an operator points the binaries at (keys, certificates, the token file):
 //! regular files only, and bounded — a FIFO would block the reader for good and a device such
-//! as `/dev/zero` would never end, both at start and on every reload.
+//! as `/dev/zero` would never end, both at start and on every reload. Files of lines (the key
+//! file, the token file) must end their last line: one that does not may have been read while
+//! being written.
 
 use std::io::{self, Read};
 use std::path::Path;
@@ -28,9 +30,44 @@ pub fn read_config_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// Reads the regular file of lines at `path` like [`read_config_file`], as UTF-8, refusing a
+/// file whose last line has no newline: it may have been read in the middle of a rewrite (a
+/// line cut short can mean something else, such as a shorter, wider prefix). An empty file is
+/// whole.
+pub fn read_config_text(path: &Path, max: u64) -> io::Result<String> {
+    let text = String::from_utf8(read_config_file(path, max)?)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    if !text.is_empty() && !text.ends_with('\n') {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the last line has no newline: the file may be cut short (being written?); end \
+             it with a newline, and replace the file by rename (write a temporary file in the \
+             same directory, then rename it over this one)",
+        ));
+    }
+    Ok(text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn files_of_lines_must_end_their_last_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("lines");
+        for whole in ["", "\n", "a b\n", "a b\n# c\n"] {
+            std::fs::write(&file, whole).unwrap();
+            assert_eq!(read_config_text(&file, 100).unwrap(), whole);
+        }
+        for cut in ["a", "a b\nc", "a b\n# c"] {
+            std::fs::write(&file, cut).unwrap();
+            let err = read_config_text(&file, 100).unwrap_err();
+            assert!(err.to_string().contains("no newline"), "{cut:?}: {err}");
+        }
+        std::fs::write(&file, [b'a', 0xff, b'\n']).unwrap();
+        assert!(read_config_text(&file, 100).is_err());
+    }
 
     #[test]
     fn only_bounded_regular_files_are_read() {

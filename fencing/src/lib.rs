@@ -43,7 +43,7 @@ pub use admission::{Admission, Outcome, Permit, Release, DEFAULT_WRITE_GRACE};
 pub use domain::{lock_resource, LOCK_RESOURCE_PREFIX, MAX_LOCK_NAME_BYTES};
 pub use error::{Error, TokenError};
 pub use gate::{Gate, GateError};
-pub use keys::{KeyId, Keyring};
+pub use keys::{KeyId, Keyring, Keys};
 pub use layer::{ExchangeIncomplete, Fence, FencingLayer, Rejection};
 #[cfg(feature = "sqlite")]
 pub use store::SqliteStore;

@@ -46,8 +46,10 @@ pub struct Config {
     #[arg(long, env = "LEASE_PROXY_ETCD_PREFIX", default_value = "/lease-proxy/")]
     pub etcd_prefix: String,
 
-    /// Fencing key file (`KID SECRET` per line, shared with fence-gateway). Without one, a
-    /// development key is generated in the data directory.
+    /// Fencing key file (`KID SECRET` per line, shared with fence-gateway; the first line
+    /// signs, every line verifies). Reloaded on SIGHUP and when the file changes (replace it by
+    /// rename); a file that does not load keeps the previous keys. Without one, a development
+    /// key is generated in the data directory.
     #[arg(long, env = "LEASE_PROXY_KEY_FILE")]
     pub key_file: Option<PathBuf>,
 
@@ -214,8 +216,9 @@ pub struct Config {
 
     /// Bearer-token file turning client authentication on: lines `PRINCIPAL SHA256HEX
     /// PERM[,PERM…]`, `PERM` = `OP:PREFIX` (`acquire`, `read`, `forward`, `v3`; `*` for every
-    /// resource), `#` comments. Reloaded on SIGHUP and when the file changes; a reload that does
-    /// not parse keeps the previous table. Without it anyone who can connect may call.
+    /// resource), `#` comments, every line ending in a newline. Reloaded on SIGHUP and when the
+    /// file changes (replace it by rename); a reload that does not parse, is cut short or names
+    /// no principal keeps the previous table. Without it anyone who can connect may call.
     #[arg(long, env = "LEASE_PROXY_AUTH_TOKENS")]
     pub auth_tokens: Option<PathBuf>,
 

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use fencing::{KeyId, Keyring};
+use fencing::{KeyId, Keyring, Keys};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -69,10 +69,11 @@ pub enum StartError {
     Serve(#[from] std::io::Error),
 }
 
-/// Loads the key file, or generates (once) and loads a development key in the data directory.
-pub fn load_keys(config: &Config) -> Result<Keyring, StartError> {
+/// Loads the key file, or generates (once) and loads a development key in the data directory;
+/// either file can be reloaded ([`Keys::watch`]).
+pub fn load_keys(config: &Config) -> Result<Keys, StartError> {
     if let Some(path) = &config.key_file {
-        return Ok(Keyring::load(path)?);
+        return Ok(Keys::load(path)?);
     }
     let path = config.data_dir.join("dev-fencing.key");
     if !path.exists() {
@@ -87,7 +88,7 @@ pub fn load_keys(config: &Config) -> Result<Keyring, StartError> {
         "NO --key-file GIVEN: using a generated DEVELOPMENT fencing key. Enforcers must share \
          this file to verify tokens; give every proxy and gateway the same --key-file in production"
     );
-    Ok(Keyring::load(&path)?)
+    Ok(Keys::load(&path)?)
 }
 
 /// A client for an already validated `http(s)://` URL setting.
@@ -116,7 +117,14 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
-    let keys = Arc::new(load_keys(&config)?);
+    let keys = load_keys(&config)?;
+    let tracker = TaskTracker::new();
+    let background = CancellationToken::new();
+    // However `run` returns (a failed start included), the background tasks are told to stop.
+    let _stop_background = background.clone().drop_guard();
+    // Watched from the start, so SIGHUP (whose default action ends the process) is handled
+    // from here on, while etcd is still being dialled too.
+    keys.watch(&tracker, background.clone());
     let auth = match &config.auth_tokens {
         Some(path) => Some(Arc::new(
             Auth::load(path, config.tls_client_principal).map_err(StartError::Auth)?,
@@ -137,8 +145,6 @@ pub async fn run(
         &access,
     )
     .await?;
-    let tracker = TaskTracker::new();
-    let background = CancellationToken::new();
     let stopping = CancellationToken::new();
     if let Some(tls) = &tls {
         tls.watch(&tracker, background.clone());

@@ -764,24 +764,18 @@ async fn raw_get(s: &mut tokio::net::TcpStream, path: &str, token: &str) -> u16 
     head[9..12].parse().unwrap()
 }
 
-/// Writes `text` over `path` keeping its length and modification time, so only SIGHUP can
-/// tell the proxy it changed.
+/// Writes `text` over `path` in place (same inode) keeping its length and modification time,
+/// so only SIGHUP can tell the proxy it changed (a rename would: a new inode).
 fn rewrite_unnoticed(path: &Path, text: &str) {
+    use std::io::Write;
     let before = std::fs::metadata(path).unwrap();
     let len = usize::try_from(before.len()).unwrap();
     assert!(text.len() < len, "the new file must fit");
     let padded = format!("{text}#{}\n", "-".repeat(len - text.len() - 2));
     assert_eq!(padded.len(), len);
-    // Written aside and renamed over, so the proxy's poll never sees it half done.
-    let aside = path.with_extension("new");
-    std::fs::write(&aside, padded).unwrap();
-    std::fs::File::options()
-        .write(true)
-        .open(&aside)
-        .unwrap()
-        .set_modified(before.modified().unwrap())
-        .unwrap();
-    std::fs::rename(&aside, path).unwrap();
+    let mut file = std::fs::File::options().write(true).open(path).unwrap();
+    file.write_all(padded.as_bytes()).unwrap();
+    file.set_modified(before.modified().unwrap()).unwrap();
 }
 
 /// Polls `GET path` on the connection as `token` until it answers `want` (within 10 s).

@@ -10,6 +10,8 @@
 //!
 //! [`openapi`] checks a served OpenAPI 3.1 document and lists its operations.
 //!
+//! [`process::Spawned`] runs a workspace binary as a child process and collects its log.
+//!
 //! With the feature `proxy`, `proxy::Proxy` runs a lease-proxy in the test's own process.
 #![forbid(unsafe_code)]
 #![allow(clippy::expect_used)] // a test helper that cannot start etcd must stop the test loudly
@@ -23,6 +25,7 @@ use tempfile::TempDir;
 
 pub mod openapi;
 pub mod pki;
+pub mod process;
 #[cfg(feature = "proxy")]
 pub mod proxy;
 pub mod v3_hostile;

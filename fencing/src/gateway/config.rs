@@ -61,7 +61,9 @@ pub struct GatewayConfig {
     )]
     pub era_floor: u64,
 
-    /// Fencing key file shared with lease-proxy (`KID SECRET` per line). Required.
+    /// Fencing key file shared with lease-proxy (`KID SECRET` per line; every line verifies).
+    /// Required. Reloaded on SIGHUP and when the file changes (replace it by rename); a file
+    /// that does not load keeps the previous keys.
     #[arg(long, env = "FENCE_GATEWAY_KEY_FILE")]
     pub key_file: Option<PathBuf>,
 

@@ -36,7 +36,7 @@ use crate::layer::{
 use crate::store::StoreLatency;
 use crate::telemetry::Metrics;
 use crate::tls::PeerCertificate;
-use crate::{Admission, Keyring};
+use crate::{Admission, Keys};
 
 /// Why the gateway could not start or serve.
 #[derive(Debug, thiserror::Error)]
@@ -96,10 +96,18 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), GatewayError> {
     config.validate()?;
-    let keys = Arc::new(Keyring::load(config.key_file()?)?);
+    let keys = Keys::load(config.key_file()?)?;
+    let tasks = tokio_util::task::TaskTracker::new();
+    let background = CancellationToken::new();
+    // However `run` returns (a failed start included), the background tasks are told to stop.
+    let _stop_background = background.clone().drop_guard();
+    // Watched from the start, so SIGHUP (whose default action ends the process) is handled
+    // from here on, while the store is still being opened too.
+    keys.watch(&tasks, background.clone());
     let metrics = Metrics::new("fence-gateway").map_err(GatewayError::Metrics)?;
     let latency = StoreLatency::new(&metrics.meter());
-    let fence: Fence<dyn Admission> = Fence::new(keys, config.open_admission(latency).await?);
+    let fence: Fence<dyn Admission> =
+        Fence::new(keys.clone(), config.open_admission(latency).await?);
     count_outcomes(&metrics.meter(), fence.outcomes.clone());
     let upstream = config
         .upstream()?
@@ -112,8 +120,6 @@ pub async fn run(
         .map(|files| crate::tls::ServerTls::load(files).map(Arc::new))
         .transpose()
         .map_err(GatewayError::Tls)?;
-    let tasks = tokio_util::task::TaskTracker::new();
-    let background = CancellationToken::new();
     if let Some(tls) = &tls {
         tls.watch(&tasks, background.clone());
     }

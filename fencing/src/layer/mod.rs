@@ -49,7 +49,7 @@ use tower::{Layer, Service};
 use tracing::Instrument as _;
 
 use crate::admission::{Admission, Outcome, Permit};
-use crate::{Keyring, Token, RESOURCE_HEADER, TOKEN_HEADER, TOKEN_HEADER_LEGACY};
+use crate::{Keys, Token, RESOURCE_HEADER, TOKEN_HEADER, TOKEN_HEADER_LEGACY};
 use exchange::{CallerRelease, Exchange, Side, Tracked};
 
 /// How long a write's whole exchange may take unless configured (see
@@ -58,8 +58,8 @@ pub const DEFAULT_EXCHANGE_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Everything the layer needs, shared by all its services.
 pub struct Fence<A: ?Sized> {
-    /// Verifies tokens.
-    pub keys: Arc<Keyring>,
+    /// Verifies tokens: the keyring in force when each token is checked.
+    pub keys: Keys,
     /// Orders and remembers.
     pub gate: Arc<A>,
     /// Counts of what the enforcer decided.
@@ -67,10 +67,11 @@ pub struct Fence<A: ?Sized> {
 }
 
 impl<A: ?Sized> Fence<A> {
-    /// A fence verifying with `keys` and admitting through `gate`.
-    pub fn new(keys: Arc<Keyring>, gate: Arc<A>) -> Self {
+    /// A fence verifying with `keys` (a fixed [`crate::Keyring`], or [`Keys`] that a reload
+    /// changes) and admitting through `gate`.
+    pub fn new(keys: impl Into<Keys>, gate: Arc<A>) -> Self {
         Self {
-            keys,
+            keys: keys.into(),
             gate,
             outcomes: Arc::default(),
         }
@@ -116,7 +117,11 @@ impl Outcomes {
 impl<A: Admission + ?Sized> Fence<A> {
     /// Checks a presented token (`wire`) for `resource` and admits it through the gate.
     pub async fn admit(&self, resource: &str, wire: &str) -> Result<(Token, Permit), Rejection> {
-        let token = self.keys.verify(resource, wire).map_err(Rejection::Token)?;
+        let token = self
+            .keys
+            .current()
+            .verify(resource, wire)
+            .map_err(Rejection::Token)?;
         let permit = self.gate.admit(resource, token).await?;
         Ok((token, permit))
     }

@@ -10,7 +10,8 @@ use fencing::tls::PeerCertificate;
 
 use super::AppState;
 use crate::audit::Event;
-use crate::auth::{Op, Principal};
+use crate::auth::{Auth, Op, Principal, Unauthenticated};
+use crate::lease::Recheck;
 use crate::{Error, Result};
 
 /// Who a request comes from: `None` when authentication is off, so nothing is checked.
@@ -70,6 +71,65 @@ pub(super) fn authorize(
     let Some(auth) = &app.auth else {
         return Ok(None);
     };
+    let principal = judge(app, auth, headers, peer, op, target)?;
+    app.etcd
+        .metrics()
+        .auth_request("authenticated", op.as_str(), 1);
+    Ok(Some(principal))
+}
+
+/// For an acquire already authorised as `caller`: the same judgement of `op` on `resource`
+/// against the table in force whenever the lease layer asks — right before its create
+/// transaction, and after every reload while it waits — and the same principal required.
+/// `None` with authentication off.
+pub(super) fn recheck(
+    app: &Arc<AppState>,
+    headers: &HeaderMap,
+    peer: &Peer,
+    caller: &Caller,
+    op: Op,
+    resource: &str,
+) -> Option<Recheck> {
+    let (auth, caller) = (app.auth.clone()?, caller.clone()?);
+    let changes = auth.changes();
+    let (app, headers, peer, resource) = (
+        app.clone(),
+        headers.clone(),
+        peer.clone(),
+        resource.to_owned(),
+    );
+    Some(Recheck::new(
+        move || {
+            let now = judge(
+                &app,
+                &auth,
+                &headers,
+                &peer,
+                op,
+                Target::Resource(&resource),
+            )?;
+            if now.name == caller.name {
+                return Ok(());
+            }
+            app.etcd
+                .metrics()
+                .auth_request("unauthenticated", op.as_str(), 1);
+            Err(Error::Unauthenticated(Unauthenticated::Replaced.as_str()))
+        },
+        changes,
+    ))
+}
+
+/// The principal of the request if it may do `op` on `target`; every refusal counted and
+/// audited.
+fn judge(
+    app: &AppState,
+    auth: &Auth,
+    headers: &HeaderMap,
+    peer: &Peer,
+    op: Op,
+    target: Target<'_>,
+) -> Result<Arc<Principal>> {
     let metrics = app.etcd.metrics();
     let principal = match auth.authenticate(headers, peer.0.as_ref()) {
         Ok(principal) => principal,
@@ -106,8 +166,7 @@ pub(super) fn authorize(
             },
         });
     }
-    metrics.auth_request("authenticated", op.as_str(), 1);
-    Ok(Some(principal))
+    Ok(principal)
 }
 
 /// The name a grant records for `caller`.

@@ -143,6 +143,8 @@ pub(super) async fn acquire(
         Op::Acquire,
         Target::Resource(&resource),
     )?;
+    // Subscribed now: a reload from here on has the acquire judged again.
+    let recheck = authz::recheck(&app, &headers, &peer, &caller, Op::Acquire, &resource);
     let idempotency_key = body::idempotency_key(&headers)?;
     let req: AcquireBody = body::json(&headers, body, app.body).await?;
     let limits = app.leases.limits();
@@ -212,6 +214,7 @@ pub(super) async fn acquire(
             idempotency_key,
             received,
             session,
+            recheck,
         })
         .await
         .inspect_err(|e| {

@@ -6,7 +6,9 @@
 //!
 //! The table is swapped whole on reload (SIGHUP, or the file's modification time or length
 //! changing), so a request sees either the old table or the new one; connections are not
-//! touched, each request is judged by the table current when it arrives.
+//! touched, each request is judged by the table current when it arrives — and an acquire again
+//! before its create transaction and whenever a reload happens while it waits
+//! ([`Auth::changes`], `lease::Recheck`).
 
 mod table;
 
@@ -34,6 +36,9 @@ pub(crate) enum Unauthenticated {
     /// A verified client certificate, no bearer token, and no `cert` line for any name the
     /// certificate gives.
     UnknownCertificate,
+    /// Judged again after a reload, the credential names another principal than the one the
+    /// request was made as.
+    Replaced,
     /// A bearer token and a client certificate naming two different principals.
     Conflicting,
 }
@@ -51,6 +56,9 @@ impl Unauthenticated {
             Unauthenticated::Conflicting => {
                 "the bearer token and the client certificate name different principals"
             }
+            Unauthenticated::Replaced => {
+                "since the request arrived, the token file gives its credential to another principal"
+            }
         }
     }
 }
@@ -59,18 +67,25 @@ impl Unauthenticated {
 pub(crate) struct Auth {
     path: PathBuf,
     table: RwLock<Arc<Table>>,
+    /// Marked changed on every reload that swapped the table.
+    reloaded: tokio::sync::watch::Sender<()>,
     cert_name: CertPrincipal,
 }
 
 impl Auth {
-    /// Loads the token file; an unusable file is refused (the proxy does not start).
-    /// `cert_name` says which name of a client certificate is its principal.
+    /// Loads the token file; an unusable file is refused (the proxy does not start). A file
+    /// without principals is taken (nobody may call) but warned about. `cert_name` says which
+    /// name of a client certificate is its principal.
     pub(crate) fn load(path: &Path, cert_name: CertPrincipal) -> Result<Self, String> {
         let table = Table::load(path)?;
+        if table.len() == 0 {
+            tracing::warn!(path = %path.display(), "the token file names no principal: every request that needs one is refused (401)");
+        }
         tracing::info!(path = %path.display(), principals = table.len(), "token file loaded");
         Ok(Self {
             path: path.to_owned(),
             table: RwLock::new(Arc::new(table)),
+            reloaded: tokio::sync::watch::Sender::new(()),
             cert_name,
         })
     }
@@ -136,20 +151,42 @@ impl Auth {
             .clone()
     }
 
-    /// Reads the file again; a file that does not parse leaves the current table in force.
+    /// Reads the file again; a file that does not load (it does not parse, or its last line
+    /// is cut) leaves the current table in force, and so does a file without principals while
+    /// the current table has some: that is what a file emptied mid-rewrite looks like, and
+    /// taking it would lock every principal out.
     fn reload(&self, why: &'static str) {
-        match Table::load(&self.path) {
+        let loaded = Table::load(&self.path).and_then(|table| {
+            if table.len() == 0 && self.current().len() > 0 {
+                Err(format!(
+                    "token file {}: it names no principal (emptied, or being rewritten?); \
+                     to lock everyone out, leave one line whose token nobody has",
+                    self.path.display()
+                ))
+            } else {
+                Ok(table)
+            }
+        });
+        match loaded {
             Ok(table) => {
                 tracing::info!(path = %self.path.display(), principals = table.len(), why, "token file reloaded");
                 *self
                     .table
                     .write()
                     .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(table);
+                // After the swap: whoever wakes and judges again sees the new table.
+                self.reloaded.send_replace(());
             }
             Err(e) => {
                 tracing::error!(error = %e, why, "token file NOT reloaded; the previous table stays in force");
             }
         }
+    }
+
+    /// Marked changed whenever a reload has put another table in force (changes before this
+    /// call count as seen).
+    pub(crate) fn changes(&self) -> tokio::sync::watch::Receiver<()> {
+        self.reloaded.subscribe()
     }
 
     /// Reloads on SIGHUP and when the file changes, until `cancel`; the task is `tracker`'s.

@@ -115,14 +115,12 @@ impl fmt::Debug for Table {
 }
 
 impl Table {
-    /// Reads and parses the file at `path`.
+    /// Reads and parses the file at `path`. A file whose last line has no newline is refused:
+    /// it may be cut short mid-write, and a permission cut short (`acquire:a` of
+    /// `acquire:a-`) is a wider one.
     pub(crate) fn load(path: &Path) -> Result<Self, String> {
-        let cannot = |e: &dyn std::fmt::Display| {
-            format!("cannot read the token file {}: {e}", path.display())
-        };
-        let bytes =
-            fencing::files::read_config_file(path, MAX_FILE_BYTES).map_err(|e| cannot(&e))?;
-        let text = String::from_utf8(bytes).map_err(|e| cannot(&e))?;
+        let text = fencing::files::read_config_text(path, MAX_FILE_BYTES)
+            .map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?;
         Self::parse(&text).map_err(|e| format!("token file {}: {e}", path.display()))
     }
 

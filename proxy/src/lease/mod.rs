@@ -9,6 +9,7 @@
 mod list;
 mod queue;
 mod quota;
+mod recheck;
 mod record;
 mod secret;
 pub(crate) mod session;
@@ -18,7 +19,9 @@ pub(crate) mod validate;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use fencing::{Keyring, Token};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use fencing::{Keys, Token};
 use serde::Serialize;
 use tokio::sync::{broadcast, oneshot};
 use tokio::time::Instant;
@@ -34,6 +37,7 @@ use crate::forward::Upstream;
 use crate::metrics;
 use crate::{Error, Result};
 pub(crate) use list::{list_prefixes, Page};
+pub(crate) use recheck::Recheck;
 pub(crate) use record::{i64_string, opt_i64_string, HolderRecord};
 
 /// Bounds applied to client requests.
@@ -71,6 +75,9 @@ pub(crate) struct Acquire {
     /// The session to hold the resource under (its lease), instead of a lease of its own;
     /// verified (secret, principal) by the caller.
     pub(crate) session: Option<i64>,
+    /// The caller's right to this acquire, judged again before every create transaction and
+    /// whenever it may have changed while the acquire waits (`None` with authentication off).
+    pub(crate) recheck: Option<Recheck>,
 }
 
 /// A successful acquire, as returned to the client (the only time the secret is shown).
@@ -139,7 +146,8 @@ pub(crate) struct Renewal {
     pub(crate) expires_in_ms: u64,
     /// The token (revision, decimal string) — unchanged by renewal.
     pub(crate) token: String,
-    /// The signed fencing token — unchanged by renewal.
+    /// The signed fencing token of the same revision, signed with the key that signs now
+    /// (after a key rotation, the new key).
     pub(crate) fencing_token: String,
 }
 
@@ -183,7 +191,8 @@ pub(crate) struct Leases {
     etcd: Etcd,
     keepalive: KeepAlive,
     holders: Holders,
-    keys: Arc<Keyring>,
+    /// The keyring in force (reloaded with the key file): read once per operation.
+    keys: Keys,
     holders_prefix: String,
     idempotency_prefix: String,
     principals_prefix: String,
@@ -304,7 +313,7 @@ impl Leases {
         commit: GroupCommit,
         keepalive: KeepAlive,
         holders: Holders,
-        keys: Arc<Keyring>,
+        keys: Keys,
         layout: Layout,
         era: u64,
         limits: Limits,
@@ -467,9 +476,14 @@ impl Leases {
         format!("{}{resource}", self.holders_prefix)
     }
 
+    /// The token of `revision`, signed now: with the signing key in force, so after a key
+    /// rotation a renewal or a forward carries the new key's token for the same grant.
     fn token(&self, resource: &str, revision: i64) -> (String, String) {
         let revision = u64::try_from(revision).unwrap_or_default();
-        let signed = self.keys.mint(resource, Token::new(self.era, revision));
+        let signed = self
+            .keys
+            .current()
+            .mint(resource, Token::new(self.era, revision));
         (revision.to_string(), signed)
     }
 
@@ -498,6 +512,9 @@ impl Leases {
                 }
             }
         }
+        // Judged again whenever the token file changes while this acquire waits: a caller
+        // removed or narrowed meanwhile leaves the line with the check's 401 or 403.
+        let mut recheck = req.recheck.clone();
         let mut place = self.queue.enqueue(&req.resource).await?;
         // 1. Wait until nobody is ahead in line.
         loop {
@@ -512,7 +529,7 @@ impl Leases {
             };
             let own = place.key().as_bytes().to_vec();
             let woken = self
-                .wait_for(&mut deletions, deadline, |d: &Deleted| {
+                .wait_for(&mut deletions, deadline, &mut recheck, |d: &Deleted| {
                     d.concerns(&ahead) || d.concerns(&own)
                 })
                 .await?;
@@ -550,7 +567,9 @@ impl Leases {
             };
             let resource = req.resource.as_str();
             let woken = self
-                .wait_for(&mut released, deadline, |w: &Wakeup| w.concerns(resource))
+                .wait_for(&mut released, deadline, &mut recheck, |w: &Wakeup| {
+                    w.concerns(resource)
+                })
                 .await?;
             if let Woken::Deadline = woken {
                 drop(place);
@@ -580,17 +599,24 @@ impl Leases {
     }
 
     /// Waits for a broadcast that `wanted` says concerns the waiter, or the deadline. A
-    /// lagging receiver may have missed one, so it is woken too.
+    /// lagging receiver may have missed one, so it is woken too. Ends with the error of
+    /// `recheck` once the caller may no longer make the acquire.
     async fn wait_for<T: Clone>(
         &self,
         events: &mut broadcast::Receiver<T>,
         deadline: Instant,
+        recheck: &mut Option<Recheck>,
         wanted: impl Fn(&T) -> bool,
     ) -> Result<Woken<T>> {
         loop {
             tokio::select! {
                 _ = self.stopping.cancelled() => return Err(Error::ShuttingDown),
                 _ = tokio::time::sleep_until(deadline) => return Ok(Woken::Deadline),
+                () = recheck::changed(recheck) => {
+                    if let Some(r) = recheck {
+                        r.check()?;
+                    }
+                }
                 event = events.recv() => match event {
                     Ok(e) if wanted(&e) => return Ok(Woken::By(e)),
                     Ok(_) => {}
@@ -641,10 +667,11 @@ impl Leases {
         let Some(window) = self.etcd.get(window_key).await? else {
             return Ok(());
         };
+        let keys = self.keys.current();
         let used = std::str::from_utf8(window.value())
             .ok()
             .and_then(|marker| {
-                secret::idempotency_salt(&self.keys, marker, &req.resource, &req.holder, key)
+                secret::idempotency_salt(&keys, marker, &req.resource, &req.holder, key)
             })
             .is_some();
         if !used {
@@ -761,11 +788,13 @@ impl Leases {
         let in_session = req.session.is_some();
         let session_guard = req.session.map(|s| self.session_key(s));
         let expires_in_ms = expires_in_ms(counted_from, ttl_seconds, req.received);
+        // One keyring for the secret and the marker: a replay finds the key that made both.
+        let keys = self.keys.current();
         let secret = match idempotent {
             Some((k, salt)) => {
-                secret::idempotent(&self.keys, &req.resource, &req.holder, k, lease_id, &salt)
+                secret::idempotent(&keys, &req.resource, &req.holder, k, lease_id, &salt)
             }
-            None => secret::random(&self.keys, lease_id),
+            None => secret::random(&keys, lease_id),
         };
         let record = HolderRecord {
             holder: req.holder.clone(),
@@ -776,7 +805,7 @@ impl Leases {
             ttl_seconds,
             principal: req.principal.clone(),
             idempotency: idempotent.map(|(k, salt)| {
-                secret::idempotency_marker(&self.keys, &req.resource, &req.holder, k, &salt)
+                secret::idempotency_marker(&keys, &req.resource, &req.holder, k, &salt)
             }),
             session: in_session,
         };
@@ -787,6 +816,14 @@ impl Leases {
             lease,
         });
         let value = record.encode();
+        // The last moment before the grant can exist: a caller removed from (or narrowed in)
+        // the token file since its request was authorised gets the check's 401 or 403.
+        if let Err(e) = req.recheck.as_ref().map_or(Ok(()), Recheck::check) {
+            if !in_session {
+                self.give_back(lease_id, ttl_seconds, counted_from).await?;
+            }
+            return Err(e);
+        }
         let created = match self
             .commit
             .create_if_absent(Creation {
@@ -872,13 +909,15 @@ impl Leases {
             // names the same holder and key (checked against a keyed marker) and comes while
             // the grant's window key is still there (written with it: same revision).
             let in_window = window_kv.is_some_and(|w| w.mod_revision() == kv.create_revision());
+            // Under whichever key of the ring made it (a rotation since then is fine as long as
+            // that key is still a line of the file): the replayed secret is made with it again.
             let salt = existing.idempotency.as_deref().and_then(|marker| {
-                secret::idempotency_salt(&self.keys, marker, &req.resource, &req.holder, k)
+                secret::idempotency_salt(&keys, marker, &req.resource, &req.holder, k)
             });
             // Under a session, only a retry under the same session gets its grant back.
             let same_lease = !existing.session && !in_session
                 || existing.session && req.session == Some(existing.lease_id);
-            if let (true, true, Some(salt)) =
+            if let (true, true, Some((salt, signer))) =
                 (in_window && same_lease, existing.holder == req.holder, salt)
             {
                 // The key and holder are right, but an Idempotency-Key is no credential: a
@@ -894,7 +933,7 @@ impl Leases {
                 return Ok(Attempt::Replayed(Grant {
                     resource: req.resource.clone(),
                     secret: secret::idempotent(
-                        &self.keys,
+                        &signer,
                         &req.resource,
                         &req.holder,
                         k,
@@ -948,7 +987,7 @@ impl Leases {
             Some((record, revision)) if record.lease_id == lease_id => {
                 if secret::matches(secret, &record.secret_hash) {
                     Ok(Some((record, revision)))
-                } else if secret::sealed(&self.keys, secret) {
+                } else if secret::sealed(&self.keys.current(), secret) {
                     // An earlier grant's secret on a lease since reused for this grant.
                     Ok(None)
                 } else {

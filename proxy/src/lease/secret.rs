@@ -9,6 +9,11 @@
 //! lost the lease, 410) from a wrong secret for the *current* grant (403); the seal keeps that
 //! distinction when a lease is reused for a later grant (see `spares`): a sealed secret that does
 //! not match is an earlier grant's, an unsealed one is forged.
+//!
+//! Secrets, seals and idempotency markers are made with the signing key of the keyring in force
+//! and checked against every key of it ([`Keyring::signers`]), so a key rotation changes nothing
+//! for grants made before it as long as their key stays a line of the file: the secret itself is
+//! checked by its hash, whatever the keys.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -60,7 +65,8 @@ pub(crate) fn session(keys: &Keyring, lease_id: i64) -> String {
     encode_in(keys, SESSION, lease_id, &nonce)
 }
 
-/// Whether `secret` was issued by a proxy holding the current signing key (for some grant).
+/// Whether `secret` was issued (for some grant) by a proxy signing with one of the keys of
+/// `keys`.
 pub(crate) fn sealed(keys: &Keyring, secret: &str) -> bool {
     sealed_in(keys, GRANT, secret)
 }
@@ -79,9 +85,9 @@ fn sealed_in(keys: &Keyring, domain: &[u8; 24], secret: &str) -> bool {
     let (Ok(id), Ok(nonce)) = (<[u8; 8]>::try_from(id), <[u8; 16]>::try_from(nonce)) else {
         return false;
     };
-    seal(keys, domain, i64::from_be_bytes(id), &nonce)
-        .ct_eq(tag)
-        .into()
+    let id = i64::from_be_bytes(id);
+    keys.signers()
+        .any(|signer| bool::from(seal(&signer, domain, id, &nonce).ct_eq(tag)))
 }
 
 /// The lease id a secret was issued for, if it is a well-formed secret at all.
@@ -161,14 +167,16 @@ pub(crate) fn idempotency_marker(
 }
 
 /// The salt of `marker` if it was made for this resource, holder and key (constant-time
-/// comparison); `None` for anything else, including markers of the earlier, unkeyed form.
+/// comparison) with one of the keys of `keys`, and that key alone as a ring (the grant's
+/// [`idempotent`] secret was made with it); `None` for anything else, including markers of the
+/// earlier, unkeyed form.
 pub(crate) fn idempotency_salt(
     keys: &Keyring,
     marker: &str,
     resource: &str,
     holder: &str,
     key: &str,
-) -> Option<[u8; SALT_LEN]> {
+) -> Option<([u8; SALT_LEN], Keyring)> {
     let mut parts = marker.split('.');
     let (Some("v2"), Some(salt), Some(mac), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -177,8 +185,11 @@ pub(crate) fn idempotency_salt(
     };
     let salt: [u8; SALT_LEN] = URL_SAFE_NO_PAD.decode(salt).ok()?.try_into().ok()?;
     let mac = URL_SAFE_NO_PAD.decode(mac).ok()?;
-    let want = marker_mac(keys, resource, holder, key, &salt);
-    bool::from(want.as_slice().ct_eq(&mac)).then_some(salt)
+    let signer = keys.signers().find(|signer| {
+        let want = marker_mac(signer, resource, holder, key, &salt);
+        bool::from(want.as_slice().ct_eq(&mac))
+    })?;
+    Some((salt, signer))
 }
 
 /// The stored hash of a secret.
@@ -261,26 +272,50 @@ mod tests {
         let keys = keys();
         let salt = salt();
         let marker = idempotency_marker(&keys, "r", "h", "order-4711", &salt);
-        assert_eq!(
-            idempotency_salt(&keys, &marker, "r", "h", "order-4711"),
-            Some(salt)
-        );
+        let salt_of = |keys: &Keyring, marker: &str, r: &str, h: &str, k: &str| {
+            idempotency_salt(keys, marker, r, h, k).map(|(salt, _)| salt)
+        };
+        assert_eq!(salt_of(&keys, &marker, "r", "h", "order-4711"), Some(salt));
         for (r, h, k) in [
             ("r", "h", "order-4712"),
             ("r", "g", "order-4711"),
             ("q", "h", "order-4711"),
         ] {
-            assert_eq!(idempotency_salt(&keys, &marker, r, h, k), None);
+            assert_eq!(salt_of(&keys, &marker, r, h, k), None);
         }
         // Another key (another deployment, or an attacker without it) cannot make or check one.
         assert_eq!(
-            idempotency_salt(&self::keys(), &marker, "r", "h", "order-4711"),
+            salt_of(&self::keys(), &marker, "r", "h", "order-4711"),
             None
         );
         // Neither the key nor an unkeyed hash of it appears in the marker.
         assert!(!marker.contains("order"));
         for junk in ["", "v2", "v2..", "v1.x.y", &format!("{marker}.x")] {
-            assert_eq!(idempotency_salt(&keys, junk, "r", "h", "order-4711"), None);
+            assert_eq!(salt_of(&keys, junk, "r", "h", "order-4711"), None);
         }
+    }
+
+    /// A rotation puts a new key first: what the old key made is still recognised while the old
+    /// key is a line of the file, and an idempotent grant's secret is made again exactly.
+    #[test]
+    fn a_rotation_keeps_what_the_old_key_made_while_it_verifies() {
+        let old_file = Keyring::generate_file(&fencing::KeyId::parse("k1").unwrap());
+        let new_file = Keyring::generate_file(&fencing::KeyId::parse("k2").unwrap());
+        let before = Keyring::parse(&old_file).unwrap();
+        let rotated = Keyring::parse(&format!("{new_file}{old_file}")).unwrap();
+        let retired = Keyring::parse(&new_file).unwrap();
+        let salt = salt();
+        let secret = idempotent(&before, "r", "h", "k", 9, &salt);
+        let marker = idempotency_marker(&before, "r", "h", "k", &salt);
+        assert!(sealed(&rotated, &random(&before, 9)));
+        assert!(sealed(&rotated, &secret));
+        let (found, signer) = idempotency_salt(&rotated, &marker, "r", "h", "k").unwrap();
+        assert_eq!(found, salt);
+        assert_eq!(idempotent(&signer, "r", "h", "k", 9, &salt), secret);
+        // The new key signs what is made from now on.
+        assert_ne!(idempotent(&rotated, "r", "h", "k", 9, &salt), secret);
+        // Once the old key is gone, what it made is not recognised.
+        assert!(!sealed(&retired, &secret));
+        assert!(idempotency_salt(&retired, &marker, "r", "h", "k").is_none());
     }
 }

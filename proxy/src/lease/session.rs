@@ -187,7 +187,7 @@ impl Leases {
         // A session's lease never carries a grant's key of its own: a spare (which carried
         // nothing) or a fresh one.
         let (lease_id, ttl_seconds, counted_from) = self.lease_for(ttl).await?;
-        let secret = secret::session(&self.keys, lease_id);
+        let secret = secret::session(&self.keys.current(), lease_id);
         let record = SessionRecord {
             holder,
             secret_hash: secret::hash(&secret),

@@ -237,7 +237,7 @@ impl V3 {
         let resource = fencing::lock_resource(&domain);
         let token = Token::new(self.era, u64::try_from(mine).unwrap_or(0));
         let headers = response.headers_mut();
-        if let Ok(v) = HeaderValue::from_str(&self.keys.mint(&resource, token)) {
+        if let Ok(v) = HeaderValue::from_str(&self.keys.current().mint(&resource, token)) {
             headers.insert(fencing::TOKEN_HEADER, v);
         }
         if let Ok(v) = HeaderValue::from_str(&resource) {

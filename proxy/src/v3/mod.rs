@@ -26,13 +26,11 @@ mod namespace;
 mod request;
 mod status;
 
-use std::sync::Arc;
-
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use axum::response::Response;
 use bytes::Bytes;
-use fencing::Keyring;
+use fencing::Keys;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -67,7 +65,8 @@ pub(crate) struct Limits {
 pub(crate) struct V3 {
     etcd: Etcd,
     keepalive: KeepAlive,
-    keys: Arc<Keyring>,
+    /// The keyring in force (reloaded with the key file).
+    keys: Keys,
     era: u64,
     namespace: Namespace,
     leases: Markers,
@@ -218,12 +217,7 @@ fn ok(v: &serde_json::Value) -> Response {
 
 impl V3 {
     /// Serves `/v3` for `config` (its namespace, lease markers and limits).
-    pub(crate) fn new(
-        etcd: Etcd,
-        keepalive: KeepAlive,
-        keys: Arc<Keyring>,
-        config: &Config,
-    ) -> Self {
+    pub(crate) fn new(etcd: Etcd, keepalive: KeepAlive, keys: Keys, config: &Config) -> Self {
         Self {
             leases: Markers::new(etcd.clone(), config.v3_lease_markers()),
             etcd,
