@@ -19,8 +19,6 @@ pub(crate) mod validate;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine;
 use fencing::{Keys, Token};
 use serde::Serialize;
 use tokio::sync::{broadcast, oneshot};
