@@ -1,7 +1,8 @@
-//! The fault campaign (issues 7 and 17, DESIGN §7): on one machine, loopback only, a 3-member
-//! etcd, two lease-proxy replicas, fence-gateway on SQLite in front of a storage that takes time
-//! to apply, and competing clients, under a seeded nemesis that kills, pauses, partitions,
-//! delays and resets; a checker then judges the history against the storage's own apply log.
+//! The fault campaign (issues 7 and 17, docs/DESIGN.md §7): on one machine, loopback only, a
+//! 3-member etcd, two lease-proxy replicas, fence-gateway on SQLite in front of a storage that
+//! takes time to apply, and competing clients, under a seeded nemesis that kills, pauses,
+//! partitions, delays and resets; a checker then judges the history against the storage's own
+//! apply log.
 //!
 //! - [`cluster`]: the deployment and its fault relays; [`relay`]: the TCP fault relay;
 //! - [`storage`]: the recording storage; [`client`]: the competing clients;

@@ -2,8 +2,8 @@
 //! (one enforcer, any store) or the PostgreSQL-wide gate shared by several enforcers.
 //!
 //! An admitted write holds a [`Permit`] for as long as it is *in flight at the storage*
-//! (DESIGN §4): from admission until its exchange with the storage has completely ended. The
-//! holder then says how it ended: [`Permit::complete`] when the request was fully sent and the
+//! (docs/DESIGN.md §4): from admission until its exchange with the storage has completely ended.
+//! The holder then says how it ended: [`Permit::complete`] when the request was fully sent and the
 //! answer fully read, [`Permit::uncertain`] otherwise (timeout, reset, an early answer, the client
 //! gone). An uncertain write keeps the resource closed to higher tokens for the gate's *write
 //! grace*, since the storage may still be applying it. Dropping a permit is the same as

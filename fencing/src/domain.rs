@@ -1,10 +1,10 @@
-//! Token domains (DESIGN §3): the "resource" a token is minted for names exactly one fencing
-//! domain. A `/v1` lease's domain is its resource name (`[A-Za-z0-9._:-]`, no `/`). A lock taken
-//! through lease-proxy's etcd-compatible `/v3` API has the domain [`lock_resource`] of its name:
-//! `lock/` followed by the lowercase hex of the name's bytes. Because no `/v1` resource contains a
-//! `/`, no lock domain ever equals a `/v1` resource — so a lock token never fences a lease's
-//! resource, nor its high-water mark, which is keyed by the same string — and because hex is
-//! one-to-one, two lock names that differ in any byte never share a domain.
+//! Token domains (docs/DESIGN.md §3): the "resource" a token is minted for names exactly one
+//! fencing domain. A `/v1` lease's domain is its resource name (`[A-Za-z0-9._:-]`, no `/`). A lock
+//! taken through lease-proxy's etcd-compatible `/v3` API has the domain [`lock_resource`] of its
+//! name: `lock/` followed by the lowercase hex of the name's bytes. Because no `/v1` resource
+//! contains a `/`, no lock domain ever equals a `/v1` resource — so a lock token never fences a
+//! lease's resource, nor its high-water mark, which is keyed by the same string — and because hex
+//! is one-to-one, two lock names that differ in any byte never share a domain.
 
 /// How every lock domain starts.
 pub const LOCK_RESOURCE_PREFIX: &str = "lock/";

@@ -1,5 +1,5 @@
-//! Resource binding (DESIGN §4): the resource fence-gateway fences is exactly the resource the
-//! storage writes.
+//! Resource binding (docs/DESIGN.md §4): the resource fence-gateway fences is exactly the resource
+//! the storage writes.
 //!
 //! Every row is a request written verbatim on a raw TCP connection (no client library to
 //! normalise the path) to the real fence-gateway binary in front of a storage that records what

@@ -1,5 +1,5 @@
-//! "In flight means in flight at the storage" (DESIGN §4), against the built fence-gateway: an
-//! old holder's write whose exchange with the storage did not end cleanly — the gateway's
+//! "In flight means in flight at the storage" (docs/DESIGN.md §4), against the built fence-gateway:
+//! an old holder's write whose exchange with the storage did not end cleanly — the gateway's
 //! upstream timeout fired, the client disconnected while waiting or mid-body, the storage
 //! answered before reading the whole body, the client was SIGKILLed mid-request — must still be
 //! applied by the storage before a newer holder's write. The storage stand-in logs the order in

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencing::{KeyId, Keyring};
-use lease_proxy_testkit::{free_port, openapi};
+use lease_proxy_testkit::{docs, free_port, openapi};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_fence-gateway");
@@ -139,6 +139,15 @@ async fn the_document_is_valid_and_lists_exactly_the_gateways_routes() {
     ] {
         assert!(description.contains(row), "{row}");
     }
+    // docs/API.md's table of the gateway's problem types says the same, neither more nor less.
+    let api = docs::read("docs/API.md");
+    let documented = docs::problem_table(&docs::section(&api, "## fence-gateway"));
+    let served = docs::document_problems(&doc);
+    assert!(served.len() > 10, "{served:?}");
+    assert_eq!(
+        documented, served,
+        "docs/API.md's fence-gateway problem table (left) differs from the document's (right)"
+    );
     let stale = &doc["paths"]["/fence/{resource}"]["post"]["responses"]["409"];
     assert_eq!(
         stale["content"]["application/problem+json"]["schema"]["allOf"][1]["properties"]["type"]

@@ -1,4 +1,4 @@
-//! Fair waiting (DESIGN §2): waiters are served first come, first served across replicas, a
+//! Fair waiting (docs/DESIGN.md §2): waiters are served first come, first served across replicas, a
 //! release wakes one waiter (a constant number of etcd writes, not one per waiter), and a
 //! waiter whose client leaves does not hold up the line.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

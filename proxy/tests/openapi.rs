@@ -9,7 +9,7 @@ mod common;
 use std::collections::BTreeSet;
 
 use common::*;
-use lease_proxy_testkit::openapi;
+use lease_proxy_testkit::{docs, openapi};
 use reqwest::Method;
 use serde_json::Value;
 
@@ -138,6 +138,15 @@ async fn the_document_is_valid_and_matches_the_router() {
             "{slug} is not documented"
         );
     }
+    // docs/API.md's error table says the same, neither more nor less.
+    let api = docs::read("docs/API.md");
+    let documented = docs::problem_table(&docs::section(&api, "## Errors"));
+    let served = docs::document_problems(&doc);
+    assert!(served.len() > 20, "{served:?}");
+    assert_eq!(
+        documented, served,
+        "docs/API.md's error table (left) differs from the document's problem types (right)"
+    );
     let description = doc["info"]["description"].as_str().unwrap();
     assert!(description.contains("| 409 | `https://lease-proxy.dev/problems/lease-held` |"));
     let held = &doc["paths"]["/v1/leases/{resource}"]["post"]["responses"]["409"];

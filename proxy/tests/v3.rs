@@ -1,10 +1,10 @@
 //! The etcd-compatible `/v3` API against real etcd's own JSON gateway: the same scripted requests
 //! give the same answers; the namespace cannot be escaped; locks block and carry fencing tokens.
 //!
-//! Normalisation (documented in the README): cluster and member ids, raft terms and every
-//! revision are replaced by placeholders; lease ids by symbols in order of first appearance (so
-//! the same lease is the same symbol on both sides); a remaining TTL other than -1 by a
-//! placeholder (a second may tick between the two requests); the lease-id suffix of a lock key
+//! Normalisation (docs/ARCHITECTURE.md, "The etcd-compatible API"): cluster and member ids, raft
+//! terms and every revision are replaced by placeholders; lease ids by symbols in order of first
+//! appearance (so the same lease is the same symbol on both sides); a remaining TTL other than -1
+//! by a placeholder (a second may tick between the two requests); the lease-id suffix of a lock key
 //! by a placeholder; a lease's `keys` sorted (etcd lists them in Go map order, which varies).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

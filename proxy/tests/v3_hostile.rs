@@ -1,10 +1,10 @@
-//! A hostile client against the etcd-compatible `/v3` API (DESIGN §7.6): thousands of request
-//! variants for every endpoint — data after the JSON value, line breaks and spaces inside base64,
-//! both spellings of a field, duplicate keys, unicode escapes in field names and values, signs,
-//! spaces and leading zeros in ids, nested transactions, range ends at and past the namespace's
-//! end, empty and `\0` keys, other leases' ids — and then etcd itself, read directly, must show
-//! that nothing outside the namespace was created, changed or deleted, that the proxy's own
-//! leases (a live `/v1` grant, a spare) were neither revoked nor renewed nor given keys, and no
+//! A hostile client against the etcd-compatible `/v3` API (docs/DESIGN.md §7.6): thousands of
+//! request variants for every endpoint — data after the JSON value, line breaks and spaces inside
+//! base64, both spellings of a field, duplicate keys, unicode escapes in field names and values,
+//! signs, spaces and leading zeros in ids, nested transactions, range ends at and past the
+//! namespace's end, empty and `\0` keys, other leases' ids — and then etcd itself, read directly,
+//! must show that nothing outside the namespace was created, changed or deleted, that the proxy's
+//! own leases (a live `/v1` grant, a spare) were neither revoked nor renewed nor given keys, and no
 //! answer carried a byte of what lies outside.
 //!
 //! The requests come from a seeded generator; the seed is printed, and `V3_HOSTILE_SEED=<seed>`

@@ -8,7 +8,8 @@
 //! [`v3_hostile`] is the seeded hostile `/v3` request generator and its sentinels, shared by the
 //! proxy's tests and the fault campaign.
 //!
-//! [`openapi`] checks a served OpenAPI 3.1 document and lists its operations.
+//! [`openapi`] checks a served OpenAPI 3.1 document and lists its operations; [`docs`] reads the
+//! documents' flag and problem tables so tests can hold them to the code.
 //!
 //! [`process::Spawned`] runs a workspace binary as a child process and collects its log.
 //!
@@ -23,6 +24,7 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 
+pub mod docs;
 pub mod openapi;
 pub mod pki;
 pub mod process;

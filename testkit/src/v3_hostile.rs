@@ -1,5 +1,5 @@
-//! A seeded generator of hostile requests for the etcd-compatible `/v3` API (DESIGN §7.6), and
-//! the sentinels it aims at.
+//! A seeded generator of hostile requests for the etcd-compatible `/v3` API (docs/DESIGN.md §7.6),
+//! and the sentinels it aims at.
 //!
 //! [`Gen`] draws requests for every `/v3` endpoint: data after the JSON value, line breaks and
 //! spaces inside base64, both spellings of a field, duplicate keys, unicode escapes in field

@@ -78,7 +78,7 @@ fn lower_hex(s: &[u8]) -> bool {
 }
 
 /// Why `key` (attached to `lease`) must not exist, if it must not: it lies outside both the
-/// `/v3` namespace and the proxies' own layout under [`PREFIX`] (DESIGN §5 and `proxy/src/`):
+/// `/v3` namespace and the proxies' own layout under [`PREFIX`] (docs/DESIGN.md §2):
 /// `holders/{resource}`, `idempotency/{resource}`, `waiters/{resource}/{hex}-{hex}`, the
 /// sessions `sessions/{id}` (on lease `id`), the `/v3` lease markers `v3/leases/{id}`, each on
 /// its own lease, and the release markers of the event stream, `ended/released/{id}` and

@@ -1,7 +1,7 @@
 //! fence-gateway: a reverse proxy in front of an HTTP storage service that enforces fencing on
-//! every write (DESIGN §4, §5.3). Reads pass through; `POST /fence/{resource}` raises a mark
-//! without a write (pre-fence); `/livez`, `/readyz`, `/metrics` and `/openapi.json` are answered
-//! by the gateway itself and shadow upstream paths of the same name.
+//! every write (docs/DESIGN.md §4, §5.3). Reads pass through; `POST /fence/{resource}` raises a
+//! mark without a write (pre-fence); `/livez`, `/readyz`, `/metrics` and `/openapi.json` are
+//! answered by the gateway itself and shadow upstream paths of the same name.
 
 mod config;
 mod forward;

@@ -1,4 +1,5 @@
-//! Which requests are protected writes, and for which resource (DESIGN §4 "Resource binding").
+//! Which requests are protected writes, and for which resource (docs/DESIGN.md §4,
+//! "Resource binding").
 //!
 //! The resource the enforcer fences must be the resource the storage writes. So the decision is
 //! taken on exactly what the storage will see, never on a spelling the storage may read

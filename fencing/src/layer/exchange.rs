@@ -1,5 +1,5 @@
-//! One admitted write's exchange with the storage, and when it has truly ended (DESIGN §4, "In
-//! flight means in flight at the storage").
+//! One admitted write's exchange with the storage, and when it has truly ended (docs/DESIGN.md §4,
+//! "In flight means in flight at the storage").
 //!
 //! The [`Permit`] is owned by an [`Exchange`] shared by the three things that make up the
 //! exchange: the request body on its way to the storage, the task that calls the storage, and

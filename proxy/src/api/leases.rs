@@ -1,4 +1,4 @@
-//! `/v1/leases`: the native lease API (DESIGN §5.1).
+//! `/v1/leases`: the native lease API (docs/DESIGN.md §5.1).
 
 use std::sync::Arc;
 use std::time::Duration;

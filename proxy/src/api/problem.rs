@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use crate::Error;
 
-/// Base of every problem `type` URI; each problem is documented under this path in the README.
+/// Base of every problem `type` URI; each problem is documented under this path in docs/API.md.
 pub const PROBLEM_BASE: &str = "https://lease-proxy.dev/problems/";
 
 /// The challenge of a 401 for a missing, malformed or unknown bearer token.

@@ -1,4 +1,4 @@
-//! `/v1/sessions`: open, heartbeat, close and inspect sessions (DESIGN §5.1).
+//! `/v1/sessions`: open, heartbeat, close and inspect sessions (docs/DESIGN.md §5.1).
 
 use std::sync::Arc;
 

@@ -1,4 +1,4 @@
-//! Who may call (DESIGN §5.1 "Who may call"): bearer tokens checked against the token file
+//! Who may call (docs/DESIGN.md §5.1 "Who may call"): bearer tokens checked against the token file
 //! (`--auth-tokens`), or client certificates verified by the TLS handshake (`--tls-client-ca`)
 //! naming a principal with a `cert` line; permissions per operation and resource-name prefix.
 //! Off unless `--auth-tokens` is given; then every route but the operational ones needs a

@@ -23,7 +23,7 @@
 //!   whole batch unknown, exactly as it leaves a lone transaction's: every transaction of the
 //!   batch is answered with the error, and its caller cleans up as for an unknown outcome. A
 //!   batch is sent with [`Etcd::bounded_once`], so it is repeated only after a failure that
-//!   shows it never reached etcd (see docs/ARCHITECTURE.md, "retried transactions").
+//!   shows it never reached etcd (docs/ARCHITECTURE.md, "etcd access and group commit").
 //!
 //! The batcher and every batch in flight are owned by the server's task tracker; a caller that
 //! goes away (its future dropped) leaves its transaction to run to its end, and the answer is

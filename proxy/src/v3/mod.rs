@@ -1,9 +1,10 @@
-//! `/v3`: etcd's JSON gateway API for leases, locks and KV, served by the proxy (DESIGN §5.2).
+//! `/v3`: etcd's JSON gateway API for leases, locks and KV, served by the proxy
+//! (docs/DESIGN.md §5.2).
 //!
-//! Fails closed (DESIGN §7.6). Every request body is read into typed requests exactly as etcd's
-//! gateway would read it ([`json`], [`request`]); whatever the proxy cannot read exactly as etcd
-//! would is refused with etcd's error shape (HTTP 400, gRPC code 3), never passed on. The typed
-//! values go to etcd through etcd-client's gRPC API — no client bytes reach etcd — under the
+//! Fails closed (docs/DESIGN.md §7.6). Every request body is read into typed requests exactly as
+//! etcd's gateway would read it ([`json`], [`request`]); whatever the proxy cannot read exactly as
+//! etcd would is refused with etcd's error shape (HTTP 400, gRPC code 3), never passed on. The
+//! typed values go to etcd through etcd-client's gRPC API — no client bytes reach etcd — under the
 //! same deadline and member failover as `/v1`, and etcd's answers are printed as its gateway
 //! prints them ([`encode`]). On top of etcd, the proxy adds:
 //! - KV and locks are confined to a namespace ([`namespace`]) — with `--auth-tokens`, one per

@@ -2,11 +2,11 @@
 //! because fence-gateway sits in front of it and is the only way in; it records the token's
 //! revision with every write so the audit can check the order writes were applied in.
 //!
-//! What every storage behind the gateway should do (DESIGN §4 "Resource binding"): write only the
-//! resource the gateway verified the token for. The gateway sends exactly one `Fencing-Resource`
-//! and one `Fencing-Token` with every write it admits; a write whose path names another aisle,
-//! or that comes with no or several of either header, is refused here with 403 — defence in
-//! depth, and the only binding of path to resource when the gateway runs in header mode.
+//! What every storage behind the gateway should do (docs/DESIGN.md §4 "Resource binding"): write
+//! only the resource the gateway verified the token for. The gateway sends exactly one
+//! `Fencing-Resource` and one `Fencing-Token` with every write it admits; a write whose path names
+//! another aisle, or that comes with no or several of either header, is refused here with 403 —
+//! defence in depth, and the only binding of path to resource when the gateway runs in header mode.
 
 use std::sync::{Arc, Mutex};
 

@@ -11,7 +11,7 @@
 //!
 //! # The in-flight protocol
 //!
-//! A write is in flight (DESIGN §4) from admission until its exchange with the storage has
+//! A write is in flight (docs/DESIGN.md §4) from admission until its exchange with the storage has
 //! ended, plus the write grace if it ended uncertain. Across gateways that fact must outlive any
 //! one database session (a session can be killed, time out or lose its network while the write
 //! goes on at the storage), so it is a row, not a lock:
