@@ -81,13 +81,15 @@ impl Error {
         }
     }
 
-    /// Whether a watch reconnects after this error: a transient one, or any 5xx answer.
+    /// Whether a watch reconnects after this error: a transient one, any 5xx answer, or a 429
+    /// (the principal's share of the replica's event streams is taken: it frees when one of
+    /// its streams ends).
     pub(crate) fn reconnects_watch(&self) -> bool {
         self.is_transient()
             || matches!(
                 self,
                 Error::Problem {
-                    status: 500..=599,
+                    status: 429 | 500..=599,
                     ..
                 }
             )

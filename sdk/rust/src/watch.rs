@@ -101,7 +101,7 @@ enum Item {
     Id(String),
 }
 
-/// The events of a watch, as a [`Stream`]. Reconnects after transport failures, any 5xx
+/// The events of a watch, as a [`Stream`]. Reconnects after transport failures, any 5xx or 429
 /// answer and silent connections (with a backoff from 100 ms up to 5 s, reset only once a
 /// connection delivered an event), resuming after the last complete message seen, so nothing
 /// is lost or repeated. Id-only messages (where the stream starts, and how far a stream with

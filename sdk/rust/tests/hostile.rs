@@ -35,6 +35,32 @@ async fn next(stream: &mut EventStream) -> Result<Event, Error> {
 const HTTP_200_JSON: &str =
     "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n";
 
+/// A principal past its share of a replica's event streams gets 429 (`quota-exceeded`,
+/// `Retry-After`): its watch waits and tries again, as after a 5xx, instead of ending.
+#[tokio::test]
+async fn the_watch_reconnects_after_a_429() {
+    let fake = Fake::start(|_, n| match n {
+        0 => json(
+            429,
+            r#"{"type":"https://lease-proxy.dev/problems/quota-exceeded","title":"Too Many Requests","status":429,"detail":"watch streams"}"#,
+        ),
+        1 => events(&event("11", "a")),
+        _ => events(": idle\n\n"),
+    })
+    .await;
+    let client = Client::new(&fake.url).unwrap();
+    let mut stream = client.watch("", None);
+    let first = tokio::time::timeout(Duration::from_secs(5), stream.next())
+        .await
+        .expect("nothing within 5 s")
+        .expect("the stream ended");
+    let event = first.expect("the 429 ended the watch instead of a reconnection");
+    assert_eq!(
+        (event.kind, event.resource.as_str()),
+        (EventKind::Acquired, "a")
+    );
+}
+
 #[tokio::test]
 async fn the_watch_reconnects_after_a_500() {
     let fake = Fake::start(|_, n| match n {
