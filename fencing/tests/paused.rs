@@ -29,22 +29,26 @@ use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower::{ServiceBuilder, ServiceExt};
 
-/// The gateways' timing: a registration lasts `L = 400 ms + 2.5 s + 1 s = 3.9 s`.
-const FLAGS: [&str; 6] = [
+/// The gateways' timing: a registration lasts `L = 400 ms + 2.5 s + 2 s = 4.9 s`. The store
+/// timeout leaves a loaded machine time to open the pool and answer the readiness probe.
+const FLAGS: [&str; 8] = [
     "--upstream-timeout",
     "400ms",
     "--write-grace",
     "2500ms",
     "--store-timeout",
-    "1s",
+    "2s",
+    "--max-connections",
+    "4",
 ];
 /// How long the storage takes to apply a `slow` write (within its contract: below the
 /// upstream timeout plus the write grace).
 const APPLY: Duration = Duration::from_millis(1000);
-/// How long the first gateway stays stopped: longer than the store timeout, shorter than a
-/// registration — so that, resumed, a gateway that starts the exchange's clock then would
-/// still deliver the write, whose application ends after the registration expired.
-const PAUSE: Duration = Duration::from_millis(3400);
+/// How long the first gateway stays stopped: longer than the store timeout plus the upstream
+/// timeout, shorter than a registration, and long enough that a write sent at the resume is
+/// applied after the registration lapsed (`PAUSE + APPLY > L`) — so that, resumed, a gateway that
+/// starts the exchange's clock then delivers the write late.
+const PAUSE: Duration = Duration::from_millis(4400);
 
 /// What the storage applied, in order: (resource, revision).
 type Applied = Arc<Mutex<Vec<(String, u64)>>>;
@@ -267,7 +271,7 @@ fn applying(applied: Applied) -> BoxCloneService<Request<Body>, Response<Body>, 
 }
 
 async fn gateway_store() -> PostgresStore {
-    PostgresStore::connect_with_deadline(&common::postgres_url(), 4, Duration::from_secs(1))
+    PostgresStore::connect_with_deadline(&common::postgres_url(), 4, Duration::from_secs(2))
         .await
         .unwrap()
         .with_max_exchange(Duration::from_millis(400))
