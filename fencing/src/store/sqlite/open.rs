@@ -18,8 +18,8 @@ use std::path::Path;
 
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
-use super::lockfile::{self, LockFile, Record};
-use super::{err, generation, Inner};
+use super::lockfile::{LockFile, Record};
+use super::{err, next_generation, FileState, Inner};
 use crate::store::{decode, encode, StoreError};
 use crate::Token;
 
@@ -104,7 +104,13 @@ pub(super) fn open(path: &Path, era_floor: u64) -> Result<Inner, StoreError> {
         params![store_id, encode(floor).to_vec()],
     )
     .map_err(err)?;
-    let generation = generation(&tx)?;
+    let expected = held.as_ref().map_or(0, |h| h.generation);
+    let generation = next_generation(&tx, expected, &store_id)?.ok_or_else(|| {
+        StoreError(format!(
+            "marks file {} changed while being opened",
+            path.display()
+        ))
+    })?;
     tx.commit().map_err(err)?;
     let record = Record {
         store_id,
@@ -112,14 +118,14 @@ pub(super) fn open(path: &Path, era_floor: u64) -> Result<Inner, StoreError> {
         max_era: known_era.max(era_floor),
     };
     lock.write(&record, true)?;
-    let identity = lockfile::identity(path).map_err(err)?;
+    let file = FileState::of(path).map_err(err)?;
     Ok(Inner {
         conn,
         lock,
         record,
         floor,
         path: path.to_owned(),
-        identity,
+        file,
     })
 }
 
