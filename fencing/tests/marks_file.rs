@@ -339,3 +339,44 @@ async fn a_raise_after_a_restore_into_the_running_file_is_refused() {
     assert!(stderr.contains("older copy"), "{stderr}");
     assert_eq!(applied(&storage), [10, 20]);
 }
+
+/// Issue 27 F3 (hostile pass): a second gateway on the same file through a symbolic link is
+/// refused as in use (the lock file is named from the file's real path), with or without an
+/// era floor; through a hard link it is refused too (a marks file with more than one name),
+/// and the refusal leaves no lock file behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_gateway_through_a_symlink_or_a_hard_link_fails_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (keys_path, keys) = key_file(dir.path());
+    let storage = RecordingStorage::start().await;
+    let path = dir.path().join("a.db");
+    let store = format!("sqlite:{}", path.display());
+    let first = GatewayProcess::start_with_store(&storage.url, &store, &keys_path, &[]).await;
+    assert_eq!(put(&first, &keys, "aisle-1", 10).await, 200);
+
+    let symlink = dir.path().join("b.db");
+    std::os::unix::fs::symlink(&path, &symlink).unwrap();
+    let via_symlink = format!("sqlite:{}", symlink.display());
+    for flags in [&[][..], &["--era-floor", "1"][..]] {
+        let (status, stderr) =
+            common::gateway_refuses(&storage.url, &via_symlink, &keys_path, flags);
+        assert_eq!(status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("in use by another process"), "{stderr}");
+    }
+    assert!(!dir.path().join("b.db.lock").exists());
+
+    let hard_link = dir.path().join("c.db");
+    std::fs::hard_link(&path, &hard_link).unwrap();
+    let via_hard_link = format!("sqlite:{}", hard_link.display());
+    for flags in [&[][..], &["--era-floor", "1"][..]] {
+        let (status, stderr) =
+            common::gateway_refuses(&storage.url, &via_hard_link, &keys_path, flags);
+        assert_eq!(status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("hard link"), "{stderr}");
+    }
+    assert!(!dir.path().join("c.db.lock").exists());
+
+    assert_eq!(put(&first, &keys, "aisle-1", 11).await, 200);
+    assert_eq!(put(&first, &keys, "aisle-1", 10).await, 409);
+    assert_eq!(applied(&storage), [10, 11]);
+}

@@ -611,6 +611,84 @@ mod tests {
         assert!(store.probe().await.is_err());
     }
 
+    /// A store reached through a symbolic link is the store of the file it names: one lock
+    /// file, so the second open is refused as in use, before anything else is said.
+    #[tokio::test]
+    async fn a_symlink_names_the_same_store_and_a_hard_link_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.db");
+        let store = SqliteStore::open(&path).unwrap();
+        store.raise("r", Token::new(0, 3)).await.unwrap();
+        let symlink = dir.path().join("b.db");
+        std::os::unix::fs::symlink(&path, &symlink).unwrap();
+        for floor in [0, 1] {
+            let second = SqliteStore::open_with_era_floor(&symlink, floor)
+                .unwrap_err()
+                .to_string();
+            assert!(second.contains("in use by another process"), "{second}");
+        }
+        assert!(!dir.path().join("b.db.lock").exists());
+        let hard_link = dir.path().join("c.db");
+        std::fs::hard_link(&path, &hard_link).unwrap();
+        for floor in [0, 1] {
+            let second = SqliteStore::open_with_era_floor(&hard_link, floor)
+                .unwrap_err()
+                .to_string();
+            assert!(second.contains("hard link"), "{second}");
+        }
+        assert!(!dir.path().join("c.db.lock").exists());
+        drop(store);
+        // Through the symbolic link alone, the same store, its marks and its lock file.
+        let store = SqliteStore::open(&symlink);
+        assert!(store.is_err(), "a file with two names opened");
+        std::fs::remove_file(&hard_link).unwrap();
+        let store = SqliteStore::open(&symlink).unwrap();
+        assert_eq!(store.get("r").await.unwrap(), Some(Token::new(0, 3)));
+        assert!(!dir.path().join("b.db.lock").exists());
+    }
+
+    /// After a lost file at the highest era there is no era to suggest; failed opens leave no
+    /// lock file they created behind, and none is made for what is not a regular file.
+    #[tokio::test]
+    async fn failed_opens_leave_no_lock_file_and_suggest_no_era_past_the_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("marks.db");
+        drop(SqliteStore::open_with_era_floor(&path, u64::MAX).unwrap());
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
+        let lost = SqliteStore::open_with_era_floor(&path, u64::MAX)
+            .unwrap_err()
+            .to_string();
+        assert!(lost.contains("no higher era"), "{lost}");
+        assert!(
+            !lost.contains(&format!("--era-floor {}", u64::MAX)),
+            "{lost}"
+        );
+
+        // A copy without its lock file: refused, and the new lock file is not left behind.
+        let store = SqliteStore::open(&dir.path().join("a.db")).unwrap();
+        drop(store);
+        std::fs::copy(dir.path().join("a.db"), dir.path().join("b.db")).unwrap();
+        let copied = SqliteStore::open(&dir.path().join("b.db"))
+            .unwrap_err()
+            .to_string();
+        assert!(copied.contains("lock file is new"), "{copied}");
+        assert!(!dir.path().join("b.db.lock").exists());
+
+        // Not a regular file: no lock file at all.
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        let not_a_file = SqliteStore::open(&sub).unwrap_err().to_string();
+        assert!(not_a_file.contains("not a regular file"), "{not_a_file}");
+        assert!(!dir.path().join("sub.lock").exists());
+        let memory = SqliteStore::open(Path::new(":memory:"));
+        let left = Path::new(":memory:.lock").exists();
+        let _ = std::fs::remove_file(":memory:.lock");
+        assert!(memory.is_err(), "an in-memory marks store opened");
+        assert!(!left, ":memory:.lock left behind");
+    }
+
     #[tokio::test]
     async fn opens_in_a_directory_not_yet_created() {
         let dir = tempfile::tempdir().unwrap();
