@@ -53,21 +53,67 @@ async fn readiness_follows_whether_a_raise_can_be_made() {
         .await
         .unwrap();
     tokio::spawn(connection);
-    locker
-        .batch_execute(&format!(
-            "BEGIN; LOCK TABLE {schema}.fence_marks, {schema}.fence_probe IN EXCLUSIVE MODE"
-        ))
-        .await
-        .unwrap();
-    let refused = gate.admit("aisle-1", Token::new(0, 2)).await;
-    assert!(matches!(refused, Err(GateError::Store(_))), "{refused:?}");
-    readiness_becomes(&gate, false, Duration::from_secs(10)).await;
-    locker.batch_execute("COMMIT").await.unwrap();
-    readiness_becomes(&gate, true, Duration::from_secs(10)).await;
-    gate.admit("aisle-1", Token::new(0, 2))
+    // Each table a raise writes, locked alone (issue 27 F4, hostile pass: a probe of a table
+    // of its own said ready while the marks were locked). Reads still answer under EXCLUSIVE.
+    for (n, lock) in [
+        (
+            2,
+            format!("LOCK TABLE {schema}.fence_marks IN EXCLUSIVE MODE"),
+        ),
+        (
+            3,
+            format!("LOCK TABLE {schema}.fence_marks IN ACCESS EXCLUSIVE MODE"),
+        ),
+        (
+            4,
+            format!("LOCK TABLE {schema}.fence_inflight IN EXCLUSIVE MODE"),
+        ),
+    ] {
+        locker
+            .batch_execute(&format!("BEGIN; {lock}"))
+            .await
+            .unwrap();
+        // A resource of its own each time: a permit's end (a delete, then a notification
+        // that joins `fence_marks`) may meet the next lock, and its registration then stays
+        // until it expires, holding back higher tokens of its resource.
+        let resource = format!("aisle-{n}");
+        let refused = gate.admit(&resource, Token::new(0, 1)).await;
+        assert!(
+            matches!(refused, Err(GateError::Store(_))),
+            "{lock}: {refused:?}"
+        );
+        readiness_becomes(&gate, false, Duration::from_secs(10)).await;
+        locker.batch_execute("COMMIT").await.unwrap();
+        readiness_becomes(&gate, true, Duration::from_secs(10)).await;
+        gate.admit(&resource, Token::new(0, 1))
+            .await
+            .unwrap()
+            .complete();
+    }
+    // The probe's row is no mark of any resource, and it leaves no registration.
+    let resources: Vec<String> = admin
+        .query(&format!("SELECT resource FROM {schema}.fence_marks"), &[])
         .await
         .unwrap()
-        .complete();
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(
+        resources.iter().all(|r| r.starts_with("aisle-")
+            || (r.contains('/') && !r.starts_with(fencing::LOCK_RESOURCE_PREFIX))),
+        "{resources:?}"
+    );
+    let registrations: i64 = admin
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM {schema}.fence_inflight WHERE resource NOT LIKE 'aisle-%'"
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(registrations, 0);
     gate.drain().await;
     drop(gate);
     admin
