@@ -1,5 +1,6 @@
 //! Readiness of the PostgreSQL store against a real database (`FENCING_TEST_POSTGRES`): ready
-//! means a raise can be made, not merely that a read answers.
+//! means a raise can be made, not merely that a read answers. And the gateway's start-up log
+//! line on that store, which must not show the database password.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -120,4 +121,55 @@ async fn readiness_follows_whether_a_raise_can_be_made() {
         .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
         .await
         .unwrap();
+}
+
+/// The start-up log line names the store with its credentials redacted, as `--print-config`
+/// does (it used to print the PostgreSQL URL, password and all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_start_up_log_line_does_not_show_the_database_password() {
+    use std::io::BufRead as _;
+    let url = postgres_url();
+    let config: tokio_postgres::Config = url.parse().unwrap();
+    let password = String::from_utf8(config.get_password().unwrap().to_vec()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (keys_path, _) = common::key_file(dir.path());
+    let port = lease_proxy_testkit::free_port();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fence-gateway"))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--upstream", "http://127.0.0.1:9", "--store", &url])
+        .arg("--key-file")
+        .arg(&keys_path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (lines, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let serving = loop {
+        match received.recv_timeout(Duration::from_secs(20)) {
+            Ok(line) if line.contains("fence-gateway serving") => break line,
+            Ok(line) => seen.push(line),
+            Err(e) => {
+                let _ = child.kill();
+                panic!("no start-up line ({e}); stderr: {seen:#?}");
+            }
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(serving.contains("***@"), "{serving}");
+    assert!(!serving.contains(&format!(":{password}@")), "{serving}");
+    assert!(
+        seen.iter().all(|l| !l.contains(&format!(":{password}@"))),
+        "{seen:#?}"
+    );
 }
