@@ -377,7 +377,7 @@ impl HighWaterMarks for PostgresStore {
     }
 
     /// One transaction that writes what a raise writes, and commits synchronously like one:
-    /// the reserved row [`PROBE_RESOURCE`] of `fence_marks` updated in place (created if
+    /// the reserved row `PROBE_RESOURCE` of `fence_marks` updated in place (created if
     /// absent, its mark never changed) and a registration inserted into `fence_inflight` and
     /// deleted again (never committed, so no checker, count or sweep sees it). It fails on a
     /// database that refuses writes (read-only, a standby after a failover, a full disk) or

@@ -1,10 +1,14 @@
 //! Marks in a SQLite file: the durable default for a single enforcer.
 //!
-//! One file serves one process: it is held through its lock file (see [`lockfile`]) for the
-//! store's life, and opened only if it is the file this store last used ([`open`]). While
-//! running, every read, raise and probe first checks that the path still names the file (and the
-//! lock file) opened; once it does not — removed, or replaced — the store refuses everything
-//! until restarted, since its raises would land in a file nobody will open again.
+//! One file serves one process: it is held through its lock file (see [`lockfile`], named from
+//! the file's real path) for the store's life, and opened only if it is the file this store last
+//! used ([`open`]). While running, every read, raise and probe first checks that the path still
+//! names the file (and the lock file) opened and that nothing else wrote the file (its mtime and
+//! size are what the store's own last commit left), and reads or raises the generation it expects
+//! (generation continuity: an older copy written into the file through SQLite shows an older
+//! generation). Once a check fails the store refuses everything until restarted, writing nothing
+//! more — not even the lock file's record, so the restart is refused too — since its marks are no
+//! longer the ones it admitted by.
 
 mod lockfile;
 mod open;
@@ -26,12 +30,14 @@ use lockfile::{LockFile, Record};
 ///
 /// The file is held exclusively (a second store on it, in this process or another, fails to
 /// open), checked at open against the record in its lock file `PATH.lock` (a removed, replaced
-/// or older file is refused), and checked again on every call (a file removed or replaced while
-/// running makes every call fail until restart). Marks never read below the store's era floor.
+/// or older file is refused), and checked again on every call (a file removed, replaced or
+/// written by something else while running makes every call fail until restart). Marks never
+/// read below the store's era floor.
 #[derive(Clone)]
 pub struct SqliteStore {
     inner: Arc<Mutex<Inner>>,
-    /// Set once the file is found replaced or removed: why every call now fails.
+    /// Set once the file is found replaced, removed or written by something else: why every
+    /// call now fails.
     failed: Arc<OnceLock<String>>,
 }
 
@@ -349,7 +355,8 @@ impl HighWaterMarks for SqliteStore {
     /// before the commit) and commits, fsynced: it fails when the file may not grow by that much
     /// and its free pages are used up (`SQLITE_FULL`), when the journal cannot grow (a full
     /// disk), or when the write lock is held elsewhere — as a raise would. The pages it frees go
-    /// to the file's free list, so probes do not grow the file.
+    /// to the file's free list, so probes do not grow the file. It also reads the generation,
+    /// so a file written by something else makes the store unready without waiting for a write.
     fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(self.with_conn(|inner, failed| {
             let tx = inner

@@ -9,10 +9,14 @@
 //! store used (`--era-floor`), kept in the file: every token of an older era is refused, and
 //! tokens of the proxies' bumped era outrank everything the lost marks held.
 //!
+//! The path is made real first, so every symbolic link to the file finds the same lock file; a
+//! file with hard links (a name whose lock file would be another) is refused.
+//!
 //! Undetectable: the lock file restored together with its marks file (or deleted together with
-//! it), and a restore of a backup taken after the last raise the lock file recorded — after a
-//! power loss (not a process crash) the record may lag the last few raises, since it is fsynced
-//! only at start.
+//! it), and a restore (while stopped) of a backup taken after the last raise the lock file
+//! recorded — after a power loss (not a process crash) the record may lag the last few raises,
+//! since it is fsynced only at start. Restores into the running file: see the checks in
+//! [`super`].
 
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
