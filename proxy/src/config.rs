@@ -8,9 +8,9 @@ use std::time::Duration;
 use clap::{CommandFactory, Parser};
 use serde::{Deserialize, Serialize};
 
-/// etcd's smallest lease TTL with default election timing; shorter TTLs are silently raised by
-/// etcd, so the proxy refuses them instead.
-pub(crate) const ETCD_MIN_TTL: u64 = 2;
+use crate::auth::CertPrincipal;
+use crate::etcd::ETCD_MIN_TTL;
+use crate::keys::Layout;
 
 pub use fencing::cli::LogFormat;
 
@@ -337,17 +337,6 @@ impl fencing::cli::Layered for Config {
     }
 }
 
-/// Which name of a verified client certificate is its principal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CertPrincipal {
-    /// The subject's common name.
-    #[default]
-    Cn,
-    /// The first DNS subject alternative name that has a `cert` line in the token file.
-    Dns,
-}
-
 /// A configuration that cannot be used; the binary exits with status 64 (EX_USAGE).
 #[derive(Debug, thiserror::Error)]
 #[error("invalid configuration: {0}")]
@@ -616,7 +605,7 @@ impl Config {
         let fail = |m: String| Err(ConfigError(m));
         let namespace = self.v3_namespace_or_default();
         let prefix = &self.etcd_prefix;
-        let reserved = format!("{prefix}v3/kv/");
+        let reserved = self.layout().v3_kv();
         if namespace.is_empty() {
             return fail("--v3-namespace must not be empty (it would expose every key)".into());
         }
@@ -662,12 +651,17 @@ impl Config {
     pub(crate) fn v3_namespace_or_default(&self) -> String {
         self.v3_namespace
             .clone()
-            .unwrap_or_else(|| format!("{}v3/kv/", self.etcd_prefix))
+            .unwrap_or_else(|| self.layout().v3_kv())
     }
 
     /// Where the markers of `/v3` leases live (outside every valid `/v3` namespace).
     pub(crate) fn v3_lease_markers(&self) -> String {
-        format!("{}v3/leases/", self.etcd_prefix)
+        self.layout().v3_leases()
+    }
+
+    /// The etcd key layout under `--etcd-prefix`.
+    pub(crate) fn layout(&self) -> Layout {
+        Layout::new(&self.etcd_prefix)
     }
 
     /// The defaults, with the given etcd endpoints — for tests and embedding.

@@ -12,7 +12,7 @@ use super::authz::{self, Peer, Target};
 use super::schemas::ResourceName;
 use super::{body, AppState};
 use crate::auth::Op;
-use crate::forward::forwarded_path;
+use crate::forward::{self as forwarding, forwarded_path};
 use crate::lease::validate;
 use crate::{Error, Result};
 
@@ -102,5 +102,5 @@ pub(super) async fn forward(
         // header is the client's business and passes through.
         req.headers_mut().remove(http::header::AUTHORIZATION);
     }
-    upstream.forward(req, &target, &resource, &signed).await
+    forwarding::forward(upstream, req, &target, &resource, &signed).await
 }

@@ -25,8 +25,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-pub(crate) use body::{BodyLimits, SECRET_HEADER};
-pub(crate) use problem::BEARER_CHALLENGE;
+pub(crate) use body::BodyLimits;
 pub use problem::PROBLEM_BASE;
 pub(crate) use rate::AcquireRate;
 pub(crate) use slots::WatchSlots;
@@ -46,7 +45,7 @@ pub(crate) struct AppState {
     /// Largest request body, and how long it may take to arrive.
     pub(crate) body: body::BodyLimits,
     /// Where holders' writes are forwarded, if anywhere.
-    pub(crate) upstream: Option<crate::forward::Upstream>,
+    pub(crate) upstream: Option<crate::upstream::Upstream>,
     /// Largest forwarded request body.
     pub(crate) max_forward_bytes: usize,
     /// etcd's JSON API, namespaced.

@@ -4,13 +4,11 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+use crate::headers::BEARER_CHALLENGE;
 use crate::Error;
 
 /// Base of every problem `type` URI; each problem is documented under this path in docs/API.md.
 pub const PROBLEM_BASE: &str = "https://lease-proxy.dev/problems/";
-
-/// The challenge of a 401 for a missing, malformed or unknown bearer token.
-pub(crate) const BEARER_CHALLENGE: &str = "Bearer realm=\"lease-proxy\"";
 
 #[derive(Serialize)]
 struct Problem<'a> {

@@ -34,8 +34,8 @@ use super::schemas::{EventId, ResourcePrefix};
 use super::slots::Slot;
 use super::AppState;
 use crate::auth::Op;
-use crate::etcd::{Next, OwnershipEvent, Position, Subscription};
 use crate::lease::validate;
+use crate::lease::{Next, OwnershipEvent, Position, Subscription};
 use crate::{Error, Result};
 
 /// How often a comment is sent on a quiet stream, so intermediaries keep it open and a gone

@@ -4,18 +4,12 @@
 mod batch;
 mod create;
 mod deletions;
-mod events;
 mod keepalive;
-mod position;
-mod watch;
 
 pub(crate) use batch::{Batching, GroupCommit, ETCD_MAX_TXN_OPS};
-pub(crate) use create::{Companion, Create, Creation, Quota};
+pub(crate) use create::{Companion, Create, Creation, Marker, Quota};
 pub(crate) use deletions::{Deleted, Deletions};
-pub(crate) use events::{Feed, Next, OwnershipEvent, Subscription};
 pub(crate) use keepalive::KeepAlive;
-pub(crate) use position::Position;
-pub(crate) use watch::{Holders, Wakeup};
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -32,6 +26,10 @@ use tracing::Instrument as _;
 
 use crate::metrics::Metrics;
 use crate::{Error, Result};
+
+/// etcd's smallest lease TTL with default election timing; shorter TTLs are silently raised by
+/// etcd, so the proxy refuses them instead.
+pub(crate) const ETCD_MIN_TTL: u64 = 2;
 
 /// How often the gRPC connection to etcd is pinged while streams are open: twice etcd's default
 /// `--grpc-keepalive-min-time`, so timer jitter never makes two pings look too close.
@@ -124,13 +122,14 @@ pub(crate) struct Access {
 }
 
 impl Access {
-    /// From the configuration's (validated) settings.
-    pub(crate) fn from_config(config: &crate::Config) -> std::result::Result<Self, String> {
-        let files = config.etcd_tls();
-        let https = config
-            .etcd_endpoints
-            .iter()
-            .any(|e| e.starts_with("https://"));
+    /// From the (validated) settings: TLS for `endpoints` that are `https://`, verified and
+    /// presented as `files` say, and etcd's user and password.
+    pub(crate) fn new(
+        endpoints: &[String],
+        files: &fencing::tls::ClientFiles,
+        user: Option<(String, String)>,
+    ) -> std::result::Result<Self, String> {
+        let https = endpoints.iter().any(|e| e.starts_with("https://"));
         let tls = if https {
             let read =
                 |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
@@ -146,7 +145,6 @@ impl Access {
         } else {
             None
         };
-        let user = config.etcd_credentials().map_err(|e| e.0)?;
         Ok(Self { tls, user })
     }
 }

@@ -78,7 +78,7 @@ impl Leases {
                 })
             })
             .transpose()?;
-        let holders_prefix = self.holders_prefix.as_bytes();
+        let holders_prefix = self.layout.holders().as_bytes();
         let mut leases = Vec::new();
         let mut more = false;
         for (n, prefix) in prefixes.iter().enumerate() {

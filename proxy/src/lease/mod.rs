@@ -6,7 +6,9 @@
 //! dies its lease lapses, etcd deletes the key, and waiters are woken by the holder watch.
 //! Leases that end up carrying no key are reused by later acquires (see [`spares`]).
 
+mod events;
 mod list;
+mod position;
 mod queue;
 mod quota;
 mod recheck;
@@ -15,6 +17,7 @@ mod secret;
 pub(crate) mod session;
 mod spares;
 pub(crate) mod validate;
+mod view;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -27,16 +30,17 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
-use crate::etcd::{
-    Companion, Create, Creation, Deleted, Deletions, Etcd, Feed, GroupCommit, Holders, KeepAlive,
-    Wakeup,
-};
-use crate::forward::Upstream;
+use crate::etcd::{Companion, Create, Creation, Deleted, Deletions, Etcd, GroupCommit, KeepAlive};
+use crate::keys::Layout;
 use crate::metrics;
-use crate::{Error, Result};
+use crate::upstream::Upstream;
+use crate::{Conflict, Error, Result};
+pub(crate) use events::{Feed, Next, OwnershipEvent, Subscription};
 pub(crate) use list::{list_prefixes, Page};
+pub(crate) use position::Position;
 pub(crate) use recheck::Recheck;
 pub(crate) use record::{i64_string, opt_i64_string, HolderRecord};
+pub(crate) use view::{Holders, Wakeup};
 
 /// Bounds applied to client requests.
 #[derive(Debug, Clone, Copy)]
@@ -112,27 +116,6 @@ pub(crate) struct Grant {
     pub(crate) session: Option<i64>,
 }
 
-/// The current holder of a resource someone else asked for. Carries no secret and no signed
-/// token: knowing who holds a resource must not let anyone act as the holder.
-#[derive(Debug, Clone, Serialize)]
-pub struct Conflict {
-    /// The resource.
-    pub resource: String,
-    /// Who holds it.
-    pub holder: String,
-    /// The holder's token (revision, decimal string).
-    pub token: String,
-    /// Remaining TTL of the holder's lease as etcd reports it.
-    pub expires_in_ms: u64,
-}
-
-impl Conflict {
-    /// Seconds until the resource may be free, for `Retry-After` (at least 1).
-    pub fn retry_after_secs(&self) -> u64 {
-        self.expires_in_ms.div_ceil(1000).max(1)
-    }
-}
-
 /// A successful renewal.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub(crate) struct Renewal {
@@ -191,10 +174,8 @@ pub(crate) struct Leases {
     holders: Holders,
     /// The keyring in force (reloaded with the key file): read once per operation.
     keys: Keys,
-    holders_prefix: String,
-    idempotency_prefix: String,
-    principals_prefix: String,
-    sessions_prefix: String,
+    /// Where every key lives.
+    layout: Layout,
     sessions: Arc<session::Cache>,
     /// Ownership events, and the markers releases write for them.
     feed: Feed,
@@ -210,22 +191,6 @@ pub(crate) struct Leases {
     stopping: CancellationToken,
 }
 
-/// Where the proxy keeps its keys in etcd, and the idempotency replay window.
-#[derive(Debug, Clone)]
-pub(crate) struct Layout {
-    /// `{prefix}holders/`: the ownership keys.
-    pub(crate) holders_prefix: String,
-    /// `{prefix}idempotency/`: one replay-window key per resource whose grant carried an
-    /// `Idempotency-Key`.
-    pub(crate) idempotency_prefix: String,
-    /// How long (at most) after a grant a retry with its `Idempotency-Key` returns it.
-    pub(crate) idempotency_window: Duration,
-    /// `{prefix}principals/`: one index key per grant of a principal, with `--quota-held`.
-    pub(crate) principals_prefix: String,
-    /// `{prefix}sessions/`: one key per open session, on the session's lease.
-    pub(crate) sessions_prefix: String,
-}
-
 /// The etcd lease the replay-window keys of this replica live on: granted with the window as
 /// its TTL and replaced once half of it has passed, so a window key lasts at least half the
 /// window and at most the window (by etcd's clock; a leader change may extend it, as it does
@@ -238,7 +203,7 @@ struct Window {
 impl Window {
     fn new(window: Duration) -> Self {
         Self {
-            ttl: window.as_secs().max(crate::config::ETCD_MIN_TTL),
+            ttl: window.as_secs().max(crate::etcd::ETCD_MIN_TTL),
             current: tokio::sync::Mutex::new(None),
         }
     }
@@ -313,6 +278,7 @@ impl Leases {
         holders: Holders,
         keys: Keys,
         layout: Layout,
+        idempotency_window: Duration,
         era: u64,
         limits: Limits,
         prefence: Option<Upstream>,
@@ -320,14 +286,8 @@ impl Leases {
         tracker: TaskTracker,
         stopping: CancellationToken,
     ) -> Self {
-        // The wait queues and the release markers live beside the ownership keys:
-        // `{etcd-prefix}waiters/`, `{etcd-prefix}ended/`.
-        let etcd_prefix = layout
-            .holders_prefix
-            .strip_suffix("holders/")
-            .unwrap_or(&layout.holders_prefix);
-        let waiters_prefix = format!("{etcd_prefix}waiters/");
-        let feed = Feed::new(etcd.clone(), etcd_prefix);
+        let waiters_prefix = layout.waiters().to_owned();
+        let feed = Feed::new(etcd.clone(), &layout);
         let deletions = Deletions::start(&etcd, waiters_prefix.clone(), &tracker, stopping.clone());
         let queue = queue::WaitQueue::start(
             etcd.clone(),
@@ -341,10 +301,7 @@ impl Leases {
             keepalive,
             holders,
             keys,
-            holders_prefix: layout.holders_prefix,
-            idempotency_prefix: layout.idempotency_prefix,
-            principals_prefix: layout.principals_prefix,
-            sessions_prefix: layout.sessions_prefix,
+            layout,
             sessions: Arc::default(),
             feed,
             commit,
@@ -352,7 +309,7 @@ impl Leases {
             limits,
             prefence,
             spares: Arc::new(spares::Spares::new(spares)),
-            window: Arc::new(Window::new(layout.idempotency_window)),
+            window: Arc::new(Window::new(idempotency_window)),
             queue,
             deletions,
             tracker,
@@ -471,7 +428,7 @@ impl Leases {
     }
 
     fn key(&self, resource: &str) -> String {
-        format!("{}{resource}", self.holders_prefix)
+        self.layout.holder(resource)
     }
 
     /// The token of `revision`, signed now: with the signing key in force, so after a key
@@ -752,7 +709,7 @@ impl Leases {
     /// The held-quota index key of `principal`'s grant of `resource`, when the quota is on.
     fn index_key(&self, principal: Option<&str>, resource: &str) -> Option<String> {
         match (self.limits.quota_held, principal) {
-            (Some(_), Some(p)) => Some(format!("{}{p}/{resource}", self.principals_prefix)),
+            (Some(_), Some(p)) => Some(self.layout.principal_grant(p, resource)),
             _ => None,
         }
     }
@@ -764,7 +721,7 @@ impl Leases {
         let idempotent = req.idempotency_key.as_deref().map(|k| (k, secret::salt()));
         // The replay window: a key written with the grant, on a short lease of its own. A retry
         // is answered with this grant only while that key (of this incarnation) exists.
-        let window_key = format!("{}{}", self.idempotency_prefix, req.resource);
+        let window_key = self.layout.idempotency(&req.resource);
         if let Some((k, _)) = idempotent {
             self.refuse_a_used_key(req, k, &window_key).await?;
         }
@@ -1234,19 +1191,6 @@ fn unix_millis() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn retry_after_rounds_up_to_whole_seconds_and_is_never_zero() {
-        let conflict = |expires_in_ms| Conflict {
-            resource: "r".into(),
-            holder: "h".into(),
-            token: "1".into(),
-            expires_in_ms,
-        };
-        for (ms, secs) in [(0, 1), (1, 1), (1000, 1), (1001, 2), (29_500, 30)] {
-            assert_eq!(conflict(ms).retry_after_secs(), secs, "{ms} ms");
-        }
-    }
 
     #[test]
     fn remaining_seconds_become_milliseconds_never_negative() {

@@ -173,7 +173,7 @@ pub(crate) fn parse_id(text: &str) -> Result<i64> {
 impl Leases {
     /// The key of session `id` (also the create transaction's guard under it).
     pub(super) fn session_key(&self, id: i64) -> String {
-        format!("{}{id}", self.sessions_prefix)
+        self.layout.session(id)
     }
 
     /// Opens a session of `ttl` seconds for `holder` (and `principal`).
@@ -358,7 +358,7 @@ impl Leases {
         let (remaining, keys) = self.etcd.lease_keys(id).await?.ok_or(Error::NoSession)?;
         let mut resources: Vec<String> = keys
             .iter()
-            .filter_map(|k| k.strip_prefix(self.holders_prefix.as_bytes()))
+            .filter_map(|k| k.strip_prefix(self.layout.holders().as_bytes()))
             .filter_map(|r| std::str::from_utf8(r).ok())
             .filter(|r| visible(r))
             .map(str::to_owned)

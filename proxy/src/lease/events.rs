@@ -39,8 +39,9 @@ use std::collections::{HashSet, VecDeque};
 use etcd_client::{EventType, WatchOptions, WatchStream};
 use serde::Serialize;
 
-use super::{prefix_end, Etcd, Position};
-use crate::lease::HolderRecord;
+use super::{HolderRecord, Position};
+use crate::etcd::{prefix_end, Etcd, Marker};
+use crate::keys::Layout;
 use crate::{Error, Result};
 
 /// What happened to a grant.
@@ -110,15 +111,19 @@ pub(crate) struct Feed {
     etcd: Etcd,
     holders: String,
     ended: String,
+    released: String,
+    closed: String,
 }
 
 impl Feed {
-    /// The feed over `{etcd_prefix}holders/` and `{etcd_prefix}ended/`.
-    pub(crate) fn new(etcd: Etcd, etcd_prefix: &str) -> Self {
+    /// The feed over the ownership keys and the end markers of `layout`.
+    pub(crate) fn new(etcd: Etcd, layout: &Layout) -> Self {
         Self {
             etcd,
-            holders: format!("{etcd_prefix}holders/"),
-            ended: format!("{etcd_prefix}ended/"),
+            holders: layout.holders().to_owned(),
+            ended: layout.ended().to_owned(),
+            released: layout.released(),
+            closed: layout.closed(),
         }
     }
 
@@ -198,23 +203,18 @@ impl Feed {
     /// The marker a release of the grant created at `revision` on `resource` and `lease`
     /// writes: it names the grant by revision *and* resource, since grants created in one
     /// group-commit batch share their create revision.
-    pub(crate) fn released_marker(
-        &self,
-        resource: &str,
-        revision: i64,
-        lease: i64,
-    ) -> super::create::Marker {
-        super::create::Marker {
-            key: format!("{}released/{lease}", self.ended),
+    pub(crate) fn released_marker(&self, resource: &str, revision: i64, lease: i64) -> Marker {
+        Marker {
+            key: format!("{}{lease}", self.released),
             value: grant_name(revision, resource),
             lease,
         }
     }
 
     /// The marker closing session `id` writes.
-    pub(crate) fn closed_marker(&self, id: i64) -> super::create::Marker {
-        super::create::Marker {
-            key: format!("{}closed/{id}", self.ended),
+    pub(crate) fn closed_marker(&self, id: i64) -> Marker {
+        Marker {
+            key: format!("{}{id}", self.closed),
             value: String::new(),
             lease: id,
         }
@@ -228,8 +228,7 @@ impl Feed {
         events: &[&etcd_client::Event],
         skip_through: Option<u32>,
     ) -> Vec<OwnershipEvent> {
-        let released_prefix = format!("{}released/", self.ended);
-        let closed_prefix = format!("{}closed/", self.ended);
+        let (released_prefix, closed_prefix) = (&self.released, &self.closed);
         let mut released: HashSet<&[u8]> = HashSet::new();
         let mut closed: HashSet<i64> = HashSet::new();
         for event in events {

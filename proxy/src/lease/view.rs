@@ -20,9 +20,9 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{prefix_end, Etcd};
+use super::HolderRecord;
 use crate::audit::{Audit, Event};
-use crate::lease::HolderRecord;
+use crate::etcd::{prefix_end, Etcd};
 use crate::metrics::Metrics;
 
 const CHANNEL: usize = 4096;
