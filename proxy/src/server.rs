@@ -196,6 +196,7 @@ pub async fn run(
         &etcd,
         layout.holders().to_owned(),
         audit.clone(),
+        metrics.clone(),
         &tracker,
         background.clone(),
     );
@@ -231,6 +232,7 @@ pub async fn run(
         limits,
         upstream(&config.prefence_url, &config, &metrics)?,
         config.lease_spares,
+        metrics.clone(),
         tracker.clone(),
         stopping.clone(),
     );

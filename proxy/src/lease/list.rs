@@ -13,7 +13,8 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use serde::Serialize;
 
-use super::{holding, validate, HolderRecord, Holding, Leases};
+use super::types::holding;
+use super::{validate, HolderRecord, Holding, Leases};
 use crate::etcd::prefix_end;
 use crate::{Error, Result};
 

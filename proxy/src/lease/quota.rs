@@ -62,12 +62,10 @@ impl Leases {
             }));
         }
         let replay = req.idempotency_key.is_some()
-            && self
-                .current(&req.resource)
-                .await?
-                .is_some_and(|(record, _)| {
-                    record.holder == req.holder && record.principal.as_ref() == Some(principal)
-                });
+            && self.current(&req.resource).await?.is_some_and(|current| {
+                let record = &current.record;
+                record.holder == req.holder && record.principal.as_ref() == Some(principal)
+            });
         if replay {
             return Ok(Some(Counted {
                 key,

@@ -71,11 +71,12 @@ pub(crate) struct Holders {
 
 impl Holders {
     /// Starts the list-and-watch task on `tracker`; it stops when `cancel` fires. Expiries of
-    /// grants made here go to `audit`.
+    /// grants made here go to `audit`, and are counted in `metrics`.
     pub(crate) fn start(
         etcd: &Etcd,
         holders_prefix: String,
         audit: Audit,
+        metrics: Arc<Metrics>,
         tracker: &TaskTracker,
         cancel: CancellationToken,
     ) -> Self {
@@ -84,11 +85,12 @@ impl Holders {
             tx,
             view: Arc::default(),
             granted_here: Arc::default(),
-            metrics: etcd.metrics().clone(),
+            metrics,
             audit,
         };
         let view = holders.view.clone();
-        etcd.metrics()
+        holders
+            .metrics
             .meter()
             .u64_observable_gauge("lease_proxy.leases.held")
             .with_description("Resources held, cluster-wide, as this replica's watch sees them.")
