@@ -9,7 +9,7 @@ mod deletions;
 mod keepalive;
 
 pub(crate) use batch::{Batching, GroupCommit, ETCD_MAX_TXN_OPS};
-pub(crate) use create::{Companion, Create, Creation, Marker, Quota};
+pub(crate) use create::{Companion, Create, Creation, Quota};
 pub(crate) use deletions::{Deleted, Deletions};
 pub(crate) use keepalive::KeepAlive;
 

@@ -53,29 +53,12 @@ impl Leases {
         revision: i64,
     ) -> Result<Option<String>> {
         self.holders.releasing(resource, revision);
-        // The marker tells the event stream this end is a release, not an expiry.
-        let marker = self
-            .feed
-            .released_marker(resource, revision, record.lease_id);
+        // The marker tells the event stream this end is a release, not an expiry (see
+        // `marker.rs`).
         let ending = if record.session {
-            // The session's lease carries its other grants: this key alone, if it is still
-            // this incarnation.
-            let index = self.index_key(record.principal.as_deref(), resource);
-            self.commit
-                .delete_if_created(
-                    &self.key(resource),
-                    revision,
-                    index.as_deref(),
-                    Some(&marker),
-                )
-                .await
+            self.end_in_session(resource, revision, record).await
         } else {
-            // The marker goes on the grant's own lease, so the revoke deletes it with the key;
-            // it is written only while the key is still on that lease.
-            match self.commit.mark(&marker, &self.key(resource)).await {
-                Ok(true) => self.etcd.revoke_existing(record.lease_id).await,
-                other => other,
-            }
+            self.end_own_lease(resource, revision, record).await
         };
         let ended = ending.inspect_err(|_| {
             // Perhaps not ended: should the grant lapse later, that is an expiry.

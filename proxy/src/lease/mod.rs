@@ -18,6 +18,7 @@ mod confirm;
 mod ending;
 mod events;
 mod list;
+mod marker;
 mod position;
 mod queue;
 mod quota;
@@ -66,8 +67,10 @@ pub(crate) struct Leases {
     /// Where every key lives.
     layout: Layout,
     sessions: Arc<session::Cache>,
-    /// Ownership events, and the markers releases write for them.
+    /// Ownership events.
     feed: Feed,
+    /// The markers releases and closes write for the events (`marker.rs`).
+    markers: marker::EndMarkers,
     commit: GroupCommit,
     era: u64,
     limits: Limits,
@@ -113,6 +116,7 @@ impl Leases {
     ) -> Self {
         let waiters_prefix = layout.waiters().to_owned();
         let feed = Feed::new(etcd.clone(), &layout);
+        let markers = marker::EndMarkers::new(&layout);
         let deletions = Deletions::start(&etcd, waiters_prefix.clone(), &tracker, stopping.clone());
         let queue = queue::WaitQueue::start(
             etcd.clone(),
@@ -129,6 +133,7 @@ impl Leases {
             layout,
             sessions: Arc::default(),
             feed,
+            markers,
             commit,
             era,
             limits,

@@ -324,10 +324,7 @@ impl Leases {
         let this = self.clone();
         self.tracker
             .spawn(async move {
-                let marker = this.feed.closed_marker(id);
-                if this.commit.mark(&marker, &this.session_key(id)).await? {
-                    this.etcd.revoke(id).await?;
-                }
+                this.close_marked(id).await?;
                 this.sessions.forget(id);
                 tracing::info!(session = id, "session closed");
                 Ok(())

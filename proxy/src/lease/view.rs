@@ -62,7 +62,8 @@ pub(crate) struct Holders {
     tx: broadcast::Sender<Wakeup>,
     view: Arc<DashMap<String, Seen>>,
     /// Grants this replica made and has not released: resource → create revision. One that
-    /// disappears from etcd while still here has expired.
+    /// disappears from etcd while still here has expired (counted and audited here, once; why
+    /// this is not read from the end markers: `marker.rs`).
     granted_here: Arc<DashMap<String, i64>>,
     metrics: Arc<Metrics>,
     /// Where the expiries of those grants are written.
