@@ -20,8 +20,8 @@ mod server;
 mod upstream;
 mod v3;
 
-pub use api::PROBLEM_BASE;
 pub use auth::CertPrincipal;
 pub use config::{Config, ConfigError, LogFormat};
 pub use error::{Conflict, Error, Result};
+pub use fencing::problem::PROBLEM_BASE;
 pub use server::{load_keys, run, StartError};

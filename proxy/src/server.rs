@@ -147,6 +147,8 @@ pub async fn run(
         config.etcd_timeout,
         metrics.clone(),
         &access,
+        &tracker,
+        background.clone(),
     )
     .await?;
     let stopping = CancellationToken::new();

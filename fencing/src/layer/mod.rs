@@ -28,10 +28,11 @@ mod exchange;
 mod headers;
 mod reject;
 
+pub use crate::problem::PROBLEM_BASE;
 pub use classify::{ByHeader, Classify, Decision, PathPattern};
 pub use exchange::{ExchangeDeadline, ExchangeIncomplete};
 pub use headers::strip_hop_by_hop;
-pub use reject::{Rejection, PROBLEM_BASE};
+pub use reject::Rejection;
 
 #[doc(hidden)]
 pub use self::token_header as presented_token;
@@ -43,7 +44,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use futures::future::BoxFuture;
-use http::{header, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::Body as _;
 use tower::{Layer, Service};
 use tracing::Instrument as _;
@@ -412,17 +413,11 @@ fn exchange_timeout() -> Response<Body> {
 
 /// A problem+json response.
 pub(crate) fn problem(status: StatusCode, slug: &str, detail: &str) -> Response<Body> {
-    let body = serde_json::json!({
-        "type": format!("{}{slug}", PROBLEM_BASE),
-        "title": status.canonical_reason().unwrap_or("Error"),
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    let mut response = Response::new(Body::from(body.to_string()));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/problem+json"),
-    );
-    response
+    crate::problem::response(
+        status,
+        slug,
+        status.canonical_reason().unwrap_or("Error"),
+        detail,
+        None,
+    )
 }

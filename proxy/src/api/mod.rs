@@ -18,7 +18,7 @@ use std::any::Any;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::any;
 use axum::Router;
 use tower_http::catch_panic::CatchPanicLayer;
@@ -26,7 +26,6 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 pub(crate) use body::BodyLimits;
-pub use problem::PROBLEM_BASE;
 pub(crate) use rate::AcquireRate;
 pub(crate) use slots::WatchSlots;
 
@@ -170,16 +169,12 @@ fn panic_response(_: Box<dyn Any + Send + 'static>) -> Response {
 
 /// The problem+json 500 of a bug.
 fn internal_error() -> Response {
-    let body = serde_json::json!({
-        "type": format!("{PROBLEM_BASE}{}", problem::Kind::Internal.slug()),
-        "title": problem::Kind::Internal.title(),
-        "status": 500,
-        "detail": "the proxy hit an internal error",
-    });
-    (
-        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-        [(axum::http::header::CONTENT_TYPE, "application/problem+json")],
-        body.to_string(),
+    let kind = problem::Kind::Internal;
+    fencing::problem::response(
+        kind.status(),
+        kind.slug(),
+        kind.title(),
+        "the proxy hit an internal error",
+        None,
     )
-        .into_response()
 }

@@ -384,6 +384,8 @@ pub(super) mod tests {
             Duration::from_secs(3),
             metrics,
             &super::super::Access::default(),
+            &TaskTracker::new(),
+            CancellationToken::new(),
         )
         .await
         .unwrap();

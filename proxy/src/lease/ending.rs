@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use fencing::backoff::Backoff;
 use tokio::time::Instant;
 
 use super::confirm::{Current, Purpose};
@@ -114,7 +115,7 @@ impl Leases {
         // could live without a keepalive; the session's end deletes the key anyway.
         let give_up = Instant::now() + Duration::from_secs(req.ttl_seconds.max(1));
         self.tracker.spawn(async move {
-            let mut backoff = Duration::from_millis(100);
+            let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
             loop {
                 match this
                     .commit
@@ -122,7 +123,7 @@ impl Leases {
                     .await
                 {
                     Ok(_) => return,
-                    Err(e) if Instant::now() + backoff >= give_up => {
+                    Err(e) if Instant::now() + backoff.peek() >= give_up => {
                         tracing::warn!(%key, error = %e, "a session grant of unknown outcome may stay until its session ends");
                         return;
                     }
@@ -130,9 +131,8 @@ impl Leases {
                 }
                 tokio::select! {
                     () = this.stopping.cancelled() => return,
-                    () = tokio::time::sleep(backoff) => {}
+                    () = tokio::time::sleep(backoff.pause()) => {}
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(2));
             }
         });
     }

@@ -1,7 +1,8 @@
 //! The grammar of everything a client names: resources, holders, TTLs, metadata, keys.
 //!
-//! - **resource**: 1–200 bytes of `[A-Za-z0-9._:-]`, starting with a letter or digit, never
-//!   containing `..`. No `/`, so a name is one path segment and one etcd key suffix.
+//! - **resource**: the fencing library's grammar, written once there
+//!   ([`fencing::check_resource_name`]): 1–200 bytes of `[A-Za-z0-9._:-]`, starting with a
+//!   letter or digit, never containing `..`.
 //! - **holder**: 1–256 characters, no control characters.
 //! - **ttl_seconds**: a whole number within the configured bounds (default 2–3600); values
 //!   outside are rejected, never clamped.
@@ -10,8 +11,6 @@
 
 use crate::{Error, Result};
 
-/// Longest resource name.
-pub(crate) const MAX_RESOURCE_LEN: usize = 200;
 /// Longest holder identity, in characters.
 pub(crate) const MAX_HOLDER_CHARS: usize = 256;
 /// Largest metadata object, serialised.
@@ -19,32 +18,13 @@ pub(crate) const MAX_METADATA_BYTES: usize = 4096;
 /// Longest idempotency key.
 pub(crate) const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
 
-fn resource_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-')
-}
-
-/// Checks a resource name (see the module docs).
+/// Checks a resource name: the fencing library's grammar ([`fencing::check_resource_name`]),
+/// so every resource granted here can be fenced.
 pub(crate) fn resource(name: &str) -> Result<()> {
-    let bad = |reason: &str| Error::InvalidField {
+    fencing::check_resource_name(name).map_err(|why| Error::InvalidField {
         field: "resource",
-        reason: reason.to_owned(),
-    };
-    if name.is_empty() {
-        return Err(bad("must not be empty"));
-    }
-    if name.len() > MAX_RESOURCE_LEN {
-        return Err(bad("longer than 200 bytes"));
-    }
-    if !name.bytes().all(resource_byte) {
-        return Err(bad("only letters, digits and . _ : - are allowed"));
-    }
-    if !name.as_bytes()[0].is_ascii_alphanumeric() {
-        return Err(bad("must start with a letter or digit"));
-    }
-    if name.contains("..") {
-        return Err(bad("must not contain `..`"));
-    }
-    Ok(())
+        reason: why.to_string(),
+    })
 }
 
 /// Checks a prefix used to list resources: empty, or a valid start of a resource name.
