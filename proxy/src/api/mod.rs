@@ -6,6 +6,7 @@ mod forward;
 mod leases;
 mod openapi;
 mod ops;
+mod preamble;
 mod problem;
 mod progress;
 mod rate;

@@ -9,6 +9,9 @@
 //! - **metadata**: a JSON object of at most 4 KiB, stored and returned verbatim.
 //! - **Idempotency-Key**: 1–255 visible ASCII characters.
 
+use std::time::Duration;
+
+use super::Limits;
 use crate::{Error, Result};
 
 /// Longest holder identity, in characters.
@@ -127,6 +130,56 @@ pub(crate) fn idempotency_key(key: &str) -> Result<()> {
             field: "Idempotency-Key",
             reason: "must be 1-255 visible ASCII characters".to_owned(),
         })
+    }
+}
+
+/// An acquire's own fields, as checked by [`acquire`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AcquireFields {
+    /// The TTL asked for, within the bounds (`None`: not given).
+    pub(crate) ttl_seconds: Option<u64>,
+    /// How long to wait in line, at most `--max-wait`.
+    pub(crate) wait: Duration,
+}
+
+/// Checks an acquire's own fields in order — holder, TTL, wait, metadata — each a 400, before
+/// anything is looked up: an invalid request is refused whatever the state of what it names.
+pub(crate) fn acquire(
+    holder_name: &str,
+    ttl_seconds: Option<&serde_json::Number>,
+    wait_ms: Option<u64>,
+    meta: Option<&serde_json::Value>,
+    limits: &Limits,
+) -> Result<AcquireFields> {
+    holder(holder_name)?;
+    let ttl_seconds = ttl_seconds
+        .map(|t| ttl(t, limits.min_ttl, limits.max_ttl))
+        .transpose()?;
+    let wait = Duration::from_millis(wait_ms.unwrap_or(0));
+    if wait > limits.max_wait {
+        return Err(Error::InvalidField {
+            field: "wait_ms",
+            reason: format!("must be at most {}", limits.max_wait.as_millis()),
+        });
+    }
+    if let Some(m) = meta {
+        metadata(m)?;
+    }
+    Ok(AcquireFields { ttl_seconds, wait })
+}
+
+/// The TTL of a grant: under a session the session's (a `ttl_seconds` that differs is
+/// refused), else the one asked for, which is then required.
+pub(crate) fn grant_ttl(asked: Option<u64>, session_ttl: Option<u64>) -> Result<u64> {
+    match session_ttl {
+        Some(ttl) if asked.is_some_and(|asked| asked != ttl) => Err(Error::InvalidField {
+            field: "ttl_seconds",
+            reason: format!(
+                "a grant under a session lives as long as the session ({ttl} s); omit ttl_seconds"
+            ),
+        }),
+        Some(ttl) => Ok(ttl),
+        None => asked.ok_or_else(|| Error::InvalidRequest("missing field `ttl_seconds`".into())),
     }
 }
 
