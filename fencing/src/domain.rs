@@ -6,6 +6,56 @@
 //! lease's resource, nor its high-water mark, which is keyed by the same string — and because hex
 //! is one-to-one, two lock names that differ in any byte never share a domain.
 
+/// Longest `/v1` resource name, in bytes.
+pub const MAX_RESOURCE_LEN: usize = 200;
+
+/// Why a name is not a `/v1` resource name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ResourceNameError {
+    /// The name is empty.
+    #[error("must not be empty")]
+    Empty,
+    /// The name is longer than [`MAX_RESOURCE_LEN`] bytes.
+    #[error("longer than 200 bytes")]
+    TooLong,
+    /// A byte outside `[A-Za-z0-9._:-]`.
+    #[error("only letters, digits and . _ : - are allowed")]
+    Character,
+    /// The first byte is not a letter or digit.
+    #[error("must start with a letter or digit")]
+    Start,
+    /// The name contains `..`.
+    #[error("must not contain `..`")]
+    DotDot,
+}
+
+/// Checks a `/v1` resource name — the grammar lease-proxy grants and the enforcer fences: 1–200
+/// bytes of `[A-Za-z0-9._:-]`, starting with a letter or digit, never containing `..`. No `/`,
+/// so a name is one path segment (that no storage decodes or normalises into something else)
+/// and one etcd key suffix. The first rule broken is the one answered.
+pub fn check_resource_name(name: &str) -> Result<(), ResourceNameError> {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() {
+        return Err(ResourceNameError::Empty);
+    }
+    if bytes.len() > MAX_RESOURCE_LEN {
+        return Err(ResourceNameError::TooLong);
+    }
+    if !bytes
+        .iter()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+    {
+        return Err(ResourceNameError::Character);
+    }
+    if !bytes[0].is_ascii_alphanumeric() {
+        return Err(ResourceNameError::Start);
+    }
+    if name.contains("..") {
+        return Err(ResourceNameError::DotDot);
+    }
+    Ok(())
+}
+
 /// How every lock domain starts.
 pub const LOCK_RESOURCE_PREFIX: &str = "lock/";
 
@@ -43,6 +93,34 @@ pub(crate) fn is_lock_resource(resource: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resource_names_follow_one_grammar() {
+        for ok in [
+            "a",
+            "A-1",
+            "aisle:7.b_c",
+            "9",
+            &"x".repeat(MAX_RESOURCE_LEN),
+        ] {
+            assert_eq!(check_resource_name(ok), Ok(()), "{ok}");
+        }
+        for (bad, why) in [
+            ("", ResourceNameError::Empty),
+            (
+                &"x".repeat(MAX_RESOURCE_LEN + 1),
+                ResourceNameError::TooLong,
+            ),
+            ("a/b", ResourceNameError::Character),
+            ("a b", ResourceNameError::Character),
+            ("é", ResourceNameError::Character),
+            ("-a", ResourceNameError::Start),
+            (".a", ResourceNameError::Start),
+            ("a..b", ResourceNameError::DotDot),
+        ] {
+            assert_eq!(check_resource_name(bad), Err(why), "{bad:?}");
+        }
+    }
 
     #[test]
     fn lock_domains_are_distinct_and_accepted() {

@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
+pub mod backoff;
 #[cfg(feature = "server")]
 pub mod cli;
 mod domain;
@@ -28,6 +29,7 @@ mod keys;
 pub mod layer;
 #[cfg(feature = "server")]
 pub mod openapi;
+pub mod problem;
 #[cfg(feature = "server")]
 pub mod reload;
 #[cfg(feature = "server")]
@@ -40,7 +42,10 @@ pub mod tls;
 mod token;
 
 pub use admission::{Admission, Outcome, Permit, Release, DEFAULT_WRITE_GRACE};
-pub use domain::{lock_resource, LOCK_RESOURCE_PREFIX, MAX_LOCK_NAME_BYTES};
+pub use domain::{
+    check_resource_name, lock_resource, ResourceNameError, LOCK_RESOURCE_PREFIX,
+    MAX_LOCK_NAME_BYTES, MAX_RESOURCE_LEN,
+};
 pub use error::{Error, TokenError};
 pub use gate::{Gate, GateError};
 pub use keys::{KeyId, Keyring, Keys};

@@ -9,14 +9,14 @@ use serde_json::{json, Map, Value};
 use utoipa::openapi::OpenApi;
 
 /// The media type of every refusal.
-pub const PROBLEM_JSON: &str = "application/problem+json";
+pub use crate::problem::PROBLEM_JSON;
 
 /// One problem type a binary answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProblemType {
     /// The status it comes with.
     pub status: StatusCode,
-    /// The last segment of its `type` URI (under [`crate::layer::PROBLEM_BASE`]).
+    /// The last segment of its `type` URI (under [`crate::problem::PROBLEM_BASE`]).
     pub slug: &'static str,
     /// Its `title`.
     pub title: &'static str,
@@ -47,7 +47,7 @@ const METHODS: [&str; 8] = [
 /// answers are someone else's, like forwarded ones) are left as they are.
 pub fn finish(doc: &OpenApi, problems: &Problems<'_>) -> serde_json::Result<Value> {
     let mut doc = serde_json::to_value(doc)?;
-    let base = crate::layer::PROBLEM_BASE;
+    let base = crate::problem::PROBLEM_BASE;
     let mut table = String::from("\n\n| status | problem `type` | title |\n| --- | --- | --- |\n");
     for t in problems.types {
         table.push_str(&format!(
@@ -160,7 +160,7 @@ fn complete(path: &str, op: &mut Map<String, Value>, problems: &Problems<'_>) {
         ));
         let uris: Vec<String> = types
             .iter()
-            .map(|t| format!("{}{}", crate::layer::PROBLEM_BASE, t.slug))
+            .map(|t| format!("{}{}", crate::problem::PROBLEM_BASE, t.slug))
             .collect();
         response["content"] = json!({ PROBLEM_JSON: { "schema": { "allOf": [
             { "$ref": "#/components/schemas/Problem" },
@@ -180,7 +180,7 @@ fn problem_schema(problems: &Problems<'_>) -> Value {
     let uris: Vec<String> = problems
         .types
         .iter()
-        .map(|t| format!("{}{}", crate::layer::PROBLEM_BASE, t.slug))
+        .map(|t| format!("{}{}", crate::problem::PROBLEM_BASE, t.slug))
         .collect();
     let mut statuses: Vec<u16> = problems.types.iter().map(|t| t.status.as_u16()).collect();
     statuses.sort_unstable();

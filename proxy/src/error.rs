@@ -1,7 +1,7 @@
 //! The crate's one error type. Every failure a request can meet is a variant here; the mapping
 //! to an HTTP status and a problem+json body lives in one place, `api::problem`.
 
-use crate::lease::Conflict;
+use serde::Serialize;
 
 /// Everything that can go wrong while serving a request.
 #[derive(Debug, thiserror::Error)]
@@ -147,5 +147,44 @@ impl From<etcd_client::Error> for Error {
     }
 }
 
+/// The current holder of a resource someone else asked for. Carries no secret and no signed
+/// token: knowing who holds a resource must not let anyone act as the holder.
+#[derive(Debug, Clone, Serialize)]
+pub struct Conflict {
+    /// The resource.
+    pub resource: String,
+    /// Who holds it.
+    pub holder: String,
+    /// The holder's token (revision, decimal string).
+    pub token: String,
+    /// Remaining TTL of the holder's lease as etcd reports it.
+    pub expires_in_ms: u64,
+}
+
+impl Conflict {
+    /// Seconds until the resource may be free, for `Retry-After` (at least 1).
+    pub fn retry_after_secs(&self) -> u64 {
+        self.expires_in_ms.div_ceil(1000).max(1)
+    }
+}
+
 /// Result alias for this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::Conflict;
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds_and_is_never_zero() {
+        let conflict = |expires_in_ms| Conflict {
+            resource: "r".into(),
+            holder: "h".into(),
+            token: "1".into(),
+            expires_in_ms,
+        };
+        for (ms, secs) in [(0, 1), (1, 1), (1000, 1), (1001, 2), (29_500, 30)] {
+            assert_eq!(conflict(ms).retry_after_secs(), secs, "{ms} ms");
+        }
+    }
+}

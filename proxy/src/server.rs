@@ -18,10 +18,10 @@ use tokio_util::task::TaskTracker;
 use crate::api::{self, AppState};
 use crate::audit::Audit;
 use crate::auth::Auth;
-use crate::etcd::{Access, Batching, Etcd, GroupCommit, Holders, KeepAlive};
-use crate::forward::Upstream;
-use crate::lease::{Layout, Leases, Limits};
+use crate::etcd::{Access, Batching, Etcd, GroupCommit, KeepAlive};
+use crate::lease::{Holders, Leases, Limits};
 use crate::metrics::Metrics;
+use crate::upstream::Upstream;
 use crate::Config;
 
 /// Why the proxy could not start or serve.
@@ -137,12 +137,18 @@ pub async fn run(
         .transpose()
         .map_err(StartError::Tls)?;
     let metrics = Arc::new(Metrics::new().map_err(StartError::Metrics)?);
-    let access = Access::from_config(&config).map_err(StartError::EtcdAccess)?;
+    let access = config
+        .etcd_credentials()
+        .map_err(|e| e.0)
+        .and_then(|user| Access::new(&config.etcd_endpoints, &config.etcd_tls(), user))
+        .map_err(StartError::EtcdAccess)?;
     let etcd = Etcd::connect(
         &config.etcd_endpoints,
         config.etcd_timeout,
         metrics.clone(),
         &access,
+        &tracker,
+        background.clone(),
     )
     .await?;
     let stopping = CancellationToken::new();
@@ -170,12 +176,29 @@ pub async fn run(
             })?,
         None => Audit::off(metrics.clone()),
     };
-    let v3 = crate::v3::V3::new(etcd.clone(), keepalive.clone(), keys.clone(), &config);
-    let holders_prefix = format!("{}holders/", config.etcd_prefix);
+    let v3 = crate::v3::V3::new(
+        etcd.clone(),
+        keepalive.clone(),
+        keys.clone(),
+        crate::v3::Settings {
+            lease_markers: config.v3_lease_markers(),
+            era: config.era,
+            namespace: config.v3_namespace_or_default(),
+            limits: crate::v3::Limits {
+                keepalive_ids: config.v3_max_keepalive_ids,
+                txn_ops: config.v3_max_txn_ops,
+                txn_depth: config.v3_max_txn_depth,
+            },
+            max_body: config.max_body_bytes,
+            body_deadline: config.header_read_timeout,
+        },
+    );
+    let layout = config.layout();
     let holders = Holders::start(
         &etcd,
-        holders_prefix.clone(),
+        layout.holders().to_owned(),
         audit.clone(),
+        metrics.clone(),
         &tracker,
         background.clone(),
     );
@@ -186,13 +209,6 @@ pub async fn run(
         // Quotas are per principal: without authentication there is none (the config refuses
         // the flags without --auth-tokens).
         quota_held: config.quota_held.filter(|_| auth.is_some()),
-    };
-    let layout = Layout {
-        holders_prefix,
-        idempotency_prefix: format!("{}idempotency/", config.etcd_prefix),
-        idempotency_window: config.idempotency_window,
-        principals_prefix: format!("{}principals/", config.etcd_prefix),
-        sessions_prefix: format!("{}sessions/", config.etcd_prefix),
     };
     // Stopped with the background tasks, after the drain: requests still being served keep
     // their batches.
@@ -212,11 +228,13 @@ pub async fn run(
         keepalive,
         holders,
         keys,
-        layout,
+        layout.clone(),
+        config.idempotency_window,
         config.era,
         limits,
         upstream(&config.prefence_url, &config, &metrics)?,
         config.lease_spares,
+        metrics.clone(),
         tracker.clone(),
         stopping.clone(),
     );
@@ -237,7 +255,7 @@ pub async fn run(
         v3,
         leases,
         etcd,
-        readiness_key: format!("{}readyz", config.etcd_prefix),
+        readiness_key: layout.readiness(),
         body: crate::api::BodyLimits {
             bytes: config.max_body_bytes,
             deadline: config.header_read_timeout,

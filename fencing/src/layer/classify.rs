@@ -22,9 +22,6 @@ use http::{HeaderMap, Method, Request};
 use super::Rejection;
 use crate::RESOURCE_HEADER;
 
-/// Longest resource name, as in lease-proxy.
-const MAX_RESOURCE_LEN: usize = 200;
-
 /// What to do with a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
@@ -62,17 +59,7 @@ where
 /// ([`crate::lock_resource`]), which no lease resource can equal (it has a `/`). Only a
 /// `Fencing-Resource` header can name it: in path mode a `/` ends the resource segment.
 fn is_resource(name: &str) -> bool {
-    if crate::domain::is_lock_resource(name) {
-        return true;
-    }
-    let bytes = name.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= MAX_RESOURCE_LEN
-        && bytes[0].is_ascii_alphanumeric()
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
-        && !name.contains("..")
+    crate::domain::is_lock_resource(name) || crate::domain::check_resource_name(name).is_ok()
 }
 
 /// The decision for a read (GET, HEAD, OPTIONS), `None` for any other method. A read passes

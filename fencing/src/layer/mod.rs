@@ -28,10 +28,11 @@ mod exchange;
 mod headers;
 mod reject;
 
+pub use crate::problem::PROBLEM_BASE;
 pub use classify::{ByHeader, Classify, Decision, PathPattern};
 pub use exchange::{ExchangeDeadline, ExchangeIncomplete};
 pub use headers::strip_hop_by_hop;
-pub use reject::{Rejection, PROBLEM_BASE};
+pub use reject::Rejection;
 
 #[doc(hidden)]
 pub use self::token_header as presented_token;
@@ -43,7 +44,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use futures::future::BoxFuture;
-use http::{header, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::Body as _;
 use tower::{Layer, Service};
 use tracing::Instrument as _;
@@ -273,31 +274,19 @@ where
         let deadline = self.deadline;
         let release_with_caller = self.release_with_caller;
         let deadline_from_admission = self.deadline_from_admission;
-        let decision = match self.classify.classify(&req) {
-            Decision::Protect(resource) => match token_header(&req) {
-                Ok(wire) => Ok((resource, wire.to_owned())),
-                Err(rejection) => Err(Some(rejection)),
-            },
-            Decision::Reject(rejection) => Err(Some(rejection)),
-            // A read with a body the headers did not announce (HTTP/2 needs neither
-            // Content-Length nor Transfer-Encoding): it may be a write to a lenient storage.
-            Decision::Pass if is_read(req.method()) && !req.body().is_end_stream() => {
-                Err(Some(Rejection::ReadWithBody))
-            }
-            Decision::Pass => Err(None),
-        };
+        let route = Route::of(self.classify.classify(&req), &req);
         let (mut parts, body) = req.into_parts();
         headers::strip_hop_by_hop(&mut parts.headers);
         headers::strip_fencing(&mut parts.headers);
         Box::pin(async move {
-            let (resource, wire) = match decision {
-                Ok(protected) => protected,
-                Err(None) => {
+            let (resource, wire) = match route {
+                Route::Protect { resource, wire } => (resource, wire),
+                Route::Pass => {
                     fence.outcomes.passed.fetch_add(1, Ordering::Relaxed);
                     let req = Request::from_parts(parts, body);
                     return Ok(inner.call(req).await?.map(Body::new));
                 }
-                Err(Some(rejection)) => {
+                Route::Refuse(rejection) => {
                     fence.outcomes.refused(&rejection);
                     return Ok(rejection.into_response());
                 }
@@ -343,6 +332,44 @@ where
                 Err(_) => Ok(exchange_timeout()),
             }
         })
+    }
+}
+
+/// Where a request goes, once classified.
+enum Route {
+    /// Not a protected write: to the inner service untouched (but for hop-by-hop and fencing
+    /// headers).
+    Pass,
+    /// A protected write to `resource` with the token `wire` as presented: through the gate.
+    Protect {
+        /// The resource the write is for.
+        resource: String,
+        /// Its `Fencing-Token`, one well-formed value.
+        wire: String,
+    },
+    /// Refused before anything reaches the storage.
+    Refuse(Rejection),
+}
+
+impl Route {
+    /// The route of `req`, classified as `decision`.
+    fn of(decision: Decision, req: &Request<Body>) -> Self {
+        match decision {
+            Decision::Protect(resource) => match token_header(req) {
+                Ok(wire) => Route::Protect {
+                    resource,
+                    wire: wire.to_owned(),
+                },
+                Err(rejection) => Route::Refuse(rejection),
+            },
+            Decision::Reject(rejection) => Route::Refuse(rejection),
+            // A read with a body the headers did not announce (HTTP/2 needs neither
+            // Content-Length nor Transfer-Encoding): it may be a write to a lenient storage.
+            Decision::Pass if is_read(req.method()) && !req.body().is_end_stream() => {
+                Route::Refuse(Rejection::ReadWithBody)
+            }
+            Decision::Pass => Route::Pass,
+        }
     }
 }
 
@@ -412,17 +439,11 @@ fn exchange_timeout() -> Response<Body> {
 
 /// A problem+json response.
 pub(crate) fn problem(status: StatusCode, slug: &str, detail: &str) -> Response<Body> {
-    let body = serde_json::json!({
-        "type": format!("{}{slug}", PROBLEM_BASE),
-        "title": status.canonical_reason().unwrap_or("Error"),
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    let mut response = Response::new(Body::from(body.to_string()));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/problem+json"),
-    );
-    response
+    crate::problem::response(
+        status,
+        slug,
+        status.canonical_reason().unwrap_or("Error"),
+        detail,
+        None,
+    )
 }

@@ -4,9 +4,6 @@ use http::{header, HeaderValue, Response, StatusCode};
 use crate::gate::GateError;
 use crate::{Token, TokenError};
 
-/// Base of the problem `type` URIs, shared with lease-proxy.
-pub const PROBLEM_BASE: &str = "https://lease-proxy.dev/problems/";
-
 /// Why the enforcer refused a request. A refused request reaches nothing behind the enforcer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -106,20 +103,23 @@ impl Rejection {
     /// The problem+json response.
     pub fn into_response(self) -> Response<Body> {
         let (status, slug) = self.classify();
-        let mut body = serde_json::json!({
-            "type": format!("{PROBLEM_BASE}{slug}"),
-            "title": status.canonical_reason().unwrap_or("Refused"),
-            "status": status.as_u16(),
-            "detail": self.to_string(),
-        });
-        if let Rejection::Stale { mark, .. } = &self {
-            body["mark"] = serde_json::json!({"era": mark.era.to_string(), "revision": mark.revision.to_string()});
-        }
-        let mut response = Response::new(Body::from(body.to_string()));
-        *response.status_mut() = status;
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
+        let extra = match &self {
+            Rejection::Stale { mark, .. } => {
+                let mut extra = serde_json::Map::new();
+                extra.insert(
+                    "mark".into(),
+                    serde_json::json!({"era": mark.era.to_string(), "revision": mark.revision.to_string()}),
+                );
+                Some(extra)
+            }
+            _ => None,
+        };
+        let mut response: Response<Body> = crate::problem::response(
+            status,
+            slug,
+            status.canonical_reason().unwrap_or("Refused"),
+            &self.to_string(),
+            extra,
         );
         // Tells an intermediary (lease-proxy's forward route) that the enforcer refused, and
         // why, without reading the body.

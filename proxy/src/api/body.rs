@@ -6,12 +6,9 @@ use axum::http::{header, HeaderMap};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
 
+use crate::headers::{IDEMPOTENCY_HEADER, SECRET_HEADER};
 use crate::{Error, Result};
 
-/// The header carrying the proof of holding.
-pub(crate) const SECRET_HEADER: &str = "lease-secret";
-/// The header making an acquire idempotent.
-pub(crate) const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 const MAX_SECRET_LEN: usize = 128;
 
 /// How much body a request may send, and how long it may take to send all of it.

@@ -3,17 +3,16 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::Request;
 use axum::response::Response;
 
-use super::authz::{self, Peer, Target};
+use super::authz;
+use super::preamble::{Forwarding, OnResource};
 use super::schemas::ResourceName;
 use super::{body, AppState};
 use crate::auth::Op;
-use crate::forward::forwarded_path;
-use crate::lease::validate;
+use crate::forward::{self as forwarding, forwarded_path};
 use crate::{Error, Result};
 
 /// `ANY /v1/leases/{resource}/forward`: the upstream's root.
@@ -27,10 +26,10 @@ use crate::{Error, Result};
 )]
 pub(super) async fn forward_root(
     app: State<Arc<AppState>>,
-    path: Result<Path<Vec<(String, String)>>, PathRejection>,
+    on: OnResource<Forwarding>,
     req: Request<Body>,
 ) -> Result<Response> {
-    forward(app, path, req).await
+    forward(app, on, req).await
 }
 
 /// `ANY /v1/leases/{resource}/forward/{path…}`: the request goes to the upstream's `/{path…}`
@@ -49,25 +48,12 @@ pub(super) async fn forward_root(
 )]
 pub(super) async fn forward(
     State(app): State<Arc<AppState>>,
-    path: Result<Path<Vec<(String, String)>>, PathRejection>,
+    on: OnResource<Forwarding>,
     req: Request<Body>,
 ) -> Result<Response> {
-    let Path(params) = path.map_err(|e| Error::InvalidField {
-        field: "resource",
-        reason: e.body_text(),
-    })?;
-    let resource = params
-        .into_iter()
-        .find_map(|(k, v)| (k == "resource").then_some(v))
-        .unwrap_or_default();
-    validate::resource(&resource)?;
-    let caller = authz::authorize(
-        &app,
-        req.headers(),
-        &Peer::of(&req),
-        Op::Forward,
-        Target::Resource(&resource),
-    )?;
+    let OnResource {
+        resource, caller, ..
+    } = on;
     let upstream = app.upstream.as_ref().ok_or(Error::ForwardingDisabled)?;
     let secret = body::secret(req.headers())?;
     let target = forwarded_path(req.uri()).ok_or(Error::NoRoute)?;
@@ -102,5 +88,5 @@ pub(super) async fn forward(
         // header is the client's business and passes through.
         req.headers_mut().remove(http::header::AUTHORIZATION);
     }
-    upstream.forward(req, &target, &resource, &signed).await
+    forwarding::forward(upstream, req, &target, &resource, &signed).await
 }

@@ -1,19 +1,18 @@
 //! `/v1/leases`: the native lease API (docs/DESIGN.md §5.1).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
-use tokio::time::Instant;
 use utoipa::{IntoParams, ToSchema};
 
-use super::authz::{self, Peer, Target};
+use super::authz::{self, Caller};
+use super::preamble::{Acquiring, AsHolder, Authorized, OnResource, Reading, Received};
 use super::schemas::{ResourceName, ResourcePrefix};
 use super::{body, AppState};
 use crate::audit::Event;
@@ -81,15 +80,6 @@ pub(super) struct ListQuery {
     cursor: Option<String>,
 }
 
-pub(super) fn resource(path: Result<Path<String>, PathRejection>) -> Result<String> {
-    let Path(name) = path.map_err(|e| Error::InvalidField {
-        field: "resource",
-        reason: e.body_text(),
-    })?;
-    validate::resource(&name)?;
-    Ok(name)
-}
-
 /// Grants `resource` to the caller unless someone else holds it (waiting up to `wait_ms`).
 #[utoipa::path(
     post,
@@ -129,79 +119,42 @@ pub(super) fn resource(path: Result<Path<String>, PathRejection>) -> Result<Stri
 )]
 pub(super) async fn acquire(
     State(app): State<Arc<AppState>>,
-    path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
-    peer: Peer,
+    Received(received): Received,
+    on: OnResource<Acquiring>,
     body: Body,
 ) -> Result<Response> {
-    let received = Instant::now();
-    let resource = resource(path)?;
-    let caller = authz::authorize(
-        &app,
-        &headers,
-        &peer,
-        Op::Acquire,
-        Target::Resource(&resource),
-    )?;
+    let OnResource {
+        resource,
+        caller,
+        headers,
+        peer,
+        ..
+    } = on;
     // Subscribed now: a reload from here on has the acquire judged again.
     let recheck = authz::recheck(&app, &headers, &peer, &caller, Op::Acquire, &resource);
     let idempotency_key = body::idempotency_key(&headers)?;
     let req: AcquireBody = body::json(&headers, body, app.body).await?;
-    let limits = app.leases.limits();
-    validate::holder(&req.holder)?;
-    let ttl_seconds = match &req.ttl_seconds {
-        Some(ttl) => Some(validate::ttl(ttl, limits.min_ttl, limits.max_ttl)?),
+    let fields = validate::acquire(
+        &req.holder,
+        req.ttl_seconds.as_ref(),
+        req.wait_ms,
+        req.metadata.as_ref(),
+        &app.leases.limits(),
+    )?;
+    let session = req.session.as_deref().map(session::parse_id).transpose()?;
+    let principal = authz::name(&caller);
+    let session_ttl = match session {
+        Some(id) => Some(
+            app.leases
+                .verify_session(id, &body::secret(&headers)?, principal.as_deref())
+                .await
+                .inspect_err(|e| authz::audit_session_refusal(&app, &headers, &caller, id, e))?
+                .ttl_seconds,
+        ),
         None => None,
     };
-    // Every field is checked before the session is looked up: an invalid request is 400
-    // whatever the state of the session it names.
-    let wait = Duration::from_millis(req.wait_ms.unwrap_or(0));
-    if wait > limits.max_wait {
-        return Err(Error::InvalidField {
-            field: "wait_ms",
-            reason: format!("must be at most {}", limits.max_wait.as_millis()),
-        });
-    }
-    if let Some(m) = &req.metadata {
-        validate::metadata(m)?;
-    }
-    let session_id = req.session.as_deref().map(session::parse_id).transpose()?;
-    let principal = authz::name(&caller);
-    let (session, ttl_seconds) = match session_id {
-        Some(id) => {
-            let secret = body::secret(&headers)?;
-            let record = app
-                .leases
-                .verify_session(id, &secret, principal.as_deref())
-                .await
-                .inspect_err(|e| authz::audit_session_refusal(&app, &headers, &caller, id, e))?;
-            if ttl_seconds.is_some_and(|ttl| ttl != record.ttl_seconds) {
-                return Err(Error::InvalidField {
-                    field: "ttl_seconds",
-                    reason: format!(
-                        "a grant under a session lives as long as the session ({} s); omit ttl_seconds",
-                        record.ttl_seconds
-                    ),
-                });
-            }
-            (Some(id), record.ttl_seconds)
-        }
-        None => (
-            None,
-            ttl_seconds
-                .ok_or_else(|| Error::InvalidRequest("missing field `ttl_seconds`".into()))?,
-        ),
-    };
-    if let (Some(rate), Some(principal)) = (&app.acquire_rate, &caller) {
-        if let Err(retry_after) = rate.take(&principal.name) {
-            let e = Error::QuotaExceeded {
-                quota: "rate",
-                retry_after,
-            };
-            authz::audit_refusal(&app, &headers, &caller, Op::Acquire, &resource, &e);
-            return Err(e);
-        }
-    }
+    let ttl_seconds = validate::grant_ttl(fields.ttl_seconds, session_ttl)?;
+    take_rate(&app, &headers, &caller, &resource)?;
     let grant = app
         .leases
         .acquire(&Acquire {
@@ -209,7 +162,7 @@ pub(super) async fn acquire(
             holder: req.holder,
             principal,
             ttl_seconds,
-            wait,
+            wait: fields.wait,
             metadata: req.metadata,
             idempotency_key,
             received,
@@ -228,6 +181,21 @@ pub(super) async fn acquire(
     });
     let location = format!("/v1/leases/{}", grant.resource);
     Ok(created(grant, &location))
+}
+
+/// One acquire from the principal's rate (`--quota-acquire-rate`), or the quota's 429.
+fn take_rate(app: &AppState, headers: &HeaderMap, caller: &Caller, resource: &str) -> Result<()> {
+    let (Some(rate), Some(principal)) = (&app.acquire_rate, caller) else {
+        return Ok(());
+    };
+    rate.take(&principal.name).map_err(|retry_after| {
+        let e = Error::QuotaExceeded {
+            quota: "rate",
+            retry_after,
+        };
+        authz::audit_refusal(app, headers, caller, Op::Acquire, resource, &e);
+        e
+    })
 }
 
 /// A 201 carrying a secret: `Location` set, never cached.
@@ -261,31 +229,21 @@ pub(super) fn created(body: impl serde::Serialize, location: &str) -> Response {
 )]
 pub(super) async fn renew(
     State(app): State<Arc<AppState>>,
-    path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
-    peer: Peer,
+    holder: AsHolder<Acquiring>,
     body: Body,
 ) -> Result<Response> {
-    let resource = resource(path)?;
-    let caller = authz::authorize(
-        &app,
-        &headers,
-        &peer,
-        Op::Acquire,
-        Target::Resource(&resource),
-    )?;
-    let secret = body::secret(&headers)?;
-    let RenewBody {} = body::optional_json(&headers, body, app.body).await?;
-    let principal = authz::name(&caller);
+    let AsHolder { on, secret } = holder;
+    let RenewBody {} = body::optional_json(&on.headers, body, app.body).await?;
+    let principal = authz::name(&on.caller);
     let renewal = app
         .leases
-        .renew(&resource, &secret, principal.as_deref())
+        .renew(&on.resource, &secret, principal.as_deref())
         .await
         .inspect_err(|e| {
             app.audit.record(Event {
                 principal: principal.clone(),
-                resource: Some(resource.clone()),
-                ..Event::new("renew", e.slug(), &headers)
+                resource: Some(on.resource.clone()),
+                ..Event::new("renew", e.slug(), &on.headers)
             });
         })?;
     Ok(Json(renewal).into_response())
@@ -305,33 +263,23 @@ pub(super) async fn renew(
 )]
 pub(super) async fn release(
     State(app): State<Arc<AppState>>,
-    path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
-    peer: Peer,
+    holder: AsHolder<Acquiring>,
 ) -> Result<StatusCode> {
-    let resource = resource(path)?;
-    let caller = authz::authorize(
-        &app,
-        &headers,
-        &peer,
-        Op::Acquire,
-        Target::Resource(&resource),
-    )?;
-    let secret = body::secret(&headers)?;
-    let principal = authz::name(&caller);
+    let AsHolder { on, secret } = holder;
+    let principal = authz::name(&on.caller);
     let ended = app
         .leases
-        .release(&resource, &secret, principal.as_deref())
+        .release(&on.resource, &secret, principal.as_deref())
         .await
         .inspect_err(|e| {
-            authz::audit_refusal(&app, &headers, &caller, Op::Acquire, &resource, e)
+            authz::audit_refusal(&app, &on.headers, &on.caller, Op::Acquire, &on.resource, e)
         })?;
     if let Some(token) = ended {
         app.audit.record(Event {
             principal,
-            resource: Some(resource),
+            resource: Some(on.resource),
             token: Some(token),
-            ..Event::new("release", "ok", &headers)
+            ..Event::new("release", "ok", &on.headers)
         });
     }
     Ok(StatusCode::NO_CONTENT)
@@ -352,13 +300,9 @@ pub(super) async fn release(
 )]
 pub(super) async fn get(
     State(app): State<Arc<AppState>>,
-    path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
-    peer: Peer,
+    on: OnResource<Reading>,
 ) -> Result<Response> {
-    let resource = resource(path)?;
-    authz::authorize(&app, &headers, &peer, Op::Read, Target::Resource(&resource))?;
-    Ok(Json(app.leases.get(&resource).await?).into_response())
+    Ok(Json(app.leases.get(&on.resource).await?).into_response())
 }
 
 /// The held resources, in name order, a page at a time.
@@ -375,11 +319,10 @@ pub(super) async fn get(
 )]
 pub(super) async fn list(
     State(app): State<Arc<AppState>>,
+    by: Authorized<Reading>,
     query: Result<Query<ListQuery>, QueryRejection>,
-    headers: HeaderMap,
-    peer: Peer,
 ) -> Result<Response> {
-    let caller = authz::authorize(&app, &headers, &peer, Op::Read, Target::Some)?;
+    let caller = by.caller;
     let Query(q) = query.map_err(|e| Error::InvalidRequest(e.body_text()))?;
     validate::resource_prefix(&q.prefix)?;
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT);

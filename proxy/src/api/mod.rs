@@ -6,6 +6,7 @@ mod forward;
 mod leases;
 mod openapi;
 mod ops;
+mod preamble;
 mod problem;
 mod progress;
 mod rate;
@@ -18,16 +19,14 @@ use std::any::Any;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::any;
 use axum::Router;
 use tower_http::catch_panic::CatchPanicLayer;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-pub(crate) use body::{BodyLimits, SECRET_HEADER};
-pub(crate) use problem::BEARER_CHALLENGE;
-pub use problem::PROBLEM_BASE;
+pub(crate) use body::BodyLimits;
 pub(crate) use rate::AcquireRate;
 pub(crate) use slots::WatchSlots;
 
@@ -46,7 +45,7 @@ pub(crate) struct AppState {
     /// Largest request body, and how long it may take to arrive.
     pub(crate) body: body::BodyLimits,
     /// Where holders' writes are forwarded, if anywhere.
-    pub(crate) upstream: Option<crate::forward::Upstream>,
+    pub(crate) upstream: Option<crate::upstream::Upstream>,
     /// Largest forwarded request body.
     pub(crate) max_forward_bytes: usize,
     /// etcd's JSON API, namespaced.
@@ -171,16 +170,12 @@ fn panic_response(_: Box<dyn Any + Send + 'static>) -> Response {
 
 /// The problem+json 500 of a bug.
 fn internal_error() -> Response {
-    let body = serde_json::json!({
-        "type": format!("{PROBLEM_BASE}{}", problem::Kind::Internal.slug()),
-        "title": problem::Kind::Internal.title(),
-        "status": 500,
-        "detail": "the proxy hit an internal error",
-    });
-    (
-        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-        [(axum::http::header::CONTENT_TYPE, "application/problem+json")],
-        body.to_string(),
+    let kind = problem::Kind::Internal;
+    fencing::problem::response(
+        kind.status(),
+        kind.slug(),
+        kind.title(),
+        "the proxy hit an internal error",
+        None,
     )
-        .into_response()
 }

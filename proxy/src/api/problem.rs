@@ -2,26 +2,9 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
 
+use crate::headers::BEARER_CHALLENGE;
 use crate::Error;
-
-/// Base of every problem `type` URI; each problem is documented under this path in docs/API.md.
-pub const PROBLEM_BASE: &str = "https://lease-proxy.dev/problems/";
-
-/// The challenge of a 401 for a missing, malformed or unknown bearer token.
-pub(crate) const BEARER_CHALLENGE: &str = "Bearer realm=\"lease-proxy\"";
-
-#[derive(Serialize)]
-struct Problem<'a> {
-    #[serde(rename = "type")]
-    kind: String,
-    title: &'a str,
-    status: u16,
-    detail: String,
-    #[serde(flatten, skip_serializing_if = "Option::is_none")]
-    extra: Option<serde_json::Value>,
-}
 
 /// Declares every problem the proxy answers: the fieldless [`Kind`], its status, slug and
 /// title, and [`Kind::ALL`] (the OpenAPI document lists them from there).
@@ -179,20 +162,13 @@ impl IntoResponse for Error {
             }
             _ => None,
         };
-        let body = Problem {
-            kind: format!("{PROBLEM_BASE}{slug}"),
-            title,
-            status: status.as_u16(),
-            detail: self.to_string(),
-            extra,
+        let extra = match extra {
+            Some(serde_json::Value::Object(members)) => Some(members),
+            _ => None,
         };
-        let bytes = serde_json::to_vec(&body).unwrap_or_default();
-        let mut response = (status, bytes).into_response();
+        let mut response: Response =
+            fencing::problem::response(status, slug, title, &self.to_string(), extra);
         let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
         if let Some(secs) = retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::etcd::Position;
+use crate::lease::Position;
 
 /// How long a stream is silent before it tells its client a newer position.
 pub(super) const EVERY: Duration = Duration::from_secs(1);

@@ -5,7 +5,7 @@
 use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::openapi::RefOr;
 
-use crate::lease::validate::MAX_RESOURCE_LEN;
+use fencing::MAX_RESOURCE_LEN;
 
 /// Declares a unit type whose schema is a string with `pattern` (and length bounds, if given).
 macro_rules! string_schema {

@@ -3,23 +3,22 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::State;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
-use tokio::time::Instant;
 use utoipa::ToSchema;
 
-use super::authz::{self, Peer, Target};
+use super::authz;
+use super::preamble::{Acquiring, AsSessionHolder, Authorized, OnSession, Reading, Received};
 use super::schemas::SessionId;
 use super::{body, AppState};
 use crate::audit::Event;
 use crate::auth::Op;
 use crate::lease::session::{Heartbeat, Opened, SessionView};
-use crate::lease::{session, validate};
-use crate::{Error, Result};
+use crate::lease::validate;
+use crate::Result;
 
 /// Body of `POST /v1/sessions`.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -41,14 +40,6 @@ pub(super) struct OpenBody {
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct KeepaliveBody {}
-
-fn session_id(path: Result<Path<String>, PathRejection>) -> Result<i64> {
-    let Path(id) = path.map_err(|e| Error::InvalidField {
-        field: "session",
-        reason: e.body_text(),
-    })?;
-    session::parse_id(&id)
-}
 
 /// Opening a session needs the right to acquire something: its grants are each authorised
 /// by resource when they are made.
@@ -79,12 +70,13 @@ fn session_id(path: Result<Path<String>, PathRejection>) -> Result<i64> {
 )]
 pub(super) async fn open(
     State(app): State<Arc<AppState>>,
-    headers: HeaderMap,
-    peer: Peer,
+    Received(received): Received,
+    by: Authorized<Acquiring>,
     body: Body,
 ) -> Result<Response> {
-    let received = Instant::now();
-    let caller = authz::authorize(&app, &headers, &peer, Op::Acquire, Target::Some)?;
+    let Authorized {
+        caller, headers, ..
+    } = by;
     let req: OpenBody = body::json(&headers, body, app.body).await?;
     let limits = app.leases.limits();
     validate::holder(&req.holder)?;
@@ -122,15 +114,12 @@ pub(super) async fn open(
 )]
 pub(super) async fn keepalive(
     State(app): State<Arc<AppState>>,
-    path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
-    peer: Peer,
+    Received(received): Received,
+    holder: AsSessionHolder<Acquiring>,
     body: Body,
 ) -> Result<Response> {
-    let received = Instant::now();
-    let id = session_id(path)?;
-    let caller = authz::authorize(&app, &headers, &peer, Op::Acquire, Target::Some)?;
-    let secret = body::secret(&headers)?;
+    let AsSessionHolder { on, secret } = holder;
+    let (id, caller, headers) = (on.id, on.by.caller, on.by.headers);
     let KeepaliveBody {} = body::optional_json(&headers, body, app.body).await?;
     let principal = authz::name(&caller);
     let beat = app
@@ -157,13 +146,10 @@ pub(super) async fn keepalive(
 )]
 pub(super) async fn close(
     State(app): State<Arc<AppState>>,
-    path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
-    peer: Peer,
+    holder: AsSessionHolder<Acquiring>,
 ) -> Result<StatusCode> {
-    let id = session_id(path)?;
-    let caller = authz::authorize(&app, &headers, &peer, Op::Acquire, Target::Some)?;
-    let secret = body::secret(&headers)?;
+    let AsSessionHolder { on, secret } = holder;
+    let (id, caller, headers) = (on.id, on.by.caller, on.by.headers);
     let principal = authz::name(&caller);
     app.leases
         .close_session(id, &secret, principal.as_deref())
@@ -190,12 +176,9 @@ pub(super) async fn close(
 )]
 pub(super) async fn get(
     State(app): State<Arc<AppState>>,
-    path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
-    peer: Peer,
+    on: OnSession<Reading>,
 ) -> Result<Response> {
-    let id = session_id(path)?;
-    let caller = authz::authorize(&app, &headers, &peer, Op::Read, Target::Some)?;
+    let (id, caller) = (on.id, on.by.caller);
     // Its principal's, or anyone's who may read every resource (and so every holder).
     let owner = caller
         .as_ref()

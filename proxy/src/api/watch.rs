@@ -28,14 +28,15 @@ use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 use utoipa::IntoParams;
 
-use super::authz::{self, Caller, Peer, Target};
+use super::authz::{self, Caller, Peer};
+use super::preamble::{Authorized, Reading};
 use super::progress::{self, Pacer};
 use super::schemas::{EventId, ResourcePrefix};
 use super::slots::Slot;
 use super::AppState;
 use crate::auth::Op;
-use crate::etcd::{Next, OwnershipEvent, Position, Subscription};
 use crate::lease::validate;
+use crate::lease::{Next, OwnershipEvent, Position, Subscription};
 use crate::{Error, Result};
 
 /// How often a comment is sent on a quiet stream, so intermediaries keep it open and a gone
@@ -126,11 +127,15 @@ pub(super) struct WatchQuery {
 )]
 pub(super) async fn watch(
     State(app): State<Arc<AppState>>,
+    by: Authorized<Reading>,
     query: std::result::Result<Query<WatchQuery>, QueryRejection>,
-    headers: HeaderMap,
-    peer: Peer,
 ) -> Result<Response> {
-    let caller = authz::authorize(&app, &headers, &peer, Op::Read, Target::Some)?;
+    let Authorized {
+        caller,
+        headers,
+        peer,
+        ..
+    } = by;
     let Query(q) = query.map_err(|e| Error::InvalidRequest(e.body_text()))?;
     validate::resource_prefix(&q.prefix)?;
     // Both forms are checked when both are given (the header wins): nothing malformed passes.

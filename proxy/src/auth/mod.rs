@@ -22,7 +22,18 @@ use tokio_util::task::TaskTracker;
 
 pub(crate) use table::{Op, Principal, Table};
 
-use crate::config::CertPrincipal;
+use serde::{Deserialize, Serialize};
+
+/// Which name of a verified client certificate is its principal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CertPrincipal {
+    /// The subject's common name.
+    #[default]
+    Cn,
+    /// The first DNS subject alternative name that has a `cert` line in the token file.
+    Dns,
+}
 
 /// Why a request is not authenticated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -22,18 +22,6 @@ pub(crate) enum Create {
     NoSession,
 }
 
-/// A key written with a release, on a lease, so the ownership event stream can tell a release
-/// from an expiry (see `etcd::events`).
-#[derive(Debug, Clone)]
-pub(crate) struct Marker {
-    /// The marker's key.
-    pub(crate) key: String,
-    /// Its value.
-    pub(crate) value: String,
-    /// The lease it is attached to (it goes when the lease goes).
-    pub(crate) lease: i64,
-}
-
 /// A per-principal held quota, checked in the create transaction itself: `key` (one per held
 /// grant, attached to the grant's lease) is written with the created key, and only if no key in
 /// `range..range_end` was written after `revision`, the revision at which the caller counted
@@ -52,8 +40,9 @@ pub(crate) struct Quota<'a> {
     pub(crate) revision: i64,
 }
 
-/// A key written (empty) in the same transaction as a created key, so at the same revision,
-/// attached to a lease of its own; read alongside the key when the creation is refused.
+/// A key put on a lease within a transaction of its own key's: beside a created key, so at the
+/// same revision (written empty, read alongside the key when the creation is refused: the
+/// replay window), or an end marker (`lease::marker`) beside the deletion it explains.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Companion<'a> {
     /// The companion key.
@@ -172,7 +161,7 @@ impl GroupCommit {
         Ok(Create::Exists(Box::new(kv), companion))
     }
 
-    /// Writes `marker` on its lease if `alive_while` — a key that lives exactly as long as the
+    /// Writes `marker` (a key on a lease: `lease::marker`'s end markers) on its lease if `alive_while` — a key that lives exactly as long as the
     /// lease (a grant's ownership key on its own lease, a session's key) — is still attached to
     /// it, in the next batch that touches neither; `false` if it is not (the lease has ended:
     /// nothing written).
@@ -182,9 +171,9 @@ impl GroupCommit {
     /// commit then re-sends every batch-mate alone, whereas a failed compare only skips this
     /// transaction's put. Key and lease are checked in one apply, so the put never names a
     /// lease that is gone.
-    pub(crate) async fn mark(&self, marker: &Marker, alive_while: &str) -> Result<bool> {
+    pub(crate) async fn mark(&self, marker: Companion<'_>, alive_while: &str) -> Result<bool> {
         let options = PutOptions::new().with_lease(marker.lease);
-        let put = TxnOp::put(marker.key.as_str(), marker.value.as_str(), Some(options));
+        let put = TxnOp::put(marker.key, marker.value, Some(options));
         let guard = Compare::lease(alive_while, CompareOp::Equal, marker.lease);
         let bytes = (marker.key.len() + alive_while.len()) * 2 + marker.value.len() + 48;
         let keys = vec![
@@ -207,7 +196,7 @@ impl GroupCommit {
         key: &str,
         revision: i64,
         also: Option<&str>,
-        marker: Option<&Marker>,
+        marker: Option<Companion<'_>>,
     ) -> Result<bool> {
         let guard = Compare::create_revision(key, CompareOp::Equal, revision);
         self.delete_when(guard, key, also, marker, 0).await
@@ -232,7 +221,7 @@ impl GroupCommit {
         guard: Compare,
         key: &str,
         also: Option<&str>,
-        marker: Option<&Marker>,
+        marker: Option<Companion<'_>>,
         guard_bytes: usize,
     ) -> Result<bool> {
         let mut ops = vec![TxnOp::delete(key, None)];
@@ -244,11 +233,7 @@ impl GroupCommit {
         let mut marker_bytes = 0;
         if let Some(marker) = marker {
             let options = PutOptions::new().with_lease(marker.lease);
-            ops.push(TxnOp::put(
-                marker.key.as_str(),
-                marker.value.as_str(),
-                Some(options),
-            ));
+            ops.push(TxnOp::put(marker.key, marker.value, Some(options)));
             keys.push(marker.key.as_bytes().to_vec());
             marker_bytes = marker.key.len() + marker.value.len() + 16;
         }
@@ -263,7 +248,7 @@ mod tests {
     use etcd_client::PutOptions;
 
     use super::super::batch::tests::{create, etcd, lingering};
-    use super::Marker;
+    use super::Companion;
 
     /// A release or close marker on a lease etcd no longer has (a grant or session that lapsed
     /// while a replica still had it cached) writes nothing and answers `false`, without etcd
@@ -280,16 +265,16 @@ mod tests {
             .await
             .unwrap();
         client.lease_revoke(lease).await.unwrap();
-        let marker = Marker {
-            key: "/t/ended/closed/1".into(),
-            value: String::new(),
+        let marker = Companion {
+            key: "/t/ended/closed/1",
+            value: b"",
             lease,
         };
         let (ka, ta) = create("/t/mate-a", 0);
         let (kb, tb) = create("/t/mate-b", 0);
         let (a, marked, b) = tokio::join!(
             commit.commit("txn_test", ka, ta, 64),
-            commit.mark(&marker, guard),
+            commit.mark(marker, guard),
             commit.commit("txn_test", kb, tb, 64),
         );
         assert_eq!(marked.ok(), Some(false));

@@ -6,18 +6,14 @@
 //! and costs etcd nothing per waiter. When the watch has to be re-opened events may have been
 //! missed, so [`Deleted::All`] is sent and every waiter re-reads its place (a read, no write).
 
-use std::time::Duration;
-
 use etcd_client::{EventType, WatchFilterType, WatchOptions};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::Etcd;
+use super::{reopening, Etcd};
 
 const CHANNEL: usize = 4096;
-const MIN_BACKOFF: Duration = Duration::from_millis(50);
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// Why a waiter should look at its place again.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,7 +49,10 @@ impl Deletions {
         cancel: CancellationToken,
     ) -> Self {
         let (tx, _) = broadcast::channel(CHANNEL);
-        tracker.spawn(watch_loop(etcd.clone(), prefix, tx.clone(), cancel));
+        let (etcd, sender) = (etcd.clone(), tx.clone());
+        tracker.spawn(async move {
+            reopening(cancel, || watch(&etcd, &prefix, &sender)).await;
+        });
         Self { tx }
     }
 
@@ -66,33 +65,14 @@ impl Deletions {
     }
 }
 
-async fn watch_loop(
-    etcd: Etcd,
-    prefix: String,
-    tx: broadcast::Sender<Deleted>,
-    cancel: CancellationToken,
-) {
-    let mut backoff = MIN_BACKOFF;
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            () = watch(&etcd, &prefix, &tx, &mut backoff) => {}
-        }
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(backoff) => {}
-        }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
-    }
-}
-
-/// Follows deletions from the current revision until the watch fails.
-async fn watch(etcd: &Etcd, prefix: &str, tx: &broadcast::Sender<Deleted>, backoff: &mut Duration) {
+/// Follows deletions from the current revision until the watch fails; whether it delivered
+/// anything.
+async fn watch(etcd: &Etcd, prefix: &str, tx: &broadcast::Sender<Deleted>) -> bool {
     let revision = match etcd.header().await {
         Ok(header) => header.revision,
         Err(e) => {
             tracing::warn!(error = %e, "cannot read etcd's revision for the queue watch");
-            return;
+            return false;
         }
     };
     // Whatever was deleted while the watch was down: every waiter looks again.
@@ -101,35 +81,15 @@ async fn watch(etcd: &Etcd, prefix: &str, tx: &broadcast::Sender<Deleted>, backo
         .with_prefix()
         .with_filters([WatchFilterType::NoPut])
         .with_start_revision(revision + 1);
-    let Some((index, mut stream)) = etcd.open_watch(prefix, options, "queue").await else {
-        return;
-    };
-    loop {
-        match stream.message().await {
-            Ok(Some(resp)) => {
-                *backoff = MIN_BACKOFF;
-                if resp.canceled() {
-                    tracing::warn!(
-                        reason = resp.cancel_reason(),
-                        "queue watch cancelled by etcd"
-                    );
-                    return;
-                }
-                for event in resp.events() {
-                    if event.event_type() != EventType::Delete {
-                        continue;
-                    }
-                    if let Some(kv) = event.kv() {
-                        let _ = tx.send(Deleted::Key(kv.key().to_vec()));
-                    }
-                }
+    etcd.follow(prefix, options, "queue", |resp| {
+        for event in resp.events() {
+            if event.event_type() != EventType::Delete {
+                continue;
             }
-            Ok(None) => return,
-            Err(e) => {
-                tracing::warn!(error = %e, "queue watch failed");
-                etcd.unpin(index);
-                return;
+            if let Some(kv) = event.kv() {
+                let _ = tx.send(Deleted::Key(kv.key().to_vec()));
             }
         }
-    }
+    })
+    .await
 }

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
+use fencing::backoff::Backoff;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -28,8 +29,8 @@ use crate::metrics::Metrics;
 use crate::{Error, Result};
 
 const QUEUE: usize = 4096;
-const MIN_BACKOFF: Duration = Duration::from_millis(50);
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// Pauses between re-opening a failed stream.
+const REOPEN: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
 
 /// Handle for renewing leases over the shared streams. Cheap to clone.
 #[derive(Clone)]
@@ -136,7 +137,7 @@ struct Shard {
     stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
     /// The etcd member the stream is on.
     member: usize,
-    backoff: Duration,
+    backoff: Backoff,
     retry_at: Instant,
 }
 
@@ -149,7 +150,7 @@ impl Shard {
             rx,
             pending: HashMap::new(),
             stream: None,
-            backoff: MIN_BACKOFF,
+            backoff: REOPEN,
             retry_at: Instant::now(),
         }
     }
@@ -171,7 +172,7 @@ impl Shard {
                 },
                 message = next_message(&mut self.stream) => match message {
                     Ok(Some((id, renewed))) => {
-                        self.backoff = MIN_BACKOFF;
+                        self.backoff.reset();
                         self.answer(id, renewed).await;
                     }
                     Ok(None) => self.lose_stream(shard, "closed by etcd"),
@@ -237,11 +238,10 @@ impl Shard {
     }
 
     fn retry_later(&mut self, shard: usize, why: &str) {
-        tracing::warn!(shard, reason = why, backoff = ?self.backoff, "keepalive stream unavailable");
+        tracing::warn!(shard, reason = why, backoff = ?self.backoff.peek(), "keepalive stream unavailable");
         self.etcd.unpin(self.member);
         self.set_stream(None);
-        self.retry_at = Instant::now() + self.backoff;
-        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        self.retry_at = Instant::now() + self.backoff.pause();
     }
 
     fn lose_stream(&mut self, shard: usize, why: &str) {

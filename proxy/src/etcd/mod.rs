@@ -1,21 +1,19 @@
 //! The proxy's use of etcd: a handful of calls, each bounded by a timeout, plus the long-lived
 //! streams (keepalive, watch) in the submodules.
+//!
+//! (Over 500 lines: some twenty small calls over the one failover rule, `bounded`; split by kind of call, that rule would be read far from most of its uses.)
 
 mod batch;
 mod create;
 mod deletions;
-mod events;
 mod keepalive;
-mod position;
-mod watch;
+mod rewatch;
 
 pub(crate) use batch::{Batching, GroupCommit, ETCD_MAX_TXN_OPS};
 pub(crate) use create::{Companion, Create, Creation, Quota};
 pub(crate) use deletions::{Deleted, Deletions};
-pub(crate) use events::{Feed, Next, OwnershipEvent, Subscription};
 pub(crate) use keepalive::KeepAlive;
-pub(crate) use position::Position;
-pub(crate) use watch::{Holders, Wakeup};
+pub(crate) use rewatch::reopening;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -28,10 +26,17 @@ use etcd_client::{
     Client, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget,
 };
 
+use fencing::backoff::Backoff;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
 use crate::metrics::Metrics;
 use crate::{Error, Result};
+
+/// etcd's smallest lease TTL with default election timing; shorter TTLs are silently raised by
+/// etcd, so the proxy refuses them instead.
+pub(crate) const ETCD_MIN_TTL: u64 = 2;
 
 /// How often the gRPC connection to etcd is pinged while streams are open: twice etcd's default
 /// `--grpc-keepalive-min-time`, so timer jitter never makes two pings look too close.
@@ -63,6 +68,9 @@ struct Inner {
     pinned: AtomicUsize,
     timeout: Duration,
     metrics: Arc<Metrics>,
+    /// Where background clean-ups run (tracked, joined at shutdown), and what stops them.
+    tracker: TaskTracker,
+    stopping: CancellationToken,
 }
 
 /// An etcd response header, as etcd's JSON gateway prints it.
@@ -124,13 +132,14 @@ pub(crate) struct Access {
 }
 
 impl Access {
-    /// From the configuration's (validated) settings.
-    pub(crate) fn from_config(config: &crate::Config) -> std::result::Result<Self, String> {
-        let files = config.etcd_tls();
-        let https = config
-            .etcd_endpoints
-            .iter()
-            .any(|e| e.starts_with("https://"));
+    /// From the (validated) settings: TLS for `endpoints` that are `https://`, verified and
+    /// presented as `files` say, and etcd's user and password.
+    pub(crate) fn new(
+        endpoints: &[String],
+        files: &fencing::tls::ClientFiles,
+        user: Option<(String, String)>,
+    ) -> std::result::Result<Self, String> {
+        let https = endpoints.iter().any(|e| e.starts_with("https://"));
         let tls = if https {
             let read =
                 |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
@@ -146,7 +155,6 @@ impl Access {
         } else {
             None
         };
-        let user = config.etcd_credentials().map_err(|e| e.0)?;
         Ok(Self { tls, user })
     }
 }
@@ -154,12 +162,15 @@ impl Access {
 impl Etcd {
     /// Prepares clients for the given endpoints (connections are made lazily). Calls fail with
     /// [`Error::EtcdTimeout`] after `timeout`; a member that has lost its leader refuses at once
-    /// (require-leader), so the call moves on to another member.
+    /// (require-leader), so the call moves on to another member. Background clean-ups (a
+    /// revoke nobody waits for) run on `tracker` and stop retrying once `stopping` fires.
     pub(crate) async fn connect(
         endpoints: &[String],
         timeout: Duration,
         metrics: Arc<Metrics>,
         access: &Access,
+        tracker: &TaskTracker,
+        stopping: CancellationToken,
     ) -> Result<Self> {
         // HTTP/2 pings within what etcd's defaults accept: a member closes the connection
         // (GOAWAY "too_many_pings") after a few pings less than `--grpc-keepalive-min-time`
@@ -193,6 +204,8 @@ impl Etcd {
                 pinned: AtomicUsize::new(0),
                 timeout,
                 metrics,
+                tracker: tracker.clone(),
+                stopping,
             }),
         })
     }
@@ -293,14 +306,14 @@ impl Etcd {
         let timeout = self.inner.timeout;
         let deadline = started + timeout;
         let result = async {
-            let mut backoff = Duration::from_millis(20);
+            let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(200));
             loop {
                 let Pinned { index, client } = self.pinned();
                 match tokio::time::timeout_at(deadline, call(client)).await {
                     Ok(Ok(value)) => return Ok(value),
                     Ok(Err(e)) if is_undelivered(&e) => {
                         self.unpin(index);
-                        if Instant::now() + backoff >= deadline {
+                        if Instant::now() + backoff.peek() >= deadline {
                             return Err(Error::Etcd(e));
                         }
                     }
@@ -315,8 +328,7 @@ impl Etcd {
                         return Err(Error::EtcdTimeout(timeout));
                     }
                 }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_millis(200));
+                tokio::time::sleep(backoff.pause()).await;
             }
         }
         .instrument(span)
@@ -336,7 +348,7 @@ impl Etcd {
         let deadline = Instant::now() + timeout;
         // Each attempt gets a share of the deadline, so a hung member leaves time for another.
         let attempt_budget = timeout / 3;
-        let mut backoff = Duration::from_millis(20);
+        let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(200));
         loop {
             let Pinned { index, client } = self.pinned();
             let attempt_deadline = (Instant::now() + attempt_budget).min(deadline);
@@ -345,20 +357,19 @@ impl Etcd {
                 Ok(Err(e)) if !is_member_failure(&e) => return Err(Error::Etcd(e)),
                 Ok(Err(e)) => {
                     self.unpin(index);
-                    if Instant::now() + backoff >= deadline {
+                    if Instant::now() + backoff.peek() >= deadline {
                         return Err(Error::Etcd(e));
                     }
                     tracing::debug!(error = %e, "etcd call failed; retrying on another member");
                 }
                 Err(_) => {
                     self.unpin(index);
-                    if Instant::now() + backoff >= deadline {
+                    if Instant::now() + backoff.peek() >= deadline {
                         return Err(Error::EtcdTimeout(timeout));
                     }
                 }
             }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_millis(200));
+            tokio::time::sleep(backoff.pause()).await;
         }
     }
 
@@ -395,25 +406,33 @@ impl Etcd {
         }
     }
 
+    /// Runs `task` on the proxy's task tracker, so shutdown waits for it: it must end soon once
+    /// the proxy stops (see [`Etcd::connect`]).
+    pub(crate) fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        self.inner.tracker.spawn(task);
+    }
+
     /// Revokes a lease without waiting, used to clean up after a failed acquire (the lease may
     /// carry a key nobody was told of). Retried while etcd is unreachable, for up to
     /// [`REVOKE_RETRIES_FOR`]; if every try fails the lease lapses by its TTL.
     pub(crate) fn revoke_in_background(&self, id: i64) {
         let etcd = self.clone();
-        tokio::spawn(async move {
+        self.spawn(async move {
             let give_up = Instant::now() + REVOKE_RETRIES_FOR;
-            let mut backoff = Duration::from_millis(100);
+            let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
             loop {
                 match etcd.revoke(id).await {
                     Ok(()) => return,
-                    Err(e) if Instant::now() + backoff >= give_up => {
+                    Err(e) if Instant::now() + backoff.peek() >= give_up => {
                         tracing::debug!(lease_id = id, error = %e, "revoking an unused lease failed; it will lapse");
                         return;
                     }
                     Err(_) => {}
                 }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
+                tokio::select! {
+                    () = etcd.inner.stopping.cancelled() => return,
+                    () = tokio::time::sleep(backoff.pause()) => {}
+                }
             }
         });
     }

@@ -13,7 +13,8 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use serde::Serialize;
 
-use super::{holding, validate, HolderRecord, Holding, Leases};
+use super::types::holding;
+use super::{validate, HolderRecord, Holding, Leases};
 use crate::etcd::prefix_end;
 use crate::{Error, Result};
 
@@ -78,7 +79,7 @@ impl Leases {
                 })
             })
             .transpose()?;
-        let holders_prefix = self.holders_prefix.as_bytes();
+        let holders_prefix = self.layout.holders().as_bytes();
         let mut leases = Vec::new();
         let mut more = false;
         for (n, prefix) in prefixes.iter().enumerate() {

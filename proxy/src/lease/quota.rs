@@ -49,10 +49,10 @@ impl Leases {
         let (Some(max), Some(principal)) = (self.limits.quota_held, &req.principal) else {
             return Ok(None);
         };
-        let range = format!("{}{principal}/", self.principals_prefix).into_bytes();
+        let range = self.layout.principal(principal).into_bytes();
         let range_end = prefix_end(&range);
         let (held, revision) = self.etcd.count(&range, &range_end).await?;
-        let key = format!("{}{principal}/{}", self.principals_prefix, req.resource);
+        let key = self.layout.principal_grant(principal, &req.resource);
         if u64::try_from(held).unwrap_or(0) < max {
             return Ok(Some(Counted {
                 key,
@@ -62,12 +62,10 @@ impl Leases {
             }));
         }
         let replay = req.idempotency_key.is_some()
-            && self
-                .current(&req.resource)
-                .await?
-                .is_some_and(|(record, _)| {
-                    record.holder == req.holder && record.principal.as_ref() == Some(principal)
-                });
+            && self.current(&req.resource).await?.is_some_and(|current| {
+                let record = &current.record;
+                record.holder == req.holder && record.principal.as_ref() == Some(principal)
+            });
         if replay {
             return Ok(Some(Counted {
                 key,

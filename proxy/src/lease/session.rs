@@ -173,7 +173,7 @@ pub(crate) fn parse_id(text: &str) -> Result<i64> {
 impl Leases {
     /// The key of session `id` (also the create transaction's guard under it).
     pub(super) fn session_key(&self, id: i64) -> String {
-        format!("{}{id}", self.sessions_prefix)
+        self.layout.session(id)
     }
 
     /// Opens a session of `ttl` seconds for `holder` (and `principal`).
@@ -186,7 +186,8 @@ impl Leases {
     ) -> Result<Opened> {
         // A session's lease never carries a grant's key of its own: a spare (which carried
         // nothing) or a fresh one.
-        let (lease_id, ttl_seconds, counted_from) = self.lease_for(ttl).await?;
+        let lease = self.lease_for(ttl).await?;
+        let (lease_id, ttl_seconds, counted_from) = (lease.id, lease.ttl, lease.counted_from);
         let secret = secret::session(&self.keys.current(), lease_id);
         let record = SessionRecord {
             holder,
@@ -202,7 +203,7 @@ impl Leases {
             return Err(e);
         }
         tracing::info!(session = lease_id, holder = %record.holder, "session opened");
-        self.etcd.metrics().sessions_opened.add(1, &[]);
+        self.metrics.sessions_opened.add(1, &[]);
         let holder = record.holder.clone();
         self.sessions.put(lease_id, Arc::new(record));
         Ok(Opened {
@@ -290,11 +291,11 @@ impl Leases {
     }
 
     /// For an acquire under session `id`: its last renewal through this replica if that was
-    /// sent less than [`super::FRESH`] ago (the lease lasts at least its TTL from then; had the
+    /// sent less than [`super::shared::FRESH`] ago (the lease lasts at least its TTL from then; had the
     /// session been closed since, the create transaction's guard refuses the grant), else a
     /// renewal now.
     pub(super) async fn session_lease_for_acquire(&self, id: i64) -> Result<(u64, Instant)> {
-        match self.sessions.renewed_within(id, super::FRESH) {
+        match self.sessions.renewed_within(id, super::shared::FRESH) {
             Some((at, ttl)) => Ok((ttl, at)),
             None => self.renew_session_lease(id).await,
         }
@@ -323,10 +324,7 @@ impl Leases {
         let this = self.clone();
         self.tracker
             .spawn(async move {
-                let marker = this.feed.closed_marker(id);
-                if this.commit.mark(&marker, &this.session_key(id)).await? {
-                    this.etcd.revoke(id).await?;
-                }
+                this.close_marked(id).await?;
                 this.sessions.forget(id);
                 tracing::info!(session = id, "session closed");
                 Ok(())
@@ -358,7 +356,7 @@ impl Leases {
         let (remaining, keys) = self.etcd.lease_keys(id).await?.ok_or(Error::NoSession)?;
         let mut resources: Vec<String> = keys
             .iter()
-            .filter_map(|k| k.strip_prefix(self.holders_prefix.as_bytes()))
+            .filter_map(|k| k.strip_prefix(self.layout.holders().as_bytes()))
             .filter_map(|r| std::str::from_utf8(r).ok())
             .filter(|r| visible(r))
             .map(str::to_owned)

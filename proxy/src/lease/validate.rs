@@ -1,17 +1,19 @@
 //! The grammar of everything a client names: resources, holders, TTLs, metadata, keys.
 //!
-//! - **resource**: 1–200 bytes of `[A-Za-z0-9._:-]`, starting with a letter or digit, never
-//!   containing `..`. No `/`, so a name is one path segment and one etcd key suffix.
+//! - **resource**: the fencing library's grammar, written once there
+//!   ([`fencing::check_resource_name`]): 1–200 bytes of `[A-Za-z0-9._:-]`, starting with a
+//!   letter or digit, never containing `..`.
 //! - **holder**: 1–256 characters, no control characters.
 //! - **ttl_seconds**: a whole number within the configured bounds (default 2–3600); values
 //!   outside are rejected, never clamped.
 //! - **metadata**: a JSON object of at most 4 KiB, stored and returned verbatim.
 //! - **Idempotency-Key**: 1–255 visible ASCII characters.
 
+use std::time::Duration;
+
+use super::Limits;
 use crate::{Error, Result};
 
-/// Longest resource name.
-pub(crate) const MAX_RESOURCE_LEN: usize = 200;
 /// Longest holder identity, in characters.
 pub(crate) const MAX_HOLDER_CHARS: usize = 256;
 /// Largest metadata object, serialised.
@@ -19,32 +21,13 @@ pub(crate) const MAX_METADATA_BYTES: usize = 4096;
 /// Longest idempotency key.
 pub(crate) const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
 
-fn resource_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-')
-}
-
-/// Checks a resource name (see the module docs).
+/// Checks a resource name: the fencing library's grammar ([`fencing::check_resource_name`]),
+/// so every resource granted here can be fenced.
 pub(crate) fn resource(name: &str) -> Result<()> {
-    let bad = |reason: &str| Error::InvalidField {
+    fencing::check_resource_name(name).map_err(|why| Error::InvalidField {
         field: "resource",
-        reason: reason.to_owned(),
-    };
-    if name.is_empty() {
-        return Err(bad("must not be empty"));
-    }
-    if name.len() > MAX_RESOURCE_LEN {
-        return Err(bad("longer than 200 bytes"));
-    }
-    if !name.bytes().all(resource_byte) {
-        return Err(bad("only letters, digits and . _ : - are allowed"));
-    }
-    if !name.as_bytes()[0].is_ascii_alphanumeric() {
-        return Err(bad("must start with a letter or digit"));
-    }
-    if name.contains("..") {
-        return Err(bad("must not contain `..`"));
-    }
-    Ok(())
+        reason: why.to_string(),
+    })
 }
 
 /// Checks a prefix used to list resources: empty, or a valid start of a resource name.
@@ -147,6 +130,56 @@ pub(crate) fn idempotency_key(key: &str) -> Result<()> {
             field: "Idempotency-Key",
             reason: "must be 1-255 visible ASCII characters".to_owned(),
         })
+    }
+}
+
+/// An acquire's own fields, as checked by [`acquire`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AcquireFields {
+    /// The TTL asked for, within the bounds (`None`: not given).
+    pub(crate) ttl_seconds: Option<u64>,
+    /// How long to wait in line, at most `--max-wait`.
+    pub(crate) wait: Duration,
+}
+
+/// Checks an acquire's own fields in order — holder, TTL, wait, metadata — each a 400, before
+/// anything is looked up: an invalid request is refused whatever the state of what it names.
+pub(crate) fn acquire(
+    holder_name: &str,
+    ttl_seconds: Option<&serde_json::Number>,
+    wait_ms: Option<u64>,
+    meta: Option<&serde_json::Value>,
+    limits: &Limits,
+) -> Result<AcquireFields> {
+    holder(holder_name)?;
+    let ttl_seconds = ttl_seconds
+        .map(|t| ttl(t, limits.min_ttl, limits.max_ttl))
+        .transpose()?;
+    let wait = Duration::from_millis(wait_ms.unwrap_or(0));
+    if wait > limits.max_wait {
+        return Err(Error::InvalidField {
+            field: "wait_ms",
+            reason: format!("must be at most {}", limits.max_wait.as_millis()),
+        });
+    }
+    if let Some(m) = meta {
+        metadata(m)?;
+    }
+    Ok(AcquireFields { ttl_seconds, wait })
+}
+
+/// The TTL of a grant: under a session the session's (a `ttl_seconds` that differs is
+/// refused), else the one asked for, which is then required.
+pub(crate) fn grant_ttl(asked: Option<u64>, session_ttl: Option<u64>) -> Result<u64> {
+    match session_ttl {
+        Some(ttl) if asked.is_some_and(|asked| asked != ttl) => Err(Error::InvalidField {
+            field: "ttl_seconds",
+            reason: format!(
+                "a grant under a session lives as long as the session ({ttl} s); omit ttl_seconds"
+            ),
+        }),
+        Some(ttl) => Ok(ttl),
+        None => asked.ok_or_else(|| Error::InvalidRequest("missing field `ttl_seconds`".into())),
     }
 }
 

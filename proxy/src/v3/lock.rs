@@ -46,7 +46,8 @@ impl Drop for Abandoned {
         }
         let (etcd, key, rev) = (self.etcd.clone(), self.key.clone(), self.create_revision);
         // Only this incarnation of the key: the same lease may have locked again since.
-        tokio::spawn(async move {
+        let cleanup = self.etcd.clone();
+        cleanup.spawn(async move {
             let txn = Txn::new()
                 .when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)])
                 .and_then([TxnOp::delete(key, None)]);

@@ -38,7 +38,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use crate::etcd::{Etcd, KeepAlive};
-use crate::Config;
 use json::{JsonError, Reader, Value};
 use lease::Markers;
 use namespace::Namespace;
@@ -49,6 +48,23 @@ use status::{json as json_response, plain, Code, Status};
 /// shape.
 pub(crate) fn refusal(e: crate::Error) -> Response {
     Status::from(e).response()
+}
+
+/// What `/v3` is configured with.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    /// Where the markers of `/v3` leases live (`{etcd-prefix}v3/leases/`).
+    pub(crate) lease_markers: String,
+    /// The fencing era of lock tokens.
+    pub(crate) era: u64,
+    /// The namespace every key is confined to (`--v3-namespace`).
+    pub(crate) namespace: String,
+    /// Per-request limits.
+    pub(crate) limits: Limits,
+    /// Largest request body.
+    pub(crate) max_body: usize,
+    /// How long a body may take to arrive.
+    pub(crate) body_deadline: std::time::Duration,
 }
 
 /// Per-request limits of `/v3`.
@@ -217,22 +233,18 @@ fn ok(v: &serde_json::Value) -> Response {
 }
 
 impl V3 {
-    /// Serves `/v3` for `config` (its namespace, lease markers and limits).
-    pub(crate) fn new(etcd: Etcd, keepalive: KeepAlive, keys: Keys, config: &Config) -> Self {
+    /// Serves `/v3` as `settings` say (its namespace, lease markers and limits).
+    pub(crate) fn new(etcd: Etcd, keepalive: KeepAlive, keys: Keys, settings: Settings) -> Self {
         Self {
-            leases: Markers::new(etcd.clone(), config.v3_lease_markers()),
+            leases: Markers::new(etcd.clone(), settings.lease_markers),
             etcd,
             keepalive,
             keys,
-            era: config.era,
-            namespace: Namespace::new(config.v3_namespace_or_default().into_bytes()),
-            limits: Limits {
-                keepalive_ids: config.v3_max_keepalive_ids,
-                txn_ops: config.v3_max_txn_ops,
-                txn_depth: config.v3_max_txn_depth,
-            },
-            max_body: config.max_body_bytes,
-            body_deadline: config.header_read_timeout,
+            era: settings.era,
+            namespace: Namespace::new(settings.namespace.into_bytes()),
+            limits: settings.limits,
+            max_body: settings.max_body,
+            body_deadline: settings.body_deadline,
             http: Client::builder(TokioExecutor::new()).build_http(),
         }
     }

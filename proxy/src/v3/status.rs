@@ -122,7 +122,7 @@ impl Status {
         if self.code == Code::Unauthenticated as i32 {
             response.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
-                header::HeaderValue::from_static(crate::api::BEARER_CHALLENGE),
+                header::HeaderValue::from_static(crate::headers::BEARER_CHALLENGE),
             );
         }
         response

@@ -5,7 +5,7 @@ use futures::future::BoxFuture;
 use tokio::time::Instant;
 use tokio_postgres::Transaction;
 
-use super::gate::Backoff;
+use super::gate::{poll_pause, POLL};
 use super::inflight::lower_live;
 use super::session::bounded;
 use super::{check_and_raise, decode, err, PostgresStore};
@@ -79,7 +79,7 @@ impl PostgresStore {
         let mut statements = Some(statements);
         let mut lock = Lock::AtMark;
         let mut give_up: Option<Instant> = None;
-        let mut backoff = Backoff::default();
+        let mut backoff = POLL;
         loop {
             let mut session = self.session().await?;
             let tx = bounded(deadline, "begin", async {
@@ -148,7 +148,7 @@ impl PostgresStore {
                     lower = lower.live,
                     "fenced: waiting for lower in-flight writes"
                 );
-                tokio::time::sleep(backoff.next(lower.next_expiry)).await;
+                tokio::time::sleep(poll_pause(&mut backoff, lower.next_expiry)).await;
                 lock = Lock::AtMark;
                 continue;
             }

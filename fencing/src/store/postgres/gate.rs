@@ -13,6 +13,7 @@ use super::listener::Listener;
 use super::session::bounded;
 use super::PostgresStore;
 use crate::admission::{Admission, Outcome, Permit, Release};
+use crate::backoff::Backoff;
 use crate::gate::GateError;
 use crate::store::{HighWaterMarks, Readiness, StoreError, StoreLatency};
 use crate::Token;
@@ -25,26 +26,16 @@ const SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// missed.
 const MAX_POLL_INTERVAL: Duration = Duration::from_millis(25);
 
-/// Pauses between polls: doubling from 1 ms up to [`MAX_POLL_INTERVAL`], and never past the
-/// moment the first lower registration expires.
-#[derive(Debug)]
-pub(super) struct Backoff(Duration);
+/// Pauses between polls: doubling from 1 ms up to [`MAX_POLL_INTERVAL`].
+pub(super) const POLL: Backoff = Backoff::new(Duration::from_millis(1), MAX_POLL_INTERVAL);
 
-impl Default for Backoff {
-    fn default() -> Self {
-        Self(Duration::from_millis(1))
-    }
-}
-
-impl Backoff {
-    pub(super) fn next(&mut self, next_expiry: Option<Duration>) -> Duration {
-        let pause = self.0;
-        self.0 = (self.0 * 2).min(MAX_POLL_INTERVAL);
-        match next_expiry {
-            // Just past it, so that the registration is expired when we look.
-            Some(expiry) => pause.min(expiry + Duration::from_millis(1)),
-            None => pause,
-        }
+/// The next poll's pause: `backoff`'s, but never past the moment the first lower registration
+/// expires (just past it, so that the registration is expired when we look).
+pub(super) fn poll_pause(backoff: &mut Backoff, next_expiry: Option<Duration>) -> Duration {
+    let pause = backoff.pause();
+    match next_expiry {
+        Some(expiry) => pause.min(expiry + Duration::from_millis(1)),
+        None => pause,
     }
 }
 
@@ -293,7 +284,7 @@ impl SharedGate {
             return Ok(registration.with_deadline(registering + budget));
         }
         tracing::debug!(resource, %token, lower = lower.live, "waiting for lower in-flight writes");
-        let mut backoff = Backoff::default();
+        let mut backoff = POLL;
         let mut next_expiry = lower.next_expiry;
         loop {
             tokio::select! {
@@ -302,7 +293,7 @@ impl SharedGate {
                     return Err(store_error("the caller went away"));
                 }
                 _ = &mut wake => {}
-                _ = tokio::time::sleep(backoff.next(next_expiry)) => {}
+                _ = tokio::time::sleep(poll_pause(&mut backoff, next_expiry)) => {}
             }
             wake.set(self.ended.notified());
             // Past this, the registration would no longer cover a whole exchange.

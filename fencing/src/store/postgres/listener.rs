@@ -11,6 +11,8 @@ use futures::StreamExt as _;
 use tokio::sync::{oneshot, Notify};
 use tokio_postgres::{AsyncMessage, NoTls};
 
+use crate::backoff::Backoff;
+
 /// The notification channel.
 pub(super) const CHANNEL: &str = "fence_inflight_ended";
 
@@ -42,7 +44,7 @@ async fn run(
     ended: Arc<Notify>,
     mut stopped: oneshot::Receiver<()>,
 ) {
-    let mut retry = Duration::from_millis(100);
+    let mut retry = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     loop {
         tokio::select! {
             _ = &mut stopped => return,
@@ -55,9 +57,8 @@ async fn run(
         ended.notify_waiters();
         tokio::select! {
             _ = &mut stopped => return,
-            _ = tokio::time::sleep(retry) => {}
+            _ = tokio::time::sleep(retry.pause()) => {}
         }
-        retry = (retry * 2).min(Duration::from_secs(5));
     }
 }
 

@@ -2,21 +2,7 @@
 //! `expired`), in etcd's revision order, from one etcd watch per subscriber.
 //!
 //! A grant is made by creating its ownership key `{prefix}holders/{resource}`; it ends when that
-//! key is deleted. etcd does not say *why* a key was deleted — a lease revoked by a release and
-//! a lease that lapsed look the same — so every deliberate end writes a marker that goes in the
-//! same revision as the deletion:
-//! - a release writes `{prefix}ended/released/{lease}` = `{create revision}/{resource}` of the
-//!   grant (grants created in one group-commit batch share a create revision), on the
-//!   grant's lease: for a grant with a lease of its own before revoking it (the revoke deletes
-//!   key and marker together), for a session grant in its compare-and-delete transaction (one
-//!   marker key per session, overwritten by each release, gone with the session);
-//! - closing a session writes `{prefix}ended/closed/{session}` on the session's lease before
-//!   revoking it.
-//!
-//! A deletion is `released` when its revision carries a release marker naming exactly that
-//! grant (a resource's create revisions are unique, so a marker left by an earlier release never
-//! names a later grant), or its lease's close marker; every other deletion — the lease
-//! lapsed, or a grant the proxy withdrew because its client went away — is `expired`.
+//! key is deleted, `released` or `expired` as the end markers of its revision say (`marker.rs`).
 //!
 //! Positions: an event's id is `R.n` — its revision `R` and its index `n` among the events of
 //! revision `R` in this key range (etcd never splits a revision across watch responses, and
@@ -34,13 +20,15 @@
 //! unsent. Progress *requested* from etcd is not used: before etcd 3.4.25 and 3.5.8 its answer
 //! could overtake events still queued (etcd#15220).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 
 use etcd_client::{EventType, WatchOptions, WatchStream};
 use serde::Serialize;
 
-use super::{prefix_end, Etcd, Position};
-use crate::lease::HolderRecord;
+use super::marker::{EndMarkers, MarkerEvent};
+use super::{HolderRecord, Position};
+use crate::etcd::{prefix_end, Etcd};
+use crate::keys::Layout;
 use crate::{Error, Result};
 
 /// What etcd says of a read at a revision it has not reached
@@ -114,15 +102,17 @@ pub(crate) struct Feed {
     etcd: Etcd,
     holders: String,
     ended: String,
+    markers: EndMarkers,
 }
 
 impl Feed {
-    /// The feed over `{etcd_prefix}holders/` and `{etcd_prefix}ended/`.
-    pub(crate) fn new(etcd: Etcd, etcd_prefix: &str) -> Self {
+    /// The feed over the ownership keys and the end markers of `layout`.
+    pub(crate) fn new(etcd: Etcd, layout: &Layout) -> Self {
         Self {
             etcd,
-            holders: format!("{etcd_prefix}holders/"),
-            ended: format!("{etcd_prefix}ended/"),
+            holders: layout.holders().to_owned(),
+            ended: layout.ended().to_owned(),
+            markers: EndMarkers::new(layout),
         }
     }
 
@@ -208,31 +198,6 @@ impl Feed {
             })
     }
 
-    /// The marker a release of the grant created at `revision` on `resource` and `lease`
-    /// writes: it names the grant by revision *and* resource, since grants created in one
-    /// group-commit batch share their create revision.
-    pub(crate) fn released_marker(
-        &self,
-        resource: &str,
-        revision: i64,
-        lease: i64,
-    ) -> super::create::Marker {
-        super::create::Marker {
-            key: format!("{}released/{lease}", self.ended),
-            value: grant_name(revision, resource),
-            lease,
-        }
-    }
-
-    /// The marker closing session `id` writes.
-    pub(crate) fn closed_marker(&self, id: i64) -> super::create::Marker {
-        super::create::Marker {
-            key: format!("{}closed/{id}", self.ended),
-            value: String::new(),
-            lease: id,
-        }
-    }
-
     /// The events of one revision's etcd events (in etcd's order), from index `skip_through`
     /// on exclusive.
     fn classify(
@@ -241,25 +206,9 @@ impl Feed {
         events: &[&etcd_client::Event],
         skip_through: Option<u32>,
     ) -> Vec<OwnershipEvent> {
-        let released_prefix = format!("{}released/", self.ended);
-        let closed_prefix = format!("{}closed/", self.ended);
-        let mut released: HashSet<&[u8]> = HashSet::new();
-        let mut closed: HashSet<i64> = HashSet::new();
-        for event in events {
-            let (Some(kv), prev) = (event.kv(), event.prev_kv()) else {
-                continue;
-            };
-            if kv.key().starts_with(released_prefix.as_bytes()) {
-                released.insert(match event.event_type() {
-                    EventType::Put => kv.value(),
-                    EventType::Delete => prev.map(|p| p.value()).unwrap_or_default(),
-                });
-            } else if let Some(id) = kv.key().strip_prefix(closed_prefix.as_bytes()) {
-                if let Some(id) = std::str::from_utf8(id).ok().and_then(|s| s.parse().ok()) {
-                    closed.insert(id);
-                }
-            }
-        }
+        let ends = self
+            .markers
+            .read(events.iter().filter_map(|e| MarkerEvent::of(e)));
         let mut out = Vec::new();
         for (index, event) in events.iter().enumerate() {
             let index = u32::try_from(index).unwrap_or(u32::MAX);
@@ -282,9 +231,7 @@ impl Feed {
                         tracing::warn!(%resource, revision, "a deleted ownership key came without its previous value; event skipped");
                         continue;
                     };
-                    let grant = grant_name(prev.create_revision(), resource);
-                    let marked =
-                        released.contains(grant.as_bytes()) || closed.contains(&prev.lease());
+                    let marked = ends.released(resource, prev.create_revision(), prev.lease());
                     (
                         if marked {
                             Kind::Released
@@ -315,12 +262,6 @@ impl Feed {
         }
         out
     }
-}
-
-/// How a release marker names the grant it ended: create revision and resource (a revision
-/// alone is shared by every grant of one group-commit batch).
-fn grant_name(revision: i64, resource: &str) -> String {
-    format!("{revision}/{resource}")
 }
 
 /// One subscriber's etcd watch.

@@ -12,7 +12,6 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
 
 use dashmap::DashMap;
 use etcd_client::{EventType, WatchOptions};
@@ -20,15 +19,13 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{prefix_end, Etcd};
+use super::HolderRecord;
 use crate::audit::{Audit, Event};
-use crate::lease::HolderRecord;
+use crate::etcd::{prefix_end, reopening, Etcd};
 use crate::metrics::Metrics;
 
 const CHANNEL: usize = 4096;
 const PAGE: i64 = 1000;
-const MIN_BACKOFF: Duration = Duration::from_millis(50);
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// Why a waiter should try to acquire again.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,7 +59,8 @@ pub(crate) struct Holders {
     tx: broadcast::Sender<Wakeup>,
     view: Arc<DashMap<String, Seen>>,
     /// Grants this replica made and has not released: resource → create revision. One that
-    /// disappears from etcd while still here has expired.
+    /// disappears from etcd while still here has expired (counted and audited here, once; why
+    /// this is not read from the end markers: `marker.rs`).
     granted_here: Arc<DashMap<String, i64>>,
     metrics: Arc<Metrics>,
     /// Where the expiries of those grants are written.
@@ -71,11 +69,12 @@ pub(crate) struct Holders {
 
 impl Holders {
     /// Starts the list-and-watch task on `tracker`; it stops when `cancel` fires. Expiries of
-    /// grants made here go to `audit`.
+    /// grants made here go to `audit`, and are counted in `metrics`.
     pub(crate) fn start(
         etcd: &Etcd,
         holders_prefix: String,
         audit: Audit,
+        metrics: Arc<Metrics>,
         tracker: &TaskTracker,
         cancel: CancellationToken,
     ) -> Self {
@@ -84,22 +83,21 @@ impl Holders {
             tx,
             view: Arc::default(),
             granted_here: Arc::default(),
-            metrics: etcd.metrics().clone(),
+            metrics,
             audit,
         };
         let view = holders.view.clone();
-        etcd.metrics()
+        holders
+            .metrics
             .meter()
             .u64_observable_gauge("lease_proxy.leases.held")
             .with_description("Resources held, cluster-wide, as this replica's watch sees them.")
             .with_callback(move |o| o.observe(view.len() as u64, &[]))
             .build();
-        tracker.spawn(watch_loop(
-            etcd.clone(),
-            holders_prefix,
-            holders.clone(),
-            cancel,
-        ));
+        let (etcd, watching) = (etcd.clone(), holders.clone());
+        tracker.spawn(async move {
+            reopening(cancel, || list_and_watch(&etcd, &holders_prefix, &watching)).await;
+        });
         holders
     }
 
@@ -165,28 +163,13 @@ impl Holders {
     }
 }
 
-async fn watch_loop(etcd: Etcd, prefix: String, holders: Holders, cancel: CancellationToken) {
-    let mut backoff = MIN_BACKOFF;
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            () = list_and_watch(&etcd, &prefix, &holders, &mut backoff) => {}
-        }
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(backoff) => {}
-        }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
-    }
-}
-
-/// Rebuilds the view and follows the watch until it fails.
-async fn list_and_watch(etcd: &Etcd, prefix: &str, holders: &Holders, backoff: &mut Duration) {
+/// Rebuilds the view and follows the watch until it fails; whether the watch delivered anything.
+async fn list_and_watch(etcd: &Etcd, prefix: &str, holders: &Holders) -> bool {
     let revision = match list(etcd, prefix, holders).await {
         Ok(revision) => revision,
         Err(e) => {
             tracing::warn!(error = %e, "cannot list ownership keys");
-            return;
+            return false;
         }
     };
     // Whatever changed while the watch was down is in the new view; waiters re-check.
@@ -194,51 +177,31 @@ async fn list_and_watch(etcd: &Etcd, prefix: &str, holders: &Holders, backoff: &
     let options = WatchOptions::new()
         .with_prefix()
         .with_start_revision(revision + 1);
-    let Some((index, mut stream)) = etcd.open_watch(prefix, options, "holder").await else {
-        return;
-    };
-    loop {
-        match stream.message().await {
-            Ok(Some(resp)) => {
-                *backoff = MIN_BACKOFF;
-                if resp.canceled() {
-                    tracing::warn!(
-                        reason = resp.cancel_reason(),
-                        "holder watch cancelled by etcd"
-                    );
-                    return;
-                }
-                for event in resp.events() {
-                    let Some(kv) = event.kv() else { continue };
-                    let Some(resource) = kv
-                        .key()
-                        .strip_prefix(prefix.as_bytes())
-                        .and_then(|r| std::str::from_utf8(r).ok())
-                    else {
-                        continue;
-                    };
-                    if event.event_type() == EventType::Delete {
-                        holders.ended(resource);
-                        let _ = holders.tx.send(Wakeup::Released(resource.to_owned()));
-                    } else {
-                        holders.view.insert(
-                            resource.to_owned(),
-                            Seen {
-                                value: kv.value().to_vec(),
-                                create_revision: kv.create_revision(),
-                            },
-                        );
-                    }
-                }
-            }
-            Ok(None) => return,
-            Err(e) => {
-                tracing::warn!(error = %e, "holder watch failed");
-                etcd.unpin(index);
-                return;
+    etcd.follow(prefix, options, "holder", |resp| {
+        for event in resp.events() {
+            let Some(kv) = event.kv() else { continue };
+            let Some(resource) = kv
+                .key()
+                .strip_prefix(prefix.as_bytes())
+                .and_then(|r| std::str::from_utf8(r).ok())
+            else {
+                continue;
+            };
+            if event.event_type() == EventType::Delete {
+                holders.ended(resource);
+                let _ = holders.tx.send(Wakeup::Released(resource.to_owned()));
+            } else {
+                holders.view.insert(
+                    resource.to_owned(),
+                    Seen {
+                        value: kv.value().to_vec(),
+                        create_revision: kv.create_revision(),
+                    },
+                );
             }
         }
-    }
+    })
+    .await
 }
 
 /// Replaces the view with every ownership key at one revision, read in pages; returns it.

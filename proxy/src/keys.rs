@@ -1,0 +1,123 @@
+//! The etcd key layout (docs/DESIGN.md §2): every key the proxy writes, built from the one
+//! `--etcd-prefix` here and nowhere else, so two parts of the proxy can never disagree on where
+//! a record lives.
+
+/// Where the proxy keeps its state in etcd, under one prefix (default `/lease-proxy/`).
+#[derive(Debug, Clone)]
+pub(crate) struct Layout {
+    prefix: String,
+    holders: String,
+    sessions: String,
+    waiters: String,
+    idempotency: String,
+    principals: String,
+    ended: String,
+}
+
+impl Layout {
+    /// The layout under `prefix` (`--etcd-prefix`, which ends with `/`).
+    pub(crate) fn new(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.to_owned(),
+            holders: format!("{prefix}holders/"),
+            sessions: format!("{prefix}sessions/"),
+            waiters: format!("{prefix}waiters/"),
+            idempotency: format!("{prefix}idempotency/"),
+            principals: format!("{prefix}principals/"),
+            ended: format!("{prefix}ended/"),
+        }
+    }
+
+    /// `{prefix}holders/`: the ownership keys.
+    pub(crate) fn holders(&self) -> &str {
+        &self.holders
+    }
+
+    /// `{prefix}holders/{resource}`: the ownership key of `resource`.
+    pub(crate) fn holder(&self, resource: &str) -> String {
+        format!("{}{resource}", self.holders)
+    }
+
+    /// `{prefix}sessions/{id}`: the record of session `id`, on the session's lease.
+    pub(crate) fn session(&self, id: i64) -> String {
+        format!("{}{id}", self.sessions)
+    }
+
+    /// `{prefix}waiters/`: the wait lines, `{resource}/{lease}-{nonce}` each.
+    pub(crate) fn waiters(&self) -> &str {
+        &self.waiters
+    }
+
+    /// `{prefix}idempotency/{resource}`: the replay window of the resource's last keyed grant.
+    pub(crate) fn idempotency(&self, resource: &str) -> String {
+        format!("{}{resource}", self.idempotency)
+    }
+
+    /// `{prefix}principals/{principal}/`: the held-quota index of one principal.
+    pub(crate) fn principal(&self, principal: &str) -> String {
+        format!("{}{principal}/", self.principals)
+    }
+
+    /// `{prefix}principals/{principal}/{resource}`: the index key of one grant.
+    pub(crate) fn principal_grant(&self, principal: &str, resource: &str) -> String {
+        format!("{}{principal}/{resource}", self.principals)
+    }
+
+    /// `{prefix}ended/`: the markers that say why a grant ended.
+    pub(crate) fn ended(&self) -> &str {
+        &self.ended
+    }
+
+    /// `{prefix}ended/released/`: release markers, one per lease.
+    pub(crate) fn released(&self) -> String {
+        format!("{}released/", self.ended)
+    }
+
+    /// `{prefix}ended/closed/`: session close markers, one per session.
+    pub(crate) fn closed(&self) -> String {
+        format!("{}closed/", self.ended)
+    }
+
+    /// `{prefix}readyz`: the key `/readyz` reads.
+    pub(crate) fn readiness(&self) -> String {
+        format!("{}readyz", self.prefix)
+    }
+
+    /// `{prefix}v3/kv/`: the default `/v3` namespace, and the only subtree of the prefix a
+    /// `--v3-namespace` may lie in.
+    pub(crate) fn v3_kv(&self) -> String {
+        format!("{}v3/kv/", self.prefix)
+    }
+
+    /// `{prefix}v3/leases/`: the markers of `/v3` leases (outside every valid `/v3` namespace).
+    pub(crate) fn v3_leases(&self) -> String {
+        format!("{}v3/leases/", self.prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Layout;
+
+    #[test]
+    fn every_key_lies_under_the_prefix() {
+        let l = Layout::new("/p/");
+        for key in [
+            l.holder("r"),
+            l.session(7),
+            l.waiters().to_owned(),
+            l.idempotency("r"),
+            l.principal_grant("alice", "r"),
+            l.released(),
+            l.closed(),
+            l.readiness(),
+            l.v3_kv(),
+            l.v3_leases(),
+        ] {
+            assert!(key.starts_with("/p/"), "{key}");
+        }
+        assert_eq!(l.holder("r"), "/p/holders/r");
+        assert_eq!(l.principal_grant("alice", "r"), "/p/principals/alice/r");
+        assert_eq!(l.released(), "/p/ended/released/");
+    }
+}

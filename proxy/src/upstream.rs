@@ -1,0 +1,159 @@
+//! The client of protected storage's side: an HTTP client bound to the upstream (or the
+//! enforcer's pre-fence route), with a deadline for every answer. Forwarding (`forward`) and
+//! pre-fencing a new grant (`lease`) both call it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use fencing::tls::{ClientFiles, Connector};
+use fencing::TOKEN_HEADER;
+use http::header::HeaderValue;
+use http::{Request, Response, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tracing::Instrument as _;
+
+use crate::metrics::Metrics;
+use crate::{Error, Result};
+
+/// An HTTP client bound to one upstream base URL, with a deadline for the upstream's answer.
+#[derive(Clone)]
+pub(crate) struct Upstream {
+    client: Client<Connector, Body>,
+    base: Uri,
+    timeout: Duration,
+    metrics: Arc<Metrics>,
+}
+
+impl Upstream {
+    /// A client for `base` (an `http(s)://host:port[/path]` URL), verifying `https://` servers
+    /// as `tls` says.
+    pub(crate) fn new(
+        base: Uri,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+        tls: &ClientFiles,
+    ) -> std::result::Result<Self, fencing::Error> {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(timeout));
+        Ok(Self {
+            client: Client::builder(TokioExecutor::new())
+                .build(fencing::tls::https_connector(connector, tls, &base)?),
+            base,
+            timeout,
+            metrics,
+        })
+    }
+
+    /// Whether `path_and_query`, joined to the base, is an enforcer's pre-fence route
+    /// (`/fence`, `/fence/…`): a holder's forward must not reach it, since the proxy presents
+    /// its own client certificate upstream and fence-gateway's `--fence-principals` trusts it.
+    pub(crate) fn is_prefence_route(&self, path_and_query: &str) -> bool {
+        self.url(path_and_query).is_ok_and(|u| {
+            let path = u.path();
+            path == "/fence" || path.starts_with("/fence/")
+        })
+    }
+
+    /// `base` joined with `path_and_query` (which starts with `/` or is empty).
+    pub(crate) fn url(&self, path_and_query: &str) -> Result<Uri> {
+        let base_path = self.base.path().trim_end_matches('/');
+        let path_and_query = if path_and_query.is_empty() || path_and_query.starts_with('?') {
+            format!("{base_path}/{path_and_query}")
+        } else {
+            format!("{base_path}{path_and_query}")
+        };
+        Uri::builder()
+            .scheme(self.base.scheme_str().unwrap_or("http"))
+            .authority(
+                self.base
+                    .authority()
+                    .map(|a| a.as_str())
+                    .unwrap_or_default(),
+            )
+            .path_and_query(path_and_query)
+            .build()
+            .map_err(|e| Error::InvalidRequest(format!("cannot forward to that path: {e}")))
+    }
+
+    /// Sends `req` in a span of its own, passing the trace on in `traceparent`.
+    pub(crate) async fn send(
+        &self,
+        mut req: Request<Body>,
+        name: &'static str,
+    ) -> Result<Response<Body>> {
+        let span = tracing::debug_span!("upstream", otel.name = name, otel.kind = "client",);
+        async move {
+            fencing::telemetry::propagate(req.headers_mut());
+            self.send_now(req).await
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn send_now(&self, req: Request<Body>) -> Result<Response<Body>> {
+        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+            Ok(Ok(resp)) => Ok(resp.map(Body::new)),
+            Ok(Err(e)) => Err(Error::UpstreamUnavailable(e.to_string())),
+            Err(_) => Err(Error::UpstreamTimeout(self.timeout)),
+        }
+    }
+
+    /// The proxy's metrics, for what a forward counts.
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Raises the enforcer's mark for `resource` to `signed_token` (`POST /fence/{resource}`).
+    pub(crate) async fn prefence(&self, resource: &str, signed_token: &str) -> Result<()> {
+        let req = Request::post(self.url(&format!("/fence/{resource}"))?)
+            .header(TOKEN_HEADER, header_value(signed_token)?)
+            .body(Body::empty())
+            .map_err(|e| Error::PrefenceFailed(e.to_string()))?;
+        let resp = self
+            .send(req, "prefence")
+            .await
+            .map_err(|e| Error::PrefenceFailed(e.to_string()))?;
+        if resp.status().is_success() {
+            Ok(())
+        } else {
+            Err(Error::PrefenceFailed(format!(
+                "the enforcer answered {}",
+                resp.status()
+            )))
+        }
+    }
+}
+
+/// `s` as a header value, or the request is refused.
+pub(crate) fn header_value(s: &str) -> Result<HeaderValue> {
+    HeaderValue::from_str(s).map_err(|_| Error::InvalidRequest("not a valid header value".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_join_the_base() {
+        let up = Upstream::new(
+            "http://127.0.0.1:9/base/".parse().unwrap(),
+            Duration::from_secs(1),
+            Arc::new(Metrics::new().unwrap()),
+            &ClientFiles::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            up.url("/x?y=1").unwrap().to_string(),
+            "http://127.0.0.1:9/base/x?y=1"
+        );
+        assert_eq!(up.url("").unwrap().to_string(), "http://127.0.0.1:9/base/");
+        assert_eq!(
+            up.url("?q").unwrap().to_string(),
+            "http://127.0.0.1:9/base/?q"
+        );
+    }
+}
