@@ -24,6 +24,8 @@ pub mod files;
 pub mod gate;
 #[cfg(feature = "server")]
 pub mod gateway;
+#[cfg(feature = "server")]
+pub mod indb;
 mod keys;
 pub mod layer;
 #[cfg(feature = "server")]

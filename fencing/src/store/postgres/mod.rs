@@ -108,6 +108,11 @@ CREATE TABLE IF NOT EXISTS fence_probe (
 );
 ";
 
+/// Whether every object of [`SCHEMA`] resolves on the session's search_path.
+const TABLES_PRESENT: &str = "SELECT to_regclass('fence_marks') IS NOT NULL \
+    AND to_regclass('fence_inflight') IS NOT NULL AND to_regclass('fence_probe') IS NOT NULL \
+    AND to_regclass('fence_inflight_by_resource') IS NOT NULL";
+
 /// The store deadline unless configured (see [`PostgresStore::connect_with_deadline`]).
 const DEFAULT_DEADLINE: Duration = Duration::from_secs(5);
 
@@ -217,7 +222,14 @@ impl PostgresStore {
             tx.execute("SELECT pg_advisory_xact_lock($1)", &[&schema_lock()])
                 .await
                 .map_err(err)?;
-            tx.batch_execute(SCHEMA).await.map_err(err)?;
+            // Where the tables already are (made by an earlier start, or by the in-database
+            // package's install, whose schema is then this role's search_path), nothing is
+            // created: `CREATE … IF NOT EXISTS` needs privileges a role that only uses the
+            // tables does not have (CREATE on the schema, ownership for the index).
+            let present: bool = tx.query_one(TABLES_PRESENT, &[]).await.map_err(err)?.get(0);
+            if !present {
+                tx.batch_execute(SCHEMA).await.map_err(err)?;
+            }
             tx.commit().await.map_err(err)?;
             session.done();
             Ok(())
