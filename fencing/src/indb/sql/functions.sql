@@ -315,7 +315,7 @@ CREATE OR REPLACE FUNCTION @schema@.refuse_truncate() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     RAISE EXCEPTION USING ERRCODE = '0AF01',
-        MESSAGE = format('TRUNCATE of %s is refused: it is fenced row by row', TG_TABLE_NAME::regclass),
+        MESSAGE = format('TRUNCATE of %s is refused: it is fenced row by row', TG_RELID::regclass),
         HINT = 'DELETE the rows in a fenced transaction instead.';
 END
 $$;
@@ -326,7 +326,8 @@ $$;
 -- the table's owner (it alone may create and enable the triggers); protecting again replaces
 -- the expression.
 CREATE OR REPLACE FUNCTION @schema@.protect(tbl regclass, resource_expression text) RETURNS void
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, @schema@, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, @schema@, pg_temp
+    SET client_min_messages = warning AS $$
 BEGIN
     -- Checks the expression against the row type now, not at the first write.
     EXECUTE format('SELECT (%s)::text FROM (SELECT (NULL::%s).*) AS fenced_row', resource_expression, tbl);
@@ -343,7 +344,8 @@ $$;
 
 -- Removes what protect installed (run by the table's owner).
 CREATE OR REPLACE FUNCTION @schema@.unprotect(tbl regclass) RETURNS void
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, @schema@, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, @schema@, pg_temp
+    SET client_min_messages = warning AS $$
 BEGIN
     EXECUTE format('DROP TRIGGER IF EXISTS fence_guard ON %s', tbl);
     EXECUTE format('DROP TRIGGER IF EXISTS fence_guard_truncate ON %s', tbl);
