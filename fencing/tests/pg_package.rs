@@ -109,8 +109,10 @@ impl Scratch {
 impl Drop for Scratch {
     fn drop(&mut self) {
         let roles: Vec<String> = Self::ROLES.iter().map(|r| self.role(r)).collect();
+        // Membership of the login roles lets DROP DATABASE … (FORCE) end their sessions.
         let sql = format!(
-            "DROP DATABASE IF EXISTS {} WITH (FORCE);\nDROP ROLE IF EXISTS {};\n",
+            "GRANT {} TO CURRENT_USER;\nDROP DATABASE IF EXISTS {} WITH (FORCE);\nDROP ROLE IF EXISTS {};\n",
+            roles[1..].join(", "),
             self.name,
             roles.join(", ")
         );

@@ -134,6 +134,8 @@ def package() -> Iterator[Package]:
         )
     finally:
         with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+            # Membership lets DROP DATABASE … (FORCE) end sessions a failed test left open.
+            admin.execute(f"GRANT {roles['app']}, {roles['gw']} TO CURRENT_USER")
             admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
             admin.execute("DROP ROLE IF EXISTS " + ", ".join(roles.values()))
 
@@ -199,6 +201,9 @@ def test_tokens_minted_in_python_verify_and_refusals_are_classed(package: Packag
 def test_a_new_holder_waits_for_the_old_holders_open_transaction(package: Package) -> None:
     r = resource()
     k = package.key
+    with package.connect(autocommit=True) as c:
+        c.execute("SELECT fencing.admit(%s, %s)", [r, k.mint(r, 0, 5)])
+    # At the mark: the old holder's transaction takes the mark row FOR SHARE.
     old = package.connect()
     old.execute("SELECT fencing.admit(%s, %s)", [r, k.mint(r, 0, 5)])
     old.execute("INSERT INTO ledger (resource, holder) VALUES (%s, 'old')", [r])
@@ -251,6 +256,29 @@ def test_an_old_holder_behind_an_open_raise_is_refused_when_it_commits(package: 
     assert stale.value.sqlstate == "23F01"
     with package.connect() as c:
         assert c.execute("SELECT count(*) FROM ledger WHERE resource = %s", [r]).fetchone()[0] == 0
+
+
+def test_concurrent_raises_end_at_the_highest_and_the_lower_is_refused(package: Package) -> None:
+    r = resource()
+    k = package.key
+    with package.connect(autocommit=True) as c:
+        c.execute("SELECT fencing.admit(%s, %s)", [r, k.mint(r, 0, 5)])
+    higher = package.connect()
+    higher.execute("SELECT fencing.admit(%s, %s)", [r, k.mint(r, 0, 9)])
+
+    def lower_raise() -> None:
+        with package.connect() as lower:
+            lower.execute("SELECT fencing.admit(%s, %s)", [r, k.mint(r, 0, 8)])
+            lower.commit()
+
+    late = Background(lower_raise)
+    time.sleep(0.4)
+    assert not late.done(), "a second raise did not wait for the first"
+    higher.commit()
+    higher.close()
+    with pytest.raises(errors.IntegrityError):
+        late.result()
+    assert package.mark(r) == "0:9"
 
 
 def test_a_session_killed_mid_transaction_changes_nothing(package: Package) -> None:

@@ -212,7 +212,14 @@ BEGIN
                         upper(current_setting('transaction_isolation'))),
                     HINT = 'Raise the mark first in a READ COMMITTED transaction (e.g. an autocommit SELECT admit(…)), then retry.';
             END IF;
-            UPDATE @schema@.fence_marks AS m SET mark = token WHERE m.resource = _order.resource;
+            -- Guarded as well: whatever the lock, a mark never goes down.
+            UPDATE @schema@.fence_marks AS m SET mark = token
+                WHERE m.resource = _order.resource AND m.mark < token;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION USING ERRCODE = '23F01',
+                    MESSAGE = format('fencing token %s for resource %s is below its mark',
+                        @schema@._token_text(token), quote_literal(resource));
+            END IF;
         END IF;
     END IF;
     LOOP
