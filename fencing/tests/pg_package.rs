@@ -396,6 +396,19 @@ async fn the_install_adopts_a_gateways_tables_and_shares_its_marks() {
         .unwrap()
         .get(0);
     assert!(public, "two sets of marks");
+    // A gateway still connecting as before (its search_path not reaching the package schema)
+    // refuses to start rather than create a second, empty set of marks.
+    let refused = PostgresStore::connect(&scratch.url(), 2).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("fence_marks exists in schema fencing"),
+        "{refused}"
+    );
+    let public: bool = db
+        .query_one("SELECT to_regclass('public.fence_marks') IS NULL", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(public, "two sets of marks");
 
     // A newer package is never downgraded.
     db.batch_execute("INSERT INTO fencing.package_version (version) VALUES (99)")
