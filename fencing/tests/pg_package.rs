@@ -400,7 +400,9 @@ async fn the_install_adopts_a_gateways_tables_and_shares_its_marks() {
     // refuses to start rather than create a second, empty set of marks.
     let refused = PostgresStore::connect(&scratch.url(), 2).await.unwrap_err();
     assert!(
-        refused.to_string().contains("fence_marks exists in schema fencing"),
+        refused
+            .to_string()
+            .contains("fence_marks exists in schema fencing"),
         "{refused}"
     );
     let public: bool = db

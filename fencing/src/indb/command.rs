@@ -155,3 +155,79 @@ async fn execute(command: PgCommand) -> Result<String, PackageError> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::gateway::GatewayConfig;
+
+    #[test]
+    fn the_subcommand_leaves_the_serving_command_line_as_it_was() {
+        let serve = GatewayConfig::try_parse_from([
+            "fence-gateway",
+            "--listen",
+            "127.0.0.1:7071",
+            "--upstream",
+            "http://127.0.0.1:8080",
+            "--store",
+            "postgres://u:p@h/db",
+            "--key-file",
+            "keys",
+        ])
+        .unwrap();
+        assert!(serve.command.is_none());
+        assert_eq!(serve.store, "postgres://u:p@h/db");
+        let sync = GatewayConfig::try_parse_from([
+            "fence-gateway",
+            "pg",
+            "sync-keys",
+            "--database-url",
+            "postgres://u:p@h/db",
+            "--key-file",
+            "keys",
+        ])
+        .unwrap();
+        let Some(GatewayCommand::Pg(PgCommand::SyncKeys { target, key_file })) = sync.command
+        else {
+            panic!("{:?}", sync.command);
+        };
+        assert_eq!(
+            (target.schema.as_str(), key_file.to_str()),
+            ("fencing", Some("keys"))
+        );
+        let install = GatewayConfig::try_parse_from([
+            "fence-gateway",
+            "pg",
+            "install",
+            "--database-url",
+            "postgres://u:p@h/db",
+            "--schema",
+            "fence",
+            "--writer",
+            "a",
+            "--writer",
+            "b",
+        ])
+        .unwrap();
+        let Some(GatewayCommand::Pg(PgCommand::Install {
+            target, writers, ..
+        })) = install.command
+        else {
+            panic!("{:?}", install.command);
+        };
+        assert_eq!((target.schema.as_str(), writers.len()), ("fence", 2));
+        assert!(GatewayConfig::try_parse_from(["fence-gateway", "pg", "install"]).is_err());
+    }
+
+    #[test]
+    fn schema_names_are_plain_and_new() {
+        for ok in ["fencing", "fence_2", "_x"] {
+            super::super::check_schema(ok).unwrap();
+        }
+        for bad in ["public", "pg_fence", "Fencing", "a-b", "a;drop", "", "1x"] {
+            assert!(super::super::check_schema(bad).is_err(), "{bad}");
+        }
+    }
+}
