@@ -3,7 +3,8 @@
 //! `tests/pg/cases.sql` — as a writer, a role without grants, a table owner and a gateway role —
 //! and its output must be `tests/pg/cases.out` (`BLESS=1` rewrites it). Then the install itself:
 //! adopting a gateway's tables, sharing marks with a running store, refusing a newer package,
-//! uninstalling without lowering a mark. Each test makes its own database and roles and drops
+//! uninstalling without lowering a mark; and a SQL raise waiting for a real `SharedGate`'s write
+//! in flight. Each test makes its own database and roles and drops
 //! them. (Concurrent cases are in sdk/python/tests/test_pg_fencing.py.)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -12,7 +13,9 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use fencing::{HighWaterMarks, KeyId, Keyring, PostgresStore, Token};
+use fencing::{
+    Admission, GateError, HighWaterMarks, KeyId, Keyring, PostgresStore, SharedGate, Token,
+};
 
 const GATEWAY: &str = env!("CARGO_BIN_EXE_fence-gateway");
 
@@ -466,4 +469,60 @@ async fn the_install_adopts_a_gateways_tables_and_shares_its_marks() {
         .get(0);
     assert_eq!(mark.as_deref(), Some("0:43"));
     drop(gateway_store);
+}
+
+/// A real fence-gateway store's write in flight (a `SharedGate` permit, registered in
+/// `fence_inflight`) holds a SQL raise back until the write has ended; then the SQL transaction
+/// commits, and the gateway refuses the old token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sql_raise_waits_for_a_gateways_write_in_flight() {
+    let scratch = Scratch::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (keys_path, keys) = key_file(dir.path(), "keys", &["k1"]);
+    assert!(scratch.install(&[]).status.success());
+    let url = scratch.url();
+    let synced = gateway(&[
+        "pg",
+        "sync-keys",
+        "--database-url",
+        &url,
+        "--key-file",
+        keys_path.to_str().unwrap(),
+    ]);
+    assert!(synced.status.success(), "{}", text(&synced));
+    let gate = SharedGate::new(
+        PostgresStore::connect(&scratch.url_as(&scratch.role("gw")), 2)
+            .await
+            .unwrap(),
+    );
+    let permit = gate.admit("aisle-1", Token::new(0, 5)).await.unwrap();
+
+    let app_url = scratch.url_as(&scratch.role("app"));
+    let token = keys.mint("aisle-1", Token::new(0, 6));
+    let raise = tokio::spawn(async move {
+        let mut app = connect(&app_url).await;
+        let tx = app.transaction().await.unwrap();
+        let admitted: String = tx
+            .query_one("SELECT fencing.admit('aisle-1', $1)", &[&token])
+            .await
+            .unwrap()
+            .get(0);
+        tx.commit().await.unwrap();
+        (admitted, tokio::time::Instant::now())
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(
+        !raise.is_finished(),
+        "the SQL raise did not wait for the gateway's write in flight"
+    );
+    let ended = tokio::time::Instant::now();
+    permit.complete();
+    let (admitted, at) = raise.await.unwrap();
+    assert_eq!(admitted, "0:6");
+    assert!(at >= ended);
+    match gate.admit("aisle-1", Token::new(0, 5)).await {
+        Err(GateError::Stale { mark, .. }) => assert_eq!(mark, Token::new(0, 6)),
+        other => panic!("the gateway admitted the old token: {:?}", other.map(drop)),
+    }
+    gate.drain().await;
 }
