@@ -262,3 +262,121 @@ async fn a_restored_older_copy_is_refused_at_start() {
     assert_eq!(put_era(&gw, &keys, "aisle-1", Token::new(1, 2)).await, 200);
     assert_eq!(applied(&storage), [20, 21, 2]);
 }
+
+/// Copies the database at `from` into the database at `to` with SQLite's online backup API, as
+/// `sqlite3.connect(to).backup(…)` or `sqlite3 to .restore from` do: page by page through
+/// SQLite's own locking, into the same file (same device and inode).
+fn online_backup(from: &Path, to: &Path) {
+    let src = rusqlite::Connection::open(from).unwrap();
+    let mut dst = rusqlite::Connection::open(to).unwrap();
+    rusqlite::backup::Backup::new(&src, &mut dst)
+        .unwrap()
+        .run_to_completion(100, Duration::ZERO, None)
+        .unwrap();
+}
+
+/// Issue 27 F3 (hostile pass): an older copy restored *into* the running gateway's marks file
+/// (the online backup API writes the same file, so its device and inode do not change). The
+/// resource is evicted from memory (`--idle-eviction 1s`), so its next write reads the mark
+/// from the file: the gateway must notice that the file's generation is not the one it left
+/// there, refuse every write and `/readyz`, and never admit 15 after 20 (not 10, 20, 15, 15,
+/// 16). A restart is refused too (the first raise after the restore did not re-record it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_copy_restored_into_the_running_file_never_lowers_a_mark() {
+    let dir = tempfile::tempdir().unwrap();
+    let (keys_path, keys) = key_file(dir.path());
+    let storage = RecordingStorage::start().await;
+    let path = dir.path().join("marks.db");
+    let backup = dir.path().join("backup.db");
+    let store = format!("sqlite:{}", path.display());
+    let flags = ["--idle-eviction", "1s", "--write-grace", "100ms"];
+    let gw = GatewayProcess::start_with_store(&storage.url, &store, &keys_path, &flags).await;
+    assert_eq!(put(&gw, &keys, "aisle-1", 10).await, 200);
+    online_backup(&path, &backup);
+    assert_eq!(put(&gw, &keys, "aisle-1", 20).await, 200);
+    online_backup(&backup, &path);
+    // Past the idle eviction: the next write of aisle-1 reads its mark from the file.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    assert_eq!(put(&gw, &keys, "aisle-1", 15).await, 503, "15 after 20");
+    readyz_becomes(&gw, 503, Duration::from_secs(5)).await;
+    for revision in [15, 16, 20, 21] {
+        assert_eq!(put(&gw, &keys, "aisle-1", revision).await, 503);
+    }
+    assert_eq!(put(&gw, &keys, "aisle-2", 1).await, 503);
+    drop(gw);
+
+    let (status, stderr) = common::gateway_refuses(&storage.url, &store, &keys_path, &[]);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("older copy"), "{stderr}");
+    let flags = ["--era-floor", "1"];
+    let gw = GatewayProcess::start_with_store(&storage.url, &store, &keys_path, &flags).await;
+    assert_eq!(put(&gw, &keys, "aisle-1", 15).await, 409);
+    assert_eq!(put_era(&gw, &keys, "aisle-1", Token::new(1, 2)).await, 200);
+    assert_eq!(applied(&storage), [10, 20, 2]);
+}
+
+/// The same restore while the resource is still in memory: the next raise's transaction does
+/// not find the generation it expects, so it is refused and the restored file is not adopted
+/// (the lock file keeps the generation reached before), and a restart is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raise_after_a_restore_into_the_running_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (keys_path, keys) = key_file(dir.path());
+    let storage = RecordingStorage::start().await;
+    let path = dir.path().join("marks.db");
+    let backup = dir.path().join("backup.db");
+    let store = format!("sqlite:{}", path.display());
+    let gw = GatewayProcess::start_with_store(&storage.url, &store, &keys_path, &[]).await;
+    assert_eq!(put(&gw, &keys, "aisle-1", 10).await, 200);
+    online_backup(&path, &backup);
+    assert_eq!(put(&gw, &keys, "aisle-1", 20).await, 200);
+    online_backup(&backup, &path);
+    assert_eq!(put(&gw, &keys, "aisle-1", 21).await, 503);
+    readyz_becomes(&gw, 503, Duration::from_secs(5)).await;
+    drop(gw);
+    let (status, stderr) = common::gateway_refuses(&storage.url, &store, &keys_path, &[]);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("older copy"), "{stderr}");
+    assert_eq!(applied(&storage), [10, 20]);
+}
+
+/// Issue 27 F3 (hostile pass): a second gateway on the same file through a symbolic link is
+/// refused as in use (the lock file is named from the file's real path), with or without an
+/// era floor; through a hard link it is refused too (a marks file with more than one name),
+/// and the refusal leaves no lock file behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_gateway_through_a_symlink_or_a_hard_link_fails_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (keys_path, keys) = key_file(dir.path());
+    let storage = RecordingStorage::start().await;
+    let path = dir.path().join("a.db");
+    let store = format!("sqlite:{}", path.display());
+    let first = GatewayProcess::start_with_store(&storage.url, &store, &keys_path, &[]).await;
+    assert_eq!(put(&first, &keys, "aisle-1", 10).await, 200);
+
+    let symlink = dir.path().join("b.db");
+    std::os::unix::fs::symlink(&path, &symlink).unwrap();
+    let via_symlink = format!("sqlite:{}", symlink.display());
+    for flags in [&[][..], &["--era-floor", "1"][..]] {
+        let (status, stderr) =
+            common::gateway_refuses(&storage.url, &via_symlink, &keys_path, flags);
+        assert_eq!(status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("in use by another process"), "{stderr}");
+    }
+    assert!(!dir.path().join("b.db.lock").exists());
+
+    let hard_link = dir.path().join("c.db");
+    std::fs::hard_link(&path, &hard_link).unwrap();
+    let via_hard_link = format!("sqlite:{}", hard_link.display());
+    for flags in [&[][..], &["--era-floor", "1"][..]] {
+        let (status, stderr) =
+            common::gateway_refuses(&storage.url, &via_hard_link, &keys_path, flags);
+        assert_eq!(status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("hard link"), "{stderr}");
+    }
+    assert!(!dir.path().join("c.db.lock").exists());
+
+    assert_eq!(put(&first, &keys, "aisle-1", 11).await, 200);
+    assert_eq!(put(&first, &keys, "aisle-1", 10).await, 409);
+    assert_eq!(applied(&storage), [10, 11]);
+}

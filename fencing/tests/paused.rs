@@ -29,22 +29,26 @@ use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower::{ServiceBuilder, ServiceExt};
 
-/// The gateways' timing: a registration lasts `L = 400 ms + 2.5 s + 1 s = 3.9 s`.
-const FLAGS: [&str; 6] = [
+/// The gateways' timing: a registration lasts `L = 400 ms + 2.5 s + 2 s = 4.9 s`. The store
+/// timeout leaves a loaded machine time to open the pool and answer the readiness probe.
+const FLAGS: [&str; 8] = [
     "--upstream-timeout",
     "400ms",
     "--write-grace",
     "2500ms",
     "--store-timeout",
-    "1s",
+    "2s",
+    "--max-connections",
+    "4",
 ];
 /// How long the storage takes to apply a `slow` write (within its contract: below the
 /// upstream timeout plus the write grace).
 const APPLY: Duration = Duration::from_millis(1000);
-/// How long the first gateway stays stopped: longer than the store timeout, shorter than a
-/// registration — so that, resumed, a gateway that starts the exchange's clock then would
-/// still deliver the write, whose application ends after the registration expired.
-const PAUSE: Duration = Duration::from_millis(3400);
+/// How long the first gateway stays stopped: longer than the store timeout plus the upstream
+/// timeout, shorter than a registration, and long enough that a write sent at the resume is
+/// applied after the registration lapsed (`PAUSE + APPLY > L`) — so that, resumed, a gateway that
+/// starts the exchange's clock then delivers the write late.
+const PAUSE: Duration = Duration::from_millis(4400);
 
 /// What the storage applied, in order: (resource, revision).
 type Applied = Arc<Mutex<Vec<(String, u64)>>>;
@@ -267,7 +271,7 @@ fn applying(applied: Applied) -> BoxCloneService<Request<Body>, Response<Body>, 
 }
 
 async fn gateway_store() -> PostgresStore {
-    PostgresStore::connect_with_deadline(&common::postgres_url(), 4, Duration::from_secs(1))
+    PostgresStore::connect_with_deadline(&common::postgres_url(), 4, Duration::from_secs(2))
         .await
         .unwrap()
         .with_max_exchange(Duration::from_millis(400))
@@ -417,5 +421,98 @@ async fn a_request_frame_ready_after_the_deadline_is_not_handed_over() {
     assert!(
         outcome.is_err(),
         "the storage received the whole write ({outcome:?} bytes) past its exchange deadline"
+    );
+}
+
+/// A raise whose first look at the mark and whose raise both wait on row locks (other
+/// transactions on the mark row: a vacuum, another gateway's raise) still leaves the exchange its
+/// whole upstream timeout: the permit's deadline counts from the step that made the
+/// registration, not from the first look (a hostile pass saw a 504 for a write the storage
+/// applied, and `admitted-too-late` with no pause at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raise_slowed_by_row_locks_keeps_the_whole_exchange() {
+    let keys = Arc::new(common::keyring("k1"));
+    let applied: Applied = Arc::default();
+    let store =
+        PostgresStore::connect_with_deadline(&common::postgres_url(), 4, Duration::from_secs(2))
+            .await
+            .unwrap()
+            .with_max_exchange(Duration::from_millis(1500))
+            .with_write_grace(Duration::from_millis(2500));
+    let gateway = ServiceBuilder::new()
+        .layer(
+            FencingLayer::new(
+                Fence::new(keys.clone(), Arc::new(SharedGate::new(store))),
+                ByHeader,
+            )
+            .with_exchange_deadline(Duration::from_millis(1500)),
+        )
+        .service(applying(applied.clone()));
+    let resource = common::unique("slow-raise");
+    let write = |revision: u64, mode: &str| {
+        Request::put("/w")
+            .header("fencing-resource", &resource)
+            .header(
+                "fencing-token",
+                keys.mint(&resource, Token::new(0, revision)),
+            )
+            .header("x-mode", mode)
+            .body(Body::from("count"))
+            .unwrap()
+    };
+    assert_eq!(
+        gateway
+            .clone()
+            .oneshot(write(10, "fast"))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+
+    // X holds the row; Y queues for a share of it, which it holds for a while once X is done.
+    let mut x = admin().await;
+    let x_tx = x.transaction().await.unwrap();
+    x_tx.execute(
+        "SELECT 1 FROM fence_marks WHERE resource = $1 FOR UPDATE",
+        &[&resource],
+    )
+    .await
+    .unwrap();
+    let y_resource = resource.clone();
+    let y = tokio::spawn(async move {
+        let mut y = admin().await;
+        let tx = y.transaction().await.unwrap();
+        tx.execute(
+            "SELECT 1 FROM fence_marks WHERE resource = $1 FOR SHARE",
+            &[&y_resource],
+        )
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        tx.commit().await.unwrap();
+    });
+    let watcher = admin().await;
+    until_a_registration_waits(&watcher).await;
+    // The write's first step (the look at the mark) waits behind X, its raise behind Y.
+    let newer = tokio::spawn(gateway.clone().oneshot(write(11, "slow")));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    x_tx.commit().await.unwrap();
+    y.await.unwrap();
+    let answer = newer.await.unwrap().unwrap();
+    assert_eq!(
+        answer.status(),
+        200,
+        "a write whose storage answered within --upstream-timeout was cut short by its raise's \
+         lock waits"
+    );
+    assert_eq!(
+        applied
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(r, _)| *r == resource)
+            .count(),
+        2
     );
 }

@@ -909,7 +909,18 @@ async fn explicit_lease_ids_are_refused() {
     let (_, grant) = acquire(&proxy, "aisle-1", "native", 30).await;
     let native = str_field(&grant, "lease_id");
     let mut client = etcd.client().await;
-    let before = client.leases().await.unwrap().leases().len();
+    // The acquire may have started a refill of spare leases in the background: count once it
+    // has settled, so that only leases this test's calls would create could change the count.
+    let mut before = client.leases().await.unwrap().leases().len();
+    let settle = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = client.leases().await.unwrap().leases().len();
+        if now == before || tokio::time::Instant::now() > settle {
+            break;
+        }
+        before = now;
+    }
     for body in [
         format!(r#"{{"TTL":10,"ID":"{native}"}}"#),
         r#"{"TTL":10,"ID":"4660"}"#.to_owned(),

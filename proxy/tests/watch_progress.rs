@@ -175,3 +175,30 @@ async fn progress_ids_never_pass_an_event_and_a_compacted_event_is_still_410() {
     kv.compact(now, None).await.unwrap();
     assert_eq!(resume_status(&url, &before).await, 410, "{before}");
 }
+
+/// A resume from `R` needs etcd's history from `R + 1` on, not `R` itself: compacted at `R + 1`
+/// (an unrelated write made it), nothing after `R` is lost, so the resume is not refused.
+#[tokio::test]
+async fn a_resume_from_just_before_the_compaction_is_not_refused() {
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let url = watch_url(&proxy, "b-");
+    let mut sse = Sse::open(&url, None).await;
+    let start = sse.next(WAIT).await.unwrap().id.unwrap();
+    drop(sse);
+    let at: i64 = start.parse().unwrap();
+    let mut kv = etcd.client().await;
+    kv.put("/elsewhere/one", "x", None).await.unwrap();
+    assert_eq!(revision(&mut kv).await, at + 1);
+    kv.compact(at + 1, None).await.unwrap();
+    assert_eq!(
+        resume_status(&url, &start).await,
+        200,
+        "a resume from {start}, compacted at {}",
+        at + 1
+    );
+    // Past the compaction by one more: then events after `R` may be gone.
+    kv.put("/elsewhere/two", "x", None).await.unwrap();
+    kv.compact(at + 2, None).await.unwrap();
+    assert_eq!(resume_status(&url, &start).await, 410);
+}

@@ -182,7 +182,14 @@ pub async fn run(
             .service(protected),
     );
 
-    tracing::info!(listen = %listener.local_addr()?, https = tls.is_some(), upstream = %config.upstream()?, store = %config.store, "fence-gateway serving");
+    // Credentials in URLs redacted, as `--print-config` shows them.
+    tracing::info!(
+        listen = %listener.local_addr()?,
+        https = tls.is_some(),
+        upstream = %crate::cli::redact_url(config.upstream()?),
+        store = %crate::cli::redact_url(&config.store),
+        "fence-gateway serving"
+    );
     let served = crate::serve::until_shutdown(
         crate::serve::Listener { tcp: listener, tls },
         crate::serve::with_request_ids(app),

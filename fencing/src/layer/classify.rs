@@ -278,6 +278,16 @@ mod tests {
         Decision::Reject(r)
     }
 
+    /// The row readiness probes write in PostgreSQL is no resource: nothing can admit by it.
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn the_probe_row_is_outside_every_token_domain() {
+        assert!(!is_resource(crate::store::PROBE_RESOURCE));
+        assert!(!crate::domain::is_lock_resource(
+            crate::store::PROBE_RESOURCE
+        ));
+    }
+
     #[test]
     fn the_resource_grammar_is_the_proxys() {
         for ok in [

@@ -15,6 +15,8 @@ mod sqlite;
 mod timed;
 
 pub use memory::MemoryStore;
+#[cfg(all(test, feature = "postgres"))]
+pub(crate) use postgres::PROBE_RESOURCE;
 #[cfg(feature = "postgres")]
 pub use postgres::{FencedError, PostgresStore, SharedGate};
 pub(crate) use readiness::Readiness;

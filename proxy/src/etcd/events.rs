@@ -43,6 +43,10 @@ use super::{prefix_end, Etcd, Position};
 use crate::lease::HolderRecord;
 use crate::{Error, Result};
 
+/// What etcd says of a read at a revision it has not reached
+/// (`etcdserver: mvcc: required revision is a future revision`).
+const FUTURE_REVISION: &str = "required revision is a future revision";
+
 /// What happened to a grant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -134,12 +138,21 @@ impl Feed {
                         "revision 1 holds no events".into(),
                     ));
                 }
-                // A range read at a revision fails when it is compacted or in the future: the
-                // position itself must be in the history, and for `R.n` (a watch from `R`) so
-                // must the revision before it.
-                self.in_history(after.revision).await?;
-                if after.index.is_some() {
-                    self.in_history(after.revision - 1).await?;
+                // A range read at a revision fails when it is compacted or in the future. `R.n`
+                // (a watch from `R`): `R` and the revision before it must be in the history.
+                // Bare `R` (a watch from `R + 1`): `R + 1` must not be compacted — it may not
+                // exist yet, when `R` is the newest revision, and then `R` must.
+                match after.index {
+                    Some(_) => {
+                        self.in_history(after.revision).await?;
+                        self.in_history(after.revision - 1).await?;
+                    }
+                    None => match self.in_history(after.revision.saturating_add(1)).await {
+                        Err(Error::EventsUnavailable(why)) if why.contains(FUTURE_REVISION) => {
+                            self.in_history(after.revision).await?;
+                        }
+                        other => other?,
+                    },
                 }
                 after
             }

@@ -238,11 +238,15 @@ impl SharedGate {
             max_wait: self.store.max_wait(),
         };
         // Taken before the registration is sent, so that the registration (lengthened by the
-        // longest wait if it has to wait) outlasts the wait by a whole lifetime, and the
-        // permit's deadline falls inside it however late this process reads the answers.
+        // longest wait if it has to wait) outlasts the wait by a whole lifetime.
         let started = Instant::now();
         let give_up = started + entry.max_wait;
         let budget = self.store.exchange_budget();
+        // What the permit's deadline counts from: before the step that made the registration
+        // (the raise's, when the first step found the token above the mark), so that it falls
+        // inside the registration however late this process reads the answers, and a slow
+        // first step does not eat into the exchange.
+        let mut registering = started;
         let mut registered = self
             .latency
             .time(
@@ -256,6 +260,7 @@ impl SharedGate {
             )
             .await;
         if let Ok(Registered::NeedsRaise) = registered {
+            registering = Instant::now();
             registered = self
                 .latency
                 .time(
@@ -285,7 +290,7 @@ impl SharedGate {
         // caller protected no write, so it ends as complete.
         let registration = self.permit(entry.id);
         if lower.live == 0 {
-            return Ok(registration.with_deadline(started + budget));
+            return Ok(registration.with_deadline(registering + budget));
         }
         tracing::debug!(resource, %token, lower = lower.live, "waiting for lower in-flight writes");
         let mut backoff = Backoff::default();
@@ -322,7 +327,10 @@ impl SharedGate {
                 .await;
             match polled {
                 // Lengthened by the longest wait: so is the deadline.
-                Ok(Polled::Clear) => return Ok(registration.with_deadline(give_up + budget)),
+                Ok(Polled::Clear) => {
+                    let deadline = registering + entry.max_wait + budget;
+                    return Ok(registration.with_deadline(deadline));
+                }
                 Ok(Polled::Waiting(expiry)) => next_expiry = expiry,
                 Ok(Polled::Overtaken(mark)) => {
                     registration.complete();

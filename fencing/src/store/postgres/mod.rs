@@ -9,6 +9,10 @@
 //! - `fence_inflight(id bigint primary key, resource text, token bytea, expires_at timestamptz)`:
 //!   one row per write admitted by a [`SharedGate`] and not yet ended — a *registration*.
 //!
+//! Readiness probes write one reserved row of `fence_marks`, [`PROBE_RESOURCE`] (a name outside
+//! every token domain, whose mark stays `0.0`), and a registration they delete before
+//! committing: what a raise writes, so a lock on either table makes the gateway unready.
+//!
 //! # The in-flight protocol
 //!
 //! A write is in flight (docs/DESIGN.md §4) from admission until its exchange with the storage has
@@ -102,10 +106,6 @@ CREATE TABLE IF NOT EXISTS fence_inflight (
     expires_at timestamptz NOT NULL
 );
 CREATE INDEX IF NOT EXISTS fence_inflight_by_resource ON fence_inflight (resource, token);
-CREATE TABLE IF NOT EXISTS fence_probe (
-    id smallint PRIMARY KEY CHECK (id = 1),
-    probed_at timestamptz NOT NULL
-);
 ";
 
 /// Whether every object of [`SCHEMA`] resolves on the session's search_path.
@@ -414,24 +414,51 @@ impl HighWaterMarks for PostgresStore {
         }))
     }
 
-    /// Updates the one row of `fence_probe` and commits, synchronously like a raise: it fails
-    /// on a database that refuses writes (read-only, a standby after a failover, a full disk)
-    /// or holds the table locked past the deadline.
+    /// One transaction that writes what a raise writes, and commits synchronously like one:
+    /// the reserved row `PROBE_RESOURCE` of `fence_marks` updated in place (created if
+    /// absent, its mark never changed) and a registration inserted into `fence_inflight` and
+    /// deleted again (never committed, so no checker, count or sweep sees it). It fails on a
+    /// database that refuses writes (read-only, a standby after a failover, a full disk) or
+    /// holds either table (or the row) locked past the deadline.
     fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(bounded(self.deadline, "probe a write", async move {
             let mut session = self.session().await?;
             let tx = session.transaction().await.map_err(err)?;
-            let write = tx
+            let mark = tx
                 .prepare_cached(
-                    "INSERT INTO fence_probe (id, probed_at) VALUES (1, clock_timestamp()) \
-                     ON CONFLICT (id) DO UPDATE SET probed_at = excluded.probed_at",
+                    "INSERT INTO fence_marks (resource, mark) VALUES ($1, $2) \
+                     ON CONFLICT (resource) DO UPDATE SET mark = fence_marks.mark",
                 )
                 .await
                 .map_err(err)?;
-            tx.execute(&write, &[]).await.map_err(err)?;
+            let zero: &[u8] = &encode(Token::default());
+            tx.execute(&mark, &[&PROBE_RESOURCE, &zero])
+                .await
+                .map_err(err)?;
+            let register = tx
+                .prepare_cached(
+                    "INSERT INTO fence_inflight (id, resource, token, expires_at) \
+                     VALUES ($1, $2, $3, clock_timestamp())",
+                )
+                .await
+                .map_err(err)?;
+            let id: i64 = rand::random();
+            tx.execute(&register, &[&id, &PROBE_RESOURCE, &zero])
+                .await
+                .map_err(err)?;
+            let unregister = tx
+                .prepare_cached("DELETE FROM fence_inflight WHERE id = $1")
+                .await
+                .map_err(err)?;
+            tx.execute(&unregister, &[&id]).await.map_err(err)?;
             tx.commit().await.map_err(err)?;
             session.done();
             Ok(())
         }))
     }
 }
+
+/// The `fence_marks` row readiness probes write: a name no resource has — outside the `/v1`
+/// resource grammar (it holds a `/`) and not a `/v3` lock domain (those start `lock/`) — so the
+/// gateway never admits, lists or raises by it.
+pub(crate) const PROBE_RESOURCE: &str = "fence-gateway/readiness-probe";

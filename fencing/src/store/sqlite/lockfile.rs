@@ -74,6 +74,8 @@ pub(super) struct LockFile {
     path: PathBuf,
     /// Device and inode of the file locked.
     identity: (u64, u64),
+    /// Whether this value created the file (so a failed start may remove it again).
+    created: bool,
 }
 
 /// The lock file's path for marks file `db`.
@@ -89,18 +91,42 @@ pub(super) fn identity(path: &Path) -> std::io::Result<(u64, u64)> {
 }
 
 impl LockFile {
-    /// Creates (if needed) and locks the lock file of marks file `db`, refusing if another
-    /// process (or another store in this one) holds it.
+    /// Creates (if needed) and locks the lock file of marks file `db` (a canonical path: the
+    /// lock file is named from it, so every name of the file through symbolic links finds the
+    /// same lock), refusing if another process (or another store in this one) holds it.
     pub(super) fn acquire(db: &Path) -> Result<Self, StoreError> {
+        // A lock file removed (by a failed start that had created it) between our open and our
+        // lock leaves us holding a file no longer at the path: open again.
+        for _ in 0..3 {
+            if let Some(lock) = Self::try_acquire(db)? {
+                return Ok(lock);
+            }
+        }
+        Err(StoreError(format!(
+            "{}: the lock file kept changing while being locked",
+            path_for(db).display()
+        )))
+    }
+
+    /// One attempt of [`acquire`](Self::acquire): `None` if the file locked is no longer the
+    /// one at the path.
+    fn try_acquire(db: &Path) -> Result<Option<Self>, StoreError> {
         let path = path_for(db);
         let at = |e: &dyn std::fmt::Display| StoreError(format!("{}: {e}", path.display()));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| at(&e))?;
+        let open = |create_new: bool| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(create_new)
+                .open(&path)
+        };
+        let (file, created) = match open(true) {
+            Ok(file) => (file, true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                (open(false).map_err(|e| at(&e))?, false)
+            }
+            Err(e) => return Err(at(&e)),
+        };
         match file.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
@@ -125,11 +151,26 @@ impl LockFile {
             .metadata()
             .map(|m| (m.dev(), m.ino()))
             .map_err(|e| at(&e))?;
-        Ok(Self {
+        let lock = Self {
             file,
             path,
             identity,
-        })
+            created,
+        };
+        Ok(lock.still_at_its_path().is_ok().then_some(lock))
+    }
+
+    /// Gives the lock up after a failed start, removing the lock file if this value created it
+    /// and nothing was written to it: a failed start leaves no empty lock file behind.
+    pub(super) fn discard(self) {
+        let empty = self.file.metadata().is_ok_and(|m| m.len() == 0);
+        if self.created && empty && self.still_at_its_path().is_ok() {
+            // Removed while still locked: whoever opened it meanwhile finds it gone once it
+            // holds the lock (see `acquire`), and opens a new one.
+            if let Err(e) = std::fs::remove_file(&self.path) {
+                tracing::debug!(path = %self.path.display(), error = %e, "empty lock file left");
+            }
+        }
     }
 
     /// The lock file's path.

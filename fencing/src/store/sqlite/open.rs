@@ -9,17 +9,22 @@
 //! store used (`--era-floor`), kept in the file: every token of an older era is refused, and
 //! tokens of the proxies' bumped era outrank everything the lost marks held.
 //!
+//! The path is made real first, so every symbolic link to the file finds the same lock file; a
+//! file with hard links (a name whose lock file would be another) is refused.
+//!
 //! Undetectable: the lock file restored together with its marks file (or deleted together with
-//! it), and a restore of a backup taken after the last raise the lock file recorded — after a
-//! power loss (not a process crash) the record may lag the last few raises, since it is fsynced
-//! only at start.
+//! it), and a restore (while stopped) of a backup taken after the last raise the lock file
+//! recorded — after a power loss (not a process crash) the record may lag the last few raises,
+//! since it is fsynced only at start. Restores into the running file: see the checks in
+//! [`super`].
 
-use std::path::Path;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
 
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
-use super::lockfile::{self, LockFile, Record};
-use super::{err, generation, Inner};
+use super::lockfile::{LockFile, Record};
+use super::{err, next_generation, FileState, Inner};
 use crate::store::{decode, encode, StoreError};
 use crate::Token;
 
@@ -45,16 +50,97 @@ struct Held {
 }
 
 /// Opens the store at `path` (see the module docs), raising its era floor to `era_floor`.
+///
+/// The path is made canonical first (symbolic links resolved), so the lock file is the same
+/// whatever name the file is reached by, and the "in use" refusal comes before any other. A
+/// path that is not a regular file gets no lock file, and a lock file this call created is
+/// removed again if the open fails.
 pub(super) fn open(path: &Path, era_floor: u64) -> Result<Inner, StoreError> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(err)?;
+    let path = canonical(path)?;
+    let lock = LockFile::acquire(&path)?;
+    match open_locked(&path, &lock, era_floor) {
+        Ok((conn, record, floor, file)) => Ok(Inner {
+            conn,
+            lock,
+            record,
+            floor,
+            path,
+            file,
+        }),
+        Err(e) => {
+            lock.discard();
+            Err(e)
+        }
     }
-    let lock = LockFile::acquire(path)?;
+}
+
+/// The real path of marks file `path`: symbolic links resolved, the file itself if it exists
+/// (it must be a regular file), else its directory's real path and its name. Only `stat`s the
+/// file, never opens it: closing any descriptor of a SQLite file would drop the POSIX locks
+/// SQLite holds on it in this process.
+fn canonical(path: &Path) -> Result<PathBuf, StoreError> {
+    let name = path.file_name().filter(|_| path != Path::new(":memory:"));
+    let Some(name) = name else {
+        return Err(StoreError(format!(
+            "marks file `{}` is not a file path (an in-memory store forgets its marks: \
+             --store memory is for tests)",
+            path.display()
+        )));
+    };
+    let at = |e: &dyn std::fmt::Display| StoreError(format!("marks file {}: {e}", path.display()));
+    let real = match std::fs::canonicalize(path) {
+        Ok(real) => real,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if std::fs::symlink_metadata(path).is_ok() {
+                return Err(at(
+                    &"a symbolic link to a missing file: give the file's own path",
+                ));
+            }
+            let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+            let dir = dir.unwrap_or_else(|| Path::new("."));
+            std::fs::create_dir_all(dir).map_err(|e| at(&e))?;
+            std::fs::canonicalize(dir).map_err(|e| at(&e))?.join(name)
+        }
+        Err(e) => return Err(at(&e)),
+    };
+    match std::fs::metadata(&real) {
+        Ok(meta) if !meta.is_file() => Err(StoreError(format!(
+            "marks file {} is not a regular file",
+            real.display()
+        ))),
+        Ok(_) => Ok(real),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(real),
+        Err(e) => Err(at(&e)),
+    }
+}
+
+/// [`open`] once the lock is held: the connection, the record written, the floor and the
+/// marks file's state.
+fn open_locked(
+    path: &Path,
+    lock: &LockFile,
+    era_floor: u64,
+) -> Result<(Connection, Record, Token, FileState), StoreError> {
     let record = lock.read()?;
-    let exists = std::fs::symlink_metadata(path).is_ok();
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => Some(meta),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(StoreError(format!("{}: {e}", path.display()))),
+    };
+    if let Some(links) = meta.as_ref().map(|m| m.nlink()).filter(|n| *n > 1) {
+        return Err(StoreError(format!(
+            "marks file {} has {links} hard links (other names for the same file; see `find / \
+             -samefile {}`): a gateway started on another name would not see this one's lock \
+             file, and two gateways on one file can admit a stale write. Remove the other names \
+             (keep backups as copies, not links)",
+            path.display(),
+            path.display()
+        )));
+    }
+    let exists = meta.is_some();
     if let (Some(record), false) = (&record, exists) {
         if era_floor <= record.max_era {
-            return Err(refusal(path, &lock, "is missing", record.max_era));
+            return Err(refusal(path, lock, "is missing", record.max_era));
         }
     }
     let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
@@ -82,7 +168,7 @@ pub(super) fn open(path: &Path, era_floor: u64) -> Result<Inner, StoreError> {
     let known_era = file_era.max(record.as_ref().map_or(0, |r| r.max_era));
     if let Some(what) = mismatch(record.as_ref(), held.as_ref(), exists) {
         if era_floor <= known_era {
-            return Err(refusal(path, &lock, &what, known_era));
+            return Err(refusal(path, lock, &what, known_era));
         }
         tracing::warn!(
             path = %path.display(),
@@ -104,7 +190,13 @@ pub(super) fn open(path: &Path, era_floor: u64) -> Result<Inner, StoreError> {
         params![store_id, encode(floor).to_vec()],
     )
     .map_err(err)?;
-    let generation = generation(&tx)?;
+    let expected = held.as_ref().map_or(0, |h| h.generation);
+    let generation = next_generation(&tx, expected, &store_id)?.ok_or_else(|| {
+        StoreError(format!(
+            "marks file {} changed while being opened",
+            path.display()
+        ))
+    })?;
     tx.commit().map_err(err)?;
     let record = Record {
         store_id,
@@ -112,15 +204,8 @@ pub(super) fn open(path: &Path, era_floor: u64) -> Result<Inner, StoreError> {
         max_era: known_era.max(era_floor),
     };
     lock.write(&record, true)?;
-    let identity = lockfile::identity(path).map_err(err)?;
-    Ok(Inner {
-        conn,
-        lock,
-        record,
-        floor,
-        path: path.to_owned(),
-        identity,
-    })
+    let file = FileState::of(path).map_err(err)?;
+    Ok((conn, record, floor, file))
 }
 
 /// The marks file's own id, generation and floor, if it has them.
@@ -176,13 +261,22 @@ fn mismatch(record: Option<&Record>, held: Option<&Held>, exists: bool) -> Optio
 
 /// The refusal to start on a marks file that may have lost marks, saying what to do.
 fn refusal(path: &Path, lock: &LockFile, what: &str, known_era: u64) -> StoreError {
-    let era = known_era.saturating_add(1);
+    let way_forward = match known_era.checked_add(1) {
+        Some(era) => format!(
+            "If this is the file to run on (a backup restored on purpose, a lost file): bump \
+             every lease-proxy's --era to {era} or above, then start fence-gateway with \
+             --era-floor {era} (every token of an older era is then refused). Otherwise put \
+             back"
+        ),
+        None => format!(
+            "The store has used era {known_era}, and there is no higher era: no era floor can \
+             refuse every token it admitted, so this file cannot be run on safely. Put back"
+        ),
+    };
     StoreError(format!(
         "marks file {} {what}. Its marks may be below marks already admitted, so a stale write \
-         could get through: refusing to start. If this is the file to run on (a backup restored \
-         on purpose, a lost file): bump every lease-proxy's --era to {era} or above, then start \
-         fence-gateway with --era-floor {era} (every token of an older era is then refused). \
-         Otherwise put back the marks file that belongs with {}.",
+         could get through: refusing to start. {way_forward} the marks file that belongs with \
+         {}.",
         path.display(),
         lock.path().display()
     ))
