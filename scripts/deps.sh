@@ -68,6 +68,10 @@ check_postgres_deps() {
     || ! type -P pg_ctlcluster >/dev/null || ! type -P psql >/dev/null; then
     deps_need postgresql
   fi
+  # The in-database package (docs/POSTGRES.md) needs pgcrypto, from the server's contrib modules
+  # (Debian: in postgresql-NN, pulled in by postgresql-contrib).
+  local pgcrypto=(/usr/share/postgresql/*/extension/pgcrypto.control)
+  [ -f "${pgcrypto[0]}" ] || deps_need postgresql-contrib
 }
 
 # What scripts/python-tests.sh uses: a python3 that makes virtual environments with pip in them
@@ -178,6 +182,8 @@ DO $$ BEGIN
     CREATE ROLE lease_proxy LOGIN PASSWORD 'lease_proxy' CREATEDB;
   END IF;
 END $$;
+-- The in-database package's tests create (and drop) their own owner, writer and intruder roles.
+ALTER ROLE lease_proxy CREATEROLE;
 SELECT 'CREATE DATABASE lease_proxy_test OWNER lease_proxy'
   WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = 'lease_proxy_test')\gexec
 SQL

@@ -25,6 +25,8 @@ pub mod files;
 pub mod gate;
 #[cfg(feature = "server")]
 pub mod gateway;
+#[cfg(feature = "server")]
+pub mod indb;
 mod keys;
 pub mod layer;
 #[cfg(feature = "server")]

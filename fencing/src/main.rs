@@ -11,6 +11,9 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => return cli::config_error_exit(&e),
     };
+    if let Some(command) = config.command {
+        return fencing::indb::run(command);
+    }
     // Completions and the man page need none of the required settings.
     if let Some(exit) = cli::print_generated(GatewayConfig::command(), &config.print) {
         return exit;

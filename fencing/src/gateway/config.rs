@@ -209,6 +209,11 @@ pub struct GatewayConfig {
     #[command(flatten)]
     #[serde(skip)]
     pub print: crate::cli::PrintAndExit,
+
+    /// A subcommand instead of serving (`pg …`); none to serve.
+    #[command(subcommand)]
+    #[serde(skip)]
+    pub command: Option<crate::indb::GatewayCommand>,
 }
 
 impl crate::cli::Layered for GatewayConfig {
@@ -219,6 +224,7 @@ impl crate::cli::Layered for GatewayConfig {
     fn keep_command_line_only(&mut self, cli: &Self) {
         self.config = cli.config.clone();
         self.print = cli.print.clone();
+        self.command = cli.command.clone();
     }
 }
 

@@ -205,6 +205,13 @@ impl Keyring {
         self.keys.iter().map(|k| &k.id)
     }
 
+    /// Every key's id and secret, the signing key first: what the in-database package
+    /// verifies with (`fence-gateway pg sync-keys`, [`crate::indb`]). Never log them.
+    #[cfg(feature = "server")]
+    pub(crate) fn secrets(&self) -> impl Iterator<Item = (&KeyId, &[u8])> {
+        self.keys.iter().map(|k| (&k.id, k.secret.as_slice()))
+    }
+
     /// The ring as each of its keys would sign: one single-key ring per key, the signing key
     /// first. For checking a value [`Keyring::derive`]d (or minted) by a holder of this file
     /// before a rotation made another key the signing one: it matches under one of them as

@@ -1,0 +1,528 @@
+//! The in-database package (docs/POSTGRES.md) against a real PostgreSQL
+//! (`FENCING_TEST_POSTGRES`), from plain SQL clients: one `psql` process runs every case of
+//! `tests/pg/cases.sql` — as a writer, a role without grants, a table owner and a gateway role —
+//! and its output must be `tests/pg/cases.out` (`BLESS=1` rewrites it). Then the install itself:
+//! adopting a gateway's tables, sharing marks with a running store, refusing a newer package,
+//! uninstalling without lowering a mark; and a SQL raise waiting for a real `SharedGate`'s write
+//! in flight. Each test makes its own database and roles and drops
+//! them. (Concurrent cases are in sdk/python/tests/test_pg_fencing.py.)
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use fencing::{
+    Admission, GateError, HighWaterMarks, KeyId, Keyring, PostgresStore, SharedGate, Token,
+};
+
+const GATEWAY: &str = env!("CARGO_BIN_EXE_fence-gateway");
+
+/// A database and roles of one test, dropped (with `psql`, synchronously) when it ends.
+struct Scratch {
+    name: String,
+    admin: tokio_postgres::Config,
+    password: String,
+}
+
+impl Scratch {
+    const ROLES: [&'static str; 5] = ["owner", "app", "nobody", "tab", "gw"];
+
+    async fn new() -> Self {
+        let url = common::postgres_url();
+        let admin: tokio_postgres::Config = url.parse().unwrap();
+        let password = String::from_utf8(admin.get_password().unwrap().to_vec()).unwrap();
+        let name = common::unique("indb").replace('-', "_");
+        let scratch = Self {
+            name,
+            admin,
+            password,
+        };
+        let client = connect(&url).await;
+        let me = scratch.installer();
+        client
+            .batch_execute(&format!("CREATE DATABASE {}", scratch.name))
+            .await
+            .unwrap();
+        for role in Self::ROLES {
+            let login = if role == "owner" {
+                "NOLOGIN".to_owned()
+            } else {
+                format!("LOGIN PASSWORD '{}'", scratch.password)
+            };
+            client
+                .batch_execute(&format!("CREATE ROLE {} {login}", scratch.role(role)))
+                .await
+                .unwrap();
+        }
+        client
+            .batch_execute(&format!("GRANT {} TO {me}", scratch.role("owner")))
+            .await
+            .unwrap();
+        let db = connect(&scratch.url()).await;
+        // `tab` owns the protected table; `app` may create in public as before PostgreSQL 15,
+        // to plant objects there.
+        db.batch_execute(&format!(
+            "GRANT CREATE ON SCHEMA public TO {}, {}",
+            scratch.role("tab"),
+            scratch.role("app")
+        ))
+        .await
+        .unwrap();
+        scratch
+    }
+
+    fn installer(&self) -> String {
+        self.admin.get_user().unwrap().to_owned()
+    }
+
+    fn role(&self, role: &str) -> String {
+        format!("{}_{role}", self.name)
+    }
+
+    /// The scratch database as the installing role.
+    fn url(&self) -> String {
+        self.url_as(&self.installer())
+    }
+
+    fn url_as(&self, user: &str) -> String {
+        let (host, port) = host_port(&self.admin);
+        format!(
+            "postgres://{user}:{}@{host}:{port}/{}",
+            self.password, self.name
+        )
+    }
+
+    fn install(&self, extra: &[&str]) -> Output {
+        let (owner, app, tab, gw) = (
+            self.role("owner"),
+            self.role("app"),
+            self.role("tab"),
+            self.role("gw"),
+        );
+        let url = self.url();
+        let mut args = vec!["pg", "install", "--database-url", &url, "--owner", &owner];
+        args.extend(["--writer", &app, "--writer", &tab, "--gateway-role", &gw]);
+        args.extend(extra);
+        gateway(&args)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let roles: Vec<String> = Self::ROLES.iter().map(|r| self.role(r)).collect();
+        // Membership of the login roles lets DROP DATABASE … (FORCE) end their sessions.
+        let sql = format!(
+            "GRANT {} TO CURRENT_USER;\nDROP DATABASE IF EXISTS {} WITH (FORCE);\nDROP ROLE IF EXISTS {};\n",
+            roles[1..].join(", "),
+            self.name,
+            roles.join(", ")
+        );
+        let _ = psql(
+            &self.admin,
+            &self.installer(),
+            "lease_proxy_test",
+            &sql,
+            &[],
+            &[],
+        );
+    }
+}
+
+fn host_port(config: &tokio_postgres::Config) -> (String, u16) {
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        _ => "127.0.0.1".to_owned(),
+    };
+    (host, config.get_ports().first().copied().unwrap_or(5432))
+}
+
+async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("PostgreSQL for the tests (run ./scripts/test.sh, or set FENCING_TEST_POSTGRES)");
+    tokio::spawn(connection);
+    client
+}
+
+fn gateway(args: &[&str]) -> Output {
+    Command::new(GATEWAY).args(args).output().unwrap()
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// Runs `psql` once on `database` as `user` with `script` on its standard input (so errors
+/// carry no file name and line) and stdout and stderr in one stream, as pg_regress does.
+fn psql(
+    admin: &tokio_postgres::Config,
+    user: &str,
+    database: &str,
+    script: &str,
+    vars: &[(String, String)],
+    env: &[(&str, String)],
+) -> String {
+    let (host, port) = host_port(admin);
+    let dir = tempfile::tempdir().unwrap();
+    let out_path = dir.path().join("out");
+    let out = std::fs::File::create(&out_path).unwrap();
+    let mut command = Command::new("psql");
+    command
+        .args(["-X", "-q", "-a", "-v", "ON_ERROR_STOP=0"])
+        .args([
+            "-h",
+            &host,
+            "-p",
+            &port.to_string(),
+            "-U",
+            user,
+            "-d",
+            database,
+        ])
+        .env(
+            "PGPASSWORD",
+            String::from_utf8_lossy(admin.get_password().unwrap_or_default()).as_ref(),
+        )
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out);
+    for (name, value) in vars {
+        command.arg("-v").arg(format!("{name}={value}"));
+    }
+    let mut child = command.spawn().expect("psql (PostgreSQL's client) on PATH");
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), script.as_bytes()).unwrap();
+    drop(child.stdin.take());
+    child.wait().unwrap();
+    std::fs::read_to_string(out_path).unwrap()
+}
+
+fn key_file(dir: &Path, name: &str, kids: &[&str]) -> (PathBuf, Keyring) {
+    let text: String = kids
+        .iter()
+        .map(|k| Keyring::generate_file(&KeyId::parse(k).unwrap()))
+        .collect();
+    let path = dir.join(name);
+    std::fs::write(&path, &text).unwrap();
+    (path, Keyring::parse(&text).unwrap())
+}
+
+/// Replaces segment `i` (0-based) of a wire token.
+fn with_segment(wire: &str, i: usize, value: &str) -> String {
+    let mut parts: Vec<&str> = wire.split('.').collect();
+    parts[i] = value;
+    parts.join(".")
+}
+
+/// The tokens cases.sql uses, by psql variable name.
+fn tokens(k1: &Keyring, k2: &Keyring, k3: &Keyring) -> Vec<(String, String)> {
+    let t = Token::new;
+    let mut out: Vec<(&str, String)> = vec![
+        ("a1_5", k1.mint("aisle-1", t(0, 5))),
+        ("a1_7", k1.mint("aisle-1", t(0, 7))),
+        ("a1_9", k1.mint("aisle-1", t(0, 9))),
+        ("a1_era1", k1.mint("aisle-1", t(1, 0))),
+        ("a1_era2", k1.mint("aisle-1", t(2, 1))),
+        ("a1_max_revision", k1.mint("aisle-1", t(0, u64::MAX))),
+        ("a9_max", k1.mint("aisle-9", t(u64::MAX, u64::MAX))),
+        (
+            "lock_aisle_1",
+            k1.mint(&fencing::lock_resource(b"aisle-1"), t(0, 9)),
+        ),
+        ("a4_5", k1.mint("aisle-4", t(0, 5))),
+        ("a5_2", k1.mint("aisle-5", t(0, 2))),
+        ("a5_3", k1.mint("aisle-5", t(0, 3))),
+        ("a6_1", k1.mint("aisle-6", t(0, 1))),
+        ("a3_k1", k1.mint("aisle-3", t(0, 1))),
+        ("a3_k2", k2.mint("aisle-3", t(0, 1))),
+        ("a3_k3", k3.mint("aisle-3", t(0, 2))),
+    ];
+    let a2 = k1.mint("aisle-2", t(0, 3));
+    let other_ring = Keyring::parse(&Keyring::generate_file(&KeyId::parse("k1").unwrap()))
+        .unwrap()
+        .mint("aisle-2", t(0, 3));
+    let tag = a2.split('.').nth(4).unwrap().to_owned();
+    let mut trailing = tag.clone();
+    // The last character of a 16-byte tag carries 4 unused bits; setting one is not canonical.
+    let last = trailing.pop().unwrap();
+    let bumped = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+        .chars()
+        .nth(
+            ("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+                .find(last)
+                .unwrap()
+                + 1)
+                % 64,
+        )
+        .unwrap();
+    trailing.push(bumped);
+    out.extend([
+        ("a2_forged_number", with_segment(&a2, 3, "4")),
+        ("a2_other_ring", other_ring),
+        ("a2_unknown_kid", with_segment(&a2, 1, "k7")),
+        ("a2_leading_zero", with_segment(&a2, 3, "03")),
+        ("a2_padded", with_segment(&a2, 4, &format!("{tag}=="))),
+        ("a2_trailing_bits", with_segment(&a2, 4, &trailing)),
+        ("a2_seven_parts", format!("{a2}.x")),
+        ("a2_v2", with_segment(&a2, 0, "v2")),
+        ("a2_too_big", with_segment(&a2, 2, "18446744073709551616")),
+    ]);
+    out.into_iter().map(|(n, v)| (n.to_owned(), v)).collect()
+}
+
+#[tokio::test]
+async fn sql_clients_are_fenced_as_the_gateway_fences() {
+    let scratch = Scratch::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (k1_path, k1) = key_file(dir.path(), "k1", &["k1"]);
+    let (k2_path, k2) = key_file(dir.path(), "k2", &["k2"]);
+    let (k3_path, k3) = key_file(dir.path(), "k3", &["k3"]);
+    // The rotated file: k3 signs, k2 still verifies.
+    let rotated = dir.path().join("rotated");
+    std::fs::write(
+        &rotated,
+        std::fs::read_to_string(&k3_path).unwrap() + &std::fs::read_to_string(&k2_path).unwrap(),
+    )
+    .unwrap();
+    let bad = dir.path().join("bad");
+    std::fs::write(&bad, "k9 not-a-secret\n").unwrap();
+
+    let first = scratch.install(&[]);
+    assert!(first.status.success(), "{}", text(&first));
+    assert!(text(&first).contains("version 0 -> 1"), "{}", text(&first));
+    let again = scratch.install(&[]);
+    assert!(again.status.success(), "{}", text(&again));
+    assert!(text(&again).contains("renewed"), "{}", text(&again));
+    let url = scratch.url();
+    let synced = gateway(&[
+        "pg",
+        "sync-keys",
+        "--database-url",
+        &url,
+        "--key-file",
+        k1_path.to_str().unwrap(),
+    ]);
+    assert!(synced.status.success(), "{}", text(&synced));
+
+    let mut vars = tokens(&k1, &k2, &k3);
+    for role in ["app", "nobody", "gw"] {
+        vars.push((role.to_owned(), scratch.role(role)));
+    }
+    vars.push(("table_owner".to_owned(), scratch.role("tab")));
+    vars.push(("installer".to_owned(), scratch.installer()));
+    let script = std::fs::read_to_string("tests/pg/cases.sql").unwrap();
+    // For the `\!` commands, which inherit psql's environment.
+    let env = [
+        ("FENCE_GATEWAY", GATEWAY.to_owned()),
+        ("DB_URL", url.clone()),
+        ("KEYS_K1", k1_path.display().to_string()),
+        ("KEYS_K2", k2_path.display().to_string()),
+        ("KEYS_BAD", bad.display().to_string()),
+        ("KEYS_ROTATED", rotated.display().to_string()),
+    ];
+    let output = psql(
+        &scratch.admin,
+        &scratch.installer(),
+        &scratch.name,
+        &script,
+        &vars,
+        &env,
+    );
+    let expected_path = Path::new("tests/pg/cases.out");
+    if std::env::var_os("BLESS").is_some() {
+        std::fs::write(expected_path, &output).unwrap();
+    }
+    let expected = std::fs::read_to_string(expected_path).unwrap_or_default();
+    if output != expected {
+        let actual = dir.path().join("cases.actual");
+        std::fs::write(&actual, &output).unwrap();
+        let diff = Command::new("diff")
+            .arg("-u")
+            .arg(expected_path)
+            .arg(&actual)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        panic!("psql output differs from tests/pg/cases.out (BLESS=1 to accept):\n{diff}");
+    }
+}
+
+#[tokio::test]
+async fn the_install_adopts_a_gateways_tables_and_shares_its_marks() {
+    let scratch = Scratch::new().await;
+    // A gateway ran first (as the installing role): its tables are in public, with a mark.
+    let before = PostgresStore::connect(&scratch.url(), 2).await.unwrap();
+    before.raise("aisle-1", Token::new(0, 42)).await.unwrap();
+    drop(before);
+    let installed = scratch.install(&[]);
+    assert!(installed.status.success(), "{}", text(&installed));
+    assert!(
+        text(&installed).contains("moved from schema public"),
+        "{}",
+        text(&installed)
+    );
+    let db = connect(&scratch.url()).await;
+    let mark: Option<String> = db
+        .query_one("SELECT fencing.mark('aisle-1')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(mark.as_deref(), Some("0:42"));
+    // The gateway, now as its own role (search_path set by the install), uses the moved tables
+    // without creating anything, and its raises are the package's marks.
+    let gateway_store = PostgresStore::connect(&scratch.url_as(&scratch.role("gw")), 2)
+        .await
+        .unwrap();
+    assert_eq!(
+        gateway_store.get("aisle-1").await.unwrap(),
+        Some(Token::new(0, 42))
+    );
+    gateway_store
+        .raise("aisle-1", Token::new(0, 43))
+        .await
+        .unwrap();
+    let mark: Option<String> = db
+        .query_one("SELECT fencing.mark('aisle-1')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(mark.as_deref(), Some("0:43"));
+    let public: bool = db
+        .query_one("SELECT to_regclass('public.fence_marks') IS NULL", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(public, "two sets of marks");
+    // A gateway still connecting as before (its search_path not reaching the package schema)
+    // refuses to start rather than create a second, empty set of marks.
+    let refused = PostgresStore::connect(&scratch.url(), 2).await.unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("fence_marks exists in schema fencing"),
+        "{refused}"
+    );
+    let public: bool = db
+        .query_one("SELECT to_regclass('public.fence_marks') IS NULL", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(public, "two sets of marks");
+
+    // A newer package is never downgraded.
+    db.batch_execute("INSERT INTO fencing.package_version (version) VALUES (99)")
+        .await
+        .unwrap();
+    let refused = scratch.install(&[]);
+    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
+    assert!(text(&refused).contains("newer"), "{}", text(&refused));
+    db.batch_execute("DELETE FROM fencing.package_version WHERE version = 99")
+        .await
+        .unwrap();
+
+    // Uninstall: refused while a table is protected; with --force the triggers go, the marks
+    // stay; a new install finds them.
+    let tab = connect(&scratch.url_as(&scratch.role("tab"))).await;
+    tab.batch_execute("CREATE TABLE t (r text); SELECT fencing.protect('t', 'r');")
+        .await
+        .unwrap();
+    let url = scratch.url();
+    let uninstall = |force: bool| {
+        let mut args = vec!["pg", "uninstall", "--database-url", &url];
+        if force {
+            args.push("--force");
+        }
+        gateway(&args)
+    };
+    let refused = uninstall(false);
+    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
+    assert!(text(&refused).contains("protected"), "{}", text(&refused));
+    let removed = uninstall(true);
+    assert!(removed.status.success(), "{}", text(&removed));
+    assert!(
+        text(&removed).contains("no longer protected"),
+        "{}",
+        text(&removed)
+    );
+    let gone: bool = db
+        .query_one(
+            "SELECT to_regprocedure('fencing.admit(text, text)') IS NULL \
+             AND NOT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = 't'::regclass)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(gone);
+    let reinstalled = scratch.install(&[]);
+    assert!(reinstalled.status.success(), "{}", text(&reinstalled));
+    let mark: Option<String> = db
+        .query_one("SELECT fencing.mark('aisle-1')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(mark.as_deref(), Some("0:43"));
+    drop(gateway_store);
+}
+
+/// A real fence-gateway store's write in flight (a `SharedGate` permit, registered in
+/// `fence_inflight`) holds a SQL raise back until the write has ended; then the SQL transaction
+/// commits, and the gateway refuses the old token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sql_raise_waits_for_a_gateways_write_in_flight() {
+    let scratch = Scratch::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (keys_path, keys) = key_file(dir.path(), "keys", &["k1"]);
+    assert!(scratch.install(&[]).status.success());
+    let url = scratch.url();
+    let synced = gateway(&[
+        "pg",
+        "sync-keys",
+        "--database-url",
+        &url,
+        "--key-file",
+        keys_path.to_str().unwrap(),
+    ]);
+    assert!(synced.status.success(), "{}", text(&synced));
+    let gate = SharedGate::new(
+        PostgresStore::connect(&scratch.url_as(&scratch.role("gw")), 2)
+            .await
+            .unwrap(),
+    );
+    let permit = gate.admit("aisle-1", Token::new(0, 5)).await.unwrap();
+
+    let app_url = scratch.url_as(&scratch.role("app"));
+    let token = keys.mint("aisle-1", Token::new(0, 6));
+    let raise = tokio::spawn(async move {
+        let mut app = connect(&app_url).await;
+        let tx = app.transaction().await.unwrap();
+        let admitted: String = tx
+            .query_one("SELECT fencing.admit('aisle-1', $1)", &[&token])
+            .await
+            .unwrap()
+            .get(0);
+        tx.commit().await.unwrap();
+        (admitted, tokio::time::Instant::now())
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(
+        !raise.is_finished(),
+        "the SQL raise did not wait for the gateway's write in flight"
+    );
+    let ended = tokio::time::Instant::now();
+    permit.complete();
+    let (admitted, at) = raise.await.unwrap();
+    assert_eq!(admitted, "0:6");
+    assert!(at >= ended);
+    match gate.admit("aisle-1", Token::new(0, 5)).await {
+        Err(GateError::Stale { mark, .. }) => assert_eq!(mark, Token::new(0, 6)),
+        other => panic!("the gateway admitted the old token: {:?}", other.map(drop)),
+    }
+    gate.drain().await;
+}
