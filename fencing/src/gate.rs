@@ -399,7 +399,8 @@ mod tests {
         assert_eq!(gate.store().get("r").await.unwrap(), Some(t(5)));
     }
 
-    #[tokio::test]
+    /// On a paused clock: the 50 ms the newer write is given are advanced, not slept.
+    #[tokio::test(start_paused = true)]
     async fn higher_token_waits_for_lower_in_flight() {
         let gate = Arc::new(Gate::new(MemoryStore::new()));
         let old = gate.admit("r", t(1)).await.unwrap();

@@ -93,6 +93,17 @@ impl From<&etcd_client::ResponseHeader> for Header {
     }
 }
 
+impl From<Header> for etcd_client::proto::PbResponseHeader {
+    fn from(h: Header) -> Self {
+        Self {
+            cluster_id: h.cluster_id,
+            member_id: h.member_id,
+            revision: h.revision,
+            raft_term: h.raft_term,
+        }
+    }
+}
+
 impl Header {
     /// The gateway's JSON form: 64-bit numbers as strings, zero fields omitted.
     pub(crate) fn to_json(self) -> serde_json::Value {

@@ -399,6 +399,28 @@ mod tests {
         }
     }
 
+    /// A renewal sent through this replica stands in for a keepalive for less than the
+    /// freshness window, then no more (an acquire under the session renews it again). On a
+    /// paused clock: exactly at the window's end, not a millisecond later, and nothing sleeps.
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_is_fresh_for_less_than_the_window() {
+        let fresh = std::time::Duration::from_secs(1);
+        let cache = Cache::default();
+        let at = Instant::now();
+        cache.renewed_at(7, at, 30);
+        assert_eq!(cache.renewed_within(7, fresh), Some((at, 30)));
+        assert_eq!(cache.renewed_within(8, fresh), None);
+        tokio::time::advance(fresh - std::time::Duration::from_millis(1)).await;
+        assert_eq!(cache.renewed_within(7, fresh), Some((at, 30)));
+        tokio::time::advance(std::time::Duration::from_millis(1)).await;
+        assert_eq!(cache.renewed_within(7, fresh), None);
+        // Renewed again: fresh again, from the new renewal.
+        cache.renewed_at(7, Instant::now(), 30);
+        assert!(cache.renewed_within(7, fresh).is_some());
+        cache.forget(7);
+        assert_eq!(cache.renewed_within(7, fresh), None);
+    }
+
     #[test]
     fn the_cache_is_bounded() {
         let cache = Cache::default();

@@ -192,6 +192,20 @@ mod tests {
         assert_eq!(spares.lock().count, 0);
     }
 
+    /// A spare lapses as tokio's clock passes the end of its lease: handed out just before,
+    /// never at or after it. On a paused clock, advanced rather than slept.
+    #[tokio::test(start_paused = true)]
+    async fn spares_lapse_when_the_clock_passes_their_end() {
+        let spares = Spares::new(10);
+        assert!(spares.put(10, 1, later(10)));
+        assert!(spares.put(10, 2, later(10)));
+        tokio::time::advance(Duration::from_millis(9_999)).await;
+        assert_eq!(spares.take(10).map(|s| s.0), Some(2));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(spares.take(10), None);
+        assert_eq!(spares.lock().count, 0);
+    }
+
     #[test]
     fn bounded_and_lapsed_spares_make_room() {
         let spares = Spares::new(2);

@@ -6,12 +6,12 @@
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use etcd_client::proto::{
-    PbDeleteResponse, PbKeyValue, PbLeaseGrantResponse, PbLeaseTimeToLiveResponse, PbPutResponse,
+    PbDeleteResponse, PbKeyValue, PbLeaseGrantResponse, PbLeaseKeepAliveResponse,
+    PbLeaseLeasesResponse, PbLeaseTimeToLiveResponse, PbLockResponse, PbPutResponse,
     PbRangeResponse, PbResponseHeader, PbResponseOp, PbTxnOpResponse, PbTxnResponse,
 };
 use serde_json::{Map, Value};
 
-use super::namespace::Namespace;
 use crate::etcd::Header;
 
 /// A JSON object being built in field order, defaults left out.
@@ -92,77 +92,69 @@ pub(crate) fn header(h: Option<&PbResponseHeader>) -> Option<Value> {
     })
 }
 
-/// `mvccpb.KeyValue`, its key as the client sees it; `None` if outside the namespace.
-fn kv(ns: &Namespace, kv: &PbKeyValue) -> Option<Value> {
-    let key = ns.strip(&kv.key)?;
-    Some(
-        Object::new()
-            .bytes("key", key)
-            .int("create_revision", kv.create_revision)
-            .int("mod_revision", kv.mod_revision)
-            .int("version", kv.version)
-            .bytes("value", &kv.value)
-            .int("lease", kv.lease)
-            .done(),
-    )
+/// `mvccpb.KeyValue` (its key already out of the namespace).
+fn kv(kv: &PbKeyValue) -> Value {
+    Object::new()
+        .bytes("key", &kv.key)
+        .int("create_revision", kv.create_revision)
+        .int("mod_revision", kv.mod_revision)
+        .int("version", kv.version)
+        .bytes("value", &kv.value)
+        .int("lease", kv.lease)
+        .done()
 }
 
-fn kvs(ns: &Namespace, list: &[PbKeyValue]) -> Vec<Value> {
-    list.iter().filter_map(|k| kv(ns, k)).collect()
+fn kvs(list: &[PbKeyValue]) -> Vec<Value> {
+    list.iter().map(kv).collect()
 }
 
 /// `RangeResponse`.
-pub(crate) fn range(ns: &Namespace, r: &PbRangeResponse) -> Value {
+pub(crate) fn range(r: &PbRangeResponse) -> Value {
     Object::new()
         .message("header", header(r.header.as_ref()))
-        .list("kvs", kvs(ns, &r.kvs))
+        .list("kvs", kvs(&r.kvs))
         .flag("more", r.more)
         .int("count", r.count)
         .done()
 }
 
 /// `PutResponse`.
-pub(crate) fn put(ns: &Namespace, r: &PbPutResponse) -> Value {
+pub(crate) fn put(r: &PbPutResponse) -> Value {
     Object::new()
         .message("header", header(r.header.as_ref()))
-        .message("prev_kv", r.prev_kv.as_ref().and_then(|p| kv(ns, p)))
+        .message("prev_kv", r.prev_kv.as_ref().map(kv))
         .done()
 }
 
 /// `DeleteRangeResponse`.
-pub(crate) fn delete_range(ns: &Namespace, r: &PbDeleteResponse) -> Value {
+pub(crate) fn delete_range(r: &PbDeleteResponse) -> Value {
     Object::new()
         .message("header", header(r.header.as_ref()))
         .int("deleted", r.deleted)
-        .list("prev_kvs", kvs(ns, &r.prev_kvs))
+        .list("prev_kvs", kvs(&r.prev_kvs))
         .done()
 }
 
-fn response_op(ns: &Namespace, op: &PbResponseOp) -> Value {
+fn response_op(op: &PbResponseOp) -> Value {
     let object = Object::new();
     match &op.response {
         None => object,
-        Some(PbTxnOpResponse::ResponseRange(r)) => {
-            object.message("response_range", Some(range(ns, r)))
-        }
-        Some(PbTxnOpResponse::ResponsePut(r)) => object.message("response_put", Some(put(ns, r))),
+        Some(PbTxnOpResponse::ResponseRange(r)) => object.message("response_range", Some(range(r))),
+        Some(PbTxnOpResponse::ResponsePut(r)) => object.message("response_put", Some(put(r))),
         Some(PbTxnOpResponse::ResponseDeleteRange(r)) => {
-            object.message("response_delete_range", Some(delete_range(ns, r)))
+            object.message("response_delete_range", Some(delete_range(r)))
         }
-        Some(PbTxnOpResponse::ResponseTxn(r)) => object.message("response_txn", Some(txn(ns, r))),
+        Some(PbTxnOpResponse::ResponseTxn(r)) => object.message("response_txn", Some(txn(r))),
     }
     .done()
 }
 
 /// `TxnResponse`.
-pub(crate) fn txn(ns: &Namespace, r: &PbTxnResponse) -> Value {
+pub(crate) fn txn(r: &PbTxnResponse) -> Value {
     Object::new()
         .message("header", header(r.header.as_ref()))
         .flag("succeeded", r.succeeded)
-        .list(
-            "responses",
-            r.responses.iter().map(|op| response_op(ns, op)).collect(),
-        )
+        .list("responses", r.responses.iter().map(response_op).collect())
         .done()
 }
 
@@ -176,12 +168,11 @@ pub(crate) fn lease_grant(r: &PbLeaseGrantResponse) -> Value {
         .done()
 }
 
-/// `LeaseTimeToLiveResponse`, only the attached keys inside the namespace listed.
-pub(crate) fn time_to_live(ns: &Namespace, r: &PbLeaseTimeToLiveResponse) -> Value {
+/// `LeaseTimeToLiveResponse`.
+pub(crate) fn time_to_live(r: &PbLeaseTimeToLiveResponse) -> Value {
     let keys = r
         .keys
         .iter()
-        .filter_map(|k| ns.strip(k))
         .map(|k| Value::String(STANDARD.encode(k)))
         .collect();
     Object::new()
@@ -193,8 +184,45 @@ pub(crate) fn time_to_live(ns: &Namespace, r: &PbLeaseTimeToLiveResponse) -> Val
         .done()
 }
 
+/// A response that carries only its header (`LeaseRevokeResponse`, `UnlockResponse`).
+pub(crate) fn header_only(h: Option<&PbResponseHeader>) -> Value {
+    Object::new().message("header", header(h)).done()
+}
+
+/// `LeaseLeasesResponse`.
+pub(crate) fn lease_leases(r: &PbLeaseLeasesResponse) -> Value {
+    let leases = r
+        .leases
+        .iter()
+        .map(|l| Object::new().int("ID", l.id).done())
+        .collect();
+    Object::new()
+        .message("header", header(r.header.as_ref()))
+        .list("leases", leases)
+        .done()
+}
+
+/// `LeaseKeepAliveResponse`, as one line of the gateway's keepalive stream: `{"result": …}`.
+pub(crate) fn lease_keep_alive(r: &PbLeaseKeepAliveResponse) -> Value {
+    let result = Object::new()
+        .message("header", header(r.header.as_ref()))
+        .int("ID", r.id)
+        .int("TTL", r.ttl)
+        .done();
+    Object::new().message("result", Some(result)).done()
+}
+
+/// `LockResponse`.
+pub(crate) fn lock(r: &PbLockResponse) -> Value {
+    Object::new()
+        .message("header", header(r.header.as_ref()))
+        .bytes("key", &r.key)
+        .done()
+}
+
 #[cfg(test)]
 mod tests {
+    use super::super::namespace::Namespace;
     use super::*;
 
     #[test]
@@ -225,7 +253,7 @@ mod tests {
             count: 1,
         };
         assert_eq!(
-            range(&ns, &r).to_string(),
+            range(&ns.range_out(r.clone())).to_string(),
             r#"{"header":{"cluster_id":"1","member_id":"2","revision":"3","raft_term":"4"},"kvs":[{"key":"YQ==","create_revision":"3","mod_revision":"3","version":"1"}],"count":"1"}"#
         );
         let t = PbTxnResponse {
@@ -242,7 +270,7 @@ mod tests {
             }],
         };
         assert_eq!(
-            txn(&ns, &t).to_string(),
+            txn(&ns.txn_out(t.clone())).to_string(),
             r#"{"responses":[{"response_put":{"header":{"revision":"9"}}}]}"#
         );
     }

@@ -1,21 +1,21 @@
 //! `kv/range`, `kv/put`, `kv/deleterange` and `kv/txn`: typed requests checked as etcd checks
 //! them (on the client's own keys, before the namespace would hide an empty one), held to the
 //! proxy's limits, confined to the namespace, sent through etcd-client with etcd's deadline and
-//! failover, and answered in the gateway's JSON.
+//! failover, and answered with etcd's messages, their keys moved back out of the namespace.
 
 use std::collections::BTreeSet;
 
+use etcd_client::proto::{PbDeleteResponse, PbPutResponse, PbRangeResponse, PbTxnResponse};
 use etcd_client::{
     Compare as EtcdCompare, CompareOp, DeleteOptions, GetOptions, PutOptions, SortOrder,
     SortTarget, Txn as EtcdTxn, TxnOp,
 };
-use serde_json::Value;
 
-use super::encode;
 use super::namespace::Namespace;
 use super::request::{Against, Compare, DeleteRange, Op, Put, Range, Txn};
+use super::service::{Caller, Service};
 use super::status::{Status, EMPTY_KEY, EMPTY_OP};
-use super::{Limits, Scope, V3};
+use super::Limits;
 
 const SORT_ORDERS: [SortOrder; 3] = [SortOrder::None, SortOrder::Ascend, SortOrder::Descend];
 const SORT_TARGETS: [SortTarget; 5] = [
@@ -248,9 +248,9 @@ fn etcd_txn(ns: &Namespace, t: &Txn) -> EtcdTxn {
         .or_else(ops(&t.failure))
 }
 
-impl V3 {
+impl Service {
     /// `kv/range`.
-    pub(super) async fn range(&self, s: &Scope, r: Range) -> Result<Value, Status> {
+    pub(crate) async fn range(&self, s: &Caller, r: Range) -> Result<PbRangeResponse, Status> {
         check_range(&r)?;
         let (key, options) = get_options(&s.namespace, &r);
         let resp = self
@@ -260,11 +260,11 @@ impl V3 {
                 async move { c.kv_client().get(key, Some(options)).await }
             })
             .await?;
-        Ok(encode::range(&s.namespace, &resp.0))
+        Ok(s.namespace.range_out(resp.0))
     }
 
     /// `kv/put`: only with no lease or a `/v3` lease.
-    pub(super) async fn put(&self, s: &Scope, p: Put) -> Result<Value, Status> {
+    pub(crate) async fn put(&self, s: &Caller, p: Put) -> Result<PbPutResponse, Status> {
         check_put(&p)?;
         self.leases.require_all([p.lease], s).await?;
         let key = s.namespace.key(&p.key);
@@ -276,11 +276,15 @@ impl V3 {
                 async move { c.kv_client().put(key, value, Some(options)).await }
             })
             .await?;
-        Ok(encode::put(&s.namespace, &resp.0))
+        Ok(s.namespace.put_out(resp.0))
     }
 
     /// `kv/deleterange`.
-    pub(super) async fn delete_range(&self, s: &Scope, d: DeleteRange) -> Result<Value, Status> {
+    pub(crate) async fn delete_range(
+        &self,
+        s: &Caller,
+        d: DeleteRange,
+    ) -> Result<PbDeleteResponse, Status> {
         check_delete(&d)?;
         let (key, options) = delete_options(&s.namespace, &d);
         let resp = self
@@ -290,11 +294,11 @@ impl V3 {
                 async move { c.kv_client().delete(key, Some(options)).await }
             })
             .await?;
-        Ok(encode::delete_range(&s.namespace, &resp.0))
+        Ok(s.namespace.delete_out(resp.0))
     }
 
     /// `kv/txn`: every put's lease, at any depth, must be a `/v3` lease.
-    pub(super) async fn txn(&self, s: &Scope, t: Txn) -> Result<Value, Status> {
+    pub(crate) async fn txn(&self, s: &Caller, t: Txn) -> Result<PbTxnResponse, Status> {
         check_limits(&t, &self.limits)?;
         check_txn(&t)?;
         self.leases.require_all(txn_leases(&t), s).await?;
@@ -306,7 +310,7 @@ impl V3 {
                 async move { c.kv_client().txn(txn).await }
             })
             .await?;
-        Ok(encode::txn(&s.namespace, &resp.0))
+        Ok(s.namespace.txn_out(resp.0))
     }
 }
 

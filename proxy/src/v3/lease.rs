@@ -6,19 +6,21 @@
 //! not parse is refused before any of this ([`super::request`]), never taken for "ours".
 //!
 //! With authentication on, the marker's value is the principal that granted the lease, and a
-//! lease is "ours" only for that principal ([`Scope`]): another tenant's lease is as unknown as
+//! lease is "ours" only for that principal ([`Caller`]): another tenant's lease is as unknown as
 //! the proxy's own. A marker with an empty value (granted with authentication off) belongs to
 //! no principal.
 
 use std::collections::HashSet;
 
+use etcd_client::proto::{
+    PbLeaseGrantResponse, PbLeaseKeepAliveResponse, PbLeaseLeasesResponse, PbLeaseRevokeResponse,
+    PbLeaseTimeToLiveResponse,
+};
 use etcd_client::{LeaseGrantOptions, LeaseTimeToLiveOptions};
-use serde_json::Value;
 
-use super::encode::{self, Object};
 use super::request::{LeaseGrant, TimeToLive};
+use super::service::{Caller, Service};
 use super::status::{Code, Status, LEASE_NOT_FOUND};
-use super::{Scope, V3};
 use crate::etcd::{prefix_end, Etcd};
 
 /// The marker keys of `/v3` leases.
@@ -38,7 +40,7 @@ impl Markers {
     }
 
     /// Marks lease `id` as granted through `/v3` by `s`'s principal (if any).
-    async fn mark(&self, id: i64, s: &Scope) -> Result<(), Status> {
+    async fn mark(&self, id: i64, s: &Caller) -> Result<(), Status> {
         let owner = s.owner.as_deref().unwrap_or_default();
         Ok(self
             .etcd
@@ -48,7 +50,7 @@ impl Markers {
 
     /// Whether lease `id` was granted through `/v3` (by `s`'s principal, when authentication is
     /// on) and still exists (a linearizable read).
-    pub(crate) async fn owned(&self, id: i64, s: &Scope) -> Result<bool, Status> {
+    pub(crate) async fn owned(&self, id: i64, s: &Caller) -> Result<bool, Status> {
         if id == 0 {
             return Ok(false);
         }
@@ -64,7 +66,7 @@ impl Markers {
     pub(crate) async fn require_all(
         &self,
         ids: impl IntoIterator<Item = i64>,
-        s: &Scope,
+        s: &Caller,
     ) -> Result<(), Status> {
         for id in ids.into_iter().filter(|id| *id != 0) {
             if !self.owned(id, s).await? {
@@ -75,7 +77,7 @@ impl Markers {
     }
 
     /// Every `/v3` lease of `s`'s principal (every one, with authentication off).
-    async fn all(&self, s: &Scope) -> Result<HashSet<i64>, Status> {
+    async fn all(&self, s: &Caller) -> Result<HashSet<i64>, Status> {
         let start = self.prefix.as_bytes();
         let end = prefix_end(start);
         let mut ids = HashSet::new();
@@ -97,13 +99,17 @@ impl Markers {
     }
 }
 
-impl V3 {
+impl Service {
     /// `lease/grant`, then the marker; if marking fails the lease is revoked again.
     ///
     /// An explicit non-zero `ID` is refused (code 3): with it a client could learn whether any
     /// lease exists (etcd answers "lease already exists") and take ids ahead of etcd's counter,
     /// so that the proxy's own grants fail with that error.
-    pub(super) async fn grant(&self, s: &Scope, g: LeaseGrant) -> Result<Value, Status> {
+    pub(crate) async fn lease_grant(
+        &self,
+        s: &Caller,
+        g: LeaseGrant,
+    ) -> Result<PbLeaseGrantResponse, Status> {
         if g.id != 0 {
             return Err(Status::invalid(
                 "lease-proxy: an explicit lease ID is not accepted; leave it 0 and etcd chooses",
@@ -123,11 +129,15 @@ impl V3 {
                 return Err(e);
             }
         }
-        Ok(encode::lease_grant(&resp.0))
+        Ok(resp.0)
     }
 
     /// `lease/revoke`: of a `/v3` lease, else etcd's 404 for an unknown lease.
-    pub(super) async fn revoke(&self, s: &Scope, id: i64) -> Result<Value, Status> {
+    pub(crate) async fn lease_revoke(
+        &self,
+        s: &Caller,
+        id: i64,
+    ) -> Result<PbLeaseRevokeResponse, Status> {
         if !self.leases.owned(id, s).await? {
             return Err(Status::new(Code::NotFound, LEASE_NOT_FOUND));
         }
@@ -138,21 +148,24 @@ impl V3 {
                 |c| async move { c.lease_client().revoke(id).await },
             )
             .await?;
-        Ok(Object::new()
-            .message("header", encode::header(resp.0.header.as_ref()))
-            .done())
+        Ok(resp.0)
     }
 
     /// `lease/timetolive`: of a `/v3` lease (its keys outside the namespace, such as the marker,
     /// not listed), else etcd's answer for an unknown lease: `TTL: -1`.
-    pub(super) async fn time_to_live(&self, s: &Scope, t: TimeToLive) -> Result<Value, Status> {
+    pub(crate) async fn lease_time_to_live(
+        &self,
+        s: &Caller,
+        t: TimeToLive,
+    ) -> Result<PbLeaseTimeToLiveResponse, Status> {
         if !self.leases.owned(t.id, s).await? {
             let header = self.etcd.header().await?;
-            return Ok(Object::new()
-                .message("header", Some(header.to_json()))
-                .int("ID", t.id)
-                .int("TTL", -1)
-                .done());
+            return Ok(PbLeaseTimeToLiveResponse {
+                header: Some(header.into()),
+                id: t.id,
+                ttl: -1,
+                ..Default::default()
+            });
         }
         let options = if t.keys {
             LeaseTimeToLiveOptions::new().with_keys()
@@ -166,11 +179,11 @@ impl V3 {
                 async move { c.lease_client().time_to_live(t.id, Some(options)).await }
             })
             .await?;
-        Ok(encode::time_to_live(&s.namespace, &resp.0))
+        Ok(s.namespace.time_to_live_out(resp.0))
     }
 
     /// `lease/leases`: the `/v3` leases among etcd's, in etcd's order.
-    pub(super) async fn leases(&self, s: &Scope) -> Result<Value, Status> {
+    pub(crate) async fn lease_leases(&self, s: &Caller) -> Result<PbLeaseLeasesResponse, Status> {
         let resp = self
             .etcd
             .bounded(
@@ -179,46 +192,31 @@ impl V3 {
             )
             .await?;
         let ours = self.leases.all(s).await?;
-        let leases = resp
-            .0
-            .leases
-            .iter()
-            .filter(|l| ours.contains(&l.id))
-            .map(|l| Object::new().int("ID", l.id).done())
-            .collect();
-        Ok(Object::new()
-            .message("header", encode::header(resp.0.header.as_ref()))
-            .list("leases", leases)
-            .done())
+        let mut leases = resp.0;
+        leases.leases.retain(|l| ours.contains(&l.id));
+        Ok(leases)
     }
 
-    /// `lease/keepalive`: each id renewed over the proxy's shared keepalive streams if it is a
-    /// `/v3` lease, else answered as etcd answers an unknown lease (no TTL); one result line each.
-    pub(super) async fn keepalive(&self, s: &Scope, ids: Vec<i64>) -> Result<String, Status> {
-        let mut out = String::new();
-        for id in ids {
-            let renewed = if self.leases.owned(id, s).await? {
-                Some(self.keepalive.renew_with_header(id).await?)
-            } else {
-                None
-            };
-            let header = match renewed.and_then(|r| r.header) {
-                Some(h) => h,
-                None => self.etcd.header().await?,
-            };
-            let result = Object::new()
-                .message("header", Some(header.to_json()))
-                .int("ID", id)
-                .int("TTL", renewed.map_or(0, |r| r.ttl.max(0)))
-                .done();
-            out.push_str(
-                &Object::new()
-                    .message("result", Some(result))
-                    .done()
-                    .to_string(),
-            );
-            out.push('\n');
-        }
-        Ok(out)
+    /// `lease/keepalive` of one id: renewed over the proxy's shared keepalive streams if it is
+    /// a `/v3` lease, else answered as etcd answers an unknown lease (no TTL).
+    pub(crate) async fn lease_keep_alive(
+        &self,
+        s: &Caller,
+        id: i64,
+    ) -> Result<PbLeaseKeepAliveResponse, Status> {
+        let renewed = if self.leases.owned(id, s).await? {
+            Some(self.keepalive.renew_with_header(id).await?)
+        } else {
+            None
+        };
+        let header = match renewed.and_then(|r| r.header) {
+            Some(h) => h,
+            None => self.etcd.header().await?,
+        };
+        Ok(PbLeaseKeepAliveResponse {
+            header: Some(header.into()),
+            id,
+            ttl: renewed.map_or(0, |r| r.ttl.max(0)),
+        })
     }
 }

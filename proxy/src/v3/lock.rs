@@ -14,21 +14,16 @@
 
 use std::time::Duration;
 
-use axum::http::HeaderValue;
-use axum::response::Response;
-use etcd_client::proto::PbTxnOpResponse;
+use super::request::Lock;
+use super::service::{Caller, Service};
+use super::status::{Code, Status, EMPTY_KEY, LEASE_NOT_FOUND};
+use crate::etcd::{prefix_end, Etcd, Header};
+use etcd_client::proto::{PbLockResponse, PbTxnOpResponse, PbUnlockResponse};
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     WatchOptions,
 };
 use fencing::Token;
-use serde_json::Value;
-
-use super::encode::{self, Object};
-use super::request::Lock;
-use super::status::{self, Code, Status, EMPTY_KEY, LEASE_NOT_FOUND};
-use super::{Scope, V3};
-use crate::etcd::{prefix_end, Etcd, Header};
 
 /// Deletes a waiting locker's key if the wait is abandoned (the client went away, or the wait
 /// failed), as etcd's lock service does, so a lock nobody waits for any more blocks nobody.
@@ -119,9 +114,20 @@ async fn deleted_after(etcd: &Etcd, key: Vec<u8>, revision: i64, patience: Durat
     let _ = tokio::time::timeout(patience, wait).await;
 }
 
-impl V3 {
+/// A lock taken: etcd's answer, and the fencing token of the lock key's create revision in the
+/// lock's own domain (a gRPC front sends both in its response metadata, `/v3` JSON in headers).
+pub(crate) struct Locked {
+    /// `LockResponse`: the header, and the lock key (out of the namespace).
+    pub(crate) response: PbLockResponse,
+    /// The signed token (`Fencing-Token`).
+    pub(crate) fencing_token: String,
+    /// Its fencing domain (`Fencing-Resource`): `lock/` + the hex of the lock's domain name.
+    pub(crate) fencing_resource: String,
+}
+
+impl Service {
     /// `lock/lock`.
-    pub(super) async fn lock(&self, s: &Scope, l: Lock) -> Result<Response, Status> {
+    pub(crate) async fn lock(&self, s: &Caller, l: Lock) -> Result<Locked, Status> {
         // A tenant's lock gets a fencing domain of its own (`{principal}/{name}`), so its token
         // is worth nothing at another tenant's lock of the same name.
         let domain = s.lock_domain(&l.name);
@@ -204,7 +210,7 @@ impl V3 {
             .last()
             .and_then(|r| r.kvs.first())
             .map(|kv| kv.create_revision);
-        let mut header = encode::header(resp.0.header.as_ref()).ok_or_else(no_header)?;
+        let mut header = resp.0.header.ok_or_else(no_header)?;
 
         if oldest.is_some_and(|oldest| oldest != mine) {
             let mut abandoned = Abandoned {
@@ -216,7 +222,7 @@ impl V3 {
             loop {
                 let (older, at) = last_before(&self.etcd, &prefix, mine - 1).await?;
                 let Some(older) = older else {
-                    header = at.to_json();
+                    header = at.into();
                     break;
                 };
                 deleted_after(&self.etcd, older, at.revision, self.etcd.timeout()).await;
@@ -229,26 +235,25 @@ impl V3 {
             abandoned.armed = false;
         }
 
-        let client_key = s.namespace.strip(&key).unwrap_or_default();
-        let body = Object::new()
-            .message("header", Some(header))
-            .bytes("key", client_key)
-            .done();
-        let mut response = status::json(axum::http::StatusCode::OK, body.to_string());
+        let client_key = s.namespace.strip(&key).unwrap_or_default().to_vec();
         let resource = fencing::lock_resource(&domain);
         let token = Token::new(self.era, u64::try_from(mine).unwrap_or(0));
-        let headers = response.headers_mut();
-        if let Ok(v) = HeaderValue::from_str(&self.keys.current().mint(&resource, token)) {
-            headers.insert(fencing::TOKEN_HEADER, v);
-        }
-        if let Ok(v) = HeaderValue::from_str(&resource) {
-            headers.insert(fencing::RESOURCE_HEADER, v);
-        }
-        Ok(response)
+        Ok(Locked {
+            response: PbLockResponse {
+                header: Some(header),
+                key: client_key,
+            },
+            fencing_token: self.keys.current().mint(&resource, token),
+            fencing_resource: resource,
+        })
     }
 
     /// `lock/unlock`: deletes the lock key (inside the namespace), as etcd's lock service does.
-    pub(super) async fn unlock(&self, s: &Scope, key: Vec<u8>) -> Result<Value, Status> {
+    pub(crate) async fn unlock(
+        &self,
+        s: &Caller,
+        key: Vec<u8>,
+    ) -> Result<PbUnlockResponse, Status> {
         if key.is_empty() {
             return Err(Status::new(Code::Unknown, EMPTY_KEY));
         }
@@ -260,8 +265,8 @@ impl V3 {
                 async move { c.kv_client().delete(key, None).await }
             })
             .await?;
-        Ok(Object::new()
-            .message("header", encode::header(resp.0.header.as_ref()))
-            .done())
+        Ok(PbUnlockResponse {
+            header: resp.0.header,
+        })
     }
 }

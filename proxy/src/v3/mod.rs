@@ -8,7 +8,7 @@
 //! same deadline and member failover as `/v1`, and etcd's answers are printed as its gateway
 //! prints them ([`encode`]). On top of etcd, the proxy adds:
 //! - KV and locks are confined to a namespace ([`namespace`]) — with `--auth-tokens`, one per
-//!   principal ([`Scope`]);
+//!   principal ([`Caller`]);
 //! - leases are confined too ([`lease`]): only leases granted through `/v3` can be revoked,
 //!   renewed, inspected, listed, or named by a put or a lock (with `--auth-tokens`, only by the
 //!   principal that granted them);
@@ -25,10 +25,11 @@ mod lease;
 mod lock;
 mod namespace;
 mod request;
+mod service;
 mod status;
 
 use axum::body::Body;
-use axum::http::{Method, Request, StatusCode};
+use axum::http::{HeaderValue, Method, Request, StatusCode};
 use axum::response::Response;
 use bytes::Bytes;
 use fencing::Keys;
@@ -38,6 +39,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use crate::etcd::{Etcd, KeepAlive};
+pub(crate) use service::{Caller, Service};
+
 use json::{JsonError, Reader, Value};
 use lease::Markers;
 use namespace::Namespace;
@@ -78,51 +81,18 @@ pub(crate) struct Limits {
     pub(crate) txn_depth: usize,
 }
 
-/// Everything `/v3` needs.
+/// The `/v3` JSON gateway: JSON ↔ the etcd-compatible [`Service`], as etcd's gateway is JSON ↔
+/// its gRPC server.
 pub(crate) struct V3 {
+    /// The typed, confined service every etcd front calls.
+    core: Service,
+    /// etcd itself, for relaying `/version` and `/health`.
     etcd: Etcd,
-    keepalive: KeepAlive,
-    /// The keyring in force (reloaded with the key file).
-    keys: Keys,
-    era: u64,
-    namespace: Namespace,
-    leases: Markers,
-    limits: Limits,
     max_body: usize,
     /// Deadline for a request's whole body (`--header-read-timeout`).
     body_deadline: std::time::Duration,
     /// For relaying `/version` and `/health`.
     http: Client<HttpConnector, Full<Bytes>>,
-}
-
-/// Whose view of `/v3` a request gets: the shared namespace with authentication off; with it
-/// on, the principal's own namespace `{--v3-namespace}{principal}/` and only the leases it
-/// granted through `/v3`. Principal names are `[A-Za-z0-9._-]{1,64}` (checked when the token
-/// file is read) and contain no `/`, so no principal's namespace is inside another's.
-pub(crate) struct Scope {
-    namespace: Namespace,
-    /// The principal, `None` with authentication off.
-    owner: Option<String>,
-}
-
-impl Scope {
-    /// Whether a lease marker with `value` belongs to this scope: any marker with
-    /// authentication off (one shared namespace), only the principal's own with it on.
-    fn owns(&self, value: &[u8]) -> bool {
-        match &self.owner {
-            None => true,
-            Some(owner) => value == owner.as_bytes(),
-        }
-    }
-
-    /// The name whose fencing domain a lock `name` gets: the name itself with authentication
-    /// off, `{principal}/{name}` with it on.
-    fn lock_domain(&self, name: &[u8]) -> Vec<u8> {
-        match &self.owner {
-            None => name.to_vec(),
-            Some(owner) => [owner.as_bytes(), b"/", name].concat(),
-        }
-    }
 }
 
 /// A `/v3` method the proxy serves.
@@ -236,34 +206,19 @@ impl V3 {
     /// Serves `/v3` as `settings` say (its namespace, lease markers and limits).
     pub(crate) fn new(etcd: Etcd, keepalive: KeepAlive, keys: Keys, settings: Settings) -> Self {
         Self {
-            leases: Markers::new(etcd.clone(), settings.lease_markers),
+            core: Service {
+                leases: Markers::new(etcd.clone(), settings.lease_markers),
+                etcd: etcd.clone(),
+                keepalive,
+                keys,
+                era: settings.era,
+                namespace: Namespace::new(settings.namespace.into_bytes()),
+                limits: settings.limits,
+            },
             etcd,
-            keepalive,
-            keys,
-            era: settings.era,
-            namespace: Namespace::new(settings.namespace.into_bytes()),
-            limits: settings.limits,
             max_body: settings.max_body,
             body_deadline: settings.body_deadline,
             http: Client::builder(TokioExecutor::new()).build_http(),
-        }
-    }
-
-    /// The view of `/v3` for `principal` (`None`: authentication is off).
-    fn scope(&self, principal: Option<&str>) -> Scope {
-        match principal {
-            None => Scope {
-                namespace: self.namespace.clone(),
-                owner: None,
-            },
-            Some(p) => {
-                let mut prefix = self.namespace.key(p.as_bytes());
-                prefix.push(b'/');
-                Scope {
-                    namespace: Namespace::new(prefix),
-                    owner: Some(p.to_owned()),
-                }
-            }
         }
     }
 
@@ -303,8 +258,8 @@ impl V3 {
                 .response()
             }
         };
-        let scope = self.scope(principal);
-        match self.call(&scope, call, &body).await {
+        let caller = self.core.caller(principal);
+        match self.call(&caller, call, &body).await {
             Ok(response) => response,
             Err(status) => {
                 tracing::debug!(
@@ -318,35 +273,70 @@ impl V3 {
         }
     }
 
-    async fn call(&self, s: &Scope, call: Call, body: &[u8]) -> Result<Response, Status> {
+    /// One unary call: the JSON body decoded into the typed request, the core's answer printed
+    /// as the gateway prints it.
+    async fn call(&self, s: &Caller, call: Call, body: &[u8]) -> Result<Response, Status> {
+        let core = &self.core;
         let answer = match call {
-            Call::Range => self.range(s, unary(body, request::Range::decode)?).await?,
-            Call::Put => self.put(s, unary(body, request::Put::decode)?).await?,
-            Call::DeleteRange => {
-                self.delete_range(s, unary(body, request::DeleteRange::decode)?)
-                    .await?
+            Call::Range => {
+                encode::range(&core.range(s, unary(body, request::Range::decode)?).await?)
             }
-            Call::Txn => self.txn(s, unary(body, request::Txn::decode)?).await?,
-            Call::Grant => {
-                self.grant(s, unary(body, request::LeaseGrant::decode)?)
+            Call::Put => encode::put(&core.put(s, unary(body, request::Put::decode)?).await?),
+            Call::DeleteRange => encode::delete_range(
+                &core
+                    .delete_range(s, unary(body, request::DeleteRange::decode)?)
+                    .await?,
+            ),
+            Call::Txn => encode::txn(&core.txn(s, unary(body, request::Txn::decode)?).await?),
+            Call::Grant => encode::lease_grant(
+                &core
+                    .lease_grant(s, unary(body, request::LeaseGrant::decode)?)
+                    .await?,
+            ),
+            Call::Revoke => encode::header_only(
+                core.lease_revoke(s, unary(body, request::lease_id)?)
                     .await?
-            }
-            Call::Revoke => self.revoke(s, unary(body, request::lease_id)?).await?,
-            Call::TimeToLive => {
-                self.time_to_live(s, unary(body, request::TimeToLive::decode)?)
-                    .await?
-            }
+                    .header
+                    .as_ref(),
+            ),
+            Call::TimeToLive => encode::time_to_live(
+                &core
+                    .lease_time_to_live(s, unary(body, request::TimeToLive::decode)?)
+                    .await?,
+            ),
             Call::Leases => {
                 unary(body, |_| Ok(()))?;
-                self.leases(s).await?
+                encode::lease_leases(&core.lease_leases(s).await?)
             }
             Call::KeepAlive => {
-                let ids = keepalive_ids(body, self.limits.keepalive_ids)?;
-                let lines = self.keepalive(s, ids).await?;
+                // One result line per id, as the gateway streams them.
+                let mut lines = String::new();
+                for id in keepalive_ids(body, core.limits.keepalive_ids)? {
+                    let renewed = core.lease_keep_alive(s, id).await?;
+                    lines.push_str(&encode::lease_keep_alive(&renewed).to_string());
+                    lines.push('\n');
+                }
                 return Ok(json_response(StatusCode::OK, lines));
             }
-            Call::Lock => return self.lock(s, unary(body, request::Lock::decode)?).await,
-            Call::Unlock => self.unlock(s, unary(body, request::unlock_key)?).await?,
+            Call::Lock => {
+                let locked = core.lock(s, unary(body, request::Lock::decode)?).await?;
+                let mut response =
+                    json_response(StatusCode::OK, encode::lock(&locked.response).to_string());
+                let headers = response.headers_mut();
+                if let Ok(v) = HeaderValue::from_str(&locked.fencing_token) {
+                    headers.insert(fencing::TOKEN_HEADER, v);
+                }
+                if let Ok(v) = HeaderValue::from_str(&locked.fencing_resource) {
+                    headers.insert(fencing::RESOURCE_HEADER, v);
+                }
+                return Ok(response);
+            }
+            Call::Unlock => encode::header_only(
+                core.unlock(s, unary(body, request::unlock_key)?)
+                    .await?
+                    .header
+                    .as_ref(),
+            ),
         };
         Ok(ok(&answer))
     }
@@ -370,26 +360,6 @@ mod tests {
             ttl("not json").unwrap_err(),
             Status::invalid("invalid character 'o' in literal null (expecting 'u')")
         );
-    }
-
-    #[test]
-    fn a_principals_scope_owns_only_its_markers_and_lock_domains() {
-        let shared = Scope {
-            namespace: Namespace::new(b"/ns/".to_vec()),
-            owner: None,
-        };
-        let acme = Scope {
-            namespace: Namespace::new(b"/ns/acme/".to_vec()),
-            owner: Some("acme".into()),
-        };
-        // With authentication off every marker is ours, whoever granted it.
-        assert!(shared.owns(b"") && shared.owns(b"acme"));
-        assert!(acme.owns(b"acme"));
-        for other in [b"".as_slice(), b"acm", b"acme2", b"globex", b"ACME"] {
-            assert!(!acme.owns(other), "{other:?}");
-        }
-        assert_eq!(shared.lock_domain(b"L"), b"L");
-        assert_eq!(acme.lock_domain(b"L"), b"acme/L");
     }
 
     #[test]

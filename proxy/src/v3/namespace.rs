@@ -3,6 +3,11 @@
 //! moved back out — or, if it is not inside (which confined requests cannot produce), dropped.
 //! So nothing outside the namespace, the proxy's own keys included, can be read or written.
 
+use etcd_client::proto::{
+    PbDeleteResponse, PbKeyValue, PbLeaseTimeToLiveResponse, PbPutResponse, PbRangeResponse,
+    PbTxnOpResponse, PbTxnResponse,
+};
+
 use crate::etcd::prefix_end;
 
 /// The namespace, as raw key bytes.
@@ -44,6 +49,63 @@ impl Namespace {
     /// The client's view of an etcd key: without the namespace, or `None` if outside it.
     pub(crate) fn strip<'k>(&self, key: &'k [u8]) -> Option<&'k [u8]> {
         key.strip_prefix(self.prefix.as_slice())
+    }
+
+    /// A key-value as the client sees it: its key without the namespace, or `None` if outside.
+    fn kv(&self, mut kv: PbKeyValue) -> Option<PbKeyValue> {
+        kv.key = self.strip(&kv.key)?.to_vec();
+        Some(kv)
+    }
+
+    fn kvs(&self, kvs: Vec<PbKeyValue>) -> Vec<PbKeyValue> {
+        kvs.into_iter().filter_map(|kv| self.kv(kv)).collect()
+    }
+
+    /// A range answer as the client sees it.
+    pub(crate) fn range_out(&self, mut r: PbRangeResponse) -> PbRangeResponse {
+        r.kvs = self.kvs(std::mem::take(&mut r.kvs));
+        r
+    }
+
+    /// A put answer as the client sees it.
+    pub(crate) fn put_out(&self, mut r: PbPutResponse) -> PbPutResponse {
+        r.prev_kv = r.prev_kv.take().and_then(|kv| self.kv(kv));
+        r
+    }
+
+    /// A delete answer as the client sees it.
+    pub(crate) fn delete_out(&self, mut r: PbDeleteResponse) -> PbDeleteResponse {
+        r.prev_kvs = self.kvs(std::mem::take(&mut r.prev_kvs));
+        r
+    }
+
+    /// A transaction's answer as the client sees it, at every depth.
+    pub(crate) fn txn_out(&self, mut r: PbTxnResponse) -> PbTxnResponse {
+        for op in &mut r.responses {
+            op.response = op.response.take().map(|response| match response {
+                PbTxnOpResponse::ResponseRange(r) => {
+                    PbTxnOpResponse::ResponseRange(self.range_out(r))
+                }
+                PbTxnOpResponse::ResponsePut(r) => PbTxnOpResponse::ResponsePut(self.put_out(r)),
+                PbTxnOpResponse::ResponseDeleteRange(r) => {
+                    PbTxnOpResponse::ResponseDeleteRange(self.delete_out(r))
+                }
+                PbTxnOpResponse::ResponseTxn(r) => PbTxnOpResponse::ResponseTxn(self.txn_out(r)),
+            });
+        }
+        r
+    }
+
+    /// A lease's time-to-live as the client sees it: only its keys inside the namespace.
+    pub(crate) fn time_to_live_out(
+        &self,
+        mut r: PbLeaseTimeToLiveResponse,
+    ) -> PbLeaseTimeToLiveResponse {
+        r.keys = std::mem::take(&mut r.keys)
+            .into_iter()
+            .filter_map(|k| self.strip(&k).map(<[u8]>::to_vec))
+            .collect();
+        r
     }
 }
 

@@ -1,0 +1,106 @@
+//! The etcd-compatible core, one interface for every etcd front: typed etcd requests in, typed
+//! etcd answers out (etcd-client's protobuf messages, as etcd's gRPC API has them), each method
+//! taking the [`Caller`] — its namespace and principal. Here are the checks etcd makes, the
+//! proxy's limits, the namespace rewriting ([`super::namespace`]) both ways and the lease
+//! confinement ([`super::lease`]); the methods are in one file per etcd service, as etcd's
+//! `v3rpc` has them: `kv.rs` (range, put, delete_range, txn), `lease.rs` (lease_grant,
+//! lease_revoke, lease_time_to_live, lease_leases, lease_keep_alive), `lock.rs` (lock, unlock).
+//!
+//! The `/v3` JSON gateway ([`super::V3`]) is JSON ↔ this interface, as etcd's gateway is JSON ↔
+//! its gRPC server; a gRPC front calls the same methods with the messages tonic decoded, and
+//! maps [`Status`](super::status::Status) (etcd's code and message) to a `tonic::Status`.
+
+use fencing::Keys;
+
+use super::lease::Markers;
+use super::namespace::Namespace;
+use super::Limits;
+use crate::etcd::{Etcd, KeepAlive};
+
+/// The etcd-compatible service: confined, typed, front-agnostic.
+pub(crate) struct Service {
+    pub(super) etcd: Etcd,
+    pub(super) keepalive: KeepAlive,
+    /// The keyring in force (reloaded with the key file): lock answers' tokens.
+    pub(super) keys: Keys,
+    pub(super) era: u64,
+    /// The shared namespace (`--v3-namespace`); a principal's is inside it.
+    pub(super) namespace: Namespace,
+    pub(super) leases: Markers,
+    pub(super) limits: Limits,
+}
+
+/// The caller context every method of the core takes — whose view of etcd a request gets: the shared namespace with authentication off; with it
+/// on, the principal's own namespace `{--v3-namespace}{principal}/` and only the leases it
+/// granted through `/v3`. Principal names are `[A-Za-z0-9._-]{1,64}` (checked when the token
+/// file is read) and contain no `/`, so no principal's namespace is inside another's.
+pub(crate) struct Caller {
+    pub(super) namespace: Namespace,
+    /// The principal, `None` with authentication off.
+    pub(super) owner: Option<String>,
+}
+
+impl Caller {
+    /// Whether a lease marker with `value` belongs to this scope: any marker with
+    /// authentication off (one shared namespace), only the principal's own with it on.
+    pub(super) fn owns(&self, value: &[u8]) -> bool {
+        match &self.owner {
+            None => true,
+            Some(owner) => value == owner.as_bytes(),
+        }
+    }
+
+    /// The name whose fencing domain a lock `name` gets: the name itself with authentication
+    /// off, `{principal}/{name}` with it on.
+    pub(super) fn lock_domain(&self, name: &[u8]) -> Vec<u8> {
+        match &self.owner {
+            None => name.to_vec(),
+            Some(owner) => [owner.as_bytes(), b"/", name].concat(),
+        }
+    }
+}
+
+impl Service {
+    /// The view of `/v3` for `principal` (`None`: authentication is off).
+    pub(crate) fn caller(&self, principal: Option<&str>) -> Caller {
+        match principal {
+            None => Caller {
+                namespace: self.namespace.clone(),
+                owner: None,
+            },
+            Some(p) => {
+                let mut prefix = self.namespace.key(p.as_bytes());
+                prefix.push(b'/');
+                Caller {
+                    namespace: Namespace::new(prefix),
+                    owner: Some(p.to_owned()),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_principals_scope_owns_only_its_markers_and_lock_domains() {
+        let shared = Caller {
+            namespace: Namespace::new(b"/ns/".to_vec()),
+            owner: None,
+        };
+        let acme = Caller {
+            namespace: Namespace::new(b"/ns/acme/".to_vec()),
+            owner: Some("acme".into()),
+        };
+        // With authentication off every marker is ours, whoever granted it.
+        assert!(shared.owns(b"") && shared.owns(b"acme"));
+        assert!(acme.owns(b"acme"));
+        for other in [b"".as_slice(), b"acm", b"acme2", b"globex", b"ACME"] {
+            assert!(!acme.owns(other), "{other:?}");
+        }
+        assert_eq!(shared.lock_domain(b"L"), b"L");
+        assert_eq!(acme.lock_domain(b"L"), b"acme/L");
+    }
+}
