@@ -1,5 +1,5 @@
 //! `GET /v1/watch?prefix=`: ownership events as Server-Sent Events, resumable with
-//! `Last-Event-ID` (see `etcd::events` for what an event is and how ids work).
+//! `Last-Event-ID` (see `lease::events` for what an event is and how ids work).
 //!
 //! Each stream is a tracked task that owns the etcd subscription and one slot of
 //! `--max-watch-streams`, and hands messages to the response body through a channel of
