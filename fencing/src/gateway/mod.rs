@@ -256,7 +256,7 @@ const PREFENCE_PATTERN: &str = "/fence/{resource}";
     operation_id = "prefence",
     tag = "fencing",
     params(
-        ("resource" = String, Path, description = "The resource whose mark to raise"),
+        ("resource" = String, Path, description = "The resource whose mark to raise", pattern = r"^[A-Za-z0-9](\.?[A-Za-z0-9_:-])*\.?$", min_length = 1, max_length = 200),
         ("Fencing-Token" = String, Header, description = "The signed fencing token, for this resource (`X-Fencing-Token` is accepted too)"),
     ),
     responses(
