@@ -90,10 +90,10 @@ wait_for "$gateway/readyz"
 cd "$work"
 status=0
 echo "==> schemathesis: lease-proxy ($proxy/openapi.json)"
-"$st" --config-file "$config" --no-color run "$proxy/openapi.json" --checks all \
+"$st" --config-file "$config" --no-color run "$proxy/openapi.json" \
   --max-examples "$examples" --max-time "${SCHEMATHESIS_MAX_TIME:-100}" "${seed[@]}" || status=1
 echo "==> schemathesis: fence-gateway ($gateway/openapi.json)"
-"$st" --config-file "$config" --no-color run "$gateway/openapi.json" --checks all \
+"$st" --config-file "$config" --no-color run "$gateway/openapi.json" \
   --max-examples "$examples" --max-time "${SCHEMATHESIS_MAX_TIME:-30}" "${seed[@]}" || status=1
 if grep -qiE "panicked|handler panicked" "$work"/proxy.log "$work"/gateway.log; then
   echo "a binary panicked while under test:" >&2
