@@ -50,6 +50,9 @@ cc_builds_c() {
 # What building and running the binaries, the demo and the tests need.
 check_build_deps() {
   type -P etcd >/dev/null || deps_need etcd-server
+  # etcdctl, which the gRPC tests run against the proxy and etcd (proxy/tests/grpc.rs): checked
+  # as the file the tests run, since another `etcdctl` on PATH may be any version.
+  [ -x /usr/bin/etcdctl ] || deps_need etcd-client
   if ! type -P protoc >/dev/null; then
     deps_need protobuf-compiler libprotobuf-dev
   elif ! protoc_has_well_known_types; then

@@ -12,6 +12,7 @@ mod config;
 mod error;
 mod etcd;
 mod forward;
+mod grpc;
 mod headers;
 mod keys;
 mod lease;

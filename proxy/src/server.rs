@@ -272,7 +272,8 @@ pub async fn run(
         auth,
         audit,
     });
-    let app = api::router(state.clone());
+    // etcd's gRPC API beside the HTTP routes, on the same listener(s).
+    let app = crate::grpc::front(state.clone(), api::router(state.clone()));
 
     tracing::info!(listen = %listener.local_addr()?, https = tls.is_some(), endpoints = ?config.etcd_endpoints, "lease-proxy serving");
     let result = fencing::serve::until_shutdown(

@@ -7,7 +7,7 @@
 //! | calls | `etcd`, `upstream` | calls to etcd (bounded calls, batches, keepalive and watch streams) and to the upstream (forwarding's client, the pre-fence) |
 //! | domain | `lease` | leases, sessions, the event feed and the local view: what a grant is and how it changes |
 //! | callers | `auth` | who calls: bearer tokens and client certificates to principals, and their permissions |
-//! | fronts | `api`, `v3`, `forward` | the `/v1` HTTP API, the etcd-compatible core and its JSON front, the holder's forwarded writes |
+//! | fronts | `api`, `v3`, `grpc`, `forward` | the `/v1` HTTP API, the etcd-compatible core and its JSON and gRPC fronts, the holder's forwarded writes |
 //! | wiring | `config`, `server`, `lib`, `main` | the configuration, and assembling, serving and stopping the parts |
 //!
 //! Every `.rs` file under `proxy/src` is read for the paths it names: `use crate::x…`, grouped
@@ -26,7 +26,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("calls", &["etcd", "upstream"]),
     ("domain", &["lease"]),
     ("callers", &["auth"]),
-    ("fronts", &["api", "v3", "forward"]),
+    ("fronts", &["api", "v3", "grpc", "forward"]),
     ("wiring", &["config", "server", "lib", "main"]),
 ];
 

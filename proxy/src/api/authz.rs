@@ -43,9 +43,9 @@ impl Target<'_> {
 pub(super) struct Peer(pub(super) Option<PeerCertificate>);
 
 impl Peer {
-    /// The certificate of `request`'s connection.
-    pub(super) fn of<B>(request: &axum::http::Request<B>) -> Self {
-        Self(request.extensions().get::<PeerCertificate>().cloned())
+    /// The certificate of the connection of the request with `extensions`.
+    pub(super) fn of(extensions: &axum::http::Extensions) -> Self {
+        Self(extensions.get::<PeerCertificate>().cloned())
     }
 }
 
@@ -56,7 +56,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Peer {
         parts: &mut axum::http::request::Parts,
         _: &S,
     ) -> std::result::Result<Self, Self::Rejection> {
-        Ok(Self(parts.extensions.get::<PeerCertificate>().cloned()))
+        Ok(Self::of(&parts.extensions))
     }
 }
 

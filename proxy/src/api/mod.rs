@@ -135,15 +135,24 @@ async fn v3(
     axum::extract::State(app): axum::extract::State<Arc<AppState>>,
     req: axum::http::Request<axum::body::Body>,
 ) -> Response {
-    let target = authz::Target::All;
-    let peer = authz::Peer::of(&req);
-    let caller = match authz::authorize(&app, req.headers(), &peer, crate::auth::Op::V3, target) {
-        Ok(caller) => caller,
+    let principal = match etcd_principal(&app, req.headers(), req.extensions()) {
+        Ok(principal) => principal,
         Err(e) => return crate::v3::refusal(e),
     };
-    app.v3
-        .handle(req, caller.as_deref().map(|p| p.name.as_str()))
-        .await
+    app.v3.handle(req, principal.as_deref()).await
+}
+
+/// Whom an etcd-compatible request — the `/v3` JSON gateway or etcd's gRPC API — is served
+/// for: with `--auth-tokens`, its principal if it has the `v3` permission (a refusal, counted and
+/// audited, otherwise); `None` with authentication off. One judgement for both fronts.
+pub(crate) fn etcd_principal(
+    app: &AppState,
+    headers: &axum::http::HeaderMap,
+    extensions: &axum::http::Extensions,
+) -> Result<Option<String>, Error> {
+    let peer = authz::Peer::of(extensions);
+    authz::authorize(app, headers, &peer, crate::auth::Op::V3, authz::Target::All)
+        .map(|caller| caller.map(|p| p.name.clone()))
 }
 
 /// etcd's `GET /version`, for gateway clients that discover the API path from it.

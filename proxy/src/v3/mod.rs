@@ -24,6 +24,7 @@ mod kv;
 mod lease;
 mod lock;
 mod namespace;
+mod proto;
 mod request;
 mod service;
 mod status;
@@ -45,7 +46,8 @@ use json::{JsonError, Reader, Value};
 use lease::Markers;
 use namespace::Namespace;
 use request::Message;
-use status::{json as json_response, plain, Code, Status};
+pub(crate) use status::Status;
+use status::{json as json_response, plain, Code};
 
 /// A request refused before it reached the `/v3` API (authentication, authorisation), in etcd's
 /// shape.
@@ -220,6 +222,11 @@ impl V3 {
             body_deadline: settings.body_deadline,
             http: Client::builder(TokioExecutor::new()).build_http(),
         }
+    }
+
+    /// The typed, confined core, for the gRPC front.
+    pub(crate) fn core(&self) -> &Service {
+        &self.core
     }
 
     /// Handles any request under `/v3`, `/v3beta` (etcd 3.4's alias) or `/v3alpha` (which etcd

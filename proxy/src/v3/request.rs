@@ -33,6 +33,20 @@ pub(crate) struct EnumType {
     names: &'static [&'static str],
 }
 
+impl EnumType {
+    /// The index of the value numbered `n`, if `n` names one.
+    pub(crate) fn index(&self, n: impl Into<i64>) -> Option<usize> {
+        usize::try_from(n.into())
+            .ok()
+            .filter(|i| *i < self.names.len())
+    }
+
+    /// The enum's full name, as Go's messages give it.
+    pub(crate) fn full_name(&self) -> &'static str {
+        self.full_name
+    }
+}
+
 /// `RangeRequest.SortOrder`.
 pub(crate) const SORT_ORDER: EnumType = EnumType {
     full_name: "etcdserverpb.RangeRequest_SortOrder",
@@ -189,12 +203,9 @@ impl<'a> Message<'a> {
                     s.raw, e.full_name
                 ))
             }),
-            Value::Number(n) => canonical_int64(n)
-                .and_then(|i| usize::try_from(i).ok())
-                .filter(|i| *i < e.names.len())
-                .ok_or_else(|| {
-                    Status::refused(format!("{proto:?}: {n} is no value of {}", e.full_name))
-                }),
+            Value::Number(n) => canonical_int64(n).and_then(|i| e.index(i)).ok_or_else(|| {
+                Status::refused(format!("{proto:?}: {n} is no value of {}", e.full_name))
+            }),
             other => Err(type_error(other, "protoreflect.EnumNumber")),
         }
     }

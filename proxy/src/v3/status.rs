@@ -64,6 +64,13 @@ impl Status {
         Self::invalid(format!("lease-proxy: {reason}"))
     }
 
+    /// A call that acts on the whole cluster — a compaction (every namespace's history),
+    /// membership, defragmentation, snapshots: no tenant may make one (etcd's own wording, as
+    /// its auth refuses a non-root user).
+    pub(crate) fn cluster_wide() -> Self {
+        Self::new(Code::PermissionDenied, PERMISSION_DENIED)
+    }
+
     /// The body exceeds the proxy's limit.
     pub(crate) fn too_large(limit: usize) -> Self {
         Self {

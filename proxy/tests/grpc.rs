@@ -1,0 +1,412 @@
+//! etcd's gRPC API on the proxy's own listener, against real etcd: the same scripted requests,
+//! sent with the `etcd-client` crate to the proxy and straight to etcd, give the same answers
+//! once what legitimately differs is normalised; keys written through the proxy are inside its
+//! namespace in etcd, and no range end leads out of it.
+//!
+//! Normalisation: response headers dropped (cluster, member, revision, raft term), every
+//! create/mod revision zeroed, lease ids replaced by their order of first appearance, a remaining
+//! TTL above 0 by 1 (a second may tick between the two sides), a lease's keys sorted.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::process::Command;
+
+use common::*;
+use etcd_client::proto::{
+    PbKeyValue, PbLeaseKeepAliveResponse, PbLeaseTimeToLiveResponse, PbTxnOpResponse, PbTxnResponse,
+};
+use etcd_client::{
+    Client, Compare, CompareOp, DeleteOptions, GetOptions, LeaseTimeToLiveOptions, PutOptions,
+    SortOrder, SortTarget, Txn, TxnOp,
+};
+
+/// One side's lease ids, as symbols in order of first appearance.
+#[derive(Default)]
+struct Leases(HashMap<i64, i64>);
+
+impl Leases {
+    fn symbol(&mut self, id: i64) -> i64 {
+        if id == 0 {
+            return 0;
+        }
+        let next = self.0.len() as i64 + 1;
+        *self.0.entry(id).or_insert(next)
+    }
+
+    fn kv(&mut self, kv: &mut PbKeyValue) {
+        kv.create_revision = 0;
+        kv.mod_revision = 0;
+        kv.lease = self.symbol(kv.lease);
+    }
+
+    fn kvs(&mut self, kvs: &mut [PbKeyValue]) {
+        kvs.iter_mut().for_each(|kv| self.kv(kv));
+    }
+
+    fn txn(&mut self, t: &mut PbTxnResponse) {
+        t.header = None;
+        for op in &mut t.responses {
+            match &mut op.response {
+                Some(PbTxnOpResponse::ResponseRange(r)) => {
+                    r.header = None;
+                    self.kvs(&mut r.kvs);
+                }
+                Some(PbTxnOpResponse::ResponsePut(p)) => {
+                    p.header = None;
+                    p.prev_kv.iter_mut().for_each(|kv| self.kv(kv));
+                }
+                Some(PbTxnOpResponse::ResponseDeleteRange(d)) => {
+                    d.header = None;
+                    self.kvs(&mut d.prev_kvs);
+                }
+                Some(PbTxnOpResponse::ResponseTxn(inner)) => self.txn(inner),
+                None => {}
+            }
+        }
+    }
+
+    fn time_to_live(&mut self, mut t: PbLeaseTimeToLiveResponse) -> PbLeaseTimeToLiveResponse {
+        t.header = None;
+        t.id = self.symbol(t.id);
+        t.ttl = t.ttl.min(1);
+        t.keys.sort();
+        t
+    }
+
+    fn keep_alive(&mut self, mut k: PbLeaseKeepAliveResponse) -> PbLeaseKeepAliveResponse {
+        k.header = None;
+        k.id = self.symbol(k.id);
+        k
+    }
+}
+
+/// An error as etcd clients see it: the gRPC code and the message.
+fn error(e: etcd_client::Error) -> String {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => format!("{:?} {:?}", s.code(), s.message()),
+        other => format!("not a gRPC status: {other}"),
+    }
+}
+
+/// The script, on one side: every answer normalised, one line per request.
+async fn script(c: &mut Client) -> Vec<String> {
+    let mut n = Leases::default();
+    let mut out = Vec::new();
+    let mut log = |step: &str, answer: String| out.push(format!("{step}: {answer}"));
+
+    let grant = c.lease_grant(60, None).await.unwrap();
+    let lease = grant.id();
+    log("grant", format!("{} ttl {}", n.symbol(lease), grant.ttl()));
+
+    c.put("a", "1", None).await.unwrap();
+    let mut put = c
+        .put("a", "2", Some(PutOptions::new().with_prev_key()))
+        .await
+        .unwrap()
+        .0;
+    put.header = None;
+    put.prev_kv.iter_mut().for_each(|kv| n.kv(kv));
+    log("put prev_kv", format!("{put:?}"));
+    let leased = PutOptions::new().with_lease(lease);
+    c.put("b", "x", Some(leased)).await.unwrap();
+    for (k, v) in [("c", "3"), ("d", "4"), ("e", "5"), ("e/1", "6")] {
+        c.put(k, v, None).await.unwrap();
+    }
+    log(
+        "put empty key",
+        error(c.put("", "v", None).await.unwrap_err()),
+    );
+
+    let gets: Vec<(&str, &str, GetOptions)> = vec![
+        ("get a", "a", GetOptions::new()),
+        ("get missing", "zz", GetOptions::new()),
+        ("get everything", "", GetOptions::new().with_all_keys()),
+        ("get prefix e", "e", GetOptions::new().with_prefix()),
+        (
+            "get from b, limit 2",
+            "b",
+            GetOptions::new().with_from_key().with_limit(2),
+        ),
+        ("get [b, d)", "b", GetOptions::new().with_range("d")),
+        (
+            "get all, descending, keys only",
+            "",
+            GetOptions::new()
+                .with_all_keys()
+                .with_sort(SortTarget::Key, SortOrder::Descend)
+                .with_keys_only(),
+        ),
+        (
+            "get all, count only",
+            "",
+            GetOptions::new().with_all_keys().with_count_only(),
+        ),
+        (
+            "get all, by value, limit 3",
+            "",
+            GetOptions::new()
+                .with_all_keys()
+                .with_sort(SortTarget::Value, SortOrder::Ascend)
+                .with_limit(3),
+        ),
+    ];
+    for (step, key, options) in gets {
+        let mut r = c.get(key, Some(options)).await.unwrap().0;
+        r.header = None;
+        n.kvs(&mut r.kvs);
+        log(step, format!("{r:?}"));
+    }
+
+    let mut del = c
+        .delete("c", Some(DeleteOptions::new().with_prev_key()))
+        .await
+        .unwrap()
+        .0;
+    del.header = None;
+    n.kvs(&mut del.prev_kvs);
+    log("delete c prev_kv", format!("{del:?}"));
+    let mut del = c
+        .delete(
+            "d",
+            Some(DeleteOptions::new().with_range("e/").with_prev_key()),
+        )
+        .await
+        .unwrap()
+        .0;
+    del.header = None;
+    n.kvs(&mut del.prev_kvs);
+    log("delete [d, e/) prev_kv", format!("{del:?}"));
+
+    for (step, value) in [("txn success", "2"), ("txn failure", "9")] {
+        let nested = Txn::new()
+            .when([Compare::create_revision("g", CompareOp::Equal, 0)])
+            .and_then([TxnOp::put("g", "7", None)])
+            .or_else([TxnOp::get("g", None)]);
+        let txn = Txn::new()
+            .when([
+                Compare::value("a", CompareOp::Equal, value),
+                Compare::version("b", CompareOp::Greater, 0),
+                Compare::lease("b", CompareOp::Equal, lease),
+            ])
+            .and_then([
+                TxnOp::put("f", "6", Some(PutOptions::new().with_prev_key())),
+                TxnOp::get("", Some(GetOptions::new().with_all_keys())),
+                TxnOp::txn(nested),
+                TxnOp::delete(
+                    "e/",
+                    Some(DeleteOptions::new().with_prefix().with_prev_key()),
+                ),
+            ])
+            .or_else([TxnOp::get("a", None)]);
+        let mut t = c.txn(txn).await.unwrap().0;
+        n.txn(&mut t);
+        log(step, format!("{t:?}"));
+    }
+
+    let (mut keeper, mut renewals) = c.lease_keep_alive(lease).await.unwrap();
+    keeper.keep_alive().await.unwrap();
+    let renewed = renewals.message().await.unwrap().unwrap().0;
+    log("keepalive", format!("{:?}", n.keep_alive(renewed)));
+    let with_keys = Some(LeaseTimeToLiveOptions::new().with_keys());
+    let ttl = c
+        .lease_time_to_live(lease, with_keys.clone())
+        .await
+        .unwrap();
+    log("timetolive keys", format!("{:?}", n.time_to_live(ttl.0)));
+    let leases = c.leases().await.unwrap().0;
+    let ids: Vec<i64> = leases.leases.iter().map(|l| n.symbol(l.id)).collect();
+    log("leases", format!("{ids:?}"));
+    let mut revoked = c.lease_revoke(lease).await.unwrap().0;
+    revoked.header = None;
+    log("revoke", format!("{revoked:?}"));
+    let mut gone = c.get("b", None).await.unwrap().0;
+    gone.header = None;
+    log("get b after revoke", format!("{gone:?}"));
+    let ttl = c.lease_time_to_live(lease, with_keys).await.unwrap();
+    log("timetolive revoked", format!("{:?}", n.time_to_live(ttl.0)));
+    keeper.keep_alive().await.unwrap();
+    let renewed = renewals.message().await.unwrap().unwrap().0;
+    log("keepalive revoked", format!("{:?}", n.keep_alive(renewed)));
+    log(
+        "revoke revoked",
+        error(c.lease_revoke(lease).await.unwrap_err()),
+    );
+    out
+}
+
+async fn client(url: &str) -> Client {
+    Client::connect([url], None).await.expect("connect")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_and_lease_answers_equal_etcds() {
+    let raw_etcd = Etcd::single().await;
+    let behind = Etcd::single().await;
+    let proxy = Proxy::start(behind.endpoints(), |_| {}).await;
+    let etcd_side = script(&mut client(&raw_etcd.endpoint(0)).await).await;
+    let proxy_side = script(&mut client(&proxy.url).await).await;
+    for (etcd, ours) in etcd_side.iter().zip(&proxy_side) {
+        assert_eq!(ours, etcd, "the proxy's answer (left) differs from etcd's");
+    }
+    assert_eq!(proxy_side.len(), etcd_side.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_stay_inside_the_namespace() {
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |c| {
+        c.v3_namespace = Some("/tenant-a/".into());
+    })
+    .await;
+    let mut raw = etcd.client().await;
+    for outside in ["/tenant-b/k", "/tenant-a", "/tenant-a0", "\u{0}", "zzz"] {
+        raw.put(outside, "outside", None).await.unwrap();
+    }
+    let mut c = client(&proxy.url).await;
+    c.put("k", "inside", None).await.unwrap();
+    let inside = raw.get("/tenant-a/k", None).await.unwrap();
+    assert_eq!(inside.kvs()[0].value(), b"inside");
+
+    // Every "to the end" and "everything" a client can name stays in the namespace.
+    for (key, options) in [
+        ("", GetOptions::new().with_all_keys()),
+        ("", GetOptions::new().with_from_key()),
+        ("", GetOptions::new().with_prefix()),
+        ("\u{0}", GetOptions::new().with_range("\u{0}")),
+        (
+            "\u{0}",
+            GetOptions::new().with_range(vec![0xff, 0xff, 0xff]),
+        ),
+        ("a", GetOptions::new().with_range("\u{0}")),
+    ] {
+        let got = c.get(key, Some(options)).await.unwrap();
+        let keys: Vec<&[u8]> = got.kvs().iter().map(|kv| kv.key()).collect();
+        assert_eq!(keys, [b"k".as_slice()]);
+    }
+    let txn = Txn::new().and_then([
+        TxnOp::delete("\u{0}", Some(DeleteOptions::new().with_from_key())),
+        TxnOp::txn(Txn::new().and_then([TxnOp::get("", Some(GetOptions::new().with_all_keys()))])),
+    ]);
+    c.txn(txn).await.unwrap();
+    c.delete("", Some(DeleteOptions::new().with_all_keys()))
+        .await
+        .unwrap();
+    for outside in ["/tenant-b/k", "/tenant-a", "/tenant-a0", "\u{0}", "zzz"] {
+        let still = raw.get(outside, None).await.unwrap();
+        assert_eq!(still.kvs().len(), 1, "{outside:?} was touched");
+    }
+    let left = raw.get("/tenant-a/", Some(GetOptions::new().with_prefix()));
+    assert_eq!(left.await.unwrap().kvs().len(), 0);
+
+    // Compact acts on the whole cluster: refused as etcd refuses a user without the right.
+    let refused = c.compact(1, None).await.unwrap_err();
+    assert_eq!(
+        error(refused),
+        r#"PermissionDenied "etcdserver: permission denied""#
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_list_names_the_proxy_and_status_answers() {
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let mut c = client(&proxy.url).await;
+    let members = c.member_list().await.unwrap();
+    let urls: Vec<&str> = members
+        .members()
+        .iter()
+        .flat_map(|m| m.client_urls())
+        .map(String::as_str)
+        .collect();
+    assert_eq!(urls, [proxy.url.as_str()]);
+    let status = c.status().await.unwrap();
+    assert!(!status.version().is_empty());
+    // HTTP on the same port is still the HTTP API.
+    let (code, _) = send(http().get(format!("{}/livez", proxy.url))).await;
+    assert_eq!(code, 200);
+}
+
+/// etcdctl's outputs against the proxy and against etcd, in one run: put, get, del and a lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_answers_as_against_etcd() {
+    const ETCDCTL: &str = "/usr/bin/etcdctl";
+    assert!(
+        std::path::Path::new(ETCDCTL).exists(),
+        "{ETCDCTL} missing: scripts/deps.sh installs Debian's etcd-client"
+    );
+    let raw_etcd = Etcd::single().await;
+    let behind = Etcd::single().await;
+    let proxy = Proxy::start(behind.endpoints(), |_| {}).await;
+    let run = |endpoint: &str, args: &[&str]| {
+        let endpoint = endpoint.trim_start_matches("http://").to_owned();
+        let out = Command::new(ETCDCTL)
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={endpoint}"))
+            .args(args)
+            .output()
+            .unwrap();
+        format!(
+            "{} | {} | {}",
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )
+    };
+    let script: &[&[&str]] = &[
+        &["put", "k1", "v1"],
+        &["put", "k2", "v2", "--prev-kv"],
+        &["put", "k1", "v1b", "--prev-kv"],
+        &["get", "k1"],
+        &["get", "k", "--prefix"],
+        &["get", "k", "--prefix", "--keys-only", "--limit=1"],
+        &["get", "a", "--from-key", "--keys-only", "-w", "fields"],
+        &["del", "k2", "--prev-kv"],
+        &["del", "nothing"],
+        &["lease", "list"],
+    ];
+    for args in script {
+        let etcd = run(&raw_etcd.endpoint(0), args);
+        let ours = run(&proxy.url, args);
+        let etcd = normalise_fields(&etcd);
+        assert_eq!(normalise_fields(&ours), etcd, "etcdctl {args:?}");
+    }
+    // A lease: its id differs, its shape does not.
+    let granted = run(&proxy.url, &["lease", "grant", "30"]);
+    let shape = |s: &str| {
+        s.split_whitespace()
+            .map(|w| {
+                if w.chars().all(|c| c.is_ascii_hexdigit()) && w.len() > 8 {
+                    "ID"
+                } else {
+                    w
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(
+        shape(&granted),
+        shape(&run(&raw_etcd.endpoint(0), &["lease", "grant", "30"]))
+    );
+}
+
+/// `-w fields` output without the lines that give revisions, raft terms and cluster ids.
+fn normalise_fields(s: &str) -> String {
+    s.lines()
+        .filter(|l| {
+            [
+                "\"ClusterID\"",
+                "\"MemberID\"",
+                "\"Revision\"",
+                "\"RaftTerm\"",
+                "\"CreateRevision\"",
+                "\"ModRevision\"",
+            ]
+            .iter()
+            .all(|f| !l.contains(f))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
