@@ -497,3 +497,32 @@ async fn callers_are_judged_as_v3_json_judges_them() {
     let keys: Vec<&[u8]> = written.kvs().iter().map(|kv| kv.key()).collect();
     assert_eq!(keys, [b"/ns/acme/k1".as_slice(), b"/ns/acme/k2"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_is_served_over_tls_too() {
+    let etcd = Etcd::single().await;
+    let pki = lease_proxy_testkit::pki::Pki::new("grpc");
+    let server = pki.server("proxy");
+    let ca = std::fs::read(pki.ca()).unwrap();
+    let https = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
+        .build()
+        .unwrap();
+    let proxy = Proxy::start_https(etcd.endpoints(), &https, |c| {
+        c.tls_cert = Some(server.cert.clone());
+        c.tls_key = Some(server.key.clone());
+    })
+    .await;
+    let tls = etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(ca));
+    let options = etcd_client::ConnectOptions::new().with_tls(tls);
+    let mut c = Client::connect([proxy.url.as_str()], Some(options))
+        .await
+        .unwrap();
+    c.put("k", "over tls", None).await.unwrap();
+    let got = c.get("k", None).await.unwrap();
+    assert_eq!(got.kvs()[0].value(), b"over tls");
+    let members = c.member_list().await.unwrap();
+    assert_eq!(members.members()[0].client_urls(), [proxy.url.clone()]);
+}
