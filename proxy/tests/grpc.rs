@@ -527,5 +527,28 @@ async fn grpc_is_served_over_tls_too() {
     let got = c.get("k", None).await.unwrap();
     assert_eq!(got.kvs()[0].value(), b"over tls");
     let members = c.member_list().await.unwrap();
-    assert_eq!(members.members()[0].client_urls(), [proxy.url.clone()]);
+    assert_eq!(
+        members.members()[0].client_urls(),
+        std::slice::from_ref(&proxy.url)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_are_bounded_and_client_deadlines_kept() {
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |c| c.max_body_bytes = 16 * 1024).await;
+    let mut c = client(&proxy.url).await;
+    let huge = vec![b'x'; 32 * 1024];
+    let refused = error(c.put("big", huge, None).await.unwrap_err());
+    // tonic's refusal (grpc-go, so etcd, says ResourceExhausted): refused before decoding.
+    assert!(refused.starts_with("OutOfRange"), "{refused}");
+    assert!(c.get("big", None).await.unwrap().kvs().is_empty());
+
+    // etcd stopped: the client's 200 ms deadline ends the call, well before --etcd-timeout.
+    etcd.signal(0, "STOP");
+    let started = tokio::time::Instant::now();
+    let answer = put_with(&proxy.url, &[("grpc-timeout", "200m")], "late").await;
+    etcd.signal(0, "CONT");
+    assert_eq!(answer, ("4".into(), "context deadline exceeded".into()));
+    assert!(started.elapsed() < std::time::Duration::from_secs(2));
 }

@@ -17,14 +17,16 @@ mod kv;
 mod lease;
 
 use std::convert::Infallible;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{header, HeaderValue, Request, Version};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use etcd_client::proto::{PbClusterServer, PbKvServer, PbLeaseServer, PbMaintenanceServer};
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, FutureExt};
 use tonic::service::Routes;
 
 use crate::api::{etcd_principal, AppState};
@@ -119,16 +121,54 @@ impl tower::Service<Request<Body>> for Dispatch {
         }
         let (app, grpc) = (self.app.clone(), self.grpc.clone());
         Box::pin(async move {
-            match etcd_principal(&app, &credentials(&req), req.extensions()) {
-                Ok(principal) => {
-                    let url = called_url(&req);
-                    req.extensions_mut().insert(Judged { principal, url });
-                    Ok(grpc.oneshot(req).await.into_response())
+            let principal = match etcd_principal(&app, &credentials(&req), req.extensions()) {
+                Ok(principal) => principal,
+                Err(e) => return Ok(status(Status::from(e)).into_http()),
+            };
+            let deadline = client_deadline(&req);
+            let url = called_url(&req);
+            req.extensions_mut().insert(Judged { principal, url });
+            // A panic is a bug: the call fails with Internal, the connection and its other
+            // streams go on (as the HTTP routes' CatchPanicLayer does for them).
+            let call = AssertUnwindSafe(grpc.oneshot(req)).catch_unwind();
+            let answer = match deadline {
+                Some(d) => tokio::time::timeout(d, call).await.ok(),
+                None => Some(call.await),
+            };
+            Ok(match answer {
+                Some(Ok(Ok(response))) => response.into_response(),
+                Some(Ok(Err(never))) => match never {},
+                Some(Err(_)) => {
+                    tracing::error!("gRPC handler panicked");
+                    status(Status::internal()).into_http()
                 }
-                Err(e) => Ok(status(Status::from(e)).into_http::<Body>()),
-            }
+                None => status(Status::deadline_exceeded()).into_http(),
+            })
         })
     }
+}
+
+/// The client's deadline for a call (`grpc-timeout`: at most 8 digits and a unit), if it sent
+/// one that parses; one that does not is ignored, as grpc-go ignores it. It bounds the call up
+/// to its answer's headers — a unary call whole; a stream's messages run on under the etcd
+/// deadline of each call they make.
+fn client_deadline(req: &Request<Body>) -> Option<Duration> {
+    // `to_str` admits visible ASCII only, so the split below is at a character boundary.
+    let value = req.headers().get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 /// The request's headers with etcd's `token` metadata read as a bearer token when there is no
@@ -152,4 +192,36 @@ fn called_url(req: &Request<Body>) -> String {
     let scheme = uri.scheme_str().unwrap_or("http");
     let authority = uri.authority().map_or("", |a| a.as_str());
     format!("{scheme}://{authority}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_timeout(value: &str) -> Request<Body> {
+        Request::builder()
+            .header("grpc-timeout", value)
+            .body(Body::empty())
+            .unwrap()
+    }
+
+    #[test]
+    fn client_deadlines_parse_as_grpc_go_parses_them() {
+        for (value, want) in [
+            ("1S", Some(Duration::from_secs(1))),
+            ("250m", Some(Duration::from_millis(250))),
+            ("2M", Some(Duration::from_secs(120))),
+            ("1H", Some(Duration::from_secs(3600))),
+            ("99999999u", Some(Duration::from_micros(99_999_999))),
+            ("7n", Some(Duration::from_nanos(7))),
+            ("123456789S", None),
+            ("S", None),
+            ("", None),
+            ("1s", None),
+            ("-1S", None),
+            ("+1S", None),
+        ] {
+            assert_eq!(client_deadline(&with_timeout(value)), want, "{value:?}");
+        }
+    }
 }

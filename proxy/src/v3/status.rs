@@ -21,15 +21,17 @@ pub(crate) const INVALID_AUTH_TOKEN: &str = "etcdserver: invalid auth token";
 /// etcd's error for a user without the role a request needs (gRPC PermissionDenied).
 pub(crate) const PERMISSION_DENIED: &str = "etcdserver: permission denied";
 
-/// A gRPC status code (the subset `/v3` answers with).
+/// A gRPC status code (the subset the etcd fronts answer with).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Code {
     Unknown = 2,
     InvalidArgument = 3,
+    DeadlineExceeded = 4,
     NotFound = 5,
     PermissionDenied = 7,
     ResourceExhausted = 8,
     Unimplemented = 12,
+    Internal = 13,
     Unavailable = 14,
     Unauthenticated = 16,
 }
@@ -69,6 +71,17 @@ impl Status {
     /// its auth refuses a non-root user).
     pub(crate) fn cluster_wide() -> Self {
         Self::new(Code::PermissionDenied, PERMISSION_DENIED)
+    }
+
+    /// The client's own deadline (gRPC `grpc-timeout`) passed, in Go gRPC's words, as etcd
+    /// answers.
+    pub(crate) fn deadline_exceeded() -> Self {
+        Self::new(Code::DeadlineExceeded, "context deadline exceeded")
+    }
+
+    /// A bug: the handler panicked. The client learns nothing more.
+    pub(crate) fn internal() -> Self {
+        Self::new(Code::Internal, "lease-proxy: internal error")
     }
 
     /// The body exceeds the proxy's limit.
