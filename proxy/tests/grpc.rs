@@ -552,3 +552,41 @@ async fn messages_are_bounded_and_client_deadlines_kept() {
     assert_eq!(answer, ("4".into(), "context deadline exceeded".into()));
     assert!(started.elapsed() < std::time::Duration::from_secs(2));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_leases_are_unknown_and_a_half_close_is_answered() {
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let mut raw = etcd.client().await;
+    let foreign = raw.lease_grant(60, None).await.unwrap().id();
+    let mut c = client(&proxy.url).await;
+    let not_found = r#"NotFound "etcdserver: requested lease not found""#;
+
+    // A lease not granted through the proxy's etcd fronts is unknown to them, whatever the call.
+    let leased = PutOptions::new().with_lease(foreign);
+    assert_eq!(
+        error(c.put("k", "v", Some(leased)).await.unwrap_err()),
+        not_found
+    );
+    assert_eq!(error(c.lease_revoke(foreign).await.unwrap_err()), not_found);
+    let ttl = c.lease_time_to_live(foreign, None).await.unwrap();
+    assert_eq!(ttl.ttl(), -1);
+    assert!(c.leases().await.unwrap().leases().is_empty());
+    // etcd-client sends the first keepalive itself and reads TTL 0 (etcd's answer for an
+    // unknown lease) as "lease not found".
+    let kept = c.lease_keep_alive(foreign).await.map(drop).unwrap_err();
+    assert!(
+        matches!(&kept, etcd_client::Error::LeaseKeepAliveError(m) if m == "lease not found"),
+        "{kept:?}"
+    );
+    assert!(raw.lease_time_to_live(foreign, None).await.unwrap().ttl() > 0);
+
+    // One keepalive, then the client half-closes (python-etcd3's refresh): the answer comes,
+    // then the stream ends.
+    let ours = c.lease_grant(30, None).await.unwrap().id();
+    let (mut keeper, mut renewals) = c.lease_keep_alive(ours).await.unwrap();
+    keeper.keep_alive().await.unwrap();
+    drop(keeper);
+    assert_eq!(renewals.message().await.unwrap().unwrap().ttl(), 30);
+    assert!(renewals.message().await.unwrap().is_none());
+}
