@@ -1,6 +1,7 @@
 //! The token file changing under a running proxy (issue 27 D2, D3): a file caught mid-rewrite
 //! is never taken — no principal gets a wider permission, nobody is locked out — and a caller
-//! whose line is removed or narrowed while its acquire waits gets 401 or 403, never a grant.
+//! whose line is removed or narrowed while its acquire or `/v3` lock waits gets 401 or 403,
+//! never a grant or a lock.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -313,4 +314,81 @@ async fn an_acquire_whose_principal_was_removed_before_its_create_gets_401() {
     let (s, body) = pending.await.unwrap();
     assert_eq!(s, 401, "{body}");
     assert!(keys_under(&etcd, "/lease-proxy/holders/").await.is_empty());
+}
+
+/// `POST /v3/lock/lock` as `token`, under `lease`, for the lock named `m`.
+async fn lock_as(url: &str, token: &str, lease: &str) -> (u16, serde_json::Value) {
+    send(
+        http()
+            .post(format!("{url}/v3/lock/lock"))
+            .bearer_auth(token)
+            .json(&json!({"name": "bQ==", "lease": lease})),
+    )
+    .await
+}
+
+/// The same rule for a `/v3` lock (found by a hostile pass): alice waits for the lock `m`, which
+/// she holds under another lease; the token file then changes to `after`. The waiting lock must
+/// end with etcd's `code` while the first is still held — no lock, no fencing token — and its
+/// key must go, leaving the holder's alone.
+async fn a_lock_waiter_judged_again(after: &str, status: u16, code: i64) {
+    let etcd = Etcd::single().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens");
+    std::fs::write(
+        &path,
+        line("alice", ALICE, "v3:*") + &line("bob", BOB, "read:*"),
+    )
+    .unwrap();
+    let proxy = Proxy::start(etcd.endpoints(), |c| c.auth_tokens = Some(path.clone())).await;
+    let url = proxy.url.clone();
+    let mut leases = Vec::new();
+    for _ in 0..2 {
+        let (s, granted) = send(
+            http()
+                .post(format!("{url}/v3/lease/grant"))
+                .bearer_auth(ALICE)
+                .json(&json!({"TTL": 60})),
+        )
+        .await;
+        assert_eq!(s, 200, "{granted}");
+        leases.push(str_field(&granted, "ID"));
+    }
+    let (s, held) = lock_as(&url, ALICE, &leases[0]).await;
+    assert_eq!(s, 200, "{held}");
+    let waiter = {
+        let (url, lease) = (url.clone(), leases[1].clone());
+        tokio::spawn(async move { lock_as(&url, ALICE, &lease).await })
+    };
+    let lock_keys = "/lease-proxy/v3/kv/alice/m/";
+    eventually("the second lock never waited", || async {
+        keys_under(&etcd, lock_keys).await.len() == 2
+    })
+    .await;
+
+    replace(&path, after);
+    let (s, body) = tokio::time::timeout(Duration::from_secs(15), waiter)
+        .await
+        .expect("the lock still waits, under a table that no longer lets its principal")
+        .unwrap();
+    assert_eq!((s, body["code"].as_i64()), (status, Some(code)), "{body}");
+    eventually("the refused lock's key was left behind", || async {
+        keys_under(&etcd, lock_keys).await.len() == 1
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_v3_lock_of_a_removed_principal_gets_no_lock() {
+    a_lock_waiter_judged_again(&line("bob", BOB, "read:*"), 401, 16).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_v3_lock_of_a_narrowed_principal_gets_no_lock() {
+    a_lock_waiter_judged_again(
+        &(line("alice", ALICE, "read:*") + &line("bob", BOB, "read:*")),
+        403,
+        7,
+    )
+    .await;
 }

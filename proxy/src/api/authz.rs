@@ -78,9 +78,9 @@ pub(super) fn authorize(
     Ok(Some(principal))
 }
 
-/// For an acquire already authorised as `caller`: the same judgement of `op` on `resource`
-/// against the table in force whenever the lease layer asks — right before its create
-/// transaction, and after every reload while it waits — and the same principal required.
+/// For an acquire or a `/v3` lock already authorised as `caller`: the same judgement of `op` on
+/// `target` against the table in force whenever the lease layer or the lock asks — right before
+/// the grant, and after every reload while it waits — and the same principal required.
 /// `None` with authentication off.
 pub(super) fn recheck(
     app: &Arc<AppState>,
@@ -88,26 +88,21 @@ pub(super) fn recheck(
     peer: &Peer,
     caller: &Caller,
     op: Op,
-    resource: &str,
+    target: Target<'_>,
 ) -> Option<Recheck> {
     let (auth, caller) = (app.auth.clone()?, caller.clone()?);
     let changes = auth.changes();
-    let (app, headers, peer, resource) = (
-        app.clone(),
-        headers.clone(),
-        peer.clone(),
-        resource.to_owned(),
-    );
+    let (app, headers, peer) = (app.clone(), headers.clone(), peer.clone());
+    // The target, owned: the check outlives the request.
+    let (resource, some) = (target.resource(), matches!(target, Target::Some));
     Some(Recheck::new(
         move || {
-            let now = judge(
-                &app,
-                &auth,
-                &headers,
-                &peer,
-                op,
-                Target::Resource(&resource),
-            )?;
+            let target = match &resource {
+                Some(r) => Target::Resource(r),
+                None if some => Target::Some,
+                None => Target::All,
+            };
+            let now = judge(&app, &auth, &headers, &peer, op, target)?;
             if now.name == caller.name {
                 return Ok(());
             }

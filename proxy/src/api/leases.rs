@@ -11,7 +11,7 @@ use axum::Json;
 use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
 
-use super::authz::{self, Caller};
+use super::authz::{self, Caller, Target};
 use super::preamble::{Acquiring, AsHolder, Authorized, OnResource, Reading, Received};
 use super::schemas::{ResourceName, ResourcePrefix};
 use super::{body, AppState};
@@ -131,7 +131,14 @@ pub(super) async fn acquire(
         ..
     } = on;
     // Subscribed now: a reload from here on has the acquire judged again.
-    let recheck = authz::recheck(&app, &headers, &peer, &caller, Op::Acquire, &resource);
+    let recheck = authz::recheck(
+        &app,
+        &headers,
+        &peer,
+        &caller,
+        Op::Acquire,
+        Target::Resource(&resource),
+    );
     let idempotency_key = body::idempotency_key(&headers)?;
     let req: AcquireBody = body::json(&headers, body, app.body).await?;
     let fields = validate::acquire(

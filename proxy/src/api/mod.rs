@@ -135,24 +135,29 @@ async fn v3(
     axum::extract::State(app): axum::extract::State<Arc<AppState>>,
     req: axum::http::Request<axum::body::Body>,
 ) -> Response {
-    let principal = match etcd_principal(&app, req.headers(), req.extensions()) {
-        Ok(principal) => principal,
+    let caller = match etcd_caller(&app, req.headers(), req.extensions()) {
+        Ok(caller) => caller,
         Err(e) => return crate::v3::refusal(e),
     };
-    app.v3.handle(req, principal.as_deref()).await
+    app.v3.handle(req, caller).await
 }
 
 /// Whom an etcd-compatible request — the `/v3` JSON gateway or etcd's gRPC API — is served
-/// for: with `--auth-tokens`, its principal if it has the `v3` permission (a refusal, counted and
-/// audited, otherwise); `None` with authentication off. One judgement for both fronts.
-pub(crate) fn etcd_principal(
-    app: &AppState,
+/// for, and its right judged again while it waits (a `/v3` lock): with `--auth-tokens`, its
+/// principal if it has the `v3` permission (a refusal, counted and audited, otherwise); no
+/// principal and nothing to judge again with authentication off. One judgement for both fronts.
+pub(crate) fn etcd_caller(
+    app: &Arc<AppState>,
     headers: &axum::http::HeaderMap,
     extensions: &axum::http::Extensions,
-) -> Result<Option<String>, Error> {
+) -> Result<crate::v3::Authorised, Error> {
     let peer = authz::Peer::of(extensions);
-    authz::authorize(app, headers, &peer, crate::auth::Op::V3, authz::Target::All)
-        .map(|caller| caller.map(|p| p.name.clone()))
+    let (op, target) = (crate::auth::Op::V3, authz::Target::All);
+    let caller = authz::authorize(app, headers, &peer, op, target)?;
+    Ok(crate::v3::Authorised {
+        recheck: authz::recheck(app, headers, &peer, &caller, op, target),
+        principal: caller.map(|p| p.name.clone()),
+    })
 }
 
 /// etcd's `GET /version`, for gateway clients that discover the API path from it.

@@ -6,7 +6,7 @@
 //! messages, the core checks, confines (namespace both ways, leases per principal) and calls
 //! etcd under `--etcd-timeout`, and its [`Status`] becomes a `tonic::Status` in one place
 //! ([`status`]) — the codes and messages etcd gives, which Go clients match by text. Callers are
-//! judged as `/v3` JSON judges them ([`crate::api::etcd_principal`]), before any service runs.
+//! judged as `/v3` JSON judges them ([`crate::api::etcd_caller`]), before any service runs.
 //!
 //! One file per etcd service, as etcd's `v3rpc` has them: `kv.rs`, `lease.rs`, `cluster.rs`
 //! (Cluster and Maintenance, what clients call at connect time). Not served yet: Watch, Lock,
@@ -29,8 +29,8 @@ use etcd_client::proto::{PbClusterServer, PbKvServer, PbLeaseServer, PbMaintenan
 use futures::future::{BoxFuture, FutureExt};
 use tonic::service::Routes;
 
-use crate::api::{etcd_principal, AppState};
-use crate::v3::{Caller, Service, Status};
+use crate::api::{etcd_caller, AppState};
+use crate::v3::{Authorised, Caller, Service, Status};
 
 /// The etcd services, each holding the proxy's state.
 #[derive(Clone)]
@@ -41,8 +41,9 @@ struct Front {
 /// A gRPC call judged before it reaches a service, carried in its extensions.
 #[derive(Clone)]
 struct Judged {
-    /// Whom it is served for: the principal, `None` with authentication off.
-    principal: Option<String>,
+    /// Whom it is served for (the principal, `None` with authentication off), and its right
+    /// judged again while a call waits.
+    who: Authorised,
     /// The proxy's URL as the client called it (scheme and authority).
     url: String,
 }
@@ -60,7 +61,7 @@ impl Front {
             .extensions()
             .get::<Judged>()
             .ok_or_else(|| tonic::Status::internal("lease-proxy: gRPC call not authorised"))?;
-        Ok(self.core().caller(judged.principal.as_deref()))
+        Ok(self.core().caller(&judged.who))
     }
 }
 
@@ -121,13 +122,13 @@ impl tower::Service<Request<Body>> for Dispatch {
         }
         let (app, grpc) = (self.app.clone(), self.grpc.clone());
         Box::pin(async move {
-            let principal = match etcd_principal(&app, &credentials(&req), req.extensions()) {
-                Ok(principal) => principal,
+            let who = match etcd_caller(&app, &credentials(&req), req.extensions()) {
+                Ok(who) => who,
                 Err(e) => return Ok(status(Status::from(e)).into_http()),
             };
             let deadline = client_deadline(&req);
             let url = called_url(&req);
-            req.extensions_mut().insert(Judged { principal, url });
+            req.extensions_mut().insert(Judged { who, url });
             // A panic is a bug: the call fails with Internal, the connection and its other
             // streams go on (as the HTTP routes' CatchPanicLayer does for them).
             let call = AssertUnwindSafe(grpc.oneshot(req)).catch_unwind();

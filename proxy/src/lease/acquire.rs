@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use super::attempt::Attempt;
 use super::queue::Place;
-use super::{recheck, Acquire, Grant, Leases, Recheck};
+use super::{Acquire, Grant, Leases, Recheck};
 use crate::etcd::Deleted;
 use crate::lease::Wakeup;
 use crate::{Error, Result};
@@ -180,10 +180,8 @@ impl Leases {
             tokio::select! {
                 _ = self.stopping.cancelled() => return Err(Error::ShuttingDown),
                 _ = tokio::time::sleep_until(deadline) => return Ok(Woken::Deadline),
-                () = recheck::changed(recheck) => {
-                    if let Some(r) = recheck {
-                        r.check()?;
-                    }
+                () = Recheck::changed_or_never(recheck) => {
+                    Recheck::check_if_any(recheck.as_ref())?;
                 }
                 event = events.recv() => match event {
                     Ok(e) if wanted(&e) => return Ok(Woken::By(e)),

@@ -133,7 +133,7 @@ impl Leases {
         let draft = Draft::new(req, &lease, &keys, &prepared);
         // The last moment before the grant can exist: a caller removed from (or narrowed in)
         // the token file since its request was authorised gets the check's 401 or 403.
-        if let Err(e) = req.recheck.as_ref().map_or(Ok(()), Recheck::check) {
+        if let Err(e) = Recheck::check_if_any(req.recheck.as_ref()) {
             self.give_back_unless_session(req, &lease).await?;
             return Err(e);
         }

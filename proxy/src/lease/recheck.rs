@@ -57,14 +57,19 @@ impl Recheck {
             std::future::pending::<()>().await;
         }
     }
-}
 
-/// Waits for [`Recheck::changed`] when there is a recheck; for ever when there is none
-/// (authentication off: nothing to judge again).
-pub(super) async fn changed(recheck: &mut Option<Recheck>) {
-    match recheck {
-        Some(r) => r.changed().await,
-        None => std::future::pending().await,
+    /// Waits for [`Recheck::changed`] when there is a recheck; for ever when there is none
+    /// (authentication off: nothing to judge again).
+    pub(crate) async fn changed_or_never(recheck: &mut Option<Recheck>) {
+        match recheck {
+            Some(r) => r.changed().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// [`Recheck::check`] when there is a recheck; nothing to judge without one.
+    pub(crate) fn check_if_any(recheck: Option<&Recheck>) -> Result<()> {
+        recheck.map_or(Ok(()), Recheck::check)
     }
 }
 
@@ -91,13 +96,16 @@ mod tests {
             },
             rx,
         ));
-        let unwoken = tokio::time::timeout(short, changed(&mut recheck)).await;
+        let unwoken = tokio::time::timeout(short, Recheck::changed_or_never(&mut recheck)).await;
         assert!(unwoken.is_err(), "woken without a change");
         allowed.store(false, Ordering::SeqCst);
         tx.send_replace(());
-        tokio::time::timeout(Duration::from_secs(1), changed(&mut recheck))
-            .await
-            .expect("a change wakes it");
+        tokio::time::timeout(
+            Duration::from_secs(1),
+            Recheck::changed_or_never(&mut recheck),
+        )
+        .await
+        .expect("a change wakes it");
         let r = recheck.as_ref().unwrap();
         assert!(matches!(
             r.check(),
@@ -109,7 +117,7 @@ mod tests {
         let after = tokio::time::timeout(short, r.changed()).await;
         assert!(after.is_err());
         // Without authentication there is nothing to wait for.
-        let none = tokio::time::timeout(short, changed(&mut None)).await;
+        let none = tokio::time::timeout(short, Recheck::changed_or_never(&mut None)).await;
         assert!(none.is_err());
     }
 }

@@ -6,7 +6,8 @@
 //! step is an etcd call under the proxy's deadline and failover, and waiting for a holder (which
 //! may take as long as the holder likes) is a watch that is re-checked with a fresh read every
 //! deadline — so a stopped member cannot hold a waiter forever. A locker that goes away while
-//! waiting leaves no key behind.
+//! waiting leaves no key behind, and one whose principal is removed or narrowed while it waits
+//! gets no lock (its right is judged again on every token-file change and before the answer).
 //!
 //! The answer carries a fencing token for the lock key's create revision, minted for the lock's
 //! own fencing domain, [`fencing::lock_resource`] (`lock/` + hex of the name's bytes) — never
@@ -18,6 +19,7 @@ use super::request::Lock;
 use super::service::{Caller, Service};
 use super::status::{Code, Status, EMPTY_KEY, LEASE_NOT_FOUND};
 use crate::etcd::{prefix_end, Etcd, Header};
+use crate::lease::Recheck;
 use etcd_client::proto::{PbLockResponse, PbTxnOpResponse, PbUnlockResponse};
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
@@ -219,14 +221,24 @@ impl Service {
                 create_revision: mine,
                 armed: resp.0.succeeded,
             };
+            // The caller's right to the lock is judged again whenever the token file may have
+            // changed and before the lock is its: a principal removed or narrowed while it
+            // waits gets no lock and no token, and its key goes (`abandoned`).
+            let mut recheck = s.recheck.clone();
             loop {
                 let (older, at) = last_before(&self.etcd, &prefix, mine - 1).await?;
                 let Some(older) = older else {
                     header = at.into();
                     break;
                 };
-                deleted_after(&self.etcd, older, at.revision, self.etcd.timeout()).await;
+                tokio::select! {
+                    () = deleted_after(&self.etcd, older, at.revision, self.etcd.timeout()) => {}
+                    () = Recheck::changed_or_never(&mut recheck) => {
+                        Recheck::check_if_any(recheck.as_ref())?;
+                    }
+                }
             }
+            Recheck::check_if_any(recheck.as_ref())?;
             // The lease may have lapsed while waiting, taking the key with it.
             let still = self.etcd.get_bytes(&key).await.map_err(Status::from)?;
             if still.is_none_or(|kv| kv.create_revision() != mine) {

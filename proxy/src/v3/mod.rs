@@ -40,7 +40,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use crate::etcd::{Etcd, KeepAlive};
-pub(crate) use service::{Caller, Service};
+pub(crate) use service::{Authorised, Caller, Service};
 
 use json::{JsonError, Reader, Value};
 use lease::Markers;
@@ -230,8 +230,9 @@ impl V3 {
     }
 
     /// Handles any request under `/v3`, `/v3beta` (etcd 3.4's alias) or `/v3alpha` (which etcd
-    /// 3.4 no longer serves), in `principal`'s namespace (`None`: the shared one).
-    pub(crate) async fn handle(&self, req: Request<Body>, principal: Option<&str>) -> Response {
+    /// 3.4 no longer serves), for the caller `who` was authorised as (its namespace; its right
+    /// judged again while a lock waits).
+    pub(crate) async fn handle(&self, req: Request<Body>, who: Authorised) -> Response {
         let path = req.uri().path();
         let Some(method) = path
             .strip_prefix("/v3/")
@@ -265,7 +266,7 @@ impl V3 {
                 .response()
             }
         };
-        let caller = self.core.caller(principal);
+        let caller = self.core.caller(&who);
         match self.call(&caller, call, &body).await {
             Ok(response) => response,
             Err(status) => {

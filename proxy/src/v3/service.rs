@@ -16,6 +16,7 @@ use super::lease::Markers;
 use super::namespace::Namespace;
 use super::Limits;
 use crate::etcd::{Etcd, KeepAlive};
+use crate::lease::Recheck;
 
 /// The etcd-compatible service: confined, typed, front-agnostic.
 pub(crate) struct Service {
@@ -30,6 +31,14 @@ pub(crate) struct Service {
     pub(super) limits: Limits,
 }
 
+/// What a front learnt of who calls: the principal (`None` with authentication off), and its
+/// right to the etcd API judged again on demand (`None` with authentication off).
+#[derive(Clone, Default)]
+pub(crate) struct Authorised {
+    pub(crate) principal: Option<String>,
+    pub(crate) recheck: Option<Recheck>,
+}
+
 /// The caller context every method of the core takes — whose view of etcd a request gets: the shared namespace with authentication off; with it
 /// on, the principal's own namespace `{--v3-namespace}{principal}/` and only the leases it
 /// granted through `/v3`. Principal names are `[A-Za-z0-9._-]{1,64}` (checked when the token
@@ -38,6 +47,9 @@ pub(crate) struct Caller {
     pub(super) namespace: Namespace,
     /// The principal, `None` with authentication off.
     pub(super) owner: Option<String>,
+    /// The principal's right to `/v3`, judged again while a lock waits (a removed or narrowed
+    /// principal gets no lock); `None` with authentication off.
+    pub(super) recheck: Option<Recheck>,
 }
 
 impl Caller {
@@ -61,12 +73,14 @@ impl Caller {
 }
 
 impl Service {
-    /// The view of `/v3` for `principal` (`None`: authentication is off).
-    pub(crate) fn caller(&self, principal: Option<&str>) -> Caller {
-        match principal {
+    /// The view of etcd for the request `who` was authorised as.
+    pub(crate) fn caller(&self, who: &Authorised) -> Caller {
+        let recheck = who.recheck.clone();
+        match who.principal.as_deref() {
             None => Caller {
                 namespace: self.namespace.clone(),
                 owner: None,
+                recheck,
             },
             Some(p) => {
                 let mut prefix = self.namespace.key(p.as_bytes());
@@ -74,6 +88,7 @@ impl Service {
                 Caller {
                     namespace: Namespace::new(prefix),
                     owner: Some(p.to_owned()),
+                    recheck,
                 }
             }
         }
@@ -89,10 +104,12 @@ mod tests {
         let shared = Caller {
             namespace: Namespace::new(b"/ns/".to_vec()),
             owner: None,
+            recheck: None,
         };
         let acme = Caller {
             namespace: Namespace::new(b"/ns/acme/".to_vec()),
             owner: Some("acme".into()),
+            recheck: None,
         };
         // With authentication off every marker is ours, whoever granted it.
         assert!(shared.owns(b"") && shared.owns(b"acme"));
