@@ -18,8 +18,8 @@ use sha2::{Digest, Sha256};
 
 use common::*;
 use etcd_client::proto::{
-    PbKeyValue, PbLeaseKeepAliveResponse, PbLeaseTimeToLiveResponse, PbPutRequest, PbTxnOpResponse,
-    PbTxnResponse,
+    PbKeyValue, PbLeaseKeepAliveRequest, PbLeaseKeepAliveResponse, PbLeaseTimeToLiveResponse,
+    PbPutRequest, PbTxnOpResponse, PbTxnResponse,
 };
 use etcd_client::{
     Client, Compare, CompareOp, DeleteOptions, GetOptions, LeaseTimeToLiveOptions, PutOptions,
@@ -489,6 +489,21 @@ async fn callers_are_judged_as_v3_json_judges_them() {
     assert_eq!(put_with(&proxy.url, &by_header, "k1").await, ok);
     // etcd's own `token` metadata, as Go's clientv3 sends it.
     assert_eq!(put_with(&proxy.url, &[("token", ACME)], "k2").await, ok);
+    // A credential given twice is refused, whichever comes first (a hostile pass found the
+    // first `token` chosen, and `token` ignored beside `authorization`).
+    for twice in [
+        [("token", ACME), ("token", READER)],
+        [("token", READER), ("token", ACME)],
+        [("token", ACME), ("token", ACME)],
+        [("authorization", bearer.as_str()), ("token", "garbage")],
+        [("token", ACME), ("authorization", bearer.as_str())],
+    ] {
+        assert_eq!(
+            put_with(&proxy.url, &twice, "k3").await,
+            invalid,
+            "{twice:?}"
+        );
+    }
     let mut raw = etcd.client().await;
     let written = raw
         .get(
@@ -589,4 +604,113 @@ async fn foreign_leases_are_unknown_and_a_half_close_is_answered() {
     drop(keeper);
     assert_eq!(renewals.message().await.unwrap().unwrap().ttl(), 30);
     assert!(renewals.message().await.unwrap().is_none());
+}
+
+/// One gRPC message frame: uncompressed, length-prefixed.
+fn frame(message: &impl Message) -> Vec<u8> {
+    let message = message.encode_to_vec();
+    let mut body = vec![0];
+    body.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+    body.extend_from_slice(&message);
+    body
+}
+
+/// The next keepalive answer on `resp`'s body, or `None` once the stream has ended (or failed)
+/// without one.
+async fn next_answer(
+    resp: &mut reqwest::Response,
+    buffer: &mut Vec<u8>,
+) -> Option<PbLeaseKeepAliveResponse> {
+    loop {
+        if buffer.len() >= 5 {
+            let len = u32::from_be_bytes(buffer[1..5].try_into().unwrap()) as usize;
+            if buffer.len() >= 5 + len {
+                let message = PbLeaseKeepAliveResponse::decode(&buffer[5..5 + len]).unwrap();
+                buffer.drain(..5 + len);
+                return Some(message);
+            }
+        }
+        match resp.chunk().await {
+            Ok(Some(chunk)) => buffer.extend_from_slice(&chunk),
+            Ok(None) | Err(_) => return None,
+        }
+    }
+}
+
+/// A keepalive stream opened before its principal's line was removed renews nothing after the
+/// removal (found by a hostile pass): each renewal is judged against the token file in force,
+/// and the first one refused ends the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keepalive_stream_renews_nothing_once_its_principal_is_removed() {
+    const ACME: &str = "acme-token-2b7e41";
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    let line = |name: &str, token: &str| {
+        let digest = hex::encode(Sha256::digest(token.as_bytes()));
+        format!("{name} {digest} v3:*\n")
+    };
+    std::fs::write(
+        &tokens,
+        line("acme", ACME) + &line("other", "other-token-9c"),
+    )
+    .unwrap();
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |c| c.auth_tokens = Some(tokens.clone())).await;
+    let grant = |token: &'static str| {
+        send(
+            http()
+                .post(format!("{}/v3/lease/grant", proxy.url))
+                .bearer_auth(token)
+                .json(&serde_json::json!({"TTL": 30})),
+        )
+    };
+    let (status, granted) = grant(ACME).await;
+    assert_eq!(status, 200, "{granted}");
+    let id: i64 = str_field(&granted, "ID").parse().unwrap();
+
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
+    let requests =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
+    let h2c = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let keepalive = frame(&PbLeaseKeepAliveRequest { id });
+    tx.send(Ok(keepalive.clone())).await.unwrap();
+    let mut resp = h2c
+        .post(format!("{}/etcdserverpb.Lease/LeaseKeepAlive", proxy.url))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", format!("Bearer {ACME}"))
+        .body(reqwest::Body::wrap_stream(requests))
+        .send()
+        .await
+        .unwrap();
+    let mut buffer = Vec::new();
+    let first = next_answer(&mut resp, &mut buffer).await.expect("renewed");
+    assert_eq!((first.id, first.ttl), (id, 30));
+
+    // acme's line goes (by rename); once a new call of acme's is refused, the file is in force.
+    let replaced = dir.path().join("tokens.new");
+    std::fs::write(&replaced, line("other", "other-token-9c")).unwrap();
+    std::fs::rename(&replaced, &tokens).unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(15);
+    while grant(ACME).await.0 != 401 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the removal never took effect"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    tx.send(Ok(keepalive)).await.unwrap();
+    let after = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        next_answer(&mut resp, &mut buffer),
+    )
+    .await
+    .expect("the stream neither answered nor ended");
+    assert!(
+        after.is_none(),
+        "a removed principal's lease was renewed: {after:?}"
+    );
 }

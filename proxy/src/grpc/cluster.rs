@@ -31,7 +31,7 @@ fn cluster_wide<T>() -> Answer<T> {
 
 /// The proxy's own member: named `lease-proxy`, with the URL the client called.
 fn member(id: u64, req: &Request<PbMemberListRequest>) -> PbMember {
-    let url = req.extensions().get::<Judged>().map(|j| j.url.clone());
+    let url = req.extensions().get::<Judged>().and_then(|j| j.url.clone());
     PbMember {
         id,
         name: "lease-proxy".into(),

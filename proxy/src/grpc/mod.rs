@@ -44,8 +44,8 @@ struct Judged {
     /// Whom it is served for (the principal, `None` with authentication off), and its right
     /// judged again while a call waits.
     who: Authorised,
-    /// The proxy's URL as the client called it (scheme and authority).
-    url: String,
+    /// The proxy's URL as the client called it (scheme, host and port), if that is plain.
+    url: Option<String>,
 }
 
 impl Front {
@@ -172,27 +172,47 @@ fn client_deadline(req: &Request<Body>) -> Option<Duration> {
     })
 }
 
-/// The request's headers with etcd's `token` metadata read as a bearer token when there is no
-/// `authorization` (Go's clientv3 sends its auth token so); one credential, else the headers as
-/// they are (two credentials are refused by the token check).
+/// The request's headers with etcd's `token` metadata read as a bearer token (Go's clientv3
+/// sends its auth token so).
 fn credentials(req: &Request<Body>) -> axum::http::HeaderMap {
     let mut headers = req.headers().clone();
-    if headers.contains_key(header::AUTHORIZATION) {
-        return headers;
-    }
-    let token = headers.get("token").and_then(|t| t.to_str().ok());
-    if let Some(value) = token.and_then(|t| HeaderValue::from_str(&format!("Bearer {t}")).ok()) {
-        headers.insert(header::AUTHORIZATION, value);
+    // Every `token` value joins the `authorization` values, so a credential given twice —
+    // two tokens, or a token and an `authorization` — is refused as two `authorization`
+    // values are, never one of them chosen.
+    let tokens: Vec<_> = headers.get_all("token").iter().cloned().collect();
+    for token in tokens {
+        let bearer = [b"Bearer ".as_slice(), token.as_bytes()].concat();
+        // A value that was a header value stays one with a prefix of visible ASCII.
+        if let Ok(value) = HeaderValue::from_bytes(&bearer) {
+            headers.append(header::AUTHORIZATION, value);
+        }
     }
     headers
 }
 
-/// The URL the client called: the request's scheme (`http` for h2c) and authority.
-fn called_url(req: &Request<Body>) -> String {
+/// The URL the client called: the request's scheme (`http` for h2c), host and port — `None`
+/// unless the authority is a plain `host[:port]` (no user info, a DNS name or an IP address),
+/// since a client that syncs its endpoints dials what it is told.
+fn called_url(req: &Request<Body>) -> Option<String> {
     let uri = req.uri();
     let scheme = uri.scheme_str().unwrap_or("http");
-    let authority = uri.authority().map_or("", |a| a.as_str());
-    format!("{scheme}://{authority}")
+    let authority = uri.authority()?;
+    let host = authority.host();
+    let name = |b: u8| b.is_ascii_alphanumeric() || b == b'.' || b == b'-';
+    let ipv6 = host.len() > 2
+        && host.starts_with('[')
+        && host.ends_with(']')
+        && host[1..host.len() - 1]
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.');
+    let plain = !host.is_empty() && (host.bytes().all(name) || ipv6);
+    if !plain || authority.as_str().contains('@') {
+        return None;
+    }
+    Some(match authority.port_u16() {
+        Some(port) => format!("{scheme}://{host}:{port}"),
+        None => format!("{scheme}://{host}"),
+    })
 }
 
 #[cfg(test)]
@@ -204,6 +224,38 @@ mod tests {
             .header("grpc-timeout", value)
             .body(Body::empty())
             .unwrap()
+    }
+
+    #[test]
+    fn the_called_url_is_a_plain_host_and_port_or_none() {
+        let called =
+            |uri: &str| called_url(&Request::builder().uri(uri).body(Body::empty()).unwrap());
+        assert_eq!(
+            called("http://proxy.example:7070/x").as_deref(),
+            Some("http://proxy.example:7070")
+        );
+        assert_eq!(
+            called("https://10.0.0.1:443/x").as_deref(),
+            Some("https://10.0.0.1:443")
+        );
+        assert_eq!(
+            called("http://[::1]:7070/x").as_deref(),
+            Some("http://[::1]:7070")
+        );
+        assert_eq!(called("http://proxy/x").as_deref(), Some("http://proxy"));
+        // Authorities that parse as URIs but are not a plain host and port (one that does not
+        // parse never reaches a service: hyper refuses the request).
+        for odd in [
+            "http://user@host:1/x",
+            "http://a_b:1/x",
+            "http://a%2cb:1/x",
+            "/x",
+        ] {
+            if let Ok(uri) = odd.parse::<axum::http::Uri>() {
+                let req = Request::builder().uri(uri).body(Body::empty()).unwrap();
+                assert_eq!(called_url(&req), None, "{odd}");
+            }
+        }
     }
 
     #[test]

@@ -204,6 +204,8 @@ impl Service {
         s: &Caller,
         id: i64,
     ) -> Result<PbLeaseKeepAliveResponse, Status> {
+        // A stream outlives its authorisation: every renewal is judged again.
+        s.still_authorised()?;
         let renewed = if self.leases.owned(id, s).await? {
             Some(self.keepalive.renew_with_header(id).await?)
         } else {

@@ -233,12 +233,10 @@ impl Service {
                 };
                 tokio::select! {
                     () = deleted_after(&self.etcd, older, at.revision, self.etcd.timeout()) => {}
-                    () = Recheck::changed_or_never(&mut recheck) => {
-                        Recheck::check_if_any(recheck.as_ref())?;
-                    }
+                    () = Recheck::changed_or_never(&mut recheck) => s.still_authorised()?,
                 }
             }
-            Recheck::check_if_any(recheck.as_ref())?;
+            s.still_authorised()?;
             // The lease may have lapsed while waiting, taking the key with it.
             let still = self.etcd.get_bytes(&key).await.map_err(Status::from)?;
             if still.is_none_or(|kv| kv.create_revision() != mine) {

@@ -14,6 +14,7 @@ use fencing::Keys;
 
 use super::lease::Markers;
 use super::namespace::Namespace;
+use super::status::Status;
 use super::Limits;
 use crate::etcd::{Etcd, KeepAlive};
 use crate::lease::Recheck;
@@ -53,6 +54,13 @@ pub(crate) struct Caller {
 }
 
 impl Caller {
+    /// Whether the caller may still use the etcd API, judged against the token file in force
+    /// (always, with authentication off): for what a long call does after it was authorised —
+    /// each renewal on a keepalive stream, a lock that waited.
+    pub(super) fn still_authorised(&self) -> Result<(), Status> {
+        Recheck::check_if_any(self.recheck.as_ref()).map_err(Status::from)
+    }
+
     /// Whether a lease marker with `value` belongs to this scope: any marker with
     /// authentication off (one shared namespace), only the principal's own with it on.
     pub(super) fn owns(&self, value: &[u8]) -> bool {
