@@ -1,5 +1,8 @@
 //! fence-gateway's configuration: flags, `FENCE_GATEWAY_*` environment variables and an optional
 //! TOML file, in that order of precedence, validated before anything starts.
+//!
+//! (Over 500 lines: one documented field per flag, then their validation; the flags read best in
+//! one place.)
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
