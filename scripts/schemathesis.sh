@@ -38,7 +38,9 @@ if [ "$("$venv/bin/python" -m pip show schemathesis 2>/dev/null | sed -n 's/^Ver
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "schemathesis==$schemathesis_version"
 fi
 config="$PWD/scripts/schemathesis.toml"
-st="$PWD/$venv/bin/st"
+# Through the venv's python, not its `st` script, whose first line names the path the venv was
+# made at (a venv under a moved or copied checkout would fail with "required file not found").
+st=("$PWD/$venv/bin/python" -c 'import sys; from schemathesis.cli import schemathesis; sys.argv[0] = "st"; sys.exit(schemathesis())')
 
 work=$(mktemp -d -t lease-proxy-schemathesis-XXXXXX)
 pids=()
@@ -90,10 +92,10 @@ wait_for "$gateway/readyz"
 cd "$work"
 status=0
 echo "==> schemathesis: lease-proxy ($proxy/openapi.json)"
-"$st" --config-file "$config" --no-color run "$proxy/openapi.json" \
+"${st[@]}" --config-file "$config" --no-color run "$proxy/openapi.json" \
   --max-examples "$examples" --max-time "${SCHEMATHESIS_MAX_TIME:-100}" "${seed[@]}" || status=1
 echo "==> schemathesis: fence-gateway ($gateway/openapi.json)"
-"$st" --config-file "$config" --no-color run "$gateway/openapi.json" \
+"${st[@]}" --config-file "$config" --no-color run "$gateway/openapi.json" \
   --max-examples "$examples" --max-time "${SCHEMATHESIS_MAX_TIME:-30}" "${seed[@]}" || status=1
 if grep -qiE "panicked|handler panicked" "$work"/proxy.log "$work"/gateway.log; then
   echo "a binary panicked while under test:" >&2
