@@ -101,16 +101,21 @@ async fn two_enforcers<A: Admission>(make: impl Fn(PostgresStore) -> A) -> (usiz
 /// Two enforcers sharing PostgreSQL through the database-wide gate: storage sees tokens in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_enforcers_sharing_postgres_keep_order() {
-    for _ in 0..2 {
+    // Rounds until at least 72 writes were applied in all (a loaded machine applies fewer per
+    // round; a round is timed), at most 6: the order must hold in every one.
+    let (mut total, mut rounds) = (0, 0);
+    while total < 72 && rounds < 6 {
         let (applied, violations) =
             two_enforcers(|store| SharedGate::new(store.with_write_grace(STORAGE_GRACE))).await;
         eprintln!("shared gate: {applied} writes applied, {violations} out of order");
         assert_eq!(violations, 0);
-        assert!(
-            applied >= 36,
-            "only {applied} writes applied: the scenario means little"
-        );
+        total += applied;
+        rounds += 1;
     }
+    assert!(
+        total >= 72,
+        "only {total} writes applied in {rounds} rounds: the scenario means little"
+    );
 }
 
 /// The negative control: two in-process gates over the same PostgreSQL marks each order only
