@@ -328,8 +328,8 @@ async fn member_list_names_the_proxy_and_status_answers() {
     let status = c.status().await.unwrap();
     assert!(!status.version().is_empty());
     // Services not served yet answer as any unknown service does.
-    let lock = c.lock("L", None).await.unwrap_err();
-    assert!(error(lock).starts_with("Unimplemented"));
+    let election = c.campaign("E", "v", 1).await.unwrap_err();
+    assert!(error(election).starts_with("Unimplemented"));
     // HTTP on the same port is still the HTTP API.
     let (code, _) = send(http().get(format!("{}/livez", proxy.url))).await;
     assert_eq!(code, 200);

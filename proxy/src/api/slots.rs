@@ -30,7 +30,7 @@ pub(crate) struct WatchSlots {
 }
 
 /// One stream's slot: held for as long as the stream runs, given back when dropped.
-pub(super) struct Slot {
+pub(crate) struct Slot {
     _replica: OwnedSemaphorePermit,
     _share: Option<Share>,
 }
@@ -77,7 +77,7 @@ impl WatchSlots {
 
     /// A slot for a stream of `principal` (`None`: authentication is off); refused when the
     /// principal has its share open, or the replica is full.
-    pub(super) fn take(&self, principal: Option<&str>) -> Result<Slot> {
+    pub(crate) fn take(&self, principal: Option<&str>) -> Result<Slot> {
         let share = match (principal, self.per_principal) {
             (Some(principal), Some(most)) => {
                 let mut taken = lock(&self.taken);

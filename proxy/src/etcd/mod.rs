@@ -255,7 +255,7 @@ impl Etcd {
     /// member's index too, to unpin it when the stream fails later.
     pub(crate) async fn open_watch(
         &self,
-        prefix: &str,
+        prefix: impl Into<Vec<u8>>,
         options: etcd_client::WatchOptions,
         what: &str,
     ) -> Option<(usize, etcd_client::WatchStream)> {

@@ -9,12 +9,14 @@
 //! judged as `/v3` JSON judges them ([`crate::api::etcd_caller`]), before any service runs.
 //!
 //! One file per etcd service, as etcd's `v3rpc` has them: `kv.rs`, `lease.rs`, `cluster.rs`
-//! (Cluster and Maintenance, what clients call at connect time). Not served yet: Watch, Lock,
-//! Election, Auth (answered Unimplemented, as for any unknown service).
+//! (Cluster and Maintenance, what clients call at connect time), `watch.rs`, `lock.rs`. Not
+//! served yet: Election, Auth (answered Unimplemented, as for any unknown service).
 
 mod cluster;
 mod kv;
 mod lease;
+mod lock;
+mod watch;
 
 use std::convert::Infallible;
 use std::panic::AssertUnwindSafe;
@@ -25,7 +27,9 @@ use axum::body::Body;
 use axum::http::{header, HeaderValue, Request, Version};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
-use etcd_client::proto::{PbClusterServer, PbKvServer, PbLeaseServer, PbMaintenanceServer};
+use etcd_client::proto::{
+    PbClusterServer, PbKvServer, PbLeaseServer, PbMaintenanceServer, PbWatchServer,
+};
 use futures::future::{BoxFuture, FutureExt};
 use tonic::service::Routes;
 
@@ -63,6 +67,12 @@ impl Front {
             .ok_or_else(|| tonic::Status::internal("lease-proxy: gRPC call not authorised"))?;
         Ok(self.core().caller(&judged.who))
     }
+
+    /// The principal `req` is served for (`None` with authentication off).
+    fn principal<T>(&self, req: &tonic::Request<T>) -> Option<String> {
+        let judged = req.extensions().get::<Judged>()?;
+        judged.who.principal.clone()
+    }
 }
 
 /// A refusal or failure of the core, as etcd's gRPC server gives it: etcd's code and message.
@@ -78,6 +88,11 @@ pub(crate) fn front(app: Arc<AppState>, http: Router) -> Router {
     let grpc = Routes::new(PbKvServer::new(services.clone()).max_decoding_message_size(limit))
         .add_service(PbLeaseServer::new(services.clone()).max_decoding_message_size(limit))
         .add_service(PbClusterServer::new(services.clone()).max_decoding_message_size(limit))
+        .add_service(PbWatchServer::new(services.clone()).max_decoding_message_size(limit))
+        .add_service(lock::LockServer {
+            front: services.clone(),
+            limit,
+        })
         .add_service(PbMaintenanceServer::new(services).max_decoding_message_size(limit))
         .prepare();
     Router::new().fallback_service(Dispatch { app, http, grpc })

@@ -159,7 +159,7 @@ impl Feed {
             .with_start_revision(start.watch_from());
         let (index, stream) = self
             .etcd
-            .open_watch(&self.ended, options, "event")
+            .open_watch(self.ended.as_str(), options, "event")
             .await
             .ok_or(Error::EtcdTimeout(self.etcd.timeout()))?;
         // Everything up to here has been seen: `R` bare, or the revision before `R.n`.

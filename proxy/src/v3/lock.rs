@@ -258,6 +258,73 @@ impl Service {
         })
     }
 
+    /// `lock/token` (the proxy's own): the fencing token of a lock that etcd's client-side
+    /// recipes took — Go's `concurrency.Mutex` and `Election` (what `etcdctl lock` and `etcdctl
+    /// elect` run), npm and python locks — which put `{name}/{id}` and hold `name` while theirs
+    /// is the oldest key under `{name}/`, exactly as [`Service::lock`] does. `key` (the lock key,
+    /// `ETCD_LOCK_KEY` in `etcdctl lock`'s child) must be, in one linearizable read, the oldest
+    /// key under its name in the caller's namespace: then the token is for its create revision,
+    /// in the domain a `lock/lock` of the same name gets, so the two kinds of holder order as
+    /// one. A key that does not hold its lock (gone, or an older key waits before it) gets no
+    /// token.
+    pub(crate) async fn lock_token(&self, s: &Caller, key: Vec<u8>) -> Result<Locked, Status> {
+        if key.is_empty() {
+            return Err(Status::invalid(EMPTY_KEY));
+        }
+        let name = match key.iter().rposition(|&b| b == b'/') {
+            Some(slash) if slash > 0 => &key[..slash],
+            _ => {
+                return Err(Status::refused(
+                    "a lock key is {name}/{id}, as etcd's lock recipes make it",
+                ))
+            }
+        };
+        let domain = s.lock_domain(name);
+        if domain.len() > fencing::MAX_LOCK_NAME_BYTES {
+            return Err(Status::refused(format!(
+                "a lock name must be at most {} bytes, less the principal's name and a `/` with \
+                 authentication on",
+                fencing::MAX_LOCK_NAME_BYTES
+            )));
+        }
+        let mut prefix = s.namespace.key(name);
+        prefix.push(b'/');
+        let options = GetOptions::new()
+            .with_range(prefix_end(&prefix))
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let mut resp = self
+            .etcd
+            .bounded("v3_lock_token", |c| {
+                let (prefix, options) = (prefix.clone(), options.clone());
+                async move { c.kv_client().get(prefix, Some(options)).await }
+            })
+            .await?;
+        let header = resp.take_header().map(|h| h.0).ok_or_else(no_header)?;
+        let held = s.namespace.key(&key);
+        let holder = resp.take_kvs().into_iter().next();
+        let Some(holder) = holder.filter(|kv| kv.key() == held.as_slice()) else {
+            return Err(Status::new(
+                Code::FailedPrecondition,
+                "lease-proxy: this key does not hold its lock (it is gone, or an older key under \
+                 its name holds the lock)",
+            ));
+        };
+        let resource = fencing::lock_resource(&domain);
+        let token = Token::new(
+            self.era,
+            u64::try_from(holder.create_revision()).unwrap_or(0),
+        );
+        Ok(Locked {
+            response: PbLockResponse {
+                header: Some(header),
+                key,
+            },
+            fencing_token: self.keys.current().mint(&resource, token),
+            fencing_resource: resource,
+        })
+    }
+
     /// `lock/unlock`: deletes the lock key (inside the namespace), as etcd's lock service does.
     pub(crate) async fn unlock(
         &self,

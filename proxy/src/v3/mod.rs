@@ -28,6 +28,7 @@ mod proto;
 mod request;
 mod service;
 mod status;
+mod watch;
 
 use axum::body::Body;
 use axum::http::{HeaderValue, Method, Request, StatusCode};
@@ -40,7 +41,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use crate::etcd::{Etcd, KeepAlive};
+pub(crate) use request::Lock;
 pub(crate) use service::{Authorised, Caller, Service};
+pub(crate) use watch::Requests as WatchRequests;
 
 use json::{JsonError, Reader, Value};
 use lease::Markers;
@@ -111,6 +114,7 @@ enum Call {
     KeepAlive,
     Lock,
     Unlock,
+    LockToken,
 }
 
 impl Call {
@@ -127,6 +131,7 @@ impl Call {
             "lease/keepalive" => Call::KeepAlive,
             "lock/lock" => Call::Lock,
             "lock/unlock" => Call::Unlock,
+            "lock/token" => Call::LockToken,
             _ => return None,
         })
     }
@@ -326,8 +331,13 @@ impl V3 {
                 }
                 return Ok(json_response(StatusCode::OK, lines));
             }
-            Call::Lock => {
-                let locked = core.lock(s, unary(body, request::Lock::decode)?).await?;
+            Call::Lock | Call::LockToken => {
+                let locked = if call == Call::Lock {
+                    core.lock(s, unary(body, request::Lock::decode)?).await?
+                } else {
+                    core.lock_token(s, unary(body, request::unlock_key)?)
+                        .await?
+                };
                 let mut response =
                     json_response(StatusCode::OK, encode::lock(&locked.response).to_string());
                 let headers = response.headers_mut();

@@ -4,7 +4,8 @@
 //! proxy's limits, the namespace rewriting ([`super::namespace`]) both ways and the lease
 //! confinement ([`super::lease`]); the methods are in one file per etcd service, as etcd's
 //! `v3rpc` has them: `kv.rs` (range, put, delete_range, txn), `lease.rs` (lease_grant,
-//! lease_revoke, lease_time_to_live, lease_leases, lease_keep_alive), `lock.rs` (lock, unlock).
+//! lease_revoke, lease_time_to_live, lease_leases, lease_keep_alive), `lock.rs` (lock, unlock,
+//! lock_token), `watch.rs` (watch: a stream in, a stream out).
 //!
 //! The `/v3` JSON gateway ([`super::V3`]) is JSON ↔ this interface, as etcd's gateway is JSON ↔
 //! its gRPC server; a gRPC front calls the same methods with the messages tonic decoded, and

@@ -29,6 +29,7 @@ pub(crate) enum Code {
     DeadlineExceeded = 4,
     NotFound = 5,
     PermissionDenied = 7,
+    FailedPrecondition = 9,
     ResourceExhausted = 8,
     Unimplemented = 12,
     Internal = 13,
@@ -50,6 +51,15 @@ impl Status {
     pub(crate) fn new(code: Code, message: impl Into<Cow<'static, str>>) -> Self {
         Self {
             code: code as i32,
+            message: message.into(),
+            http: None,
+        }
+    }
+
+    /// A status as a gRPC library gave it (a stream that could not be read).
+    pub(crate) fn from_grpc(code: i32, message: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            code,
             message: message.into(),
             http: None,
         }
@@ -166,6 +176,11 @@ impl From<Error> for Status {
             // The proxy's token check, worded as etcd's own auth refuses, so etcd clients
             // recognise it.
             Error::Unauthenticated(_) => Self::new(Code::Unauthenticated, INVALID_AUTH_TOKEN),
+            // Capacity another replica may have; a principal's own share, which it may not.
+            Error::TooManyWatches(_) => Self::new(Code::Unavailable, format!("lease-proxy: {e}")),
+            Error::QuotaExceeded { .. } => {
+                Self::new(Code::ResourceExhausted, format!("lease-proxy: {e}"))
+            }
             Error::Forbidden { .. } | Error::OtherPrincipal => {
                 Self::new(Code::PermissionDenied, PERMISSION_DENIED)
             }

@@ -1,0 +1,137 @@
+//! `v3lockpb.Lock`: Lock and Unlock through the core's lock ([`crate::v3::Service::lock`]),
+//! which jetcd and etcd's own gateway call. A Lock answer carries the lock's fencing token in
+//! its response metadata, `fencing-token` and `fencing-resource` (the domain of
+//! `/v3/lock/lock`'s `Fencing-Token` and `Fencing-Resource` headers).
+//!
+//! etcd-client builds this service's server but does not export it, so it is served here by
+//! hand: the two messages the requests are (`LockRequest`, `UnlockRequest`, as v3lock.proto has
+//! them), and a router from the two method paths to tonic's unary call handling.
+
+use std::convert::Infallible;
+use std::future::Future;
+
+use etcd_client::proto::{PbLockResponse, PbUnlockResponse};
+use futures::future::BoxFuture;
+use tonic::metadata::MetadataValue;
+use tonic::server::{Grpc, NamedService, UnaryService};
+use tonic::{Request, Response};
+
+use super::{status, Front};
+use crate::v3::Lock;
+
+type Answer<T> = Result<Response<T>, tonic::Status>;
+
+/// `v3lockpb.LockRequest`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub(super) struct LockRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    name: Vec<u8>,
+    #[prost(int64, tag = "2")]
+    lease: i64,
+}
+
+/// `v3lockpb.UnlockRequest`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub(super) struct UnlockRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    key: Vec<u8>,
+}
+
+impl Front {
+    async fn lock(self, req: Request<LockRequest>) -> Answer<PbLockResponse> {
+        let caller = self.caller(&req)?;
+        let LockRequest { name, lease } = req.into_inner();
+        let locked = self.core().lock(&caller, Lock { name, lease }).await;
+        let locked = locked.map_err(status)?;
+        let mut answer = Response::new(locked.response);
+        for (name, value) in [
+            ("fencing-token", locked.fencing_token),
+            ("fencing-resource", locked.fencing_resource),
+        ] {
+            // Both are printable ASCII (base64url and `lock/` + hex).
+            let value = MetadataValue::try_from(value)
+                .map_err(|_| tonic::Status::internal("lease-proxy: unprintable fencing token"))?;
+            answer.metadata_mut().insert(name, value);
+        }
+        Ok(answer)
+    }
+
+    async fn unlock(self, req: Request<UnlockRequest>) -> Answer<PbUnlockResponse> {
+        let caller = self.caller(&req)?;
+        let key = req.into_inner().key;
+        let answer = self.core().unlock(&caller, key).await;
+        Ok(Response::new(answer.map_err(status)?))
+    }
+}
+
+/// The Lock service: its two methods, each a unary call.
+#[derive(Clone)]
+pub(super) struct LockServer {
+    pub(super) front: Front,
+    /// Largest request message.
+    pub(super) limit: usize,
+}
+
+impl NamedService for LockServer {
+    const NAME: &'static str = "v3lockpb.Lock";
+}
+
+/// A unary method: a function from the decoded request to the answer.
+struct Unary<F>(F);
+
+impl<Req, Resp, F, Fut> UnaryService<Req> for Unary<F>
+where
+    F: FnMut(Request<Req>) -> Fut,
+    Fut: Future<Output = Answer<Resp>> + Send + 'static,
+{
+    type Response = Resp;
+    type Future = Fut;
+
+    fn call(&mut self, request: Request<Req>) -> Fut {
+        (self.0)(request)
+    }
+}
+
+type HttpRequest = http::Request<tonic::body::Body>;
+type HttpResponse = http::Response<tonic::body::Body>;
+
+/// The answer to a call of `method`, served as tonic's generated servers serve one.
+async fn unary<Req, Resp, F, Fut>(limit: usize, req: HttpRequest, method: F) -> HttpResponse
+where
+    Req: prost::Message + Default + Send + 'static,
+    Resp: prost::Message + Send + 'static,
+    F: FnMut(Request<Req>) -> Fut,
+    Fut: Future<Output = Answer<Resp>> + Send + 'static,
+{
+    let codec = tonic_prost::ProstCodec::<Resp, Req>::default();
+    let mut grpc = Grpc::new(codec).apply_max_message_size_config(Some(limit), None);
+    grpc.unary(Unary(method), req).await
+}
+
+impl tower::Service<HttpRequest> for LockServer {
+    type Response = HttpResponse;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<HttpResponse, Infallible>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: HttpRequest) -> Self::Future {
+        let (front, limit) = (self.front.clone(), self.limit);
+        match req.uri().path() {
+            "/v3lockpb.Lock/Lock" => {
+                Box::pin(async move { Ok(unary(limit, req, move |r| front.clone().lock(r)).await) })
+            }
+            "/v3lockpb.Lock/Unlock" => {
+                Box::pin(
+                    async move { Ok(unary(limit, req, move |r| front.clone().unlock(r)).await) },
+                )
+            }
+            _ => Box::pin(async move { Ok(tonic::Status::unimplemented("").into_http()) }),
+        }
+    }
+}

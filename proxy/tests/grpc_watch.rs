@@ -1,0 +1,811 @@
+//! etcd's gRPC Watch and Lock services on the proxy's listener, against real etcd: the same
+//! scripted watches (prefix, prev_kv, history, filters, a user-chosen id, a failed create,
+//! cancel, progress, compaction) sent with the `etcd-client` crate to the proxy and straight to
+//! etcd give the same answers once headers and revisions are dropped; no watch sees a key
+//! outside the namespace; a Lock answer carries its fencing token; a watch stream of a removed
+//! principal ends.
+//!
+//! Normalisation: one line per event (type, key, value, previous value, version) or per answer
+//! without events (created, canceled, its reason, whether a compact revision is given, watch
+//! id), so that etcd batching events of several revisions into one answer on one side and not
+//! the other changes nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use prost::Message;
+use sha2::{Digest, Sha256};
+
+use common::*;
+use etcd_client::proto::{PbLockResponse, PbWatchResponse};
+use etcd_client::{Client, LockOptions, WatchFilterType, WatchOptions, WatchStream};
+
+async fn client(url: &str) -> Client {
+    Client::connect([url], None).await.expect("connect")
+}
+
+/// One answer, as lines (see the module's documentation).
+fn lines(r: &PbWatchResponse) -> Vec<String> {
+    if r.events.is_empty() {
+        return vec![format!(
+            "answer watch={} created={} canceled={} reason={:?} compacted={}",
+            r.watch_id,
+            r.created,
+            r.canceled,
+            r.cancel_reason,
+            r.compact_revision > 0
+        )];
+    }
+    r.events
+        .iter()
+        .map(|e| {
+            let kv = e.kv.clone().unwrap_or_default();
+            let prev = e.prev_kv.as_ref().map(|p| {
+                format!(
+                    "{}={}",
+                    String::from_utf8_lossy(&p.key),
+                    String::from_utf8_lossy(&p.value)
+                )
+            });
+            format!(
+                "event watch={} type={} key={:?} value={:?} version={} prev={prev:?}",
+                r.watch_id,
+                e.r#type,
+                String::from_utf8_lossy(&kv.key),
+                String::from_utf8_lossy(&kv.value),
+                kv.version
+            )
+        })
+        .collect()
+}
+
+/// The next `n` lines from `s`, waiting at most 10 s for each answer.
+async fn take(s: &mut WatchStream, n: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        let answer = tokio::time::timeout(Duration::from_secs(10), s.message())
+            .await
+            .unwrap_or_else(|_| panic!("no answer; so far {out:?}"))
+            .unwrap()
+            .expect("the stream ended");
+        out.extend(lines(&answer.0));
+    }
+    out
+}
+
+/// The watch script on one side; `compact` compacts that side's etcd directly (a tenant may
+/// not) at the given revision.
+async fn script(c: &mut Client, compact: &mut Client) -> Vec<String> {
+    let mut out = Vec::new();
+    let base = c.put("w/base", "0", None).await.unwrap();
+    let base = base.header().unwrap().revision();
+    let prefix = WatchOptions::new().with_prefix().with_prev_key();
+    let mut s = c.watch("w/", Some(prefix)).await.unwrap();
+    out.extend(take(&mut s, 1).await);
+    c.put("w/a", "1", None).await.unwrap();
+    c.put("w/a", "2", None).await.unwrap();
+    c.delete("w/a", None).await.unwrap();
+    c.put("other", "x", None).await.unwrap();
+    out.extend(take(&mut s, 3).await);
+
+    // A second watch on the same stream: history from `base`, deletes only, its own id.
+    let history = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(base)
+        .with_filters([WatchFilterType::NoPut])
+        .with_watch_id(7);
+    s.watch("w/", Some(history)).await.unwrap();
+    out.extend(take(&mut s, 2).await);
+    // A create etcd refuses (the range is empty), then a cancel and a progress request.
+    s.watch("b", Some(WatchOptions::new().with_range("a")))
+        .await
+        .unwrap();
+    out.extend(take(&mut s, 1).await);
+    s.cancel(7).await.unwrap();
+    out.extend(take(&mut s, 1).await);
+    s.request_progress().await.unwrap();
+    out.extend(take(&mut s, 1).await);
+    // A single key and a range, on the same stream.
+    s.watch("w/k", Some(WatchOptions::new().with_watch_id(20)))
+        .await
+        .unwrap();
+    s.watch(
+        "w/m",
+        Some(WatchOptions::new().with_range("w/o").with_watch_id(21)),
+    )
+    .await
+    .unwrap();
+    out.extend(take(&mut s, 2).await);
+    c.put("w/k", "k", None).await.unwrap();
+    c.put("w/n", "n", None).await.unwrap();
+    // The prefix watch (0) sees both, the others one each.
+    let mut four = take(&mut s, 4).await;
+    four.sort();
+    out.extend(four);
+
+    // History that was compacted: created, then canceled with the compact revision.
+    let now = c.put("w/last", "z", None).await.unwrap();
+    compact
+        .compact(now.header().unwrap().revision(), None)
+        .await
+        .unwrap();
+    let old = WatchOptions::new().with_prefix().with_start_revision(base);
+    let mut s = c.watch("w/", Some(old)).await.unwrap();
+    out.extend(take(&mut s, 2).await);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_answers_equal_etcds() {
+    let raw_etcd = Etcd::single().await;
+    let behind = Etcd::single().await;
+    let proxy = Proxy::start(behind.endpoints(), |_| {}).await;
+    let mut raw = client(&raw_etcd.endpoint(0)).await;
+    let etcd_side = script(&mut raw.clone(), &mut raw).await;
+    let mut proxy_client = client(&proxy.url).await;
+    let ours = script(&mut proxy_client, &mut behind.client().await).await;
+    for (i, (etcd, ours)) in etcd_side.iter().zip(&ours).enumerate() {
+        assert_eq!(
+            ours, etcd,
+            "answer line {i}: the proxy's (left) differs from etcd's"
+        );
+    }
+    assert_eq!(ours.len(), etcd_side.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_see_nothing_outside_the_namespace() {
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |c| {
+        c.v3_namespace = Some("/tenant-a/".into());
+    })
+    .await;
+    let mut raw = etcd.client().await;
+    let outside = [
+        "/tenant-b/k",
+        "/tenant-a",
+        "/tenant-a0",
+        "\u{0}",
+        "zzz",
+        "/tenant-a.",
+    ];
+    for key in outside {
+        raw.put(key, "before", None).await.unwrap();
+    }
+    let mut c = client(&proxy.url).await;
+    // Every "everything" a client can name, live and from the first revision.
+    let everything = [
+        ("", WatchOptions::new().with_all_keys()),
+        ("", WatchOptions::new().with_prefix()),
+        ("", WatchOptions::new().with_from_key()),
+        ("\u{0}", WatchOptions::new().with_range("\u{0}")),
+        (
+            "\u{0}",
+            WatchOptions::new().with_range(vec![0xff, 0xff, 0xff]),
+        ),
+        (
+            "",
+            WatchOptions::new().with_all_keys().with_start_revision(1),
+        ),
+    ];
+    let mut s = c
+        .watch(
+            "",
+            Some(WatchOptions::new().with_all_keys().with_prev_key()),
+        )
+        .await
+        .unwrap();
+    for (key, options) in everything {
+        s.watch(key, Some(options.with_prev_key())).await.unwrap();
+    }
+    // Created answers: the first watch and the six more.
+    let created = take(&mut s, 7).await;
+    assert!(
+        created
+            .iter()
+            .all(|l| l.contains("created=true canceled=false")),
+        "{created:?}"
+    );
+    for key in outside {
+        raw.put(key, "during", None).await.unwrap();
+        raw.delete(key, None).await.unwrap();
+    }
+    c.put("k", "inside", None).await.unwrap();
+    c.put("k", "again", None).await.unwrap();
+    // Each of the seven watches sees the two puts of `k`, and nothing else.
+    let mut seen = Vec::new();
+    while let Ok(Some(answer)) = tokio::time::timeout(Duration::from_secs(2), s.message())
+        .await
+        .map(|m| m.unwrap())
+    {
+        seen.extend(lines(&answer.0));
+    }
+    assert_eq!(seen.len(), 14, "{seen:#?}");
+    for line in &seen {
+        assert!(line.contains(r#"key="k""#), "{line}");
+        assert!(
+            line.contains("prev=None") || line.contains(r#"prev=Some("k=inside")"#),
+            "{line}"
+        );
+    }
+}
+
+/// One unary gRPC call over h2c: the response headers and the answer message's bytes.
+async fn unary(
+    url: &str,
+    path: &str,
+    request: &impl Message,
+    bearer: Option<&str>,
+) -> (reqwest::header::HeaderMap, Vec<u8>) {
+    let h2c = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let mut body = vec![0];
+    let message = request.encode_to_vec();
+    body.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+    body.extend_from_slice(&message);
+    let mut call = h2c
+        .post(format!("{url}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(body);
+    if let Some(token) = bearer {
+        call = call.bearer_auth(token);
+    }
+    let resp = call.send().await.unwrap();
+    let headers = resp.headers().clone();
+    let bytes = resp.bytes().await.unwrap_or_default();
+    let message = if bytes.len() >= 5 {
+        bytes[5..].to_vec()
+    } else {
+        Vec::new()
+    };
+    (headers, message)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_over_grpc_excludes_and_carries_a_fencing_token() {
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |c| {
+        c.v3_namespace = Some("/tenant-a/".into());
+    })
+    .await;
+    let mut c = client(&proxy.url).await;
+    let first = c.lease_grant(30, None).await.unwrap().id();
+    let second = c.lease_grant(30, None).await.unwrap().id();
+
+    // The lock's answer: its key in the namespace, and a token in the lock's own domain.
+    let (headers, answer) = unary(
+        &proxy.url,
+        "/v3lockpb.Lock/Lock",
+        &LockRequest {
+            name: b"L".to_vec(),
+            lease: first,
+        },
+        None,
+    )
+    .await;
+    let answer = PbLockResponse::decode(answer.as_slice()).unwrap();
+    let key = answer.key.clone();
+    assert!(key.starts_with(b"L/"), "{key:?}");
+    assert_eq!(headers["fencing-resource"], "lock/4c");
+    let token = headers["fencing-token"].to_str().unwrap().to_owned();
+    assert!(!token.is_empty());
+    let mut raw = etcd.client().await;
+    let stored = raw
+        .get([b"/tenant-a/".as_slice(), &key].concat(), None)
+        .await
+        .unwrap();
+    assert_eq!(stored.kvs().len(), 1);
+
+    // A second locker waits until the first unlocks.
+    let mut other = client(&proxy.url).await;
+    let waiting = tokio::spawn(async move {
+        other
+            .lock("L", Some(LockOptions::new().with_lease(second)))
+            .await
+            .unwrap()
+            .key()
+            .to_vec()
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(!waiting.is_finished(), "two lockers hold L at once");
+    c.unlock(key).await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter never got the lock")
+        .unwrap();
+    assert!(next.starts_with(b"L/"));
+    // A lease the proxy did not grant locks nothing.
+    let foreign = raw.lease_grant(30, None).await.unwrap().id();
+    let refused = c
+        .lock("M", Some(LockOptions::new().with_lease(foreign)))
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("requested lease not found"),
+        "{refused}"
+    );
+}
+
+/// `v3lockpb.LockRequest`, as the test sends it.
+#[derive(Clone, PartialEq, Message)]
+struct LockRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    name: Vec<u8>,
+    #[prost(int64, tag = "2")]
+    lease: i64,
+}
+
+/// A watch stream opened by a principal whose line is then removed ends, as its keepalives do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_stream_ends_once_its_principal_is_removed() {
+    const ACME: &str = "acme-token-77d1c0";
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    let line = |name: &str, token: &str| {
+        let digest = hex::encode(Sha256::digest(token.as_bytes()));
+        format!("{name} {digest} v3:*\n")
+    };
+    std::fs::write(
+        &tokens,
+        line("acme", ACME) + &line("other", "other-token-31"),
+    )
+    .unwrap();
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |c| c.auth_tokens = Some(tokens.clone())).await;
+
+    // etcd-client sends `authorization` only after an Authenticate; metadata by hand instead.
+    let h2c = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let create: etcd_client::proto::PbWatchRequest =
+        WatchOptions::new().with_key("k").with_prefix().into();
+    let mut body = vec![0];
+    let message = create.encode_to_vec();
+    body.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+    body.extend_from_slice(&message);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
+    tx.send(Ok(body)).await.unwrap();
+    let requests =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
+    let mut resp = h2c
+        .post(format!("{}/etcdserverpb.Watch/Watch", proxy.url))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .bearer_auth(ACME)
+        .body(reqwest::Body::wrap_stream(requests))
+        .send()
+        .await
+        .unwrap();
+    let created = resp.chunk().await.unwrap().expect("created");
+    let created = PbWatchResponse::decode(&created[5..]).unwrap();
+    assert!(created.created && !created.canceled);
+
+    let put = |token: &'static str, key: &'static str| {
+        send(
+            http()
+                .post(format!("{}/v3/kv/put", proxy.url))
+                .bearer_auth(token)
+                .json(&serde_json::json!({"key": base64_of(key), "value": base64_of("v")})),
+        )
+    };
+    assert_eq!(put(ACME, "k1").await.0, 200);
+    let event = resp.chunk().await.unwrap().expect("an event");
+    assert_eq!(
+        PbWatchResponse::decode(&event[5..]).unwrap().events.len(),
+        1
+    );
+
+    // acme's line goes; once a new call of acme's is refused, the file is in force.
+    let replaced = dir.path().join("tokens.new");
+    std::fs::write(&replaced, line("other", "other-token-31")).unwrap();
+    std::fs::rename(&replaced, &tokens).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while put(ACME, "k2").await.0 != 401 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the removal never took effect"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The stream ends (PermissionDenied in its trailers): what comes before the end can only
+    // be the events of puts made before the removal took effect.
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Ok(Some(chunk)) = resp.chunk().await {
+            let answer = PbWatchResponse::decode(&chunk[5..]).unwrap();
+            assert!(answer
+                .events
+                .iter()
+                .all(|e| e.kv.as_ref().unwrap().key == b"k2"));
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the stream went on after its principal was removed"
+    );
+    drop(tx);
+}
+
+fn base64_of(s: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+const ETCDCTL: &str = "/usr/bin/etcdctl";
+
+/// etcdctl against `endpoint` (a URL), as a user runs it.
+fn etcdctl(endpoint: &str) -> std::process::Command {
+    assert!(
+        std::path::Path::new(ETCDCTL).exists(),
+        "{ETCDCTL} missing: scripts/deps.sh installs Debian's etcd-client"
+    );
+    let mut command = std::process::Command::new(ETCDCTL);
+    command.env("ETCDCTL_API", "3").arg(format!(
+        "--endpoints={}",
+        endpoint.trim_start_matches("http://")
+    ));
+    command
+}
+
+/// What a command printed: exit code, stdout, stderr.
+fn output(out: std::process::Output) -> String {
+    format!(
+        "{} | {} | {}",
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).trim(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    )
+}
+
+/// Lease ids (16 hex digits) and timings replaced by placeholders.
+fn shape(s: &str) -> String {
+    s.split_inclusive(|c: char| c.is_whitespace() || c == '/' || c == '"')
+        .map(|w| {
+            let bare = w.trim_end_matches(|c: char| c.is_whitespace() || c == '/' || c == '"');
+            let tail = &w[bare.len()..];
+            if bare.len() >= 12 && bare.chars().all(|c| c.is_ascii_hexdigit()) {
+                format!("ID{tail}")
+            } else if bare.ends_with("ms") && bare.starts_with(|c: char| c.is_ascii_digit()) {
+                format!("TIME{tail}")
+            } else {
+                w.to_owned()
+            }
+        })
+        .collect()
+}
+
+/// One side's run of etcdctl's streaming commands: watch, lock by two processes at once, elect.
+async fn streaming_commands(endpoint: &str, dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let run = |args: &[&str]| output(etcdctl(endpoint).args(args).output().unwrap());
+
+    // watch: started, then written to, then stopped.
+    let watch = etcdctl(endpoint)
+        .args(["watch", "--prefix", "--prev-kv", "w/"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for args in [
+        &["put", "w/a", "1"][..],
+        &["put", "w/a", "2"],
+        &["put", "x", "outside the watch"],
+        &["del", "w/a"],
+    ] {
+        out.push(run(args));
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    testkit_kill(&watch);
+    out.push(output(watch.wait_with_output().unwrap()).replace("-1 | ", "killed | "));
+
+    // lock: two processes, each holding L for a second; their sections must not overlap.
+    let log = dir.join("lock.log");
+    let section = format!(
+        "echo in $ETCD_LOCK_KEY >> {log}; sleep 1; echo out >> {log}",
+        log = log.display()
+    );
+    let (a, b) = tokio::join!(
+        tokio::task::spawn_blocking({
+            let mut c = etcdctl(endpoint);
+            c.args(["lock", "L", "--", "sh", "-c", &section]);
+            move || c.output().unwrap()
+        }),
+        tokio::task::spawn_blocking({
+            let mut c = etcdctl(endpoint);
+            c.args(["lock", "L", "--", "sh", "-c", &section]);
+            move || c.output().unwrap()
+        }),
+    );
+    out.push(output(a.unwrap()));
+    out.push(output(b.unwrap()));
+    out.push(shape(&std::fs::read_to_string(&log).unwrap()));
+
+    // elect: a leader, then an observer who sees it.
+    let leader = etcdctl(endpoint)
+        .args(["elect", "E", "p1"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let observer = etcdctl(endpoint)
+        .args(["elect", "-l", "E"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    testkit_kill(&observer);
+    testkit_kill(&leader);
+    for child in [leader, observer] {
+        out.push(shape(&output(child.wait_with_output().unwrap())));
+    }
+
+    // txn, read from standard input as etcdctl reads it.
+    let mut txn = etcdctl(endpoint)
+        .arg("txn")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    txn.stdin
+        .take()
+        .unwrap()
+        .write_all(b"value(\"w/b\") = \"\"\n\nput w/b first\n\nput w/b second\n\n")
+        .unwrap();
+    out.push(output(txn.wait_with_output().unwrap()));
+    out.push(run(&["get", "w/b"]));
+    out.push(
+        shape(&run(&["endpoint", "health"]))
+            .replace(endpoint.trim_start_matches("http://"), "HOST"),
+    );
+    out
+}
+
+fn testkit_kill(child: &std::process::Child) {
+    lease_proxy_testkit::signal_pid(child.id(), "TERM");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_watch_lock_elect_and_txn_as_against_etcd() {
+    let raw_etcd = Etcd::single().await;
+    let behind = Etcd::single().await;
+    let proxy = Proxy::start(behind.endpoints(), |_| {}).await;
+    let (etcd_dir, proxy_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let etcd_side = streaming_commands(&raw_etcd.endpoint(0), etcd_dir.path()).await;
+    let ours = streaming_commands(&proxy.url, proxy_dir.path()).await;
+    for (i, (etcd, ours)) in etcd_side.iter().zip(&ours).enumerate() {
+        assert_eq!(
+            ours, etcd,
+            "step {i}: the proxy's output (left) differs from etcd's"
+        );
+    }
+    assert_eq!(ours.len(), etcd_side.len());
+    // The two lockers' sections did not overlap.
+    let log = std::fs::read_to_string(proxy_dir.path().join("lock.log")).unwrap();
+    let steps: Vec<&str> = log.lines().map(|l| l.split(' ').next().unwrap()).collect();
+    assert_eq!(steps, ["in", "out", "in", "out"], "{log}");
+
+    // endpoint status and member list: the proxy answers for itself where etcd would name its
+    // members.
+    let status = etcdctl(&proxy.url)
+        .args(["endpoint", "status", "-w", "json"])
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert!(
+        status[0]["Status"]["version"].as_str().is_some(),
+        "{status}"
+    );
+    let members = etcdctl(&proxy.url)
+        .args(["member", "list", "-w", "json"])
+        .output()
+        .unwrap();
+    let members: serde_json::Value = serde_json::from_slice(&members.stdout).unwrap();
+    assert_eq!(
+        members["members"][0]["clientURLs"],
+        serde_json::json!([proxy.url]),
+        "{members}"
+    );
+}
+
+/// `POST /v3/lock/token` for `key`: the status, and the token if one was given.
+async fn lock_token(proxy: &Proxy, key: &[u8]) -> (u16, Option<String>) {
+    use base64::Engine;
+    let key = base64::engine::general_purpose::STANDARD.encode(key);
+    let resp = http()
+        .post(format!("{}/v3/lock/token", proxy.url))
+        .json(&serde_json::json!({ "key": key }))
+        .send()
+        .await
+        .unwrap();
+    let token = resp
+        .headers()
+        .get("fencing-token")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (resp.status().as_u16(), token)
+}
+
+/// The docs' `etcdctl lock` example, run as written (its `export` line aside): the command
+/// inside the lock exchanges `ETCD_LOCK_KEY` for a token and writes through fence-gateway. And
+/// the exchange gives a token only to the key that holds its lock: the same token a `Lock` of
+/// that key got, none for a waiter's key or a key gone, and a later holder's token shuts the
+/// earlier one out at the gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_side_lock_holders_exchange_their_key_for_a_token() {
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let (storage, received) = recording_storage().await;
+    let gateway = start_gateway(&storage, &proxy.key_file).await;
+
+    let doc = lease_proxy_testkit::docs::read("docs/API.md");
+    let section = lease_proxy_testkit::docs::section(
+        &doc,
+        "### Fencing etcd's client-side locks (`etcdctl lock`, Go's Mutex and Election)",
+    );
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the section's sh block");
+    let script: String = block
+        .lines()
+        .filter(|l| !l.starts_with("export "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(&script)
+        .env("PROXY", &proxy.url)
+        .env("GATEWAY", &gateway)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "the example failed: {}", output(out));
+    let writes = received.lock().unwrap().clone();
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!(writes[0].0, format!("lock/{}", hex::encode("robot-arm")));
+    assert!(!writes[0].1.is_empty());
+
+    // The holder's key gets the token its Lock got; a waiter's key none.
+    let mut c = client(&proxy.url).await;
+    let first = c.lease_grant(30, None).await.unwrap().id();
+    let second = c.lease_grant(30, None).await.unwrap().id();
+    let request = LockRequest {
+        name: b"L".to_vec(),
+        lease: first,
+    };
+    let (headers, answer) = unary(&proxy.url, "/v3lockpb.Lock/Lock", &request, None).await;
+    let held = PbLockResponse::decode(answer.as_slice()).unwrap().key;
+    let locked = headers["fencing-token"].to_str().unwrap().to_owned();
+    assert_eq!(lock_token(&proxy, &held).await, (200, Some(locked.clone())));
+    let waiter = format!("L/{second:x}");
+    let leased = etcd_client::PutOptions::new().with_lease(second);
+    c.put(waiter.as_str(), "", Some(leased)).await.unwrap();
+    assert_eq!(lock_token(&proxy, waiter.as_bytes()).await, (400, None));
+    for not_a_lock in [b"L".as_slice(), b"/x", b"", b"nothing/here"] {
+        assert_eq!(
+            lock_token(&proxy, not_a_lock).await,
+            (400, None),
+            "{not_a_lock:?}"
+        );
+    }
+
+    // The first holder unlocks: the waiter holds L, its token is higher, the old one is stale.
+    c.unlock(held.clone()).await.unwrap();
+    assert_eq!(lock_token(&proxy, &held).await, (400, None));
+    let (status, next) = lock_token(&proxy, waiter.as_bytes()).await;
+    assert_eq!(status, 200);
+    let write = |token: String| {
+        send(
+            http()
+                .put(format!("{gateway}/l"))
+                .header("Fencing-Token", token)
+                .header("Fencing-Resource", format!("lock/{}", hex::encode("L")))
+                .body("x"),
+        )
+    };
+    assert_eq!(write(next.unwrap()).await.0, 200);
+    assert_eq!(
+        write(locked).await.0,
+        409,
+        "the earlier holder's token was admitted"
+    );
+}
+
+/// A client that opens a watch and stops reading holds at most the proxy's bound of answers:
+/// its stream then ends (Unavailable, so it would resume from its last revision), and another
+/// client's watch of the same keys, on the same proxy and etcd connection, gets every event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_watch_reader_is_cut_off_and_holds_back_no_one() {
+    const VALUES: usize = 16;
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |c| c.v3_namespace = Some("/ns/".into())).await;
+    let create: etcd_client::proto::PbWatchRequest =
+        WatchOptions::new().with_key("big/").with_prefix().into();
+    let mut body = vec![0];
+    let message = create.encode_to_vec();
+    body.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+    body.extend_from_slice(&message);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
+    tx.send(Ok(body)).await.unwrap();
+    let requests =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
+    let h2c = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let mut stalled = h2c
+        .post(format!("{}/etcdserverpb.Watch/Watch", proxy.url))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(reqwest::Body::wrap_stream(requests))
+        .send()
+        .await
+        .unwrap();
+    let created = stalled.chunk().await.unwrap().expect("created");
+    assert!(PbWatchResponse::decode(&created[5..]).unwrap().created);
+
+    let mut reader = client(&proxy.url).await;
+    let mut watching = reader
+        .watch("big/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    take(&mut watching, 1).await;
+    // The reader that reads, reading as the events come, gets every one.
+    let reading = tokio::spawn(async move {
+        let mut events = 0;
+        while events < VALUES {
+            let answer = tokio::time::timeout(Duration::from_secs(20), watching.message())
+                .await
+                .expect("the reading client was held back")
+                .unwrap()
+                .expect("its stream ended");
+            events += answer.0.events.len();
+        }
+    });
+    let mut raw = etcd.client().await;
+    for i in 0..VALUES {
+        raw.put(format!("/ns/big/{i}"), vec![b'x'; 1 << 20], None)
+            .await
+            .unwrap();
+    }
+    reading.await.unwrap();
+    // The stalled one, read at last: part of the events, then the end.
+    let mut buffer = Vec::new();
+    let mut got = 0;
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            while buffer.len() >= 5 {
+                let len = u32::from_be_bytes(buffer[1..5].try_into().unwrap()) as usize;
+                if buffer.len() < 5 + len {
+                    break;
+                }
+                got += PbWatchResponse::decode(&buffer[5..5 + len])
+                    .unwrap()
+                    .events
+                    .len();
+                buffer.drain(..5 + len);
+            }
+            match stalled.chunk().await {
+                Ok(Some(chunk)) => buffer.extend_from_slice(&chunk),
+                Ok(None) | Err(_) => return,
+            }
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the stalled stream was never cut off (got {got} events)"
+    );
+    assert!(
+        got < VALUES,
+        "the stalled stream got all {got} events: nothing was bounded"
+    );
+    drop(tx);
+}
