@@ -154,6 +154,12 @@ impl Auth {
             .ok_or(Unauthenticated::Unknown)
     }
 
+    /// The principal whose bearer token is `token`, in the file in force (etcd's
+    /// `Authenticate`, where the password is the token).
+    pub(crate) fn principal_of_token(&self, token: &str) -> Option<Arc<Principal>> {
+        self.current().authenticate(token)
+    }
+
     fn current(&self) -> Arc<Table> {
         // A poisoned lock only means a reload panicked mid-swap of an Arc: the value is whole.
         self.table

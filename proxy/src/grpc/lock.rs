@@ -8,18 +8,16 @@
 //! them), and a router from the two method paths to tonic's unary call handling.
 
 use std::convert::Infallible;
-use std::future::Future;
 
 use etcd_client::proto::{PbLockResponse, PbUnlockResponse};
 use futures::future::BoxFuture;
 use tonic::metadata::MetadataValue;
-use tonic::server::{Grpc, NamedService, UnaryService};
+use tonic::server::NamedService;
 use tonic::{Request, Response};
 
+use super::unary::{unary, Answer, HttpRequest, HttpResponse};
 use super::{status, Front};
 use crate::v3::Lock;
-
-type Answer<T> = Result<Response<T>, tonic::Status>;
 
 /// `v3lockpb.LockRequest`.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -74,38 +72,6 @@ pub(super) struct LockServer {
 
 impl NamedService for LockServer {
     const NAME: &'static str = "v3lockpb.Lock";
-}
-
-/// A unary method: a function from the decoded request to the answer.
-struct Unary<F>(F);
-
-impl<Req, Resp, F, Fut> UnaryService<Req> for Unary<F>
-where
-    F: FnMut(Request<Req>) -> Fut,
-    Fut: Future<Output = Answer<Resp>> + Send + 'static,
-{
-    type Response = Resp;
-    type Future = Fut;
-
-    fn call(&mut self, request: Request<Req>) -> Fut {
-        (self.0)(request)
-    }
-}
-
-type HttpRequest = http::Request<tonic::body::Body>;
-type HttpResponse = http::Response<tonic::body::Body>;
-
-/// The answer to a call of `method`, served as tonic's generated servers serve one.
-async fn unary<Req, Resp, F, Fut>(limit: usize, req: HttpRequest, method: F) -> HttpResponse
-where
-    Req: prost::Message + Default + Send + 'static,
-    Resp: prost::Message + Send + 'static,
-    F: FnMut(Request<Req>) -> Fut,
-    Fut: Future<Output = Answer<Resp>> + Send + 'static,
-{
-    let codec = tonic_prost::ProstCodec::<Resp, Req>::default();
-    let mut grpc = Grpc::new(codec).apply_max_message_size_config(Some(limit), None);
-    grpc.unary(Unary(method), req).await
 }
 
 impl tower::Service<HttpRequest> for LockServer {

@@ -9,13 +9,16 @@
 //! judged as `/v3` JSON judges them ([`crate::api::etcd_caller`]), before any service runs.
 //!
 //! One file per etcd service, as etcd's `v3rpc` has them: `kv.rs`, `lease.rs`, `cluster.rs`
-//! (Cluster and Maintenance, what clients call at connect time), `watch.rs`, `lock.rs`. Not
-//! served yet: Election, Auth (answered Unimplemented, as for any unknown service).
+//! (Cluster and Maintenance, what clients call at connect time), `watch.rs`, `lock.rs`, `auth.rs`
+//! (the last two served by hand, [`unary`]). Not served yet: Election (answered Unimplemented,
+//! as for any unknown service).
 
+mod auth;
 mod cluster;
 mod kv;
 mod lease;
 mod lock;
+mod unary;
 mod watch;
 
 use std::convert::Infallible;
@@ -93,6 +96,10 @@ pub(crate) fn front(app: Arc<AppState>, http: Router) -> Router {
             front: services.clone(),
             limit,
         })
+        .add_service(auth::AuthServer {
+            front: services.clone(),
+            limit,
+        })
         .add_service(PbMaintenanceServer::new(services).max_decoding_message_size(limit))
         .prepare();
     Router::new().fallback_service(Dispatch { app, http, grpc })
@@ -137,9 +144,14 @@ impl tower::Service<Request<Body>> for Dispatch {
         }
         let (app, grpc) = (self.app.clone(), self.grpc.clone());
         Box::pin(async move {
-            let who = match etcd_caller(&app, &credentials(&req), req.extensions()) {
-                Ok(who) => who,
-                Err(e) => return Ok(status(Status::from(e)).into_http()),
+            // Authenticate is how a caller gets its credentials: served for anyone.
+            let who = if req.uri().path() == auth::AUTHENTICATE {
+                Authorised::default()
+            } else {
+                match etcd_caller(&app, &credentials(&req), req.extensions()) {
+                    Ok(who) => who,
+                    Err(e) => return Ok(status(Status::from(e)).into_http()),
+                }
             };
             let deadline = client_deadline(&req);
             let url = called_url(&req);

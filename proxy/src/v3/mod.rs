@@ -49,8 +49,8 @@ use json::{JsonError, Reader, Value};
 use lease::Markers;
 use namespace::Namespace;
 use request::Message;
-pub(crate) use status::Status;
-use status::{json as json_response, plain, Code};
+use status::{json as json_response, plain};
+pub(crate) use status::{Code, Status};
 
 /// A request refused before it reached the `/v3` API (authentication, authorisation), in etcd's
 /// shape.

@@ -1,4 +1,4 @@
-//! etcd's gRPC Watch and Lock services on the proxy's listener, against real etcd: the same
+//! etcd's gRPC Watch, Lock and Auth services on the proxy's listener, against real etcd: the same
 //! scripted watches (prefix, prev_kv, history, filters, a user-chosen id, a failed create,
 //! cancel, progress, compaction) sent with the `etcd-client` crate to the proxy and straight to
 //! etcd give the same answers once headers and revisions are dropped; no watch sees a key
@@ -808,4 +808,87 @@ async fn a_stalled_watch_reader_is_cut_off_and_holds_back_no_one() {
         "the stalled stream got all {got} events: nothing was bounded"
     );
     drop(tx);
+}
+
+/// etcd's Auth service as etcdctl meets it: with authentication off, `--user` is answered
+/// "authentication is not enabled" and etcdctl goes on as against etcd; with `--auth-tokens`,
+/// a principal's name and token as user and password authenticate, anything else is refused as
+/// etcd refuses a wrong password, and user and role changes are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_users_authenticate_as_principals() {
+    const ACME: &str = "acme-token-0f3e9a";
+    let raw_etcd = Etcd::single().await;
+    let behind = Etcd::single().await;
+    let open = Proxy::start(behind.endpoints(), |_| {}).await;
+    // stdout and the exit code: stderr carries a log line with a time and a random target.
+    let run = |endpoint: &str, args: &[&str]| {
+        let out = etcdctl(endpoint).args(args).output().unwrap();
+        format!(
+            "{} | {}",
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).trim()
+        )
+    };
+    for args in [
+        &["--user", "someone:secret", "put", "k", "v"][..],
+        &["--user", "someone:secret", "get", "k"],
+    ] {
+        assert_eq!(
+            run(&open.url, args),
+            run(&raw_etcd.endpoint(0), args),
+            "{args:?}"
+        );
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    let digest = |token: &str| hex::encode(Sha256::digest(token.as_bytes()));
+    std::fs::write(
+        &tokens,
+        format!(
+            "acme {} v3:*\nlessee {} acquire:*\n",
+            digest(ACME),
+            digest("lessee-token")
+        ),
+    )
+    .unwrap();
+    let proxy = Proxy::start(behind.endpoints(), |c| c.auth_tokens = Some(tokens.clone())).await;
+    let acme = format!("acme:{ACME}");
+    assert_eq!(
+        run(&proxy.url, &["--user", &acme, "put", "k", "acme's"]),
+        "0 | OK"
+    );
+    assert_eq!(
+        run(
+            &proxy.url,
+            &["--user", &acme, "get", "k", "--print-value-only"]
+        ),
+        "0 | acme's"
+    );
+    let mut raw = behind.client().await;
+    let stored = raw.get("/lease-proxy/v3/kv/acme/k", None).await.unwrap();
+    assert_eq!(
+        stored.kvs().len(),
+        1,
+        "acme's key is not in acme's namespace"
+    );
+    let failed = "etcdserver: authentication failed, invalid user ID or password";
+    for user in [
+        "acme:wrong",
+        "other:acme-token-0f3e9a",
+        "lessee:lessee-token",
+    ] {
+        let out = etcdctl(&proxy.url)
+            .args(["--user", user, "get", "k"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{user} was let in");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(failed), "{user}: {stderr}");
+    }
+    let out = etcdctl(&proxy.url)
+        .args(["--user", &acme, "user", "add", "bob:pw"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("etcdserver: permission denied"));
 }

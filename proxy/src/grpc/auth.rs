@@ -1,0 +1,116 @@
+//! `etcdserverpb.Auth`: `Authenticate` as etcd answers it, so clients configured with a user and
+//! password work. With authentication off: `FailedPrecondition "etcdserver: authentication is
+//! not enabled"`, which Go's clientv3 reads as "go on without a token". With `--auth-tokens`:
+//! the user is a principal's name and the password its bearer token; the token etcd would mint
+//! is that bearer token itself (the client already holds it), which the client then sends as
+//! `token` metadata and the proxy reads as a bearer token. `AuthStatus` answers whether
+//! authentication is on. Every other method changes cluster-wide users and roles:
+//! PermissionDenied, as etcd refuses a user without the root role.
+//!
+//! Served by hand ([`super::unary`]): etcd-client does not export the AuthStatus messages.
+
+use std::convert::Infallible;
+
+use etcd_client::proto::{PbAuthenticateRequest, PbAuthenticateResponse, PbResponseHeader};
+use futures::future::BoxFuture;
+use tonic::server::NamedService;
+use tonic::{Request, Response};
+
+use super::unary::{unary, Answer, HttpRequest, HttpResponse};
+use super::{status, Front};
+use crate::auth::Op;
+use crate::v3::{Code, Status};
+
+/// The method served without judging its caller first: it is how a caller gets credentials.
+pub(super) const AUTHENTICATE: &str = "/etcdserverpb.Auth/Authenticate";
+
+/// etcd's refusal of a user and password it does not know.
+const AUTH_FAILED: &str = "etcdserver: authentication failed, invalid user ID or password";
+
+/// `etcdserverpb.AuthStatusRequest` (no fields).
+#[derive(Clone, PartialEq, prost::Message)]
+pub(super) struct AuthStatusRequest {}
+
+/// `etcdserverpb.AuthStatusResponse`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub(super) struct AuthStatusResponse {
+    #[prost(message, optional, tag = "1")]
+    header: Option<PbResponseHeader>,
+    #[prost(bool, tag = "2")]
+    enabled: bool,
+    #[prost(uint64, tag = "3")]
+    auth_revision: u64,
+}
+
+impl Front {
+    async fn authenticate(
+        self,
+        req: Request<PbAuthenticateRequest>,
+    ) -> Answer<PbAuthenticateResponse> {
+        let Some(auth) = &self.app.auth else {
+            return Err(status(Status::new(
+                Code::FailedPrecondition,
+                "etcdserver: authentication is not enabled",
+            )));
+        };
+        let PbAuthenticateRequest { name, password } = req.into_inner();
+        let principal = auth.principal_of_token(&password);
+        // The name must be the token's principal's, and the principal one that may use the
+        // etcd API at all; anything else is etcd's one refusal, whichever part was wrong.
+        if !principal.is_some_and(|p| p.name == name && p.may_any(Op::V3)) {
+            return Err(status(Status::invalid(AUTH_FAILED)));
+        }
+        let header = self.app.etcd.header().await.map_err(|e| status(e.into()))?;
+        Ok(Response::new(PbAuthenticateResponse {
+            header: Some(header.into()),
+            token: password,
+        }))
+    }
+
+    async fn auth_status(self, _: Request<AuthStatusRequest>) -> Answer<AuthStatusResponse> {
+        let header = self.app.etcd.header().await.map_err(|e| status(e.into()))?;
+        Ok(Response::new(AuthStatusResponse {
+            header: Some(header.into()),
+            enabled: self.app.auth.is_some(),
+            auth_revision: 0,
+        }))
+    }
+}
+
+/// The Auth service.
+#[derive(Clone)]
+pub(super) struct AuthServer {
+    pub(super) front: Front,
+    /// Largest request message.
+    pub(super) limit: usize,
+}
+
+impl NamedService for AuthServer {
+    const NAME: &'static str = "etcdserverpb.Auth";
+}
+
+impl tower::Service<HttpRequest> for AuthServer {
+    type Response = HttpResponse;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<HttpResponse, Infallible>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: HttpRequest) -> Self::Future {
+        let (front, limit) = (self.front.clone(), self.limit);
+        match req.uri().path() {
+            AUTHENTICATE => Box::pin(async move {
+                Ok(unary(limit, req, move |r| front.clone().authenticate(r)).await)
+            }),
+            "/etcdserverpb.Auth/AuthStatus" => Box::pin(async move {
+                Ok(unary(limit, req, move |r| front.clone().auth_status(r)).await)
+            }),
+            _ => Box::pin(async move { Ok(status(Status::cluster_wide()).into_http()) }),
+        }
+    }
+}
