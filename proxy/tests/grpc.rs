@@ -327,9 +327,6 @@ async fn member_list_names_the_proxy_and_status_answers() {
     assert_eq!(urls, [proxy.url.as_str()]);
     let status = c.status().await.unwrap();
     assert!(!status.version().is_empty());
-    // Services not served yet answer as any unknown service does.
-    let election = c.campaign("E", "v", 1).await.unwrap_err();
-    assert!(error(election).starts_with("Unimplemented"));
     // HTTP on the same port is still the HTTP API.
     let (code, _) = send(http().get(format!("{}/livez", proxy.url))).await;
     assert_eq!(code, 200);

@@ -7,7 +7,7 @@
 //! authentication is on. Every other method changes cluster-wide users and roles:
 //! PermissionDenied, as etcd refuses a user without the root role.
 //!
-//! Served by hand ([`super::unary`]): etcd-client does not export the AuthStatus messages.
+//! Served by hand ([`super::manual`]): etcd-client does not export the AuthStatus messages.
 
 use std::convert::Infallible;
 
@@ -16,7 +16,7 @@ use futures::future::BoxFuture;
 use tonic::server::NamedService;
 use tonic::{Request, Response};
 
-use super::unary::{unary, Answer, HttpRequest, HttpResponse};
+use super::manual::{unary, Answer, HttpRequest, HttpResponse};
 use super::{status, Front};
 use crate::auth::Op;
 use crate::v3::{Code, Status};

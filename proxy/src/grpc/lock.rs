@@ -11,12 +11,11 @@ use std::convert::Infallible;
 
 use etcd_client::proto::{PbLockResponse, PbUnlockResponse};
 use futures::future::BoxFuture;
-use tonic::metadata::MetadataValue;
 use tonic::server::NamedService;
 use tonic::{Request, Response};
 
-use super::unary::{unary, Answer, HttpRequest, HttpResponse};
-use super::{status, Front};
+use super::manual::{unary, Answer, HttpRequest, HttpResponse};
+use super::{fencing_metadata, status, Front};
 use crate::v3::Lock;
 
 /// `v3lockpb.LockRequest`.
@@ -42,15 +41,7 @@ impl Front {
         let locked = self.core().lock(&caller, Lock { name, lease }).await;
         let locked = locked.map_err(status)?;
         let mut answer = Response::new(locked.response);
-        for (name, value) in [
-            ("fencing-token", locked.fencing_token),
-            ("fencing-resource", locked.fencing_resource),
-        ] {
-            // Both are printable ASCII (base64url and `lock/` + hex).
-            let value = MetadataValue::try_from(value)
-                .map_err(|_| tonic::Status::internal("lease-proxy: unprintable fencing token"))?;
-            answer.metadata_mut().insert(name, value);
-        }
+        fencing_metadata(&mut answer, locked.fencing_token, locked.fencing_resource)?;
         Ok(answer)
     }
 

@@ -10,15 +10,15 @@
 //!
 //! One file per etcd service, as etcd's `v3rpc` has them: `kv.rs`, `lease.rs`, `cluster.rs`
 //! (Cluster and Maintenance, what clients call at connect time), `watch.rs`, `lock.rs`, `auth.rs`
-//! (the last two served by hand, [`unary`]). Not served yet: Election (answered Unimplemented,
-//! as for any unknown service).
+//! and `election.rs` (the last three served by hand, [`manual`]).
 
 mod auth;
 mod cluster;
+mod election;
 mod kv;
 mod lease;
 mod lock;
-mod unary;
+mod manual;
 mod watch;
 
 use std::convert::Infallible;
@@ -84,6 +84,22 @@ fn status(s: Status) -> tonic::Status {
     tonic::Status::new(tonic::Code::from_i32(s.code()), s.message())
 }
 
+/// A lock's (or a leader's) fencing token and its domain, in `answer`'s response metadata:
+/// `fencing-token` and `fencing-resource`.
+fn fencing_metadata<T>(
+    answer: &mut tonic::Response<T>,
+    token: String,
+    resource: String,
+) -> Result<(), tonic::Status> {
+    for (name, value) in [("fencing-token", token), ("fencing-resource", resource)] {
+        // Both are printable ASCII (base64url and `lock/` + hex).
+        let value = tonic::metadata::MetadataValue::try_from(value)
+            .map_err(|_| tonic::Status::internal("lease-proxy: unprintable fencing token"))?;
+        answer.metadata_mut().insert(name, value);
+    }
+    Ok(())
+}
+
 /// `http` with etcd's gRPC services beside it on the same listener.
 pub(crate) fn front(app: Arc<AppState>, http: Router) -> Router {
     let limit = app.body.bytes;
@@ -93,6 +109,10 @@ pub(crate) fn front(app: Arc<AppState>, http: Router) -> Router {
         .add_service(PbClusterServer::new(services.clone()).max_decoding_message_size(limit))
         .add_service(PbWatchServer::new(services.clone()).max_decoding_message_size(limit))
         .add_service(lock::LockServer {
+            front: services.clone(),
+            limit,
+        })
+        .add_service(election::ElectionServer {
             front: services.clone(),
             limit,
         })

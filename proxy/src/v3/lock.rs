@@ -18,9 +18,12 @@ use std::time::Duration;
 use super::request::Lock;
 use super::service::{Caller, Service};
 use super::status::{Code, Status, EMPTY_KEY, LEASE_NOT_FOUND};
+
+/// Go's `concurrency.ErrElectionNotLeader`, which etcd's election service answers untyped.
+pub(super) const NOT_LEADER: &str = "election: not leader";
 use crate::etcd::{prefix_end, Etcd, Header};
 use crate::lease::Recheck;
-use etcd_client::proto::{PbLockResponse, PbTxnOpResponse, PbUnlockResponse};
+use etcd_client::proto::{PbLockResponse, PbResponseHeader, PbTxnOpResponse, PbUnlockResponse};
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     WatchOptions,
@@ -140,111 +143,7 @@ impl Service {
                 fencing::MAX_LOCK_NAME_BYTES
             )));
         }
-        if l.lease == 0 {
-            return Err(Status::refused(
-                "a lock needs a lease granted through /v3 (etcd would grant one the proxy cannot \
-                 account for)",
-            ));
-        }
-        // etcd's lock service reports a lease it does not know untyped: gRPC Unknown, HTTP 500.
-        if !self.leases.owned(l.lease, s).await? {
-            return Err(Status::new(Code::Unknown, LEASE_NOT_FOUND));
-        }
-        let untyped = |s: Status| {
-            if s.code() == Code::Unavailable as i32 {
-                s
-            } else {
-                Status::new(Code::Unknown, s.message().to_owned())
-            }
-        };
-        let mut prefix = s.namespace.key(&l.name);
-        prefix.push(b'/');
-        let mut key = prefix.clone();
-        key.extend_from_slice(format!("{:x}", l.lease).as_bytes());
-
-        // Join the queue (or find our key from an earlier call with the same lease) and read the
-        // oldest key, in one transaction. Safe to repeat: a repeat finds the key it created.
-        let owner = GetOptions::new()
-            .with_range(prefix_end(&prefix))
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1);
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::put(
-                    key.clone(),
-                    Vec::new(),
-                    Some(PutOptions::new().with_lease(l.lease)),
-                ),
-                TxnOp::get(prefix.clone(), Some(owner.clone())),
-            ])
-            .or_else([
-                TxnOp::get(key.clone(), None),
-                TxnOp::get(prefix.clone(), Some(owner)),
-            ]);
-        let resp = self
-            .etcd
-            .bounded("v3_lock", |c| {
-                let txn = txn.clone();
-                async move { c.kv_client().txn(txn).await }
-            })
-            .await
-            .map_err(|e| untyped(e.into()))?;
-        let ranges: Vec<_> = resp
-            .0
-            .responses
-            .iter()
-            .filter_map(|op| match &op.response {
-                Some(PbTxnOpResponse::ResponseRange(r)) => Some(r),
-                _ => None,
-            })
-            .collect();
-        let mine = if resp.0.succeeded {
-            resp.0.header.as_ref().map(|h| h.revision)
-        } else {
-            ranges
-                .first()
-                .and_then(|r| r.kvs.first())
-                .map(|kv| kv.create_revision)
-        }
-        .ok_or_else(no_header)?;
-        let oldest = ranges
-            .last()
-            .and_then(|r| r.kvs.first())
-            .map(|kv| kv.create_revision);
-        let mut header = resp.0.header.ok_or_else(no_header)?;
-
-        if oldest.is_some_and(|oldest| oldest != mine) {
-            let mut abandoned = Abandoned {
-                etcd: self.etcd.clone(),
-                key: key.clone(),
-                create_revision: mine,
-                armed: resp.0.succeeded,
-            };
-            // The caller's right to the lock is judged again whenever the token file may have
-            // changed and before the lock is its: a principal removed or narrowed while it
-            // waits gets no lock and no token, and its key goes (`abandoned`).
-            let mut recheck = s.recheck.clone();
-            loop {
-                let (older, at) = last_before(&self.etcd, &prefix, mine - 1).await?;
-                let Some(older) = older else {
-                    header = at.into();
-                    break;
-                };
-                tokio::select! {
-                    () = deleted_after(&self.etcd, older, at.revision, self.etcd.timeout()) => {}
-                    () = Recheck::changed_or_never(&mut recheck) => s.still_authorised()?,
-                }
-            }
-            s.still_authorised()?;
-            // The lease may have lapsed while waiting, taking the key with it.
-            let still = self.etcd.get_bytes(&key).await.map_err(Status::from)?;
-            if still.is_none_or(|kv| kv.create_revision() != mine) {
-                return Err(Status::new(Code::Unknown, LEASE_NOT_FOUND));
-            }
-            abandoned.armed = false;
-        }
-
+        let Queued { key, mine, header } = self.queue(s, &l.name, l.lease, None).await?;
         let client_key = s.namespace.strip(&key).unwrap_or_default().to_vec();
         let resource = fencing::lock_resource(&domain);
         let token = Token::new(self.era, u64::try_from(mine).unwrap_or(0));
@@ -345,5 +244,177 @@ impl Service {
         Ok(PbUnlockResponse {
             header: resp.0.header,
         })
+    }
+}
+
+/// A place in a lock's (or an election's) queue that has come to the front.
+pub(super) struct Queued {
+    /// The etcd key (in the namespace).
+    pub(super) key: Vec<u8>,
+    /// Its create revision: the fencing token's value.
+    pub(super) mine: i64,
+    /// The header of the read that found it at the front.
+    pub(super) header: PbResponseHeader,
+}
+
+impl Service {
+    /// Joins the queue of `name` with `lease` — the key `{name}/{lease in hex}`, holding
+    /// `value` (an election's; a lock's is empty) — and waits until it is the oldest key under
+    /// `{name}/`, as etcd's Mutex and Election do. The lease must be the caller's.
+    pub(super) async fn queue(
+        &self,
+        s: &Caller,
+        name: &[u8],
+        lease: i64,
+        value: Option<&[u8]>,
+    ) -> Result<Queued, Status> {
+        if lease == 0 {
+            return Err(Status::refused(
+                "a lock (or a campaign) needs a lease granted through /v3 (etcd would grant one the proxy cannot \
+                 account for)",
+            ));
+        }
+        // etcd's lock service reports a lease it does not know untyped: gRPC Unknown, HTTP 500.
+        if !self.leases.owned(lease, s).await? {
+            return Err(Status::new(Code::Unknown, LEASE_NOT_FOUND));
+        }
+        let untyped = |s: Status| {
+            if s.code() == Code::Unavailable as i32 {
+                s
+            } else {
+                Status::new(Code::Unknown, s.message().to_owned())
+            }
+        };
+        let mut prefix = s.namespace.key(name);
+        prefix.push(b'/');
+        let mut key = prefix.clone();
+        key.extend_from_slice(format!("{lease:x}").as_bytes());
+
+        // Join the queue (or find our key from an earlier call with the same lease) and read the
+        // oldest key, in one transaction. Safe to repeat: a repeat finds the key it created.
+        let owner = GetOptions::new()
+            .with_range(prefix_end(&prefix))
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(
+                    key.clone(),
+                    value.unwrap_or_default().to_vec(),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::get(prefix.clone(), Some(owner.clone())),
+            ])
+            .or_else([
+                TxnOp::get(key.clone(), None),
+                TxnOp::get(prefix.clone(), Some(owner)),
+            ]);
+        let resp = self
+            .etcd
+            .bounded("v3_lock", |c| {
+                let txn = txn.clone();
+                async move { c.kv_client().txn(txn).await }
+            })
+            .await
+            .map_err(|e| untyped(e.into()))?;
+        let ranges: Vec<_> = resp
+            .0
+            .responses
+            .iter()
+            .filter_map(|op| match &op.response {
+                Some(PbTxnOpResponse::ResponseRange(r)) => Some(r),
+                _ => None,
+            })
+            .collect();
+        let mine = if resp.0.succeeded {
+            resp.0.header.as_ref().map(|h| h.revision)
+        } else {
+            ranges
+                .first()
+                .and_then(|r| r.kvs.first())
+                .map(|kv| kv.create_revision)
+        }
+        .ok_or_else(no_header)?;
+        let oldest = ranges
+            .last()
+            .and_then(|r| r.kvs.first())
+            .map(|kv| kv.create_revision);
+        let mut header = resp.0.header.ok_or_else(no_header)?;
+        // A campaign again with the same lease and another value proclaims it (Go's Campaign).
+        let existing = ranges
+            .first()
+            .and_then(|r| r.kvs.first())
+            .map(|kv| &kv.value);
+        if let (false, Some(value), Some(existing)) = (resp.0.succeeded, value, existing) {
+            if existing.as_slice() != value {
+                header = self.replace(&key, mine, value, lease).await?;
+            }
+        }
+
+        if oldest.is_some_and(|oldest| oldest != mine) {
+            let mut abandoned = Abandoned {
+                etcd: self.etcd.clone(),
+                key: key.clone(),
+                create_revision: mine,
+                armed: resp.0.succeeded,
+            };
+            // The caller's right to the lock is judged again whenever the token file may have
+            // changed and before the lock is its: a principal removed or narrowed while it
+            // waits gets no lock and no token, and its key goes (`abandoned`).
+            let mut recheck = s.recheck.clone();
+            loop {
+                let (older, at) = last_before(&self.etcd, &prefix, mine - 1).await?;
+                let Some(older) = older else {
+                    header = at.into();
+                    break;
+                };
+                tokio::select! {
+                    () = deleted_after(&self.etcd, older, at.revision, self.etcd.timeout()) => {}
+                    () = Recheck::changed_or_never(&mut recheck) => s.still_authorised()?,
+                }
+            }
+            s.still_authorised()?;
+            // The lease may have lapsed while waiting, taking the key with it.
+            let still = self.etcd.get_bytes(&key).await.map_err(Status::from)?;
+            if still.is_none_or(|kv| kv.create_revision() != mine) {
+                return Err(Status::new(Code::Unknown, LEASE_NOT_FOUND));
+            }
+            abandoned.armed = false;
+        }
+
+        Ok(Queued { key, mine, header })
+    }
+
+    /// Puts `value` in `key` if it is still the incarnation created at `mine`; the header.
+    pub(super) async fn replace(
+        &self,
+        key: &[u8],
+        mine: i64,
+        value: &[u8],
+        lease: i64,
+    ) -> Result<PbResponseHeader, Status> {
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                key.to_vec(),
+                CompareOp::Equal,
+                mine,
+            )])
+            .and_then([TxnOp::put(
+                key.to_vec(),
+                value.to_vec(),
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        let resp = self
+            .etcd
+            .bounded("v3_election_proclaim", |c| {
+                let txn = txn.clone();
+                async move { c.kv_client().txn(txn).await }
+            })
+            .await?;
+        if !resp.0.succeeded {
+            return Err(Status::new(Code::Unknown, NOT_LEADER));
+        }
+        resp.0.header.ok_or_else(no_header)
     }
 }

@@ -17,6 +17,7 @@
 //! - per-request limits: ids per keepalive body, operations and nesting per transaction.
 
 mod discovery;
+mod election;
 mod encode;
 mod gobase64;
 mod json;
