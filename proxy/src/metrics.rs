@@ -42,6 +42,8 @@ pub(crate) struct Metrics {
     /// (`lease_proxy_audit_dropped_total`).
     pub(crate) audit_dropped: Counter<u64>,
     etcd: Histogram<f64>,
+    /// gRPC calls, by `method` and `code` (`lease_proxy_grpc_request_duration_seconds`).
+    grpc: Histogram<f64>,
     batch: Histogram<u64>,
     /// Group-commit batches etcd refused as a whole, each of whose transactions was then sent
     /// alone (`lease_proxy_etcd_batch_splits_total`).
@@ -103,6 +105,14 @@ impl Metrics {
                 .f64_histogram("lease_proxy.etcd.request.duration")
                 .with_unit("s")
                 .with_description("Duration of etcd requests, retries included, by operation.")
+                .with_boundaries(DURATION_BUCKETS.to_vec())
+                .build(),
+            grpc: meter
+                .f64_histogram("lease_proxy.grpc.request.duration")
+                .with_unit("s")
+                .with_description(
+                    "Duration of gRPC calls (a stream's whole life), by method and status code.",
+                )
                 .with_boundaries(DURATION_BUCKETS.to_vec())
                 .build(),
             batch: meter
@@ -181,6 +191,14 @@ impl Metrics {
     pub(crate) fn etcd_request(&self, op: &'static str, started: Instant) {
         self.etcd
             .record(started.elapsed().as_secs_f64(), &[KeyValue::new("op", op)]);
+    }
+
+    /// Records a gRPC call of `method` that ended with `code` (a gRPC code's name, or
+    /// `cancelled` for a call its client left), started at `started`.
+    pub(crate) fn grpc_request(&self, method: &'static str, code: &'static str, started: Instant) {
+        let attributes = [KeyValue::new("method", method), KeyValue::new("code", code)];
+        self.grpc
+            .record(started.elapsed().as_secs_f64(), &attributes);
     }
 
     /// Records a batch of `n` transactions sent as one proposal.

@@ -329,6 +329,33 @@ async fn lock_over_grpc_excludes_and_carries_a_fencing_token() {
         refused.to_string().contains("requested lease not found"),
         "{refused}"
     );
+
+    // Each call is in the per-method metrics, with its code; a method not served is `unknown`.
+    let (_, _) = unary(
+        &proxy.url,
+        "/etcdserverpb.KV/Nothing",
+        &request_none(),
+        None,
+    )
+    .await;
+    let text = metrics_text(&proxy.url).await;
+    let count = |method: &str, code: &str| {
+        text.lines().any(|l| {
+            l.starts_with("lease_proxy_grpc_request_duration_seconds_count")
+                && l.contains(&format!("method=\"{method}\""))
+                && l.contains(&format!("code=\"{code}\""))
+        })
+    };
+    assert!(count("v3lockpb.Lock/Lock", "OK"), "{text}");
+    assert!(count("v3lockpb.Lock/Lock", "Unknown"), "{text}");
+    assert!(count("v3lockpb.Lock/Unlock", "OK"), "{text}");
+    assert!(count("etcdserverpb.Lease/LeaseGrant", "OK"), "{text}");
+    assert!(count("unknown", "Unimplemented"), "{text}");
+}
+
+/// An empty message.
+fn request_none() -> LockRequest {
+    LockRequest::default()
 }
 
 /// `v3lockpb.LockRequest`, as the test sends it.

@@ -19,6 +19,7 @@ mod kv;
 mod lease;
 mod lock;
 mod manual;
+mod observe;
 mod watch;
 
 use std::convert::Infallible;
@@ -156,43 +157,61 @@ impl tower::Service<Request<Body>> for Dispatch {
         std::task::Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, mut req: Request<Body>) -> Self::Future {
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
         use tower::ServiceExt;
         if !is_grpc(&req) {
             let http = self.http.clone();
             return Box::pin(async move { http.oneshot(req).await });
         }
         let (app, grpc) = (self.app.clone(), self.grpc.clone());
-        Box::pin(async move {
-            // Authenticate is how a caller gets its credentials: served for anyone.
-            let who = if req.uri().path() == auth::AUTHENTICATE {
-                Authorised::default()
-            } else {
-                match etcd_caller(&app, &credentials(&req), req.extensions()) {
-                    Ok(who) => who,
-                    Err(e) => return Ok(status(Status::from(e)).into_http()),
-                }
-            };
-            let deadline = client_deadline(&req);
-            let url = called_url(&req);
-            req.extensions_mut().insert(Judged { who, url });
-            // A panic is a bug: the call fails with Internal, the connection and its other
-            // streams go on (as the HTTP routes' CatchPanicLayer does for them).
-            let call = AssertUnwindSafe(grpc.oneshot(req)).catch_unwind();
-            let answer = match deadline {
-                Some(d) => tokio::time::timeout(d, call).await.ok(),
-                None => Some(call.await),
-            };
-            Ok(match answer {
-                Some(Ok(Ok(response))) => response.into_response(),
-                Some(Ok(Err(never))) => match never {},
-                Some(Err(_)) => {
-                    tracing::error!("gRPC handler panicked");
-                    status(Status::internal()).into_http()
-                }
-                None => status(Status::deadline_exceeded()).into_http(),
-            })
-        })
+        let method = observe::method(req.uri().path());
+        let span = observe::span(method);
+        let started = tokio::time::Instant::now();
+        let call = async move {
+            let answer = serve(&app, grpc, req).await;
+            let metrics = app.etcd.metrics().clone();
+            Ok(observe::observed(
+                answer,
+                metrics,
+                method,
+                started,
+                tracing::Span::current(),
+            ))
+        };
+        Box::pin(tracing::Instrument::instrument(call, span))
+    }
+}
+
+/// The answer to the gRPC call `req`: its caller judged, its deadline kept, a panic answered.
+async fn serve(app: &Arc<AppState>, grpc: Routes, mut req: Request<Body>) -> Response {
+    use tower::ServiceExt;
+    // Authenticate is how a caller gets its credentials: served for anyone.
+    let who = if req.uri().path() == auth::AUTHENTICATE {
+        Authorised::default()
+    } else {
+        match etcd_caller(app, &credentials(&req), req.extensions()) {
+            Ok(who) => who,
+            Err(e) => return status(Status::from(e)).into_http(),
+        }
+    };
+    let deadline = client_deadline(&req);
+    let url = called_url(&req);
+    req.extensions_mut().insert(Judged { who, url });
+    // A panic is a bug: the call fails with Internal, the connection and its other streams go
+    // on (as the HTTP routes' CatchPanicLayer does for them).
+    let call = AssertUnwindSafe(grpc.oneshot(req)).catch_unwind();
+    let answer = match deadline {
+        Some(d) => tokio::time::timeout(d, call).await.ok(),
+        None => Some(call.await),
+    };
+    match answer {
+        Some(Ok(Ok(response))) => response.into_response(),
+        Some(Ok(Err(never))) => match never {},
+        Some(Err(_)) => {
+            tracing::error!("gRPC handler panicked");
+            status(Status::internal()).into_http()
+        }
+        None => status(Status::deadline_exceeded()).into_http(),
     }
 }
 
