@@ -176,6 +176,10 @@ pub async fn run(
             })?,
         None => Audit::off(metrics.clone()),
     };
+    let watch_slots = Arc::new(crate::api::WatchSlots::new(
+        config.max_watch_streams,
+        config.watch_streams_per_principal(),
+    ));
     let v3 = crate::v3::V3::new(
         etcd.clone(),
         keepalive.clone(),
@@ -191,6 +195,12 @@ pub async fn run(
             },
             max_body: config.max_body_bytes,
             body_deadline: config.header_read_timeout,
+        },
+        crate::v3::Streams {
+            slots: watch_slots.clone(),
+            stopping: stopping.clone(),
+            max_duration: config.watch_max_duration,
+            buffered: Default::default(),
         },
     );
     let layout = config.layout();
@@ -238,10 +248,6 @@ pub async fn run(
         tracker.clone(),
         stopping.clone(),
     );
-    let watch_slots = Arc::new(crate::api::WatchSlots::new(
-        config.max_watch_streams,
-        config.watch_streams_per_principal(),
-    ));
     let slots = watch_slots.clone();
     metrics
         .meter()

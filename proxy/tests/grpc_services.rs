@@ -1056,3 +1056,183 @@ struct CampaignRequest {
     #[prost(bytes = "vec", tag = "3")]
     value: Vec<u8>,
 }
+
+/// One answer larger than the per-stream bound — a delete of many large keys with `prev_kv`, in
+/// one revision and unfragmented — reaches a client that reads, as etcd sends it (found by a
+/// hostile pass: it used to end the stream, and every resume again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_answer_larger_than_the_bound_reaches_a_reading_client() {
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |c| c.v3_namespace = Some("/ns/".into())).await;
+    let mut raw = etcd.client().await;
+    for i in 0..10 {
+        raw.put(format!("/ns/big/{i}"), vec![b'x'; 1 << 20], None)
+            .await
+            .unwrap();
+    }
+    let create: etcd_client::proto::PbWatchRequest = WatchOptions::new()
+        .with_key("big/")
+        .with_prefix()
+        .with_prev_key()
+        .into();
+    let mut body = vec![0];
+    let message = create.encode_to_vec();
+    body.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+    body.extend_from_slice(&message);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
+    tx.send(Ok(body)).await.unwrap();
+    let requests =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
+    let h2c = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let mut resp = h2c
+        .post(format!("{}/etcdserverpb.Watch/Watch", proxy.url))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(reqwest::Body::wrap_stream(requests))
+        .send()
+        .await
+        .unwrap();
+    // The created answer, then (after the delete) one answer with the ten deletes and their
+    // 1 MiB previous values.
+    let mut buffer = Vec::new();
+    let mut answers = Vec::new();
+    let mut c = client(&proxy.url).await;
+    let read = tokio::time::timeout(Duration::from_secs(20), async {
+        while answers.len() < 2 {
+            while buffer.len() >= 5 {
+                let len = u32::from_be_bytes(buffer[1..5].try_into().unwrap()) as usize;
+                if buffer.len() < 5 + len {
+                    break;
+                }
+                answers.push(PbWatchResponse::decode(&buffer[5..5 + len]).unwrap());
+                buffer.drain(..5 + len);
+                if answers.len() == 1 {
+                    let all = etcd_client::DeleteOptions::new().with_prefix();
+                    c.delete("big/", Some(all)).await.unwrap();
+                }
+            }
+            if answers.len() == 2 {
+                break;
+            }
+            match resp.chunk().await.unwrap() {
+                Some(chunk) => buffer.extend_from_slice(&chunk),
+                None => break,
+            }
+        }
+    })
+    .await;
+    assert!(
+        read.is_ok(),
+        "no answer came: {} answers, {} bytes waiting",
+        answers.len(),
+        buffer.len()
+    );
+    assert_eq!(answers.len(), 2, "the stream ended early");
+    assert!(answers[0].created);
+    assert_eq!(answers[1].events.len(), 10);
+    assert!(answers[1]
+        .events
+        .iter()
+        .all(|e| e.prev_kv.as_ref().unwrap().value.len() == 1 << 20));
+    drop(tx);
+}
+
+/// The replica's event-stream slots count what holds an etcd watch, and nothing else: a watch
+/// stream with no watch holds none; a waiting lock holds one, and is refused (its key removed)
+/// when there is none; and a waiting lock ends with the drain, not at its deadline (all three
+/// found by a hostile pass).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_calls_hold_slots_and_end_with_the_drain() {
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |c| {
+        c.v3_namespace = Some("/ns/".into());
+        c.max_watch_streams = 2;
+        c.drain_timeout = Duration::from_secs(30);
+        c.shutdown_delay = Duration::ZERO;
+    })
+    .await;
+    // Five idle watch streams: /v1/watch still has its slots.
+    let h2c = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let mut idle = Vec::new();
+    for _ in 0..5 {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+        let requests =
+            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
+        let resp = h2c
+            .post(format!("{}/etcdserverpb.Watch/Watch", proxy.url))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(reqwest::Body::wrap_stream(requests))
+            .send()
+            .await
+            .unwrap();
+        idle.push((tx, resp));
+    }
+    let events = http()
+        .get(format!("{}/v1/watch", proxy.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        events.status(),
+        200,
+        "idle gRPC watch streams took the slots"
+    );
+    drop(events);
+
+    // L held; two waiters take the two slots; a third is refused and leaves no key.
+    let mut c = client(&proxy.url).await;
+    let mut leases = Vec::new();
+    for _ in 0..4 {
+        leases.push(c.lease_grant(30, None).await.unwrap().id());
+    }
+    c.lock("L", Some(LockOptions::new().with_lease(leases[0])))
+        .await
+        .unwrap();
+    let mut waiters = Vec::new();
+    for &lease in &leases[1..3] {
+        let mut w = c.clone();
+        waiters.push(tokio::spawn(async move {
+            w.lock("L", Some(LockOptions::new().with_lease(lease)))
+                .await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let refused = c
+        .lock("L", Some(LockOptions::new().with_lease(leases[3])))
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("maximum of 2"), "{refused}");
+    let mut raw = etcd.client().await;
+    let key = format!("/ns/L/{:x}", leases[3]);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !raw.get(key.as_str(), None).await.unwrap().kvs().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the refused waiter's key stayed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The drain ends the waiters at once: the proxy stops well before its drain deadline.
+    drop(idle);
+    let started = tokio::time::Instant::now();
+    proxy.stop().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the drain waited {:?} for waiting locks",
+        started.elapsed()
+    );
+    for waiter in waiters {
+        assert!(
+            waiter.await.unwrap().is_err(),
+            "a waiter got the lock during the drain"
+        );
+    }
+}

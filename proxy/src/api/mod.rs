@@ -12,7 +12,6 @@ mod progress;
 mod rate;
 mod schemas;
 mod sessions;
-mod slots;
 mod watch;
 
 use std::any::Any;
@@ -26,9 +25,9 @@ use tower_http::catch_panic::CatchPanicLayer;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+pub(crate) use crate::lease::WatchSlots;
 pub(crate) use body::BodyLimits;
 pub(crate) use rate::AcquireRate;
-pub(crate) use slots::WatchSlots;
 
 use crate::etcd::Etcd;
 use crate::lease::Leases;

@@ -32,10 +32,10 @@ use super::authz::{self, Caller, Peer};
 use super::preamble::{Authorized, Reading};
 use super::progress::{self, Pacer};
 use super::schemas::{EventId, ResourcePrefix};
-use super::slots::Slot;
 use super::AppState;
 use crate::auth::Op;
 use crate::lease::validate;
+use crate::lease::Slot;
 use crate::lease::{Next, OwnershipEvent, Position, Subscription};
 use crate::{Error, Result};
 

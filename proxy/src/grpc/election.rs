@@ -81,9 +81,8 @@ impl Front {
 
     async fn observe(self, req: Request<LeaderRequest>) -> Answer<Observed> {
         let caller = self.caller(&req)?;
-        let stopping = self.app.leases.stopping().clone();
         let name = req.into_inner().name;
-        let answers = self.core().observe(caller, name, stopping);
+        let answers = self.core().observe(caller, name).map_err(status)?;
         Ok(Response::new(answers.map(|a| a.map_err(status)).boxed()))
     }
 

@@ -71,12 +71,6 @@ impl Front {
             .ok_or_else(|| tonic::Status::internal("lease-proxy: gRPC call not authorised"))?;
         Ok(self.core().caller(&judged.who))
     }
-
-    /// The principal `req` is served for (`None` with authentication off).
-    fn principal<T>(&self, req: &tonic::Request<T>) -> Option<String> {
-        let judged = req.extensions().get::<Judged>()?;
-        judged.who.principal.clone()
-    }
 }
 
 /// A refusal or failure of the core, as etcd's gRPC server gives it: etcd's code and message.
@@ -137,11 +131,17 @@ struct Dispatch {
 /// Whether `req` is a gRPC call: HTTP/2 with a gRPC content type (`application/grpc`,
 /// `application/grpc+proto`…). Anything else is the HTTP routes', whatever its path.
 fn is_grpc(req: &Request<Body>) -> bool {
+    // `application/grpc`, `application/grpc+proto`, `application/grpc;…` — not gRPC-Web
+    // (`application/grpc-web…`), whose framing differs.
+    let grpc = |v: &[u8]| {
+        v.strip_prefix(b"application/grpc")
+            .is_some_and(|rest| rest.is_empty() || rest[0] == b'+' || rest[0] == b';')
+    };
     req.version() == Version::HTTP_2
         && req
             .headers()
             .get(header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+            .is_some_and(|v| grpc(v.as_bytes()))
 }
 
 impl tower::Service<Request<Body>> for Dispatch {
@@ -321,6 +321,32 @@ mod tests {
                 let req = Request::builder().uri(uri).body(Body::empty()).unwrap();
                 assert_eq!(called_url(&req), None, "{odd}");
             }
+        }
+    }
+
+    #[test]
+    fn grpc_is_its_content_types_and_not_grpc_web() {
+        let h2 = |ct: &str| {
+            let req = Request::builder()
+                .version(Version::HTTP_2)
+                .header(header::CONTENT_TYPE, ct)
+                .body(Body::empty())
+                .unwrap();
+            is_grpc(&req)
+        };
+        for yes in [
+            "application/grpc",
+            "application/grpc+proto",
+            "application/grpc; x=y",
+        ] {
+            assert!(h2(yes), "{yes}");
+        }
+        for no in [
+            "application/grpc-web",
+            "application/grpc-web+proto",
+            "application/grpcx",
+        ] {
+            assert!(!h2(no), "{no}");
         }
     }
 

@@ -29,6 +29,7 @@ mod replay;
 mod secret;
 pub(crate) mod session;
 mod shared;
+mod slots;
 mod spares;
 mod types;
 pub(crate) mod validate;
@@ -52,6 +53,7 @@ pub(crate) use list::{list_prefixes, Page};
 pub(crate) use position::Position;
 pub(crate) use recheck::Recheck;
 pub(crate) use record::{i64_string, opt_i64_string, HolderRecord};
+pub(crate) use slots::{Slot, WatchSlots};
 pub(crate) use types::{Acquire, Grant, Holding, Limits, Renewal};
 pub(crate) use view::{Holders, Wakeup};
 

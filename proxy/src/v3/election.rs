@@ -8,6 +8,7 @@
 //! Errors as etcd's election service gives them: Go's errors untyped (gRPC Unknown) —
 //! `election: not leader`, `election: no leader`, `"leader" field must be provided`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::proto::{
@@ -19,7 +20,6 @@ use etcd_client::{
 };
 use fencing::Token;
 use futures::stream::{BoxStream, StreamExt};
-use tokio_util::sync::CancellationToken;
 
 use super::lock::{Queued, NOT_LEADER};
 use super::service::{Caller, Service};
@@ -185,18 +185,23 @@ impl Service {
     /// `Observe`: the leader now (once there is one) and again whenever it changes — a new
     /// leader, or a new value proclaimed. Each step is a read under the deadline; between
     /// steps, a watch of the name's keys, re-read at least every deadline. Ends Unavailable
-    /// when `stopping` fires, PermissionDenied once the caller's right is gone.
+    /// when the proxy drains or after `--watch-max-duration`, and with the caller's refusal
+    /// once its right is gone.
     pub(crate) fn observe(
         &self,
         s: Caller,
         name: Vec<u8>,
-        stopping: CancellationToken,
-    ) -> BoxStream<'static, Result<PbLeaderResponse, Status>> {
+    ) -> Result<BoxStream<'static, Result<PbLeaderResponse, Status>>, Status> {
+        // An observer holds an etcd watch: one of the replica's event-stream slots, for at most
+        // `--watch-max-duration`.
+        let slot = Arc::new(self.streams.slots.take(s.owner.as_deref())?);
+        let stopping = self.streams.stopping.clone();
+        let until = tokio::time::Instant::now() + self.streams.max_duration;
         let etcd = self.etcd.clone();
         let prefix = queue_prefix(&s, &name);
         let state = (etcd, s, prefix, None::<(Vec<u8>, i64)>, false);
-        futures::stream::unfold(state, move |(etcd, s, prefix, mut last, done)| {
-            let stopping = stopping.clone();
+        let answers = futures::stream::unfold(state, move |(etcd, s, prefix, mut last, done)| {
+            let (stopping, _slot) = (stopping.clone(), slot.clone());
             async move {
                 if done {
                     return None;
@@ -231,10 +236,18 @@ impl Service {
                             let end = Status::from(crate::Error::ShuttingDown);
                             return Some((Err(end), (etcd, s, prefix, last, true)));
                         }
+                        () = tokio::time::sleep_until(until) => {
+                            let end = Status::new(
+                                Code::Unavailable,
+                                "lease-proxy: the observer reached --watch-max-duration; observe \
+                                 again",
+                            );
+                            return Some((Err(end), (etcd, s, prefix, last, true)));
+                        }
                     }
                 }
             }
-        })
-        .boxed()
+        });
+        Ok(answers.boxed())
     }
 }

@@ -362,6 +362,10 @@ impl Service {
             // The caller's right to the lock is judged again whenever the token file may have
             // changed and before the lock is its: a principal removed or narrowed while it
             // waits gets no lock and no token, and its key goes (`abandoned`).
+            // A waiter holds an etcd watch while it waits: one of the replica's event-stream
+            // slots (refused, it leaves: its key goes), and it ends when the proxy drains.
+            let _slot = self.streams.slots.take(s.owner.as_deref())?;
+            let stopping = &self.streams.stopping;
             let mut recheck = s.recheck.clone();
             loop {
                 let (older, at) = last_before(&self.etcd, &prefix, mine - 1).await?;
@@ -372,6 +376,7 @@ impl Service {
                 tokio::select! {
                     () = deleted_after(&self.etcd, older, at.revision, self.etcd.timeout()) => {}
                     () = Recheck::changed_or_never(&mut recheck) => s.still_authorised()?,
+                    () = stopping.cancelled() => return Err(crate::Error::ShuttingDown.into()),
                 }
             }
             s.still_authorised()?;

@@ -43,7 +43,7 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::etcd::{Etcd, KeepAlive};
 pub(crate) use request::Lock;
-pub(crate) use service::{Authorised, Caller, Service};
+pub(crate) use service::{Authorised, Caller, Service, Streams};
 pub(crate) use watch::Requests as WatchRequests;
 
 use json::{JsonError, Reader, Value};
@@ -212,7 +212,13 @@ fn ok(v: &serde_json::Value) -> Response {
 
 impl V3 {
     /// Serves `/v3` as `settings` say (its namespace, lease markers and limits).
-    pub(crate) fn new(etcd: Etcd, keepalive: KeepAlive, keys: Keys, settings: Settings) -> Self {
+    pub(crate) fn new(
+        etcd: Etcd,
+        keepalive: KeepAlive,
+        keys: Keys,
+        settings: Settings,
+        streams: Streams,
+    ) -> Self {
         Self {
             core: Service {
                 leases: Markers::new(etcd.clone(), settings.lease_markers),
@@ -222,6 +228,7 @@ impl V3 {
                 era: settings.era,
                 namespace: Namespace::new(settings.namespace.into_bytes()),
                 limits: settings.limits,
+                streams,
             },
             etcd,
             max_body: settings.max_body,

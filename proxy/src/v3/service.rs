@@ -11,14 +11,19 @@
 //! its gRPC server; a gRPC front calls the same methods with the messages tonic decoded, and
 //! maps [`Status`](super::status::Status) (etcd's code and message) to a `tonic::Status`.
 
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
 use fencing::Keys;
+use tokio_util::sync::CancellationToken;
 
 use super::lease::Markers;
 use super::namespace::Namespace;
 use super::status::Status;
 use super::Limits;
 use crate::etcd::{Etcd, KeepAlive};
-use crate::lease::Recheck;
+use crate::lease::{Recheck, WatchSlots};
 
 /// The etcd-compatible service: confined, typed, front-agnostic.
 pub(crate) struct Service {
@@ -31,6 +36,20 @@ pub(crate) struct Service {
     pub(super) namespace: Namespace,
     pub(super) leases: Markers,
     pub(super) limits: Limits,
+    pub(super) streams: Streams,
+}
+
+/// What the core's long calls — watch streams, waiting locks and campaigns, leader observers —
+/// share with the proxy's other streams.
+pub(crate) struct Streams {
+    /// The replica's event-stream slots: each long call that holds an etcd watch takes one.
+    pub(crate) slots: Arc<WatchSlots>,
+    /// Fires when the proxy starts draining: long calls end Unavailable.
+    pub(crate) stopping: CancellationToken,
+    /// Longest life of a watch stream or an observer (`--watch-max-duration`).
+    pub(crate) max_duration: Duration,
+    /// Bytes of watch answers waiting for their clients, over every stream.
+    pub(crate) buffered: Arc<AtomicUsize>,
 }
 
 /// What a front learnt of who calls: the principal (`None` with authentication off), and its

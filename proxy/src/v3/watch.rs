@@ -37,13 +37,18 @@ use super::namespace::Namespace;
 use super::service::{Caller, Service};
 use super::status::{Code, Status};
 use crate::etcd::Etcd;
-use crate::lease::Recheck;
+use crate::lease::{Recheck, Slot, WatchSlots};
 
 /// Most watches (created or being created) on one stream.
 pub(crate) const MAX_WATCHES: usize = 1024;
 
-/// Most bytes of answers waiting for a client that does not read.
+/// Most bytes of answers waiting for a client that does not read (one answer alone always
+/// passes: a client that reads gets even an answer larger than this, as etcd would send it).
 pub(crate) const MAX_BUFFERED_BYTES: usize = 8 << 20;
+
+/// Most bytes of answers waiting, over every stream of the replica: past it, a stream that
+/// already holds answers is cut off rather than given more memory.
+pub(crate) const MAX_BUFFERED_TOTAL: usize = 256 << 20;
 
 /// etcd's id for "no watch" (a failed create, a progress answer of the whole stream).
 const NO_WATCH: i64 = -1;
@@ -137,16 +142,24 @@ fn strip(ns: &Namespace, mut r: PbWatchResponse) -> PbWatchResponse {
 /// The answers waiting for the client, bounded in bytes.
 struct Outbox {
     tx: mpsc::UnboundedSender<(usize, Result<PbWatchResponse, Status>)>,
+    /// This stream's waiting bytes.
     bytes: Arc<AtomicUsize>,
+    /// Every stream's.
+    total: Arc<AtomicUsize>,
 }
 
 impl Outbox {
-    /// Queues `answer`; false if the client holds more than it may (or is gone).
+    /// Queues `answer`; false if the client already holds answers and this one would take it
+    /// past its bound or the replica past its own (or the client is gone).
     fn push(&self, answer: PbWatchResponse) -> bool {
         let size = prost::Message::encoded_len(&answer);
-        if self.bytes.fetch_add(size, Ordering::AcqRel) + size > MAX_BUFFERED_BYTES {
+        let held = self.bytes.load(Ordering::Acquire);
+        let all = self.total.load(Ordering::Acquire);
+        if held > 0 && (held + size > MAX_BUFFERED_BYTES || all + size > MAX_BUFFERED_TOTAL) {
             return false;
         }
+        self.bytes.fetch_add(size, Ordering::AcqRel);
+        self.total.fetch_add(size, Ordering::AcqRel);
         self.tx.send((size, Ok(answer))).is_ok()
     }
 }
@@ -154,25 +167,50 @@ impl Outbox {
 /// The stream the client reads: the outbox, each answer's bytes given back as it goes; the
 /// pump stops when this is dropped.
 fn inbox(
-    mut rx: mpsc::UnboundedReceiver<(usize, Result<PbWatchResponse, Status>)>,
+    rx: mpsc::UnboundedReceiver<(usize, Result<PbWatchResponse, Status>)>,
     bytes: Arc<AtomicUsize>,
+    total: Arc<AtomicUsize>,
     stop: CancellationToken,
 ) -> impl Stream<Item = Result<PbWatchResponse, Status>> + Send + 'static {
-    let guard = stop.drop_guard();
-    futures::stream::poll_fn(move |cx| {
-        let _held = &guard;
-        rx.poll_recv(cx).map(|item| {
-            item.map(|(size, answer)| {
-                bytes.fetch_sub(size, Ordering::AcqRel);
-                answer
-            })
-        })
+    let inbox = Inbox {
+        rx,
+        total,
+        _stop: stop.drop_guard(),
+    };
+    futures::stream::unfold(inbox, move |mut inbox| {
+        let bytes = bytes.clone();
+        async move {
+            let (size, answer) = inbox.rx.recv().await?;
+            bytes.fetch_sub(size, Ordering::AcqRel);
+            inbox.total.fetch_sub(size, Ordering::AcqRel);
+            Some((answer, inbox))
+        }
     })
+}
+
+/// The client's end of the outbox: what is still in it is given back to the replica's total
+/// when it goes, and the pump is stopped.
+struct Inbox {
+    rx: mpsc::UnboundedReceiver<(usize, Result<PbWatchResponse, Status>)>,
+    total: Arc<AtomicUsize>,
+    _stop: tokio_util::sync::DropGuard,
+}
+
+impl Drop for Inbox {
+    fn drop(&mut self) {
+        self.rx.close();
+        while let Ok((size, _)) = self.rx.try_recv() {
+            self.total.fetch_sub(size, Ordering::AcqRel);
+        }
+    }
 }
 
 /// One stream's state in the pump.
 struct Pump {
     etcd: Etcd,
+    slots: Arc<WatchSlots>,
+    /// The stream's event-stream slot, taken with its first create (an idle stream holds none).
+    slot: Option<Slot>,
     caller: Caller,
     outbox: Outbox,
     /// The etcd watch stream (opened by the first create), and its member's index.
@@ -262,6 +300,8 @@ impl Pump {
                 sent.map_err(|e| self.etcd_failed(e))?;
             }
             None => {
+                let slot = self.slots.take(self.caller.owner.as_deref());
+                self.slot = Some(slot.map_err(|e| End::Failed(Status::from(e)))?);
                 let what = "gRPC client's";
                 let opened = self.etcd.open_watch(key, options, what).await;
                 let opened = opened.ok_or_else(|| {
@@ -332,11 +372,19 @@ impl Pump {
         mut requests: Requests,
         stop: CancellationToken,
         stopping: CancellationToken,
+        max_duration: std::time::Duration,
     ) -> End {
         let mut recheck = self.caller.recheck.clone();
+        let over = tokio::time::sleep(max_duration);
+        tokio::pin!(over);
         loop {
             let step = tokio::select! {
                 () = stop.cancelled() => return End::Quietly,
+                () = &mut over => return End::Failed(Status::new(
+                    Code::Unavailable,
+                    "lease-proxy: the watch stream reached --watch-max-duration; reconnect and \
+                     resume from the last revision received",
+                )),
                 () = stopping.cancelled() => {
                     return End::Failed(Status::from(crate::Error::ShuttingDown));
                 }
@@ -370,22 +418,21 @@ impl Pump {
 impl Service {
     /// `Watch`: the answers to a client's watch requests (see the module's documentation). The
     /// stream's work runs in a task of its own that ends when the answers are dropped, or
-    /// Unavailable once `stopping` fires (the proxy drains).
-    pub(crate) fn watch(
-        &self,
-        caller: Caller,
-        requests: Requests,
-        stopping: CancellationToken,
-    ) -> Answers {
+    /// Unavailable once the proxy drains or the stream reaches `--watch-max-duration`.
+    pub(crate) fn watch(&self, caller: Caller, requests: Requests) -> Answers {
         let (tx, rx) = mpsc::unbounded_channel();
         let bytes = Arc::new(AtomicUsize::new(0));
+        let total = self.streams.buffered.clone();
         let stop = CancellationToken::new();
         let pump = Pump {
             etcd: self.etcd.clone(),
+            slots: self.streams.slots.clone(),
+            slot: None,
             caller,
             outbox: Outbox {
                 tx,
                 bytes: bytes.clone(),
+                total: total.clone(),
             },
             stream: None,
             active: HashSet::new(),
@@ -394,14 +441,15 @@ impl Service {
             header: None,
         };
         let stopped = stop.clone();
+        let (stopping, max_duration) = (self.streams.stopping.clone(), self.streams.max_duration);
         self.etcd.spawn(async move {
             let tx = pump.outbox.tx.clone();
-            if let End::Failed(status) = pump.run(requests, stopped, stopping).await {
+            if let End::Failed(status) = pump.run(requests, stopped, stopping, max_duration).await {
                 // The last answer, past the byte bound: it is what ends the stream.
                 let _ = tx.send((0, Err(status)));
             }
         });
-        inbox(rx, bytes, stop).boxed()
+        inbox(rx, bytes, total, stop).boxed()
     }
 }
 

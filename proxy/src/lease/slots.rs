@@ -1,5 +1,6 @@
-//! Slots for event streams (`GET /v1/watch`): at most `--max-watch-streams` open on a replica
-//! (each is an etcd watch), and with authentication on at most `--quota-watch-streams` of them
+//! Slots for event streams — `GET /v1/watch`, and the etcd fronts' watch streams, waiting locks
+//! and campaigns, and leader observers: at most `--max-watch-streams` open on a replica (each is
+//! an etcd watch), and with authentication on at most `--quota-watch-streams` of them
 //! per principal, so that one principal cannot take every slot and keep the others out.
 //!
 //! A principal past its share is refused as over a quota (429 `quota-exceeded`, `quota`
