@@ -14,8 +14,8 @@ use std::collections::HashMap;
 use std::process::Command;
 
 use prost::Message;
-use sha2::{Digest, Sha256};
 
+use common::h2grpc;
 use common::*;
 use etcd_client::proto::{
     PbKeyValue, PbLeaseKeepAliveRequest, PbLeaseKeepAliveResponse, PbLeaseTimeToLiveResponse,
@@ -457,11 +457,7 @@ async fn callers_are_judged_as_v3_json_judges_them() {
     const READER: &str = "reader-token-1f2e3d";
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");
-    let line = |name: &str, token: &str, permissions: &str| {
-        let digest = hex::encode(Sha256::digest(token.as_bytes()));
-        format!("{name} {digest} {permissions}\n")
-    };
-    let file = line("acme", ACME, "v3:*") + &line("reader", READER, "read:*");
+    let file = token_line("acme", ACME, "v3:*") + &token_line("reader", READER, "read:*");
     std::fs::write(&tokens, file).unwrap();
     let etcd = Etcd::single().await;
     let proxy = Proxy::start(etcd.endpoints(), |c| {
@@ -603,37 +599,6 @@ async fn foreign_leases_are_unknown_and_a_half_close_is_answered() {
     assert!(renewals.message().await.unwrap().is_none());
 }
 
-/// One gRPC message frame: uncompressed, length-prefixed.
-fn frame(message: &impl Message) -> Vec<u8> {
-    let message = message.encode_to_vec();
-    let mut body = vec![0];
-    body.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
-    body.extend_from_slice(&message);
-    body
-}
-
-/// The next keepalive answer on `resp`'s body, or `None` once the stream has ended (or failed)
-/// without one.
-async fn next_answer(
-    resp: &mut reqwest::Response,
-    buffer: &mut Vec<u8>,
-) -> Option<PbLeaseKeepAliveResponse> {
-    loop {
-        if buffer.len() >= 5 {
-            let len = u32::from_be_bytes(buffer[1..5].try_into().unwrap()) as usize;
-            if buffer.len() >= 5 + len {
-                let message = PbLeaseKeepAliveResponse::decode(&buffer[5..5 + len]).unwrap();
-                buffer.drain(..5 + len);
-                return Some(message);
-            }
-        }
-        match resp.chunk().await {
-            Ok(Some(chunk)) => buffer.extend_from_slice(&chunk),
-            Ok(None) | Err(_) => return None,
-        }
-    }
-}
-
 /// A keepalive stream opened before its principal's line was removed renews nothing after the
 /// removal (found by a hostile pass): each renewal is judged against the token file in force,
 /// and the first one refused ends the stream.
@@ -642,10 +607,7 @@ async fn a_keepalive_stream_renews_nothing_once_its_principal_is_removed() {
     const ACME: &str = "acme-token-2b7e41";
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");
-    let line = |name: &str, token: &str| {
-        let digest = hex::encode(Sha256::digest(token.as_bytes()));
-        format!("{name} {digest} v3:*\n")
-    };
+    let line = |name: &str, token: &str| token_line(name, token, "v3:*");
     std::fs::write(
         &tokens,
         line("acme", ACME) + &line("other", "other-token-9c"),
@@ -665,26 +627,10 @@ async fn a_keepalive_stream_renews_nothing_once_its_principal_is_removed() {
     assert_eq!(status, 200, "{granted}");
     let id: i64 = str_field(&granted, "ID").parse().unwrap();
 
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
-    let requests =
-        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
-    let h2c = reqwest::Client::builder()
-        .http2_prior_knowledge()
-        .build()
-        .unwrap();
-    let keepalive = frame(&PbLeaseKeepAliveRequest { id });
-    tx.send(Ok(keepalive.clone())).await.unwrap();
-    let mut resp = h2c
-        .post(format!("{}/etcdserverpb.Lease/LeaseKeepAlive", proxy.url))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .header("authorization", format!("Bearer {ACME}"))
-        .body(reqwest::Body::wrap_stream(requests))
-        .send()
-        .await
-        .unwrap();
-    let mut buffer = Vec::new();
-    let first = next_answer(&mut resp, &mut buffer).await.expect("renewed");
+    let keepalive = PbLeaseKeepAliveRequest { id };
+    let path = "/etcdserverpb.Lease/LeaseKeepAlive";
+    let mut stream = h2grpc::Stream::open(&proxy.url, path, &keepalive, Some(ACME)).await;
+    let first: PbLeaseKeepAliveResponse = stream.next().await.expect("renewed");
     assert_eq!((first.id, first.ttl), (id, 30));
 
     // acme's line goes (by rename); once a new call of acme's is refused, the file is in force.
@@ -699,10 +645,10 @@ async fn a_keepalive_stream_renews_nothing_once_its_principal_is_removed() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    tx.send(Ok(keepalive)).await.unwrap();
+    stream.send(&keepalive).await;
     let after = tokio::time::timeout(
         std::time::Duration::from_secs(10),
-        next_answer(&mut resp, &mut buffer),
+        stream.next::<PbLeaseKeepAliveResponse>(),
     )
     .await
     .expect("the stream neither answered nor ended");

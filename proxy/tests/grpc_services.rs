@@ -16,11 +16,14 @@ mod common;
 use std::time::Duration;
 
 use prost::Message;
-use sha2::{Digest, Sha256};
 
+use common::h2grpc::{self, unary};
 use common::*;
-use etcd_client::proto::{PbLockResponse, PbWatchResponse};
+use etcd_client::proto::{PbLockResponse, PbWatchRequest, PbWatchResponse};
 use etcd_client::{Client, LockOptions, WatchFilterType, WatchOptions, WatchStream};
+
+/// The Watch method's path.
+const WATCH: &str = "/etcdserverpb.Watch/Watch";
 
 async fn client(url: &str) -> Client {
     Client::connect([url], None).await.expect("connect")
@@ -232,40 +235,6 @@ async fn watches_see_nothing_outside_the_namespace() {
     }
 }
 
-/// One unary gRPC call over h2c: the response headers and the answer message's bytes.
-async fn unary(
-    url: &str,
-    path: &str,
-    request: &impl Message,
-    bearer: Option<&str>,
-) -> (reqwest::header::HeaderMap, Vec<u8>) {
-    let h2c = reqwest::Client::builder()
-        .http2_prior_knowledge()
-        .build()
-        .unwrap();
-    let mut body = vec![0];
-    let message = request.encode_to_vec();
-    body.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
-    body.extend_from_slice(&message);
-    let mut call = h2c
-        .post(format!("{url}{path}"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(body);
-    if let Some(token) = bearer {
-        call = call.bearer_auth(token);
-    }
-    let resp = call.send().await.unwrap();
-    let headers = resp.headers().clone();
-    let bytes = resp.bytes().await.unwrap_or_default();
-    let message = if bytes.len() >= 5 {
-        bytes[5..].to_vec()
-    } else {
-        Vec::new()
-    };
-    (headers, message)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_over_grpc_excludes_and_carries_a_fencing_token() {
     let etcd = Etcd::single().await;
@@ -373,10 +342,7 @@ async fn a_watch_stream_ends_once_its_principal_is_removed() {
     const ACME: &str = "acme-token-77d1c0";
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");
-    let line = |name: &str, token: &str| {
-        let digest = hex::encode(Sha256::digest(token.as_bytes()));
-        format!("{name} {digest} v3:*\n")
-    };
+    let line = |name: &str, token: &str| token_line(name, token, "v3:*");
     std::fs::write(
         &tokens,
         line("acme", ACME) + &line("other", "other-token-31"),
@@ -386,31 +352,9 @@ async fn a_watch_stream_ends_once_its_principal_is_removed() {
     let proxy = Proxy::start(etcd.endpoints(), |c| c.auth_tokens = Some(tokens.clone())).await;
 
     // etcd-client sends `authorization` only after an Authenticate; metadata by hand instead.
-    let h2c = reqwest::Client::builder()
-        .http2_prior_knowledge()
-        .build()
-        .unwrap();
-    let create: etcd_client::proto::PbWatchRequest =
-        WatchOptions::new().with_key("k").with_prefix().into();
-    let mut body = vec![0];
-    let message = create.encode_to_vec();
-    body.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
-    body.extend_from_slice(&message);
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
-    tx.send(Ok(body)).await.unwrap();
-    let requests =
-        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
-    let mut resp = h2c
-        .post(format!("{}/etcdserverpb.Watch/Watch", proxy.url))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .bearer_auth(ACME)
-        .body(reqwest::Body::wrap_stream(requests))
-        .send()
-        .await
-        .unwrap();
-    let created = resp.chunk().await.unwrap().expect("created");
-    let created = PbWatchResponse::decode(&created[5..]).unwrap();
+    let create: PbWatchRequest = WatchOptions::new().with_key("k").with_prefix().into();
+    let mut stream = h2grpc::Stream::open(&proxy.url, WATCH, &create, Some(ACME)).await;
+    let created: PbWatchResponse = stream.next().await.expect("created");
     assert!(created.created && !created.canceled);
 
     let put = |token: &'static str, key: &'static str| {
@@ -422,11 +366,8 @@ async fn a_watch_stream_ends_once_its_principal_is_removed() {
         )
     };
     assert_eq!(put(ACME, "k1").await.0, 200);
-    let event = resp.chunk().await.unwrap().expect("an event");
-    assert_eq!(
-        PbWatchResponse::decode(&event[5..]).unwrap().events.len(),
-        1
-    );
+    let event: PbWatchResponse = stream.next().await.expect("an event");
+    assert_eq!(event.events.len(), 1);
 
     // acme's line goes; once a new call of acme's is refused, the file is in force.
     let replaced = dir.path().join("tokens.new");
@@ -440,11 +381,10 @@ async fn a_watch_stream_ends_once_its_principal_is_removed() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // The stream ends (PermissionDenied in its trailers): what comes before the end can only
+    // The stream ends (Unauthenticated in its trailers): what comes before the end can only
     // be the events of puts made before the removal took effect.
     let ended = tokio::time::timeout(Duration::from_secs(10), async {
-        while let Ok(Some(chunk)) = resp.chunk().await {
-            let answer = PbWatchResponse::decode(&chunk[5..]).unwrap();
+        while let Some(answer) = stream.next::<PbWatchResponse>().await {
             assert!(answer
                 .events
                 .iter()
@@ -456,7 +396,6 @@ async fn a_watch_stream_ends_once_its_principal_is_removed() {
         ended.is_ok(),
         "the stream went on after its principal was removed"
     );
-    drop(tx);
 }
 
 fn base64_of(s: &str) -> String {
@@ -753,30 +692,10 @@ async fn a_stalled_watch_reader_is_cut_off_and_holds_back_no_one() {
     const VALUES: usize = 16;
     let etcd = Etcd::single().await;
     let proxy = Proxy::start(etcd.endpoints(), |c| c.v3_namespace = Some("/ns/".into())).await;
-    let create: etcd_client::proto::PbWatchRequest =
-        WatchOptions::new().with_key("big/").with_prefix().into();
-    let mut body = vec![0];
-    let message = create.encode_to_vec();
-    body.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
-    body.extend_from_slice(&message);
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
-    tx.send(Ok(body)).await.unwrap();
-    let requests =
-        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
-    let h2c = reqwest::Client::builder()
-        .http2_prior_knowledge()
-        .build()
-        .unwrap();
-    let mut stalled = h2c
-        .post(format!("{}/etcdserverpb.Watch/Watch", proxy.url))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(reqwest::Body::wrap_stream(requests))
-        .send()
-        .await
-        .unwrap();
-    let created = stalled.chunk().await.unwrap().expect("created");
-    assert!(PbWatchResponse::decode(&created[5..]).unwrap().created);
+    let create: PbWatchRequest = WatchOptions::new().with_key("big/").with_prefix().into();
+    let mut stalled = h2grpc::Stream::open(&proxy.url, WATCH, &create, None).await;
+    let created: PbWatchResponse = stalled.next().await.expect("created");
+    assert!(created.created);
 
     let mut reader = client(&proxy.url).await;
     let mut watching = reader
@@ -804,25 +723,10 @@ async fn a_stalled_watch_reader_is_cut_off_and_holds_back_no_one() {
     }
     reading.await.unwrap();
     // The stalled one, read at last: part of the events, then the end.
-    let mut buffer = Vec::new();
     let mut got = 0;
     let ended = tokio::time::timeout(Duration::from_secs(20), async {
-        loop {
-            while buffer.len() >= 5 {
-                let len = u32::from_be_bytes(buffer[1..5].try_into().unwrap()) as usize;
-                if buffer.len() < 5 + len {
-                    break;
-                }
-                got += PbWatchResponse::decode(&buffer[5..5 + len])
-                    .unwrap()
-                    .events
-                    .len();
-                buffer.drain(..5 + len);
-            }
-            match stalled.chunk().await {
-                Ok(Some(chunk)) => buffer.extend_from_slice(&chunk),
-                Ok(None) | Err(_) => return,
-            }
+        while let Some(answer) = stalled.next::<PbWatchResponse>().await {
+            got += answer.events.len();
         }
     })
     .await;
@@ -834,7 +738,6 @@ async fn a_stalled_watch_reader_is_cut_off_and_holds_back_no_one() {
         got < VALUES,
         "the stalled stream got all {got} events: nothing was bounded"
     );
-    drop(tx);
 }
 
 /// etcd's Auth service as etcdctl meets it: with authentication off, `--user` is answered
@@ -869,16 +772,9 @@ async fn etcdctl_users_authenticate_as_principals() {
 
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");
-    let digest = |token: &str| hex::encode(Sha256::digest(token.as_bytes()));
-    std::fs::write(
-        &tokens,
-        format!(
-            "acme {} v3:*\nlessee {} acquire:*\n",
-            digest(ACME),
-            digest("lessee-token")
-        ),
-    )
-    .unwrap();
+    let lines =
+        token_line("acme", ACME, "v3:*") + &token_line("lessee", "lessee-token", "acquire:*");
+    std::fs::write(&tokens, lines).unwrap();
     let proxy = Proxy::start(behind.endpoints(), |c| c.auth_tokens = Some(tokens.clone())).await;
     let acme = format!("acme:{ACME}");
     assert_eq!(
@@ -1070,74 +966,27 @@ async fn one_answer_larger_than_the_bound_reaches_a_reading_client() {
             .await
             .unwrap();
     }
-    let create: etcd_client::proto::PbWatchRequest = WatchOptions::new()
+    let create: PbWatchRequest = WatchOptions::new()
         .with_key("big/")
         .with_prefix()
         .with_prev_key()
         .into();
-    let mut body = vec![0];
-    let message = create.encode_to_vec();
-    body.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
-    body.extend_from_slice(&message);
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
-    tx.send(Ok(body)).await.unwrap();
-    let requests =
-        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
-    let h2c = reqwest::Client::builder()
-        .http2_prior_knowledge()
-        .build()
-        .unwrap();
-    let mut resp = h2c
-        .post(format!("{}/etcdserverpb.Watch/Watch", proxy.url))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(reqwest::Body::wrap_stream(requests))
-        .send()
-        .await
-        .unwrap();
-    // The created answer, then (after the delete) one answer with the ten deletes and their
-    // 1 MiB previous values.
-    let mut buffer = Vec::new();
-    let mut answers = Vec::new();
+    let mut stream = h2grpc::Stream::open(&proxy.url, WATCH, &create, None).await;
+    let created: PbWatchResponse = stream.next().await.expect("created");
+    assert!(created.created);
     let mut c = client(&proxy.url).await;
-    let read = tokio::time::timeout(Duration::from_secs(20), async {
-        while answers.len() < 2 {
-            while buffer.len() >= 5 {
-                let len = u32::from_be_bytes(buffer[1..5].try_into().unwrap()) as usize;
-                if buffer.len() < 5 + len {
-                    break;
-                }
-                answers.push(PbWatchResponse::decode(&buffer[5..5 + len]).unwrap());
-                buffer.drain(..5 + len);
-                if answers.len() == 1 {
-                    let all = etcd_client::DeleteOptions::new().with_prefix();
-                    c.delete("big/", Some(all)).await.unwrap();
-                }
-            }
-            if answers.len() == 2 {
-                break;
-            }
-            match resp.chunk().await.unwrap() {
-                Some(chunk) => buffer.extend_from_slice(&chunk),
-                None => break,
-            }
-        }
-    })
-    .await;
-    assert!(
-        read.is_ok(),
-        "no answer came: {} answers, {} bytes waiting",
-        answers.len(),
-        buffer.len()
-    );
-    assert_eq!(answers.len(), 2, "the stream ended early");
-    assert!(answers[0].created);
-    assert_eq!(answers[1].events.len(), 10);
-    assert!(answers[1]
+    let all = etcd_client::DeleteOptions::new().with_prefix();
+    c.delete("big/", Some(all)).await.unwrap();
+    // One answer with the ten deletes and their 1 MiB previous values.
+    let deleted = tokio::time::timeout(Duration::from_secs(20), stream.next::<PbWatchResponse>())
+        .await
+        .expect("no answer came")
+        .expect("the stream ended");
+    assert_eq!(deleted.events.len(), 10);
+    assert!(deleted
         .events
         .iter()
         .all(|e| e.prev_kv.as_ref().unwrap().value.len() == 1 << 20));
-    drop(tx);
 }
 
 /// The replica's event-stream slots count what holds an etcd watch, and nothing else: a watch
@@ -1154,25 +1003,11 @@ async fn long_calls_hold_slots_and_end_with_the_drain() {
         c.shutdown_delay = Duration::ZERO;
     })
     .await;
-    // Five idle watch streams: /v1/watch still has its slots.
-    let h2c = reqwest::Client::builder()
-        .http2_prior_knowledge()
-        .build()
-        .unwrap();
+    // Five idle watch streams (an empty request, no create): /v1/watch still has its slots.
     let mut idle = Vec::new();
     for _ in 0..5 {
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
-        let requests =
-            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
-        let resp = h2c
-            .post(format!("{}/etcdserverpb.Watch/Watch", proxy.url))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(reqwest::Body::wrap_stream(requests))
-            .send()
-            .await
-            .unwrap();
-        idle.push((tx, resp));
+        let nothing = PbWatchRequest::default();
+        idle.push(h2grpc::Stream::open(&proxy.url, WATCH, &nothing, None).await);
     }
     let events = http()
         .get(format!("{}/v1/watch", proxy.url))

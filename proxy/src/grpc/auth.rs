@@ -9,14 +9,11 @@
 //!
 //! Served by hand ([`super::manual`]): etcd-client does not export the AuthStatus messages.
 
-use std::convert::Infallible;
-
 use etcd_client::proto::{PbAuthenticateRequest, PbAuthenticateResponse, PbResponseHeader};
 use futures::future::BoxFuture;
-use tonic::server::NamedService;
 use tonic::{Request, Response};
 
-use super::manual::{unary, Answer, HttpRequest, HttpResponse};
+use super::manual::{unary, Answer, HttpRequest, HttpResponse, Methods};
 use super::{status, Front};
 use crate::auth::Op;
 use crate::v3::{Code, Status};
@@ -78,39 +75,18 @@ impl Front {
 }
 
 /// The Auth service.
-#[derive(Clone)]
-pub(super) struct AuthServer {
-    pub(super) front: Front,
-    /// Largest request message.
-    pub(super) limit: usize,
-}
+pub(super) struct AuthService;
 
-impl NamedService for AuthServer {
+impl Methods for AuthService {
     const NAME: &'static str = "etcdserverpb.Auth";
-}
 
-impl tower::Service<HttpRequest> for AuthServer {
-    type Response = HttpResponse;
-    type Error = Infallible;
-    type Future = BoxFuture<'static, Result<HttpResponse, Infallible>>;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Infallible>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: HttpRequest) -> Self::Future {
-        let (front, limit) = (self.front.clone(), self.limit);
+    fn call(f: Front, limit: usize, req: HttpRequest) -> BoxFuture<'static, HttpResponse> {
         match req.uri().path() {
-            AUTHENTICATE => Box::pin(async move {
-                Ok(unary(limit, req, move |r| front.clone().authenticate(r)).await)
-            }),
-            "/etcdserverpb.Auth/AuthStatus" => Box::pin(async move {
-                Ok(unary(limit, req, move |r| front.clone().auth_status(r)).await)
-            }),
-            _ => Box::pin(async move { Ok(status(Status::cluster_wide()).into_http()) }),
+            AUTHENTICATE => Box::pin(unary(limit, req, move |r| f.clone().authenticate(r))),
+            "/etcdserverpb.Auth/AuthStatus" => {
+                Box::pin(unary(limit, req, move |r| f.clone().auth_status(r)))
+            }
+            _ => Box::pin(async { status(Status::cluster_wide()).into_http() }),
         }
     }
 }

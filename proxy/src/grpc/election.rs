@@ -6,17 +6,16 @@
 //! Served by hand ([`super::manual`]): etcd-client builds this server but does not export it;
 //! the requests are v3election.proto's messages, the answers etcd-client's.
 
-use std::convert::Infallible;
-
 use etcd_client::proto::{
     PbCampaignResponse, PbLeaderKey, PbLeaderResponse, PbProclaimResponse, PbResignResponse,
 };
 use futures::future::BoxFuture;
 use futures::stream::{BoxStream, StreamExt};
-use tonic::server::NamedService;
 use tonic::{Request, Response};
 
-use super::manual::{server_streaming, unary, Answer, HttpRequest, HttpResponse};
+use super::manual::{
+    server_streaming, unary, unimplemented, Answer, HttpRequest, HttpResponse, Methods,
+};
 use super::{fencing_metadata, status, Front};
 
 /// `v3electionpb.CampaignRequest`.
@@ -94,48 +93,29 @@ impl Front {
 }
 
 /// The Election service.
-#[derive(Clone)]
-pub(super) struct ElectionServer {
-    pub(super) front: Front,
-    /// Largest request message.
-    pub(super) limit: usize,
-}
+pub(super) struct ElectionService;
 
-impl NamedService for ElectionServer {
+impl Methods for ElectionService {
     const NAME: &'static str = "v3electionpb.Election";
-}
 
-impl tower::Service<HttpRequest> for ElectionServer {
-    type Response = HttpResponse;
-    type Error = Infallible;
-    type Future = BoxFuture<'static, Result<HttpResponse, Infallible>>;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Infallible>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: HttpRequest) -> Self::Future {
-        let (f, limit) = (self.front.clone(), self.limit);
+    fn call(f: Front, limit: usize, req: HttpRequest) -> BoxFuture<'static, HttpResponse> {
         match req.uri().path() {
             "/v3electionpb.Election/Campaign" => {
-                Box::pin(async move { Ok(unary(limit, req, move |r| f.clone().campaign(r)).await) })
+                Box::pin(unary(limit, req, move |r| f.clone().campaign(r)))
             }
             "/v3electionpb.Election/Proclaim" => {
-                Box::pin(async move { Ok(unary(limit, req, move |r| f.clone().proclaim(r)).await) })
+                Box::pin(unary(limit, req, move |r| f.clone().proclaim(r)))
             }
             "/v3electionpb.Election/Leader" => {
-                Box::pin(async move { Ok(unary(limit, req, move |r| f.clone().leader(r)).await) })
+                Box::pin(unary(limit, req, move |r| f.clone().leader(r)))
             }
-            "/v3electionpb.Election/Observe" => Box::pin(async move {
-                Ok(server_streaming(limit, req, move |r| f.clone().observe(r)).await)
-            }),
+            "/v3electionpb.Election/Observe" => {
+                Box::pin(server_streaming(limit, req, move |r| f.clone().observe(r)))
+            }
             "/v3electionpb.Election/Resign" => {
-                Box::pin(async move { Ok(unary(limit, req, move |r| f.clone().resign(r)).await) })
+                Box::pin(unary(limit, req, move |r| f.clone().resign(r)))
             }
-            _ => Box::pin(async move { Ok(tonic::Status::unimplemented("").into_http()) }),
+            _ => unimplemented(),
         }
     }
 }

@@ -7,14 +7,11 @@
 //! hand: the two messages the requests are (`LockRequest`, `UnlockRequest`, as v3lock.proto has
 //! them), and a router from the two method paths to tonic's unary call handling.
 
-use std::convert::Infallible;
-
 use etcd_client::proto::{PbLockResponse, PbUnlockResponse};
 use futures::future::BoxFuture;
-use tonic::server::NamedService;
 use tonic::{Request, Response};
 
-use super::manual::{unary, Answer, HttpRequest, HttpResponse};
+use super::manual::{unary, unimplemented, Answer, HttpRequest, HttpResponse, Methods};
 use super::{fencing_metadata, status, Front};
 use crate::v3::Lock;
 
@@ -54,41 +51,16 @@ impl Front {
 }
 
 /// The Lock service: its two methods, each a unary call.
-#[derive(Clone)]
-pub(super) struct LockServer {
-    pub(super) front: Front,
-    /// Largest request message.
-    pub(super) limit: usize,
-}
+pub(super) struct LockService;
 
-impl NamedService for LockServer {
+impl Methods for LockService {
     const NAME: &'static str = "v3lockpb.Lock";
-}
 
-impl tower::Service<HttpRequest> for LockServer {
-    type Response = HttpResponse;
-    type Error = Infallible;
-    type Future = BoxFuture<'static, Result<HttpResponse, Infallible>>;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Infallible>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: HttpRequest) -> Self::Future {
-        let (front, limit) = (self.front.clone(), self.limit);
+    fn call(f: Front, limit: usize, req: HttpRequest) -> BoxFuture<'static, HttpResponse> {
         match req.uri().path() {
-            "/v3lockpb.Lock/Lock" => {
-                Box::pin(async move { Ok(unary(limit, req, move |r| front.clone().lock(r)).await) })
-            }
-            "/v3lockpb.Lock/Unlock" => {
-                Box::pin(
-                    async move { Ok(unary(limit, req, move |r| front.clone().unlock(r)).await) },
-                )
-            }
-            _ => Box::pin(async move { Ok(tonic::Status::unimplemented("").into_http()) }),
+            "/v3lockpb.Lock/Lock" => Box::pin(unary(limit, req, move |r| f.clone().lock(r))),
+            "/v3lockpb.Lock/Unlock" => Box::pin(unary(limit, req, move |r| f.clone().unlock(r))),
+            _ => unimplemented(),
         }
     }
 }

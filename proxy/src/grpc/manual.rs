@@ -2,15 +2,82 @@
 //! whose generated servers etcd-client builds but does not export (v3lock's Lock,
 //! v3election's Election, and Auth, whose messages it exports only in part).
 
+use std::convert::Infallible;
 use std::future::Future;
+use std::marker::PhantomData;
 
+use futures::future::BoxFuture;
 use futures::Stream;
-use tonic::server::{Grpc, ServerStreamingService, UnaryService};
+use tonic::server::{Grpc, NamedService, ServerStreamingService, UnaryService};
 use tonic::{Request, Response};
+
+use super::Front;
 
 pub(super) type Answer<T> = Result<Response<T>, tonic::Status>;
 pub(super) type HttpRequest = http::Request<tonic::body::Body>;
 pub(super) type HttpResponse = http::Response<tonic::body::Body>;
+
+/// A service served by hand: its name, and the answer to a call of one of its methods.
+pub(super) trait Methods: Send + Sync + 'static {
+    /// `package.Service`.
+    const NAME: &'static str;
+    /// The answer to `req`, whose path names the method (Unimplemented for a method the
+    /// service does not have), with messages of at most `limit` bytes.
+    fn call(front: Front, limit: usize, req: HttpRequest) -> BoxFuture<'static, HttpResponse>;
+}
+
+/// The tower service of the hand-served `M`, for tonic's router.
+pub(super) struct Served<M> {
+    front: Front,
+    limit: usize,
+    methods: PhantomData<fn() -> M>,
+}
+
+/// `M` over `front`, with requests of at most `limit` bytes.
+pub(super) fn served<M: Methods>(front: Front, limit: usize) -> Served<M> {
+    Served {
+        front,
+        limit,
+        methods: PhantomData,
+    }
+}
+
+impl<M> Clone for Served<M> {
+    fn clone(&self) -> Self {
+        Self {
+            front: self.front.clone(),
+            limit: self.limit,
+            methods: PhantomData,
+        }
+    }
+}
+
+impl<M: Methods> NamedService for Served<M> {
+    const NAME: &'static str = M::NAME;
+}
+
+impl<M: Methods> tower::Service<HttpRequest> for Served<M> {
+    type Response = HttpResponse;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<HttpResponse, Infallible>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: HttpRequest) -> Self::Future {
+        let answer = M::call(self.front.clone(), self.limit, req);
+        Box::pin(async move { Ok(answer.await) })
+    }
+}
+
+/// The answer to a method the service does not have.
+pub(super) fn unimplemented() -> BoxFuture<'static, HttpResponse> {
+    Box::pin(async { tonic::Status::unimplemented("").into_http() })
+}
 
 /// A unary method: a function from the decoded request to the answer.
 struct Unary<F>(F);

@@ -103,18 +103,12 @@ pub(crate) fn front(app: Arc<AppState>, http: Router) -> Router {
         .add_service(PbLeaseServer::new(services.clone()).max_decoding_message_size(limit))
         .add_service(PbClusterServer::new(services.clone()).max_decoding_message_size(limit))
         .add_service(PbWatchServer::new(services.clone()).max_decoding_message_size(limit))
-        .add_service(lock::LockServer {
-            front: services.clone(),
+        .add_service(manual::served::<lock::LockService>(services.clone(), limit))
+        .add_service(manual::served::<election::ElectionService>(
+            services.clone(),
             limit,
-        })
-        .add_service(election::ElectionServer {
-            front: services.clone(),
-            limit,
-        })
-        .add_service(auth::AuthServer {
-            front: services.clone(),
-            limit,
-        })
+        ))
+        .add_service(manual::served::<auth::AuthService>(services.clone(), limit))
         .add_service(PbMaintenanceServer::new(services).max_decoding_message_size(limit))
         .prepare();
     Router::new().fallback_service(Dispatch { app, http, grpc })

@@ -2,6 +2,7 @@
 //! of a real etcd (from `lease-proxy-testkit`), an HTTP client, and an etcd state snapshot.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod h2grpc;
 pub mod sse;
 
 use std::time::Duration;
@@ -306,4 +307,11 @@ pub async fn close_session(proxy: &Proxy, (id, secret): &(String, String)) -> (u
 /// `GET /v1/sessions/{id}`.
 pub async fn get_session(proxy: &Proxy, id: &str) -> (u16, Value) {
     send(http().get(format!("{}/v1/sessions/{id}", proxy.url))).await
+}
+
+/// A token-file line: `name`, the SHA-256 of `token`, its `permissions` (`v3:*`, `acquire:*`…).
+pub fn token_line(name: &str, token: &str, permissions: &str) -> String {
+    use sha2::Digest;
+    let digest = hex::encode(sha2::Sha256::digest(token.as_bytes()));
+    format!("{name} {digest} {permissions}\n")
 }
