@@ -1,9 +1,11 @@
-//! etcd's gRPC Watch, Lock and Auth services on the proxy's listener, against real etcd: the same
-//! scripted watches (prefix, prev_kv, history, filters, a user-chosen id, a failed create,
-//! cancel, progress, compaction) sent with the `etcd-client` crate to the proxy and straight to
-//! etcd give the same answers once headers and revisions are dropped; no watch sees a key
-//! outside the namespace; a Lock answer carries its fencing token; a watch stream of a removed
-//! principal ends.
+//! etcd's gRPC Watch, Lock, Election and Auth services on the proxy's listener, and the lock
+//! token exchange of client-side recipes, against real etcd in the same run: the same scripted
+//! watches (prefix, prev_kv, history, filters, a user-chosen id, a failed create, cancel,
+//! progress, compaction) and elections sent with the `etcdctl` and `etcd-client` clients to the
+//! proxy and straight to etcd give the same answers once headers and revisions are dropped; no
+//! watch or election touches a key outside the namespace; Lock and Campaign answers carry their
+//! fencing tokens; streams of a removed principal end; long calls hold the replica's
+//! event-stream slots and end with the drain; a reader that stalls is cut off alone.
 //!
 //! Normalisation: one line per event (type, key, value, previous value, version) or per answer
 //! without events (created, canceled, its reason, whether a compact revision is given, watch

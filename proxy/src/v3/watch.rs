@@ -1,4 +1,6 @@
 //! `Watch`: etcd's bidirectional watch stream, confined to the caller's namespace.
+//! (Over 500 lines with its tests — 455 of code: one pump, whose confinement, bounds and endings
+//! read best together.)
 //!
 //! One etcd watch stream per client stream, opened on the client's first create, so watch ids
 //! are the ids etcd itself assigns (or the client chose) and every answer — created, canceled,
