@@ -26,7 +26,7 @@ cargo build --profile "$profile" -p lease-proxy -p fencing -p lease-proxy-campai
 data_files() {
   echo campaign/data/deployment.json
   [ -f campaign/data/sessions.json ] && echo campaign/data/sessions.json
-  for control in no-fencing memory-marks forget-in-flight release-with-caller local-gate no-prefence; do
+  for control in no-fencing memory-marks forget-in-flight release-with-caller local-gate no-prefence unexchanged-locks; do
     [ -f "campaign/data/control-$control.json" ] && echo "campaign/data/control-$control.json"
   done
   [ -f campaign/data/paused-admissions.json ] && echo campaign/data/paused-admissions.json
@@ -67,7 +67,7 @@ case "${1:-render}" in
     status=0
     "$bin" --runs "$runs" --duration 30s --seed 1000 --report "campaign/data/deployment" || status=1
     seed=2000
-    for control in no-fencing memory-marks forget-in-flight release-with-caller local-gate no-prefence; do
+    for control in no-fencing memory-marks forget-in-flight release-with-caller local-gate no-prefence unexchanged-locks; do
       "$bin" --runs "$control_runs" --duration 30s --seed "$seed" --control "$control" \
         --report "campaign/data/control-$control" || status=1
       seed=$((seed + 1000))

@@ -3,9 +3,11 @@
 //! Safety (each a violation):
 //! 1. per resource, tokens never go down in storage order;
 //! 2. no write with token t is applied after an acquire of the same resource returned t' > t
-//!    (the pre-fence makes the enforcer refuse t before t' is announced);
+//!    (the pre-fence makes the enforcer refuse t before t' is announced); a lock's exchange
+//!    (`/v3/lock/token`) is not pre-fenced, so its holders' order rests on 1 (the mark rises at
+//!    their first write);
 //! 3. every acknowledged write is in the storage;
-//! 4. only tokens that were granted appear in the storage;
+//! 4. only tokens that were granted (acquired, or exchanged for a lock) appear in the storage;
 //! 5. the enforcer's mark survives restarts: a stale probe after a restart is refused;
 //! 6. each token belongs to exactly one holder: no two clients were granted, or wrote to the
 //!    storage with, the same token for one resource;
@@ -97,7 +99,7 @@ pub fn violations(events: &[Event], applied: &[Applied], probes: &[Probe]) -> Ve
     // 4. Only granted tokens.
     let granted: HashSet<(&str, u64)> = events
         .iter()
-        .filter(|e| e.kind == Kind::Acquire && e.outcome == Outcome::Ok)
+        .filter(|e| e.kind.is_grant() && e.outcome == Outcome::Ok)
         .filter_map(|e| e.revision.map(|r| (e.resource.as_str(), r)))
         .collect();
     for a in &writes {
@@ -112,7 +114,7 @@ pub fn violations(events: &[Event], applied: &[Applied], probes: &[Probe]) -> Ve
     // 6. One holder per token: in the grants, and in what the storage applied.
     let mut holders: BTreeMap<(&str, u64), BTreeSet<&str>> = BTreeMap::new();
     for e in events {
-        if let (Kind::Acquire, Outcome::Ok, Some(rev)) = (e.kind, e.outcome, e.revision) {
+        if let (true, Outcome::Ok, Some(rev)) = (e.kind.is_grant(), e.outcome, e.revision) {
             holders
                 .entry((e.resource.as_str(), rev))
                 .or_default()

@@ -36,6 +36,8 @@ use tokio::time::Instant;
 use crate::history::{outcome, Event, History, Kind, Outcome};
 use crate::plan::stream;
 
+mod mutex;
+
 /// Lease TTL the clients ask for, in seconds.
 pub const TTL_SECONDS: u64 = 3;
 
@@ -68,7 +70,19 @@ pub struct Env {
     pub seed: u64,
     /// The storage's shortest processing time: a [`Quirk::ShortTimeout`] write gives up before.
     pub processing_min: Duration,
+    /// The locks the [`mutex`] clients take, by name, with their fencing resources
+    /// (`fencing::lock_resource` of the name).
+    pub locks: Vec<(String, String)>,
+    /// The storage itself (no enforcer in front), for [`Env::unexchanged_locks`].
+    pub storage: String,
+    /// The [`Control::UnexchangedLocks`](crate::cluster::Control) control: the [`mutex`]
+    /// clients write straight to the storage, and client pauses go for them.
+    pub unexchanged_locks: bool,
 }
+
+/// Every `MUTEX_EVERY`-th client (from the fifth) locks with etcd's Mutex recipe over gRPC
+/// ([`mutex`]) instead of leasing over `/v1`.
+const MUTEX_EVERY: u64 = 5;
 
 /// A resource the other clients go for more often, for a while: a paused or stalled holder's,
 /// so that it is likely to have a newer holder while the old one's write is still possible.
@@ -160,6 +174,8 @@ pub struct Handle {
     stalling: std::sync::atomic::AtomicBool,
     /// Holds its resources under a session.
     in_session: bool,
+    /// Locks with etcd's Mutex recipe over gRPC ([`mutex`]).
+    mutex: bool,
 }
 
 impl Handle {
@@ -241,9 +257,14 @@ impl Clients {
             writing: std::sync::atomic::AtomicBool::new(false),
             stalling: std::sync::atomic::AtomicBool::new(false),
             in_session: index % 2 == 1,
+            mutex: index % MUTEX_EVERY == MUTEX_EVERY - 1,
         });
         let rng = stream(self.env.seed, "client", index);
-        let task = tokio::spawn(run(handle.clone(), self.env.clone(), rng));
+        let task = if handle.mutex {
+            tokio::spawn(mutex::run(handle.clone(), self.env.clone(), rng))
+        } else {
+            tokio::spawn(run(handle.clone(), self.env.clone(), rng))
+        };
         if let Ok(mut r) = self.running.lock() {
             r.push((handle, task));
         }
@@ -287,9 +308,11 @@ impl Clients {
 
     /// Pauses client `choice` (modulo the candidates), preferring clients that hold a resource,
     /// for `d` before its next write; returns its name and what it holds now.
+    /// In the [`Env::unexchanged_locks`] control, only [`mutex`] clients are paused.
     pub fn pause_one(&self, choice: u64, d: Duration) -> Option<(String, Option<String>)> {
         let running = self.running.lock().ok()?;
-        let (handle, _) = &running[pick_victim(&running, choice, |h| !h.busy())?];
+        let eligible = |h: &Handle| !h.busy() && (h.mutex || !self.env.unexchanged_locks);
+        let (handle, _) = &running[pick_victim(&running, choice, eligible)?];
         handle.pause(d);
         let holding = handle.holding();
         if let Some(resource) = &holding {
@@ -313,10 +336,10 @@ impl Clients {
 
     /// Makes client `choice`'s next write give up as `quirk` (preferring holders no other fault
     /// has); returns its name and what it holds now. A client stalling mid-write makes its
-    /// resource contended, as a paused one does.
+    /// resource contended, as a paused one does. [`mutex`] clients have no quirks.
     pub fn quirk_one(&self, choice: u64, quirk: Quirk) -> Option<(String, Option<String>)> {
         let running = self.running.lock().ok()?;
-        let (handle, _) = &running[pick_victim(&running, choice, |h| !h.busy())?];
+        let (handle, _) = &running[pick_victim(&running, choice, |h| !h.busy() && !h.mutex)?];
         if let Ok(mut q) = handle.quirk.lock() {
             *q = Some(quirk);
         }

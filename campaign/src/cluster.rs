@@ -48,6 +48,10 @@ pub enum Control {
     /// is taken (`--negative-control deadline-from-admission`): a gateway paused between a
     /// write's registration and its answer delivers the write after the registration lapsed.
     DeadlineFromAdmission,
+    /// The clients that lock with etcd's Mutex recipe over gRPC never exchange their lock for
+    /// a fencing token (`/v3/lock/token`): they write straight to the storage, unfenced; client
+    /// pauses go for them.
+    UnexchangedLocks,
 }
 
 /// Which faults a run draws from.

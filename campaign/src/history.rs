@@ -17,12 +17,20 @@ pub enum Kind {
     Renew,
     /// Release the lease.
     Release,
+    /// Exchange a lock key (etcd's Mutex recipe, over gRPC) for its fencing token at
+    /// `/v3/lock/token`: a grant, announced to nobody but its holder (no pre-fence).
+    Lock,
 }
 
 impl Kind {
     /// Whether this is a write.
     pub fn is_write(self) -> bool {
         matches!(self, Kind::WriteViaProxy | Kind::WriteDirect)
+    }
+
+    /// Whether this hands out a token: an acquire or a lock's exchange.
+    pub fn is_grant(self) -> bool {
+        matches!(self, Kind::Acquire | Kind::Lock)
     }
 }
 
@@ -77,11 +85,12 @@ impl History {
         self.events.lock().map(|e| e.clone()).unwrap_or_default()
     }
 
-    /// Whether an acquire of `resource` has returned a token above `revision`.
+    /// Whether an acquire (or a lock's exchange) of `resource` has returned a token above
+    /// `revision`.
     pub fn granted_above(&self, resource: &str, revision: u64) -> bool {
         self.events.lock().is_ok_and(|events| {
             events.iter().any(|e| {
-                e.kind == Kind::Acquire
+                e.kind.is_grant()
                     && e.outcome == Outcome::Ok
                     && e.resource == resource
                     && e.revision.is_some_and(|r| r > revision)

@@ -150,6 +150,13 @@ pub struct Report {
     pub grants: usize,
     /// Writes acknowledged to clients.
     pub writes_acknowledged: usize,
+    /// Locks taken with etcd's Mutex recipe over gRPC and exchanged for a fencing token
+    /// (included in `grants`).
+    #[serde(default)]
+    pub locks_exchanged: usize,
+    /// Writes under those locks acknowledged (included in `writes_acknowledged`).
+    #[serde(default)]
+    pub lock_writes_acknowledged: usize,
     /// Writes the storage applied.
     pub writes_applied: usize,
     /// Writes refused by the enforcer as stale (409).
@@ -230,6 +237,15 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
         contended: Arc::default(),
         seed: settings.seed,
         processing_min: settings.processing.0,
+        locks: (0..settings.resources.div_ceil(4))
+            .map(|i| {
+                let name = format!("lock-{i}");
+                let resource = fencing::lock_resource(name.as_bytes());
+                (name, resource)
+            })
+            .collect(),
+        storage: cluster.storage.url().to_owned(),
+        unexchanged_locks: settings.control == Control::UnexchangedLocks,
     };
     // Hostile /v3 traffic through the proxies' client relays (faults reach it too), aimed at
     // the live /v1 holders' leases; sentinels planted outside the namespace first.
@@ -369,9 +385,16 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
         fault_log: faults,
         grants: events
             .iter()
-            .filter(|e| e.kind == Kind::Acquire && e.outcome == Outcome::Ok)
+            .filter(|e| e.kind.is_grant() && e.outcome == Outcome::Ok)
             .count(),
         writes_acknowledged: writes().filter(|e| e.outcome == Outcome::Ok).count(),
+        locks_exchanged: events
+            .iter()
+            .filter(|e| e.kind == Kind::Lock && e.outcome == Outcome::Ok)
+            .count(),
+        lock_writes_acknowledged: writes()
+            .filter(|e| e.outcome == Outcome::Ok && e.resource.starts_with("lock/"))
+            .count(),
         writes_applied: applied
             .iter()
             .filter(|a| a.client != checker::PROBE_CLIENT)
@@ -539,7 +562,7 @@ fn takeovers(events: &[Event], faults: &[Injected]) -> (Vec<f64>, Vec<f64>) {
         let next = events
             .iter()
             .filter(|e| {
-                e.kind == Kind::Acquire
+                e.kind.is_grant()
                     && e.outcome == Outcome::Ok
                     && &e.resource == resource
                     && e.completed > died

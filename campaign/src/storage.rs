@@ -91,7 +91,7 @@ impl Storage {
             applying: TaskTracker::new(),
         });
         let app = Router::new()
-            .route("/items/{resource}", put(apply))
+            .route("/items/{*resource}", put(apply))
             .with_state(shared.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;

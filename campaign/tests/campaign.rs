@@ -3,7 +3,8 @@
 //! violation (and at least 400 acknowledged writes each, a liveness smoke check on a debug
 //! build), and each negative control must be caught in at least 2 of 3 runs: no enforcer; marks
 //! in memory across gateway restarts; in-flight writes forgotten early; permits ended with the
-//! caller; in-flight writes not shared between gateways; no pre-fence. Then the gateways paused
+//! caller; in-flight writes not shared between gateways; no pre-fence; locks taken with etcd's
+//! Mutex recipe over gRPC never exchanged for a token (their writes unfenced). Then the gateways paused
 //! mid-admission, in their own fault mix: one real run, three of its control. Runs are
 //! sequential: they share the machine's two cores.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -62,18 +63,26 @@ async fn bounded_campaign_and_negative_controls() {
             r.fault_log.len()
         );
         assert!(r.write_success_after_heal > 0.5, "seed {seed}: {r:?}");
+        // The clients locking with etcd's Mutex recipe over gRPC took locks and wrote.
+        assert!(
+            r.locks_exchanged > 0 && r.lock_writes_acknowledged > 0,
+            "seed {seed}: {} locks exchanged, {} lock writes acknowledged",
+            r.locks_exchanged,
+            r.lock_writes_acknowledged
+        );
     }
     // A control run can miss by chance (a paused holder's resource nobody took over in time).
     // Every control is caught in ≥ 9 of 10 published runs (docs/RELIABILITY.md): here each
     // must be caught in 2 of 3 (a control caught 90 % of the time fails this 2.8 % of the time;
     // one never caught always fails).
-    let controls: [(Control, &[u64], usize); 6] = [
+    let controls: [(Control, &[u64], usize); 7] = [
         (Control::NoFencing, &[11, 12, 13], 2),
         (Control::MemoryMarks, &[21, 22, 23], 2),
         (Control::ForgetInFlight, &[31, 32, 33], 2),
         (Control::ReleaseWithCaller, &[41, 42, 43], 2),
         (Control::LocalGate, &[51, 52, 53], 2),
         (Control::NoPrefence, &[61, 62, 63], 2),
+        (Control::UnexchangedLocks, &[91, 92, 93], 2),
     ];
     for (control, seeds, needed) in controls {
         let mut caught = 0;
