@@ -26,6 +26,7 @@ cargo build --profile "$profile" -p lease-proxy -p fencing -p lease-proxy-campai
 data_files() {
   echo campaign/data/deployment.json
   [ -f campaign/data/sessions.json ] && echo campaign/data/sessions.json
+  [ -f campaign/data/grpc-mutex.json ] && echo campaign/data/grpc-mutex.json
   for control in no-fencing memory-marks forget-in-flight release-with-caller local-gate no-prefence unexchanged-locks; do
     [ -f "campaign/data/control-$control.json" ] && echo "campaign/data/control-$control.json"
   done
@@ -66,6 +67,10 @@ case "${1:-render}" in
     # in at least 90 % of its runs — both are reported, and the data is kept either way.
     status=0
     "$bin" --runs "$runs" --duration 30s --seed 1000 --report "campaign/data/deployment" || status=1
+    # Since issue 29 every fifth client locks with etcd's Mutex recipe over gRPC: the deployment
+    # with them, measured on its own (10 runs, as the controls).
+    "$bin" --runs "$control_runs" --duration 30s --seed 1100 --report "campaign/data/grpc-mutex" \
+      || status=1
     seed=2000
     for control in no-fencing memory-marks forget-in-flight release-with-caller local-gate no-prefence unexchanged-locks; do
       "$bin" --runs "$control_runs" --duration 30s --seed "$seed" --control "$control" \

@@ -12,16 +12,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::proto::{
-    PbCampaignResponse, PbKeyValue, PbLeaderKey, PbLeaderResponse, PbProclaimResponse,
-    PbResignResponse,
+    PbCampaignResponse, PbLeaderKey, PbLeaderResponse, PbProclaimResponse, PbResignResponse,
 };
-use etcd_client::{
-    Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, WatchOptions,
-};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp, WatchOptions};
 use fencing::Token;
 use futures::stream::{BoxStream, StreamExt};
 
-use super::lock::{Queued, NOT_LEADER};
+use super::lock::{oldest_under, queue_prefix, Queued, NOT_LEADER};
 use super::service::{Caller, Service};
 use super::status::{Code, Status};
 use crate::etcd::{prefix_end, Etcd};
@@ -37,36 +34,6 @@ pub(crate) struct Elected {
     pub(crate) response: PbCampaignResponse,
     pub(crate) fencing_token: String,
     pub(crate) fencing_resource: String,
-}
-
-/// `{namespace}{name}/`, the queue's prefix.
-fn queue_prefix(s: &Caller, name: &[u8]) -> Vec<u8> {
-    let mut prefix = s.namespace.key(name);
-    prefix.push(b'/');
-    prefix
-}
-
-/// The oldest key under `prefix` (the leader), if any, and the read's header.
-async fn leader_of(
-    etcd: &Etcd,
-    prefix: &[u8],
-) -> Result<(Option<PbKeyValue>, etcd_client::proto::PbResponseHeader), Status> {
-    let options = GetOptions::new()
-        .with_range(prefix_end(prefix))
-        .with_sort(SortTarget::Create, SortOrder::Ascend)
-        .with_limit(1);
-    let mut resp = etcd
-        .bounded("v3_election_leader", |c| {
-            let (prefix, options) = (prefix.to_vec(), options.clone());
-            async move { c.kv_client().get(prefix, Some(options)).await }
-        })
-        .await?;
-    let header = resp
-        .take_header()
-        .map(|h| h.0)
-        .ok_or_else(|| Status::new(Code::Unknown, "etcd answered without a header"))?;
-    let kv = resp.take_kvs().into_iter().next().map(|kv| kv.0);
-    Ok((kv, header))
 }
 
 /// Waits (at most `patience`) for any change under `prefix` after `revision`.
@@ -145,7 +112,8 @@ impl Service {
 
     /// `Leader`: the oldest key under the name, or `election: no leader`.
     pub(crate) async fn leader(&self, s: &Caller, name: &[u8]) -> Result<PbLeaderResponse, Status> {
-        let (kv, header) = leader_of(&self.etcd, &queue_prefix(s, name)).await?;
+        let (kv, header) =
+            oldest_under(&self.etcd, &queue_prefix(s, name), "v3_election_leader").await?;
         let mut kv = kv.ok_or_else(|| Status::new(Code::Unknown, NO_LEADER))?;
         kv.key = s.namespace.strip(&kv.key).unwrap_or_default().to_vec();
         Ok(PbLeaderResponse {
@@ -208,10 +176,11 @@ impl Service {
                 }
                 let mut recheck = s.recheck.clone();
                 loop {
-                    let (kv, header) = match leader_of(&etcd, &prefix).await {
-                        Ok(found) => found,
-                        Err(e) => return Some((Err(e), (etcd, s, prefix, last, true))),
-                    };
+                    let (kv, header) =
+                        match oldest_under(&etcd, &prefix, "v3_election_leader").await {
+                            Ok(found) => found,
+                            Err(e) => return Some((Err(e), (etcd, s, prefix, last, true))),
+                        };
                     if let Some(mut kv) = kv {
                         let seen = (kv.key.clone(), kv.mod_revision);
                         if last.as_ref() != Some(&seen) {

@@ -23,12 +23,48 @@ use super::status::{Code, Status, EMPTY_KEY, LEASE_NOT_FOUND};
 pub(super) const NOT_LEADER: &str = "election: not leader";
 use crate::etcd::{prefix_end, Etcd, Header};
 use crate::lease::Recheck;
-use etcd_client::proto::{PbLockResponse, PbResponseHeader, PbTxnOpResponse, PbUnlockResponse};
+use etcd_client::proto::{
+    PbKeyValue, PbLockResponse, PbResponseHeader, PbTxnOpResponse, PbUnlockResponse,
+};
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     WatchOptions,
 };
 use fencing::Token;
+
+/// `{namespace}{name}/`: the prefix of a lock's (or an election's) queue.
+pub(super) fn queue_prefix(s: &Caller, name: &[u8]) -> Vec<u8> {
+    let mut prefix = s.namespace.key(name);
+    prefix.push(b'/');
+    prefix
+}
+
+/// The read of the oldest key under `prefix` — the lock's holder, the election's leader.
+fn oldest(prefix: &[u8]) -> GetOptions {
+    GetOptions::new()
+        .with_range(prefix_end(prefix))
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1)
+}
+
+/// The oldest key under `prefix`, if any, and the read's header (a linearizable read, as `op`
+/// in the metrics).
+pub(super) async fn oldest_under(
+    etcd: &Etcd,
+    prefix: &[u8],
+    op: &'static str,
+) -> Result<(Option<PbKeyValue>, PbResponseHeader), Status> {
+    let options = oldest(prefix);
+    let mut resp = etcd
+        .bounded(op, |c| {
+            let (prefix, options) = (prefix.to_vec(), options.clone());
+            async move { c.kv_client().get(prefix, Some(options)).await }
+        })
+        .await?;
+    let header = resp.take_header().map(|h| h.0).ok_or_else(no_header)?;
+    let kv = resp.take_kvs().into_iter().next().map(|kv| kv.0);
+    Ok((kv, header))
+}
 
 /// Deletes a waiting locker's key if the wait is abandoned (the client went away, or the wait
 /// failed), as etcd's lock service does, so a lock nobody waits for any more blocks nobody.
@@ -186,23 +222,10 @@ impl Service {
                 fencing::MAX_LOCK_NAME_BYTES
             )));
         }
-        let mut prefix = s.namespace.key(name);
-        prefix.push(b'/');
-        let options = GetOptions::new()
-            .with_range(prefix_end(&prefix))
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1);
-        let mut resp = self
-            .etcd
-            .bounded("v3_lock_token", |c| {
-                let (prefix, options) = (prefix.clone(), options.clone());
-                async move { c.kv_client().get(prefix, Some(options)).await }
-            })
-            .await?;
-        let header = resp.take_header().map(|h| h.0).ok_or_else(no_header)?;
+        let (holder, header) =
+            oldest_under(&self.etcd, &queue_prefix(s, name), "v3_lock_token").await?;
         let held = s.namespace.key(&key);
-        let holder = resp.take_kvs().into_iter().next();
-        let Some(holder) = holder.filter(|kv| kv.key() == held.as_slice()) else {
+        let Some(holder) = holder.filter(|kv| kv.key == held) else {
             return Err(Status::new(
                 Code::FailedPrecondition,
                 "lease-proxy: this key does not hold its lock (it is gone, or an older key under \
@@ -210,10 +233,7 @@ impl Service {
             ));
         };
         let resource = fencing::lock_resource(&domain);
-        let token = Token::new(
-            self.era,
-            u64::try_from(holder.create_revision()).unwrap_or(0),
-        );
+        let token = Token::new(self.era, u64::try_from(holder.create_revision).unwrap_or(0));
         Ok(Locked {
             response: PbLockResponse {
                 header: Some(header),
@@ -285,17 +305,13 @@ impl Service {
                 Status::new(Code::Unknown, s.message().to_owned())
             }
         };
-        let mut prefix = s.namespace.key(name);
-        prefix.push(b'/');
+        let prefix = queue_prefix(s, name);
         let mut key = prefix.clone();
         key.extend_from_slice(format!("{lease:x}").as_bytes());
 
         // Join the queue (or find our key from an earlier call with the same lease) and read the
         // oldest key, in one transaction. Safe to repeat: a repeat finds the key it created.
-        let owner = GetOptions::new()
-            .with_range(prefix_end(&prefix))
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1);
+        let owner = oldest(&prefix);
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([
