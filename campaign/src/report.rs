@@ -88,9 +88,10 @@ pub fn markdown(runs: &[Report]) -> String {
     ];
     // Rows of clients that older data predates, shown where a run has them.
     let lock_rows: [(&str, Count); 2] = [
-        ("locks taken with etcd's Mutex recipe over gRPC, exchanged for a token", &|r| {
-            r.locks_exchanged
-        }),
+        (
+            "locks taken with etcd's Mutex recipe over gRPC, exchanged for a token",
+            &|r| r.locks_exchanged,
+        ),
         ("… writes under them acknowledged", &|r| {
             r.lock_writes_acknowledged
         }),

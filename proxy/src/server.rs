@@ -201,6 +201,7 @@ pub async fn run(
             stopping: stopping.clone(),
             max_duration: config.watch_max_duration,
             buffered: Default::default(),
+            hubs: Default::default(),
         },
     );
     let layout = config.layout();

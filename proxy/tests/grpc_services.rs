@@ -1284,3 +1284,214 @@ async fn one_principal_reaches_nothing_of_anothers_over_grpc() {
         );
     }
 }
+
+/// etcd's own count of its watchers (`etcd_debugging_mvcc_watcher_total`).
+async fn etcd_watchers(etcd: &Etcd) -> i64 {
+    let text = reqwest::get(format!("{}/metrics", etcd.endpoint(0)))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("etcd_debugging_mvcc_watcher_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .expect("etcd reports its watchers") as i64
+}
+
+/// Waits up to 10 s for etcd's watcher count to be `want` (the count moves as etcd processes
+/// creates and cancels); the last count seen.
+async fn watchers_become(etcd: &Etcd, want: i64) -> i64 {
+    let mut seen = etcd_watchers(etcd).await;
+    for _ in 0..100 {
+        if seen == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        seen = etcd_watchers(etcd).await;
+    }
+    seen
+}
+
+/// Watches "from now" of one range, from many streams and clients, are one etcd watch; each
+/// stream gets every event after its created revision under its own watch id and filters; a
+/// cancel or a stream gone leaves the others watching; the etcd watch goes with the last one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_of_one_range_share_one_etcd_watch() {
+    const STREAMS: usize = 60;
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |c| c.v3_namespace = Some("/ns/".into())).await;
+    // The proxy's own watches (its holder view), once they are all open.
+    let mut before = etcd_watchers(&etcd).await;
+    loop {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let now = etcd_watchers(&etcd).await;
+        if now == before {
+            break;
+        }
+        before = now;
+    }
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(client(&proxy.url).await);
+    }
+    let mut streams = Vec::new();
+    for i in 0..STREAMS {
+        let c = &mut clients[i % 3];
+        let mut options = WatchOptions::new().with_prefix();
+        if i == 1 {
+            options = options.with_filters([WatchFilterType::NoPut]);
+        }
+        let mut s = c.watch("room/", Some(options)).await.unwrap();
+        let created = tokio::time::timeout(Duration::from_secs(10), s.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(created.created() && !created.canceled());
+        streams.push((created.header().unwrap().revision(), s));
+    }
+    assert_eq!(
+        watchers_become(&etcd, before + 1).await,
+        before + 1,
+        "{STREAMS} watches of one range are not one etcd watch"
+    );
+    // Another range, or the same one with prev_kv, is a watch of its own.
+    let mut other = clients[0]
+        .watch(
+            "room/",
+            Some(WatchOptions::new().with_prefix().with_prev_key()),
+        )
+        .await
+        .unwrap();
+    take(&mut other, 1).await;
+    assert_eq!(watchers_become(&etcd, before + 2).await, before + 2);
+
+    let mut raw = etcd.client().await;
+    let put = raw.put("/ns/room/x", "1", None).await.unwrap();
+    let put_revision = put.header().unwrap().revision();
+    raw.delete("/ns/room/x", None).await.unwrap();
+    raw.put("/ns/elsewhere", "1", None).await.unwrap();
+    for (i, (created_at, s)) in streams.iter_mut().enumerate() {
+        let want: &[&str] = if i == 1 {
+            &["event watch=0 type=1 key=\"room/x\" value=\"\" version=0 prev=None"]
+        } else {
+            &[
+                "event watch=0 type=0 key=\"room/x\" value=\"1\" version=1 prev=None",
+                "event watch=0 type=1 key=\"room/x\" value=\"\" version=0 prev=None",
+            ]
+        };
+        assert_eq!(take(s, want.len()).await, want, "stream {i}");
+        assert!(
+            *created_at < put_revision,
+            "stream {i}: created at {created_at}"
+        );
+    }
+    assert_eq!(
+        take(&mut other, 2).await[1],
+        "event watch=0 type=1 key=\"room/x\" value=\"\" version=0 prev=Some(\"room/x=1\")"
+    );
+
+    // A cancel answers that stream alone; the others go on.
+    let (_, first) = &mut streams[0];
+    first.cancel(0).await.unwrap();
+    assert_eq!(
+        take(first, 1).await,
+        ["answer watch=0 created=false canceled=true reason=\"\" compacted=false"]
+    );
+    drop(streams.swap_remove(0));
+    drop(streams.swap_remove(1));
+    raw.put("/ns/room/y", "2", None).await.unwrap();
+    for (_, s) in streams.iter_mut() {
+        assert_eq!(
+            take(s, 1).await,
+            ["event watch=0 type=0 key=\"room/y\" value=\"2\" version=1 prev=None"]
+        );
+    }
+    // A progress request on a stream with a shared watch: answered after what came before.
+    let (_, s) = &mut streams[0];
+    s.request_progress().await.unwrap();
+    assert_eq!(
+        take(s, 1).await,
+        ["answer watch=-1 created=false canceled=false reason=\"\" compacted=false"]
+    );
+    // Creates answered in the order they came, shared or not (Go's client pairs its creates
+    // with the created answers in order): one with history, one shared, one with progress
+    // notifications, sent back to back.
+    let history = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(put_revision);
+    let mut mixed = clients[1]
+        .watch("room/", Some(history.clone()))
+        .await
+        .unwrap();
+    let notified = WatchOptions::new().with_prefix().with_progress_notify();
+    for round in 0..4 {
+        if round > 0 {
+            mixed.watch("room/", Some(history.clone())).await.unwrap();
+        }
+        let shared = WatchOptions::new().with_prefix();
+        mixed.watch("room/", Some(shared)).await.unwrap();
+        mixed.watch("room/", Some(notified.clone())).await.unwrap();
+    }
+    let mut created = Vec::new();
+    while created.len() < 12 {
+        let answer = tokio::time::timeout(Duration::from_secs(10), mixed.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        if answer.created() {
+            created.push(answer.watch_id());
+        }
+    }
+    assert_eq!(created, (0..12).collect::<Vec<i64>>());
+    drop(mixed);
+    drop(streams);
+    drop(other);
+    assert_eq!(
+        watchers_become(&etcd, before).await,
+        before,
+        "the shared etcd watch outlived its last member"
+    );
+}
+
+/// When etcd fails a shared watch, every member's stream ends Unavailable, as a stream whose
+/// own etcd watch fails does (a member gone is a transport error, once answered Unknown): the
+/// client resumes elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_shared_watch_ends_every_members_stream() {
+    let mut etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |c| c.v3_namespace = Some("/ns/".into())).await;
+    let mut c = client(&proxy.url).await;
+    let mut members = Vec::new();
+    // Two members of one shared watch, and a watch on its stream's own etcd watch (progress
+    // notifications are per watch), which ends the same way.
+    for i in 0..3 {
+        let mut options = WatchOptions::new().with_prefix();
+        if i == 2 {
+            options = options.with_progress_notify();
+        }
+        let mut s = c.watch("room/", Some(options)).await.unwrap();
+        take(&mut s, 1).await;
+        members.push(s);
+    }
+    etcd.kill(0);
+    for mut s in members {
+        let end = tokio::time::timeout(Duration::from_secs(15), async {
+            loop {
+                match s.message().await {
+                    Ok(Some(_)) => continue,
+                    Ok(None) => return "ended OK".to_owned(),
+                    Err(etcd_client::Error::GRpcStatus(status)) => {
+                        return format!("{:?}", status.code())
+                    }
+                    Err(e) => return format!("{e}"),
+                }
+            }
+        })
+        .await
+        .expect("a member's stream outlived its failed shared watch");
+        assert_eq!(end, "Unavailable");
+    }
+}

@@ -50,6 +50,8 @@ pub(crate) struct Streams {
     pub(crate) max_duration: Duration,
     /// Bytes of watch answers waiting for their clients, over every stream.
     pub(crate) buffered: Arc<AtomicUsize>,
+    /// The replica's shared etcd watches.
+    pub(crate) hubs: Arc<super::watch::Hubs>,
 }
 
 /// What a front learnt of who calls: the principal (`None` with authentication off), and its
