@@ -146,36 +146,12 @@ async fn one(
     let proxy_with = target.proxy_pid.and_then(stack::rss_mib);
 
     let mut kv = clients[0].client().kv_client();
-    let mut latencies = Vec::with_capacity(plan.watchers * plan.puts);
-    let mut delivered = 0;
-    let started = Instant::now();
-    for p in 0..plan.puts {
-        let sent = Instant::now();
-        kv.put(format!("{prefix_key}k{p}"), "leasebench", None)
-            .await?;
-        let deadline = sent + DEADLINE;
-        let mut got = 0;
-        while got < plan.watchers {
-            match tokio::time::timeout_at(deadline, events.recv()).await {
-                Ok(Some(at)) => {
-                    latencies.push(at.saturating_duration_since(sent));
-                    got += 1;
-                }
-                Ok(None) | Err(_) => break,
-            }
-        }
-        delivered += got;
-    }
-    let delivery = Run::from_latencies(latencies, started.elapsed());
+    let (delivery, delivered) = deliver(&mut kv, &prefix_key, plan, &mut events).await?;
     readers.shutdown().await;
     drop(clients);
     let after = settle(&http, target.etcd, before).await?;
-    kv.delete(
-        prefix_key,
-        Some(etcd_client::DeleteOptions::new().with_prefix()),
-    )
-    .await
-    .ok();
+    let options = etcd_client::DeleteOptions::new().with_prefix();
+    kv.delete(prefix_key, Some(options)).await?;
 
     let mib =
         |m: Option<(f64, f64)>| m.map_or_else(|| "–".to_owned(), |(rss, _)| format!("{rss:.1}"));
@@ -210,6 +186,31 @@ async fn one(
         "delivered": delivered,
         "expected": plan.watchers * plan.puts,
     }))
+}
+
+/// Puts `plan.puts` keys under `prefix`, one at a time, each timed from its start to its
+/// event's arrival at every watcher (`events`, up to [`DEADLINE`]); how many arrived.
+async fn deliver(
+    kv: &mut etcd_client::KvClient,
+    prefix: &str,
+    plan: &Plan,
+    events: &mut mpsc::UnboundedReceiver<Instant>,
+) -> anyhow::Result<(Run, usize)> {
+    let mut latencies = Vec::with_capacity(plan.watchers * plan.puts);
+    let started = Instant::now();
+    for p in 0..plan.puts {
+        let sent = Instant::now();
+        kv.put(format!("{prefix}k{p}"), "leasebench", None).await?;
+        let deadline = sent + DEADLINE;
+        for _ in 0..plan.watchers {
+            match tokio::time::timeout_at(deadline, events.recv()).await {
+                Ok(Some(at)) => latencies.push(at.saturating_duration_since(sent)),
+                Ok(None) | Err(_) => break,
+            }
+        }
+    }
+    let delivered = latencies.len();
+    Ok((Run::from_latencies(latencies, started.elapsed()), delivered))
 }
 
 /// Opens one watch stream on `client` with one watch on `prefix`, once etcd (or the proxy)
