@@ -124,6 +124,51 @@ fn leasebench_measures_sessions_group_commit_and_h2c() {
 }
 
 #[test]
+fn leasebench_measures_grpc_through_the_proxy_and_straight_to_etcd() {
+    let exe = Path::new(env!("CARGO_BIN_EXE_leasebench"));
+    ensure_binaries();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("lb.json");
+    let ops = "grpc-put,grpc-range,grpc-keepalive,grpc-keepalive-shared,grpc-lock";
+    let status = Command::new(exe)
+        .args(["--op", ops, "--ops", "20", "--concurrency", "1,4"])
+        .args(["--rounds", "1", "--grpc-watchers", "30"])
+        .args(["--grpc-watch-channels", "2", "--grpc-watch-puts", "2"])
+        .arg("--json")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let doc = json(&out);
+    let rows = doc["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 5 * 2);
+    for row in rows {
+        for backend in ["etcd", "proxy"] {
+            assert!(
+                row["backends"][backend]["ops"].as_u64().unwrap() >= 20,
+                "{row}"
+            );
+        }
+        assert!(row["ratio"].as_f64().unwrap() > 0.0, "{row}");
+    }
+    let watch = doc["grpc_watch"].as_array().unwrap();
+    assert_eq!(watch.len(), 2);
+    for side in watch {
+        assert_eq!(side["delivered"], 60, "{side}");
+        let streams = &side["etcd_watch_streams"];
+        let opened = streams["with"].as_f64().unwrap() - streams["before"].as_f64().unwrap();
+        match side["via"].as_str().unwrap() {
+            "etcd" => assert_eq!(opened, 30.0, "{side}"),
+            _ => assert!(opened >= 1.0, "{side}"),
+        }
+        assert!(
+            side["proxy_rss_mib"]["with"].as_f64().unwrap() > 0.0,
+            "{side}"
+        );
+    }
+}
+
+#[test]
 fn fencebench_measures_three_backends_against_an_enforcing_gateway() {
     let exe = Path::new(env!("CARGO_BIN_EXE_fencebench"));
     ensure_binaries();

@@ -6,7 +6,10 @@
 //! session-acquire, session-keepalive at each requested concurrency, each with its own columns
 //! (`sides`): raw etcd as users write it, the best raw variant where one exists, the proxy (and
 //! with `--unbatched` a second proxy without group commit, with `--h2c` the proxy over HTTP/2).
-//! Sustained sessions (see `sustain_sessions`): many resources under sessions, heartbeats open
+//! etcd's own gRPC API (see `grpc`): grpc-put, grpc-range, grpc-keepalive,
+//! grpc-keepalive-shared and grpc-lock with etcd-client through the proxy's gRPC front and
+//! straight to etcd; with `--grpc-watchers` many gRPC watchers of one prefix on both (see
+//! `grpc_watch`). Sustained sessions (see `sustain_sessions`): many resources under sessions, heartbeats open
 //! loop. Sustained renewal (see `held`): n held leases renewed every TTL/3,
 //! open loop, through the proxy, over raw etcd's multiplexed keepalive stream and over one
 //! stream per lease. Output: a markdown table, `--json`, and an SVG chart with `--chart`.
@@ -17,6 +20,8 @@
 
 mod backend;
 mod cpu;
+mod grpc;
+mod grpc_watch;
 mod held;
 mod http;
 mod ops;
@@ -131,6 +136,18 @@ struct Args {
     /// one with HTTPS and bearer-token authentication, both started here on the same etcd.
     #[arg(long, conflicts_with_all = ["etcd", "proxy", "sustain"])]
     secure: bool,
+    /// Also open this many gRPC watch streams on one prefix, through the proxy and straight to
+    /// etcd, and report etcd's watchers, both processes' memory and the delivery of a put to
+    /// all of them (the proxy started here gets `--max-watch-streams` to match).
+    #[arg(long)]
+    grpc_watchers: Option<usize>,
+    /// Clients (HTTP/2 connections) the `--grpc-watchers` streams are spread over; the proxy
+    /// serves at most 200 streams on one connection.
+    #[arg(long, default_value_t = 10)]
+    grpc_watch_channels: usize,
+    /// Puts under the watched prefix, one at a time, each timed to every watcher.
+    #[arg(long, default_value_t = 5)]
+    grpc_watch_puts: usize,
 }
 
 #[tokio::main]
@@ -152,7 +169,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
             let etcd = Etcd::single().await;
             let url = etcd.endpoint(0);
             let bin = stack::workspace_binary("lease-proxy");
-            let (proxy, spawned) = stack.lease_proxy(&bin, &url, &[]).await?;
+            // Room for the gRPC watchers beside the proxy's default of 256 event streams.
+            let watch_streams = args.grpc_watchers.map(|n| (n + 256).to_string());
+            let extra: Vec<&str> = match &watch_streams {
+                Some(n) => vec!["--max-watch-streams", n],
+                None => Vec::new(),
+            };
+            let (proxy, spawned) = stack.lease_proxy(&bin, &url, &extra).await?;
             if args.unbatched {
                 let mut extra = vec!["--batch-max".to_owned(), "1".to_owned()];
                 if let Some(n) = args.unbatched_in_flight {
@@ -185,7 +208,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
         ops: args.ops,
         proxy_pids,
     };
-    let columns = setup(&args, raw.clone(), proxy.clone(), h2c, unbatched).await?;
+    let mut columns = setup(&args, raw.clone(), proxy.clone(), h2c, unbatched).await?;
+    if args.op.iter().any(|op| op.is_grpc()) {
+        columns.grpc = Some((
+            Arc::new(grpc::Grpc::connect(&etcd_url, grpc::ETCD_PREFIX).await?),
+            Arc::new(grpc::Grpc::connect(&proxy_url, "").await?),
+        ));
+    }
     let tables = columns.tables(&args);
     let total =
         sides::count(&tables, &cells) + args.sustain.len() * (2 * args.sustain_rounds.max(1) + 1);
@@ -224,6 +253,21 @@ async fn run(args: Args) -> anyhow::Result<()> {
         };
         sessions_run = Some(sustain_sessions::run(&plan, &proxy, proxy_pid).await?);
     }
+    let mut watch_run = None;
+    if let Some(watchers) = args.grpc_watchers {
+        let plan = grpc_watch::Plan {
+            watchers,
+            channels: args.grpc_watch_channels,
+            puts: args.grpc_watch_puts,
+            rounds: args.rounds,
+        };
+        let target = grpc_watch::Target {
+            etcd: &etcd_url,
+            proxy: &proxy_url,
+            proxy_pid,
+        };
+        watch_run = Some(grpc_watch::run(&plan, &target).await?);
+    }
 
     if let Some(path) = &args.chart {
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
@@ -234,7 +278,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             &names,
         )?;
     }
-    write_json(&args, &rows, sustained, sessions_run)
+    write_json(&args, &rows, sustained, sessions_run, watch_run)
 }
 
 /// Takes what the requested tables need, untimed: held leases on both sides for `renew`,
@@ -273,6 +317,7 @@ async fn setup(
         h2c,
         unbatched,
         unbatched_in_flight: args.unbatched_in_flight,
+        grpc: None,
     })
 }
 
@@ -281,6 +326,7 @@ fn write_json(
     rows: &[sides::Measured],
     sustained: Vec<serde_json::Value>,
     sessions: Option<serde_json::Value>,
+    grpc_watch: Option<serde_json::Value>,
 ) -> anyhow::Result<()> {
     if let Some(path) = &args.json {
         let mut doc = json!({
@@ -298,6 +344,9 @@ fn write_json(
         });
         if let Some(s) = sessions {
             doc["sustained_sessions"] = s;
+        }
+        if let Some(w) = grpc_watch {
+            doc["grpc_watch"] = w;
         }
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -371,12 +420,13 @@ async fn run_secure(args: &Args) -> anyhow::Result<()> {
             &["proxy", "proxy tls+auth"],
         )?;
     }
-    write_json(args, &rows, Vec::new(), None)
+    write_json(args, &rows, Vec::new(), None, None)
 }
 
 /// The columns of every requested operation's table. `proxy_held`/`sessions` are shared by
 /// the proxy's HTTP/1.1 and h2c clients (one proxy); `unbatched` is a second proxy on the
-/// same etcd started with `--batch-max 1`.
+/// same etcd started with `--batch-max 1`; `grpc` the gRPC clients of etcd and of the proxy,
+/// when a gRPC operation is measured.
 struct Columns {
     raw: Arc<RawEtcd>,
     raw_held: Arc<Vec<raw::RawHeld>>,
@@ -386,6 +436,7 @@ struct Columns {
     h2c: Option<Arc<http::Proxy>>,
     unbatched: Option<Arc<http::Proxy>>,
     unbatched_in_flight: Option<usize>,
+    grpc: Option<(Arc<grpc::Grpc>, Arc<grpc::Grpc>)>,
 }
 
 impl Columns {
@@ -407,6 +458,19 @@ impl Columns {
     /// raw variant where one exists, the proxy without group commit, the proxy, the proxy over
     /// h2c.
     fn table(&self, op: Op, renewals: usize) -> Table {
+        if let (true, Some((etcd, proxy))) = (op.is_grpc(), &self.grpc) {
+            let side = |name: &str, g: &Arc<grpc::Grpc>| {
+                let g = g.clone();
+                Side::new(name, move |c, n, tag| {
+                    let g = g.clone();
+                    async move { grpc::measure(&g, op, c, n, &tag).await }
+                })
+            };
+            return Table {
+                op: op.name(),
+                sides: vec![side("etcd", etcd), side("proxy", proxy).probed(&self.proxy)],
+            };
+        }
         let single =
             |name: &str, p: &Arc<http::Proxy>| Side::op(name, p, op, &self.proxy_held, renewals);
         let in_session = |name: &str, p: &Arc<http::Proxy>| {

@@ -8,7 +8,8 @@
 //! - `renew`: round robin over a set of held leases.
 //!
 //! The session operations (`session-acquire`, `session-keepalive`) have their own drivers in
-//! `sessions`.
+//! `sessions`, the gRPC ones (`grpc-put`, `grpc-range`, `grpc-keepalive`,
+//! `grpc-keepalive-shared`, `grpc-lock`) in `grpc`.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -42,6 +43,16 @@ pub(crate) enum Op {
     SessionCycle,
     /// Keep sessions alive, round robin.
     SessionKeepalive,
+    /// etcd gRPC `Put`, each worker overwriting its own key.
+    GrpcPut,
+    /// etcd gRPC `Range` (linearizable) of one key, each worker its own.
+    GrpcRange,
+    /// etcd gRPC `LeaseKeepAlive`, each worker renewing its lease on its own bidi stream.
+    GrpcKeepalive,
+    /// etcd gRPC `LeaseKeepAlive`, every worker on one bidi stream (as Go's clientv3 does).
+    GrpcKeepaliveShared,
+    /// etcd gRPC `Lock` then `Unlock` of a distinct name, under the worker's lease.
+    GrpcLock,
 }
 
 impl Op {
@@ -56,7 +67,24 @@ impl Op {
             Op::SessionAcquire => "session-acquire",
             Op::SessionCycle => "session-cycle",
             Op::SessionKeepalive => "session-keepalive",
+            Op::GrpcPut => "grpc-put",
+            Op::GrpcRange => "grpc-range",
+            Op::GrpcKeepalive => "grpc-keepalive",
+            Op::GrpcKeepaliveShared => "grpc-keepalive-shared",
+            Op::GrpcLock => "grpc-lock",
         }
+    }
+
+    /// Whether the operation is etcd's gRPC API (measured by `grpc`, not on a [`Backend`]).
+    pub(crate) fn is_grpc(self) -> bool {
+        matches!(
+            self,
+            Op::GrpcPut
+                | Op::GrpcRange
+                | Op::GrpcKeepalive
+                | Op::GrpcKeepaliveShared
+                | Op::GrpcLock
+        )
     }
 }
 
@@ -257,6 +285,16 @@ pub(crate) async fn measure<B: Backend>(
         }
         Op::SessionAcquire | Op::SessionCycle | Op::SessionKeepalive => {
             bail!("{} is measured on sessions, not single leases", op.name())
+        }
+        Op::GrpcPut
+        | Op::GrpcRange
+        | Op::GrpcKeepalive
+        | Op::GrpcKeepaliveShared
+        | Op::GrpcLock => {
+            bail!(
+                "{} is measured over gRPC, not on a lease backend",
+                op.name()
+            )
         }
         Op::Renew => {
             if renewable.is_empty() {

@@ -41,8 +41,9 @@ pub(crate) struct RawHeld {
 type Waiters = Arc<Mutex<HashMap<i64, VecDeque<oneshot::Sender<i64>>>>>;
 
 /// One keepalive stream shared by all renewals; a reader task hands each response to the
-/// oldest caller waiting on that lease.
-struct Multiplexed {
+/// oldest caller waiting on that lease. Also the shared-stream side of `grpc-keepalive-shared`,
+/// through the proxy as straight to etcd.
+pub(crate) struct Multiplexed {
     keeper: tokio::sync::Mutex<LeaseKeeper>,
     waiters: Waiters,
     reader: tokio::task::JoinHandle<()>,
@@ -55,7 +56,8 @@ impl Drop for Multiplexed {
 }
 
 impl Multiplexed {
-    async fn open(client: &Client) -> anyhow::Result<Self> {
+    /// Opens the stream on `client` (renewing a lease granted for the purpose).
+    pub(crate) async fn open(client: &Client) -> anyhow::Result<Self> {
         // etcd-client opens a stream by renewing a real lease; later sends set their own id.
         let anchor = client.lease_client().grant(600, None).await?.id();
         let (keeper, mut stream) = client.lease_client().keep_alive(anchor).await?;
@@ -81,7 +83,8 @@ impl Multiplexed {
         })
     }
 
-    async fn renew(&self, lease: i64) -> anyhow::Result<i64> {
+    /// Renews `lease` over the stream; its remaining TTL (0 or less: gone).
+    pub(crate) async fn renew(&self, lease: i64) -> anyhow::Result<i64> {
         let (tx, rx) = oneshot::channel();
         {
             let mut keeper = self.keeper.lock().await;
