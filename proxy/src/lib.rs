@@ -17,6 +17,7 @@ mod headers;
 mod keys;
 mod lease;
 mod metrics;
+mod prefence;
 mod server;
 mod upstream;
 mod v3;

@@ -21,6 +21,7 @@ use crate::auth::Auth;
 use crate::etcd::{Access, Batching, Etcd, GroupCommit, KeepAlive};
 use crate::lease::{Holders, Leases, Limits};
 use crate::metrics::Metrics;
+use crate::prefence::{Database, Prefence};
 use crate::upstream::Upstream;
 use crate::Config;
 
@@ -58,6 +59,9 @@ pub enum StartError {
     /// A TLS certificate, key or CA file is unusable.
     #[error("TLS: {0}")]
     Tls(#[source] fencing::Error),
+    /// The pre-fence database cannot be used.
+    #[error("{0}")]
+    Prefence(String),
     /// The etcd credentials or TLS files are unusable.
     #[error("etcd access: {0}")]
     EtcdAccess(String),
@@ -109,6 +113,26 @@ fn upstream(
         })
         .transpose()
         .map_err(StartError::Tls)
+}
+
+/// Where grants are pre-fenced: the enforcer, the database, both or neither.
+fn prefence(config: &Config, metrics: &Arc<Metrics>) -> Result<Prefence, StartError> {
+    let database = config
+        .prefence_database_url
+        .as_deref()
+        .map(|url| {
+            Database::new(
+                url,
+                &config.prefence_database_schema,
+                config.forward_timeout,
+            )
+        })
+        .transpose()
+        .map_err(StartError::Prefence)?;
+    Ok(Prefence {
+        http: upstream(&config.prefence_url, config, metrics)?,
+        database,
+    })
 }
 
 /// Serves the proxy on `listener` until `shutdown` resolves, then drains and returns.
@@ -243,7 +267,7 @@ pub async fn run(
         config.idempotency_window,
         config.era,
         limits,
-        upstream(&config.prefence_url, &config, &metrics)?,
+        prefence(&config, &metrics)?,
         config.lease_spares,
         metrics.clone(),
         tracker.clone(),

@@ -188,6 +188,22 @@ pub struct Config {
     #[arg(long, env = "LEASE_PROXY_PREFENCE_URL")]
     pub prefence_url: Option<String>,
 
+    /// PostgreSQL with fencing's in-database package (`fence-gateway pg install`) to pre-fence
+    /// at every grant: `SELECT {schema}.admit(resource, token)` in a transaction of its own,
+    /// committed before the grant is returned, under `--forward-timeout`; the same marks SQL
+    /// writers and fence-gateway's PostgreSQL store use. A failed pre-fence withdraws the grant.
+    /// With `--prefence-url` too, both are raised.
+    #[arg(long, env = "LEASE_PROXY_PREFENCE_DATABASE_URL")]
+    pub prefence_database_url: Option<String>,
+
+    /// The in-database package's schema in `--prefence-database-url`.
+    #[arg(
+        long,
+        env = "LEASE_PROXY_PREFENCE_DATABASE_SCHEMA",
+        default_value = "fencing"
+    )]
+    pub prefence_database_schema: String,
+
     /// Deadline for the upstream's answer to a forwarded request or a pre-fence.
     #[arg(long, env = "LEASE_PROXY_FORWARD_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     #[serde(with = "humantime_serde")]
@@ -361,6 +377,7 @@ impl Config {
         shown.etcd_endpoints = shown.etcd_endpoints.iter().map(|e| redact(e)).collect();
         shown.upstream = shown.upstream.as_deref().map(redact);
         shown.prefence_url = shown.prefence_url.as_deref().map(redact);
+        shown.prefence_database_url = shown.prefence_database_url.as_deref().map(redact);
         toml::to_string(&shown).map_err(|e| ConfigError(e.to_string()))
     }
 

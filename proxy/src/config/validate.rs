@@ -45,6 +45,27 @@ impl Config {
                 }
             }
         }
+        if let Some(url) = &self.prefence_database_url {
+            if url.parse::<tokio_postgres::Config>().is_err() {
+                return fail(
+                    "--prefence-database-url: not a PostgreSQL URL or connection string".into(),
+                );
+            }
+        }
+        let schema = &self.prefence_database_schema;
+        let identifier = schema
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+            && schema
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            && schema.len() <= 63;
+        if !identifier {
+            return fail(format!(
+                "--prefence-database-schema: `{schema}` is not a lowercase SQL identifier"
+            ));
+        }
         self.validate_tls()?;
         if self.etcd_prefix.is_empty() || !self.etcd_prefix.ends_with('/') {
             return fail("--etcd-prefix must be non-empty and end with `/`".into());

@@ -46,7 +46,7 @@ use tokio_util::task::TaskTracker;
 use crate::etcd::{Deletions, Etcd, GroupCommit, KeepAlive};
 use crate::keys::Layout;
 use crate::metrics::Metrics;
-use crate::upstream::Upstream;
+use crate::prefence::Prefence;
 use crate::Result;
 pub(crate) use events::{Feed, Next, OwnershipEvent, Subscription};
 pub(crate) use list::{list_prefixes, Page};
@@ -76,7 +76,7 @@ pub(crate) struct Leases {
     commit: GroupCommit,
     era: u64,
     limits: Limits,
-    prefence: Option<Upstream>,
+    prefence: Prefence,
     spares: Arc<spares::Spares>,
     window: Arc<replay::Window>,
     queue: Arc<queue::WaitQueue>,
@@ -110,7 +110,7 @@ impl Leases {
         idempotency_window: Duration,
         era: u64,
         limits: Limits,
-        prefence: Option<Upstream>,
+        prefence: Prefence,
         spares: usize,
         metrics: Arc<Metrics>,
         tracker: TaskTracker,
@@ -197,12 +197,9 @@ impl Leases {
         }
     }
 
-    /// Raises the enforcer's mark for `resource` to this token, if pre-fencing is configured.
+    /// Raises the marks of `resource` to this token where pre-fencing is configured.
     async fn prefence(&self, resource: &str, fencing_token: &str) -> Result<()> {
-        match &self.prefence {
-            Some(enforcer) => enforcer.prefence(resource, fencing_token).await,
-            None => Ok(()),
-        }
+        self.prefence.raise(resource, fencing_token).await
     }
 }
 
