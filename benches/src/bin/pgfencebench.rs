@@ -1,0 +1,288 @@
+//! pgfencebench: what fencing inside PostgreSQL costs a writer (issue 30). The same write
+//! transaction — `UPDATE stock SET qty = qty + 1 WHERE aisle = $1`, committed — runs unfenced
+//! and fenced (`SELECT fencing.admit(aisle, token)` first, in the same transaction), in the same
+//! run, interleaved round by round (the side that goes first alternates), each worker on its
+//! own connection and its own aisle (a holder writing what it holds). The mark raise (once per
+//! new holder: admit with a higher token, committed) is measured on its own against an admit of
+//! the current token.
+//!
+//! It makes a scratch database on `--database-url` (a role that may create databases), installs
+//! the package there with a fresh key file, and drops it at the end:
+//! `cargo build --release -p lease-proxy-benches && target/release/pgfencebench`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use fencing::indb::InstallOptions;
+use fencing::{KeyId, Keyring, Token};
+use lease_proxy_benches::stats::{ms, Run};
+use serde_json::json;
+use tokio::time::Instant;
+use tokio_postgres::{Client, NoTls};
+
+#[derive(Parser)]
+#[command(about = "A fenced PostgreSQL write transaction against the same one unfenced")]
+struct Args {
+    /// PostgreSQL as a role that may create databases.
+    #[arg(
+        long,
+        env = "FENCING_TEST_POSTGRES",
+        default_value = "postgres://lease_proxy:lease_proxy@127.0.0.1:5432/lease_proxy_test"
+    )]
+    database_url: String,
+    /// Transactions in flight (one connection each), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,64")]
+    concurrency: Vec<usize>,
+    /// Transactions per side per cell.
+    #[arg(long, default_value_t = 2000)]
+    ops: usize,
+    /// Rounds; the side that goes first alternates.
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    /// Mark raises measured (and as many admits of the current token).
+    #[arg(long, default_value_t = 500)]
+    raises: usize,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// The scratch database, dropped at the end.
+struct Scratch {
+    admin: String,
+    name: String,
+}
+
+impl Scratch {
+    fn url(&self) -> String {
+        let base = self
+            .admin
+            .rsplit_once('/')
+            .map_or(self.admin.as_str(), |b| b.0);
+        format!("{base}/{}", self.name)
+    }
+
+    async fn drop_now(&self) -> anyhow::Result<()> {
+        let admin = connect(&self.admin).await?;
+        admin
+            .batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ))
+            .await?;
+        Ok(())
+    }
+}
+
+async fn connect(url: &str) -> anyhow::Result<Client> {
+    let (client, connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .with_context(|| format!("connecting to {url}"))?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
+/// A side of the comparison.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Unfenced,
+    Fenced,
+}
+
+impl Side {
+    fn name(self) -> &'static str {
+        match self {
+            Side::Unfenced => "unfenced",
+            Side::Fenced => "fenced",
+        }
+    }
+}
+
+/// Each worker's connection, aisle and token.
+struct Worker {
+    client: Client,
+    aisle: String,
+    token: String,
+}
+
+/// `ops` transactions on `side` over `workers`, all in flight at once.
+async fn measure(workers: &[Arc<Worker>], side: Side, ops: usize) -> anyhow::Result<Run> {
+    let started = Instant::now();
+    let per = ops.div_ceil(workers.len());
+    let mut tasks = Vec::new();
+    for w in workers {
+        let w = w.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::with_capacity(per);
+            for _ in 0..per {
+                let t = Instant::now();
+                transaction(&w, side).await?;
+                latencies.push(t.elapsed());
+            }
+            anyhow::Ok(latencies)
+        }));
+    }
+    let mut all = Vec::with_capacity(ops);
+    for t in tasks {
+        all.extend(t.await??);
+    }
+    Ok(Run::from_latencies(all, started.elapsed()))
+}
+
+async fn transaction(w: &Worker, side: Side) -> anyhow::Result<()> {
+    w.client.batch_execute("BEGIN").await?;
+    if side == Side::Fenced {
+        w.client
+            .query_one("SELECT fencing.admit($1, $2)", &[&w.aisle, &w.token])
+            .await?;
+    }
+    w.client
+        .execute(
+            "UPDATE stock SET qty = qty + 1 WHERE aisle = $1",
+            &[&w.aisle],
+        )
+        .await?;
+    w.client.batch_execute("COMMIT").await?;
+    Ok(())
+}
+
+/// `n` admits committed one at a time: each a new holder's (a higher token: the raise) or the
+/// current holder's again (the check alone).
+async fn raises(db: &Client, keys: &Keyring, n: usize, higher: bool) -> anyhow::Result<Run> {
+    let resource = if higher { "raised" } else { "checked" };
+    let current = keys.mint(resource, Token::new(1, 1));
+    db.query_one("SELECT fencing.admit($1, $2)", &[&resource, &current])
+        .await?;
+    let started = Instant::now();
+    let mut latencies = Vec::with_capacity(n);
+    for i in 0..n {
+        let token = if higher {
+            keys.mint(resource, Token::new(1, u64::try_from(i).unwrap_or(0) + 2))
+        } else {
+            current.clone()
+        };
+        let t = Instant::now();
+        db.batch_execute("BEGIN").await?;
+        db.query_one("SELECT fencing.admit($1, $2)", &[&resource, &token])
+            .await?;
+        db.batch_execute("COMMIT").await?;
+        latencies.push(t.elapsed());
+    }
+    Ok(Run::from_latencies(latencies, started.elapsed()))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let scratch = Scratch {
+        admin: args.database_url.clone(),
+        name: format!("pgfencebench_{}", std::process::id()),
+    };
+    connect(&args.database_url)
+        .await?
+        .batch_execute(&format!("CREATE DATABASE {}", scratch.name))
+        .await?;
+    let result = run(&args, &scratch).await;
+    scratch.drop_now().await?;
+    result
+}
+
+async fn run(args: &Args, scratch: &Scratch) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let key_file = dir.path().join("keys");
+    Keyring::create_file(&key_file, &KeyId::parse("bench").context("a key id")?)?;
+    let keys = Keyring::load(&key_file)?;
+    let url = scratch.url();
+    let options = InstallOptions {
+        schema: "fencing".into(),
+        owner: None,
+        writers: Vec::new(),
+        gateway_roles: Vec::new(),
+    };
+    fencing::indb::install(&url, &options).await?;
+    fencing::indb::sync_keys(&url, "fencing", &key_file).await?;
+    let db = connect(&url).await?;
+    let most = args.concurrency.iter().copied().max().unwrap_or(1);
+    db.batch_execute(&format!(
+        "CREATE TABLE stock(aisle text PRIMARY KEY, qty bigint NOT NULL);
+         INSERT INTO stock SELECT 'aisle-' || i, 0 FROM generate_series(0, {most} - 1) AS i;"
+    ))
+    .await?;
+    let mut workers = Vec::new();
+    for i in 0..most {
+        let aisle = format!("aisle-{i}");
+        let token = keys.mint(&aisle, Token::new(1, 1));
+        // The holder's grant raised the mark once (the pre-fence); then it writes.
+        db.query_one("SELECT fencing.admit($1, $2)", &[&aisle, &token])
+            .await?;
+        workers.push(Arc::new(Worker {
+            client: connect(&url).await?,
+            aisle,
+            token,
+        }));
+    }
+
+    let mut rows = Vec::new();
+    let mut md = String::from(
+        "| in flight | round | unfenced p50 / p99 ms | fenced p50 / p99 ms | p50 ratio | unfenced tx/s | fenced tx/s | throughput ratio |\n|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+    );
+    for &n in &args.concurrency {
+        let cell = &workers[..n.max(1).min(workers.len())];
+        for round in 0..args.rounds {
+            let order = if round % 2 == 0 {
+                [Side::Unfenced, Side::Fenced]
+            } else {
+                [Side::Fenced, Side::Unfenced]
+            };
+            let mut got = [Run::default(); 2];
+            for side in order {
+                let r = measure(cell, side, args.ops).await?;
+                got[usize::from(side == Side::Fenced)] = r;
+            }
+            let [plain, fenced] = got;
+            let latency = ms(fenced.p50) / ms(plain.p50).max(1e-9);
+            let throughput = fenced.per_sec / plain.per_sec.max(1e-9);
+            md.push_str(&format!(
+                "| {n} | {round} | {:.3} / {:.3} | {:.3} / {:.3} | {latency:.2} | {:.0} | {:.0} | {throughput:.2} |\n",
+                ms(plain.p50),
+                ms(plain.p99),
+                ms(fenced.p50),
+                ms(fenced.p99),
+                plain.per_sec,
+                fenced.per_sec
+            ));
+            rows.push(json!({
+                "in_flight": n,
+                "round": round,
+                Side::Unfenced.name(): plain.json(),
+                Side::Fenced.name(): fenced.json(),
+                "p50_ratio": latency,
+                "throughput_ratio": throughput,
+            }));
+        }
+    }
+    let check = raises(&db, &keys, args.raises, false).await?;
+    let raise = raises(&db, &keys, args.raises, true).await?;
+    md.push_str(&format!(
+        "\nAdmit committed alone, 1 in flight: the current token (check) p50 {:.3} ms, p99 {:.3} ms; a higher one (the raise, once per new holder) p50 {:.3} ms, p99 {:.3} ms.\n",
+        ms(check.p50),
+        ms(check.p99),
+        ms(raise.p50),
+        ms(raise.p99)
+    ));
+    print!("{md}");
+    if let Some(path) = &args.json {
+        let report = json!({
+            "transaction": "BEGIN; [SELECT fencing.admit(aisle, token);] UPDATE stock SET qty = qty + 1 WHERE aisle = $1; COMMIT",
+            "cells": rows,
+            "admit_check": check.json(),
+            "admit_raise": raise.json(),
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    Ok(())
+}
