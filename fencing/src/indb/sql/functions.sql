@@ -15,9 +15,18 @@
 --   55F01 a raise inside a REPEATABLE READ or SERIALIZABLE transaction -- raise first
 --   0AF01 TRUNCATE of a protected table
 
+-- The pure helpers below (`_u64`, `_be8`, `_token_text`, `_is_resource`) have no `SET
+-- search_path` of their own, so that PostgreSQL inlines them into their callers (a function
+-- with a SET clause is never inlined, and each call of one saves and restores the setting: tens
+-- of µs per admit). Every caller fixes search_path (pg_catalog first) and the helpers name only
+-- pg_catalog's functions and operators, which are resolved under the caller's path; no writer
+-- may call them directly (grants.sql), and they are SECURITY INVOKER.
+-- Dropped in favour of comparing in `_verify` under a key read once (older installs had it).
+DROP FUNCTION IF EXISTS @schema@._equal(bytea, bytea);
+
 -- A canonical unsigned decimal that fits in 64 bits (no sign, no leading zero), else NULL.
 CREATE OR REPLACE FUNCTION @schema@._u64(s text) RETURNS numeric
-LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql IMMUTABLE STRICT AS $$
     SELECT CASE WHEN s ~ '^(0|[1-9][0-9]{0,19})$' AND s::numeric <= 18446744073709551615
         THEN s::numeric END
 $$;
@@ -25,14 +34,14 @@ $$;
 -- The 8 big-endian bytes of a u64 (int8send writes two's complement, which for values past
 -- 2^63 are the same bytes as the unsigned value's).
 CREATE OR REPLACE FUNCTION @schema@._be8(n numeric) RETURNS bytea
-LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql IMMUTABLE STRICT AS $$
     SELECT int8send(CASE WHEN n >= 9223372036854775808 THEN (n - 18446744073709551616)::int8
         ELSE n::int8 END)
 $$;
 
 -- A 16-byte mark as `era:revision`.
 CREATE OR REPLACE FUNCTION @schema@._token_text(b bytea) RETURNS text
-LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql IMMUTABLE STRICT AS $$
     SELECT format('%s:%s',
         CASE WHEN e < 0 THEN e + 18446744073709551616 ELSE e END,
         CASE WHEN r < 0 THEN r + 18446744073709551616 ELSE r END)
@@ -63,21 +72,11 @@ $$;
 -- a `/v1` resource, 1–200 of [A-Za-z0-9._:-] starting with a letter or digit, without `..`; or
 -- a `/v3` lock domain, `lock/` and 2–192 lowercase hex digits, an even number.
 CREATE OR REPLACE FUNCTION @schema@._is_resource(r text) RETURNS boolean
-LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql IMMUTABLE AS $$
     SELECT r IS NOT NULL AND (
         (r ~ '^lock/[0-9a-f]+$' AND length(r) BETWEEN 7 AND 197 AND length(r) % 2 = 1)
         OR (r ~ '^[A-Za-z0-9][A-Za-z0-9._:-]*$' AND octet_length(r) <= 200
             AND strpos(r, '..') = 0))
-$$;
-
--- Equality of two MACs without comparing them directly: pgcrypto has no constant-time compare,
--- and `=` on bytea stops at the first differing byte. Comparing HMACs of both under a random
--- key of this install makes that timing independent of how much of a forged value is right.
-CREATE OR REPLACE FUNCTION @schema@._equal(a bytea, b bytea) RETURNS boolean
-LANGUAGE sql STABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
-    SELECT @crypto@.hmac(a, s.compare_key, 'sha256'::text)
-         = @crypto@.hmac(b, s.compare_key, 'sha256'::text)
-    FROM @schema@.settings AS s WHERE s.id = 1
 $$;
 
 -- Verifies a wire token for `resource` exactly as fencing::keys::Keyring::verify does
@@ -95,6 +94,7 @@ DECLARE
     mac bytea;
     secret bytea;
     expected bytea;
+    compare_key bytea;
 BEGIN
     IF NOT @schema@._is_resource(resource) THEN
         code := '22F01';
@@ -120,6 +120,10 @@ BEGIN
         RETURN;
     END IF;
     SELECT k.secret INTO secret FROM @schema@.keys AS k WHERE k.kid = parts[2];
+    -- MACs are compared as HMACs of both under a random key of this install: pgcrypto has no
+    -- constant-time compare, and `=` on bytea stops at the first differing byte; compared this
+    -- way, the timing is independent of how much of a forged value is right.
+    SELECT s.compare_key INTO compare_key FROM @schema@.settings AS s WHERE s.id = 1;
     IF secret IS NULL THEN
         code := '28F02';
         reason := format('fencing token signed with an unknown key %s', quote_literal(parts[2]));
@@ -130,7 +134,8 @@ BEGIN
             || convert_to(parts[2], 'UTF8') || decode('00', 'hex')
             || @schema@._be8(era) || @schema@._be8(revision) || tag,
         secret, 'sha256'::text);
-    IF NOT @schema@._equal(expected, mac) THEN
+    IF @crypto@.hmac(expected, compare_key, 'sha256'::text)
+        <> @crypto@.hmac(mac, compare_key, 'sha256'::text) THEN
         code := '28F03';
         reason := 'fencing token signature is invalid';
         RETURN;
@@ -139,7 +144,8 @@ BEGIN
         convert_to('lease-proxy/fencing/resource/v1', 'UTF8') || decode('00', 'hex')
             || convert_to(resource, 'UTF8'),
         secret, 'sha256'::text) FROM 1 FOR 16);
-    IF NOT @schema@._equal(expected, tag) THEN
+    IF @crypto@.hmac(expected, compare_key, 'sha256'::text)
+        <> @crypto@.hmac(tag, compare_key, 'sha256'::text) THEN
         code := '28F04';
         reason := format('fencing token was issued for another resource than %s', quote_literal(resource));
         RETURN;

@@ -28,7 +28,7 @@ CREATE TABLE @schema@.keys (
 );
 
 -- One row. `max_wait`: how long a READ COMMITTED admit waits for a gateway's lower-token writes
--- in flight. `compare_key`: a random key under which MACs are compared (see `_equal`).
+-- in flight. `compare_key`: a random key under which MACs are compared (see `_verify`).
 CREATE TABLE @schema@.settings (
     id smallint PRIMARY KEY CHECK (id = 1),
     max_wait interval NOT NULL DEFAULT interval '10 seconds',
