@@ -589,6 +589,31 @@ async fn foreign_leases_are_unknown_and_a_half_close_is_answered() {
     );
     assert!(raw.lease_time_to_live(foreign, None).await.unwrap().ttl() > 0);
 
+    // Many renewals sent at once on one stream (as Go's client renews all its leases on one)
+    // are answered in the order they were sent, a foreign lease's among them with TTL 0.
+    let mine = c.lease_grant(30, None).await.unwrap().id();
+    let ask = |id| PbLeaseKeepAliveRequest { id };
+    let order: Vec<i64> = (0..40)
+        .map(|i| if i % 5 == 3 { foreign } else { mine })
+        .collect();
+    let mut stream = h2grpc::Stream::open(
+        &proxy.url,
+        "/etcdserverpb.Lease/LeaseKeepAlive",
+        &ask(order[0]),
+        None,
+    )
+    .await;
+    for &id in &order[1..] {
+        stream.send(&ask(id)).await;
+    }
+    let mut answered = Vec::new();
+    for _ in &order {
+        let answer: PbLeaseKeepAliveResponse = stream.next().await.expect("an answer");
+        assert_eq!(answer.ttl > 0, answer.id == mine, "{answer:?}");
+        answered.push(answer.id);
+    }
+    assert_eq!(answered, order);
+
     // One keepalive, then the client half-closes (python-etcd3's refresh): the answer comes,
     // then the stream ends.
     let ours = c.lease_grant(30, None).await.unwrap().id();

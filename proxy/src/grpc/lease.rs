@@ -13,6 +13,9 @@ use tonic::{Request, Response, Streaming};
 
 use super::{status, Front};
 
+/// Most renewals of one keepalive stream under way at once (answered in order).
+pub(crate) const KEEPALIVES_IN_FLIGHT: usize = 8;
+
 type Answer<T> = Result<Response<T>, tonic::Status>;
 
 #[tonic::async_trait]
@@ -37,17 +40,20 @@ impl PbLeaseService for Front {
 
     type LeaseKeepAliveStream = BoxStream<'static, Result<PbLeaseKeepAliveResponse, tonic::Status>>;
 
-    /// Each request answered in turn before the next is read, as etcd answers them; an unknown
-    /// (or another tenant's) lease answered with TTL 0. No task is spawned: the answers are a
-    /// stream over the requests that tonic polls and drops when the call ends, so a client's
-    /// half-close ends it once every answer is sent, and a cancel stops it at once.
+    /// Answers in the order of the requests, as etcd answers them, with up to
+    /// [`KEEPALIVES_IN_FLIGHT`] renewals of one stream under way at once (each is an etcd round
+    /// trip here, where etcd renews from memory: one at a time, one stream renewing many leases —
+    /// Go's client — would be capped at one round trip per renewal); an unknown (or another
+    /// tenant's) lease answered with TTL 0. No task is spawned: the answers are a stream over the
+    /// requests that tonic polls and drops when the call ends, so a client's half-close ends it
+    /// once every answer is sent, and a cancel stops it at once.
     async fn lease_keep_alive(
         &self,
         req: Request<Streaming<PbLeaseKeepAliveRequest>>,
     ) -> Answer<Self::LeaseKeepAliveStream> {
         let caller = Arc::new(self.caller(&req)?);
         let front = self.clone();
-        let answers = req.into_inner().then(move |request| {
+        let answers = req.into_inner().map(move |request| {
             let (front, caller) = (front.clone(), caller.clone());
             async move {
                 let id = request?.id;
@@ -58,7 +64,9 @@ impl PbLeaseService for Front {
                     .map_err(status)
             }
         });
-        Ok(Response::new(answers.boxed()))
+        Ok(Response::new(
+            answers.buffered(KEEPALIVES_IN_FLIGHT).boxed(),
+        ))
     }
 
     async fn lease_time_to_live(
