@@ -1447,6 +1447,58 @@ async fn watches_of_one_range_share_one_etcd_watch() {
     }
     assert_eq!(created, (0..12).collect::<Vec<i64>>());
     drop(mixed);
+
+    // A member joining an idle shared watch is answered created at etcd's revision now, not the
+    // shared watch's last event's (which a compaction may have removed: a client resuming from
+    // it after a reconnect would be refused); a cancel frees its id at once.
+    let mut idle = clients[2]
+        .watch("quiet/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    take(&mut idle, 1).await;
+    let mut now = 0;
+    for i in 0..5 {
+        let put = raw.put(format!("/ns/busy/{i}"), "x", None).await.unwrap();
+        now = put.header().unwrap().revision();
+    }
+    let (_, joined) = &mut streams[0];
+    let quiet = WatchOptions::new().with_prefix().with_watch_id(7);
+    joined.watch("quiet/", Some(quiet.clone())).await.unwrap();
+    let created = tokio::time::timeout(Duration::from_secs(10), joined.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(created.created() && created.watch_id() == 7);
+    assert!(
+        created.header().unwrap().revision() >= now,
+        "created at {} after a put at {now}",
+        created.header().unwrap().revision()
+    );
+    joined.cancel(7).await.unwrap();
+    joined.watch("quiet/", Some(quiet)).await.unwrap();
+    assert_eq!(
+        take(joined, 2).await,
+        [
+            "answer watch=7 created=false canceled=true reason=\"\" compacted=false",
+            "answer watch=7 created=true canceled=false reason=\"\" compacted=false"
+        ]
+    );
+
+    // After a half-close the stream's watches go on, as etcd's do.
+    let create: PbWatchRequest = WatchOptions::new().with_key("room/").with_prefix().into();
+    let mut half = h2grpc::Stream::open(&proxy.url, WATCH, &create, None).await;
+    let created: PbWatchResponse = half.next().await.expect("created");
+    assert!(created.created);
+    half.close();
+    raw.put("/ns/room/z", "3", None).await.unwrap();
+    let event: PbWatchResponse = tokio::time::timeout(Duration::from_secs(10), half.next())
+        .await
+        .expect("no event after the half-close")
+        .expect("the stream ended at the half-close");
+    assert_eq!(event.events.len(), 1);
+    drop(half);
+    drop(idle);
     drop(streams);
     drop(other);
     assert_eq!(
@@ -1494,4 +1546,69 @@ async fn a_failed_shared_watch_ends_every_members_stream() {
         .expect("a member's stream outlived its failed shared watch");
         assert_eq!(end, "Unavailable");
     }
+}
+
+/// Streams cut off for not reading give back what waited for them at once, even while their
+/// clients hold them open unread: a tenant that stalls many members of one shared watch and
+/// floods it cannot use up the replica's bound on waiting answers and so get another client's
+/// stream — one reading, only a little behind — cut off (a hostile pass did, before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_streams_held_open_hold_no_memory() {
+    const STALLED: usize = 60;
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |c| {
+        c.v3_namespace = Some("/ns/".into());
+        c.max_watch_streams = 300;
+    })
+    .await;
+    let create: PbWatchRequest = WatchOptions::new().with_key("flood/").with_prefix().into();
+    let mut stalled = Vec::new();
+    for _ in 0..STALLED {
+        let mut s = h2grpc::Stream::open(&proxy.url, WATCH, &create, None).await;
+        let created: PbWatchResponse = s.next().await.expect("created");
+        assert!(created.created);
+        stalled.push(s);
+    }
+    // 24 MiB to every stalled member: each one passes its 8 MiB bound (and what its connection
+    // takes in) and is cut off; together they would hold more than the replica's 256 MiB if
+    // what waited for them stayed.
+    let mut raw = etcd.client().await;
+    for i in 0..24 {
+        raw.put(format!("/ns/flood/{i}"), vec![b'x'; 1 << 20], None)
+            .await
+            .unwrap();
+    }
+    // Another client, reading a little behind: it gets every event (5 MiB in all, more than
+    // its connection takes in while it is behind, less than its own 8 MiB bound).
+    let mut reader = client(&proxy.url).await;
+    let mut watching = reader
+        .watch("v/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    take(&mut watching, 1).await;
+    let puts = tokio::spawn(async move {
+        for round in 0..20 {
+            let batch = (0..32).map(|i| {
+                let mut raw = raw.clone();
+                async move {
+                    raw.put(format!("/ns/v/{round}-{i}"), vec![b'y'; 8 << 10], None)
+                        .await
+                        .unwrap();
+                }
+            });
+            futures::future::join_all(batch).await;
+        }
+    });
+    let mut events = 0;
+    while events < 640 {
+        let answer = tokio::time::timeout(Duration::from_secs(20), watching.message())
+            .await
+            .expect("the reader was held back")
+            .unwrap_or_else(|e| panic!("the reader was cut off after {events} events: {e}"))
+            .expect("its stream ended");
+        events += answer.0.events.len();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    puts.await.unwrap();
+    drop(stalled);
 }

@@ -7,9 +7,12 @@
 //! outbox at once — filtered by the member's `NOPUT`/`NODELETE` (an answer left empty is not
 //! sent, as etcd sends none), with the member's watch id, keys out of its namespace — so a
 //! member that does not read is cut off alone ([`Outbox`]'s bound) and never slows the hub, etcd
-//! or the others. A member joins under the hub's lock and is answered `created` with the hub's
-//! last header there: every event after that revision reaches it, none before (a watch from
-//! revision header + 1, which is what a watch "from now" is). The hub ends, and its etcd watch
+//! or the others. Before a member joins, the hub asks etcd for a progress answer, so its header
+//! is at least etcd's revision when the client asked; the member then joins under the hub's
+//! lock and is answered `created` with that header: every event after its revision reaches it,
+//! none at or before (a watch from revision header + 1, which is what a watch "from now" is,
+//! and a revision a reconnecting client can resume from — not one compacted since the hub's
+//! last event). The hub ends, and its etcd watch
 //! with it, when its last holder goes; when etcd fails it or ends it, every member's stream ends
 //! as a stream whose own etcd watch failed would.
 
@@ -49,6 +52,8 @@ pub(super) struct Member {
     pub(super) no_delete: bool,
     pub(super) namespace: Namespace,
     pub(super) outbox: Outbox,
+    /// Events at or below this revision are not its (set as it joins: its created answer's).
+    pub(super) from: i64,
     /// Ends the member's stream, with this status.
     pub(super) end: mpsc::UnboundedSender<Status>,
 }
@@ -154,6 +159,21 @@ impl Hubs {
     }
 }
 
+impl State {
+    /// The hub's header moves only forwards: etcd 3.4 may send a progress answer before events
+    /// of lower revisions, and a member joining at a revision must get every event after it.
+    fn advance(&mut self, header: Option<PbResponseHeader>) {
+        let newer = match (&self.header, &header) {
+            (Some(now), Some(h)) => h.revision > now.revision,
+            (None, Some(_)) => true,
+            _ => false,
+        };
+        if newer {
+            self.header = header;
+        }
+    }
+}
+
 impl Hub {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -174,13 +194,12 @@ impl Hub {
     /// etcd's answer with events, to every member it concerns.
     fn deliver(&self, r: PbWatchResponse) {
         let mut state = self.lock();
-        if r.header.is_some() {
-            state.header = r.header;
-        }
+        state.advance(r.header);
         state.members.retain(|_, m| {
             let events: Vec<_> = r
                 .events
                 .iter()
+                .filter(|e| e.kv.as_ref().is_some_and(|kv| kv.mod_revision > m.from))
                 .filter(|e| match e.r#type {
                     0 => !m.no_put,
                     _ => !m.no_delete,
@@ -223,7 +242,7 @@ impl Subscription {
     /// Joins (once the hub is [`ready`](Self::ready)): answers `member` created, with the
     /// hub's last header, and from then on every event after it. Refused if the hub is over or
     /// the member's outbox refused the answer.
-    pub(super) fn join(&self, member: Member) -> Result<(), Status> {
+    pub(super) fn join(&self, mut member: Member) -> Result<(), Status> {
         let mut state = self.hub.lock();
         if state.over {
             return Err(Status::new(
@@ -231,6 +250,7 @@ impl Subscription {
                 "lease-proxy: the shared etcd watch ended; resume from the last revision received",
             ));
         }
+        member.from = state.header.map_or(0, |h| h.revision);
         let created = PbWatchResponse {
             header: state.header,
             watch_id: member.watch_id,
@@ -323,7 +343,7 @@ async fn run(
                 Ok(Some(r)) => {
                     let r = r.0;
                     if r.created && !r.canceled {
-                        hub.lock().header = r.header;
+                        hub.lock().advance(r.header);
                         created.send_replace(Created::Ready);
                     } else if r.created {
                         hub.lock().over = true;
@@ -336,9 +356,7 @@ async fn run(
                         // A progress answer: everything before it was handed out.
                         let header = {
                             let mut state = hub.lock();
-                            if r.header.is_some() {
-                                state.header = r.header;
-                            }
+                            state.advance(r.header);
                             state.header
                         };
                         for asker in waiting.drain(..) {

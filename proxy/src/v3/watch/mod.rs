@@ -26,14 +26,13 @@
 //! - the caller's right is judged again whenever the token file changes: a removed or narrowed
 //!   principal's stream ends PermissionDenied;
 //! - a failed etcd stream ends the client's Unavailable (its member is unpinned), as do the
-//!   proxy's shutdown and etcd ending the stream; the client's own half-close ends it as etcd
-//!   ends it (status OK).
+//!   proxy's shutdown and etcd ending the stream — and what still waited for the client is
+//!   dropped then ([`outbox`]); after the client's half-close its watches go on, as etcd's do.
 //!
 //! The pump that does this is one task per stream, on the proxy's task tracker; it ends when
 //! the client's stream is dropped (a cancel, a reset, the connection gone) or the proxy stops.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 use etcd_client::proto::{PbResponseHeader, PbWatchRequest, PbWatchResponse};
@@ -48,7 +47,7 @@ mod request;
 
 pub(crate) use hub::Hubs;
 use hub::{Member, Ready, Subscription};
-use outbox::{fell_behind, inbox, Outbox};
+use outbox::{fell_behind, Outbox};
 use request::{confine, strip, Ask, Create};
 
 use super::service::{Caller, Service};
@@ -118,6 +117,9 @@ struct Pump {
     stream: Option<(usize, WatchStream)>,
     /// Every watch id in use: created, being created, or shared.
     used: HashSet<i64>,
+    /// Ids the client canceled on the stream's own etcd watch whose cancel etcd has not
+    /// answered yet (already free: etcd frees an id as it reads the cancel).
+    cancelling: HashSet<i64>,
     /// Where the next free id is looked for (etcd's own rule: upwards, never back).
     next_id: i64,
     /// Creates sent to etcd and not yet answered, in order: their ids, whether the proxy picked
@@ -142,7 +144,7 @@ struct Pump {
 
 /// Why a stream ended.
 enum End {
-    /// The client half-closed or went away: no last answer.
+    /// The client went away: no last answer.
     Quietly,
     Failed(Status),
 }
@@ -168,11 +170,34 @@ impl Pump {
         match ask {
             Ask::Nothing => Ok(()),
             Ask::Create(create) => self.create(create).await,
-            Ask::Cancel(id) if self.is_shared(id) => self.defer(Deferred::Cancel(id)),
+            // The id is free again at once, as etcd frees it; a shared watch leaves its hub at
+            // once too, and is answered canceled in order.
+            Ask::Cancel(id) if self.is_shared(id) => {
+                self.used.remove(&id);
+                match self.shared.remove(&id) {
+                    Some(left) => {
+                        let header = left.header();
+                        drop(left);
+                        self.defer(Deferred::Answer(PbWatchResponse {
+                            header,
+                            watch_id: id,
+                            canceled: true,
+                            ..Default::default()
+                        }))
+                    }
+                    None => self.defer(Deferred::Cancel(id)),
+                }
+            }
             Ask::Cancel(id) => match &mut self.stream {
                 // etcd answers nothing for a cancel of a watch it does not have.
                 None => Ok(()),
-                Some((_, stream)) => stream.cancel(id).await.map_err(|e| self.etcd_failed(e)),
+                Some((_, stream)) => {
+                    stream.cancel(id).await.map_err(|e| self.etcd_failed(e))?;
+                    if self.used.remove(&id) {
+                        self.cancelling.insert(id);
+                    }
+                    Ok(())
+                }
             },
             Ask::Progress => self.progress().await,
         }
@@ -272,6 +297,11 @@ impl Pump {
                 Ready::Refused(answer) => return self.defer(Deferred::Answer(answer)),
                 Ready::Failed => return Err(unavailable()),
             }
+            // The hub's header brought up to etcd's revision now, for the created answer.
+            let fresh = tokio::time::timeout(self.etcd.timeout(), subscription.progress()).await;
+            if !matches!(fresh, Ok(Ok(_))) {
+                return Err(unavailable());
+            }
             let id = self.id_for(&c);
             let member = Member {
                 watch_id: id,
@@ -279,6 +309,7 @@ impl Pump {
                 no_delete: c.no_delete,
                 namespace: self.caller.namespace.clone(),
                 outbox: self.outbox.clone(),
+                from: 0,
                 end: self.ended.0.clone(),
             };
             self.used.insert(id);
@@ -341,8 +372,8 @@ impl Pump {
                     subscription.join(member).map_err(End::Failed)?;
                     self.shared.insert(id, subscription);
                 }
+                // A shared watch canceled before it joined: answered created, then canceled.
                 Deferred::Cancel(id) => {
-                    self.used.remove(&id);
                     if let Some(left) = self.shared.remove(&id) {
                         let header = left.header();
                         drop(left);
@@ -375,7 +406,8 @@ impl Pump {
                     self.next_id = id;
                 }
             }
-        } else if r.canceled {
+        } else if r.canceled && !self.cancelling.remove(&r.watch_id) {
+            // etcd's own cancel (compaction, say); a client's freed the id when it was asked.
             self.used.remove(&r.watch_id);
         }
         let created = r.created;
@@ -415,6 +447,8 @@ impl Pump {
         let mut recheck = self.caller.recheck.clone();
         let over = tokio::time::sleep(max_duration);
         tokio::pin!(over);
+        // After the client's half-close its watches go on, as etcd's do, until it goes away.
+        let mut half_closed = false;
         loop {
             let step = tokio::select! {
                 () = stop.cancelled() => return End::Quietly,
@@ -430,8 +464,11 @@ impl Pump {
                 () = Recheck::changed_or_never(&mut recheck) => {
                     self.caller.still_authorised().map_err(End::Failed)
                 }
-                request = requests.next() => match request {
-                    None => return End::Quietly,
+                request = requests.next(), if !half_closed => match request {
+                    None => {
+                        half_closed = true;
+                        Ok(())
+                    }
                     Some(Err(status)) => return End::Failed(status),
                     Some(Ok(request)) => {
                         let ask = confine(&self.caller.namespace, request);
@@ -459,22 +496,17 @@ impl Service {
     /// stream's work runs in a task of its own that ends when the answers are dropped, or
     /// Unavailable once the proxy drains or the stream reaches `--watch-max-duration`.
     pub(crate) fn watch(&self, caller: Caller, requests: Requests) -> Answers {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let bytes = Arc::new(AtomicUsize::new(0));
-        let total = self.streams.buffered.clone();
+        let outbox = Outbox::new(self.streams.buffered.clone());
         let stop = CancellationToken::new();
         let pump = Pump {
             etcd: self.etcd.clone(),
             slots: self.streams.slots.clone(),
             slot: None,
             caller,
-            outbox: Outbox {
-                tx,
-                bytes: bytes.clone(),
-                total: total.clone(),
-            },
+            outbox: outbox.clone(),
             stream: None,
             used: HashSet::new(),
+            cancelling: HashSet::new(),
             next_id: 0,
             pending: VecDeque::new(),
             deferred: VecDeque::new(),
@@ -486,13 +518,14 @@ impl Service {
         };
         let stopped = stop.clone();
         let (stopping, max_duration) = (self.streams.stopping.clone(), self.streams.max_duration);
+        let answers = outbox.inbox(stop);
         self.etcd.spawn(async move {
-            let tx = pump.outbox.tx.clone();
-            if let End::Failed(status) = pump.run(requests, stopped, stopping, max_duration).await {
-                // The last answer, past the byte bound: it is what ends the stream.
-                let _ = tx.send((0, Err(status)));
+            let ending = pump.outbox.clone();
+            match pump.run(requests, stopped, stopping, max_duration).await {
+                End::Failed(status) => ending.end(Some(status)),
+                End::Quietly => ending.end(None),
             }
         });
-        inbox(rx, bytes, total, stop).boxed()
+        answers.boxed()
     }
 }
