@@ -1,10 +1,14 @@
 //! pgfencebench: what fencing inside PostgreSQL costs a writer (issue 30). The same write
-//! transaction — `UPDATE stock SET qty = qty + 1 WHERE aisle = $1`, committed — runs unfenced
-//! and fenced (`SELECT fencing.admit(aisle, token)` first, in the same transaction), in the same
-//! run, interleaved round by round (the side that goes first alternates), each worker on its
-//! own connection and its own aisle (a holder writing what it holds). The mark raise (once per
-//! new holder: admit with a higher token, committed) is measured on its own against an admit of
-//! the current token.
+//! transaction — a prepared `UPDATE … SET qty = qty + 1 WHERE aisle = $1`, committed, three round
+//! trips — runs in the same run, interleaved round by round (the order rotates), each worker on
+//! its own connection and its own aisle (a holder writing what it holds):
+//! - `unfenced`: `BEGIN`, the update, `COMMIT`;
+//! - `admit`: `BEGIN; SELECT fencing.admit(aisle, token)` in one message, the update, `COMMIT`;
+//! - `trigger`: `BEGIN; SET LOCAL fencing.token = …` in one message, the update of a protected
+//!   table (`fencing.protect`, the ORM mode: the row trigger verifies the token), `COMMIT`.
+//!
+//! The mark raise (once per new holder: admit with a higher token, committed) is measured on its
+//! own against an admit of the current token, and a server-side breakdown of an admit's parts.
 //!
 //! It makes a scratch database on `--database-url` (a role that may create databases), installs
 //! the package there with a fresh key file, and drops it at the end:
@@ -92,23 +96,29 @@ async fn connect(url: &str) -> anyhow::Result<Client> {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Side {
     Unfenced,
-    Fenced,
+    Admit,
+    Trigger,
 }
+
+const SIDES: [Side; 3] = [Side::Unfenced, Side::Admit, Side::Trigger];
 
 impl Side {
     fn name(self) -> &'static str {
         match self {
             Side::Unfenced => "unfenced",
-            Side::Fenced => "fenced",
+            Side::Admit => "admit",
+            Side::Trigger => "trigger",
         }
     }
 }
 
-/// Each worker's connection, aisle and token.
+/// Each worker's connection, aisle and token, and its prepared updates.
 struct Worker {
     client: Client,
     aisle: String,
     token: String,
+    /// `UPDATE stock …` (unprotected) and `UPDATE guarded …` (protected).
+    update: [tokio_postgres::Statement; 2],
 }
 
 /// `ops` transactions on `side` over `workers`, all in flight at once.
@@ -136,18 +146,15 @@ async fn measure(workers: &[Arc<Worker>], side: Side, ops: usize) -> anyhow::Res
 }
 
 async fn transaction(w: &Worker, side: Side) -> anyhow::Result<()> {
-    w.client.batch_execute("BEGIN").await?;
-    if side == Side::Fenced {
-        w.client
-            .query_one("SELECT fencing.admit($1, $2)", &[&w.aisle, &w.token])
-            .await?;
-    }
-    w.client
-        .execute(
-            "UPDATE stock SET qty = qty + 1 WHERE aisle = $1",
-            &[&w.aisle],
-        )
-        .await?;
+    // Tokens and aisles are the bench's own (url-safe and alphanumeric): quoted as literals.
+    let begin = match side {
+        Side::Unfenced => "BEGIN".to_owned(),
+        Side::Admit => format!("BEGIN; SELECT fencing.admit('{}', '{}')", w.aisle, w.token),
+        Side::Trigger => format!("BEGIN; SET LOCAL fencing.token = '{}'", w.token),
+    };
+    w.client.batch_execute(&begin).await?;
+    let update = &w.update[usize::from(side == Side::Trigger)];
+    w.client.execute(update, &[&w.aisle]).await?;
     w.client.batch_execute("COMMIT").await?;
     Ok(())
 }
@@ -255,7 +262,10 @@ async fn run(args: &Args, scratch: &Scratch) -> anyhow::Result<()> {
     let most = args.concurrency.iter().copied().max().unwrap_or(1);
     db.batch_execute(&format!(
         "CREATE TABLE stock(aisle text PRIMARY KEY, qty bigint NOT NULL);
-         INSERT INTO stock SELECT 'aisle-' || i, 0 FROM generate_series(0, {most} - 1) AS i;"
+         INSERT INTO stock SELECT 'aisle-' || i, 0 FROM generate_series(0, {most} - 1) AS i;
+         CREATE TABLE guarded (LIKE stock INCLUDING ALL);
+         INSERT INTO guarded SELECT * FROM stock;
+         SELECT fencing.protect('guarded', 'aisle');"
     ))
     .await?;
     let mut workers = Vec::new();
@@ -265,49 +275,64 @@ async fn run(args: &Args, scratch: &Scratch) -> anyhow::Result<()> {
         // The holder's grant raised the mark once (the pre-fence); then it writes.
         db.query_one("SELECT fencing.admit($1, $2)", &[&aisle, &token])
             .await?;
+        let client = connect(&url).await?;
+        let update = [
+            client
+                .prepare("UPDATE stock SET qty = qty + 1 WHERE aisle = $1")
+                .await?,
+            client
+                .prepare("UPDATE guarded SET qty = qty + 1 WHERE aisle = $1")
+                .await?,
+        ];
         workers.push(Arc::new(Worker {
-            client: connect(&url).await?,
+            client,
             aisle,
             token,
+            update,
         }));
     }
 
     let mut rows = Vec::new();
     let mut md = String::from(
-        "| in flight | round | unfenced p50 / p99 ms | fenced p50 / p99 ms | p50 ratio | unfenced tx/s | fenced tx/s | throughput ratio |\n|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+        "| in flight | round | unfenced p50 / p99 ms | admit p50 / p99 ms | trigger p50 / p99 ms | unfenced tx/s | admit tx/s | trigger tx/s | admit p50 / tx/s ratio | trigger p50 / tx/s ratio |\n|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
     );
     for &n in &args.concurrency {
         let cell = &workers[..n.max(1).min(workers.len())];
         for round in 0..args.rounds {
-            let order = if round % 2 == 0 {
-                [Side::Unfenced, Side::Fenced]
-            } else {
-                [Side::Fenced, Side::Unfenced]
-            };
-            let mut got = [Run::default(); 2];
-            for side in order {
-                let r = measure(cell, side, args.ops).await?;
-                got[usize::from(side == Side::Fenced)] = r;
+            let mut got = [Run::default(); 3];
+            for k in 0..SIDES.len() {
+                let i = (k + round) % SIDES.len();
+                got[i] = measure(cell, SIDES[i], args.ops).await?;
             }
-            let [plain, fenced] = got;
-            let latency = ms(fenced.p50) / ms(plain.p50).max(1e-9);
-            let throughput = fenced.per_sec / plain.per_sec.max(1e-9);
+            let [plain, admit, trigger] = got;
+            let p50 = |r: &Run| ms(r.p50) / ms(plain.p50).max(1e-9);
+            let tput = |r: &Run| r.per_sec / plain.per_sec.max(1e-9);
             md.push_str(&format!(
-                "| {n} | {round} | {:.3} / {:.3} | {:.3} / {:.3} | {latency:.2} | {:.0} | {:.0} | {throughput:.2} |\n",
+                "| {n} | {round} | {:.3} / {:.3} | {:.3} / {:.3} | {:.3} / {:.3} | {:.0} | {:.0} | {:.0} | {:.2} / {:.2} | {:.2} / {:.2} |\n",
                 ms(plain.p50),
                 ms(plain.p99),
-                ms(fenced.p50),
-                ms(fenced.p99),
+                ms(admit.p50),
+                ms(admit.p99),
+                ms(trigger.p50),
+                ms(trigger.p99),
                 plain.per_sec,
-                fenced.per_sec
+                admit.per_sec,
+                trigger.per_sec,
+                p50(&admit),
+                tput(&admit),
+                p50(&trigger),
+                tput(&trigger),
             ));
             rows.push(json!({
                 "in_flight": n,
                 "round": round,
                 Side::Unfenced.name(): plain.json(),
-                Side::Fenced.name(): fenced.json(),
-                "p50_ratio": latency,
-                "throughput_ratio": throughput,
+                Side::Admit.name(): admit.json(),
+                Side::Trigger.name(): trigger.json(),
+                "admit_p50_ratio": p50(&admit),
+                "admit_throughput_ratio": tput(&admit),
+                "trigger_p50_ratio": p50(&trigger),
+                "trigger_throughput_ratio": tput(&trigger),
             }));
         }
     }
@@ -331,7 +356,11 @@ async fn run(args: &Args, scratch: &Scratch) -> anyhow::Result<()> {
     print!("{md}");
     if let Some(path) = &args.json {
         let report = json!({
-            "transaction": "BEGIN; [SELECT fencing.admit(aisle, token);] UPDATE stock SET qty = qty + 1 WHERE aisle = $1; COMMIT",
+            "transactions": {
+                "unfenced": "BEGIN | UPDATE stock SET qty = qty + 1 WHERE aisle = $1 | COMMIT",
+                "admit": "BEGIN; SELECT fencing.admit(aisle, token) | UPDATE stock … | COMMIT",
+                "trigger": "BEGIN; SET LOCAL fencing.token = token | UPDATE guarded … (protected) | COMMIT",
+            },
             "cells": rows,
             "admit_parts_us": parts.iter().map(|(p, us)| json!({"part": p, "us": us})).collect::<Vec<_>>(),
             "admit_check": check.json(),
