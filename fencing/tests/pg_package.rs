@@ -526,3 +526,105 @@ async fn a_sql_raise_waits_for_a_gateways_write_in_flight() {
     }
     gate.drain().await;
 }
+
+/// What a tenant plants before or around an install runs nothing as the installing role or the
+/// owner (a hostile pass planted each): a `hashtextextended(text, integer)` in `public`, on the
+/// installer's search_path, which the command's own lock call would have resolved to; a
+/// pgcrypto in a schema a tenant may create in (it could replace `hmac`); a `fence_marks` of the
+/// tenant's, with its trigger, which the install would have adopted as the marks. And with the
+/// settings row gone (its compare key NULL) nothing verifies, rather than everything.
+#[tokio::test]
+async fn the_install_trusts_nothing_a_tenant_planted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (keys, k1) = key_file(dir.path(), "k1", &["k1"]);
+
+    let scratch = Scratch::new().await;
+    let (me, app) = (scratch.installer(), scratch.role("app"));
+    let planted = psql(
+        &scratch.admin,
+        &app,
+        &scratch.name,
+        "CREATE TABLE public.loot(who text);
+         GRANT SELECT, INSERT ON public.loot TO PUBLIC;
+         CREATE FUNCTION public.hashtextextended(t text, seed integer) RETURNS bigint
+             LANGUAGE plpgsql AS $$ BEGIN INSERT INTO public.loot VALUES (current_user);
+             RETURN pg_catalog.hashtextextended(t, seed::bigint); END $$;
+         GRANT EXECUTE ON FUNCTION public.hashtextextended(text, integer) TO PUBLIC;",
+        &[],
+        &[],
+    );
+    assert!(!planted.contains("ERROR"), "{planted}");
+    let installed = scratch.install(&[]);
+    assert!(installed.status.success(), "{}", text(&installed));
+    let url = scratch.url();
+    let key_arg = keys.display().to_string();
+    let synced = gateway(&[
+        "pg",
+        "sync-keys",
+        "--database-url",
+        &url,
+        "--key-file",
+        &key_arg,
+    ]);
+    assert!(synced.status.success(), "{}", text(&synced));
+    let db = connect(&url).await;
+    let ran: i64 = db
+        .query_one("SELECT count(*) FROM public.loot", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(ran, 0, "the planted function ran as {me}");
+
+    // The settings row gone: a token is refused, not admitted.
+    let token = k1.mint("aisle-1", Token::new(0, 5));
+    let owner = scratch.role("owner");
+    db.batch_execute(&format!(
+        "SET ROLE {owner}; DELETE FROM fencing.settings; RESET ROLE"
+    ))
+    .await
+    .unwrap();
+    let refused = db
+        .query_one("SELECT fencing.admit('aisle-1', $1)", &[&token])
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code().map(|c| c.code()), Some("55000"), "{refused}");
+
+    // pgcrypto where a tenant may create (app has CREATE on public): refused.
+    let scratch = Scratch::new().await;
+    connect(&scratch.url())
+        .await
+        .batch_execute("CREATE EXTENSION pgcrypto SCHEMA public")
+        .await
+        .unwrap();
+    let refused = scratch.install(&[]);
+    assert!(!refused.status.success(), "{}", text(&refused));
+    assert!(
+        text(&refused).contains("pgcrypto is installed in schema public"),
+        "{}",
+        text(&refused)
+    );
+
+    // A tenant's own fence_marks, with a trigger: not adopted.
+    let scratch = Scratch::new().await;
+    let app = scratch.role("app");
+    let planted = psql(
+        &scratch.admin,
+        &app,
+        &scratch.name,
+        "CREATE TABLE public.fence_marks (resource text PRIMARY KEY, mark bytea NOT NULL);
+         CREATE FUNCTION public.steal() RETURNS trigger LANGUAGE plpgsql AS
+             $$ BEGIN RETURN NEW; END $$;
+         CREATE TRIGGER z BEFORE INSERT OR UPDATE ON public.fence_marks
+             FOR EACH ROW EXECUTE FUNCTION public.steal();",
+        &[],
+        &[],
+    );
+    assert!(!planted.contains("ERROR"), "{planted}");
+    let refused = scratch.install(&[]);
+    assert!(!refused.status.success(), "{}", text(&refused));
+    assert!(
+        text(&refused).contains(&format!("public.fence_marks is owned by {app}")),
+        "{}",
+        text(&refused)
+    );
+}

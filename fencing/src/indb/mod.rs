@@ -135,11 +135,15 @@ async fn connect(url: &str) -> Result<Client, PackageError> {
     Ok(client)
 }
 
-/// Serialises installs, upgrades, removals and key loads of one database.
+/// Starts a command's transaction: its `search_path` fixed to `pg_catalog, pg_temp` (so that
+/// nothing a tenant planted in a schema of the installing role's path — `public`, `"$user"` —
+/// is ever resolved by the command's own statements, run as that role), then serialised with
+/// every other install, upgrade, removal and key load of the database.
 async fn lock(tx: &Transaction<'_>) -> Result<(), PackageError> {
-    tx.execute(
-        "SELECT pg_advisory_xact_lock(hashtextextended('lease-proxy/fencing/package', 0))",
-        &[],
+    tx.batch_execute(
+        "SET LOCAL search_path = pg_catalog, pg_temp;
+         SELECT pg_catalog.pg_advisory_xact_lock(
+             pg_catalog.hashtextextended('lease-proxy/fencing/package', 0::int8))",
     )
     .await
     .map_err(db)?;
@@ -221,14 +225,14 @@ pub async fn install(url: &str, options: &InstallOptions) -> Result<Installed, P
             )))
         }
     }
-    let crypto = pgcrypto_schema(&tx, schema).await?;
+    let crypto = pgcrypto_schema(&tx, schema, &owner).await?;
     let from = installed_version(&tx, schema).await?;
     if from > PACKAGE_VERSION {
         return Err(PackageError::Refused(format!(
             "schema {schema} holds package version {from}, newer than this binary's {PACKAGE_VERSION}: use a newer fence-gateway"
         )));
     }
-    let adopted_from = adopt_gateway_tables(&tx, schema, &owner).await?;
+    let adopted_from = adopt_gateway_tables(&tx, schema, &owner, &options.gateway_roles).await?;
     if owner != me {
         tx.batch_execute(&format!("SET LOCAL ROLE {}", ident(&owner)))
             .await
@@ -306,18 +310,53 @@ pub async fn install(url: &str, options: &InstallOptions) -> Result<Installed, P
     })
 }
 
-/// The schema of pgcrypto, created in the package schema if the database has none.
-async fn pgcrypto_schema(tx: &Transaction<'_>, schema: &str) -> Result<String, PackageError> {
+/// Roles the install trusts with what the package runs as its owner: superusers, the owner
+/// role, the installing role, and the database owner (`pg_database_owner`, which owns `public`
+/// from PostgreSQL 15) if it is one of those. SQL text for `… IN (TRUSTED)`, `$1` the owner.
+const TRUSTED: &str = "SELECT r.oid FROM pg_catalog.pg_roles AS r \
+    WHERE r.rolsuper OR r.rolname = $1 OR r.rolname = current_user \
+    UNION SELECT o.oid FROM pg_catalog.pg_roles AS o, pg_catalog.pg_database AS d \
+    WHERE o.rolname = 'pg_database_owner' AND d.datname = pg_catalog.current_database() \
+      AND d.datdba IN (SELECT t.oid FROM pg_catalog.pg_roles AS t \
+                       WHERE t.rolsuper OR t.rolname = $1 OR t.rolname = current_user)";
+
+/// The schema of pgcrypto, created in the package schema if the database has none. An existing
+/// pgcrypto is used only if it is safe to call as the owner: the extension and its schema owned
+/// by a trusted role ([`TRUSTED`]) and nobody else allowed to create in that schema — else
+/// whoever could replace `hmac` there would forge any token and read the keys.
+async fn pgcrypto_schema(
+    tx: &Transaction<'_>,
+    schema: &str,
+    owner: &str,
+) -> Result<String, PackageError> {
     let found = tx
         .query_opt(
-            "SELECT n.nspname::text FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace \
-             WHERE e.extname = 'pgcrypto'",
-            &[],
+            &format!(
+                "SELECT n.nspname::text,
+                        e.extowner IN ({TRUSTED}) AND n.nspowner IN ({TRUSTED})
+                        AND NOT EXISTS (
+                            SELECT 1 FROM pg_catalog.aclexplode(
+                                coalesce(n.nspacl, pg_catalog.acldefault('n', n.nspowner))) AS a
+                            WHERE a.privilege_type = 'CREATE' AND a.grantee NOT IN ({TRUSTED}))
+                 FROM pg_catalog.pg_extension AS e
+                 JOIN pg_catalog.pg_namespace AS n ON n.oid = e.extnamespace
+                 WHERE e.extname = 'pgcrypto'"
+            ),
+            &[&owner],
         )
         .await
         .map_err(db)?;
     if let Some(row) = found {
-        return Ok(ident(row.get(0)));
+        let (name, safe): (String, bool) = (row.get(0), row.get(1));
+        if !safe {
+            return Err(PackageError::Refused(format!(
+                "pgcrypto is installed in schema {name}, which a role other than a superuser, \
+                 the owner role {owner} or the installing role owns or may create in (it could \
+                 replace hmac there): move it (ALTER EXTENSION pgcrypto SET SCHEMA …) to a \
+                 schema only they control, or drop it and the install creates it in {schema}"
+            )));
+        }
+        return Ok(ident(&name));
     }
     tx.batch_execute(&format!("CREATE EXTENSION pgcrypto SCHEMA {schema}"))
         .await
@@ -336,6 +375,7 @@ async fn adopt_gateway_tables(
     tx: &Transaction<'_>,
     schema: &str,
     owner: &str,
+    gateway_roles: &[String],
 ) -> Result<Option<String>, PackageError> {
     let rows = tx
         .query(
@@ -359,6 +399,9 @@ async fn adopt_gateway_tables(
         ([], _) => Ok(None),
         ([other], false) => {
             for table in GATEWAY_TABLES {
+                refuse_untrusted_table(tx, other, table, owner, gateway_roles).await?;
+            }
+            for table in GATEWAY_TABLES {
                 let exists: bool = tx
                     .query_one(
                         "SELECT to_regclass(format('%I.%I', $1::text, $2::text)) IS NOT NULL",
@@ -376,6 +419,7 @@ async fn adopt_gateway_tables(
                     ))
                     .await
                     .map_err(db)?;
+                    revoke_every_grant(tx, schema, table).await?;
                 }
             }
             Ok(Some(other.clone()))
@@ -390,6 +434,84 @@ async fn adopt_gateway_tables(
             }
         ))),
     }
+}
+
+/// Refuses to adopt `schema.table` unless a trusted role ([`TRUSTED`]) or a gateway role owns
+/// it and it carries nothing that would run code or grant access once it holds the marks: no
+/// triggers, rules or row-security policies (a tenant's table of the same name, planted before
+/// the install, would otherwise keep its trigger on the package's marks).
+async fn refuse_untrusted_table(
+    tx: &Transaction<'_>,
+    schema: &str,
+    table: &str,
+    owner: &str,
+    gateway_roles: &[String],
+) -> Result<(), PackageError> {
+    let row = tx
+        .query_opt(
+            &format!(
+                "SELECT c.relowner::regrole::text,
+                        c.relowner IN ({TRUSTED})
+                        OR c.relowner::regrole::text = ANY($4::text[]),
+                        NOT c.relrowsecurity
+                        AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger AS t
+                                        WHERE t.tgrelid = c.oid AND NOT t.tgisinternal)
+                        AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_rewrite AS w
+                                        WHERE w.ev_class = c.oid)
+                        AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_policy AS p
+                                        WHERE p.polrelid = c.oid)
+                 FROM pg_catalog.pg_class AS c
+                 JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+                 WHERE n.nspname = $2 AND c.relname = $3"
+            ),
+            &[&owner, &schema, &table, &gateway_roles],
+        )
+        .await
+        .map_err(db)?;
+    let Some(row) = row else {
+        return Ok(());
+    };
+    let (table_owner, trusted, plain): (String, bool, bool) = (row.get(0), row.get(1), row.get(2));
+    if !trusted {
+        return Err(PackageError::Refused(format!(
+            "{schema}.{table} is owned by {table_owner}, neither a gateway role (--gateway-role) \
+             nor the owner, the installing role or a superuser: not adopted as the marks"
+        )));
+    }
+    if !plain {
+        return Err(PackageError::Refused(format!(
+            "{schema}.{table} has triggers, rules or row-security policies: not adopted as the \
+             marks; remove them, or merge the marks by hand"
+        )));
+    }
+    Ok(())
+}
+
+/// Revokes every privilege on an adopted table from every role but its (new) owner: the
+/// package grants what each role needs afterwards.
+async fn revoke_every_grant(
+    tx: &Transaction<'_>,
+    schema: &str,
+    table: &str,
+) -> Result<(), PackageError> {
+    let grantees = tx
+        .query(
+            "SELECT DISTINCT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END
+             FROM pg_catalog.pg_class AS c
+             JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace,
+                  pg_catalog.aclexplode(c.relacl) AS a
+             WHERE n.nspname = $1 AND c.relname = $2 AND a.grantee <> c.relowner",
+            &[&schema, &table],
+        )
+        .await
+        .map_err(db)?;
+    for grantee in grantees {
+        let grantee: String = grantee.get(0);
+        tx.batch_execute(&format!("REVOKE ALL ON {schema}.{table} FROM {grantee}"))
+            .await
+            .map_err(db)?;
+    }
+    Ok(())
 }
 
 /// What an uninstall removed.

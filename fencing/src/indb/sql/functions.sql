@@ -124,6 +124,11 @@ BEGIN
     -- constant-time compare, and `=` on bytea stops at the first differing byte; compared this
     -- way, the timing is independent of how much of a forged value is right.
     SELECT s.compare_key INTO compare_key FROM @schema@.settings AS s WHERE s.id = 1;
+    IF compare_key IS NULL THEN
+        -- A comparison under a NULL key would be NULL, and pass: nothing verifies without it.
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = 'the fencing package has no compare key (its settings row is missing)';
+    END IF;
     IF secret IS NULL THEN
         code := '28F02';
         reason := format('fencing token signed with an unknown key %s', quote_literal(parts[2]));
@@ -135,7 +140,7 @@ BEGIN
             || @schema@._be8(era) || @schema@._be8(revision) || tag,
         secret, 'sha256'::text);
     IF @crypto@.hmac(expected, compare_key, 'sha256'::text)
-        <> @crypto@.hmac(mac, compare_key, 'sha256'::text) THEN
+        IS DISTINCT FROM @crypto@.hmac(mac, compare_key, 'sha256'::text) THEN
         code := '28F03';
         reason := 'fencing token signature is invalid';
         RETURN;
@@ -145,7 +150,7 @@ BEGIN
             || convert_to(resource, 'UTF8'),
         secret, 'sha256'::text) FROM 1 FOR 16);
     IF @crypto@.hmac(expected, compare_key, 'sha256'::text)
-        <> @crypto@.hmac(tag, compare_key, 'sha256'::text) THEN
+        IS DISTINCT FROM @crypto@.hmac(tag, compare_key, 'sha256'::text) THEN
         code := '28F04';
         reason := format('fencing token was issued for another resource than %s', quote_literal(resource));
         RETURN;
@@ -286,7 +291,7 @@ BEGIN
             MESSAGE = format('no fencing token presented for resource %s', quote_literal(resource)),
             HINT = 'SET LOCAL fencing.token = ''<token>'' in the writing transaction.';
     END IF;
-    FOREACH wire IN ARRAY regexp_split_to_array(claim, '[\s,]+') LOOP
+    FOREACH wire IN ARRAY regexp_split_to_array(claim, '[[:space:],]+') LOOP
         v := @schema@._verify(resource, wire);
         CONTINUE WHEN v.code = '28F04';
         IF v.code IS NOT NULL THEN
