@@ -4,7 +4,7 @@
 //! | layer | modules | holds |
 //! |---|---|---|
 //! | leaves | `error`, `headers`, `keys`, `metrics`, `audit` | names and writers every layer shares: the error type, header names, the etcd key layout, the metrics, the audit log |
-//! | calls | `etcd`, `upstream` | calls to etcd (bounded calls, batches, keepalive and watch streams) and to the upstream (forwarding's client, the pre-fence) |
+//! | calls | `etcd`, `upstream`, `prefence` | calls to etcd (bounded calls, batches, keepalive and watch streams), to the upstream (forwarding's client) and the pre-fence (at the enforcer, in PostgreSQL) |
 //! | domain | `lease` | leases, sessions, the event feed and the local view: what a grant is and how it changes |
 //! | callers | `auth` | who calls: bearer tokens and client certificates to principals, and their permissions |
 //! | fronts | `api`, `v3`, `grpc`, `forward` | the `/v1` HTTP API, the etcd-compatible core and its JSON and gRPC fronts, the holder's forwarded writes |
@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 /// The layers, lowest first (see the table above).
 const LAYERS: &[(&str, &[&str])] = &[
     ("leaves", &["error", "headers", "keys", "metrics", "audit"]),
-    ("calls", &["etcd", "upstream"]),
+    ("calls", &["etcd", "upstream", "prefence"]),
     ("domain", &["lease"]),
     ("callers", &["auth"]),
     ("fronts", &["api", "v3", "grpc", "forward"]),
