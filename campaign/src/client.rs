@@ -327,9 +327,10 @@ impl Clients {
     }
 
     /// A client free of other faults that holds a resource (by `choice`), and that resource.
+    /// Not a [`mutex`] client: those take no quirks, and this one is armed with one.
     pub fn holder(&self, choice: u64) -> Option<(Arc<Handle>, String)> {
         let running = self.running.lock().ok()?;
-        let (handle, _) = &running[pick_victim(&running, choice, |h| !h.busy())?];
+        let (handle, _) = &running[pick_victim(&running, choice, |h| !h.busy() && !h.mutex)?];
         let resource = handle.holding()?;
         Some((handle.clone(), resource))
     }
