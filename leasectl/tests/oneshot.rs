@@ -241,6 +241,35 @@ async fn prints_completions_and_a_man_page() {
     }
 }
 
+type Lines = tokio::io::Lines<BufReader<tokio::process::ChildStdout>>;
+
+/// Waits until a just-started `leasectl watch` of `prefix` is watching: a watch "from now"
+/// sees only what happens after its stream opened, and the process opens it when it gets to.
+/// Acquires and releases `{prefix}probe` until the watch prints that release, reading past the
+/// probes' own earlier lines, so that the lines after it are the test's.
+async fn until_watching(stack: &Stack, lines: &mut Lines, prefix: &str) {
+    let probe = format!("{prefix}probe");
+    for _ in 0..20 {
+        let (status, grant) = stack.acquire(&probe, "probe", 30, 0).await;
+        assert_eq!(status, 201, "{grant}");
+        let secret = grant["secret"].as_str().unwrap();
+        let (code, _, err) = stack.run(&["release", &probe, "--secret", secret]).await;
+        assert_eq!(code, 0, "{err}");
+        while let Ok(line) = tokio::time::timeout(Duration::from_secs(1), lines.next_line()).await {
+            let event = json(&line.unwrap().expect("the watch ended"));
+            assert_eq!(
+                event["resource"],
+                probe.as_str(),
+                "a line before the test's"
+            );
+            if event["type"] == "released" && event["token"] == grant["token"] {
+                return;
+            }
+        }
+    }
+    panic!("the watch printed no probe in 20 tries");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_prints_events_as_json_lines() {
     let stack = Stack::start().await;
@@ -249,7 +278,7 @@ async fn watch_prints_events_as_json_lines() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    until_watching(&stack, &mut lines, "dock-").await;
     let (status, grant) = stack.acquire("dock-1", "crane", 30, 0).await;
     assert_eq!(status, 201);
     stack.acquire("other-1", "crane", 30, 0).await;
@@ -292,6 +321,7 @@ async fn watch_resumes_after_the_last_event_id() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    until_watching(&stack, &mut lines, "dock-").await;
     let (code, _, _) = stack
         .run(&[
             "release",
