@@ -52,6 +52,10 @@ pub enum Control {
     /// a fencing token (`/v3/lock/token`): they write straight to the storage, unfenced; client
     /// pauses go for them.
     UnexchangedLocks,
+    /// In the [`Marks::InDatabase`] deployment, the table is never protected
+    /// (`fencing.protect`): the SQL clients present their tokens and the proxies raise the
+    /// marks, but nothing in the database checks a write.
+    TriggerRemoved,
 }
 
 /// Which faults a run draws from.
@@ -114,6 +118,9 @@ pub enum Marks {
     Postgres,
     /// One gateway on a SQLite file.
     Sqlite,
+    /// No gateway: the storage is a private PostgreSQL fenced inside the database, written by
+    /// SQL clients in their own transactions ([`crate::indb`]).
+    InDatabase,
 }
 
 /// What the deployment is made of, besides the control.
@@ -150,7 +157,7 @@ impl Shape {
     /// SQLite, two sharing PostgreSQL.
     pub fn gateways(&self) -> usize {
         match (self.control, self.marks) {
-            (Control::NoFencing, _) => 0,
+            (Control::NoFencing, _) | (_, Marks::InDatabase) => 0,
             (Control::MemoryMarks, _) | (_, Marks::Sqlite) => 1,
             (_, Marks::Postgres) => 2,
         }
@@ -185,7 +192,13 @@ pub struct Proc {
 }
 
 impl Proc {
-    fn new(name: &str, program: PathBuf, args: Vec<String>, dir: &Path, ready_url: String) -> Self {
+    pub(crate) fn new(
+        name: &str,
+        program: PathBuf,
+        args: Vec<String>,
+        dir: &Path,
+        ready_url: String,
+    ) -> Self {
         Self {
             name: name.to_owned(),
             program,

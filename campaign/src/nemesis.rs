@@ -25,6 +25,10 @@ pub enum Fault {
     ClientKill,
     /// A client stops dead beyond its TTL, then writes.
     ClientPause,
+    /// A SQL client stops dead beyond its TTL with its write's transaction open (the row
+    /// written, the token admitted), then commits ([`crate::indb`]; elsewhere, a
+    /// [`Fault::ClientPause`]).
+    ClientPauseInTransaction,
     /// SIGKILL-equivalent of a client mid-request: its task (clients are in-process tasks) is
     /// aborted while one of its writes is in flight.
     ClientAbortMidRequest,
@@ -256,6 +260,7 @@ impl Fault {
             self,
             Fault::ClientKill
                 | Fault::ClientPause
+                | Fault::ClientPauseInTransaction
                 | Fault::ClientAbortMidRequest
                 | Fault::ClientGiveUpMidBody
                 | Fault::ClientGiveUpAwaitingAnswer
@@ -276,7 +281,7 @@ async fn inject(step: &Step, cluster: &Cluster, clients: &Clients, log: &Log, st
     match fault {
         Fault::ClientKill => hit = clients.kill_one(step.target),
         Fault::ClientAbortMidRequest => hit = clients.abort_mid_request(step.target).await,
-        Fault::ClientPause => {
+        Fault::ClientPause | Fault::ClientPauseInTransaction => {
             hit = clients.pause_one(step.target, hold);
             tokio::time::sleep(hold).await;
         }

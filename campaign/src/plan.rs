@@ -131,6 +131,70 @@ impl Plan {
     }
 }
 
+impl Plan {
+    /// The plan of a [`Marks::InDatabase`](crate::cluster::Marks) run ([`crate::indb`]): from
+    /// 2–4 s on, every 3–6 s, a database or proxy fault (every client's or every proxy's
+    /// sessions terminated, PostgreSQL crashed and restarted, a proxy killed and restarted);
+    /// from 0.5–1.5 s on, every 0.6–1.4 s, a client fault — mostly holders stopped dead beyond
+    /// their TTL before a write or with one's transaction open.
+    pub fn in_database(seed: u64, chaos: Duration) -> Self {
+        const INFRASTRUCTURE: [(Fault, u32); 3] = [
+            (Fault::PgTerminateSessions, 3),
+            (Fault::PgRestart, 2),
+            (Fault::ProxyKill, 1),
+        ];
+        const CLIENT: [(Fault, u32); 4] = [
+            (Fault::ClientPause, 3),
+            (Fault::ClientPauseInTransaction, 3),
+            (Fault::ClientKill, 1),
+            (Fault::ClientAbortMidRequest, 1),
+        ];
+        let until = u64::try_from(chaos.as_millis()).unwrap_or(u64::MAX);
+        let schedule =
+            |rng: &mut StdRng, kinds: &[(Fault, u32)], first: (u64, u64), gap: (u64, u64)| {
+                let mut steps = Vec::new();
+                let mut now = rng.random_range(first.0..first.1);
+                while now < until {
+                    let fault = kinds
+                        .choose_weighted(rng, |(_, w)| *w)
+                        .map_or(kinds[0].0, |(f, _)| *f);
+                    let hold_ms = match fault {
+                        Fault::ClientPause | Fault::ClientPauseInTransaction => {
+                            crate::client::TTL_SECONDS * 1000 + rng.random_range(500..3000)
+                        }
+                        Fault::PgRestart => rng.random_range(300..1500),
+                        Fault::ProxyKill => rng.random_range(500..1500),
+                        _ => 0,
+                    };
+                    steps.push(Step {
+                        at_ms: now,
+                        fault,
+                        target: rng.random(),
+                        hold_ms,
+                        delay_ms: 0,
+                    });
+                    now += rng.random_range(gap.0..gap.1);
+                }
+                steps
+            };
+        Self {
+            seed,
+            infrastructure: schedule(
+                &mut stream(seed, "in-database", 0),
+                &INFRASTRUCTURE,
+                (2000, 4000),
+                (3000, 6000),
+            ),
+            clients: schedule(
+                &mut stream(seed, "in-database-clients", 0),
+                &CLIENT,
+                (500, 1500),
+                (600, 1400),
+            ),
+        }
+    }
+}
+
 /// How long the deployment is left alone, once every infrastructure kind has been met, for a
 /// client stalling mid-write (its window: the lease lapses within [`crate::client::TTL_SECONDS`],
 /// it gives up soon after, its slow write is applied [`crate::client::SLOW_WRITE`] after it was

@@ -184,11 +184,23 @@ impl Postgres {
     /// role and database, every session tagged with `application_name` so that
     /// [`terminate_sessions`](Self::terminate_sessions) can pick them out.
     pub fn url(&self, application_name: &str) -> String {
+        self.url_as(GATEWAY_ROLE, application_name)
+    }
+
+    /// A URL to the gateways' database as `role` (trusted: no password), sessions tagged with
+    /// `application_name`.
+    pub fn url_as(&self, role: &str, application_name: &str) -> String {
         format!(
-            "postgres://{GATEWAY_ROLE}@127.0.0.1:{}/{GATEWAY_ROLE}?application_name={}",
+            "postgres://{role}@127.0.0.1:{}/{GATEWAY_ROLE}?application_name={}",
             self.port,
             percent_encode(application_name)
         )
+    }
+
+    /// [`url_as`](Self::url_as) the superuser, as this module's own sessions are
+    /// ([`terminate_sessions`](Self::terminate_sessions) spares them).
+    pub fn superuser_url(&self) -> String {
+        self.url_as("postgres", ADMIN_APPLICATION)
     }
 
     /// Terminates every session whose application name starts with `application_name_prefix`
@@ -322,6 +334,8 @@ impl Postgres {
                 .arg(self.data.parent().unwrap_or(&self.data))
                 .args(["-c", "listen_addresses=127.0.0.1"])
                 .args(["-c", "fsync=on"])
+                // The in-database deployment orders its table's rows by commit time.
+                .args(["-c", "track_commit_timestamp=on"])
                 .args(["-c", "max_connections=200"]);
             if self.version.first().is_some_and(|major| *major >= 14) {
                 // Crash recovery first fsyncs every file of the data directory (seconds, about

@@ -66,6 +66,9 @@ impl Settings {
     /// The plan this run follows.
     pub fn plan(&self) -> Plan {
         let shape = self.shape();
+        if self.marks == Marks::InDatabase {
+            return Plan::in_database(self.seed, self.chaos());
+        }
         match self.faults {
             Faults::All => Plan::generate(
                 self.seed,
@@ -209,6 +212,9 @@ pub struct IdleProbe {
 
 /// Runs once.
 pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
+    if settings.marks == Marks::InDatabase {
+        return crate::indb::run_once(settings).await;
+    }
     let plan = settings.plan();
     eprintln!(
         "campaign run: seed {} ({:?}, {} s)",
@@ -356,6 +362,52 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
         ));
     }
 
+    Ok(report(
+        settings,
+        shape.gateways(),
+        Observed {
+            plan,
+            started,
+            healed,
+            events,
+            applied,
+            faults,
+            probes,
+            violations,
+            idle,
+            hostile: Some(hostile_stats),
+        },
+    ))
+}
+
+/// What a run saw, for its [`Report`].
+pub(crate) struct Observed {
+    pub(crate) plan: Plan,
+    pub(crate) started: Instant,
+    pub(crate) healed: Instant,
+    pub(crate) events: Vec<Event>,
+    pub(crate) applied: Vec<crate::storage::Applied>,
+    pub(crate) faults: Vec<Injected>,
+    pub(crate) probes: Vec<nemesis::Probe>,
+    pub(crate) violations: Vec<String>,
+    pub(crate) idle: Option<IdleProbe>,
+    pub(crate) hostile: Option<hostile::Stats>,
+}
+
+/// The report of a run of `settings` on a deployment with `gateways` enforcers.
+pub(crate) fn report(settings: &Settings, gateways: usize, seen: Observed) -> Report {
+    let Observed {
+        plan,
+        started,
+        healed,
+        events,
+        applied,
+        faults,
+        probes,
+        violations,
+        idle,
+        hostile,
+    } = seen;
     let writes = || events.iter().filter(|e| e.kind.is_write());
     let (takeover, with_leader) = takeovers(&events, &faults);
     let after: Vec<&Event> = writes().filter(|e| e.invoked >= healed).collect();
@@ -365,14 +417,14 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
         .filter(|e| e.outcome == Outcome::Indeterminate)
         .map(|e| (e.client.as_str(), e.op))
         .collect();
-    Ok(Report {
+    Report {
         control: settings.control,
         seed: settings.seed,
         duration_ms: ms(settings.duration),
         final_phase_ms: ms(settings.final_phase),
         processing_ms: (ms(settings.processing.0), ms(settings.processing.1)),
         marks: settings.marks,
-        gateways: shape.gateways(),
+        gateways,
         faults_drawn: settings.faults,
         clients: settings.clients,
         resources: settings.resources,
@@ -426,8 +478,8 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
             ok_after as f64 / after.len() as f64
         },
         idle,
-        hostile: Some(hostile_stats),
-    })
+        hostile,
+    }
 }
 
 /// The client that uses the idle replica, and its resource (no other client competes for it).
