@@ -19,6 +19,10 @@
 //! transaction presented (a column defaulting to the `fencing.token` setting), read back with
 //! the proxies' keys. The checker ([`checker::violations`]) judges that log like the recording
 //! storage's; the control [`Control::TriggerRemoved`] leaves the table unprotected.
+//!
+//! Over 500 lines for now: the deployment, its SQL clients and their nemesis were written as one
+//! unit; the clients (from `struct Env` on) are to move to a module of their own, as
+//! [`crate::client`] is for the HTTP deployment.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
