@@ -53,6 +53,7 @@ def pg_warehouse(workdir: Path, etcd: Etcd, key_file: Path) -> Iterator[dict]:
             admin.execute(f"GRANT {roles['owner']} TO CURRENT_USER")
             for role in ("robot", "proxy"):
                 admin.execute(f"CREATE ROLE {roles[role]} LOGIN PASSWORD '{password}'")
+            admin.execute(f"GRANT {roles['robot']} TO CURRENT_USER")  # to see its sessions' state
         gateway = binary("FENCE_GATEWAY_BIN", "fence-gateway")
         for command in (
             ["install", "--database-url", installer, "--owner", roles["owner"],
@@ -92,7 +93,13 @@ def pg_warehouse(workdir: Path, etcd: Etcd, key_file: Path) -> Iterator[dict]:
             "lease-proxy",
             workdir / "pg-robot-proxy.log",
         )
-        yield {"proxy": proxy, "inventory": inventory, "robot_url": url(roles["robot"]), "db": installer}
+        yield {
+            "proxy": proxy,
+            "inventory": inventory,
+            "robot_url": url(roles["robot"]),
+            "robot_role": roles["robot"],
+            "db": installer,
+        }
     finally:
         for p in reversed(processes):
             stop(p)
@@ -116,6 +123,22 @@ def rows(warehouse: dict, aisles: List[str]) -> List[tuple]:
 def mark(warehouse: dict, aisle: str) -> str:
     with psycopg.connect(warehouse["db"], autocommit=True) as c:
         return c.execute("SELECT fencing.mark(%s)", [aisle]).fetchone()[0]
+
+
+def pause_between_writes(warehouse: dict, robot: Robot) -> None:
+    """SIGSTOPs the robot right after a committed write, with no transaction of its open (one
+    left open would hold the new holder's pre-fence back: the proxy would withdraw its grants)."""
+    while True:
+        robot.expect("event write-ok")
+        robot.process.send_signal(signal.SIGSTOP)
+        with psycopg.connect(warehouse["db"], autocommit=True) as c:
+            busy = c.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE usename = %s AND state <> 'idle'",
+                [warehouse["robot_role"]],
+            ).fetchone()[0]
+        if busy == 0:
+            return
+        robot.process.send_signal(signal.SIGCONT)
 
 
 def take_over(proxy: str, aisle: str, holder: str, within: float = 20.0) -> dict:
@@ -177,8 +200,7 @@ def test_a_paused_pg_robot_s_late_write_is_refused_by_the_database(pg_warehouse:
         "--updates", "40", "--count-time", "1.0", "--careless",
     )
     old_token = int(robot.expect("event acquired").split()[3])
-    robot.expect("event write-ok")  # committed; now counting, with no transaction open
-    robot.process.send_signal(signal.SIGSTOP)
+    pause_between_writes(pg_warehouse, robot)
     try:
         grant = take_over(pg_warehouse["proxy"], aisle, "new")
         assert int(grant["token"]) > old_token
