@@ -115,11 +115,11 @@ def warehouse(workdir: Path, etcd: Etcd, key_file: Path) -> Iterator[dict]:
 
 
 class Robot:
-    """robot.py as a child process; its ``event`` lines arrive on a queue."""
+    """robot.py (or another robot ``script``) as a child process; its ``event`` lines arrive on a queue."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, script: Path = ROBOT) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, str(ROBOT), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            [sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         self.lines: "queue.Queue[str]" = queue.Queue()
         self.seen: List[str] = []

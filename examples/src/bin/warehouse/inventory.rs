@@ -7,6 +7,13 @@
 //! `Fencing-Resource` and one `Fencing-Token` with every write it admits; a write whose path names
 //! another aisle, or that comes with no or several of either header, is refused here with 403 —
 //! defence in depth, and the only binding of path to resource when the gateway runs in header mode.
+//!
+//! With `--fence-in-db` (PostgreSQL only) the inventory does not trust the token either: the
+//! in-database fencing package (docs/POSTGRES.md) protects the `applied` table, its resource the
+//! row's `aisle`, and every write presents the `Fencing-Token` in its own transaction (`SET LOCAL
+//! fencing.token`). So writers that go straight to the database — the Python psycopg robot,
+//! `examples/python/pg_robot.py` — and the robots that go through the inventory are fenced by the
+//! same marks, in the same table; a stale token is refused by the database (409 here).
 
 use std::sync::{Arc, Mutex};
 
@@ -28,6 +35,14 @@ pub(crate) struct Args {
     /// `sqlite:PATH` (default) or a `postgres://` URL.
     #[arg(long, default_value = "sqlite:warehouse.db")]
     db: String,
+    /// Fence in the database (`--db postgres://…` with the in-database package installed and
+    /// its keys synced): protect the `applied` table at start and present each write's
+    /// `Fencing-Token` in the write's transaction. The role of `--db` must own the table.
+    #[arg(long)]
+    fence_in_db: bool,
+    /// The in-database package's schema, for `--fence-in-db`.
+    #[arg(long, default_value = "fencing", requires = "fence_in_db")]
+    fencing_schema: String,
     /// Serve HTTPS with this certificate (PEM), with `--tls-key`.
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<std::path::PathBuf>,
@@ -56,14 +71,46 @@ pub(crate) struct Count {
 enum Db {
     Sqlite(Mutex<rusqlite::Connection>),
     Postgres(tokio_postgres::Client),
+    /// `--fence-in-db`: one transaction at a time on the connection.
+    Fenced(tokio::sync::Mutex<tokio_postgres::Client>),
+}
+
+/// Why a write was not recorded.
+enum Refusal {
+    /// The database's fencing refused the token: its SQLSTATE (`23F01`, `28F0x`) and message.
+    Fenced(String, String),
+    Failed(Failure),
+}
+
+impl<E: Into<Failure>> From<E> for Refusal {
+    fn from(e: E) -> Self {
+        let e: Failure = e.into();
+        match e
+            .downcast_ref::<tokio_postgres::Error>()
+            .and_then(|e| e.as_db_error())
+        {
+            Some(db)
+                if ["23F", "28F"]
+                    .iter()
+                    .any(|c| db.code().code().starts_with(c)) =>
+            {
+                Refusal::Fenced(db.code().code().to_owned(), db.message().to_owned())
+            }
+            _ => Refusal::Failed(e),
+        }
+    }
 }
 
 impl Db {
-    async fn open(url: &str) -> Result<Self, Failure> {
+    async fn open(args: &Args) -> Result<Self, Failure> {
         const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS applied (
             seq INTEGER PRIMARY KEY, aisle TEXT NOT NULL, robot TEXT NOT NULL,
             revision BIGINT NOT NULL, count BIGINT NOT NULL)";
+        let url = &args.db;
         if let Some(path) = url.strip_prefix("sqlite:") {
+            if args.fence_in_db {
+                return Err("--fence-in-db needs a postgres:// --db".into());
+            }
             let conn = rusqlite::Connection::open(path)?;
             conn.execute_batch(SCHEMA)?;
             return Ok(Db::Sqlite(Mutex::new(conn)));
@@ -73,7 +120,20 @@ impl Db {
         client
             .batch_execute(&SCHEMA.replace("seq INTEGER PRIMARY KEY", "seq BIGSERIAL PRIMARY KEY"))
             .await?;
-        Ok(Db::Postgres(client))
+        if !args.fence_in_db {
+            return Ok(Db::Postgres(client));
+        }
+        // Every row's resource is its aisle: the name the robots lease.
+        let schema = &args.fencing_schema;
+        if schema.is_empty() || !schema.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
+            return Err(
+                format!("--fencing-schema: `{schema}` is not a lowercase identifier").into(),
+            );
+        }
+        client
+            .execute(&format!("SELECT {schema}.protect('applied', 'aisle')"), &[])
+            .await?;
+        Ok(Db::Fenced(tokio::sync::Mutex::new(client)))
     }
 
     async fn append(
@@ -82,7 +142,8 @@ impl Db {
         robot: &str,
         revision: i64,
         count: i64,
-    ) -> Result<(), Failure> {
+        token: &str,
+    ) -> Result<(), Refusal> {
         const INSERT: &str = "INSERT INTO applied (aisle, robot, revision, count) VALUES ";
         match self {
             Db::Sqlite(conn) => {
@@ -99,6 +160,19 @@ impl Db {
                         &[&aisle, &robot, &revision, &count],
                     )
                     .await?;
+            }
+            Db::Fenced(client) => {
+                let mut client = client.lock().await;
+                let tx = client.transaction().await?;
+                // SET LOCAL fencing.token = '…': the protected table's trigger verifies it.
+                tx.execute("SELECT set_config('fencing.token', $1, true)", &[&token])
+                    .await?;
+                tx.execute(
+                    &format!("{INSERT} ($1, $2, $3, $4)"),
+                    &[&aisle, &robot, &revision, &count],
+                )
+                .await?;
+                tx.commit().await?;
             }
         }
         Ok(())
@@ -121,25 +195,31 @@ impl Db {
                 })?;
                 Ok(rows.collect::<Result<_, _>>()?)
             }
-            Db::Postgres(client) => Ok(client
-                .query(SELECT, &[])
-                .await?
-                .iter()
-                .map(|r| Applied {
-                    seq: r.get(0),
-                    aisle: r.get(1),
-                    robot: r.get(2),
-                    revision: r.get(3),
-                    count: r.get(4),
-                })
-                .collect()),
+            Db::Postgres(client) => pg_log(client).await,
+            Db::Fenced(client) => pg_log(&*client.lock().await).await,
         }
     }
 }
 
+async fn pg_log(client: &tokio_postgres::Client) -> Result<Vec<Applied>, Failure> {
+    const SELECT: &str = "SELECT seq, aisle, robot, revision, count FROM applied ORDER BY seq";
+    Ok(client
+        .query(SELECT, &[])
+        .await?
+        .iter()
+        .map(|r| Applied {
+            seq: r.get(0),
+            aisle: r.get(1),
+            robot: r.get(2),
+            revision: r.get(3),
+            count: r.get(4),
+        })
+        .collect())
+}
+
 /// Serves the inventory until killed.
 pub(crate) async fn serve(args: Args) -> Result<std::process::ExitCode, Failure> {
-    let db = Arc::new(Db::open(&args.db).await?);
+    let db = Arc::new(Db::open(&args).await?);
     let app = Router::new()
         .route("/aisles/{aisle}/count", put(record))
         .route("/log", get(log))
@@ -198,9 +278,23 @@ async fn record(
     let Some(revision) = token.split('.').nth(3).and_then(|r| r.parse::<i64>().ok()) else {
         return refused("malformed Fencing-Token");
     };
-    match db.append(&aisle, &count.robot, revision, count.count).await {
+    match db
+        .append(&aisle, &count.robot, revision, count.count, token)
+        .await
+    {
         Ok(()) => (StatusCode::OK, "recorded").into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+        // As fence-gateway answers the same refusals.
+        Err(Refusal::Fenced(code, message)) => {
+            let (status, slug) = match code.as_str() {
+                "23F01" => (StatusCode::CONFLICT, "stale-fencing-token"),
+                "28F04" => (StatusCode::FORBIDDEN, "wrong-resource-fencing-token"),
+                _ => (StatusCode::UNAUTHORIZED, "invalid-fencing-token"),
+            };
+            problem(status, slug, &message)
+        }
+        Err(Refusal::Failed(e)) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response()
+        }
     }
 }
 
@@ -215,14 +309,19 @@ fn single<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
 
 /// 403 problem+json: the write does not carry what the gateway verifies for the aisle it names.
 fn refused(detail: &str) -> Response {
+    problem(StatusCode::FORBIDDEN, "fencing-resource-mismatch", detail)
+}
+
+/// A problem+json answer of `status`, typed `slug`.
+fn problem(status: StatusCode, slug: &str, detail: &str) -> Response {
     let body = serde_json::json!({
-        "type": format!("{}fencing-resource-mismatch", fencing::layer::PROBLEM_BASE),
-        "title": "Forbidden",
-        "status": 403,
+        "type": format!("{}{slug}", fencing::layer::PROBLEM_BASE),
+        "title": status.canonical_reason().unwrap_or("Refused"),
+        "status": status.as_u16(),
         "detail": detail,
     });
     (
-        StatusCode::FORBIDDEN,
+        status,
         [(header::CONTENT_TYPE, "application/problem+json")],
         body.to_string(),
     )
