@@ -197,10 +197,10 @@ impl Deployment {
 
     /// The table in commit order, each row's commit time on the run's clock.
     async fn applied(&self, start: &Anchor, end: Anchor) -> anyhow::Result<Vec<Applied>> {
-        let admin = connect(&self.postgres.superuser_url()).await?;
+        let admin = connect(&self.postgres.superuser_url().parse()?).await?;
         let rows = tokio::time::timeout(
             SQL_TIMEOUT * 10,
-            admin.query(
+            admin.client.query(
                 "SELECT resource, client, op, coalesce(token, ''), \
                      extract(epoch FROM pg_xact_commit_timestamp(xmin))::float8 AS committed \
                  FROM items ORDER BY committed, id",
@@ -234,8 +234,9 @@ impl Deployment {
 /// Installs the package (writers: [`WRITER`]), loads the keys and creates the table, protected
 /// unless the control says otherwise, as the superuser.
 async fn prepare(url: &str, key_file: &std::path::Path, control: Control) -> anyhow::Result<()> {
-    let admin = connect(url).await?;
+    let admin = connect(&url.parse()?).await?;
     admin
+        .client
         .batch_execute(&format!("CREATE ROLE {WRITER} LOGIN"))
         .await?;
     let options = InstallOptions {
@@ -247,6 +248,7 @@ async fn prepare(url: &str, key_file: &std::path::Path, control: Control) -> any
     fencing::indb::install(url, &options).await?;
     fencing::indb::sync_keys(url, SCHEMA, key_file).await?;
     admin
+        .client
         .batch_execute(&format!(
             "CREATE TABLE items (id bigserial PRIMARY KEY, resource text NOT NULL, \
                  client text NOT NULL, op bigint NOT NULL, \
@@ -257,21 +259,11 @@ async fn prepare(url: &str, key_file: &std::path::Path, control: Control) -> any
         .await?;
     if control != Control::TriggerRemoved {
         admin
+            .client
             .batch_execute(&format!("SELECT {SCHEMA}.protect('items', 'resource')"))
             .await?;
     }
     Ok(())
-}
-
-async fn connect(url: &str) -> anyhow::Result<tokio_postgres::Client> {
-    let (client, connection) = tokio::time::timeout(
-        SQL_TIMEOUT,
-        tokio_postgres::connect(url, tokio_postgres::NoTls),
-    )
-    .await
-    .context("connecting to PostgreSQL timed out")??;
-    tokio::spawn(connection);
-    Ok(client)
 }
 
 /// The run's monotonic clock and the wall clock PostgreSQL stamps commits with, read together.
@@ -792,7 +784,7 @@ async fn write(
         config
             .application_name(format!("{CLIENT_SESSIONS}{}", me.name))
             .connect_timeout(SQL_TIMEOUT);
-        *db = connect_owned(&config).await;
+        *db = connect(&config).await.ok();
     }
     let client = &db.as_ref()?.client;
     let op = env.op();
@@ -874,14 +866,14 @@ fn status(e: &tokio_postgres::Error) -> u16 {
     }
 }
 
-async fn connect_owned(config: &tokio_postgres::Config) -> Option<Db> {
+/// A connection within [`SQL_TIMEOUT`], its task owned by the [`Db`].
+async fn connect(config: &tokio_postgres::Config) -> anyhow::Result<Db> {
     let (client, connection) =
         tokio::time::timeout(SQL_TIMEOUT, config.connect(tokio_postgres::NoTls))
             .await
-            .ok()?
-            .ok()?;
+            .context("connecting to PostgreSQL timed out")??;
     let task = tokio::spawn(async move {
         let _ = connection.await;
     });
-    Some(Db { client, task })
+    Ok(Db { client, task })
 }
