@@ -440,13 +440,46 @@ fn shape(s: &str) -> String {
             let tail = &w[bare.len()..];
             if bare.len() >= 12 && bare.chars().all(|c| c.is_ascii_hexdigit()) {
                 format!("ID{tail}")
-            } else if bare.ends_with("ms") && bare.starts_with(|c: char| c.is_ascii_digit()) {
+            } else if is_go_duration(bare) {
                 format!("TIME{tail}")
             } else {
                 w.to_owned()
             }
         })
         .collect()
+}
+
+/// A Go `time.Duration` as printed: "730.989µs", "1.2ms", "3s", "1m2.5s".
+fn is_go_duration(word: &str) -> bool {
+    let units = ["ns", "µs", "us", "ms", "h", "m", "s"];
+    let mut rest = word;
+    let mut parts = 0;
+    while !rest.is_empty() {
+        let number = rest.len()
+            - rest
+                .trim_start_matches(|c: char| c.is_ascii_digit() || c == '.')
+                .len();
+        if number == 0 {
+            return false;
+        }
+        rest = &rest[number..];
+        match units.iter().find(|u| rest.starts_with(**u)) {
+            Some(unit) => rest = &rest[unit.len()..],
+            None => return false,
+        }
+        parts += 1;
+    }
+    parts > 0
+}
+
+#[test]
+fn every_go_duration_is_shaped() {
+    for took in ["730.989µs", "1.2ms", "3s", "1m2.5s", "850ns"] {
+        assert_eq!(shape(&format!("took = {took}")), "took = TIME", "{took}");
+    }
+    for word in ["ms", "12", "1.5x", "m/"] {
+        assert_eq!(shape(word), word);
+    }
 }
 
 /// One side's run of etcdctl's streaming commands: watch, lock by two processes at once, elect.
