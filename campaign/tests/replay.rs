@@ -43,9 +43,10 @@ fn committed_seeds_reproduce_their_schedules() {
                 gateway: shape.gateways() > 0,
                 postgres: shape.on_postgres(),
             };
-            let plan = match faults {
-                Faults::All => Plan::generate(seed, chaos, parts),
-                Faults::PausedAdmissions => Plan::paused_admissions(seed, chaos),
+            let plan = match (marks, faults) {
+                (Marks::InDatabase, _) => Plan::in_database(seed, chaos),
+                (_, Faults::All) => Plan::generate(seed, chaos, parts),
+                (_, Faults::PausedAdmissions) => Plan::paused_admissions(seed, chaos),
             };
             assert_eq!(plan, recorded, "{}: seed {seed}", path.display());
 

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator, List
 from urllib.parse import urlsplit
@@ -65,7 +66,7 @@ def pg_warehouse(workdir: Path, etcd: Etcd, key_file: Path) -> Iterator[dict]:
         processes.append(
             spawn(
                 [binary("WAREHOUSE_BIN", "warehouse"), "inventory", "--listen", inventory[7:],
-                 "--db", installer, "--fence-in-db"],
+                 "--db", installer, "--fence-in-db", "--db-timeout", "5s"],
                 workdir / "pg-inventory.log",
             )
         )
@@ -139,6 +140,15 @@ def pause_between_writes(warehouse: dict, robot: Robot) -> None:
         if busy == 0:
             return
         robot.process.send_signal(signal.SIGCONT)
+
+
+def waiting_on_a_lock(warehouse: dict) -> int:
+    """The inventory's sessions (the installing role's, not this one) waiting on a lock."""
+    with psycopg.connect(warehouse["db"], autocommit=True) as c:
+        return c.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        ).fetchone()[0]
 
 
 def take_over(proxy: str, aisle: str, holder: str, within: float = 20.0) -> dict:
@@ -232,3 +242,28 @@ def test_the_inventory_presents_the_token_to_the_database(pg_warehouse: dict) ->
     other = put_count(pg_warehouse, aisle, take_over(pg_warehouse["proxy"], f"{aisle}-x", "c")["fencing_token"], "c")
     assert other.status_code == 403, other.text  # a genuine token of another aisle
     assert [(r[2], r[3]) for r in rows(pg_warehouse, [aisle])] == [("b", int(second["token"]))]
+
+
+def test_a_write_held_up_on_one_aisle_holds_up_no_other_and_answers_503_once_late(pg_warehouse: dict) -> None:
+    """The inventory writes on a pool, each write within ``--db-timeout`` (5 s here): while one
+    aisle's mark row is locked (as an old holder's open raise holds it), another aisle's write
+    goes through, and the held one is answered 503 at its deadline, rolled back."""
+    name = f"py-{uuid.uuid4().hex[:10]}"
+    held, free = f"{name}-held", f"{name}-free"
+    grants = {a: take_over(pg_warehouse["proxy"], a, "h") for a in (held, free)}
+    with psycopg.connect(pg_warehouse["db"]) as blocker:  # a transaction, left open
+        blocker.execute("SELECT 1 FROM fencing.fence_marks WHERE resource = %s FOR UPDATE", [held])
+        with ThreadPoolExecutor(1) as pool:
+            late = pool.submit(put_count, pg_warehouse, held, grants[held]["fencing_token"], "h")
+            wait_until(lambda: waiting_on_a_lock(pg_warehouse) == 1, 10, "the held write")
+            # on one connection for every write, this one would wait behind the held one
+            other = put_count(pg_warehouse, free, grants[free]["fencing_token"], "h")
+            assert other.status_code == 200, other.text
+            assert waiting_on_a_lock(pg_warehouse) == 1 and not late.done()
+            answer = late.result()
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["type"].endswith("/storage-unavailable"), answer.text
+        blocker.rollback()
+    assert [r[1] for r in rows(pg_warehouse, [held, free])] == [free]
+    again = put_count(pg_warehouse, held, grants[held]["fencing_token"], "h")
+    assert again.status_code == 200, again.text

@@ -13,9 +13,15 @@
 //! row's `aisle`, and every write presents the `Fencing-Token` in its own transaction (`SET LOCAL
 //! fencing.token`). So writers that go straight to the database — the Python psycopg robot,
 //! `examples/python/pg_robot.py` — and the robots that go through the inventory are fenced by the
-//! same marks, in the same table; a stale token is refused by the database (409 here).
+//! same marks, in the same table; a stale token is refused by the database (409 here). Writes
+//! run side by side on a pool of connections, each within `--db-timeout` (the server's
+//! `statement_timeout` and `lock_timeout` end its waiting too): a write held up on one aisle
+//! (an open transaction of its old holder) holds up no other, and answers 503 when it is late.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -43,6 +49,10 @@ pub(crate) struct Args {
     /// The in-database package's schema, for `--fence-in-db`.
     #[arg(long, default_value = "fencing", requires = "fence_in_db")]
     fencing_schema: String,
+    /// How long a `--fence-in-db` write may take, its wait for a connection included (then
+    /// 503); the database ends the transaction's own waiting at the same deadline.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration, requires = "fence_in_db")]
+    db_timeout: Duration,
     /// Serve HTTPS with this certificate (PEM), with `--tls-key`.
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<std::path::PathBuf>,
@@ -71,32 +81,48 @@ pub(crate) struct Count {
 enum Db {
     Sqlite(Mutex<rusqlite::Connection>),
     Postgres(tokio_postgres::Client),
-    /// `--fence-in-db`: one transaction at a time on the connection.
-    Fenced(tokio::sync::Mutex<tokio_postgres::Client>),
+    /// `--fence-in-db`: a transaction per write, on a pool.
+    Fenced(Fenced),
+}
+
+/// Most connections the `--fence-in-db` inventory keeps to the database.
+const POOL_SIZE: usize = 8;
+
+/// The `--fence-in-db` database: a pool, and every write's deadline.
+struct Fenced {
+    pool: Pool,
+    deadline: Duration,
 }
 
 /// Why a write was not recorded.
 enum Refusal {
     /// The database's fencing refused the token: its SQLSTATE (`23F01`, `28F0x`) and message.
     Fenced(String, String),
+    /// Not written, or not known to be: the database was unreachable, or the write was late.
+    Unavailable(String),
     Failed(Failure),
 }
 
 impl<E: Into<Failure>> From<E> for Refusal {
     fn from(e: E) -> Self {
         let e: Failure = e.into();
-        match e
-            .downcast_ref::<tokio_postgres::Error>()
-            .and_then(|e| e.as_db_error())
-        {
-            Some(db)
-                if ["23F", "28F"]
-                    .iter()
-                    .any(|c| db.code().code().starts_with(c)) =>
-            {
-                Refusal::Fenced(db.code().code().to_owned(), db.message().to_owned())
-            }
-            _ => Refusal::Failed(e),
+        let Some(pg) = e.downcast_ref::<tokio_postgres::Error>() else {
+            return Refusal::Failed(e);
+        };
+        let Some(db) = pg.as_db_error() else {
+            // The connection's: closed, refused, broken mid-call.
+            return Refusal::Unavailable(format!("PostgreSQL: {pg}"));
+        };
+        let code = db.code().code();
+        let starts = |classes: &[&str]| classes.iter().any(|c| code.starts_with(c));
+        if starts(&["23F", "28F"]) {
+            Refusal::Fenced(code.to_owned(), db.message().to_owned())
+        } else if starts(&["40", "57", "08", "53", "55P03"]) {
+            // Retry: a transaction rollback (40F01 a gateway's write in flight, serialization,
+            // deadlock), a timeout or shutdown, a connection or resource problem, a lock wait.
+            Refusal::Unavailable(format!("PostgreSQL: {} ({code})", db.message()))
+        } else {
+            Refusal::Failed(e)
         }
     }
 }
@@ -123,6 +149,9 @@ impl Db {
         if !args.fence_in_db {
             return Ok(Db::Postgres(client));
         }
+        if args.db_timeout.is_zero() {
+            return Err("--db-timeout must be above zero".into());
+        }
         // Every row's resource is its aisle: the name the robots lease.
         let schema = &args.fencing_schema;
         if schema.is_empty() || !schema.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
@@ -133,7 +162,18 @@ impl Db {
         client
             .execute(&format!("SELECT {schema}.protect('applied', 'aisle')"), &[])
             .await?;
-        Ok(Db::Fenced(tokio::sync::Mutex::new(client)))
+        let manager = Manager::from_config(
+            url.parse()?,
+            tokio_postgres::NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager).max_size(POOL_SIZE).build()?;
+        Ok(Db::Fenced(Fenced {
+            pool,
+            deadline: args.db_timeout,
+        }))
     }
 
     async fn append(
@@ -161,19 +201,7 @@ impl Db {
                     )
                     .await?;
             }
-            Db::Fenced(client) => {
-                let mut client = client.lock().await;
-                let tx = client.transaction().await?;
-                // SET LOCAL fencing.token = '…': the protected table's trigger verifies it.
-                tx.execute("SELECT set_config('fencing.token', $1, true)", &[&token])
-                    .await?;
-                tx.execute(
-                    &format!("{INSERT} ($1, $2, $3, $4)"),
-                    &[&aisle, &robot, &revision, &count],
-                )
-                .await?;
-                tx.commit().await?;
-            }
+            Db::Fenced(db) => db.append(aisle, robot, revision, count, token).await?,
         }
         Ok(())
     }
@@ -196,8 +224,75 @@ impl Db {
                 Ok(rows.collect::<Result<_, _>>()?)
             }
             Db::Postgres(client) => pg_log(client).await,
-            Db::Fenced(client) => pg_log(&*client.lock().await).await,
+            Db::Fenced(db) => {
+                let client = db.pool.get().await?;
+                pg_log(&client).await
+            }
         }
+    }
+}
+
+impl Fenced {
+    /// The write in a transaction of its own that presents `token`, committed within the
+    /// deadline, or refused.
+    async fn append(
+        &self,
+        aisle: &str,
+        robot: &str,
+        revision: i64,
+        count: i64,
+        token: &str,
+    ) -> Result<(), Refusal> {
+        let late = || Refusal::Unavailable("the write did not commit within --db-timeout".into());
+        let started = tokio::time::Instant::now();
+        let mut client = tokio::time::timeout(self.deadline, self.pool.get())
+            .await
+            .map_err(|_| late())?
+            .map_err(|e| Refusal::Unavailable(format!("PostgreSQL: {e}")))?;
+        let left = self.deadline.saturating_sub(started.elapsed());
+        let done = tokio::time::timeout(
+            left,
+            Self::transaction(&mut client, left, aisle, robot, revision, count, token),
+        )
+        .await;
+        match done {
+            Ok(Ok(())) => Ok(()),
+            failed => {
+                // Its session may be mid-transaction, or mid-query: never handed to the next
+                // write (dropped, the connection closes and the server rolls it back).
+                drop(Object::take(client));
+                match failed {
+                    Ok(Err(e)) => Err(Refusal::from(e)),
+                    _ => Err(late()),
+                }
+            }
+        }
+    }
+
+    async fn transaction(
+        client: &mut Object,
+        left: Duration,
+        aisle: &str,
+        robot: &str,
+        revision: i64,
+        count: i64,
+        token: &str,
+    ) -> Result<(), tokio_postgres::Error> {
+        let tx = client.transaction().await?;
+        let ms = left.as_millis().max(1);
+        tx.batch_execute(&format!(
+            "SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}"
+        ))
+        .await?;
+        // SET LOCAL fencing.token = '…': the protected table's trigger verifies it.
+        tx.execute("SELECT set_config('fencing.token', $1, true)", &[&token])
+            .await?;
+        tx.execute(
+            "INSERT INTO applied (aisle, robot, revision, count) VALUES ($1, $2, $3, $4)",
+            &[&aisle, &robot, &revision, &count],
+        )
+        .await?;
+        tx.commit().await
     }
 }
 
@@ -292,6 +387,11 @@ async fn record(
             };
             problem(status, slug, &message)
         }
+        Err(Refusal::Unavailable(detail)) => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "storage-unavailable",
+            &detail,
+        ),
         Err(Refusal::Failed(e)) => {
             (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response()
         }
