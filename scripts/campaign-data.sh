@@ -33,6 +33,8 @@ data_files() {
   [ -f campaign/data/paused-admissions.json ] && echo campaign/data/paused-admissions.json
   [ -f campaign/data/control-deadline-from-admission.json ] \
     && echo campaign/data/control-deadline-from-admission.json
+  [ -f campaign/data/in-database.json ] && echo campaign/data/in-database.json
+  [ -f campaign/data/control-trigger-removed.json ] && echo campaign/data/control-trigger-removed.json
   return 0
 }
 
@@ -84,6 +86,12 @@ case "${1:-render}" in
     "$bin" --runs "$control_runs" --duration 25s --seed 9600 --faults paused-admissions \
       --control deadline-from-admission --report campaign/data/control-deadline-from-admission \
       || status=1
+    # Fencing inside PostgreSQL (issue 30): SQL clients writing straight into a protected table,
+    # and the control with the table left unprotected.
+    "$bin" --runs "$control_runs" --duration 30s --seed 12000 --marks in-database \
+      --report campaign/data/in-database || status=1
+    "$bin" --runs "$control_runs" --duration 30s --seed 13000 --marks in-database \
+      --control trigger-removed --report campaign/data/control-trigger-removed || status=1
     exit "$status"
     ;;
   *) echo "usage: $0 [render|doc|run]" >&2; exit 64 ;;

@@ -15,6 +15,7 @@ use std::process::{Command, Output, Stdio};
 
 use fencing::{
     Admission, GateError, HighWaterMarks, KeyId, Keyring, PostgresStore, SharedGate, Token,
+    TokenError,
 };
 
 const GATEWAY: &str = env!("CARGO_BIN_EXE_fence-gateway");
@@ -626,5 +627,97 @@ async fn the_install_trusts_nothing_a_tenant_planted() {
         text(&refused).contains(&format!("public.fence_marks is owned by {app}")),
         "{}",
         text(&refused)
+    );
+}
+
+/// The SQL verification (`_verify`) gives every token the verdict `Keyring::verify` gives it:
+/// valid tokens at the edges of the numbers, and every one-character change, deletion and
+/// insertion of a valid token, with characters from each class the parsers treat apart.
+#[tokio::test]
+async fn sql_verification_agrees_with_the_keyring_on_every_mutation() {
+    let scratch = Scratch::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (path, keys) = key_file(dir.path(), "keys", &["k1", "k_2-x"]);
+    assert!(scratch.install(&[]).status.success());
+    let url = scratch.url();
+    let synced = gateway(&[
+        "pg",
+        "sync-keys",
+        "--database-url",
+        &url,
+        "--key-file",
+        path.to_str().unwrap(),
+    ]);
+    assert!(synced.status.success(), "{}", text(&synced));
+    let db = connect(&url).await;
+    let verdict = db
+        .prepare("SELECT code FROM fencing._verify($1, $2)")
+        .await
+        .unwrap();
+
+    let resource = "aisle-7";
+    let mut wires: Vec<String> = Vec::new();
+    for (era, revision) in [(0, 0), (1, 9), (u64::MAX, u64::MAX), (7, 1 << 63)] {
+        wires.push(keys.mint(resource, Token::new(era, revision)));
+    }
+    wires.push(keys.mint("lock/6169736c652d37", Token::new(1, 2)));
+    let valid = keys.mint(resource, Token::new(3, 41));
+    let alphabet = [
+        'A', 'Q', 'g', 'w', 'B', 'z', '0', '9', '-', '_', '.', '=', '+', '/', ' ', 'é',
+    ];
+    let chars: Vec<char> = valid.chars().collect();
+    for i in 0..=chars.len() {
+        for c in alphabet {
+            let mut inserted = chars.clone();
+            inserted.insert(i, c);
+            wires.push(inserted.into_iter().collect());
+            if i < chars.len() {
+                let mut changed = chars.clone();
+                changed[i] = c;
+                wires.push(changed.into_iter().collect());
+            }
+        }
+        if i < chars.len() {
+            let mut deleted = chars.clone();
+            deleted.remove(i);
+            wires.push(deleted.into_iter().collect());
+        }
+    }
+    for (i, value) in [
+        (2, "18446744073709551615"),
+        (2, "18446744073709551616"),
+        (3, "99999999999999999999"),
+        (3, "00"),
+        (3, "+3"),
+        (1, "k3"),
+        (1, &"k".repeat(33)),
+        (1, ""),
+    ] {
+        wires.push(with_segment(&valid, i, value));
+    }
+    wires.push(format!("{valid}{}", "A".repeat(300)));
+
+    let mut refused = 0;
+    for wire in &wires {
+        let expected = match keys.verify(resource, wire) {
+            Ok(_) => None,
+            Err(TokenError::Malformed) => Some("28F01"),
+            Err(TokenError::UnknownKey) => Some("28F02"),
+            Err(TokenError::BadSignature) => Some("28F03"),
+            Err(TokenError::WrongResource) => Some("28F04"),
+            Err(e) => panic!("{e}"),
+        };
+        refused += usize::from(expected.is_some());
+        let got: Option<String> = db
+            .query_one(&verdict, &[&resource, wire])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(got.as_deref(), expected, "{wire}");
+    }
+    assert!(
+        refused > wires.len() / 2 && refused < wires.len(),
+        "{refused} of {}",
+        wires.len()
     );
 }
