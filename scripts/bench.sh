@@ -3,7 +3,7 @@
 # then sessions and group commit, then sustained renewal of 1k/10k/100k held leases and of
 # 100k resources under 1,000 sessions, then the cost of HTTPS and bearer tokens, then etcd's gRPC
 # API through the proxy and straight to etcd with 1,000 gRPC watchers),
-# fencebench and the criterion
+# fencebench, pgfencebench (fencing inside PostgreSQL) and the criterion
 # micro-benchmarks, writing tables, JSON and SVG charts to ${OUT:-bench-results}/.
 # Needs etcd on PATH (Debian: etcd-server); takes about 36 minutes on 2 cores.
 set -euo pipefail
@@ -28,5 +28,7 @@ target/release/leasebench --secure --op acquire,renew --concurrency 1,8,64 --ops
 target/release/leasebench --op grpc-put,grpc-range,grpc-keepalive,grpc-keepalive-shared,grpc-lock \
     --concurrency 1,64 --rounds 2 --grpc-watchers 1000 --json "$OUT/grpc.json" | tee "$OUT/grpc.md"
 target/release/fencebench --json "$OUT/fencebench.json" --chart "$OUT/fencebench.svg" | tee "$OUT/fencebench.md"
+ensure_postgres
+target/release/pgfencebench --rounds 3 --ops 3000 --json "$OUT/pgfencebench.json" | tee "$OUT/pgfencebench.md"
 cargo bench --locked -p fencing --bench enforcement | tee "$OUT/criterion.txt"
 echo "results in $OUT/"

@@ -24,10 +24,13 @@ pub fn markdown(runs: &[Report]) -> String {
             .unwrap_or_default(),
     );
     if let Some(r) = runs.first() {
-        let marks = serde_json::to_value(r.marks)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default();
+        let marks = match r.marks {
+            crate::cluster::Marks::InDatabase => "the protected table's database".to_owned(),
+            other => serde_json::to_value(other)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default(),
+        };
         let _ = writeln!(
             md,
             "Deployment: {} gateway(s), marks in {marks}; runs of {} s ({} s fault-free at the \

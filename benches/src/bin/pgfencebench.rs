@@ -174,8 +174,7 @@ async fn breakdown(db: &Client, w: &Worker) -> anyhow::Result<Vec<(String, f64)>
     let parts = [
         "1",
         "fencing._is_resource(r)",
-        "fencing._b64url(split_part(t, '.', 6), 32)",
-        "fencing._u64(split_part(t, '.', 4))",
+        "string_to_array(t, '.')",
         "fencing.hmac(b, b, 'sha256')",
         "fencing._verify(r, t)",
         "fencing.admit(r, t)",
