@@ -721,3 +721,43 @@ async fn sql_verification_agrees_with_the_keyring_on_every_mutation() {
         wires.len()
     );
 }
+
+/// `protect` reads a bare column straight from the row only when the expression means that
+/// column unquoted; a keyword (`current_user`), a name that is not stored as written (`Aisle`)
+/// or any other expression is evaluated as an expression, whatever columns the table has.
+#[tokio::test]
+async fn protect_reads_a_column_directly_only_when_the_expression_is_that_column() {
+    let scratch = Scratch::new().await;
+    assert!(scratch.install(&[]).status.success());
+    let db = connect(&scratch.url()).await;
+    db.batch_execute(
+        r#"CREATE TABLE odd (aisle text, "current_user" text, "Aisle" text, "lower(aisle)" text)"#,
+    )
+    .await
+    .unwrap();
+    for (expression, direct) in [
+        ("aisle", true),
+        ("current_user", false),
+        ("Aisle", false),
+        ("lower(aisle)", false),
+    ] {
+        db.execute("SELECT fencing.protect('odd', $1)", &[&expression])
+            .await
+            .unwrap();
+        let query: String = db
+            .query_one(
+                "SELECT split_part(encode(tgargs, 'escape'), '\\000', 2) FROM pg_trigger
+                 WHERE tgname = 'fence_guard' AND tgrelid = 'odd'::regclass",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let expected = if direct {
+            format!("SELECT ($1).{expression}::text")
+        } else {
+            format!("SELECT ({expression})::text FROM (SELECT ($1).*) AS fenced_row")
+        };
+        assert_eq!(query, expected, "{expression}");
+    }
+}

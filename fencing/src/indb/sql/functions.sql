@@ -364,10 +364,12 @@ CREATE OR REPLACE FUNCTION @schema@.protect(tbl regclass, resource_expression te
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, @schema@, pg_temp
     SET client_min_messages = warning AS $$
 DECLARE
-    -- How the trigger evaluates the expression for a row: a column named as it is stored is
-    -- read from the row (`($1).column`, a query a third as costly to plan as the general one;
-    -- the trigger plans it for every row).
-    query text := CASE WHEN EXISTS (SELECT 1 FROM pg_attribute AS a
+    -- How the trigger evaluates the expression for a row: a bare column name (one that means
+    -- the same unquoted: lowercase, no keyword such as `current_user`) is read from the row
+    -- (`($1).column`, a query a third as costly to plan as the general one; the trigger plans
+    -- it for every row).
+    query text := CASE WHEN quote_ident(resource_expression) = resource_expression
+            AND EXISTS (SELECT 1 FROM pg_attribute AS a
             WHERE a.attrelid = tbl AND a.attname = resource_expression AND a.attnum > 0
               AND NOT a.attisdropped)
         THEN format('SELECT ($1).%I::text', resource_expression)
