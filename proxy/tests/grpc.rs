@@ -682,3 +682,83 @@ async fn a_keepalive_stream_renews_nothing_once_its_principal_is_removed() {
         "a removed principal's lease was renewed: {after:?}"
     );
 }
+
+/// A replica remembers the leases whose marker it wrote or read (their ids are etcd's, never
+/// given twice, and a marker never changes), so renewals of them read nothing; a lease revoked
+/// through another replica is then renewed by none (TTL 0, as etcd answers an unknown lease),
+/// and another principal's stays unknown however often it was confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_of_a_confirmed_lease_read_no_marker_and_a_revoked_one_renews_nothing() {
+    const ACME: &str = "acme-token-5d1f07";
+    const OTHER: &str = "other-token-77c2e9";
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(
+        &tokens,
+        token_line("acme", ACME, "v3:*") + &token_line("other", OTHER, "v3:*"),
+    )
+    .unwrap();
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |c| c.auth_tokens = Some(tokens.clone())).await;
+    let replica = proxy
+        .replica(etcd.endpoints(), |c| c.auth_tokens = Some(tokens.clone()))
+        .await;
+    let ranges = || async {
+        etcd_metric_where(&etcd, "grpc_server_handled_total", r#"grpc_method="Range""#).await
+    };
+    let (status, granted) = send(
+        http()
+            .post(format!("{}/v3/lease/grant", proxy.url))
+            .bearer_auth(ACME)
+            .json(&serde_json::json!({"TTL": 30})),
+    )
+    .await;
+    assert_eq!(status, 200, "{granted}");
+    let id: i64 = str_field(&granted, "ID").parse().unwrap();
+    let ask = PbLeaseKeepAliveRequest { id };
+    let path = "/etcdserverpb.Lease/LeaseKeepAlive";
+
+    // Granted here: 20 renewals, no marker read.
+    let before = ranges().await;
+    let mut stream = h2grpc::Stream::open(&proxy.url, path, &ask, Some(ACME)).await;
+    for i in 0..20 {
+        if i > 0 {
+            stream.send(&ask).await;
+        }
+        let renewed: PbLeaseKeepAliveResponse = stream.next().await.expect("renewed");
+        assert_eq!((renewed.id, renewed.ttl), (id, 30));
+    }
+    let read = ranges().await - before;
+    assert!(read < 5.0, "{read} etcd ranges for 20 renewals");
+
+    // The other principal, on both replicas, before and after acme's renewals there: unknown.
+    let mut foreign = h2grpc::Stream::open(&replica.url, path, &ask, Some(OTHER)).await;
+    let refused: PbLeaseKeepAliveResponse = foreign.next().await.expect("answered");
+    assert_eq!((refused.id, refused.ttl), (id, 0));
+    let mut there = h2grpc::Stream::open(&replica.url, path, &ask, Some(ACME)).await;
+    let renewed: PbLeaseKeepAliveResponse = there.next().await.expect("renewed");
+    assert_eq!(renewed.ttl, 30);
+    foreign.send(&ask).await;
+    let refused: PbLeaseKeepAliveResponse = foreign.next().await.expect("answered");
+    assert_eq!((refused.id, refused.ttl), (id, 0));
+    let mut here = h2grpc::Stream::open(&proxy.url, path, &ask, Some(OTHER)).await;
+    let refused: PbLeaseKeepAliveResponse = here.next().await.expect("answered");
+    assert_eq!((refused.id, refused.ttl), (id, 0));
+
+    // Revoked through the replica: the first replica, which remembers it, renews nothing.
+    let (status, body) = send(
+        http()
+            .post(format!("{}/v3/lease/revoke", replica.url))
+            .bearer_auth(ACME)
+            .json(&serde_json::json!({"ID": id.to_string()})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    for _ in 0..2 {
+        stream.send(&ask).await;
+        let gone: PbLeaseKeepAliveResponse = stream.next().await.expect("answered");
+        assert_eq!((gone.id, gone.ttl), (id, 0));
+    }
+    let mut raw = etcd.client().await;
+    assert_eq!(raw.lease_time_to_live(id, None).await.unwrap().ttl(), -1);
+}

@@ -10,7 +10,8 @@
 //! the proxy's own. A marker with an empty value (granted with authentication off) belongs to
 //! no principal.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Mutex, PoisonError};
 
 use etcd_client::proto::{
     PbLeaseGrantResponse, PbLeaseKeepAliveResponse, PbLeaseLeasesResponse, PbLeaseRevokeResponse,
@@ -23,16 +24,48 @@ use super::service::{Caller, Service};
 use super::status::{Code, Status, LEASE_NOT_FOUND};
 use crate::etcd::{prefix_end, Etcd};
 
+/// Most leases [`Markers::owned_for_renewal`] remembers (then it starts again from none).
+const CONFIRMED: usize = 1 << 16;
+
 /// The marker keys of `/v3` leases.
 pub(crate) struct Markers {
     etcd: Etcd,
     prefix: String,
+    /// Leases whose marker was read (or written) here, with its value: for renewals only. A
+    /// marker is written once, at the grant, and lives and dies with its lease; the lease's id
+    /// is etcd's (an explicit id is refused), and etcd never gives one again. So an id once
+    /// confirmed stays that principal's lease until it is gone, and a renewal of a gone lease is
+    /// answered as one of an unknown lease (TTL 0) — no read is needed to confine renewals.
+    confirmed: Mutex<HashMap<i64, Box<[u8]>>>,
 }
 
 impl Markers {
     /// Markers under `prefix`.
     pub(crate) fn new(etcd: Etcd, prefix: String) -> Self {
-        Self { etcd, prefix }
+        Self {
+            etcd,
+            prefix,
+            confirmed: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn confirmed(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Box<[u8]>>> {
+        self.confirmed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn remember(&self, id: i64, owner: &[u8]) {
+        let mut confirmed = self.confirmed();
+        if confirmed.len() >= CONFIRMED {
+            confirmed.clear();
+        }
+        confirmed.insert(id, owner.into());
+    }
+
+    /// Forgets lease `id` (revoked, or found gone).
+    pub(crate) fn forget(&self, id: i64) {
+        self.confirmed().remove(&id);
     }
 
     fn key(&self, id: i64) -> String {
@@ -42,10 +75,30 @@ impl Markers {
     /// Marks lease `id` as granted through `/v3` by `s`'s principal (if any).
     async fn mark(&self, id: i64, s: &Caller) -> Result<(), Status> {
         let owner = s.owner.as_deref().unwrap_or_default();
-        Ok(self
-            .etcd
+        self.etcd
             .put_value_with_lease(&self.key(id), owner.as_bytes(), id)
-            .await?)
+            .await?;
+        self.remember(id, owner.as_bytes());
+        Ok(())
+    }
+
+    /// [`Self::owned`] for a renewal: from what this replica confirmed before, if it did (see
+    /// `confirmed`), else read. Only for a renewal: a gone lease may still be taken for `s`'s
+    /// here, which a renewal answers as etcd does an unknown lease (and forgets it then).
+    pub(crate) async fn owned_for_renewal(&self, id: i64, s: &Caller) -> Result<bool, Status> {
+        if id == 0 {
+            return Ok(false);
+        }
+        if let Some(owner) = self.confirmed().get(&id) {
+            return Ok(s.owns(owner));
+        }
+        match self.etcd.get(&self.key(id)).await? {
+            Some(kv) => {
+                self.remember(id, kv.value());
+                Ok(s.owns(kv.value()))
+            }
+            None => Ok(false),
+        }
     }
 
     /// Whether lease `id` was granted through `/v3` (by `s`'s principal, when authentication is
@@ -148,6 +201,7 @@ impl Service {
                 |c| async move { c.lease_client().revoke(id).await },
             )
             .await?;
+        self.leases.forget(id);
         Ok(resp.0)
     }
 
@@ -206,8 +260,12 @@ impl Service {
     ) -> Result<PbLeaseKeepAliveResponse, Status> {
         // A stream outlives its authorisation: every renewal is judged again.
         s.still_authorised()?;
-        let renewed = if self.leases.owned(id, s).await? {
-            Some(self.keepalive.renew_with_header(id).await?)
+        let renewed = if self.leases.owned_for_renewal(id, s).await? {
+            let renewed = self.keepalive.renew_with_header(id).await?;
+            if renewed.ttl <= 0 {
+                self.leases.forget(id);
+            }
+            Some(renewed)
         } else {
             None
         };
