@@ -761,3 +761,74 @@ async fn protect_reads_a_column_directly_only_when_the_expression_is_that_column
         assert_eq!(query, expected, "{expression}");
     }
 }
+
+/// A claim in `fencing.token` is split on every run of whitespace and commas, wherever they are
+/// (found by a hostile pass: a leading tab or comma refused a genuine token as malformed), and a
+/// hostile resource name does not make an error as long as itself.
+#[tokio::test]
+async fn a_claim_is_split_on_any_separators_and_refusals_stay_short() {
+    let scratch = Scratch::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (path, keys) = key_file(dir.path(), "keys", &["k1"]);
+    assert!(scratch.install(&[]).status.success());
+    let url = scratch.url();
+    let synced = gateway(&[
+        "pg",
+        "sync-keys",
+        "--database-url",
+        &url,
+        "--key-file",
+        path.to_str().unwrap(),
+    ]);
+    assert!(synced.status.success(), "{}", text(&synced));
+    let db = connect(&url).await;
+    db.batch_execute(
+        "CREATE TABLE claims (aisle text, n int); SELECT fencing.protect('claims', 'aisle');",
+    )
+    .await
+    .unwrap();
+    let mine = keys.mint("aisle-1", Token::new(1, 5));
+    let other = keys.mint("aisle-2", Token::new(1, 5));
+    let write = |claim: String| {
+        let db = &db;
+        async move {
+            db.batch_execute("BEGIN").await.unwrap();
+            db.execute("SELECT set_config('fencing.token', $1, true)", &[&claim])
+                .await
+                .unwrap();
+            let done = db
+                .execute("INSERT INTO claims VALUES ('aisle-1', 1)", &[])
+                .await;
+            db.batch_execute("ROLLBACK").await.unwrap();
+            done.err()
+                .map(|e| e.as_db_error().unwrap().code().code().to_owned())
+        }
+    };
+    for claim in [
+        format!("\t{mine}"),
+        format!(",{mine}"),
+        format!("{other},\n{mine},"),
+        format!(" , {other}\r\n\t,{mine}\n"),
+    ] {
+        assert_eq!(write(claim.clone()).await, None, "{claim:?}");
+    }
+    assert_eq!(write(format!("{other},\n")).await.as_deref(), Some("28F04"));
+    assert_eq!(write(",".into()).await.as_deref(), Some("28F05"));
+    assert_eq!(write(" \t\n".into()).await.as_deref(), Some("28F05"));
+
+    let huge = "a".repeat(1_000_000);
+    let refused = db
+        .query_one("SELECT fencing.admit($1, $2)", &[&huge, &mine])
+        .await
+        .unwrap_err();
+    let db_error = refused.as_db_error().unwrap();
+    assert_eq!(db_error.code().code(), "22F01");
+    assert!(
+        db_error.message().len() < 400,
+        "{}",
+        &db_error.message()[..400]
+    );
+    assert!(db_error
+        .message()
+        .ends_with("(1000000 characters) is not a fencing resource name"));
+}

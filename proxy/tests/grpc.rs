@@ -685,8 +685,8 @@ async fn a_keepalive_stream_renews_nothing_once_its_principal_is_removed() {
 
 /// A replica remembers the leases whose marker it wrote or read (their ids are etcd's, never
 /// given twice, and a marker never changes), so renewals of them read nothing; a lease revoked
-/// through another replica is then renewed by none (TTL 0, as etcd answers an unknown lease),
-/// and another principal's stays unknown however often it was confirmed.
+/// through another replica is then renewed by none (TTL 0, as etcd answers an unknown lease)
+/// and locks nothing, and another principal's stays unknown however often it was confirmed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewals_of_a_confirmed_lease_read_no_marker_and_a_revoked_one_renews_nothing() {
     const ACME: &str = "acme-token-5d1f07";
@@ -759,6 +759,25 @@ async fn renewals_of_a_confirmed_lease_read_no_marker_and_a_revoked_one_renews_n
         let gone: PbLeaseKeepAliveResponse = stream.next().await.expect("answered");
         assert_eq!((gone.id, gone.ttl), (id, 0));
     }
+    // A lock under it, on the replica that remembers it: refused as under an unknown lease.
+    for url in [&proxy.url, &replica.url] {
+        let (status, body) = send(
+            http()
+                .post(format!("{url}/v3/lock/lock"))
+                .bearer_auth(ACME)
+                .json(&serde_json::json!({"name": "eA==", "lease": id.to_string()})),
+        )
+        .await;
+        assert_eq!(status, 500, "{body}");
+        assert_eq!(body["message"], "etcdserver: requested lease not found");
+    }
     let mut raw = etcd.client().await;
     assert_eq!(raw.lease_time_to_live(id, None).await.unwrap().ttl(), -1);
+    assert!(raw
+        .get("", Some(GetOptions::new().with_all_keys()))
+        .await
+        .unwrap()
+        .kvs()
+        .iter()
+        .all(|kv| kv.lease() != id));
 }

@@ -24,14 +24,15 @@ use super::service::{Caller, Service};
 use super::status::{Code, Status, LEASE_NOT_FOUND};
 use crate::etcd::{prefix_end, Etcd};
 
-/// Most leases [`Markers::owned_for_renewal`] remembers (then it starts again from none).
+/// Most leases [`Markers::owned_remembered`] remembers (then it starts again from none).
 const CONFIRMED: usize = 1 << 16;
 
 /// The marker keys of `/v3` leases.
 pub(crate) struct Markers {
     etcd: Etcd,
     prefix: String,
-    /// Leases whose marker was read (or written) here, with its value: for renewals only. A
+    /// Leases whose marker was read (or written) here, with its value (see
+    /// [`Markers::owned_remembered`] for who may use it). A
     /// marker is written once, at the grant, and lives and dies with its lease; the lease's id
     /// is etcd's (an explicit id is refused), and etcd never gives one again. So an id once
     /// confirmed stays that principal's lease until it is gone, and a renewal of a gone lease is
@@ -82,10 +83,11 @@ impl Markers {
         Ok(())
     }
 
-    /// [`Self::owned`] for a renewal: from what this replica confirmed before, if it did (see
-    /// `confirmed`), else read. Only for a renewal: a gone lease may still be taken for `s`'s
-    /// here, which a renewal answers as etcd does an unknown lease (and forgets it then).
-    pub(crate) async fn owned_for_renewal(&self, id: i64, s: &Caller) -> Result<bool, Status> {
+    /// [`Self::owned`] from what this replica confirmed before, if it did (see `confirmed`),
+    /// else read. A gone lease may still be taken for `s`'s here: only for calls that then
+    /// answer it as etcd answers an unknown lease — a renewal (TTL 0) and a lock or campaign's
+    /// join (etcd refuses the put under a gone lease: "requested lease not found").
+    pub(crate) async fn owned_remembered(&self, id: i64, s: &Caller) -> Result<bool, Status> {
         if id == 0 {
             return Ok(false);
         }
@@ -260,7 +262,7 @@ impl Service {
     ) -> Result<PbLeaseKeepAliveResponse, Status> {
         // A stream outlives its authorisation: every renewal is judged again.
         s.still_authorised()?;
-        let renewed = if self.leases.owned_for_renewal(id, s).await? {
+        let renewed = if self.leases.owned_remembered(id, s).await? {
             let renewed = self.keepalive.renew_with_header(id).await?;
             if renewed.ttl <= 0 {
                 self.leases.forget(id);

@@ -295,7 +295,8 @@ impl Service {
             ));
         }
         // etcd's lock service reports a lease it does not know untyped: gRPC Unknown, HTTP 500.
-        if !self.leases.owned(lease, s).await? {
+        // A remembered lease gone since is refused by etcd below with the same message.
+        if !self.leases.owned_remembered(lease, s).await? {
             return Err(Status::new(Code::Unknown, LEASE_NOT_FOUND));
         }
         let untyped = |s: Status| {

@@ -64,6 +64,15 @@ LANGUAGE sql IMMUTABLE AS $$
             AND strpos(r, '..') = 0))
 $$;
 
+-- A resource name quoted for a message: at most its first 200 characters (a valid name has no
+-- more), so that a hostile one does not make the error (and the server log) as long as itself.
+CREATE OR REPLACE FUNCTION @schema@._quoted_name(r text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN r IS NULL THEN 'NULL'
+        WHEN length(r) <= 200 THEN quote_literal(r)
+        ELSE quote_literal(left(r, 200)) || format('… (%s characters)', length(r)) END
+$$;
+
 -- Verifies a wire token for `resource` exactly as fencing::keys::Keyring::verify does
 -- (fencing/src/keys/mod.rs), in the same order: syntax, key id, MAC, resource tag. Never
 -- raises: `code` is NULL and `token` the 16-byte big-endian `era ‖ revision` when the token is
@@ -84,7 +93,7 @@ DECLARE
 BEGIN
     IF NOT @schema@._is_resource(resource) THEN
         code := '22F01';
-        reason := format('%s is not a fencing resource name', coalesce(quote_literal(resource), 'NULL'));
+        reason := format('%s is not a fencing resource name', @schema@._quoted_name(resource));
         RETURN;
     END IF;
     -- `v1.{kid}.{era}.{revision}.{tag}.{mac}`: the key id 1–32 of [A-Za-z0-9_-]; era and
@@ -286,26 +295,28 @@ END
 $$;
 
 -- Trigger mode: admits the transaction for `resource` with one of the tokens it presented in
--- the transaction-local setting `fencing.token` (whitespace- or comma-separated, any order). A
--- setting is only a claim: each token is verified here. Tokens issued for other resources are
--- passed over; a malformed, unknown-key or forged one refuses the write outright.
+-- the transaction-local setting `fencing.token` (separated by any run of whitespace and commas,
+-- in any order; separators before, after or in a row separate nothing). A setting is only a
+-- claim: each token is verified here. Tokens issued for other resources are passed over; a
+-- malformed, unknown-key or forged one refuses the write outright.
 CREATE OR REPLACE FUNCTION @schema@.admit_presented(resource text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, @schema@, pg_temp AS $$
 DECLARE
-    claim text := btrim(coalesce(current_setting('fencing.token', true), ''));
+    tokens text[] := array_remove(regexp_split_to_array(
+        coalesce(current_setting('fencing.token', true), ''), '[[:space:],]+'), '');
     wire text;
     v record;
 BEGIN
     IF NOT @schema@._is_resource(resource) THEN
         RAISE EXCEPTION USING ERRCODE = '22F01',
-            MESSAGE = format('%s is not a fencing resource name', coalesce(quote_literal(resource), 'NULL'));
+            MESSAGE = format('%s is not a fencing resource name', @schema@._quoted_name(resource));
     END IF;
-    IF claim = '' THEN
+    IF cardinality(tokens) = 0 THEN
         RAISE EXCEPTION USING ERRCODE = '28F05',
             MESSAGE = format('no fencing token presented for resource %s', quote_literal(resource)),
             HINT = 'SET LOCAL fencing.token = ''<token>'' in the writing transaction.';
     END IF;
-    FOREACH wire IN ARRAY regexp_split_to_array(claim, '[[:space:],]+') LOOP
+    FOREACH wire IN ARRAY tokens LOOP
         v := @schema@._verify(resource, wire);
         CONTINUE WHEN v.code = '28F04';
         IF v.code IS NOT NULL THEN
