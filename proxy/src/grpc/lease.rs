@@ -14,7 +14,7 @@ use tonic::{Request, Response, Streaming};
 use super::{status, Front};
 
 /// Most renewals of one keepalive stream under way at once (answered in order).
-pub(crate) const KEEPALIVES_IN_FLIGHT: usize = 8;
+pub(crate) const KEEPALIVES_IN_FLIGHT: usize = 64;
 
 type Answer<T> = Result<Response<T>, tonic::Status>;
 
