@@ -108,6 +108,21 @@ impl Scratch {
         args.extend(extra);
         gateway(&args)
     }
+
+    /// `fence-gateway pg sync-keys` of `key_file` into the scratch database, which must succeed.
+    fn sync_keys(&self, key_file: &Path) {
+        let url = self.url();
+        let key_file = key_file.display().to_string();
+        let synced = gateway(&[
+            "pg",
+            "sync-keys",
+            "--database-url",
+            &url,
+            "--key-file",
+            &key_file,
+        ]);
+        assert!(synced.status.success(), "{}", text(&synced));
+    }
 }
 
 impl Drop for Scratch {
@@ -301,15 +316,7 @@ async fn sql_clients_are_fenced_as_the_gateway_fences() {
     assert!(again.status.success(), "{}", text(&again));
     assert!(text(&again).contains("renewed"), "{}", text(&again));
     let url = scratch.url();
-    let synced = gateway(&[
-        "pg",
-        "sync-keys",
-        "--database-url",
-        &url,
-        "--key-file",
-        k1_path.to_str().unwrap(),
-    ]);
-    assert!(synced.status.success(), "{}", text(&synced));
+    scratch.sync_keys(&k1_path);
 
     let mut vars = tokens(&k1, &k2, &k3);
     for role in ["app", "nobody", "gw"] {
@@ -481,16 +488,7 @@ async fn a_sql_raise_waits_for_a_gateways_write_in_flight() {
     let dir = tempfile::tempdir().unwrap();
     let (keys_path, keys) = key_file(dir.path(), "keys", &["k1"]);
     assert!(scratch.install(&[]).status.success());
-    let url = scratch.url();
-    let synced = gateway(&[
-        "pg",
-        "sync-keys",
-        "--database-url",
-        &url,
-        "--key-file",
-        keys_path.to_str().unwrap(),
-    ]);
-    assert!(synced.status.success(), "{}", text(&synced));
+    scratch.sync_keys(&keys_path);
     let gate = SharedGate::new(
         PostgresStore::connect(&scratch.url_as(&scratch.role("gw")), 2)
             .await
@@ -557,17 +555,8 @@ async fn the_install_trusts_nothing_a_tenant_planted() {
     assert!(!planted.contains("ERROR"), "{planted}");
     let installed = scratch.install(&[]);
     assert!(installed.status.success(), "{}", text(&installed));
+    scratch.sync_keys(&keys);
     let url = scratch.url();
-    let key_arg = keys.display().to_string();
-    let synced = gateway(&[
-        "pg",
-        "sync-keys",
-        "--database-url",
-        &url,
-        "--key-file",
-        &key_arg,
-    ]);
-    assert!(synced.status.success(), "{}", text(&synced));
     let db = connect(&url).await;
     let ran: i64 = db
         .query_one("SELECT count(*) FROM public.loot", &[])
@@ -640,15 +629,7 @@ async fn sql_verification_agrees_with_the_keyring_on_every_mutation() {
     let (path, keys) = key_file(dir.path(), "keys", &["k1", "k_2-x"]);
     assert!(scratch.install(&[]).status.success());
     let url = scratch.url();
-    let synced = gateway(&[
-        "pg",
-        "sync-keys",
-        "--database-url",
-        &url,
-        "--key-file",
-        path.to_str().unwrap(),
-    ]);
-    assert!(synced.status.success(), "{}", text(&synced));
+    scratch.sync_keys(&path);
     let db = connect(&url).await;
     let verdict = db
         .prepare("SELECT code FROM fencing._verify($1, $2)")
@@ -772,15 +753,7 @@ async fn a_claim_is_split_on_any_separators_and_refusals_stay_short() {
     let (path, keys) = key_file(dir.path(), "keys", &["k1"]);
     assert!(scratch.install(&[]).status.success());
     let url = scratch.url();
-    let synced = gateway(&[
-        "pg",
-        "sync-keys",
-        "--database-url",
-        &url,
-        "--key-file",
-        path.to_str().unwrap(),
-    ]);
-    assert!(synced.status.success(), "{}", text(&synced));
+    scratch.sync_keys(&path);
     let db = connect(&url).await;
     db.batch_execute(
         "CREATE TABLE claims (aisle text, n int); SELECT fencing.protect('claims', 'aisle');",

@@ -71,6 +71,20 @@ pub(crate) struct Applied {
     pub(crate) count: i64,
 }
 
+/// A write to record, with the token it came with.
+struct Write<'a> {
+    aisle: &'a str,
+    robot: &'a str,
+    /// The token's revision.
+    revision: i64,
+    count: i64,
+    token: &'a str,
+}
+
+/// The statement every database mode records a write with (`$n` placeholders; SQLite reads
+/// them as positional parameters too).
+const INSERT: &str = "INSERT INTO applied (aisle, robot, revision, count) VALUES ($1, $2, $3, $4)";
+
 /// A count sent by a robot.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct Count {
@@ -176,32 +190,21 @@ impl Db {
         }))
     }
 
-    async fn append(
-        &self,
-        aisle: &str,
-        robot: &str,
-        revision: i64,
-        count: i64,
-        token: &str,
-    ) -> Result<(), Refusal> {
-        const INSERT: &str = "INSERT INTO applied (aisle, robot, revision, count) VALUES ";
+    async fn append(&self, w: &Write<'_>) -> Result<(), Refusal> {
         match self {
             Db::Sqlite(conn) => {
                 let conn = conn.lock().map_err(|_| "poisoned")?;
                 conn.execute(
-                    &format!("{INSERT} (?1, ?2, ?3, ?4)"),
-                    rusqlite::params![aisle, robot, revision, count],
+                    INSERT,
+                    rusqlite::params![w.aisle, w.robot, w.revision, w.count],
                 )?;
             }
             Db::Postgres(client) => {
                 client
-                    .execute(
-                        &format!("{INSERT} ($1, $2, $3, $4)"),
-                        &[&aisle, &robot, &revision, &count],
-                    )
+                    .execute(INSERT, &[&w.aisle, &w.robot, &w.revision, &w.count])
                     .await?;
             }
-            Db::Fenced(db) => db.append(aisle, robot, revision, count, token).await?,
+            Db::Fenced(db) => db.append(w).await?,
         }
         Ok(())
     }
@@ -235,14 +238,7 @@ impl Db {
 impl Fenced {
     /// The write in a transaction of its own that presents `token`, committed within the
     /// deadline, or refused.
-    async fn append(
-        &self,
-        aisle: &str,
-        robot: &str,
-        revision: i64,
-        count: i64,
-        token: &str,
-    ) -> Result<(), Refusal> {
+    async fn append(&self, w: &Write<'_>) -> Result<(), Refusal> {
         let late = || Refusal::Unavailable("the write did not commit within --db-timeout".into());
         let started = tokio::time::Instant::now();
         let mut client = tokio::time::timeout(self.deadline, self.pool.get())
@@ -250,11 +246,7 @@ impl Fenced {
             .map_err(|_| late())?
             .map_err(|e| Refusal::Unavailable(format!("PostgreSQL: {e}")))?;
         let left = self.deadline.saturating_sub(started.elapsed());
-        let done = tokio::time::timeout(
-            left,
-            Self::transaction(&mut client, left, aisle, robot, revision, count, token),
-        )
-        .await;
+        let done = tokio::time::timeout(left, Self::transaction(&mut client, left, w)).await;
         match done {
             Ok(Ok(())) => Ok(()),
             failed => {
@@ -272,11 +264,7 @@ impl Fenced {
     async fn transaction(
         client: &mut Object,
         left: Duration,
-        aisle: &str,
-        robot: &str,
-        revision: i64,
-        count: i64,
-        token: &str,
+        w: &Write<'_>,
     ) -> Result<(), tokio_postgres::Error> {
         let tx = client.transaction().await?;
         let ms = left.as_millis().max(1);
@@ -285,13 +273,10 @@ impl Fenced {
         ))
         .await?;
         // SET LOCAL fencing.token = '…': the protected table's trigger verifies it.
-        tx.execute("SELECT set_config('fencing.token', $1, true)", &[&token])
+        tx.execute("SELECT set_config('fencing.token', $1, true)", &[&w.token])
             .await?;
-        tx.execute(
-            "INSERT INTO applied (aisle, robot, revision, count) VALUES ($1, $2, $3, $4)",
-            &[&aisle, &robot, &revision, &count],
-        )
-        .await?;
+        tx.execute(INSERT, &[&w.aisle, &w.robot, &w.revision, &w.count])
+            .await?;
         tx.commit().await
     }
 }
@@ -373,10 +358,14 @@ async fn record(
     let Some(revision) = token.split('.').nth(3).and_then(|r| r.parse::<i64>().ok()) else {
         return refused("malformed Fencing-Token");
     };
-    match db
-        .append(&aisle, &count.robot, revision, count.count, token)
-        .await
-    {
+    let write = Write {
+        aisle: &aisle,
+        robot: &count.robot,
+        revision,
+        count: count.count,
+        token,
+    };
+    match db.append(&write).await {
         Ok(()) => (StatusCode::OK, "recorded").into_response(),
         // As fence-gateway answers the same refusals.
         Err(Refusal::Fenced(code, message)) => {
