@@ -11,10 +11,8 @@ use etcd_client::proto::{
 use futures::stream::{BoxStream, StreamExt};
 use tonic::{Request, Response, Streaming};
 
+use super::renewals::Renewals;
 use super::{status, Front};
-
-/// Most renewals of one keepalive stream under way at once (answered in order).
-pub(crate) const KEEPALIVES_IN_FLIGHT: usize = 64;
 
 type Answer<T> = Result<Response<T>, tonic::Status>;
 
@@ -40,23 +38,19 @@ impl PbLeaseService for Front {
 
     type LeaseKeepAliveStream = BoxStream<'static, Result<PbLeaseKeepAliveResponse, tonic::Status>>;
 
-    /// Answers in the order of the requests, as etcd answers them, with up to
-    /// [`KEEPALIVES_IN_FLIGHT`] renewals of one stream under way at once (each is an etcd round
-    /// trip here, where etcd renews from memory: one at a time, one stream renewing many leases —
-    /// Go's client — would be capped at one round trip per renewal); an unknown (or another
-    /// tenant's) lease answered with TTL 0. No task is spawned: the answers are a stream over the
-    /// requests that tonic polls and drops when the call ends, so a client's half-close ends it
-    /// once every answer is sent, and a cancel stops it at once.
+    /// Answers in the order of the requests, as etcd answers them, several renewals under way
+    /// at once and the requests read ahead ([`Renewals`]: each is an etcd round trip here, where
+    /// etcd renews from memory); an unknown (or another tenant's) lease answered with TTL 0.
     async fn lease_keep_alive(
         &self,
         req: Request<Streaming<PbLeaseKeepAliveRequest>>,
     ) -> Answer<Self::LeaseKeepAliveStream> {
         let caller = Arc::new(self.caller(&req)?);
         let front = self.clone();
-        let answers = req.into_inner().map(move |request| {
+        let requests = req.into_inner().map(|request| request.map(|r| r.id));
+        let answers = Renewals::new(requests, move |id| {
             let (front, caller) = (front.clone(), caller.clone());
             async move {
-                let id = request?.id;
                 front
                     .core()
                     .lease_keep_alive(&caller, id)
@@ -64,9 +58,7 @@ impl PbLeaseService for Front {
                     .map_err(status)
             }
         });
-        Ok(Response::new(
-            answers.buffered(KEEPALIVES_IN_FLIGHT).boxed(),
-        ))
+        Ok(Response::new(answers.boxed()))
     }
 
     async fn lease_time_to_live(

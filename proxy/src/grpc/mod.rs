@@ -20,6 +20,7 @@ mod lease;
 mod lock;
 mod manual;
 mod observe;
+mod renewals;
 mod watch;
 
 use std::convert::Infallible;

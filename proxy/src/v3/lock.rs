@@ -295,7 +295,8 @@ impl Service {
             ));
         }
         // etcd's lock service reports a lease it does not know untyped: gRPC Unknown, HTTP 500.
-        // A remembered lease gone since is refused by etcd below with the same message.
+        // A lease remembered here but gone since is refused by etcd's put below with the same
+        // message; where no put happens (the key was there already), it is read again.
         if !self.leases.owned_remembered(lease, s).await? {
             return Err(Status::new(Code::Unknown, LEASE_NOT_FOUND));
         }
@@ -344,6 +345,9 @@ impl Service {
                 _ => None,
             })
             .collect();
+        if !resp.0.succeeded && !self.leases.owned(lease, s).await? {
+            return Err(Status::new(Code::Unknown, LEASE_NOT_FOUND));
+        }
         let mine = if resp.0.succeeded {
             resp.0.header.as_ref().map(|h| h.revision)
         } else {
@@ -365,7 +369,10 @@ impl Service {
             .map(|kv| &kv.value);
         if let (false, Some(value), Some(existing)) = (resp.0.succeeded, value, existing) {
             if existing.as_slice() != value {
-                header = self.replace(&key, mine, value, lease).await?;
+                header = self
+                    .replace(&key, mine, value, lease)
+                    .await
+                    .map_err(untyped)?;
             }
         }
 
