@@ -10,8 +10,9 @@
 //! the proxy's own. A marker with an empty value (granted with authentication off) belongs to
 //! no principal.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, PoisonError};
+use std::collections::HashSet;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use tokio::time::Instant;
 
 use etcd_client::proto::{
     PbLeaseGrantResponse, PbLeaseKeepAliveResponse, PbLeaseLeasesResponse, PbLeaseRevokeResponse,
@@ -19,25 +20,19 @@ use etcd_client::proto::{
 };
 use etcd_client::{LeaseGrantOptions, LeaseTimeToLiveOptions};
 
+use super::remembered::Remembered;
 use super::request::{LeaseGrant, TimeToLive};
 use super::service::{Caller, Service};
 use super::status::{Code, Status, LEASE_NOT_FOUND};
 use crate::etcd::{prefix_end, Etcd};
 
-/// Most leases [`Markers::owned_remembered`] remembers (then it starts again from none).
-const CONFIRMED: usize = 1 << 16;
-
 /// The marker keys of `/v3` leases.
 pub(crate) struct Markers {
     etcd: Etcd,
     prefix: String,
-    /// Leases whose marker was read (or written) here, with its value (see
-    /// [`Markers::owned_remembered`] for who may use it). A
-    /// marker is written once, at the grant, and lives and dies with its lease; the lease's id
-    /// is etcd's (an explicit id is refused), and etcd never gives one again. So an id once
-    /// confirmed stays that principal's lease until it is gone, and a renewal of a gone lease is
-    /// answered as one of an unknown lease (TTL 0) — no read is needed to confine renewals.
-    confirmed: Mutex<HashMap<i64, Box<[u8]>>>,
+    /// Markers read (or written) here lately ([`Remembered`]; who may use them:
+    /// [`Markers::owned_remembered`]).
+    remembered: Mutex<Remembered>,
 }
 
 impl Markers {
@@ -46,27 +41,23 @@ impl Markers {
         Self {
             etcd,
             prefix,
-            confirmed: Mutex::new(HashMap::new()),
+            remembered: Mutex::new(Remembered::default()),
         }
     }
 
-    fn confirmed(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Box<[u8]>>> {
-        self.confirmed
+    fn remembered(&self) -> MutexGuard<'_, Remembered> {
+        self.remembered
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn remember(&self, id: i64, owner: &[u8]) {
-        let mut confirmed = self.confirmed();
-        if confirmed.len() >= CONFIRMED {
-            confirmed.clear();
-        }
-        confirmed.insert(id, owner.into());
+        self.remembered().insert(id, owner, Instant::now());
     }
 
     /// Forgets lease `id` (revoked, or found gone).
     pub(crate) fn forget(&self, id: i64) {
-        self.confirmed().remove(&id);
+        self.remembered().remove(id);
     }
 
     fn key(&self, id: i64) -> String {
@@ -83,7 +74,7 @@ impl Markers {
         Ok(())
     }
 
-    /// [`Self::owned`] from what this replica confirmed before, if it did (see `confirmed`),
+    /// [`Self::owned`] from the marker this replica read lately, if it did ([`Remembered`]),
     /// else read. A gone lease may still be taken for `s`'s here: only for calls that then
     /// answer it as etcd answers an unknown lease — a renewal (TTL 0) and a lock or campaign's
     /// join (etcd refuses the put under a gone lease: "requested lease not found").
@@ -91,7 +82,7 @@ impl Markers {
         if id == 0 {
             return Ok(false);
         }
-        if let Some(owner) = self.confirmed().get(&id) {
+        if let Some(owner) = self.remembered().get(id, Instant::now()) {
             return Ok(s.owns(owner));
         }
         match self.etcd.get(&self.key(id)).await? {

@@ -26,6 +26,7 @@ mod lease;
 mod lock;
 mod namespace;
 mod proto;
+mod remembered;
 mod request;
 mod service;
 mod status;
