@@ -4,8 +4,11 @@
 //! and its output must be `tests/pg/cases.out` (`BLESS=1` rewrites it). Then the install itself:
 //! adopting a gateway's tables, sharing marks with a running store, refusing a newer package,
 //! uninstalling without lowering a mark; and a SQL raise waiting for a real `SharedGate`'s write
-//! in flight. Each test makes its own database and roles and drops
-//! them. (Concurrent cases are in sdk/python/tests/test_pg_fencing.py.)
+//! in flight; the SQL verification against `Keyring::verify` over every small mutation of a
+//! token; how `protect` evaluates a resource expression; how a claim is split. Each test makes
+//! its own database and roles and drops them. (Concurrent cases are in
+//! sdk/python/tests/test_pg_fencing.py.) Over 500 lines: one file, because every test shares
+//! the scratch database and the installed package (`Scratch`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;

@@ -6,6 +6,9 @@
 //! Normalisation: response headers dropped (cluster, member, revision, raft term), every
 //! create/mod revision zeroed, lease ids replaced by their order of first appearance, a remaining
 //! TTL above 0 by 1 (a second may tick between the two sides), a lease's keys sorted.
+//!
+//! Over 500 lines: the KV and Lease services' tests share the normalisation and the script;
+//! the streaming services are in grpc_services.rs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
