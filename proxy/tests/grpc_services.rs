@@ -12,6 +12,10 @@
 //! without events (created, canceled, its reason, whether a compact revision is given, watch
 //! id), so that etcd batching events of several revisions into one answer on one side and not
 //! the other changes nothing.
+//!
+//! Over 500 lines: the streaming services' tests share this file's proxy-against-etcd harness
+//! (`etcdctl` runs, the normalisation); they are to split by service (watch; lock and election)
+//! once that harness moves to `common`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
