@@ -99,6 +99,19 @@ impl History {
     }
 }
 
+/// An HTTP answer's status and JSON body (`None` where there was no answer, or no JSON).
+pub async fn answer(
+    sent: reqwest::Result<reqwest::Response>,
+) -> (Option<u16>, Option<serde_json::Value>) {
+    match sent {
+        Ok(r) => {
+            let status = r.status().as_u16();
+            (Some(status), r.json::<serde_json::Value>().await.ok())
+        }
+        Err(_) => (None, None),
+    }
+}
+
 /// Classifies an HTTP answer (or its absence).
 pub fn outcome(status: Option<u16>) -> Outcome {
     match status {

@@ -527,13 +527,7 @@ async fn idle_probe(
             .json(&serde_json::json!({"holder": IDLE_CLIENT, "ttl_seconds": 10}))
             .send()
             .await;
-        let (status, body) = match answer {
-            Ok(r) => {
-                let status = r.status().as_u16();
-                (Some(status), r.json::<serde_json::Value>().await.ok())
-            }
-            Err(_) => (None, None),
-        };
+        let (status, body) = crate::history::answer(answer).await;
         let revision = body
             .as_ref()
             .and_then(|b| b["token"].as_str())

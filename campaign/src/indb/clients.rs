@@ -283,13 +283,7 @@ async fn acquire(
         .timeout(Duration::from_secs(7))
         .send()
         .await;
-    let (status, body) = match answer {
-        Ok(r) => {
-            let status = r.status().as_u16();
-            (Some(status), r.json::<serde_json::Value>().await.ok())
-        }
-        Err(_) => (None, None),
-    };
+    let (status, body) = crate::history::answer(answer).await;
     let result = outcome(status);
     let grant = body.filter(|_| result == Outcome::Ok).and_then(|b| {
         Some(Grant {
