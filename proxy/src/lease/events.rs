@@ -1,5 +1,6 @@
 //! Ownership events for `GET /v1/watch`: every grant made (`acquired`) and ended (`released`,
-//! `expired`), in etcd's revision order, from one etcd watch per subscriber.
+//! `expired`), in etcd's revision order, read from one etcd watch ([`Watch`]). The replica's
+//! streams share one such watch (`feed.rs`); a stream that falls behind it reads its own.
 //!
 //! A grant is made by creating its ownership key `{prefix}holders/{resource}`; it ends when that
 //! key is deleted, `released` or `expired` as the end markers of its revision say (`marker.rs`).
@@ -68,6 +69,16 @@ pub(crate) enum Next {
     Progress(Position),
 }
 
+impl Next {
+    /// Where a reader stands once it has this: the event's position, or the progress.
+    pub(crate) fn position(&self) -> Position {
+        match self {
+            Next::Event(event) => event.position,
+            Next::Progress(position) => *position,
+        }
+    }
+}
+
 /// One ownership event, as sent in an SSE `data` line.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct OwnershipEvent {
@@ -96,18 +107,18 @@ pub(crate) struct OwnershipEvent {
     pub(crate) session: Option<i64>,
 }
 
-/// The key layout of the event feed.
+/// Where ownership events are read from: the ownership keys and end markers of a layout.
 #[derive(Clone)]
-pub(crate) struct Feed {
+pub(super) struct Source {
     etcd: Etcd,
     holders: String,
     ended: String,
     markers: EndMarkers,
 }
 
-impl Feed {
-    /// The feed over the ownership keys and the end markers of `layout`.
-    pub(crate) fn new(etcd: Etcd, layout: &Layout) -> Self {
+impl Source {
+    /// The events of the ownership keys and the end markers of `layout`.
+    pub(super) fn new(etcd: Etcd, layout: &Layout) -> Self {
         Self {
             etcd,
             holders: layout.holders().to_owned(),
@@ -116,11 +127,48 @@ impl Feed {
         }
     }
 
-    /// Subscribes to the events after `after` (or after now, when `None`): answers the position
-    /// the subscription starts from and the subscription. [`Error::EventsUnavailable`] when
-    /// `after` is no longer (or not yet) in etcd's history.
-    pub(crate) async fn subscribe(&self, after: Option<Position>) -> Result<Subscription> {
-        let start = match after {
+    /// The replica's metrics.
+    pub(super) fn metrics(&self) -> &crate::metrics::Metrics {
+        self.etcd.metrics()
+    }
+
+    /// Watches the events after `after` (or after now, when `None`).
+    /// [`Error::EventsUnavailable`] when `after` is no longer (or not yet) in etcd's history.
+    pub(super) async fn watch(&self, after: Option<Position>) -> Result<Watch> {
+        let start = self.start(after).await?;
+        let options = WatchOptions::new()
+            .with_range(prefix_end(self.holders.as_bytes()))
+            .with_prev_key()
+            .with_fragment()
+            .with_progress_notify()
+            .with_start_revision(start.watch_from());
+        let (index, stream) = self
+            .etcd
+            .open_watch(self.ended.as_str(), options, "event")
+            .await
+            .ok_or(Error::EtcdTimeout(self.etcd.timeout()))?;
+        // Everything up to here has been seen: `R` bare, or the revision before `R.n`.
+        let through = match start.index {
+            Some(_) => start.revision - 1,
+            None => start.revision,
+        };
+        Ok(Watch {
+            source: self.clone(),
+            start,
+            through,
+            told: through,
+            skip: start.index.map(|n| (start.revision, n)),
+            stream,
+            pinned: index,
+            partial: Vec::new(),
+            ready: VecDeque::new(),
+        })
+    }
+
+    /// Where events after `after` (or after now) start: `after` once it is checked to be in
+    /// etcd's history, or etcd's current revision.
+    pub(super) async fn start(&self, after: Option<Position>) -> Result<Position> {
+        Ok(match after {
             Some(after) => {
                 // Revision 1 is etcd's empty start: no event ever has it.
                 if after.index.is_some() && after.revision < 2 {
@@ -150,33 +198,6 @@ impl Feed {
                 revision: self.etcd.header().await?.revision,
                 index: None,
             },
-        };
-        let options = WatchOptions::new()
-            .with_range(prefix_end(self.holders.as_bytes()))
-            .with_prev_key()
-            .with_fragment()
-            .with_progress_notify()
-            .with_start_revision(start.watch_from());
-        let (index, stream) = self
-            .etcd
-            .open_watch(self.ended.as_str(), options, "event")
-            .await
-            .ok_or(Error::EtcdTimeout(self.etcd.timeout()))?;
-        // Everything up to here has been seen: `R` bare, or the revision before `R.n`.
-        let through = match start.index {
-            Some(_) => start.revision - 1,
-            None => start.revision,
-        };
-        Ok(Subscription {
-            feed: self.clone(),
-            start,
-            through,
-            told: through,
-            skip: start.index.map(|n| (start.revision, n)),
-            stream,
-            pinned: index,
-            partial: Vec::new(),
-            ready: VecDeque::new(),
         })
     }
 
@@ -264,13 +285,13 @@ impl Feed {
     }
 }
 
-/// One subscriber's etcd watch.
-pub(crate) struct Subscription {
-    feed: Feed,
+/// One etcd watch of the ownership events.
+pub(super) struct Watch {
+    source: Source,
     /// Where the subscription starts (the first SSE id).
     start: Position,
     /// Every event of the revisions up to this one has been read from etcd and classified (it
-    /// is in `ready`, or was yielded, or was none of the subscriber's).
+    /// is in `ready`, or was yielded, or was none of the watch's).
     through: i64,
     /// The `through` last yielded as [`Next::Progress`] (or covered by the start).
     told: i64,
@@ -285,15 +306,15 @@ pub(crate) struct Subscription {
     ready: VecDeque<OwnershipEvent>,
 }
 
-impl Subscription {
-    /// The position the subscription starts after.
-    pub(crate) fn start(&self) -> Position {
+impl Watch {
+    /// The position the watch starts after.
+    pub(super) fn start(&self) -> Position {
         self.start
     }
 
     /// The next event or progress, in revision order; `Ok(None)` when etcd ended the watch,
     /// [`Error::EventsUnavailable`] when it cancelled it for compaction. Cancel-safe.
-    pub(crate) async fn next(&mut self) -> Result<Option<Next>> {
+    pub(super) async fn next(&mut self) -> Result<Option<Next>> {
         loop {
             if let Some(event) = self.ready.pop_front() {
                 return Ok(Some(Next::Event(event)));
@@ -309,7 +330,7 @@ impl Subscription {
                 Ok(Some(resp)) => resp,
                 Ok(None) => return Ok(None),
                 Err(e) => {
-                    self.feed.etcd.unpin(self.pinned);
+                    self.source.etcd.unpin(self.pinned);
                     return Err(Error::Etcd(e));
                 }
             };
@@ -359,7 +380,7 @@ impl Subscription {
             Some((r, n)) if r == revision => Some(n),
             _ => None,
         };
-        let events = self.feed.classify(revision, &group, skip);
+        let events = self.source.classify(revision, &group, skip);
         self.ready.extend(events);
         self.partial.clear();
         self.through = self.through.max(revision);

@@ -10,13 +10,15 @@
 //! in line, then one attempt), `attempt` (the one attempt: lease, record, create transaction),
 //! `shared` (spare leases), `replay` (idempotent retries), `confirm` (who holds, and whether a
 //! secret proves it), `renew`, `ending` (release, withdrawal), `session`, `list`; the event feed
-//! and the watch-fed view are `events` and `view`.
+//! is `events` (reading ownership events from an etcd watch) and `feed` (one such watch shared
+//! by the replica's streams), the watch-fed view `view`.
 
 mod acquire;
 mod attempt;
 mod confirm;
 mod ending;
 mod events;
+mod feed;
 mod list;
 mod marker;
 mod position;
@@ -48,7 +50,8 @@ use crate::keys::Layout;
 use crate::metrics::Metrics;
 use crate::prefence::Prefence;
 use crate::Result;
-pub(crate) use events::{Feed, Next, OwnershipEvent, Subscription};
+pub(crate) use events::{Next, OwnershipEvent};
+pub(crate) use feed::{Feed, Subscription};
 pub(crate) use list::{list_prefixes, Page};
 pub(crate) use position::Position;
 pub(crate) use recheck::Recheck;
@@ -117,7 +120,7 @@ impl Leases {
         stopping: CancellationToken,
     ) -> Self {
         let waiters_prefix = layout.waiters().to_owned();
-        let feed = Feed::new(etcd.clone(), &layout);
+        let feed = Feed::new(etcd.clone(), &layout, tracker.clone(), stopping.clone());
         let markers = marker::EndMarkers::new(&layout);
         let deletions = Deletions::start(&etcd, waiters_prefix.clone(), &tracker, stopping.clone());
         let queue = queue::WaitQueue::start(

@@ -46,6 +46,21 @@ impl Position {
     }
 }
 
+/// History order: `R.n` (after event `n` of revision `R`) comes before `R.m` for `n < m`, and
+/// before bare `R` (after all of `R`), which comes before anything of `R + 1`.
+impl Ord for Position {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        let key = |p: &Position| (p.revision, p.index.map_or(u64::MAX, u64::from));
+        key(self).cmp(&key(other))
+    }
+}
+
+impl PartialOrd for Position {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
 impl fmt::Display for Position {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.index {
@@ -67,6 +82,10 @@ mod tests {
                 Some(id)
             );
         }
+        let at = |id: &str| Position::parse(id).ok();
+        assert!(at("41") < at("42.0") && at("42.0") < at("42.3"));
+        assert!(at("42.3") < at("42.4294967295") && at("42.4294967295") < at("42"));
+        assert!(at("42") < at("43.0"));
         let p = Position::parse("42.3").ok();
         assert_eq!(p.map(|p| p.watch_from()), Some(42));
         assert_eq!(Position::parse("42").ok().map(|p| p.watch_from()), Some(43));
