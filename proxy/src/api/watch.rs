@@ -157,7 +157,7 @@ pub(super) async fn watch(
         .watch_slots
         .take(caller.as_deref().map(|p| p.name.as_str()))
         .inspect_err(|e| authz::audit_refusal(&app, &headers, &caller, Op::Read, &q.prefix, e))?;
-    let subscription = app.leases.feed().subscribe(after).await?;
+    let subscription = app.leases.feed().subscribe(after, &q.prefix).await?;
     // What authenticated the stream, to check it again while it runs: a token removed from the
     // file (or a permission taken away) ends or narrows the stream within a second.
     let credentials = app.auth.clone().map(|auth| Credentials {

@@ -128,8 +128,9 @@ pub struct Config {
     )]
     pub max_client_connections: usize,
 
-    /// Most ownership event streams (`GET /v1/watch`) served at once by this replica (each is
-    /// one etcd watch); further ones are answered 503 `too-many-watches`.
+    /// Most ownership event streams (`GET /v1/watch`) served at once by this replica (all on one
+    /// shared etcd watch; one left behind reads its own until caught up); further ones are
+    /// answered 503 `too-many-watches`.
     #[arg(long, env = "LEASE_PROXY_MAX_WATCH_STREAMS", default_value_t = 256)]
     pub max_watch_streams: usize,
 

@@ -8,6 +8,11 @@
 //! watch from where it stands, as every stream did before the feed was shared, and takes its
 //! cursor back in the ring as soon as the ring holds everything after its position again.
 //!
+//! Wake-ups: a stream waiting at the ring's end is woken when an event under its prefix comes,
+//! and for everything else at most once a second (or every [`ANNOUNCE_AFTER`] messages), when
+//! it reads past what is not its prefix's in one go and tells it as progress. A thousand idle
+//! streams on other prefixes cost an event no wake-up.
+//!
 //! What a stream yields does not depend on which it reads: the ring holds the tail's messages
 //! in history order (`Position`'s order), a stream yields only what is past its own position,
 //! and the ring is kept contiguous — everything after its `base` is in it or yet to come. When
@@ -17,11 +22,11 @@
 //! their own watches, which answer them as etcd would (410 to their client, which lists again).
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use fencing::backoff::Backoff;
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -36,6 +41,13 @@ const RETAINED: usize = 4096;
 /// …and at most this many bytes of them (a holder name written straight into etcd can be as long
 /// as etcd's value limit), as counted by [`weight`].
 const RETAINED_BYTES: usize = 1 << 20;
+
+/// A stream is woken for each event under its prefix, and for the others (to move its resume
+/// point past them) at least this often while they come…
+const ANNOUNCE_EVERY: Duration = Duration::from_secs(1);
+/// …or once this many messages have come since the last such wake-up, well before the ring
+/// could overtake a stream that reads on.
+const ANNOUNCE_AFTER: usize = RETAINED / 2;
 
 /// Pauses between attempts to open the tail's watch again.
 const REOPEN: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
@@ -52,10 +64,23 @@ pub(crate) struct Feed {
 /// The tail's ring and how far it has come.
 struct Shared {
     ring: Mutex<Ring>,
-    /// The sequence number after the ring's newest message; bumped with each message.
-    end: watch::Sender<u64>,
+    /// The streams reading the ring, to wake when a message comes for them.
+    waiters: Mutex<Waiters>,
     /// Held while the tail is started, so that one caller starts it.
     starting: tokio::sync::Mutex<()>,
+}
+
+/// A stream's wake-up: for the events under its prefix at once, for the rest now and then.
+struct Waiter {
+    prefix: String,
+    notify: Notify,
+}
+
+#[derive(Default)]
+struct Waiters {
+    all: Vec<Weak<Waiter>>,
+    /// Messages pushed since every stream was last woken.
+    unannounced: usize,
 }
 
 #[derive(Default)]
@@ -101,7 +126,7 @@ impl Feed {
             source: Source::new(etcd, layout),
             shared: Arc::new(Shared {
                 ring: Mutex::new(Ring::default()),
-                end: watch::Sender::new(0),
+                waiters: Mutex::default(),
                 starting: tokio::sync::Mutex::new(()),
             }),
             tracker,
@@ -111,8 +136,13 @@ impl Feed {
 
     /// Subscribes to the events after `after` (or after now, when `None`): answers the position
     /// the subscription starts from and the subscription. [`Error::EventsUnavailable`] when
-    /// `after` is no longer (or not yet) in etcd's history.
-    pub(crate) async fn subscribe(&self, after: Option<Position>) -> Result<Subscription> {
+    /// `after` is no longer (or not yet) in etcd's history. Events whose resource does not start
+    /// with `prefix` may be left out (and told as progress); the others are yielded as they come.
+    pub(crate) async fn subscribe(
+        &self,
+        after: Option<Position>,
+        prefix: &str,
+    ) -> Result<Subscription> {
         self.start_tail().await?;
         // Checked against etcd's history (or read from etcd, for "now") as a stream of its own
         // would: the ring does not decide what is still in the history.
@@ -129,7 +159,8 @@ impl Feed {
         Ok(Subscription {
             source: self.source.clone(),
             shared: self.shared.clone(),
-            end: self.shared.end.subscribe(),
+            waiter: self.shared.waiter(prefix),
+            read_past: false,
             start,
             at: start,
             mode,
@@ -168,8 +199,52 @@ impl Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// A new stream's wake-up.
+    fn waiter(&self, prefix: &str) -> Arc<Waiter> {
+        let waiter = Arc::new(Waiter {
+            prefix: prefix.to_owned(),
+            notify: Notify::new(),
+        });
+        let mut waiters = self.waiters();
+        waiters.all.retain(|w| w.strong_count() > 0);
+        waiters.all.push(Arc::downgrade(&waiter));
+        waiter
+    }
+
+    fn waiters(&self) -> MutexGuard<'_, Waiters> {
+        self.waiters
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Wakes the streams under `resource` (or every stream, for `None`).
+    fn wake(&self, resource: Option<&str>) {
+        let mut waiters = self.waiters();
+        if resource.is_none() {
+            waiters.unannounced = 0;
+            waiters.all.retain(|w| w.strong_count() > 0);
+        }
+        for waiter in waiters.all.iter().filter_map(Weak::upgrade) {
+            if resource.is_none_or(|r| r.starts_with(&waiter.prefix)) {
+                // A permit is kept for a stream not waiting yet: no wake-up is lost.
+                waiter.notify.notify_one();
+            }
+        }
+    }
+
+    /// Wakes every stream if messages came since it was last done.
+    fn announce(&self) {
+        if self.waiters().unannounced > 0 {
+            self.wake(None);
+        }
+    }
+
     fn push(&self, next: Next) {
-        let end = {
+        let resource = match &next {
+            Next::Event(event) => Some(event.resource.clone()),
+            Next::Progress(_) => None,
+        };
+        {
             let mut ring = self.lock();
             ring.bytes += weight(&next);
             ring.messages.push_back(next);
@@ -181,29 +256,36 @@ impl Shared {
                 ring.base = Some(oldest.position());
                 ring.first += 1;
             }
-            ring.end()
+        }
+        let unannounced = {
+            let mut waiters = self.waiters();
+            waiters.unannounced += 1;
+            waiters.unannounced
         };
-        self.end.send_replace(end);
+        if unannounced >= ANNOUNCE_AFTER {
+            self.wake(None);
+        } else if let Some(resource) = resource {
+            self.wake(Some(&resource));
+        }
     }
 
     /// The ring starts again at `base`: every cursor in it is overtaken (a sequence number is
     /// skipped, so that one at the old end is too).
     fn restart(&self, base: Position) {
-        let end = {
+        {
             let mut ring = self.lock();
             ring.first = ring.end() + 1;
             ring.messages.clear();
             ring.bytes = 0;
             ring.base = Some(base);
-            ring.end()
-        };
-        self.end.send_replace(end);
+        }
+        self.wake(None);
     }
 
     fn stop(&self) {
         self.lock().running = false;
         // Wakes every stream waiting in the ring: none of them will get another message there.
-        self.end.send_modify(|_| {});
+        self.wake(None);
     }
 }
 
@@ -227,9 +309,15 @@ struct Tail {
 impl Tail {
     async fn run(mut self, mut watch: Watch, stopping: CancellationToken) {
         let mut backoff = REOPEN;
+        let mut announce = tokio::time::interval(ANNOUNCE_EVERY);
+        announce.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let next = tokio::select! {
                 () = stopping.cancelled() => break,
+                _ = announce.tick() => {
+                    self.shared.announce();
+                    continue;
+                }
                 next = watch.next() => next,
             };
             match next {
@@ -290,7 +378,9 @@ impl Tail {
 pub(crate) struct Subscription {
     source: Source,
     shared: Arc<Shared>,
-    end: watch::Receiver<u64>,
+    waiter: Arc<Waiter>,
+    /// Events outside the prefix were read past since the last message yielded.
+    read_past: bool,
     /// Where the subscription starts (the first SSE id).
     start: Position,
     /// Everything up to here has been yielded (or was before the start).
@@ -319,36 +409,25 @@ impl Subscription {
         loop {
             match &mut self.mode {
                 Mode::Shared(cursor) => {
-                    // Marked seen before the ring is read: a message pushed after the read wakes
-                    // the wait below.
-                    self.end.borrow_and_update();
-                    let read = {
-                        let ring = self.shared.lock();
-                        if *cursor < ring.first {
-                            Read::Overtaken
-                        } else if let Some(next) =
-                            ring.messages.get((*cursor - ring.first) as usize)
-                        {
-                            Read::Message(next.clone())
-                        } else if ring.running {
-                            Read::Wait
-                        } else {
-                            return Ok(None);
-                        }
-                    };
+                    let read = read_ring(
+                        &self.shared.lock(),
+                        cursor,
+                        &mut self.at,
+                        &self.waiter.prefix,
+                        &mut self.read_past,
+                    );
                     match read {
                         Read::Message(next) => {
-                            *cursor += 1;
-                            if next.position() > self.at {
-                                self.at = next.position();
-                                return Ok(Some(next));
-                            }
+                            self.read_past = false;
+                            return Ok(Some(next));
                         }
-                        Read::Wait => {
-                            if self.end.changed().await.is_err() {
-                                return Ok(None);
-                            }
+                        Read::Ended => return Ok(None),
+                        Read::Wait if self.read_past => {
+                            self.read_past = false;
+                            return Ok(Some(Next::Progress(self.at)));
                         }
+                        // A message pushed after the read above left a permit: nothing is missed.
+                        Read::Wait => self.waiter.notify.notified().await,
                         Read::Overtaken => {
                             let rejoined = self.shared.lock().cursor(self.at);
                             if let Some(rejoined) = rejoined {
@@ -385,6 +464,38 @@ enum Read {
     Message(Next),
     Wait,
     Overtaken,
+    Ended,
+}
+
+/// Reads the ring from `cursor`: past what is at or before `at` and past the events outside
+/// `prefix` (setting `read_past`), to the next message to yield. Moves `cursor` and `at` past
+/// what it read; nothing it reads past is copied.
+fn read_ring(
+    ring: &Ring,
+    cursor: &mut u64,
+    at: &mut Position,
+    prefix: &str,
+    read_past: &mut bool,
+) -> Read {
+    if *cursor < ring.first {
+        return Read::Overtaken;
+    }
+    while let Some(next) = ring.messages.get((*cursor - ring.first) as usize) {
+        *cursor += 1;
+        if next.position() <= *at {
+            continue;
+        }
+        *at = next.position();
+        match next {
+            Next::Event(e) if !e.resource.starts_with(prefix) => *read_past = true,
+            _ => return Read::Message(next.clone()),
+        }
+    }
+    if ring.running {
+        Read::Wait
+    } else {
+        Read::Ended
+    }
 }
 
 #[cfg(test)]
@@ -398,7 +509,7 @@ mod tests {
     fn shared(base: Position) -> Shared {
         let shared = Shared {
             ring: Mutex::new(Ring::default()),
-            end: watch::Sender::new(0),
+            waiters: Mutex::default(),
             starting: tokio::sync::Mutex::new(()),
         };
         {

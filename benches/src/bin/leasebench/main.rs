@@ -29,6 +29,7 @@ mod raw;
 mod sessions;
 mod sides;
 mod sustain_sessions;
+mod v1_watch;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -148,6 +149,11 @@ struct Args {
     /// Puts under the watched prefix, one at a time, each timed to every watcher.
     #[arg(long, default_value_t = 5)]
     grpc_watch_puts: usize,
+    /// Hold this many idle `GET /v1/watch` streams open on the proxy while the tables run, and
+    /// report etcd's watchers and the proxy's memory with them (the proxy started here gets
+    /// `--max-watch-streams` and `--max-client-connections` to match).
+    #[arg(long)]
+    v1_watchers: Option<usize>,
 }
 
 #[tokio::main]
@@ -169,12 +175,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
             let etcd = Etcd::single().await;
             let url = etcd.endpoint(0);
             let bin = stack::workspace_binary("lease-proxy");
-            // Room for the gRPC watchers beside the proxy's default of 256 event streams.
-            let watch_streams = args.grpc_watchers.map(|n| (n + 256).to_string());
-            let extra: Vec<&str> = match &watch_streams {
+            // Room for the gRPC and /v1 watchers beside the proxy's default of 256 event streams.
+            let watch_streams =
+                Some(args.grpc_watchers.unwrap_or(0) + args.v1_watchers.unwrap_or(0))
+                    .filter(|&n| n > 0)
+                    .map(|n| (n + 256).to_string());
+            // Each /v1 watcher is a connection too: room for them beside the default 1,024.
+            let connections = args.v1_watchers.map(|n| (n + 1024).to_string());
+            let mut extra: Vec<&str> = match &watch_streams {
                 Some(n) => vec!["--max-watch-streams", n],
                 None => Vec::new(),
             };
+            if let Some(n) = &connections {
+                extra.extend(["--max-client-connections", n]);
+            }
             let (proxy, spawned) = stack.lease_proxy(&bin, &url, &extra).await?;
             if args.unbatched {
                 let mut extra = vec!["--batch-max".to_owned(), "1".to_owned()];
@@ -215,6 +229,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Arc::new(grpc::Grpc::connect(&proxy_url, "").await?),
         ));
     }
+    let v1_watch = match args.v1_watchers {
+        Some(n) => Some(v1_watch::open(n, &etcd_url, &proxy_url, proxy_pid).await?),
+        None => None,
+    };
     let tables = columns.tables(&args);
     let total =
         sides::count(&tables, &cells) + args.sustain.len() * (2 * args.sustain_rounds.max(1) + 1);
@@ -278,7 +296,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
             &names,
         )?;
     }
-    write_json(&args, &rows, sustained, sessions_run, watch_run)
+    write_json(
+        &args,
+        &rows,
+        sustained,
+        sessions_run,
+        watch_run,
+        v1_watch.map(|held| held.report),
+    )
 }
 
 /// Takes what the requested tables need, untimed: held leases on both sides for `renew`,
@@ -327,6 +352,7 @@ fn write_json(
     sustained: Vec<serde_json::Value>,
     sessions: Option<serde_json::Value>,
     grpc_watch: Option<serde_json::Value>,
+    v1_watch: Option<serde_json::Value>,
 ) -> anyhow::Result<()> {
     if let Some(path) = &args.json {
         let mut doc = json!({
@@ -347,6 +373,9 @@ fn write_json(
         }
         if let Some(w) = grpc_watch {
             doc["grpc_watch"] = w;
+        }
+        if let Some(w) = v1_watch {
+            doc["v1_watch"] = w;
         }
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -420,7 +449,7 @@ async fn run_secure(args: &Args) -> anyhow::Result<()> {
             &["proxy", "proxy tls+auth"],
         )?;
     }
-    write_json(args, &rows, Vec::new(), None, None)
+    write_json(args, &rows, Vec::new(), None, None, None)
 }
 
 /// The columns of every requested operation's table. `proxy_held`/`sessions` are shared by
