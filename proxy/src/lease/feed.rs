@@ -467,8 +467,8 @@ enum Read {
     Ended,
 }
 
-/// Reads the ring from `cursor`: past what is at or before `at` and past the events outside
-/// `prefix` (setting `read_past`), to the next message to yield. Moves `cursor` and `at` past
+/// Reads the ring from `cursor`: past what is at or before `at`, past progress and past the
+/// events outside `prefix` (setting `read_past`), to the next event to yield. Moves `cursor` and `at` past
 /// what it read; nothing it reads past is copied.
 fn read_ring(
     ring: &Ring,
@@ -487,8 +487,9 @@ fn read_ring(
         }
         *at = next.position();
         match next {
-            Next::Event(e) if !e.resource.starts_with(prefix) => *read_past = true,
-            _ => return Read::Message(next.clone()),
+            Next::Event(e) if e.resource.starts_with(prefix) => return Read::Message(next.clone()),
+            // Progress, or another prefix's event: told once the ring has no more.
+            _ => *read_past = true,
         }
     }
     if ring.running {
