@@ -2,7 +2,8 @@
 # Reproduces docs/BENCHMARKS.md: builds release binaries, then runs leasebench (every operation,
 # then sessions and group commit, then sustained renewal of 1k/10k/100k held leases and of
 # 100k resources under 1,000 sessions, then the cost of HTTPS and bearer tokens, then etcd's gRPC
-# API through the proxy and straight to etcd with 1,000 gRPC watchers),
+# API through the proxy and straight to etcd with 1,000 gRPC watchers, then acquires with and
+# without 1,000 idle /v1/watch streams),
 # fencebench, pgfencebench (fencing inside PostgreSQL) and the criterion
 # micro-benchmarks, writing tables, JSON and SVG charts to ${OUT:-bench-results}/.
 # Needs etcd on PATH (Debian: etcd-server); takes about 36 minutes on 2 cores.
@@ -27,6 +28,10 @@ target/release/leasebench --secure --op acquire,renew --concurrency 1,8,64 --ops
     --json "$OUT/auth-tls.json" | tee "$OUT/auth-tls.md"
 target/release/leasebench --op grpc-put,grpc-range,grpc-keepalive,grpc-keepalive-shared,grpc-lock \
     --concurrency 1,64 --rounds 2 --grpc-watchers 1000 --json "$OUT/grpc.json" | tee "$OUT/grpc.md"
+target/release/leasebench --op acquire --concurrency 1,64 --rounds 2 \
+    --json "$OUT/v1-watch-none.json" | tee "$OUT/v1-watch-none.md"
+target/release/leasebench --op acquire --concurrency 1,64 --rounds 2 --v1-watchers 1000 \
+    --json "$OUT/v1-watch-1000.json" | tee "$OUT/v1-watch-1000.md"
 target/release/fencebench --json "$OUT/fencebench.json" --chart "$OUT/fencebench.svg" | tee "$OUT/fencebench.md"
 ensure_postgres
 target/release/pgfencebench --rounds 3 --ops 3000 --json "$OUT/pgfencebench.json" | tee "$OUT/pgfencebench.md"
