@@ -274,3 +274,35 @@ async fn streams_lose_nothing_across_the_shared_watchs_reconnect() {
     );
     assert_eq!(own_watches(&proxy, "overtaken").await, 0.0);
 }
+
+/// etcd compacting at revision C drops C's deletions from what a watch from C sends (it accepts
+/// the watch): a resume point just before C is gone — 410 on the replica whose ring holds C
+/// and on a fresh one alike — and C itself resumes (helper-20's finding).
+#[tokio::test]
+async fn a_resume_point_before_a_compacted_revisions_deletions_is_gone_on_every_replica() {
+    let etcd = Etcd::single().await;
+    let warm = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let mut sse = Sse::open(&format!("{}/v1/watch", warm.url), None).await;
+    sse.next(WAIT).await.unwrap();
+    // Five grants made in one revision, ended in the next.
+    flood(&etcd, 5, 16).await;
+    let got = take(&mut sse, 10).await;
+    let revision = |id: &str| id.split('.').next().unwrap().parse::<i64>().unwrap();
+    let (made, ended) = (revision(&got[0].2), revision(&got[5].2));
+    assert_eq!((got[5].0.as_str(), ended), ("expired", made + 1), "{got:?}");
+    etcd.client().await.compact(ended, None).await.unwrap();
+    let fresh = warm.replica(etcd.endpoints(), |_| {}).await;
+    let client = http();
+    for proxy in [&warm, &fresh] {
+        let resume = |id: String| {
+            client
+                .get(format!("{}/v1/watch", proxy.url))
+                .header("last-event-id", id)
+                .send()
+        };
+        let before = resume(made.to_string()).await.unwrap();
+        assert_eq!(before.status(), 410, "{}: bare {made}", proxy.url);
+        let at = resume(ended.to_string()).await.unwrap();
+        assert_eq!(at.status(), 200, "{}: bare {ended}", proxy.url);
+    }
+}

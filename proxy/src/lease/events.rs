@@ -32,10 +32,6 @@ use crate::etcd::{prefix_end, Etcd};
 use crate::keys::Layout;
 use crate::{Error, Result};
 
-/// What etcd says of a read at a revision it has not reached
-/// (`etcdserver: mvcc: required revision is a future revision`).
-const FUTURE_REVISION: &str = "required revision is a future revision";
-
 /// What happened to a grant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -176,21 +172,14 @@ impl Source {
                         "revision 1 holds no events".into(),
                     ));
                 }
-                // A range read at a revision fails when it is compacted or in the future. `R.n`
-                // (a watch from `R`): `R` and the revision before it must be in the history.
-                // Bare `R` (a watch from `R + 1`): `R + 1` must not be compacted — it may not
-                // exist yet, when `R` is the newest revision, and then `R` must.
-                match after.index {
-                    Some(_) => {
-                        self.in_history(after.revision).await?;
-                        self.in_history(after.revision - 1).await?;
-                    }
-                    None => match self.in_history(after.revision.saturating_add(1)).await {
-                        Err(Error::EventsUnavailable(why)) if why.contains(FUTURE_REVISION) => {
-                            self.in_history(after.revision).await?;
-                        }
-                        other => other?,
-                    },
+                // A range read at a revision fails when it is compacted or in the future. A watch
+                // must start *after* the compaction revision: etcd accepts one from it, but has
+                // dropped that revision's deletions. `R.n` (a watch from `R`): `R` must be in the
+                // history and so must the revision before it. Bare `R` (a watch from `R + 1`): `R`
+                // must be.
+                self.in_history(after.revision).await?;
+                if after.index.is_some() {
+                    self.in_history(after.revision - 1).await?;
                 }
                 after
             }
