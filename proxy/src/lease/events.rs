@@ -132,6 +132,11 @@ impl Source {
     /// [`Error::EventsUnavailable`] when `after` is no longer (or not yet) in etcd's history.
     pub(super) async fn watch(&self, after: Option<Position>) -> Result<Watch> {
         let start = self.start(after).await?;
+        self.watch_from(start).await
+    }
+
+    /// Watches the events after `start`, a position [`Source::start`] answered.
+    pub(super) async fn watch_from(&self, start: Position) -> Result<Watch> {
         let options = WatchOptions::new()
             .with_range(prefix_end(self.holders.as_bytes()))
             .with_prev_key()

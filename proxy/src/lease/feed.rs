@@ -1,5 +1,8 @@
 //! The event feed of `GET /v1/watch`: one etcd watch per replica for any number of streams.
 //!
+//! (Over 500 lines with its unit tests: the ring, the tail that fills it and the cursors that read
+//! it are one mechanism, and its invariants read best in one place.)
+//!
 //! The replica's *tail* is one [`Watch`] of the ownership events, read by a tracked task into a
 //! ring of the last [`RETAINED`] events and progress marks (at most [`RETAINED_BYTES`] of
 //! them). Every stream is a cursor in that ring: it reads at its own pace, so a slow reader
@@ -151,7 +154,7 @@ impl Feed {
         let mode = match cursor {
             Some(cursor) => Mode::Shared(cursor),
             None => {
-                let own = self.source.watch(Some(start)).await?;
+                let own = self.source.watch_from(start).await?;
                 self.source.metrics().watch_own("unreached");
                 Mode::Own(Box::new(own))
             }
