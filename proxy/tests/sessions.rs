@@ -558,3 +558,73 @@ async fn prefence_idempotency_and_principals_work_under_sessions() {
     assert_eq!(send(close("alice-token-1")).await.0, 204);
     authed.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_answers_the_current_holders_ttl_when_the_view_names_an_earlier_holders_live_lease() {
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let other = proxy.replica(etcd.endpoints(), |_| {}).await;
+    // Two sessions whose leases both stay alive. The resource passes from the long session to
+    // the short one through `other`, so `proxy`'s watch-fed view names the long session's lease
+    // until its watch delivers the change. A GET on `proxy` asks the guessed lease's TTL at the
+    // same time as the record: while readers GET without pause, some read the record of the
+    // short grant with the view still on the long one — each must answer the short grant's TTL
+    // (its own lease's), never the long session's.
+    let long = session(&proxy, "robot-long", 60).await;
+    let short = session(&other, "robot-short", 3).await;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..4)
+        .map(|_| {
+            let (url, done) = (proxy.url.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut short_seen = 0;
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    for i in 0..30 {
+                        let (status, now) =
+                            send(http().get(format!("{url}/v1/leases/shelf-{i}"))).await;
+                        if status != 200 || now["holder"] != "robot-short" {
+                            continue;
+                        }
+                        short_seen += 1;
+                        let expires = now["expires_in_ms"].as_u64().unwrap();
+                        assert!(
+                            expires <= 3_000,
+                            "the short grant answered with {expires} ms (an earlier holder's \
+                             lease): {now}"
+                        );
+                    }
+                }
+                short_seen
+            })
+        })
+        .collect();
+    for round in 0..3 {
+        for i in 0..30 {
+            let resource = format!("shelf-{i}");
+            let (status, first) = acquire_in(&proxy, &resource, "robot-long", &long).await;
+            assert_eq!(status, 201, "{round}: {first}");
+            let secret = str_field(&first, "secret");
+            assert_eq!(release(&other, &resource, &secret).await.0, 204);
+            let (status, second) = acquire_in(&other, &resource, "robot-short", &short).await;
+            assert_eq!(status, 201, "{second}");
+            let (status, now) =
+                send(http().get(format!("{}/v1/leases/{resource}", proxy.url))).await;
+            assert_eq!((status, &now["token"]), (200, &second["token"]), "{now}");
+            assert!(now["expires_in_ms"].as_u64().unwrap() <= 3_000, "{now}");
+            assert_eq!(
+                release(&other, &resource, &str_field(&second, "secret"))
+                    .await
+                    .0,
+                204
+            );
+        }
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut short_seen = 0;
+    for reader in readers {
+        short_seen += reader.await.unwrap();
+    }
+    assert!(short_seen > 0, "no reader saw a short grant");
+    other.stop().await;
+    proxy.stop().await;
+}

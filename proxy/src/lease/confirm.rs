@@ -109,13 +109,35 @@ impl Leases {
     }
 
     /// Who holds `resource`, without secrets.
+    ///
+    /// The record is a linearizable read and the remaining TTL is etcd's, asked after the
+    /// request arrived. The watch-fed view only guesses which lease to ask about, so both calls
+    /// go to etcd at once (one round trip's latency); the TTL is used only for the lease the
+    /// record names — a lease carries the grants of one holder (one grant, or one session's), so
+    /// its TTL is that grant's — and a wrong or missing guess costs a second, serial call.
     pub(crate) async fn get(&self, resource: &str) -> Result<Holding> {
-        let Current { record, revision } = self.current(resource).await?.ok_or(Error::NotFound)?;
-        let remaining = self
-            .etcd
-            .time_to_live(record.lease_id)
-            .await?
-            .ok_or(Error::NotFound)?;
+        let guess = self
+            .holders
+            .seen(resource)
+            .and_then(|seen| HolderRecord::decode(&self.key(resource), &seen.value).ok())
+            .map(|record| record.lease_id);
+        let (current, guessed) = match guess {
+            Some(id) => {
+                let (current, ttl) =
+                    tokio::join!(self.current(resource), self.etcd.time_to_live(id));
+                (current?, Some((id, ttl.ok().flatten())))
+            }
+            None => (self.current(resource).await?, None),
+        };
+        let Current { record, revision } = current.ok_or(Error::NotFound)?;
+        let remaining = match guessed_ttl(guessed, record.lease_id) {
+            Some(ttl) => ttl,
+            None => self
+                .etcd
+                .time_to_live(record.lease_id)
+                .await?
+                .ok_or(Error::NotFound)?,
+        };
         Ok(holding(resource.to_owned(), record, revision, remaining))
     }
 }
@@ -134,9 +156,29 @@ fn view_confirms(record: &HolderRecord, lease_id: i64, secret: &str, purpose: Pu
         && secret::matches(secret, &record.secret_hash)
 }
 
+/// The remaining TTL that a guessed lease's answer (`(lease, remaining if it exists)`) gives
+/// the grant whose record names `lease_id`: the named lease's own, or none (then it is asked).
+fn guessed_ttl(guess: Option<(i64, Option<i64>)>, lease_id: i64) -> Option<i64> {
+    match guess {
+        Some((id, Some(ttl))) if id == lease_id => Some(ttl),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_guessed_lease_answers_only_for_the_lease_the_record_names() {
+        assert_eq!(guessed_ttl(Some((7, Some(12))), 7), Some(12));
+        // The view guessed an earlier holder's lease (a session's, still alive): its TTL is not
+        // the grant's.
+        assert_eq!(guessed_ttl(Some((7, Some(60))), 8), None);
+        // The guessed lease is gone, or there was no guess: the record's lease is asked.
+        assert_eq!(guessed_ttl(Some((7, None)), 7), None);
+        assert_eq!(guessed_ttl(None, 7), None);
+    }
 
     #[test]
     fn the_view_never_confirms_a_session_grant_for_renewal() {

@@ -17,6 +17,10 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Extends the lease by its TTL; an error when it is gone.
     fn renew(&self, held: &Self::Held) -> impl Future<Output = anyhow::Result<()>> + Send;
 
+    /// Reads who holds the resource as a reader would: linearizable, an error when it is not
+    /// held.
+    fn read(&self, held: &Self::Held) -> impl Future<Output = anyhow::Result<()>> + Send;
+
     /// Gives the resource up.
     fn release(&self, held: &Self::Held) -> impl Future<Output = anyhow::Result<()>> + Send;
 }

@@ -141,6 +141,12 @@ impl Backend for Proxy {
             .await
     }
 
+    async fn read(&self, held: &ProxyHeld) -> anyhow::Result<()> {
+        let path = format!("/v1/leases/{}", held.resource);
+        self.expect(self.request(reqwest::Method::GET, &path), 200)
+            .await
+    }
+
     async fn release(&self, held: &ProxyHeld) -> anyhow::Result<()> {
         let path = format!("/v1/leases/{}", held.resource);
         self.with_secret(reqwest::Method::DELETE, &path, &held.secret, 204)
@@ -158,17 +164,23 @@ impl Proxy {
         secret: &str,
         expect: u16,
     ) -> anyhow::Result<()> {
-        let resp = self
-            .request(method.clone(), path)
-            .header("lease-secret", secret)
-            .send()
-            .await?;
+        self.expect(
+            self.request(method, path).header("lease-secret", secret),
+            expect,
+        )
+        .await
+    }
+
+    /// Sends `request`; an error unless it answers `expect`.
+    async fn expect(&self, request: reqwest::RequestBuilder, expect: u16) -> anyhow::Result<()> {
+        let resp = request.send().await?;
         let status = resp.status();
+        let url = resp.url().clone();
         // Read the body so the connection goes back to the pool.
         let body = resp.bytes().await?;
         if status.as_u16() != expect {
             bail!(
-                "{method} {path} answered {status}: {}",
+                "{url} answered {status}: {}",
                 String::from_utf8_lossy(&body)
             );
         }

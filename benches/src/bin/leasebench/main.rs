@@ -315,14 +315,15 @@ async fn setup(
     h2c: Option<Arc<http::Proxy>>,
     unbatched: Option<Arc<http::Proxy>>,
 ) -> anyhow::Result<Columns> {
-    let renews = args.op.contains(&Op::Renew) || args.op.contains(&Op::SessionKeepalive);
+    let holds = args.op.iter().any(|op| op.needs_held());
+    let renews = holds || args.op.contains(&Op::SessionKeepalive);
     let names = |side: &str| -> Vec<String> {
         (0..if renews { args.held } else { 0 })
             .map(|i| format!("lb-held-{side}-{}-{i}", std::process::id()))
             .collect()
     };
     let raw_held = Arc::new(ops::acquire_all(&raw, names("a"), 600, 64).await?);
-    let proxy_held = if args.op.contains(&Op::Renew) {
+    let proxy_held = if holds {
         ops::acquire_all(&proxy, names("b"), 600, 64).await?
     } else {
         Vec::new()
@@ -408,7 +409,7 @@ async fn run_secure(args: &Args) -> anyhow::Result<()> {
     let plain = Arc::new(http::Proxy::new(&plain_url));
     let secure = Arc::new(http::Proxy::secure(&secure_url, pki.ca(), &token)?);
     let names = |side: &str| -> Vec<String> {
-        (0..if args.op.contains(&Op::Renew) {
+        (0..if args.op.iter().any(|op| op.needs_held()) {
             args.held
         } else {
             0

@@ -37,6 +37,8 @@ pub(crate) enum Op {
     Cycle,
     /// Renew held leases.
     Renew,
+    /// Read who holds a held resource (`GET /v1/leases/{r}`; raw: a linearizable Range).
+    Get,
     /// Acquire distinct free resources under a session per worker.
     SessionAcquire,
     /// `cycle` under a session per worker: acquire, renew k times, release.
@@ -64,6 +66,7 @@ impl Op {
             Op::Release => "release",
             Op::Cycle => "cycle",
             Op::Renew => "renew",
+            Op::Get => "get",
             Op::SessionAcquire => "session-acquire",
             Op::SessionCycle => "session-cycle",
             Op::SessionKeepalive => "session-keepalive",
@@ -73,6 +76,11 @@ impl Op {
             Op::GrpcKeepaliveShared => "grpc-keepalive-shared",
             Op::GrpcLock => "grpc-lock",
         }
+    }
+
+    /// Whether the operation works on leases held before it is measured.
+    pub(crate) fn needs_held(self) -> bool {
+        matches!(self, Op::Renew | Op::Get)
     }
 
     /// Whether the operation is etcd's gRPC API (measured by `grpc`, not on a [`Backend`]).
@@ -296,15 +304,22 @@ pub(crate) async fn measure<B: Backend>(
                 op.name()
             )
         }
-        Op::Renew => {
+        Op::Renew | Op::Get => {
             if renewable.is_empty() {
-                bail!("renew needs held leases");
+                bail!("{} needs held leases", op.name());
             }
             closed_loop(in_flight, ops, {
                 let (backend, held) = (backend.clone(), renewable.clone());
                 move |w, i| {
                     let (backend, held) = (backend.clone(), held.clone());
-                    async move { backend.renew(&held[(w + i * in_flight) % held.len()]).await }
+                    async move {
+                        let held = &held[(w + i * in_flight) % held.len()];
+                        if op == Op::Renew {
+                            backend.renew(held).await
+                        } else {
+                            backend.read(held).await
+                        }
+                    }
                 }
             })
             .await

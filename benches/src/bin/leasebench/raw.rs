@@ -215,6 +215,14 @@ impl Backend for RawEtcd {
         Ok(())
     }
 
+    async fn read(&self, held: &RawHeld) -> anyhow::Result<()> {
+        let found = self.client.kv_client().get(held.key.as_str(), None).await?;
+        if found.kvs().is_empty() {
+            bail!("{} is not held", held.key);
+        }
+        Ok(())
+    }
+
     async fn release(&self, held: &RawHeld) -> anyhow::Result<()> {
         let txn = Txn::new()
             .when([Compare::create_revision(

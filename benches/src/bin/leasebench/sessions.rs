@@ -242,6 +242,10 @@ impl<S: SessionBackend> Backend for Heartbeats<S> {
         self.0.keepalive(session).await
     }
 
+    async fn read(&self, _session: &S::Session) -> anyhow::Result<()> {
+        bail!("a session holds no one resource to read")
+    }
+
     async fn release(&self, session: &S::Session) -> anyhow::Result<()> {
         self.0.close(session).await
     }
