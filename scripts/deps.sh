@@ -87,6 +87,14 @@ check_python_deps() {
   fi
 }
 
+# What the dashboard's tests in a real browser use (sdk/python/tests/test_dashboard.py): Debian's
+# headless-capable Chromium and the WebDriver server of the same build, checked as the files
+# the tests start.
+check_browser_deps() {
+  [ -x /usr/bin/chromium ] || deps_need chromium
+  [ -x /usr/bin/chromedriver ] || deps_need chromium-driver
+}
+
 apt_install() {
   local missing=("$@")
   [ ${#missing[@]} -eq 0 ] && return 0
@@ -128,6 +136,11 @@ ensure_deps() {
     echo "cargo not found: install a Rust toolchain (rustup) first" >&2
     exit 1
   fi
+}
+
+# Chromium and chromedriver, for the dashboard's tests.
+ensure_browser() {
+  ensure_with check_browser_deps
 }
 
 # python3 with venv and ensurepip, for the Python SDK's tests (and any script making target/venv).

@@ -105,6 +105,7 @@ echo "==> starting lease-proxy on $proxy (forwarding to and pre-fencing fence-ga
   --upstream "$gateway" --prefence-url "$gateway" "${proxy_tls[@]}" >"$work/proxy.log" 2>&1 &
 pids+=($!)
 wait_for "$proxy/readyz"
+echo "==> the dashboard: $proxy/ui"
 keys="$work/proxy/dev-fencing.key"
 
 echo "==> starting the inventory service on $inventory (SQLite) behind fence-gateway on $gateway"
@@ -153,7 +154,7 @@ if [ "$secure" = 1 ]; then
   echo "==> every hop is TLS; the operator's certificate authenticates these (audit log: $work/audit.jsonl)"
 fi
 cat <<EOT
-==> the stack keeps serving; try (Ctrl-C stops everything):
+==> the stack keeps serving; watch it at $proxy/ui, or try (Ctrl-C stops everything):
   $c -X POST $proxy/v1/leases/my-job -H 'content-type: application/json' -d '{"holder":"me","ttl_seconds":20}'
   $c -X PUT $proxy/v1/leases/my-job/forward/aisles/my-job/count -H 'lease-secret: SECRET' -H 'content-type: application/json' -d '{"robot":"me","count":7}'
   $c -X POST $proxy/v1/leases/my-job/renew -H 'lease-secret: SECRET'

@@ -104,13 +104,16 @@ async fn the_document_is_valid_and_matches_the_router() {
         ("POST", "/v3alpha/lease/leases"),
         ("GET", "/version"),
         ("GET", "/health"),
+        ("GET", "/ui"),
+        ("GET", "/ui/app.js"),
     ] {
         let (status, kind) = probe(&proxy.url, method, path).await;
         assert!(kind != "no-route", "{path} is not served ({status})");
     }
-    assert!(!operations
-        .keys()
-        .any(|p| p.starts_with("/v3") || p == "/version" || p == "/health"));
+    assert!(!operations.keys().any(|p| p.starts_with("/v3")
+        || p.starts_with("/ui")
+        || p == "/version"
+        || p == "/health"));
     let (status, kind) = probe(&proxy.url, "GET", "/v2/nothing").await;
     assert_eq!((status, kind.as_str()), (404, "no-route"));
 

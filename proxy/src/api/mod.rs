@@ -12,6 +12,7 @@ mod progress;
 mod rate;
 mod schemas;
 mod sessions;
+mod ui;
 mod watch;
 
 use std::any::Any;
@@ -79,6 +80,10 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/v3alpha/{*method}", any(v3))
         .route("/version", any(etcd_version))
         .route("/health", any(etcd_health))
+        // The dashboard: HTML, served and left out of the document too.
+        .route("/ui", axum::routing::get(ui::page))
+        .route("/ui/", axum::routing::get(ui::page))
+        .route("/ui/{file}", axum::routing::get(ui::file))
         .fallback(|| async { Error::NoRoute })
         .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })
         .with_state(state);

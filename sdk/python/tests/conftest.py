@@ -248,6 +248,7 @@ class Relay:
         self._listener.listen(16)
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
         self.connections = 0
+        self._open: List[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -259,6 +260,7 @@ class Relay:
             self.connections += 1
             drop, self._drop_next = self._drop_next, False
             upstream = socket.create_connection(("127.0.0.1", self._target))
+            self._open += [downstream, upstream]
             threading.Thread(target=self._pipe, args=(downstream, upstream, 0.0, False), daemon=True).start()
             threading.Thread(
                 target=self._pipe, args=(upstream, downstream, self._delay, drop), daemon=True
@@ -281,6 +283,15 @@ class Relay:
             except OSError:
                 pass
             s.close()
+
+    def cut(self) -> None:
+        """Drops every connection open now, both ways (a lost network path); new ones work."""
+        cut, self._open = self._open, []
+        for s in cut:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def close(self) -> None:
         self._listener.close()

@@ -1,0 +1,499 @@
+// lease-proxy's dashboard: who holds what under a prefix, for how long, and what happened.
+//
+// Live through GET /v1/watch read with fetch (an EventSource cannot send Authorization), resumed
+// with Last-Event-ID after a dropped stream; the held set is listed once the stream has started,
+// so no event between the list and the watch is lost. Time left is etcd's, asked with
+// GET /v1/leases/{r} and counted down on performance.now() from when the request was sent —
+// never wall-clock arithmetic against the server. Every name is shown as text, never as markup.
+'use strict';
+
+const TOKEN_KEY = 'lease-proxy.token';
+const MAX_EVENTS = 500; // timeline entries kept
+const MAX_HISTORY = 50; // tokens kept per resource
+const MAX_REFRESHED = 200; // held rows whose time left is re-read each second
+const REFRESH_MS = 1000;
+const READY_MS = 2000;
+
+const $ = (id) => document.getElementById(id);
+
+const state = {
+  prefix: '',
+  generation: 0, // bumped to end the current stream and its refreshes
+  controller: null,
+  lastId: null, // the last id of any message: where a resumed stream starts
+  retryMs: 1000,
+  reconnects: 0,
+  listing: null, // events that arrive while the held set is being listed, or null
+  held: new Map(), // resource -> {holder, session, token, ttlMs, deadline, row}
+  history: new Map(), // resource -> [{token, holder, ended}] newest first
+  selected: null,
+  signedIn: false,
+};
+
+function bearer() {
+  return sessionStorage.getItem(TOKEN_KEY);
+}
+
+function headers(extra) {
+  const h = Object.assign({ Accept: 'application/json' }, extra || {});
+  const token = bearer();
+  if (token) h.Authorization = 'Bearer ' + token;
+  return h;
+}
+
+class Refused extends Error {
+  constructor(status, problem) {
+    super((problem && (problem.detail || problem.title)) || 'HTTP ' + status);
+    this.status = status;
+    this.problem = problem;
+  }
+}
+
+async function problemOf(resp) {
+  try {
+    return await resp.json();
+  } catch (_) {
+    return null;
+  }
+}
+
+// A JSON GET of the proxy; 401 asks for a token.
+async function getJson(path, signal) {
+  const resp = await fetch(path, { headers: headers(), cache: 'no-store', signal });
+  if (resp.ok) return resp.json();
+  const problem = await problemOf(resp);
+  if (resp.status === 401) askForToken(problem);
+  throw new Refused(resp.status, problem);
+}
+
+function showProblem(text) {
+  const p = $('problem');
+  p.textContent = text || '';
+  p.hidden = !text;
+}
+
+function askForToken(problem) {
+  state.generation++;
+  if (state.controller) state.controller.abort();
+  $('auth').hidden = false;
+  $('auth-why').textContent = bearer()
+    ? 'The token was refused' + (problem && problem.detail ? ': ' + problem.detail : '.')
+    : 'This proxy needs a bearer token.';
+  setPill('stream', 'bad', 'signed out');
+  $('token').focus();
+}
+
+function setPill(id, kind, text) {
+  const pill = $(id);
+  pill.className = 'pill ' + kind;
+  pill.textContent = text;
+}
+
+// --- the event stream -------------------------------------------------------------------
+
+function start() {
+  state.generation++;
+  if (state.controller) state.controller.abort();
+  state.controller = new AbortController();
+  state.lastId = null;
+  state.held.clear();
+  renderHeld();
+  showProblem('');
+  $('sign-out').hidden = !bearer();
+  watch(state.generation, state.controller.signal);
+}
+
+async function watch(generation, signal) {
+  while (generation === state.generation) {
+    const extra = {};
+    if (state.lastId !== null) extra['Last-Event-ID'] = state.lastId;
+    const fresh = state.lastId === null;
+    try {
+      const path = '/v1/watch?prefix=' + encodeURIComponent(state.prefix);
+      const resp = await fetch(path, {
+        headers: headers(Object.assign({ Accept: 'text/event-stream' }, extra)),
+        cache: 'no-store',
+        signal,
+      });
+      if (resp.status === 401) {
+        askForToken(await problemOf(resp));
+        return;
+      }
+      if (resp.status === 410) {
+        // The resume point left etcd's history: list and watch again from now.
+        note('resync', 'events compacted: listed again');
+        state.lastId = null;
+        continue;
+      }
+      if (!resp.ok) throw new Refused(resp.status, await problemOf(resp));
+      showProblem('');
+      setPill('stream', 'ok', streamText());
+      await readStream(resp.body, generation, fresh);
+    } catch (e) {
+      if (signal.aborted || generation !== state.generation) return;
+      if (e instanceof Refused && e.status === 403) {
+        showProblem('Not allowed to read this prefix: ' + e.message);
+        setPill('stream', 'bad', 'refused');
+        return;
+      }
+      if (e instanceof Refused) showProblem('Event stream: ' + e.message);
+    }
+    if (generation !== state.generation) return;
+    state.reconnects++;
+    setPill('stream', 'warn', 'reconnecting (' + state.reconnects + ')…');
+    await sleep(state.retryMs);
+  }
+}
+
+function streamText() {
+  if (state.reconnects === 0) return 'live';
+  return 'live · resumed ' + state.reconnects + '× (from ' + (state.lastId || 'now') + ')';
+}
+
+// Reads Server-Sent Events off `body` until it ends.
+async function readStream(body, generation, fresh) {
+  const reader = body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = '';
+  let message = { id: null, event: null, data: [] };
+  let first = true;
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done || generation !== state.generation) return;
+    buffer += decoder.decode(value, { stream: true });
+    let end;
+    while ((end = buffer.search(/\r\n|\r|\n/)) >= 0) {
+      const line = buffer.slice(0, end);
+      buffer = buffer.slice(end + (buffer.startsWith('\r\n', end) ? 2 : 1));
+      if (line === '') {
+        if (message.id !== null) state.lastId = message.id;
+        if (first && fresh) {
+          first = false;
+          list(generation); // the stream has started: what is held now, then its events
+        }
+        first = false;
+        if (message.data.length) dispatch(message.event, message.data.join('\n'));
+        message = { id: null, event: null, data: [] };
+        continue;
+      }
+      if (line.startsWith(':')) continue;
+      const colon = line.indexOf(':');
+      const field = colon < 0 ? line : line.slice(0, colon);
+      let value = colon < 0 ? '' : line.slice(colon + 1);
+      if (value.startsWith(' ')) value = value.slice(1);
+      if (field === 'id') message.id = value;
+      else if (field === 'event') message.event = value;
+      else if (field === 'data') message.data.push(value);
+      else if (field === 'retry' && /^\d+$/.test(value)) state.retryMs = Math.min(Number(value), 30000);
+    }
+  }
+}
+
+function dispatch(kind, data) {
+  let event;
+  try {
+    event = JSON.parse(data);
+  } catch (_) {
+    return;
+  }
+  if (typeof event !== 'object' || event === null || typeof event.resource !== 'string') return;
+  if (state.listing) state.listing.push(event);
+  else apply(event, true);
+}
+
+// Lists what is held (every page), then applies the events that came meanwhile.
+async function list(generation) {
+  state.listing = [];
+  const listed = new Map();
+  try {
+    let cursor = null;
+    do {
+      let path = '/v1/leases?limit=1000&prefix=' + encodeURIComponent(state.prefix);
+      if (cursor) path += '&cursor=' + encodeURIComponent(cursor);
+      const sent = performance.now();
+      const page = await getJson(path, state.controller.signal);
+      for (const l of page.leases || []) {
+        listed.set(l.resource, entry(l, sent));
+      }
+      cursor = page.next_cursor || null;
+    } while (cursor && generation === state.generation);
+  } catch (e) {
+    if (generation === state.generation && e instanceof Refused && e.status !== 401) {
+      showProblem('Listing: ' + e.message);
+    }
+  }
+  if (generation !== state.generation) return;
+  state.held = listed;
+  const waiting = state.listing;
+  state.listing = null;
+  for (const event of waiting) apply(event, true);
+  renderHeld();
+  refresh(generation);
+}
+
+function entry(lease, sent) {
+  return {
+    holder: String(lease.holder),
+    session: lease.session ? String(lease.session) : '',
+    token: String(lease.token),
+    ttlMs: Number(lease.ttl_seconds) * 1000,
+    deadline: sent + Number(lease.expires_in_ms),
+    row: null,
+  };
+}
+
+function tokenNumber(t) {
+  try {
+    return BigInt(t);
+  } catch (_) {
+    return -1n;
+  }
+}
+
+// Applies one ownership event to the held set, the timeline and the resource's history. Events
+// come in etcd's order; a token is the grant's create revision, so an older grant's event never
+// replaces a newer one's.
+function apply(event, shown) {
+  const resource = event.resource;
+  const token = String(event.token);
+  const current = state.held.get(resource);
+  const history = state.history.get(resource) || [];
+  let kind = event.type;
+  if (kind === 'acquired') {
+    const previous = history[0];
+    if (previous && previous.ended === 'expired' && previous.holder !== event.holder) kind = 'taken-over';
+    if (!current || tokenNumber(token) > tokenNumber(current.token)) {
+      const held = {
+        holder: String(event.holder),
+        session: event.session ? String(event.session) : '',
+        token,
+        ttlMs: current && current.token === token ? current.ttlMs : 0,
+        deadline: current && current.token === token ? current.deadline : null,
+        row: null,
+      };
+      state.held.set(resource, held);
+      readOne(resource, state.generation);
+    }
+    if (!history.some((h) => h.token === token)) {
+      history.unshift({ token, holder: String(event.holder), ended: null });
+    }
+  } else if (kind === 'released' || kind === 'expired') {
+    if (current && current.token === token) state.held.delete(resource);
+    const grant = history.find((h) => h.token === token);
+    if (grant) grant.ended = kind;
+    else history.unshift({ token, holder: String(event.holder), ended: kind });
+  } else {
+    return;
+  }
+  history.length = Math.min(history.length, MAX_HISTORY);
+  state.history.set(resource, history);
+  if (shown) timeline(kind, event);
+  renderHeld();
+  if (state.selected === resource) renderHistory();
+}
+
+// --- time left ----------------------------------------------------------------------------
+
+async function readOne(resource, generation) {
+  const sent = performance.now();
+  try {
+    const lease = await getJson('/v1/leases/' + encodeURIComponent(resource), state.controller.signal);
+    const held = state.held.get(resource);
+    if (generation !== state.generation || !held || held.token !== String(lease.token)) return;
+    const fresh = entry(lease, sent);
+    held.ttlMs = fresh.ttlMs;
+    held.deadline = fresh.deadline;
+    held.session = fresh.session;
+  } catch (_) {
+    // A 404 is the end of the grant: its event removes the row.
+  }
+}
+
+async function refresh(generation) {
+  while (generation === state.generation) {
+    const names = [...state.held.keys()].sort().slice(0, MAX_REFRESHED);
+    for (let i = 0; i < names.length; i += 8) {
+      await Promise.all(names.slice(i, i + 8).map((r) => readOne(r, generation)));
+      if (generation !== state.generation) return;
+    }
+    await sleep(REFRESH_MS);
+  }
+}
+
+function tick() {
+  const now = performance.now();
+  for (const held of state.held.values()) {
+    if (!held.row || held.deadline === null) continue;
+    const left = Math.max(0, held.deadline - now);
+    const bar = held.row.bar;
+    bar.max = Math.max(held.ttlMs, 1);
+    bar.value = Math.min(left, bar.max);
+    bar.classList.toggle('low', left < held.ttlMs / 4);
+    const text = left > 0 ? (left / 1000).toFixed(1) + ' s' : 'due';
+    if (held.row.left.textContent !== text) held.row.left.textContent = text;
+  }
+  requestAnimationFrame(tick);
+}
+
+// --- rendering ----------------------------------------------------------------------------
+
+function cell(text, className) {
+  const td = document.createElement('td');
+  td.textContent = text;
+  if (className) td.className = className;
+  return td;
+}
+
+function renderHeld() {
+  const body = $('held').tBodies[0];
+  const names = [...state.held.keys()].sort();
+  $('held-count').textContent = String(names.length);
+  $('held-empty').hidden = names.length > 0;
+  const rows = [];
+  for (const name of names) {
+    const held = state.held.get(name);
+    if (!held.row) held.row = makeRow(name, held);
+    rows.push(held.row.tr);
+  }
+  body.replaceChildren(...rows);
+}
+
+function makeRow(name, held) {
+  const tr = document.createElement('tr');
+  tr.dataset.resource = name;
+  const first = document.createElement('td');
+  const open = document.createElement('button');
+  open.type = 'button';
+  open.className = 'link';
+  open.textContent = name;
+  open.setAttribute('aria-label', 'Tokens of ' + name);
+  open.addEventListener('click', () => select(name));
+  first.appendChild(open);
+  const bar = document.createElement('progress');
+  bar.setAttribute('aria-label', 'Time left for ' + name);
+  bar.max = 1;
+  bar.value = 0;
+  const left = document.createElement('span');
+  left.className = 'left';
+  left.textContent = '…';
+  const time = document.createElement('td');
+  time.append(bar, ' ', left);
+  tr.append(first, cell(held.holder), cell(held.session || '—'), cell(held.token, 'num'), time);
+  return { tr, bar, left };
+}
+
+function clock() {
+  const t = document.createElement('time');
+  const now = new Date();
+  t.dateTime = now.toISOString();
+  t.textContent = now.toLocaleTimeString();
+  return t;
+}
+
+const LABELS = {
+  acquired: 'acquired',
+  released: 'released',
+  expired: 'expired',
+  'taken-over': 'taken over',
+  resync: 'resynced',
+};
+
+function timeline(kind, event) {
+  const li = document.createElement('li');
+  li.className = 'event ' + kind;
+  const label = document.createElement('span');
+  label.className = 'kind ' + kind;
+  label.textContent = LABELS[kind] || kind;
+  const what = document.createElement('span');
+  what.textContent = event.resource;
+  const who = document.createElement('span');
+  who.textContent = 'by ' + event.holder + ' · token ' + event.token;
+  li.append(clock(), label, what, who);
+  li.dataset.resource = event.resource;
+  li.dataset.token = String(event.token);
+  const list = $('timeline');
+  list.prepend(li);
+  while (list.children.length > MAX_EVENTS) list.lastElementChild.remove();
+  $('timeline-empty').hidden = true;
+}
+
+function note(kind, text) {
+  timeline(kind, { resource: '', holder: '', token: '' });
+  $('timeline').firstElementChild.lastElementChild.textContent = text;
+}
+
+function select(resource) {
+  state.selected = resource;
+  renderHistory();
+  $('history').hidden = false;
+}
+
+function renderHistory() {
+  $('history-resource').textContent = state.selected;
+  const items = (state.history.get(state.selected) || []).map((h) => {
+    const li = document.createElement('li');
+    const label = document.createElement('span');
+    label.className = 'kind ' + (h.ended || 'acquired');
+    label.textContent = h.ended ? h.ended : 'held';
+    const who = document.createElement('span');
+    who.textContent = 'token ' + h.token + ' · ' + h.holder;
+    li.append(label, who);
+    return li;
+  });
+  $('history-list').replaceChildren(...items);
+}
+
+// --- readiness ----------------------------------------------------------------------------
+
+async function readiness() {
+  for (;;) {
+    try {
+      const resp = await fetch('/readyz', { cache: 'no-store' });
+      if (resp.ok) setPill('ready', 'ok', 'ready · etcd answers');
+      else {
+        const problem = await problemOf(resp);
+        setPill('ready', 'bad', 'not ready' + (problem && problem.detail ? ': ' + problem.detail : ''));
+      }
+    } catch (_) {
+      setPill('ready', 'bad', 'unreachable');
+    }
+    await sleep(READY_MS);
+  }
+}
+
+function sleep(ms) {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+// --- wiring -------------------------------------------------------------------------------
+
+document.addEventListener('DOMContentLoaded', () => {
+  const params = new URLSearchParams(location.search);
+  state.prefix = params.get('prefix') || '';
+  $('prefix').value = state.prefix;
+  $('filter').addEventListener('submit', (e) => {
+    e.preventDefault();
+    state.prefix = $('prefix').value;
+    const url = new URL(location.href);
+    if (state.prefix) url.searchParams.set('prefix', state.prefix);
+    else url.searchParams.delete('prefix');
+    history.replaceState(null, '', url);
+    start();
+  });
+  $('auth-form').addEventListener('submit', (e) => {
+    e.preventDefault();
+    sessionStorage.setItem(TOKEN_KEY, $('token').value.trim());
+    $('token').value = '';
+    $('auth').hidden = true;
+    start();
+  });
+  $('sign-out').addEventListener('click', () => {
+    sessionStorage.removeItem(TOKEN_KEY);
+    state.history.clear();
+    $('timeline').replaceChildren();
+    start();
+  });
+  readiness();
+  requestAnimationFrame(tick);
+  start();
+});
