@@ -32,6 +32,8 @@ target/release/leasebench --op acquire --concurrency 1,64 --rounds 2 \
     --json "$OUT/v1-watch-none.json" | tee "$OUT/v1-watch-none.md"
 target/release/leasebench --op acquire --concurrency 1,64 --rounds 2 --v1-watchers 1000 \
     --json "$OUT/v1-watch-1000.json" | tee "$OUT/v1-watch-1000.md"
+target/release/leasebench --op get --concurrency 1,64 --ops 2000 --rounds 2 \
+    --json "$OUT/get.json" | tee "$OUT/get.md"
 target/release/fencebench --json "$OUT/fencebench.json" --chart "$OUT/fencebench.svg" | tee "$OUT/fencebench.md"
 ensure_postgres
 target/release/pgfencebench --rounds 3 --ops 3000 --json "$OUT/pgfencebench.json" | tee "$OUT/pgfencebench.md"

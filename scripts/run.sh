@@ -102,7 +102,7 @@ fi
 
 echo "==> starting lease-proxy on $proxy (forwarding to and pre-fencing fence-gateway)"
 "$bin/lease-proxy" --listen 127.0.0.1:7070 --etcd-endpoints "$etcd_url" --data-dir "$work/proxy" \
-  --upstream "$gateway" --prefence-url "$gateway" "${proxy_tls[@]}" >"$work/proxy.log" 2>&1 &
+  --upstream "$gateway" --prefence-url "$gateway" --ui-gateway "$gateway" "${proxy_tls[@]}" >"$work/proxy.log" 2>&1 &
 pids+=($!)
 wait_for "$proxy/readyz"
 echo "==> the dashboard: $proxy/ui"
@@ -115,7 +115,7 @@ echo "==> starting the inventory service on $inventory (SQLite) behind fence-gat
   "${inventory_tls[@]}" >"$work/inventory.log" 2>&1 &
 pids+=($!)
 "$bin/fence-gateway" --listen 127.0.0.1:7071 --upstream "$inventory" --store "sqlite:$work/marks.db" \
-  --key-file "$keys" --resource-path '/aisles/{resource}' --write-grace 2s "${gateway_tls[@]}" \
+  --key-file "$keys" --resource-path '/aisles/{resource}' --write-grace 2s --feed-origins "$proxy" "${gateway_tls[@]}" \
   >"$work/gateway.log" 2>&1 &
 pids+=($!)
 wait_for "$gateway/readyz"

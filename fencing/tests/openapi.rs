@@ -88,6 +88,7 @@ async fn the_document_is_valid_and_lists_exactly_the_gateways_routes() {
     assert_eq!(
         operations.keys().map(String::as_str).collect::<Vec<_>>(),
         [
+            "/fence-gateway/feed",
             "/fence/{resource}",
             "/livez",
             "/metrics",

@@ -10,7 +10,8 @@
 const TOKEN_KEY = 'lease-proxy.token';
 const MAX_EVENTS = 500; // timeline entries kept
 const MAX_HISTORY = 50; // tokens kept per resource
-const MAX_REFRESHED = 200; // held rows whose time left is re-read each second
+const MAX_REFRESHED = 200; // held rows whose time left is re-read each second (round robin)
+const MAX_QUEUED = 10000; // events kept while the held set is listed; beyond, start again
 const REFRESH_MS = 1000;
 const READY_MS = 2000;
 
@@ -24,6 +25,10 @@ const state = {
   retryMs: 1000,
   reconnects: 0,
   listing: null, // events that arrive while the held set is being listed, or null
+  refreshing: -1, // the generation whose refresh loop runs
+  toRead: new Set(), // resources whose time left to read first (new grants)
+  cursor: 0, // where the round robin of re-reads goes on
+  renderQueued: false,
   held: new Map(), // resource -> {holder, session, token, ttlMs, deadline, row}
   history: new Map(), // resource -> [{token, holder, ended}] newest first
   selected: null,
@@ -72,11 +77,25 @@ function showProblem(text) {
   p.hidden = !text;
 }
 
+// Drops everything the page learnt with the current token.
+function forget() {
+  state.held.clear();
+  state.history.clear();
+  state.selected = null;
+  $('history').hidden = true;
+  $('timeline').replaceChildren();
+  $('timeline-empty').hidden = false;
+  renderHeld();
+}
+
 function askForToken(problem) {
   state.generation++;
   if (state.controller) state.controller.abort();
+  const refused = bearer();
+  sessionStorage.removeItem(TOKEN_KEY);
+  forget();
   $('auth').hidden = false;
-  $('auth-why').textContent = bearer()
+  $('auth-why').textContent = refused
     ? 'The token was refused' + (problem && problem.detail ? ': ' + problem.detail : '.')
     : 'This proxy needs a bearer token.';
   setPill('stream', 'bad', 'signed out');
@@ -100,6 +119,7 @@ function start() {
   renderHeld();
   showProblem('');
   $('sign-out').hidden = !bearer();
+  renderRefusals();
   watch(state.generation, state.controller.signal);
 }
 
@@ -197,38 +217,52 @@ function dispatch(kind, data) {
     return;
   }
   if (typeof event !== 'object' || event === null || typeof event.resource !== 'string') return;
-  if (state.listing) state.listing.push(event);
-  else apply(event, true);
+  if (!state.listing) apply(event, true);
+  else if (state.listing.length < MAX_QUEUED) state.listing.push(event);
+  else start(); // listing takes too long for what is waiting: from the start, from now
 }
 
-// Lists what is held (every page), then applies the events that came meanwhile.
+// Lists what is held (every page), then applies the events that came meanwhile; a failed
+// list is retried (the events keep coming and wait for it).
 async function list(generation) {
   state.listing = [];
-  const listed = new Map();
-  try {
-    let cursor = null;
-    do {
-      let path = '/v1/leases?limit=1000&prefix=' + encodeURIComponent(state.prefix);
-      if (cursor) path += '&cursor=' + encodeURIComponent(cursor);
-      const sent = performance.now();
-      const page = await getJson(path, state.controller.signal);
-      for (const l of page.leases || []) {
-        listed.set(l.resource, entry(l, sent));
-      }
-      cursor = page.next_cursor || null;
-    } while (cursor && generation === state.generation);
-  } catch (e) {
-    if (generation === state.generation && e instanceof Refused && e.status !== 401) {
-      showProblem('Listing: ' + e.message);
+  for (;;) {
+    try {
+      const listed = await listAll(generation);
+      if (generation !== state.generation) return;
+      state.held = listed;
+      break;
+    } catch (e) {
+      if (generation !== state.generation || (e instanceof Refused && e.status === 401)) return;
+      showProblem('Listing what is held failed (' + e.message + '); trying again.');
+      await sleep(state.retryMs);
+      if (generation !== state.generation) return;
     }
   }
-  if (generation !== state.generation) return;
-  state.held = listed;
+  showProblem('');
   const waiting = state.listing;
   state.listing = null;
   for (const event of waiting) apply(event, true);
-  renderHeld();
-  refresh(generation);
+  for (const name of state.held.keys()) state.toRead.add(name);
+  render();
+  if (state.refreshing !== generation) {
+    state.refreshing = generation;
+    refresh(generation);
+  }
+}
+
+async function listAll(generation) {
+  const listed = new Map();
+  let cursor = null;
+  do {
+    let path = '/v1/leases?limit=1000&prefix=' + encodeURIComponent(state.prefix);
+    if (cursor) path += '&cursor=' + encodeURIComponent(cursor);
+    const page = await getJson(path, state.controller.signal);
+    // A listed grant's time left is not known (the list gives its TTL): read below.
+    for (const l of page.leases || []) listed.set(l.resource, entry(l, null));
+    cursor = page.next_cursor || null;
+  } while (cursor && generation === state.generation);
+  return listed;
 }
 
 function entry(lease, sent) {
@@ -237,7 +271,7 @@ function entry(lease, sent) {
     session: lease.session ? String(lease.session) : '',
     token: String(lease.token),
     ttlMs: Number(lease.ttl_seconds) * 1000,
-    deadline: sent + Number(lease.expires_in_ms),
+    deadline: sent === null ? null : sent + Number(lease.expires_in_ms),
     row: null,
   };
 }
@@ -272,7 +306,7 @@ function apply(event, shown) {
         row: null,
       };
       state.held.set(resource, held);
-      readOne(resource, state.generation);
+      state.toRead.add(resource);
     }
     if (!history.some((h) => h.token === token)) {
       history.unshift({ token, holder: String(event.holder), ended: null });
@@ -288,7 +322,7 @@ function apply(event, shown) {
   history.length = Math.min(history.length, MAX_HISTORY);
   state.history.set(resource, history);
   if (shown) timeline(kind, event);
-  renderHeld();
+  render();
   if (state.selected === resource) renderHistory();
 }
 
@@ -309,19 +343,36 @@ async function readOne(resource, generation) {
   }
 }
 
+// Re-reads time left: new grants first, then the held rows round robin, at most
+// MAX_REFRESHED a second, 8 at a time.
 async function refresh(generation) {
   while (generation === state.generation) {
-    const names = [...state.held.keys()].sort().slice(0, MAX_REFRESHED);
-    for (let i = 0; i < names.length; i += 8) {
-      await Promise.all(names.slice(i, i + 8).map((r) => readOne(r, generation)));
-      if (generation !== state.generation) return;
+    const started = performance.now();
+    const batch = [...state.toRead].filter((r) => state.held.has(r)).slice(0, MAX_REFRESHED);
+    state.toRead.clear();
+    const names = [...state.held.keys()].sort();
+    while (batch.length < Math.min(MAX_REFRESHED, names.length)) {
+      state.cursor %= names.length;
+      const next = names[state.cursor++];
+      if (batch.includes(next)) break;
+      batch.push(next);
     }
-    await sleep(REFRESH_MS);
+    for (let i = 0; i < batch.length; i += 8) {
+      await Promise.all(batch.slice(i, i + 8).map((r) => readOne(r, generation)));
+      if (generation !== state.generation) return;
+      if (state.toRead.size && i + 8 >= batch.length) break; // new grants: read them next
+    }
+    if (!state.toRead.size) await sleep(Math.max(0, REFRESH_MS - (performance.now() - started)));
+    else await sleep(50);
   }
 }
 
-function tick() {
-  const now = performance.now();
+let lastTick = 0;
+
+function tick(now) {
+  requestAnimationFrame(tick);
+  if (now - lastTick < 100) return; // ten times a second is enough for a countdown
+  lastTick = now;
   for (const held of state.held.values()) {
     if (!held.row || held.deadline === null) continue;
     const left = Math.max(0, held.deadline - now);
@@ -332,7 +383,6 @@ function tick() {
     const text = left > 0 ? (left / 1000).toFixed(1) + ' s' : 'due';
     if (held.row.left.textContent !== text) held.row.left.textContent = text;
   }
-  requestAnimationFrame(tick);
 }
 
 // --- rendering ----------------------------------------------------------------------------
@@ -342,6 +392,16 @@ function cell(text, className) {
   td.textContent = text;
   if (className) td.className = className;
   return td;
+}
+
+// Renders the held table once per frame, however many events arrived in it.
+function render() {
+  if (state.renderQueued) return;
+  state.renderQueued = true;
+  requestAnimationFrame(() => {
+    state.renderQueued = false;
+    renderHeld();
+  });
 }
 
 function renderHeld() {
@@ -443,6 +503,100 @@ function renderHistory() {
   $('history-list').replaceChildren(...items);
 }
 
+// --- the enforcer (fence-gateway's feed, with --ui-gateway) -------------------------------
+
+const LABELS_REFUSED = {
+  stale: 'stale',
+  forged: 'forged',
+  misdirected: 'misdirected',
+  malformed: 'malformed',
+};
+
+async function enforcer(gateway) {
+  $('enforcer').hidden = false;
+  let last = 0;
+  let marks = [];
+  for (;;) {
+    try {
+      const resp = await fetch(gateway + '/fence-gateway/feed?after=' + last, {
+        cache: 'no-store',
+        credentials: 'omit',
+      });
+      if (!resp.ok) throw new Error('HTTP ' + resp.status);
+      const feed = await resp.json();
+      const received = Date.now();
+      // Oldest first, so the newest ends on top.
+      for (const r of (feed.refusals || []).slice().reverse()) {
+        if (typeof r.seq === 'number' && r.seq > last) refusal(r, received);
+      }
+      if (typeof feed.last === 'number') last = Math.max(last, feed.last);
+      marks = Array.isArray(feed.marks) ? feed.marks : [];
+      setPill('enforcer-state', 'ok', 'live');
+    } catch (_) {
+      setPill('enforcer-state', 'bad', 'unreachable');
+    }
+    renderMarks(marks);
+    await sleep(REFRESH_MS);
+  }
+}
+
+function refusal(r, received) {
+  const li = document.createElement('li');
+  li.className = 'refusal';
+  li.dataset.resource = String(r.resource);
+  li.dataset.reason = String(r.reason);
+  const t = document.createElement('time');
+  // A duration the gateway measured, shown at this browser's time.
+  const at = new Date(received - Math.max(0, Number(r.age_ms) || 0));
+  t.dateTime = at.toISOString();
+  t.textContent = at.toLocaleTimeString();
+  const label = document.createElement('span');
+  label.className = 'kind ' + (LABELS_REFUSED[r.reason] ? r.reason : 'malformed');
+  label.textContent = LABELS_REFUSED[r.reason] || 'refused';
+  const what = document.createElement('span');
+  what.textContent = String(r.resource);
+  const why = document.createElement('span');
+  why.textContent = r.token ? 'token ' + r.token + ' below mark ' + r.mark : 'token not accepted';
+  li.append(t, label, what, why);
+  li.hidden = !String(r.resource).startsWith(state.prefix);
+  const list = $('refusals');
+  list.prepend(li);
+  while (list.children.length > MAX_EVENTS) list.lastElementChild.remove();
+  renderRefusals();
+}
+
+function renderRefusals() {
+  let shown = 0;
+  for (const li of $('refusals').children) {
+    li.hidden = !li.dataset.resource.startsWith(state.prefix);
+    if (!li.hidden) shown++;
+  }
+  $('refusals-empty').hidden = shown > 0;
+}
+
+function renderMarks(marks) {
+  const rows = marks
+    .filter((m) => typeof m.resource === 'string' && m.resource.startsWith(state.prefix))
+    .slice(0, 50)
+    .map((m) => {
+      const tr = document.createElement('tr');
+      tr.dataset.resource = m.resource;
+      tr.append(cell(m.resource), cell(String(m.mark), 'num'));
+      return tr;
+    });
+  $('marks').tBodies[0].replaceChildren(...rows);
+}
+
+async function configure() {
+  try {
+    const resp = await fetch('/ui/config.json', { cache: 'no-store' });
+    const config = await resp.json();
+    if (typeof config.gateway === 'string' && /^https?:\/\//.test(config.gateway)) enforcer(config.gateway);
+  } catch (_) {
+    // No configuration: no enforcer panel.
+  }
+}
+
 // --- readiness ----------------------------------------------------------------------------
 
 async function readiness() {
@@ -485,15 +639,16 @@ document.addEventListener('DOMContentLoaded', () => {
     sessionStorage.setItem(TOKEN_KEY, $('token').value.trim());
     $('token').value = '';
     $('auth').hidden = true;
+    forget();
     start();
   });
   $('sign-out').addEventListener('click', () => {
     sessionStorage.removeItem(TOKEN_KEY);
-    state.history.clear();
-    $('timeline').replaceChildren();
+    forget();
     start();
   });
   readiness();
+  configure();
   requestAnimationFrame(tick);
   start();
 });

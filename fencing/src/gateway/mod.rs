@@ -70,6 +70,8 @@ struct Shared {
     fence_principals: Vec<String>,
     /// The pre-fence route as a path-mode pattern: its resource is taken as a write's is.
     prefence_path: PathPattern,
+    /// Origins whose pages may read the feed (`--feed-origins`).
+    feed_origins: Vec<String>,
 }
 
 /// How the gateway tells which writes are protected: a path pattern if configured, else the
@@ -136,6 +138,7 @@ pub async fn run(
         fence_principals: config.fence_principals.clone(),
         prefence_path: PathPattern::parse(PREFENCE_PATTERN)
             .ok_or_else(|| GatewayConfigError(format!("{PREFENCE_PATTERN}: not a pattern")))?,
+        feed_origins: config.feed_origins.clone(),
     });
     let max_body = config.max_body_bytes;
     let proxy = tower::service_fn(move |req: Request<Body>| {
@@ -222,6 +225,7 @@ fn routes() -> OpenApiRouter<Arc<Shared>> {
         .routes(routes!(livez))
         .routes(routes!(readyz))
         .routes(routes!(scrape))
+        .routes(routes!(feed))
         .routes(routes!(openapi::serve))
 }
 
@@ -369,6 +373,67 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, &'static str)
 )]
 async fn scrape(State(shared): State<Arc<Shared>>) -> Response {
     crate::telemetry::render(&shared.metrics)
+}
+
+/// What the enforcer decided lately: see [`crate::layer::Recent`].
+#[utoipa::path(
+    get,
+    path = "/fence-gateway/feed",
+    operation_id = "feed",
+    tag = "operations",
+    params(
+        ("after" = Option<String>, Query, description = "Only refusals after this sequence number (the `last` of a previous answer)", pattern = "^[0-9]{1,19}$"),
+    ),
+    responses(
+        (status = 200, description = "The highest token admitted per resource (the 1,024 most recently raised, since this process started) and the latest refusals of a token (at most 256), newest first. Resource names and token numbers only, never a token. With `--feed-origins`, `Access-Control-Allow-Origin` names the request's `Origin` when it is one of them", body = openapi::FeedDoc),
+        (status = 400, description = "`after` is not a number"),
+    ),
+)]
+async fn feed(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> Response {
+    let mut after = 0;
+    // `after` is digits only, so it is read without percent-decoding (an encoded digit is
+    // refused, not guessed at); other parameters are ignored.
+    for (name, value) in query
+        .as_deref()
+        .unwrap_or_default()
+        .split('&')
+        .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
+    {
+        let digits =
+            !value.is_empty() && value.len() <= 19 && value.bytes().all(|b| b.is_ascii_digit());
+        match (name, value.parse::<u64>()) {
+            ("after", Ok(n)) if digits => after = n,
+            ("after", _) => {
+                return problem(
+                    StatusCode::BAD_REQUEST,
+                    "invalid-request",
+                    "`after` must be a sequence number",
+                )
+            }
+            _ => {}
+        }
+    }
+    let feed = openapi::FeedDoc::from(shared.fence.recent.feed(after));
+    let mut response = axum::Json(feed).into_response();
+    let answer = response.headers_mut();
+    answer.insert(
+        http::header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-store"),
+    );
+    answer.insert(http::header::VARY, http::HeaderValue::from_static("origin"));
+    if let Some(origin) = headers.get(http::header::ORIGIN).filter(|o| {
+        shared
+            .feed_origins
+            .iter()
+            .any(|allowed| o.as_bytes() == allowed.as_bytes())
+    }) {
+        answer.insert(http::header::ACCESS_CONTROL_ALLOW_ORIGIN, origin.clone());
+    }
+    response
 }
 
 /// `fence_requests_total{outcome}`: the enforcer's decisions, read from its counters at each

@@ -47,6 +47,81 @@ impl From<Token> for Mark {
     }
 }
 
+/// `GET /fence-gateway/feed`'s answer: [`crate::layer::Feed`] on the wire.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct FeedDoc {
+    /// Marks, most recently raised first.
+    marks: Vec<FeedMarkDoc>,
+    /// Refusals after `after`, newest first.
+    refusals: Vec<FeedRefusalDoc>,
+    /// The sequence number of the newest refusal (0: none yet).
+    last: u64,
+}
+
+/// A mark in the feed.
+#[derive(Debug, Serialize, ToSchema)]
+struct FeedMarkDoc {
+    /// The resource.
+    resource: String,
+    /// The highest token admitted for it, `era:revision`.
+    #[schema(pattern = "^[0-9]+:[0-9]+$")]
+    mark: String,
+    /// How long ago it was first admitted, in milliseconds.
+    age_ms: u64,
+}
+
+/// A refusal in the feed.
+#[derive(Debug, Serialize, ToSchema)]
+struct FeedRefusalDoc {
+    /// Its sequence number.
+    seq: u64,
+    /// How long ago, in milliseconds (a duration: compare it with no clock).
+    age_ms: u64,
+    /// The resource the write was for.
+    resource: String,
+    /// Why: below the mark, not signed by a key of the keyring, for another resource, or not a
+    /// token.
+    #[schema(pattern = "^(stale|forged|misdirected|malformed)$")]
+    reason: &'static str,
+    /// The refused token (`era:revision`), when verified (stale).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[0-9]+:[0-9]+$")]
+    token: Option<String>,
+    /// The mark it was below (stale).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[0-9]+:[0-9]+$")]
+    mark: Option<String>,
+}
+
+impl From<crate::layer::Feed> for FeedDoc {
+    fn from(feed: crate::layer::Feed) -> Self {
+        Self {
+            marks: feed
+                .marks
+                .into_iter()
+                .map(|m| FeedMarkDoc {
+                    resource: m.resource,
+                    mark: m.mark.to_string(),
+                    age_ms: m.age_ms,
+                })
+                .collect(),
+            refusals: feed
+                .refusals
+                .into_iter()
+                .map(|r| FeedRefusalDoc {
+                    seq: r.seq,
+                    age_ms: r.age_ms,
+                    resource: r.resource,
+                    reason: r.reason.as_str(),
+                    token: r.token.map(|t| t.to_string()),
+                    mark: r.mark.map(|t| t.to_string()),
+                })
+                .collect(),
+            last: feed.last,
+        }
+    }
+}
+
 #[derive(utoipa::OpenApi)]
 #[openapi(
     info(
@@ -113,8 +188,9 @@ fn rejections() -> Vec<Rejection> {
 }
 
 /// The gateway's answers that are not the enforcer's: (status, slug).
-const GATEWAY_PROBLEMS: [(StatusCode, &str); 7] = [
+const GATEWAY_PROBLEMS: [(StatusCode, &str); 8] = [
     (StatusCode::BAD_REQUEST, "invalid-target"),
+    (StatusCode::BAD_REQUEST, "invalid-request"),
     (StatusCode::PAYLOAD_TOO_LARGE, "body-too-large"),
     (StatusCode::BAD_GATEWAY, "upstream-unavailable"),
     (StatusCode::GATEWAY_TIMEOUT, "upstream-timeout"),

@@ -26,12 +26,14 @@
 mod classify;
 mod exchange;
 mod headers;
+mod recent;
 mod reject;
 
 pub use crate::problem::PROBLEM_BASE;
 pub use classify::{ByHeader, Classify, Decision, PathPattern};
 pub use exchange::{ExchangeDeadline, ExchangeIncomplete};
 pub use headers::strip_hop_by_hop;
+pub use recent::{Feed, FeedMark, FeedRefusal, Reason, Recent};
 pub use reject::Rejection;
 
 #[doc(hidden)]
@@ -65,6 +67,8 @@ pub struct Fence<A: ?Sized> {
     pub gate: Arc<A>,
     /// Counts of what the enforcer decided.
     pub outcomes: Arc<Outcomes>,
+    /// What it decided lately, per resource (the operator's feed).
+    pub recent: Arc<Recent>,
 }
 
 impl<A: ?Sized> Fence<A> {
@@ -75,6 +79,7 @@ impl<A: ?Sized> Fence<A> {
             keys: keys.into(),
             gate,
             outcomes: Arc::default(),
+            recent: Arc::default(),
         }
     }
 }
@@ -85,6 +90,7 @@ impl<A: ?Sized> Clone for Fence<A> {
             keys: self.keys.clone(),
             gate: self.gate.clone(),
             outcomes: self.outcomes.clone(),
+            recent: self.recent.clone(),
         }
     }
 }
@@ -118,6 +124,15 @@ impl Outcomes {
 impl<A: Admission + ?Sized> Fence<A> {
     /// Checks a presented token (`wire`) for `resource` and admits it through the gate.
     pub async fn admit(&self, resource: &str, wire: &str) -> Result<(Token, Permit), Rejection> {
+        let admitted = self.check(resource, wire).await;
+        match &admitted {
+            Ok((token, _)) => self.recent.admitted(resource, *token),
+            Err(rejection) => self.recent.refused(resource, rejection),
+        }
+        admitted
+    }
+
+    async fn check(&self, resource: &str, wire: &str) -> Result<(Token, Permit), Rejection> {
         let token = self
             .keys
             .current()

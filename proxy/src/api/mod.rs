@@ -29,6 +29,7 @@ use utoipa_axum::routes;
 pub(crate) use crate::lease::WatchSlots;
 pub(crate) use body::BodyLimits;
 pub(crate) use rate::AcquireRate;
+pub(crate) use ui::Ui;
 
 use crate::etcd::Etcd;
 use crate::lease::Leases;
@@ -65,6 +66,8 @@ pub(crate) struct AppState {
     pub(crate) watch_write_timeout: std::time::Duration,
     /// Set when SIGTERM arrives: `/readyz` answers 503 from then on.
     pub(crate) draining: AtomicBool,
+    /// The dashboard's policy and configuration.
+    pub(crate) ui: ui::Ui,
     /// `/openapi.json`, rendered at its first request (`None`: it could not be).
     pub(crate) openapi: std::sync::OnceLock<Option<String>>,
 }

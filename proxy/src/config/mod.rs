@@ -189,6 +189,12 @@ pub struct Config {
     #[arg(long, env = "LEASE_PROXY_PREFENCE_URL")]
     pub prefence_url: Option<String>,
 
+    /// fence-gateway whose feed (`GET {url}/fence-gateway/feed`: marks and refusals) the
+    /// dashboard at `/ui` shows beside the leases; its origin is the one other the page may
+    /// connect to. Start that gateway with `--feed-origins` naming this proxy's origin.
+    #[arg(long, env = "LEASE_PROXY_UI_GATEWAY")]
+    pub ui_gateway: Option<String>,
+
     /// PostgreSQL with fencing's in-database package (`fence-gateway pg install`) to pre-fence
     /// at every grant: `SELECT {schema}.admit(resource, token)` in a transaction of its own,
     /// committed before the grant is returned, under `--forward-timeout`; the same marks SQL
@@ -378,6 +384,7 @@ impl Config {
         shown.etcd_endpoints = shown.etcd_endpoints.iter().map(|e| redact(e)).collect();
         shown.upstream = shown.upstream.as_deref().map(redact);
         shown.prefence_url = shown.prefence_url.as_deref().map(redact);
+        shown.ui_gateway = shown.ui_gateway.as_deref().map(redact);
         shown.prefence_database_url = shown.prefence_database_url.as_deref().map(redact);
         toml::to_string(&shown).map_err(|e| ConfigError(e.to_string()))
     }

@@ -46,6 +46,31 @@ fn bad_values_are_refused() {
 }
 
 #[test]
+fn the_dashboards_gateway_is_a_plain_origin() {
+    for good in [
+        "http://127.0.0.1:7071",
+        "https://fence.example",
+        "http://[::1]:7071/",
+    ] {
+        let c = Config::parse_from(["lease-proxy", "--ui-gateway", good]);
+        c.validate().unwrap();
+    }
+    // Each would put something other than a host into the page's Content-Security-Policy.
+    for bad in [
+        "127.0.0.1:7071",
+        "ftp://x",
+        "http://user@x",
+        "http://x;script-src",
+        "http://x/?q",
+        "http://x'",
+    ] {
+        let c = Config::parse_from(["lease-proxy", "--ui-gateway", bad]);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("--ui-gateway"), "{bad}: {e}");
+    }
+}
+
+#[test]
 fn tls_settings_go_together_and_their_files_load() {
     let pki = lease_proxy_testkit::pki::Pki::new("config");
     let server = pki.server("server");

@@ -45,6 +45,23 @@ impl Config {
                 }
             }
         }
+        if let Some(url) = &self.ui_gateway {
+            // Its origin goes into the page's Content-Security-Policy: a plain host and port.
+            let plain = url.parse::<http::Uri>().is_ok_and(|u| {
+                matches!(u.scheme_str(), Some("http" | "https"))
+                    && u.authority().is_some_and(|a| {
+                        a.as_str()
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"-.:[]".contains(&b))
+                    })
+                    && u.query().is_none()
+            });
+            if !plain {
+                return fail(format!(
+                    "--ui-gateway: `{url}` is not an http(s)://host:port URL (no user, no query)"
+                ));
+            }
+        }
         if let Some(url) = &self.prefence_database_url {
             if url.parse::<tokio_postgres::Config>().is_err() {
                 return fail(

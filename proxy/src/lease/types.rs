@@ -126,12 +126,17 @@ pub(crate) struct Holding {
     pub(crate) session: Option<i64>,
 }
 
+/// What is answered about a grant whose lease has `remaining` seconds left (etcd's word). At
+/// most the grant's TTL: a new etcd leader extends every lease by its election timeout
+/// (helper-21 saw 14 s left of a 10 s grant), and the extra time is not promised to a holder
+/// (nor shown as more than a full bar).
 pub(super) fn holding(
     resource: String,
     record: HolderRecord,
     revision: i64,
     remaining: i64,
 ) -> Holding {
+    let remaining = remaining.min(i64::try_from(record.ttl_seconds).unwrap_or(i64::MAX));
     Holding {
         resource,
         holder: record.holder,
@@ -178,5 +183,22 @@ mod tests {
         );
         assert_eq!(h.metadata, Some(serde_json::json!({"zone": "b"})));
         assert!(!serde_json::to_string(&h).unwrap().contains("hash"));
+        // etcd's extension at a leader change is not promised.
+        let extended = holding("r".into(), h_record(), 42, 44);
+        assert_eq!(extended.expires_in_ms, 30_000);
+    }
+
+    fn h_record() -> HolderRecord {
+        HolderRecord {
+            holder: "h".into(),
+            lease_id: 7,
+            secret_hash: "hash".into(),
+            metadata: None,
+            acquired_at: 1234,
+            ttl_seconds: 30,
+            idempotency: None,
+            session: false,
+            principal: None,
+        }
     }
 }

@@ -79,8 +79,8 @@ struct Args {
     /// Rounds; backends alternate within each round.
     #[arg(long, default_value_t = 2)]
     rounds: usize,
-    /// Leases held for the closed-loop `renew` measurement; also the sessions kept alive by
-    /// `session-keepalive` (whose raw side renews as many held leases).
+    /// Leases held for the closed-loop `renew` and `get` measurements; also the sessions kept
+    /// alive by `session-keepalive` (whose raw side renews as many held leases).
     #[arg(long, default_value_t = 1000)]
     held: usize,
     /// Renewals per `cycle`.
