@@ -115,7 +115,7 @@ echo "==> starting the inventory service on $inventory (SQLite) behind fence-gat
   "${inventory_tls[@]}" >"$work/inventory.log" 2>&1 &
 pids+=($!)
 "$bin/fence-gateway" --listen 127.0.0.1:7071 --upstream "$inventory" --store "sqlite:$work/marks.db" \
-  --key-file "$keys" --resource-path '/aisles/{resource}' --write-grace 2s --feed-origins "$proxy" "${gateway_tls[@]}" \
+  --key-file "$keys" --resource-path '/aisles/{resource}' --write-grace 2s "${gateway_tls[@]}" \
   >"$work/gateway.log" 2>&1 &
 pids+=($!)
 wait_for "$gateway/readyz"

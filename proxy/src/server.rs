@@ -296,7 +296,7 @@ pub async fn run(
         watch_max_duration: config.watch_max_duration,
         watch_write_timeout: config.client_write_timeout,
         openapi: std::sync::OnceLock::new(),
-        ui: crate::api::Ui::new(config.ui_gateway.as_deref()),
+        ui: crate::api::Ui::new(upstream(&config.ui_gateway, &config, &metrics)?),
         acquire_rate: config
             .quota_acquire_rate
             .filter(|_| auth.is_some())

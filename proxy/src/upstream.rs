@@ -48,13 +48,17 @@ impl Upstream {
         })
     }
 
-    /// Whether `path_and_query`, joined to the base, is an enforcer's pre-fence route
-    /// (`/fence`, `/fence/…`): a holder's forward must not reach it, since the proxy presents
-    /// its own client certificate upstream and fence-gateway's `--fence-principals` trusts it.
-    pub(crate) fn is_prefence_route(&self, path_and_query: &str) -> bool {
+    /// Whether `path_and_query`, joined to the base, is one of the enforcer's routes for the
+    /// proxy alone: pre-fence (`/fence`, `/fence/…`) and its feed (`/fence-gateway/…`, which
+    /// names every tenant's resources). A holder's forward must not reach them, since the
+    /// proxy presents its own client certificate upstream and fence-gateway's
+    /// `--fence-principals` trusts it.
+    pub(crate) fn is_enforcer_route(&self, path_and_query: &str) -> bool {
         self.url(path_and_query).is_ok_and(|u| {
             let path = u.path();
-            path == "/fence" || path.starts_with("/fence/")
+            ["/fence", "/fence-gateway"]
+                .iter()
+                .any(|route| path == *route || path.starts_with(&format!("{route}/")))
         })
     }
 
@@ -102,6 +106,32 @@ impl Upstream {
         }
     }
 
+    /// The enforcer's feed (`GET /fence-gateway/feed?after=N`): its body, at most
+    /// [`FEED_LIMIT`] bytes, all of it within the deadline.
+    pub(crate) async fn feed(&self, after: u64) -> Result<bytes::Bytes> {
+        use http_body_util::BodyExt as _;
+        let req = Request::get(self.url(&format!("/fence-gateway/feed?after={after}"))?)
+            .body(Body::empty())
+            .map_err(|e| Error::UpstreamUnavailable(e.to_string()))?;
+        let read = async {
+            let resp = self.send(req, "feed").await?;
+            if !resp.status().is_success() {
+                return Err(Error::UpstreamUnavailable(format!(
+                    "the enforcer's feed answered {}",
+                    resp.status()
+                )));
+            }
+            let body = http_body_util::Limited::new(resp.into_body(), FEED_LIMIT);
+            body.collect()
+                .await
+                .map(|b| b.to_bytes())
+                .map_err(|e| Error::UpstreamUnavailable(format!("the enforcer's feed: {e}")))
+        };
+        tokio::time::timeout(self.timeout, read)
+            .await
+            .map_err(|_| Error::UpstreamTimeout(self.timeout))?
+    }
+
     /// The proxy's metrics, for what a forward counts.
     pub(crate) fn metrics(&self) -> &Metrics {
         &self.metrics
@@ -127,6 +157,10 @@ impl Upstream {
         }
     }
 }
+
+/// The largest feed read from the enforcer (its window holds at most 1,024 marks and 256
+/// refusals of names ≤ 200 bytes: well under).
+const FEED_LIMIT: usize = 1 << 20;
 
 /// `s` as a header value, or the request is refused.
 pub(crate) fn header_value(s: &str) -> Result<HeaderValue> {
@@ -155,5 +189,27 @@ mod tests {
             up.url("?q").unwrap().to_string(),
             "http://127.0.0.1:9/base/?q"
         );
+    }
+
+    #[test]
+    fn the_enforcers_own_routes_are_told_apart() {
+        let up = Upstream::new(
+            "http://127.0.0.1:9/".parse().unwrap(),
+            Duration::from_secs(1),
+            Arc::new(Metrics::new().unwrap()),
+            &ClientFiles::default(),
+        )
+        .unwrap();
+        for own in [
+            "/fence",
+            "/fence/a",
+            "/fence-gateway",
+            "/fence-gateway/feed?after=1",
+        ] {
+            assert!(up.is_enforcer_route(own), "{own}");
+        }
+        for storage in ["/fences", "/fence-gatewayx", "/items/fence", "/"] {
+            assert!(!up.is_enforcer_route(storage), "{storage}");
+        }
     }
 }

@@ -417,6 +417,7 @@ async fn the_gateway_serves_https_and_takes_pre_fences_only_from_its_principals(
         move |c: &mut lease_proxy::Config| {
             c.upstream = Some(gateway.clone());
             c.prefence_url = Some(gateway.clone());
+            c.ui_gateway = Some(gateway.clone());
             c.upstream_ca = Some(ca);
             c.upstream_cert = Some(cert.cert);
             c.upstream_key = Some(cert.key);
@@ -462,6 +463,23 @@ async fn the_gateway_serves_https_and_takes_pre_fences_only_from_its_principals(
         .await;
         assert_eq!(status, 404, "{path}: {problem}");
     }
+    // The dashboard's relay reads the feed with the proxy's certificate, which the gateway
+    // trusts (proxy-b's it does not).
+    let (status, feed) = send(http().get(format!("{}/ui/enforcer", a.url))).await;
+    assert_eq!(status, 200, "{feed}");
+    assert_eq!(feed["marks"][0]["resource"], "aisle-1", "{feed}");
+    let (status, _) = send(http().get(format!("{}/ui/enforcer", b.url))).await;
+    assert_eq!(status, 502);
+    // The forward route does not reach the feed either: it names every tenant's resources.
+    for path in ["fence-gateway/feed", "fence-gateway"] {
+        let (status, problem) = send(
+            http()
+                .get(format!("{}/v1/leases/aisle-1/forward/{path}", a.url))
+                .header("lease-secret", &secret),
+        )
+        .await;
+        assert_eq!(status, 404, "{path}: {problem}");
+    }
     // proxy-b's pre-fence is refused by the gateway: its grant is withdrawn, nothing held.
     let (status, problem) = acquire(&b, "aisle-2", "robot", 10).await;
     assert_eq!(status, 503, "{problem}");
@@ -481,6 +499,8 @@ async fn the_gateway_serves_https_and_takes_pre_fences_only_from_its_principals(
         )
         .await;
         assert_eq!(status, 403, "{problem}");
+        let (status, problem) = send(client.get(format!("{gateway}/fence-gateway/feed"))).await;
+        assert_eq!(status, 403, "the feed: {problem}");
     }
     let plain = gateway.replacen("https://", "http://", 1);
     assert!(http().get(format!("{plain}/readyz")).send().await.is_err());

@@ -85,6 +85,9 @@ function forget() {
   $('history').hidden = true;
   $('timeline').replaceChildren();
   $('timeline-empty').hidden = false;
+  $('refusals').replaceChildren();
+  $('marks').tBodies[0].replaceChildren();
+  renderRefusals();
   renderHeld();
 }
 
@@ -503,7 +506,7 @@ function renderHistory() {
   $('history-list').replaceChildren(...items);
 }
 
-// --- the enforcer (fence-gateway's feed, with --ui-gateway) -------------------------------
+// --- the enforcer (fence-gateway's feed, relayed by the proxy with --ui-gateway) -----------
 
 const LABELS_REFUSED = {
   stale: 'stale',
@@ -512,28 +515,43 @@ const LABELS_REFUSED = {
   malformed: 'malformed',
 };
 
-async function enforcer(gateway) {
+// Polls the proxy's relay of the enforcer's feed (only what this caller may read).
+async function enforcer() {
   $('enforcer').hidden = false;
   let last = 0;
   let marks = [];
+  let token = bearer();
   for (;;) {
+    if (bearer() !== token) {
+      // Another principal: what the last one saw goes.
+      token = bearer();
+      last = 0;
+      marks = [];
+      $('refusals').replaceChildren();
+    }
     try {
-      const resp = await fetch(gateway + '/fence-gateway/feed?after=' + last, {
-        cache: 'no-store',
-        credentials: 'omit',
-      });
-      if (!resp.ok) throw new Error('HTTP ' + resp.status);
-      const feed = await resp.json();
-      const received = Date.now();
-      // Oldest first, so the newest ends on top.
-      for (const r of (feed.refusals || []).slice().reverse()) {
-        if (typeof r.seq === 'number' && r.seq > last) refusal(r, received);
+      const resp = await fetch('/ui/enforcer?after=' + last, { headers: headers(), cache: 'no-store' });
+      if (bearer() !== token) continue; // asked with the last principal's token: dropped
+      if (resp.status === 401) {
+        setPill('enforcer-state', 'bad', 'signed out');
+        marks = [];
+      } else if (!resp.ok) {
+        const problem = await problemOf(resp);
+        throw new Error((problem && problem.detail) || 'HTTP ' + resp.status);
+      } else {
+        const feed = await resp.json();
+        if (bearer() !== token) continue;
+        const received = Date.now();
+        // Oldest first, so the newest ends on top.
+        for (const r of (feed.refusals || []).slice().reverse()) {
+          if (typeof r.seq === 'number' && r.seq > last) refusal(r, received);
+        }
+        if (typeof feed.last === 'number') last = Math.max(last, feed.last);
+        marks = Array.isArray(feed.marks) ? feed.marks : [];
+        setPill('enforcer-state', 'ok', 'live');
       }
-      if (typeof feed.last === 'number') last = Math.max(last, feed.last);
-      marks = Array.isArray(feed.marks) ? feed.marks : [];
-      setPill('enforcer-state', 'ok', 'live');
-    } catch (_) {
-      setPill('enforcer-state', 'bad', 'unreachable');
+    } catch (e) {
+      setPill('enforcer-state', 'bad', 'unreachable: ' + e.message);
     }
     renderMarks(marks);
     await sleep(REFRESH_MS);
@@ -591,7 +609,7 @@ async function configure() {
   try {
     const resp = await fetch('/ui/config.json', { cache: 'no-store' });
     const config = await resp.json();
-    if (typeof config.gateway === 'string' && /^https?:\/\//.test(config.gateway)) enforcer(config.gateway);
+    if (config.enforcer === true) enforcer();
   } catch (_) {
     // No configuration: no enforcer panel.
   }

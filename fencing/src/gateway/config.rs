@@ -180,14 +180,6 @@ pub struct GatewayConfig {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fence_principals: Vec<String>,
 
-    /// Web origins (`scheme://host[:port]`, comma-separated) whose pages may read
-    /// `GET /fence-gateway/feed` from a browser — lease-proxy's dashboard, e.g.
-    /// `http://127.0.0.1:7070`. The feed is served to any client either way (it holds resource
-    /// names and token numbers, never a token); this only sets CORS for exactly these origins.
-    #[arg(long, env = "FENCE_GATEWAY_FEED_ORIGINS", value_delimiter = ',')]
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub feed_origins: Vec<String>,
-
     /// CAs (PEM) of the upstream's certificate, for an `https://` `--upstream` (default: the
     /// system's CAs).
     #[arg(long, env = "FENCE_GATEWAY_UPSTREAM_CA")]
@@ -265,27 +257,6 @@ pub enum NegativeControl {
 #[derive(Debug, thiserror::Error)]
 #[error("invalid configuration: {0}")]
 pub struct GatewayConfigError(pub String);
-
-/// Whether `s` is a web origin as a browser sends it in `Origin`: `http` or `https`, a host,
-/// an optional port, nothing after.
-fn is_origin(s: &str) -> bool {
-    let Some(rest) = s
-        .strip_prefix("http://")
-        .or_else(|| s.strip_prefix("https://"))
-    else {
-        return false;
-    };
-    let (host, port) = match rest.rsplit_once(':') {
-        Some((host, port)) if !host.ends_with(']') || rest.starts_with('[') => (host, Some(port)),
-        _ => (rest, None),
-    };
-    !host.is_empty()
-        && host
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-.[]:".contains(&b))
-        && port
-            .is_none_or(|p| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()))
-}
 
 impl GatewayConfig {
     /// Parses flags and environment and layers the TOML file under them (not validated: see
@@ -379,11 +350,6 @@ impl GatewayConfig {
         }
         if !self.fence_principals.is_empty() && self.tls_client_ca.is_none() {
             return fail("--fence-principals needs --tls-client-ca (principals come from client certificates)");
-        }
-        if let Some(bad) = self.feed_origins.iter().find(|o| !is_origin(o)) {
-            return Err(GatewayConfigError(format!(
-                "--feed-origins: {bad:?} is not a web origin (scheme://host[:port], no path)"
-            )));
         }
         if self.fence_principals.iter().any(|p| p.trim().is_empty()) {
             return fail("--fence-principals: empty name");
@@ -554,27 +520,6 @@ mod tests {
         let mut c = ok.clone();
         c.fence_principals = vec![" ".into()];
         assert!(refused(c).contains("empty name"));
-        let mut c = base();
-        for good in [
-            "http://127.0.0.1:7070",
-            "https://dash.example",
-            "http://[::1]:7070",
-        ] {
-            c.feed_origins = vec![good.into()];
-            assert!(c.validate().is_ok(), "{good}");
-        }
-        for bad in [
-            "127.0.0.1:7070",
-            "http://x/ui",
-            "http://",
-            "ftp://x",
-            "http://x:",
-            "*",
-            "http://a b",
-        ] {
-            c.feed_origins = vec![bad.into()];
-            assert!(refused(c.clone()).contains("--feed-origins"), "{bad}");
-        }
         let mut c = ok.clone();
         c.tls_key = Some(pki.server("other").key);
         assert!(refused(c).contains("TLS"));

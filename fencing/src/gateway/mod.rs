@@ -70,8 +70,6 @@ struct Shared {
     fence_principals: Vec<String>,
     /// The pre-fence route as a path-mode pattern: its resource is taken as a write's is.
     prefence_path: PathPattern,
-    /// Origins whose pages may read the feed (`--feed-origins`).
-    feed_origins: Vec<String>,
 }
 
 /// How the gateway tells which writes are protected: a path pattern if configured, else the
@@ -138,7 +136,6 @@ pub async fn run(
         fence_principals: config.fence_principals.clone(),
         prefence_path: PathPattern::parse(PREFENCE_PATTERN)
             .ok_or_else(|| GatewayConfigError(format!("{PREFENCE_PATTERN}: not a pattern")))?,
-        feed_origins: config.feed_origins.clone(),
     });
     let max_body = config.max_body_bytes;
     let proxy = tower::service_fn(move |req: Request<Body>| {
@@ -385,20 +382,22 @@ async fn scrape(State(shared): State<Arc<Shared>>) -> Response {
         ("after" = Option<String>, Query, description = "Only refusals after this sequence number (the `last` of a previous answer)", pattern = "^[0-9]{1,19}$"),
     ),
     responses(
-        (status = 200, description = "The highest token admitted per resource (the 1,024 most recently raised, since this process started) and the latest refusals of a token (at most 256), newest first. Resource names and token numbers only, never a token. With `--feed-origins`, `Access-Control-Allow-Origin` names the request's `Origin` when it is one of them", body = openapi::FeedDoc),
+        (status = 200, description = "The highest token admitted per resource (the 1,024 most recently raised, since this process started) and the latest refusals of a token (at most 256), newest first. Resource names and token numbers only, never a token", body = openapi::FeedDoc),
         (status = 400, description = "`after` is not a number"),
+        (status = 403, description = "With `--fence-principals`: no client certificate, or one naming none of them (the feed names every tenant's resources: lease-proxy reads it for its dashboard and shows each caller only what it may read)"),
     ),
+    security((), ("client_certificate" = [])),
 )]
-async fn feed(
-    State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-    axum::extract::RawQuery(query): axum::extract::RawQuery,
-) -> Response {
+async fn feed(State(shared): State<Arc<Shared>>, req: Request<Body>) -> Response {
+    if let Some(refusal) = fence_caller(&shared.fence_principals, &req) {
+        return refusal;
+    }
     let mut after = 0;
     // `after` is digits only, so it is read without percent-decoding (an encoded digit is
     // refused, not guessed at); other parameters are ignored.
-    for (name, value) in query
-        .as_deref()
+    for (name, value) in req
+        .uri()
+        .query()
         .unwrap_or_default()
         .split('&')
         .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
@@ -419,20 +418,10 @@ async fn feed(
     }
     let feed = openapi::FeedDoc::from(shared.fence.recent.feed(after));
     let mut response = axum::Json(feed).into_response();
-    let answer = response.headers_mut();
-    answer.insert(
+    response.headers_mut().insert(
         http::header::CACHE_CONTROL,
         http::HeaderValue::from_static("no-store"),
     );
-    answer.insert(http::header::VARY, http::HeaderValue::from_static("origin"));
-    if let Some(origin) = headers.get(http::header::ORIGIN).filter(|o| {
-        shared
-            .feed_origins
-            .iter()
-            .any(|allowed| o.as_bytes() == allowed.as_bytes())
-    }) {
-        answer.insert(http::header::ACCESS_CONTROL_ALLOW_ORIGIN, origin.clone());
-    }
     response
 }
 

@@ -57,7 +57,7 @@ pub(super) async fn forward(
     let upstream = app.upstream.as_ref().ok_or(Error::ForwardingDisabled)?;
     let secret = body::secret(req.headers())?;
     let target = forwarded_path(req.uri()).ok_or(Error::NoRoute)?;
-    if upstream.is_prefence_route(&target) {
+    if upstream.is_enforcer_route(&target) {
         return Err(Error::NoRoute);
     }
     if let Some(len) = req

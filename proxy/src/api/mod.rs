@@ -66,7 +66,7 @@ pub(crate) struct AppState {
     pub(crate) watch_write_timeout: std::time::Duration,
     /// Set when SIGTERM arrives: `/readyz` answers 503 from then on.
     pub(crate) draining: AtomicBool,
-    /// The dashboard's policy and configuration.
+    /// What the dashboard needs (the enforcer whose feed it relays).
     pub(crate) ui: ui::Ui,
     /// `/openapi.json`, rendered at its first request (`None`: it could not be).
     pub(crate) openapi: std::sync::OnceLock<Option<String>>,
@@ -86,6 +86,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         // The dashboard: HTML, served and left out of the document too.
         .route("/ui", axum::routing::get(ui::page))
         .route("/ui/", axum::routing::get(ui::page))
+        .route("/ui/enforcer", axum::routing::get(ui::enforcer))
         .route("/ui/{file}", axum::routing::get(ui::file))
         .fallback(|| async { Error::NoRoute })
         .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })

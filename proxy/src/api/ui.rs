@@ -1,17 +1,26 @@
 //! The dashboard (`/ui`): one page, its script and its style, embedded in the binary from
 //! `proxy/ui/` — nothing is fetched from anywhere else, and the Content-Security-Policy says so
-//! to the browser (no inline script or style; connections to this origin and, with
-//! `--ui-gateway`, to that fence-gateway's). The page holds no data: it reads the `/v1` API with
-//! the caller's own bearer token, so it shows what that token may read.
+//! to the browser (no inline script or style, no other origin). The page holds no data: it reads
+//! the `/v1` API with the caller's own bearer token, so it shows what that token may read; with
+//! `--ui-gateway`, `/ui/enforcer` relays fence-gateway's feed cut down to the same.
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
 
+use super::preamble::{Authorized, Reading};
 use super::AppState;
-use crate::Error;
+use crate::auth::Op;
+use crate::upstream::Upstream;
+use crate::{Error, Result};
+
+/// What the page may load and connect to: this origin only.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
+                   img-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
 
 /// The page's files: name under `/ui/`, media type, contents.
 const FILES: [(&str, &str, &str); 2] = [
@@ -29,63 +38,40 @@ const FILES: [(&str, &str, &str); 2] = [
 
 const PAGE: &str = include_str!("../../ui/index.html");
 
-/// What the dashboard's answers carry for this proxy's configuration.
+/// What the dashboard needs of this proxy's configuration.
 pub(crate) struct Ui {
-    /// The Content-Security-Policy of every file.
-    csp: HeaderValue,
-    /// `/ui/config.json`: where the enforcer's feed is, if anywhere.
-    config: String,
+    /// The fence-gateway whose feed it shows (`--ui-gateway`).
+    gateway: Option<Upstream>,
 }
 
 impl Ui {
-    /// For a proxy whose dashboard shows the feed of the fence-gateway at `gateway`
-    /// (`--ui-gateway`, validated at start to be `http(s)://host[:port][/path]` with a plain
-    /// host; anything else is left out, and the page shows no feed).
-    pub(crate) fn new(gateway: Option<&str>) -> Self {
-        let gateway = gateway.map(|g| g.trim_end_matches('/')).and_then(|url| {
-            let uri: axum::http::Uri = url.parse().ok()?;
-            let origin = format!("{}://{}", uri.scheme_str()?, uri.authority()?);
-            Some((url, origin))
-        });
-        let csp = |origin: &str| {
-            HeaderValue::from_str(&format!(
-                "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'{origin}; \
-                 img-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
-            ))
-            .ok()
-        };
-        match gateway.and_then(|(url, origin)| Some((url, csp(&format!(" {origin}"))?))) {
-            Some((url, csp)) => Self {
-                csp,
-                config: serde_json::json!({ "gateway": url }).to_string(),
-            },
-            None => Self {
-                csp: csp("").unwrap_or(HeaderValue::from_static("default-src 'none'")),
-                config: serde_json::json!({ "gateway": null }).to_string(),
-            },
-        }
+    /// For a proxy whose dashboard shows `gateway`'s feed, if any.
+    pub(crate) fn new(gateway: Option<Upstream>) -> Self {
+        Self { gateway }
     }
 }
 
 /// `GET /ui`: the page.
-pub(super) async fn page(State(app): State<Arc<AppState>>) -> Response {
-    asset(&app.ui, "text/html; charset=utf-8", PAGE.to_owned())
+pub(super) async fn page() -> Response {
+    asset("text/html; charset=utf-8", PAGE.to_owned())
 }
 
 /// `GET /ui/{file}`: its script, its style, or its configuration.
 pub(super) async fn file(State(app): State<Arc<AppState>>, Path(name): Path<String>) -> Response {
     if name == "config.json" {
-        return asset(&app.ui, "application/json", app.ui.config.clone());
+        let config = serde_json::json!({ "enforcer": app.ui.gateway.is_some() });
+        return asset("application/json", config.to_string());
     }
     match FILES.iter().find(|(file, _, _)| *file == name) {
-        Some((_, media_type, body)) => asset(&app.ui, media_type, (*body).to_owned()),
+        Some((_, media_type, body)) => asset(media_type, (*body).to_owned()),
         None => Error::NoRoute.into_response(),
     }
 }
 
-fn asset(ui: &Ui, media_type: &'static str, body: String) -> Response {
-    let fixed = [
+fn asset(media_type: &'static str, body: String) -> Response {
+    let headers = [
         (header::CONTENT_TYPE, media_type),
+        (header::CONTENT_SECURITY_POLICY, CSP),
         (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         (header::X_FRAME_OPTIONS, "DENY"),
         (header::REFERRER_POLICY, "no-referrer"),
@@ -96,9 +82,87 @@ fn asset(ui: &Ui, media_type: &'static str, body: String) -> Response {
         ),
     ]
     .map(|(name, value)| (name, HeaderValue::from_static(value)));
-    let mut response = (fixed, body).into_response();
+    (headers, body).into_response()
+}
+
+/// fence-gateway's feed as it is read and relayed: what is not here is not passed on.
+#[derive(Debug, Deserialize, Serialize)]
+struct Feed {
+    marks: Vec<FeedMark>,
+    refusals: Vec<FeedRefusal>,
+    last: u64,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+struct FeedMark {
+    resource: String,
+    mark: String,
+    age_ms: u64,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+struct FeedRefusal {
+    seq: u64,
+    age_ms: u64,
+    resource: String,
+    reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    token: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mark: Option<String>,
+}
+
+/// `GET /ui/enforcer?after=N`: fence-gateway's feed (marks, recent refusals), only the
+/// resources the caller may read — the gateway's feed names every tenant's.
+pub(super) async fn enforcer(
+    State(app): State<Arc<AppState>>,
+    by: Authorized<Reading>,
+    RawQuery(query): RawQuery,
+) -> Result<Response> {
+    let gateway = app.ui.gateway.as_ref().ok_or(Error::NoRoute)?;
+    let after = match query.as_deref().and_then(|q| q.strip_prefix("after=")) {
+        None if query.as_deref().is_none_or(str::is_empty) => 0,
+        Some(n) if !n.is_empty() && n.len() <= 19 && n.bytes().all(|b| b.is_ascii_digit()) => n
+            .parse()
+            .map_err(|_| Error::InvalidRequest("`after` must be a sequence number".into()))?,
+        _ => {
+            return Err(Error::InvalidRequest(
+                "the only parameter is `after`, a sequence number".into(),
+            ))
+        }
+    };
+    let body = gateway.feed(after).await?;
+    let mut feed: Feed = serde_json::from_slice(&body)
+        .map_err(|e| Error::UpstreamUnavailable(format!("the enforcer's feed: {e}")))?;
+    let readable: Vec<&str> = match &by.caller {
+        Some(principal) => principal.prefixes(Op::Read).collect(),
+        None => vec![""],
+    };
+    let may_read = |resource: &str| readable.iter().any(|p| resource.starts_with(p));
+    feed.marks.retain(|m| may_read(&m.resource));
+    feed.refusals.retain(|r| may_read(&r.resource));
+    let mut response = Json(feed).into_response();
     response
         .headers_mut()
-        .insert(header::CONTENT_SECURITY_POLICY, ui.csp.clone());
-    response
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_feed_is_relayed_as_read_and_nothing_else() {
+        let wire = r#"{"marks":[{"resource":"a","mark":"0:5","age_ms":3,"secret":"x"}],
+            "refusals":[{"seq":2,"age_ms":1,"resource":"a","reason":"stale","token":"0:3","mark":"0:5"},
+                        {"seq":1,"age_ms":9,"resource":"b","reason":"forged"}],"last":2,"extra":true}"#;
+        let feed: Feed = serde_json::from_str(wire).unwrap();
+        let again = serde_json::to_string(&feed).unwrap();
+        assert!(
+            !again.contains("secret") && !again.contains("extra"),
+            "{again}"
+        );
+        assert!(again.contains(r#""token":"0:3""#) && !again.contains(r#""token":null"#));
+    }
 }

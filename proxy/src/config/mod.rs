@@ -190,8 +190,8 @@ pub struct Config {
     pub prefence_url: Option<String>,
 
     /// fence-gateway whose feed (`GET {url}/fence-gateway/feed`: marks and refusals) the
-    /// dashboard at `/ui` shows beside the leases; its origin is the one other the page may
-    /// connect to. Start that gateway with `--feed-origins` naming this proxy's origin.
+    /// dashboard at `/ui` shows, relayed by the proxy (`/ui/enforcer`) with each caller's
+    /// unreadable resources removed; TLS as for `--upstream`.
     #[arg(long, env = "LEASE_PROXY_UI_GATEWAY")]
     pub ui_gateway: Option<String>,
 

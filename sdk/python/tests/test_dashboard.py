@@ -266,26 +266,36 @@ def test_resyncs_and_many_rows_keep_the_pages_reads_bounded(proxy: str, etcd: Et
 
 
 @pytest.fixture(scope="module")
-def tenants(workdir: Path, etcd: Etcd, key_file: Path) -> Iterator[dict]:
-    """A lease-proxy with --auth-tokens: alice and bob each acquire and read their own prefix."""
+def tenants(workdir: Path, etcd: Etcd, key_file: Path, upstream) -> Iterator[dict]:
+    """A lease-proxy with --auth-tokens (alice and bob each acquire and read their own prefix),
+    pre-fencing at a fence-gateway whose feed its dashboard shows."""
     alice, bob = secrets.token_hex(16), secrets.token_hex(16)
     tokens = workdir / "ui-tokens"
     digest = lambda t: hashlib.sha256(t.encode()).hexdigest()  # noqa: E731
     tokens.write_text(f"alice {digest(alice)} acquire:alice-,read:alice-\nbob {digest(bob)} acquire:bob-,read:bob-\n")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = workdir / "ui-proxy.log"
-    process = subprocess.Popen(
-        [proxy_binary(), "--listen", f"127.0.0.1:{port}", "--etcd-endpoints", etcd.url,
-         "--etcd-prefix", "/lease-proxy-py-ui/", "--key-file", str(key_file),
-         "--data-dir", str(workdir / "ui-proxy"), "--auth-tokens", str(tokens)],
-        stdout=log.open("wb"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    url, gateway = (f"http://127.0.0.1:{free_port()}" for _ in range(2))
+    gateway_bin = os.environ.get("FENCE_GATEWAY_BIN") or str(Path(proxy_binary()).with_name("fence-gateway"))
+    processes = [
+        subprocess.Popen(
+            [gateway_bin, "--listen", gateway[7:], "--upstream", upstream.url, "--store", "memory",
+             "--key-file", str(key_file)],
+            stdout=(workdir / "ui-tenants-gateway.log").open("wb"), stderr=subprocess.STDOUT,
+        ),
+        subprocess.Popen(
+            [proxy_binary(), "--listen", url[7:], "--etcd-endpoints", etcd.url,
+             "--etcd-prefix", "/lease-proxy-py-ui/", "--key-file", str(key_file),
+             "--data-dir", str(workdir / "ui-proxy"), "--auth-tokens", str(tokens),
+             "--prefence-url", gateway, "--ui-gateway", gateway],
+            stdout=(workdir / "ui-proxy.log").open("wb"), stderr=subprocess.STDOUT,
+        ),
+    ]  # fmt: skip
     try:
-        wait_until(lambda: httpx.get(f"{url}/readyz", timeout=1).status_code == 200, 30, "lease-proxy", log)
+        for u, log in ((gateway, "ui-tenants-gateway.log"), (url, "ui-proxy.log")):
+            wait_until(lambda: httpx.get(f"{u}/readyz", timeout=1).status_code == 200, 30, u, workdir / log)
         yield {"url": url, "alice": alice, "bob": bob}
     finally:
-        stop(process)
+        for p in processes:
+            stop(p)
 
 
 def test_with_authentication_the_page_asks_for_a_token_and_shows_only_its_principals(tenants, browser) -> None:
@@ -307,6 +317,13 @@ def test_with_authentication_the_page_asks_for_a_token_and_shows_only_its_princi
         bob_next = acquire(url, "bob-dock", "robot-bob", 30, tenants["bob"])
         alice_next = acquire(url, "alice-dock", "robot-alice", 30, tenants["alice"])
         shown(browser, lambda d: row(d, "alice-dock") is not None, SHOWN_WITHIN, "alice's second lease")
+        # The enforcer's marks (raised by every grant's pre-fence): alice's only.
+        WebDriverWait(browser, 5).until(
+            lambda d: {r.get_attribute("data-resource") for r in d.find_elements(By.CSS_SELECTOR, "#marks tbody tr")}
+            == {"alice-shelf", "alice-dock"})  # fmt: skip
+        relayed = httpx.get(f"{url}/ui/enforcer", headers={"authorization": f"Bearer {tenants['bob']}"}).json()
+        assert {m["resource"] for m in relayed["marks"]} == {"bob-shelf", "bob-dock"}, relayed
+        assert httpx.get(f"{url}/ui/enforcer").status_code == 401
         source = browser.page_source
         assert "bob-" not in source and "robot-bob" not in source
         for grant in (mine, theirs, bob_next, alice_next):
@@ -353,21 +370,21 @@ def take_screenshot(browser, url: str, prefix: str) -> None:
 
 @pytest.fixture(scope="module")
 def enforced(workdir: Path, etcd: Etcd, key_file: Path, upstream) -> Iterator[dict]:
-    """A lease-proxy whose dashboard shows the feed of a pre-fencing fence-gateway (header mode,
-    in front of the recording upstream) that lets the proxy's page read it."""
+    """A lease-proxy forwarding to, pre-fencing at and showing the feed of a fence-gateway
+    (header mode, in front of the recording upstream)."""
     proxy, gateway = (f"http://127.0.0.1:{free_port()}" for _ in range(2))
     gateway_bin = os.environ.get("FENCE_GATEWAY_BIN") or str(Path(proxy_binary()).with_name("fence-gateway"))
     processes = [
         subprocess.Popen(
             [gateway_bin, "--listen", gateway[7:], "--upstream", upstream.url, "--store", "memory",
-             "--key-file", str(key_file), "--feed-origins", proxy],
+             "--key-file", str(key_file)],
             stdout=(workdir / "ui-gateway.log").open("wb"), stderr=subprocess.STDOUT,
         ),
         subprocess.Popen(
             [proxy_binary(), "--listen", proxy[7:], "--etcd-endpoints", etcd.url,
              "--etcd-prefix", "/lease-proxy-py-ui-fenced/", "--key-file", str(key_file),
              "--data-dir", str(workdir / "ui-fenced-proxy"), "--prefence-url", gateway,
-             "--ui-gateway", gateway],
+             "--upstream", gateway, "--ui-gateway", gateway],
             stdout=(workdir / "ui-fenced-proxy.log").open("wb"), stderr=subprocess.STDOUT,
         ),
     ]  # fmt: skip
@@ -388,13 +405,13 @@ def refusals(driver: webdriver.Chrome) -> List[tuple]:
 
 def test_the_enforcer_cutting_off_a_replaced_holder_is_on_the_page(enforced, browser) -> None:
     proxy, gateway = enforced["proxy"], enforced["gateway"]
+    # The page reaches its own origin only: the proxy relays the gateway's feed.
     csp = httpx.get(f"{proxy}/ui").headers["content-security-policy"]
-    assert f"connect-src 'self' {gateway};" in csp, csp
-    # CORS names exactly the configured origin, nobody else.
-    feed = f"{gateway}/fence-gateway/feed"
-    assert httpx.get(feed, headers={"origin": proxy}).headers["access-control-allow-origin"] == proxy
-    assert "access-control-allow-origin" not in httpx.get(feed, headers={"origin": "http://evil.example"}).headers
-    assert httpx.get(f"{feed}?after=x").status_code == 400
+    assert "connect-src 'self';" in csp, csp
+    assert httpx.get(f"{proxy}/ui/config.json").json() == {"enforcer": True}
+    for bad in ("after=x", "after=", "after=1&x=2", "before=1", "after=%31"):
+        assert httpx.get(f"{proxy}/ui/enforcer?{bad}").status_code == 400, bad
+    assert httpx.get(f"{gateway}/fence-gateway/feed?after=x").status_code == 400
 
     prefix = f"ui-{uuid.uuid4().hex[:6]}-"
     open_page(browser, f"{proxy}/ui?prefix={prefix}")
@@ -412,6 +429,11 @@ def test_the_enforcer_cutting_off_a_replaced_holder_is_on_the_page(enforced, bro
     # wakes up and writes.
     shown(browser, lambda d: events(d, resource)[-1:] == ["expired"], 10, "no expiry")
     new = acquire(proxy, resource, "robot-next", 30)
+    # A holder's forward never reaches the gateway's feed (the proxy's identity is trusted
+    # there; the feed names every tenant's resources).
+    for path in ("fence-gateway/feed", "fence-gateway/feed?after=0", "fence-gateway"):
+        r = httpx.get(f"{proxy}/v1/leases/{resource}/forward/{path}", headers={"lease-secret": new["secret"]})
+        assert r.status_code == 404, (path, r.text)
     late = write(old)
     assert late.status_code == 409, late.text
     took = shown(browser, lambda d: refusals(d)[:1] != [] and refusals(d)[0][0] == "stale", SHOWN_WITHIN + 1.0,
@@ -433,4 +455,4 @@ def test_the_enforcer_cutting_off_a_replaced_holder_is_on_the_page(enforced, bro
     release(proxy, resource, new)
     release(proxy, "elsewhere-" + prefix, other)
     print(f"a refusal showed {took * 1000:.0f} ms after it was answered")
-    assert [e for e in console_errors(browser) if "fence-gateway/feed" not in e] == []
+    assert console_errors(browser) == []
