@@ -23,7 +23,12 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; conn
                    img-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
 
 /// The page's files: name under `/ui/`, media type, contents.
-const FILES: [(&str, &str, &str); 2] = [
+const FILES: [(&str, &str, &str); 3] = [
+    (
+        "favicon.svg",
+        "image/svg+xml",
+        include_str!("../../ui/favicon.svg"),
+    ),
     (
         "app.js",
         "text/javascript; charset=utf-8",

@@ -249,6 +249,7 @@ class Relay:
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
         self.connections = 0
         self._open: List[socket.socket] = []
+        self.blocked = False
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -257,6 +258,9 @@ class Relay:
                 downstream, _ = self._listener.accept()
             except OSError:
                 return
+            if self.blocked:  # no path to the proxy: the connection ends at once
+                downstream.close()
+                continue
             self.connections += 1
             drop, self._drop_next = self._drop_next, False
             upstream = socket.create_connection(("127.0.0.1", self._target))
@@ -284,8 +288,10 @@ class Relay:
                 pass
             s.close()
 
-    def cut(self) -> None:
-        """Drops every connection open now, both ways (a lost network path); new ones work."""
+    def cut(self, block: bool = False) -> None:
+        """Drops every connection open now, both ways (a lost network path); new ones work
+        unless `block`, until `blocked` is set False again."""
+        self.blocked = block
         cut, self._open = self._open, []
         for s in cut:
             try:
