@@ -520,12 +520,14 @@ async function enforcer() {
   $('enforcer').hidden = false;
   let last = 0;
   let marks = [];
+  let process = null;
   let token = bearer();
   for (;;) {
     if (bearer() !== token) {
       // Another principal: what the last one saw goes.
       token = bearer();
       last = 0;
+      process = null;
       marks = [];
       $('refusals').replaceChildren();
     }
@@ -541,6 +543,16 @@ async function enforcer() {
       } else {
         const feed = await resp.json();
         if (bearer() !== token) continue;
+        if (feed.process !== process) {
+          // Another gateway process (a restart): its refusals are numbered from 1 again.
+          const first = process === null;
+          process = feed.process;
+          if (!first || last !== 0) {
+            last = 0;
+            $('refusals').replaceChildren();
+            continue;
+          }
+        }
         const received = Date.now();
         // Oldest first, so the newest ends on top.
         for (const r of (feed.refusals || []).slice().reverse()) {

@@ -50,6 +50,9 @@ impl From<Token> for Mark {
 /// `GET /fence-gateway/feed`'s answer: [`crate::layer::Feed`] on the wire.
 #[derive(Debug, Serialize, ToSchema)]
 pub(super) struct FeedDoc {
+    /// Which gateway process: sequence numbers start again with another (ask from 0).
+    #[schema(max_length = 32)]
+    process: String,
     /// Marks, most recently raised first.
     marks: Vec<FeedMarkDoc>,
     /// Refusals after `after`, newest first.
@@ -96,6 +99,7 @@ struct FeedRefusalDoc {
 impl From<crate::layer::Feed> for FeedDoc {
     fn from(feed: crate::layer::Feed) -> Self {
         Self {
+            process: feed.process,
             marks: feed
                 .marks
                 .into_iter()

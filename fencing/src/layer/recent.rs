@@ -18,9 +18,29 @@ const MARKS: usize = 1024;
 const REFUSALS: usize = 256;
 
 /// The window: see the module documentation.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Recent {
     inner: Mutex<Inner>,
+    /// Tells this process's window from the next one's (whose sequence numbers start again).
+    process: String,
+}
+
+impl Default for Recent {
+    fn default() -> Self {
+        // The start time (ns) and the pid: distinct across restarts of one gateway and
+        // between gateways.
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        Self {
+            inner: Mutex::default(),
+            process: format!(
+                "{:x}-{:x}",
+                started & u128::from(u64::MAX),
+                std::process::id()
+            ),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -100,6 +120,8 @@ pub struct FeedRefusal {
 /// What [`Recent::feed`] answers.
 #[derive(Debug)]
 pub struct Feed {
+    /// Which process's window: with another, sequence numbers start again (ask from 0).
+    pub process: String,
     /// Marks, most recently raised first.
     pub marks: Vec<FeedMark>,
     /// Refusals after the asked sequence number, newest first.
@@ -180,6 +202,7 @@ impl Recent {
             .collect();
         marks.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
         Feed {
+            process: self.process.clone(),
             marks: marks
                 .into_iter()
                 .map(|(at, resource, mark)| FeedMark {

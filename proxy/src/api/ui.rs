@@ -93,6 +93,8 @@ fn asset(media_type: &'static str, body: String) -> Response {
 /// fence-gateway's feed as it is read and relayed: what is not here is not passed on.
 #[derive(Debug, Deserialize, Serialize)]
 struct Feed {
+    /// Which gateway process: its refusals' numbers start again with another.
+    process: String,
     marks: Vec<FeedMark>,
     refusals: Vec<FeedRefusal>,
     last: u64,
@@ -117,6 +119,66 @@ struct FeedRefusal {
     mark: Option<String>,
 }
 
+/// Which of the feed's resources a caller may see: a `/v1` resource under one of its read
+/// prefixes; a `/v3` lock's fencing domain (`lock/` + hex of `{principal}/{name}`) only its own
+/// principal's — its hex starts with no read prefix a tenant could choose (helper-22: `read:lo`
+/// showed every tenant's lock domains). With authentication off, everything.
+struct Visible<'a> {
+    readable: Vec<&'a str>,
+    /// The caller's lock domains' common start; `None`: authentication is off.
+    locks: Option<String>,
+}
+
+impl<'a> Visible<'a> {
+    fn to(caller: Option<&'a crate::auth::Principal>) -> Self {
+        match caller {
+            Some(principal) => Self {
+                readable: principal.prefixes(Op::Read).collect(),
+                locks: Some(fencing::lock_resource(
+                    format!("{}/", principal.name).as_bytes(),
+                )),
+            },
+            None => Self {
+                readable: vec![""],
+                locks: None,
+            },
+        }
+    }
+
+    fn shows(&self, resource: &str) -> bool {
+        if resource.starts_with(fencing::LOCK_RESOURCE_PREFIX) {
+            return self
+                .locks
+                .as_deref()
+                .is_none_or(|own| resource.starts_with(own));
+        }
+        self.readable.iter().any(|p| resource.starts_with(p))
+    }
+}
+
+impl Feed {
+    /// Whether every number is one the page can hold exactly and every token reads
+    /// `era:revision` (a gateway that put anything else there is not relayed).
+    fn is_sound(&self) -> bool {
+        const EXACT: u64 = (1 << 53) - 1; // JavaScript's largest exact integer
+        let token = |t: &str| {
+            t.split_once(':').is_some_and(|(era, revision)| {
+                [era, revision].iter().all(|n| {
+                    !n.is_empty() && n.len() <= 20 && n.bytes().all(|b| b.is_ascii_digit())
+                })
+            })
+        };
+        self.last <= EXACT
+            && self.process.len() <= 32
+            && self.marks.iter().all(|m| token(&m.mark))
+            && self.refusals.iter().all(|r| {
+                r.seq <= EXACT
+                    && r.token.as_deref().is_none_or(token)
+                    && r.mark.as_deref().is_none_or(token)
+            })
+    }
+}
+
 /// `GET /ui/enforcer?after=N`: fence-gateway's feed (marks, recent refusals), only the
 /// resources the caller may read — the gateway's feed names every tenant's.
 pub(super) async fn enforcer(
@@ -139,13 +201,14 @@ pub(super) async fn enforcer(
     let body = gateway.feed(after).await?;
     let mut feed: Feed = serde_json::from_slice(&body)
         .map_err(|e| Error::UpstreamUnavailable(format!("the enforcer's feed: {e}")))?;
-    let readable: Vec<&str> = match &by.caller {
-        Some(principal) => principal.prefixes(Op::Read).collect(),
-        None => vec![""],
-    };
-    let may_read = |resource: &str| readable.iter().any(|p| resource.starts_with(p));
-    feed.marks.retain(|m| may_read(&m.resource));
-    feed.refusals.retain(|r| may_read(&r.resource));
+    if !feed.is_sound() {
+        return Err(Error::UpstreamUnavailable(
+            "the enforcer's feed is not one this proxy can read".into(),
+        ));
+    }
+    let visible = Visible::to(by.caller.as_deref());
+    feed.marks.retain(|m| visible.shows(&m.resource));
+    feed.refusals.retain(|r| visible.shows(&r.resource));
     let mut response = Json(feed).into_response();
     response
         .headers_mut()
@@ -159,7 +222,7 @@ mod tests {
 
     #[test]
     fn the_feed_is_relayed_as_read_and_nothing_else() {
-        let wire = r#"{"marks":[{"resource":"a","mark":"0:5","age_ms":3,"secret":"x"}],
+        let wire = r#"{"process":"p1","marks":[{"resource":"a","mark":"0:5","age_ms":3,"secret":"x"}],
             "refusals":[{"seq":2,"age_ms":1,"resource":"a","reason":"stale","token":"0:3","mark":"0:5"},
                         {"seq":1,"age_ms":9,"resource":"b","reason":"forged"}],"last":2,"extra":true}"#;
         let feed: Feed = serde_json::from_str(wire).unwrap();
@@ -169,5 +232,24 @@ mod tests {
             "{again}"
         );
         assert!(again.contains(r#""token":"0:3""#) && !again.contains(r#""token":null"#));
+        assert!(feed.is_sound());
+        let odd = wire.replace(r#""token":"0:3""#, r#""token":"v1.k1.0.3.x""#);
+        assert!(!serde_json::from_str::<Feed>(&odd).unwrap().is_sound());
+        let big = wire.replace(r#""last":2"#, r#""last":18446744073709551615"#);
+        assert!(!serde_json::from_str::<Feed>(&big).unwrap().is_sound());
+    }
+
+    #[test]
+    fn a_lock_domain_is_shown_to_its_own_principal_only() {
+        let mine = fencing::lock_resource(b"alice/payroll-db");
+        let theirs = fencing::lock_resource(b"bob/payroll-db");
+        let alice = Visible {
+            readable: vec!["lo", "a-"],
+            locks: Some(fencing::lock_resource(b"alice/")),
+        };
+        assert!(alice.shows(&mine) && alice.shows("a-1") && alice.shows("logs-1"));
+        assert!(!alice.shows(&theirs) && !alice.shows("b-1"));
+        let everyone = Visible::to(None);
+        assert!(everyone.shows(&theirs) && everyone.shows("b-1"));
     }
 }
