@@ -114,13 +114,9 @@ impl Upstream {
             .body(Body::empty())
             .map_err(|e| Error::UpstreamUnavailable(e.to_string()))?;
         let read = async {
-            let resp = self.send(req, "feed").await?;
-            if !resp.status().is_success() {
-                return Err(Error::UpstreamUnavailable(format!(
-                    "the enforcer's feed answered {}",
-                    resp.status()
-                )));
-            }
+            let resp = self.ask_enforcer(req, "feed").await?.map_err(|status| {
+                Error::UpstreamUnavailable(format!("the enforcer's feed answered {status}"))
+            })?;
             let body = http_body_util::Limited::new(resp.into_body(), FEED_LIMIT);
             body.collect()
                 .await
@@ -143,18 +139,26 @@ impl Upstream {
             .header(TOKEN_HEADER, header_value(signed_token)?)
             .body(Body::empty())
             .map_err(|e| Error::PrefenceFailed(e.to_string()))?;
-        let resp = self
-            .send(req, "prefence")
+        self.ask_enforcer(req, "prefence")
             .await
-            .map_err(|e| Error::PrefenceFailed(e.to_string()))?;
-        if resp.status().is_success() {
-            Ok(())
+            .map_err(|e| Error::PrefenceFailed(e.to_string()))?
+            .map(drop)
+            .map_err(|status| Error::PrefenceFailed(format!("the enforcer answered {status}")))
+    }
+
+    /// Sends one of the proxy's own requests to the enforcer: its answer when it is a success,
+    /// else the status it answered with.
+    async fn ask_enforcer(
+        &self,
+        req: Request<Body>,
+        name: &'static str,
+    ) -> Result<std::result::Result<Response<Body>, http::StatusCode>> {
+        let resp = self.send(req, name).await?;
+        Ok(if resp.status().is_success() {
+            Ok(resp)
         } else {
-            Err(Error::PrefenceFailed(format!(
-                "the enforcer answered {}",
-                resp.status()
-            )))
-        }
+            Err(resp.status())
+        })
     }
 }
 

@@ -170,13 +170,13 @@ async fn client_certificates_name_principals() {
     )
     .await;
     assert_eq!(status, 403);
-    let (status, _) = send(
+    let (status, problem) = send(
         as_robot7
             .post(format!("{}/renew", url("aisle-1")))
             .header("lease-secret", &secret),
     )
     .await;
-    assert_eq!(status, 200);
+    assert_eq!(status, 200, "{problem}");
     let (status, _) = send(
         as_robot7
             .delete(url("aisle-1"))
@@ -452,16 +452,27 @@ async fn the_gateway_serves_https_and_takes_pre_fences_only_from_its_principals(
         seen.lock().unwrap().as_slice(),
         [grant["fencing_token"].as_str().unwrap().to_owned()]
     );
-    // The forward route does not reach the gateway's pre-fence route: the proxy's client
-    // certificate (which --fence-principals trusts) is not the holder's to use.
-    for path in ["fence/aisle-1", "fence"] {
-        let (status, problem) = send(
-            http()
-                .post(format!("{}/v1/leases/aisle-1/forward/{path}", a.url))
-                .header("lease-secret", &secret),
-        )
-        .await;
-        assert_eq!(status, 404, "{path}: {problem}");
+    // The forward route reaches neither the gateway's pre-fence route nor its feed (which
+    // names every tenant's resources): the proxy's client certificate, which
+    // --fence-principals trusts, is not the holder's to use.
+    for path in [
+        "fence/aisle-1",
+        "fence",
+        "fence-gateway/feed",
+        "fence-gateway",
+    ] {
+        for method in [reqwest::Method::POST, reqwest::Method::GET] {
+            let (status, problem) = send(
+                http()
+                    .request(
+                        method.clone(),
+                        format!("{}/v1/leases/aisle-1/forward/{path}", a.url),
+                    )
+                    .header("lease-secret", &secret),
+            )
+            .await;
+            assert_eq!(status, 404, "{method} {path}: {problem}");
+        }
     }
     // The dashboard's relay reads the feed with the proxy's certificate, which the gateway
     // trusts (proxy-b's it does not).
@@ -470,16 +481,6 @@ async fn the_gateway_serves_https_and_takes_pre_fences_only_from_its_principals(
     assert_eq!(feed["marks"][0]["resource"], "aisle-1", "{feed}");
     let (status, _) = send(http().get(format!("{}/ui/enforcer", b.url))).await;
     assert_eq!(status, 502);
-    // The forward route does not reach the feed either: it names every tenant's resources.
-    for path in ["fence-gateway/feed", "fence-gateway"] {
-        let (status, problem) = send(
-            http()
-                .get(format!("{}/v1/leases/aisle-1/forward/{path}", a.url))
-                .header("lease-secret", &secret),
-        )
-        .await;
-        assert_eq!(status, 404, "{path}: {problem}");
-    }
     // proxy-b's pre-fence is refused by the gateway: its grant is withdrawn, nothing held.
     let (status, problem) = acquire(&b, "aisle-2", "robot", 10).await;
     assert_eq!(status, 503, "{problem}");

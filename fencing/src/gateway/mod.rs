@@ -308,7 +308,7 @@ fn fence_caller<B>(allowed: &[String], req: &Request<B>) -> Option<Response> {
         return Some(problem(
             StatusCode::FORBIDDEN,
             "client-certificate-required",
-            "pre-fencing needs a client certificate naming an allowed principal",
+            "this route needs a client certificate naming one of fence-gateway's --fence-principals",
         ));
     };
     let named = peer
@@ -320,7 +320,7 @@ fn fence_caller<B>(allowed: &[String], req: &Request<B>) -> Option<Response> {
         problem(
             StatusCode::FORBIDDEN,
             "forbidden",
-            "the client certificate names no principal allowed to pre-fence",
+            "the client certificate names none of fence-gateway's --fence-principals",
         )
     })
 }
@@ -383,7 +383,7 @@ async fn scrape(State(shared): State<Arc<Shared>>) -> Response {
     ),
     responses(
         (status = 200, description = "The highest token admitted per resource (the 1,024 most recently raised, since this process started) and the latest refusals of a token (at most 256), newest first. Resource names and token numbers only, never a token", body = openapi::FeedDoc),
-        (status = 400, description = "`after` is not a number"),
+        (status = 400, description = "A parameter other than `after`, or `after` not a sequence number"),
         (status = 403, description = "With `--fence-principals`: no client certificate, or one naming none of them (the feed names every tenant's resources: lease-proxy reads it for its dashboard and shows each caller only what it may read)"),
     ),
     security((), ("client_certificate" = [])),
@@ -392,30 +392,14 @@ async fn feed(State(shared): State<Arc<Shared>>, req: Request<Body>) -> Response
     if let Some(refusal) = fence_caller(&shared.fence_principals, &req) {
         return refusal;
     }
-    let mut after = 0;
-    // `after` is digits only, so it is read without percent-decoding (an encoded digit is
-    // refused, not guessed at); other parameters are ignored.
-    for (name, value) in req
-        .uri()
-        .query()
-        .unwrap_or_default()
-        .split('&')
-        .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
-    {
-        let digits =
-            !value.is_empty() && value.len() <= 19 && value.bytes().all(|b| b.is_ascii_digit());
-        match (name, value.parse::<u64>()) {
-            ("after", Ok(n)) if digits => after = n,
-            ("after", _) => {
-                return problem(
-                    StatusCode::BAD_REQUEST,
-                    "invalid-request",
-                    "`after` must be a sequence number",
-                )
-            }
-            _ => {}
-        }
-    }
+    // Read without percent-decoding: an encoded digit is refused, not guessed at.
+    let Some(after) = crate::layer::feed_after(req.uri().query()) else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "invalid-request",
+            "the only parameter is `after`, a sequence number",
+        );
+    };
     let feed = openapi::FeedDoc::from(shared.fence.recent.feed(after));
     let mut response = axum::Json(feed).into_response();
     response.headers_mut().insert(

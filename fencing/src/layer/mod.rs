@@ -33,7 +33,7 @@ pub use crate::problem::PROBLEM_BASE;
 pub use classify::{ByHeader, Classify, Decision, PathPattern};
 pub use exchange::{ExchangeDeadline, ExchangeIncomplete};
 pub use headers::strip_hop_by_hop;
-pub use recent::{Feed, FeedMark, FeedRefusal, Reason, Recent};
+pub use recent::{feed_after, Feed, FeedMark, FeedRefusal, Reason, Recent};
 pub use reject::Rejection;
 
 #[doc(hidden)]

@@ -17,6 +17,20 @@ const MARKS: usize = 1024;
 /// Refusals remembered.
 const REFUSALS: usize = 256;
 
+/// The sequence number a feed's query asks after: none or an empty query is `0`, exactly
+/// `after=DIGITS` (at most 19) is that number, anything else (another parameter, a
+/// percent-encoded digit, more digits) is `None` and is refused. One reading for fence-gateway's feed and
+/// lease-proxy's relay of it.
+pub fn feed_after(query: Option<&str>) -> Option<u64> {
+    match query.filter(|q| !q.is_empty()) {
+        None => Some(0),
+        Some(q) => q
+            .strip_prefix("after=")
+            .filter(|n| !n.is_empty() && n.len() <= 19 && n.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|n| n.parse().ok()),
+    }
+}
+
 /// The window: see the module documentation.
 #[derive(Debug)]
 pub struct Recent {
@@ -277,6 +291,34 @@ mod tests {
             feed.marks[0].resource, "hot",
             "the most recently raised first"
         );
+    }
+
+    #[test]
+    fn a_feed_query_is_after_digits_or_nothing() {
+        assert_eq!(feed_after(None), Some(0));
+        assert_eq!(feed_after(Some("")), Some(0));
+        assert_eq!(feed_after(Some("after=0")), Some(0));
+        assert_eq!(feed_after(Some("after=42")), Some(42));
+        // At most 19 digits: every such number is a u64.
+        assert_eq!(
+            feed_after(Some("after=9999999999999999999")),
+            Some(9_999_999_999_999_999_999)
+        );
+        for bad in [
+            "after=",
+            "after=x",
+            "after=-1",
+            "after=+1",
+            "after=%31",
+            "after=1&x=2",
+            "x=2&after=1",
+            "before=1",
+            "after=18446744073709551615",
+            "after=00000000000000000001",
+            "after=00000000000000000001",
+        ] {
+            assert_eq!(feed_after(Some(bad)), None, "{bad}");
+        }
     }
 
     #[test]

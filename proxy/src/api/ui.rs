@@ -187,17 +187,9 @@ pub(super) async fn enforcer(
     RawQuery(query): RawQuery,
 ) -> Result<Response> {
     let gateway = app.ui.gateway.as_ref().ok_or(Error::NoRoute)?;
-    let after = match query.as_deref().and_then(|q| q.strip_prefix("after=")) {
-        None if query.as_deref().is_none_or(str::is_empty) => 0,
-        Some(n) if !n.is_empty() && n.len() <= 19 && n.bytes().all(|b| b.is_ascii_digit()) => n
-            .parse()
-            .map_err(|_| Error::InvalidRequest("`after` must be a sequence number".into()))?,
-        _ => {
-            return Err(Error::InvalidRequest(
-                "the only parameter is `after`, a sequence number".into(),
-            ))
-        }
-    };
+    let after = fencing::layer::feed_after(query.as_deref()).ok_or_else(|| {
+        Error::InvalidRequest("the only parameter is `after`, a sequence number".into())
+    })?;
     let body = gateway.feed(after).await?;
     let mut feed: Feed = serde_json::from_slice(&body)
         .map_err(|e| Error::UpstreamUnavailable(format!("the enforcer's feed: {e}")))?;
