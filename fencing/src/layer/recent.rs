@@ -19,8 +19,8 @@ const REFUSALS: usize = 256;
 
 /// The sequence number a feed's query asks after: none or an empty query is `0`, exactly
 /// `after=DIGITS` (at most 19) is that number, anything else (another parameter, a
-/// percent-encoded digit, more digits) is `None` and is refused. One reading for fence-gateway's feed and
-/// lease-proxy's relay of it.
+/// percent-encoded digit, more digits) is `None` and is refused. One reading for
+/// fence-gateway's feed and lease-proxy's relay of it.
 pub fn feed_after(query: Option<&str>) -> Option<u64> {
     match query.filter(|q| !q.is_empty()) {
         None => Some(0),
@@ -314,7 +314,6 @@ mod tests {
             "x=2&after=1",
             "before=1",
             "after=18446744073709551615",
-            "after=00000000000000000001",
             "after=00000000000000000001",
         ] {
             assert_eq!(feed_after(Some(bad)), None, "{bad}");
