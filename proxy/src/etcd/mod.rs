@@ -63,7 +63,7 @@ pub(crate) struct Etcd {
 }
 
 struct Inner {
-    clients: Vec<Client>,
+    clients: Vec<Arc<Client>>,
     endpoints: Vec<String>,
     pinned: AtomicUsize,
     timeout: Duration,
@@ -129,7 +129,8 @@ impl Header {
 /// The client of the pinned member, with its index so a failure can unpin exactly it.
 pub(crate) struct Pinned {
     pub(crate) index: usize,
-    pub(crate) client: Client,
+    /// Shared, not cloned: a `Client` is a dozen service handles, each cloned with it.
+    pub(crate) client: Arc<Client>,
 }
 
 /// How the proxy proves itself to etcd and verifies it: TLS (`https://` endpoints) and etcd's
@@ -206,7 +207,9 @@ impl Etcd {
         };
         let mut clients = Vec::with_capacity(endpoints.len());
         for endpoint in endpoints {
-            clients.push(Client::connect([endpoint], Some(options.clone())).await?);
+            clients.push(Arc::new(
+                Client::connect([endpoint], Some(options.clone())).await?,
+            ));
         }
         Ok(Self {
             inner: Arc::new(Inner {
@@ -292,7 +295,7 @@ impl Etcd {
     /// whatever the outcome. For calls that are safe to repeat.
     pub(crate) async fn bounded<T, F, Fut>(&self, op: &'static str, call: F) -> Result<T>
     where
-        F: FnMut(Client) -> Fut,
+        F: FnMut(Arc<Client>) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
         let started = Instant::now();
@@ -309,7 +312,7 @@ impl Etcd {
     /// the whole deadline as its budget.
     pub(crate) async fn bounded_once<T, F, Fut>(&self, op: &'static str, mut call: F) -> Result<T>
     where
-        F: FnMut(Client) -> Fut,
+        F: FnMut(Arc<Client>) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
         let started = Instant::now();
@@ -352,7 +355,7 @@ impl Etcd {
     /// and retries until the deadline. Every call passed here is safe to repeat.
     async fn attempts<T, F, Fut>(&self, mut call: F) -> Result<T>
     where
-        F: FnMut(Client) -> Fut,
+        F: FnMut(Arc<Client>) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
         let timeout = self.inner.timeout;

@@ -24,6 +24,9 @@ use crate::v3::Status;
 
 type Answer<T> = Result<Response<T>, tonic::Status>;
 
+/// The path of `Cluster.MemberList`, the one call that needs the URL the client called.
+pub(super) const MEMBER_LIST: &str = "/etcdserverpb.Cluster/MemberList";
+
 /// The refusal of every call that acts on the whole cluster.
 fn cluster_wide<T>() -> Answer<T> {
     Err(status(Status::cluster_wide()))

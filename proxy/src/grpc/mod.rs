@@ -23,6 +23,7 @@ mod observe;
 mod renewals;
 mod watch;
 
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -53,7 +54,8 @@ struct Judged {
     /// Whom it is served for (the principal, `None` with authentication off), and its right
     /// judged again while a call waits.
     who: Authorised,
-    /// The proxy's URL as the client called it (scheme, host and port), if that is plain.
+    /// The proxy's URL as the client called it (scheme, host and port), if that is plain;
+    /// read for `Cluster.MemberList` only.
     url: Option<String>,
 }
 
@@ -190,7 +192,10 @@ async fn serve(app: &Arc<AppState>, grpc: Routes, mut req: Request<Body>) -> Res
         }
     };
     let deadline = client_deadline(&req);
-    let url = called_url(&req);
+    // Only MemberList answers with it.
+    let url = (req.uri().path() == cluster::MEMBER_LIST)
+        .then(|| called_url(&req))
+        .flatten();
     req.extensions_mut().insert(Judged { who, url });
     // A panic is a bug: the call fails with Internal, the connection and its other streams go
     // on (as the HTTP routes' CatchPanicLayer does for them).
@@ -234,8 +239,11 @@ fn client_deadline(req: &Request<Body>) -> Option<Duration> {
 }
 
 /// The request's headers with etcd's `token` metadata read as a bearer token (Go's clientv3
-/// sends its auth token so).
-fn credentials(req: &Request<Body>) -> axum::http::HeaderMap {
+/// sends its auth token so); borrowed when there is none.
+fn credentials(req: &Request<Body>) -> Cow<'_, axum::http::HeaderMap> {
+    if !req.headers().contains_key("token") {
+        return Cow::Borrowed(req.headers());
+    }
     let mut headers = req.headers().clone();
     // Every `token` value joins the `authorization` values, so a credential given twice —
     // two tokens, or a token and an `authorization` — is refused as two `authorization`
@@ -248,7 +256,7 @@ fn credentials(req: &Request<Body>) -> axum::http::HeaderMap {
             headers.append(header::AUTHORIZATION, value);
         }
     }
-    headers
+    Cow::Owned(headers)
 }
 
 /// The URL the client called: the request's scheme (`http` for h2c), host and port — `None`
