@@ -34,6 +34,10 @@ target/release/leasebench --op acquire --concurrency 1,64 --rounds 2 --v1-watche
     --json "$OUT/v1-watch-1000.json" | tee "$OUT/v1-watch-1000.md"
 target/release/leasebench --op get --concurrency 1,64 --ops 2000 --rounds 2 \
     --json "$OUT/get.json" | tee "$OUT/get.md"
+target/release/leasebench --op acquire,renew,session-acquire --concurrency 1,64,256 --rounds 2 \
+    --json "$OUT/v1-threads-default.json" | tee "$OUT/v1-threads-default.md"
+target/release/leasebench --op acquire,renew,session-acquire --concurrency 1,64,256 --rounds 2 \
+    --proxy-worker-threads 1 --json "$OUT/v1-threads-1.json" | tee "$OUT/v1-threads-1.md"
 target/release/fencebench --json "$OUT/fencebench.json" --chart "$OUT/fencebench.svg" | tee "$OUT/fencebench.md"
 ensure_postgres
 target/release/pgfencebench --rounds 3 --ops 3000 --json "$OUT/pgfencebench.json" | tee "$OUT/pgfencebench.md"

@@ -139,17 +139,20 @@ pub fn print_settings(name: &str, toml: Result<String, impl Display>) -> ExitCod
 }
 
 /// Serves as binary `service`: installs its telemetry, runs `serve` on a multi-threaded
-/// runtime, flushes spans once the runtime has stopped, and maps the outcome to the exit status.
+/// runtime (`threads` workers, else one per CPU), flushes spans once the runtime has stopped,
+/// and maps the outcome to the exit status.
 pub fn run_server<E: Display, F: Future<Output = Result<(), E>>>(
     service: &'static str,
     format: LogFormat,
+    threads: Option<usize>,
     serve: impl FnOnce() -> F,
 ) -> ExitCode {
     let telemetry = crate::telemetry::init(service, format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = threads {
+        builder.worker_threads(n);
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("{service}: cannot start the runtime: {e}");

@@ -29,7 +29,7 @@ fn main() -> ExitCode {
         eprintln!("fence-gateway: {e}");
         return ExitCode::from(cli::EXIT_CONFIG);
     }
-    cli::run_server("fence-gateway", config.log_format, || async {
+    cli::run_server("fence-gateway", config.log_format, None, || async {
         let listener = tokio::net::TcpListener::bind(config.listen).await?;
         gateway::run(listener, config, fencing::serve::terminated()).await
     })

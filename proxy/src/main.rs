@@ -25,7 +25,8 @@ fn main() -> ExitCode {
         eprintln!("lease-proxy: {e}");
         return ExitCode::from(cli::EXIT_CONFIG);
     }
-    cli::run_server("lease-proxy", config.log_format, || async {
+    let threads = config.worker_threads;
+    cli::run_server("lease-proxy", config.log_format, threads, || async {
         let listener = tokio::net::TcpListener::bind(config.listen).await?;
         lease_proxy::run(listener, config, fencing::serve::terminated()).await
     })

@@ -19,6 +19,7 @@ fn bad_configuration_exits_64() {
         &["--etcd-prefix", "no-trailing-slash"],
         &["--etcd-endpoints", "127.0.0.1:2379"],
         &["--listen", "not-an-address"],
+        &["--worker-threads", "0"],
         &["--no-such-flag"],
     ] {
         let out = Command::new(BIN).args(args).output().unwrap();
@@ -57,6 +58,8 @@ async fn sigterm_drains_and_exits_zero() {
         .arg("--data-dir")
         .arg(dir.path())
         .args(["--drain-timeout", "5s"])
+        // One runtime thread: serving and draining must not need a second.
+        .args(["--worker-threads", "1"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

@@ -119,6 +119,13 @@ pub struct Config {
     #[arg(long, env = "LEASE_PROXY_KEEPALIVE_STREAMS", default_value_t = 2)]
     pub keepalive_streams: usize,
 
+    /// Threads serving requests and etcd's answers (1–1024; default one per CPU). Where the
+    /// proxy shares its CPUs with etcd or other busy processes, fewer threads spend less CPU on
+    /// waking each other: 1 cost 20–25 % less CPU per acquire and renewal on two shared cores
+    /// (docs/BENCHMARKS.md).
+    #[arg(long, env = "LEASE_PROXY_WORKER_THREADS")]
+    pub worker_threads: Option<usize>,
+
     /// Most client connections served at once; further connections wait in the listen backlog
     /// until one closes.
     #[arg(

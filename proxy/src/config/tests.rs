@@ -46,6 +46,21 @@ fn bad_values_are_refused() {
 }
 
 #[test]
+fn worker_threads_are_one_to_1024_or_one_per_cpu() {
+    for good in ["1", "2", "1024"] {
+        let c = Config::parse_from(["lease-proxy", "--worker-threads", good]);
+        c.validate().unwrap();
+        assert_eq!(c.worker_threads, good.parse().ok());
+    }
+    assert_eq!(Config::parse_from(["lease-proxy"]).worker_threads, None);
+    for bad in ["0", "1025"] {
+        let c = Config::parse_from(["lease-proxy", "--worker-threads", bad]);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("--worker-threads"), "{bad}: {e}");
+    }
+}
+
+#[test]
 fn the_dashboards_gateway_is_an_http_url() {
     for good in [
         "http://127.0.0.1:7071",

@@ -74,6 +74,9 @@ impl Config {
         if self.keepalive_streams == 0 || self.keepalive_streams > 64 {
             return fail("--keepalive-streams must be between 1 and 64".into());
         }
+        if self.worker_threads.is_some_and(|n| n == 0 || n > 1024) {
+            return fail("--worker-threads must be between 1 and 1024".into());
+        }
         if self.idempotency_window < Duration::from_secs(ETCD_MIN_TTL)
             || self.idempotency_window > Duration::from_secs(3600)
         {

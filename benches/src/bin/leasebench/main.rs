@@ -154,6 +154,10 @@ struct Args {
     /// `--max-watch-streams` and `--max-client-connections` to match).
     #[arg(long)]
     v1_watchers: Option<usize>,
+
+    /// `--worker-threads` of the proxy started here (default: the proxy's own, one per CPU).
+    #[arg(long)]
+    proxy_worker_threads: Option<usize>,
 }
 
 #[tokio::main]
@@ -188,6 +192,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
             };
             if let Some(n) = &connections {
                 extra.extend(["--max-client-connections", n]);
+            }
+            let threads = args.proxy_worker_threads.map(|n| n.to_string());
+            if let Some(n) = &threads {
+                extra.extend(["--worker-threads", n]);
             }
             let (proxy, spawned) = stack.lease_proxy(&bin, &url, &extra).await?;
             if args.unbatched {
