@@ -19,13 +19,10 @@ use etcd_client::{AlarmAction, AlarmType};
 use futures::stream::BoxStream;
 use tonic::{Request, Response};
 
-use super::{status, Front, Judged};
+use super::{called_url, status, Front, Judged};
 use crate::v3::Status;
 
 type Answer<T> = Result<Response<T>, tonic::Status>;
-
-/// The path of `Cluster.MemberList`, the one call that needs the URL the client called.
-pub(super) const MEMBER_LIST: &str = "/etcdserverpb.Cluster/MemberList";
 
 /// The refusal of every call that acts on the whole cluster.
 fn cluster_wide<T>() -> Answer<T> {
@@ -34,7 +31,10 @@ fn cluster_wide<T>() -> Answer<T> {
 
 /// The proxy's own member: named `lease-proxy`, with the URL the client called.
 fn member(id: u64, req: &Request<PbMemberListRequest>) -> PbMember {
-    let url = req.extensions().get::<Judged>().and_then(|j| j.url.clone());
+    let url = req
+        .extensions()
+        .get::<Judged>()
+        .and_then(|j| called_url(&j.uri));
     PbMember {
         id,
         name: "lease-proxy".into(),

@@ -54,9 +54,9 @@ struct Judged {
     /// Whom it is served for (the principal, `None` with authentication off), and its right
     /// judged again while a call waits.
     who: Authorised,
-    /// The proxy's URL as the client called it (scheme, host and port), if that is plain;
-    /// read for `Cluster.MemberList` only.
-    url: Option<String>,
+    /// The URI the client called; `Cluster.MemberList` answers with its scheme, host and port
+    /// ([`called_url`]).
+    uri: axum::http::Uri,
 }
 
 impl Front {
@@ -192,11 +192,8 @@ async fn serve(app: &Arc<AppState>, grpc: Routes, mut req: Request<Body>) -> Res
         }
     };
     let deadline = client_deadline(&req);
-    // Only MemberList answers with it.
-    let url = (req.uri().path() == cluster::MEMBER_LIST)
-        .then(|| called_url(&req))
-        .flatten();
-    req.extensions_mut().insert(Judged { who, url });
+    let uri = req.uri().clone();
+    req.extensions_mut().insert(Judged { who, uri });
     // A panic is a bug: the call fails with Internal, the connection and its other streams go
     // on (as the HTTP routes' CatchPanicLayer does for them).
     let call = AssertUnwindSafe(grpc.oneshot(req)).catch_unwind();
@@ -262,8 +259,7 @@ fn credentials(req: &Request<Body>) -> Cow<'_, axum::http::HeaderMap> {
 /// The URL the client called: the request's scheme (`http` for h2c), host and port — `None`
 /// unless the authority is a plain `host[:port]` (no user info, a DNS name or an IP address),
 /// since a client that syncs its endpoints dials what it is told.
-fn called_url(req: &Request<Body>) -> Option<String> {
-    let uri = req.uri();
+fn called_url(uri: &axum::http::Uri) -> Option<String> {
     let scheme = uri.scheme_str().unwrap_or("http");
     let authority = uri.authority()?;
     let host = authority.host();
@@ -297,8 +293,7 @@ mod tests {
 
     #[test]
     fn the_called_url_is_a_plain_host_and_port_or_none() {
-        let called =
-            |uri: &str| called_url(&Request::builder().uri(uri).body(Body::empty()).unwrap());
+        let called = |uri: &str| called_url(&uri.parse().unwrap());
         assert_eq!(
             called("http://proxy.example:7070/x").as_deref(),
             Some("http://proxy.example:7070")
@@ -321,8 +316,7 @@ mod tests {
             "/x",
         ] {
             if let Ok(uri) = odd.parse::<axum::http::Uri>() {
-                let req = Request::builder().uri(uri).body(Body::empty()).unwrap();
-                assert_eq!(called_url(&req), None, "{odd}");
+                assert_eq!(called_url(&uri), None, "{odd}");
             }
         }
     }
