@@ -6,7 +6,8 @@
 # without 1,000 idle /v1/watch streams),
 # fencebench, pgfencebench (fencing inside PostgreSQL) and the criterion
 # micro-benchmarks, writing tables, JSON and SVG charts to ${OUT:-bench-results}/.
-# Needs etcd on PATH (Debian: etcd-server); takes about 36 minutes on 2 cores.
+# Needs etcd on PATH (Debian: etcd-server); takes about 50 minutes on 2 cores. The proxy's CPU
+# profiles (flame graphs) are scripts/profile.sh's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
@@ -38,6 +39,17 @@ target/release/leasebench --op acquire,renew,session-acquire --concurrency 1,64,
     --json "$OUT/v1-threads-default.json" | tee "$OUT/v1-threads-default.md"
 target/release/leasebench --op acquire,renew,session-acquire --concurrency 1,64,256 --rounds 2 \
     --proxy-worker-threads 1 --json "$OUT/v1-threads-1.json" | tee "$OUT/v1-threads-1.md"
+# etcd 3.4's read buffer: every operation settled (the default) and not, and the long cells.
+target/release/leasebench --op acquire,renew,session-acquire,get --concurrency 1,64,256 --rounds 2 \
+    --json "$OUT/v1-settled.json" | tee "$OUT/v1-settled.md"
+target/release/leasebench --op acquire,renew,session-acquire,get --concurrency 1,64,256 --rounds 2 \
+    --no-settle --json "$OUT/v1-unsettled.json" | tee "$OUT/v1-unsettled.md"
+target/release/leasebench --op grpc-put,grpc-range,grpc-keepalive,grpc-keepalive-shared,grpc-lock \
+    --concurrency 1,64 --rounds 2 --json "$OUT/grpc-settled.json" | tee "$OUT/grpc-settled.md"
+target/release/leasebench --op grpc-keepalive,renew --concurrency 64 --rounds 2 --ops 40000 \
+    --json "$OUT/settle-on.json" | tee "$OUT/settle-on.md"
+target/release/leasebench --op grpc-keepalive,renew --concurrency 64 --rounds 2 --ops 40000 \
+    --no-settle --json "$OUT/settle-off.json" | tee "$OUT/settle-off.md"
 target/release/fencebench --json "$OUT/fencebench.json" --chart "$OUT/fencebench.svg" | tee "$OUT/fencebench.md"
 ensure_postgres
 target/release/pgfencebench --rounds 3 --ops 3000 --json "$OUT/pgfencebench.json" | tee "$OUT/pgfencebench.md"

@@ -14,6 +14,8 @@
 //! open loop, through the proxy, over raw etcd's multiplexed keepalive stream and over one
 //! stream per lease. Output: a markdown table, `--json`, and an SVG chart with `--chart`.
 //!
+//! Every timed loop starts on a settled etcd (see `settle`; `--no-settle` to skip).
+//!
 //! Without `--etcd`/`--proxy` it starts its own etcd (fsync on) and the `lease-proxy` built
 //! next to it: `cargo build --release -p lease-proxy -p lease-proxy-benches &&
 //! target/release/leasebench`.
@@ -27,6 +29,7 @@ mod http;
 mod ops;
 mod raw;
 mod sessions;
+mod settle;
 mod sides;
 mod sustain_sessions;
 mod v1_watch;
@@ -158,6 +161,11 @@ struct Args {
     /// `--worker-threads` of the proxy started here (default: the proxy's own, one per CPU).
     #[arg(long)]
     proxy_worker_threads: Option<usize>,
+
+    /// Do not bring etcd's read buffer to the same state before each timed loop (see
+    /// `settle`): each side's loop then pays for what its own setup wrote last.
+    #[arg(long)]
+    no_settle: bool,
 }
 
 #[tokio::main]
@@ -216,6 +224,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         anyhow::bail!("--unbatched starts its own proxies: leave out --etcd and --proxy");
     }
     let raw = Arc::new(RawEtcd::connect(&etcd_url, Streams::Multiplexed).await?);
+    if !args.no_settle {
+        settle::install(etcd_client::Client::connect([&etcd_url], None).await?);
+    }
     let proxy = Arc::new(http::Proxy::new(&proxy_url));
     let h2c = if args.h2c {
         Some(Arc::new(http::Proxy::h2c(&proxy_url)?))

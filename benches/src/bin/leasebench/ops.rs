@@ -96,7 +96,8 @@ impl Op {
     }
 }
 
-/// Runs `ops` operations on `in_flight` workers; `f(worker, i)` is one operation.
+/// Runs `ops` operations on `in_flight` workers; `f(worker, i)` is one operation. The clock
+/// starts once etcd is settled (`settle`).
 pub(crate) async fn closed_loop<F, Fut>(in_flight: usize, ops: usize, f: F) -> anyhow::Result<Run>
 where
     F: Fn(usize, usize) -> Fut + Send + Sync + 'static,
@@ -104,6 +105,7 @@ where
 {
     let f = Arc::new(f);
     let per_worker = ops.div_ceil(in_flight.max(1));
+    crate::settle::etcd().await?;
     let started = Instant::now();
     let workers: Vec<_> = (0..in_flight.max(1))
         .map(|w| {
