@@ -50,6 +50,11 @@ target/release/leasebench --op grpc-keepalive,renew --concurrency 64 --rounds 2 
     --json "$OUT/settle-on.json" | tee "$OUT/settle-on.md"
 target/release/leasebench --op grpc-keepalive,renew --concurrency 64 --rounds 2 --ops 40000 \
     --no-settle --json "$OUT/settle-off.json" | tee "$OUT/settle-off.md"
+# What a watch's fan-out costs etcd: 8 more watchers of every key, and none.
+target/release/leasebench --op session-acquire,acquire --concurrency 64 --rounds 2 --ops 10000 \
+    --json "$OUT/fanout-0.json" | tee "$OUT/fanout-0.md"
+target/release/leasebench --op session-acquire,acquire --concurrency 64 --rounds 2 --ops 10000 \
+    --etcd-watchers 8 --json "$OUT/fanout-8.json" | tee "$OUT/fanout-8.md"
 target/release/fencebench --json "$OUT/fencebench.json" --chart "$OUT/fencebench.svg" | tee "$OUT/fencebench.md"
 ensure_postgres
 target/release/pgfencebench --rounds 3 --ops 3000 --json "$OUT/pgfencebench.json" | tee "$OUT/pgfencebench.md"

@@ -31,6 +31,8 @@ fn leasebench_measures_every_operation_on_both_backends() {
             "1",
             "--held",
             "20",
+            "--etcd-watchers",
+            "1",
         ])
         .args([
             "--sustain",
@@ -58,6 +60,9 @@ fn leasebench_measures_every_operation_on_both_backends() {
         }
         assert!(row["ratio"].as_f64().unwrap() > 0.0);
     }
+    // The watcher of every key saw both sides' writes.
+    assert_eq!(doc["etcd_watch"]["watchers"], 1, "{}", doc["etcd_watch"]);
+    assert!(doc["etcd_watch"]["events"].as_u64().unwrap() > 0);
     let sustained = doc["sustained"].as_array().unwrap();
     assert_eq!(sustained.len(), 3);
     for s in sustained {

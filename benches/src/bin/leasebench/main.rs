@@ -22,6 +22,7 @@
 
 mod backend;
 mod cpu;
+mod etcd_watch;
 mod grpc;
 mod grpc_watch;
 mod held;
@@ -158,6 +159,11 @@ struct Args {
     #[arg(long)]
     v1_watchers: Option<usize>,
 
+    /// Hold this many watches of every key straight to etcd while the tables run (compare the
+    /// rows' CPU per operation with a run without them: what a watch's fan-out costs etcd).
+    #[arg(long)]
+    etcd_watchers: Option<usize>,
+
     /// `--worker-threads` of the proxy started here (default: the proxy's own, one per CPU).
     #[arg(long)]
     proxy_worker_threads: Option<usize>,
@@ -252,6 +258,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Some(n) => Some(v1_watch::open(n, &etcd_url, &proxy_url, proxy_pid).await?),
         None => None,
     };
+    let etcd_watch = match args.etcd_watchers {
+        Some(n) => Some(etcd_watch::open(n, &etcd_url).await?),
+        None => None,
+    };
     let tables = columns.tables(&args);
     let total =
         sides::count(&tables, &cells) + args.sustain.len() * (2 * args.sustain_rounds.max(1) + 1);
@@ -322,6 +332,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         sessions_run,
         watch_run,
         v1_watch.map(|held| held.report),
+        etcd_watch.map(|held| held.report()),
     )
 }
 
@@ -373,6 +384,7 @@ fn write_json(
     sessions: Option<serde_json::Value>,
     grpc_watch: Option<serde_json::Value>,
     v1_watch: Option<serde_json::Value>,
+    etcd_watch: Option<serde_json::Value>,
 ) -> anyhow::Result<()> {
     if let Some(path) = &args.json {
         let mut doc = json!({
@@ -396,6 +408,9 @@ fn write_json(
         }
         if let Some(w) = v1_watch {
             doc["v1_watch"] = w;
+        }
+        if let Some(w) = etcd_watch {
+            doc["etcd_watch"] = w;
         }
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -469,7 +484,7 @@ async fn run_secure(args: &Args) -> anyhow::Result<()> {
             &["proxy", "proxy tls+auth"],
         )?;
     }
-    write_json(args, &rows, Vec::new(), None, None, None)
+    write_json(args, &rows, Vec::new(), None, None, None, None)
 }
 
 /// The columns of every requested operation's table. `proxy_held`/`sessions` are shared by
