@@ -442,6 +442,9 @@ async fn run_secure(args: &Args) -> anyhow::Result<()> {
         .await?;
     let plain = Arc::new(http::Proxy::new(&plain_url));
     let secure = Arc::new(http::Proxy::secure(&secure_url, pki.ca(), &token)?);
+    if !args.no_settle {
+        settle::install(etcd_client::Client::connect([&url], None).await?);
+    }
     let names = |side: &str| -> Vec<String> {
         (0..if args.op.iter().any(|op| op.needs_held()) {
             args.held
