@@ -24,7 +24,7 @@ const state = {
   lastId: null, // the last id of any message: where a resumed stream starts
   retryMs: 1000,
   reconnects: 0,
-  listing: null, // events that arrive while the held set is being listed, or null
+  listing: null, // the listing under way, {events: arriving meanwhile}, or null
   refreshing: -1, // the generation whose refresh loop runs
   toRead: new Set(), // resources whose time left to read first (new grants)
   cursor: 0, // where the round robin of re-reads goes on
@@ -221,31 +221,34 @@ function dispatch(kind, data) {
   }
   if (typeof event !== 'object' || event === null || typeof event.resource !== 'string') return;
   if (!state.listing) apply(event, true);
-  else if (state.listing.length < MAX_QUEUED) state.listing.push(event);
+  else if (state.listing.events.length < MAX_QUEUED) state.listing.events.push(event);
   else start(); // listing takes too long for what is waiting: from the start, from now
 }
 
 // Lists what is held (every page), then applies the events that came meanwhile; a failed
-// list is retried (the events keep coming and wait for it).
+// list is retried (the events keep coming and wait for it). A list started later (a fresh
+// stream after a 410, while this one still retries) supersedes this one: its events and its
+// snapshot are newer, so this one ends without touching anything.
 async function list(generation) {
-  state.listing = [];
+  const mine = { events: [] };
+  state.listing = mine;
+  const current = () => generation === state.generation && state.listing === mine;
   for (;;) {
     try {
       const listed = await listAll(generation);
-      if (generation !== state.generation) return;
+      if (!current()) return;
       state.held = listed;
       break;
     } catch (e) {
-      if (generation !== state.generation || (e instanceof Refused && e.status === 401)) return;
+      if (!current() || (e instanceof Refused && e.status === 401)) return;
       showProblem('Listing what is held failed (' + e.message + '); trying again.');
       await sleep(state.retryMs);
-      if (generation !== state.generation) return;
+      if (!current()) return;
     }
   }
   showProblem('');
-  const waiting = state.listing;
   state.listing = null;
-  for (const event of waiting) apply(event, true);
+  for (const event of mine.events) apply(event, true);
   for (const name of state.held.keys()) state.toRead.add(name);
   render();
   if (state.refreshing !== generation) {
