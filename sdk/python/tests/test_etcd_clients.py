@@ -726,10 +726,17 @@ def python_cases(c: etcd3.Etcd3Client, side: Side, stack: Stack) -> Dict[str, An
         return r
 
     # limits and refusals: a value over the proxy's message bound, a large answer, Hash,
-    # authentication against a server without it
+    # authentication against a server without it, a lease id of the client's choosing
     def limits_case() -> Dict[str, Any]:
         r: Dict[str, Any] = {}
+
+        def chosen_lease_id() -> Any:
+            lease = c.lease(5, lease_id=0x7587_0001)
+            lease.revoke()
+            return lease.id == 0x7587_0001
+
         for name, call in [
+            ("grant_with_chosen_id", chosen_lease_id),
             ("put_100k_value", lambda: c.put("py/huge", b"x" * 100_000).header.revision > 0),
             ("put_4x60k", lambda: [c.put(f"py/big/{i}", b"y" * 60_000).header.revision > 0 for i in range(4)]),
             ("range_240k", lambda: sorted((bytes(m.key).decode(), len(v)) for v, m in c.get_prefix("py/big/"))),
@@ -830,6 +837,11 @@ def normalise_python(side: Side, out: Dict[str, Any]) -> Dict[str, Any]:
             "details": "etcdserver: permission denied",
         }, limits
         limits["hash"] = {"ok": True}
+        # docs/API.md, gRPC table, `etcdserverpb.Lease`: "a grant with an explicit non-zero `ID`
+        # refused `InvalidArgument`, as `/v3`'s" ("— unlike etcd — `lease/grant` with an explicit
+        # non-zero `ID` (it would let a client probe for and pre-take the proxy's own lease ids)").
+        assert limits.get("grant_with_chosen_id", {}).get("code") == "INVALID_ARGUMENT", limits
+        limits["grant_with_chosen_id"] = {"ok": True}
     return out
 
 
