@@ -95,6 +95,15 @@ check_browser_deps() {
   [ -x /usr/bin/chromedriver ] || deps_need chromium-driver
 }
 
+# What the npm etcd3 client's differential tests use (sdk/python/tests/test_etcd_clients.py):
+# Debian's node, which runs the client's cases, and npm, which installs its pinned tree
+# (`npm ci` in scripts/python-tests.sh); checked as the files the test and the script run, since
+# another `node` or `npm` on PATH may be any version. Debian packages npm apart from nodejs.
+check_node_deps() {
+  [ -x /usr/bin/node ] || deps_need nodejs
+  [ -x /usr/bin/npm ] || deps_need npm
+}
+
 apt_install() {
   local missing=("$@")
   [ ${#missing[@]} -eq 0 ] && return 0
@@ -149,6 +158,16 @@ ensure_python() {
   [ "${DEPS_DRY_RUN:-0}" = 1 ] && return 0
   python3 -c 'import sys; sys.exit(sys.version_info < (3, 9))' || {
     echo "python3 is $(python3 -V 2>&1); the Python SDK needs 3.9 or later" >&2
+    exit 1
+  }
+}
+
+# node (16 or later: the npm etcd3 client's floor) and npm, for the npm client's tests.
+ensure_node() {
+  ensure_with check_node_deps
+  [ "${DEPS_DRY_RUN:-0}" = 1 ] && return 0
+  /usr/bin/node -e 'process.exit(Number(process.versions.node.split(".")[0]) < 16 ? 1 : 0)' || {
+    echo "/usr/bin/node is $(/usr/bin/node --version 2>&1); the npm etcd3 client needs 16 or later" >&2
     exit 1
   }
 }

@@ -7,6 +7,7 @@ source scripts/deps.sh
 ensure_deps
 ensure_postgres
 ensure_python
+ensure_node
 
 echo "==> cargo fmt --check"
 cargo fmt --all --check

@@ -11,7 +11,6 @@ use axum::http::{HeaderName, Request};
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -52,6 +51,18 @@ pub struct Limits {
     /// preface alone) is closed, and so is one trickling an HTTP/1 header.
     pub header_read_timeout: Duration,
     /// How long a connection with no request in flight (its last answer fully sent) stays open.
+    /// Then it is told to go away, as a draining server's are: an HTTP/1 connection closes at
+    /// once; an HTTP/2 one gets a GOAWAY first, so a request the client sent as the server gave
+    /// up on the connection is either still served or known by the client never to have been
+    /// read, where closing the socket under it would fail it, processed or not. A connection
+    /// still open one more `idle_timeout` later (a client that does not answer the GOAWAY's
+    /// ping) is closed.
+    ///
+    /// Not for a connection that has carried a gRPC call: gRPC clients keep one connection for
+    /// their whole life, as etcd (grpc-go) lets them, and a synchronous one (Python's grpcio,
+    /// under python-etcd3) reads nothing while no call is under way, so it learns of a close
+    /// only by failing its next call with UNAVAILABLE "Socket closed", GOAWAY or not. Such a
+    /// connection ends with its client, the drain, or TCP keepalive finding its peer gone.
     pub idle_timeout: Duration,
     /// How long an answer may wait on a client that takes none of it before the connection is
     /// closed: a socket write that makes no progress (its buffers full: a paused or vanished
@@ -83,6 +94,8 @@ struct Activity {
     busy: AtomicUsize,
     /// Whether a request has arrived at all.
     served: AtomicBool,
+    /// Whether a gRPC call has (`content-type: application/grpc…`): no idle deadline then.
+    grpc: AtomicBool,
     /// When the last request ended (or the connection was accepted).
     last: Mutex<Instant>,
     /// Numbers the connection's requests.
@@ -141,6 +154,7 @@ impl Activity {
         Self {
             busy: AtomicUsize::new(0),
             served: AtomicBool::new(false),
+            grpc: AtomicBool::new(false),
             last: Mutex::new(Instant::now()),
             next: AtomicU64::new(0),
             handed: Mutex::new(HashMap::new()),
@@ -151,15 +165,23 @@ impl Activity {
         self.handed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Starts the idle clock again from now.
+    fn touch(&self) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+
     /// When the connection is to be closed if nothing happens before, and why: while busy,
     /// when an answer handed over has waited `write_timeout` for its reader (`None`: none
-    /// waits); else the idle (or first-request) deadline.
+    /// waits); else the idle (or first-request) deadline, none for a gRPC client's.
     fn deadline(&self, limits: &Limits) -> Option<(Instant, Close)> {
         if self.busy.load(Ordering::Acquire) > 0 {
             let oldest = self.handed().values().min().copied();
             return oldest.map(|at| (at + limits.write_timeout, Close::Stalled));
         }
         let limit = if self.served.load(Ordering::Acquire) {
+            if self.grpc.load(Ordering::Acquire) {
+                return None;
+            }
             limits.idle_timeout
         } else {
             limits.header_read_timeout
@@ -230,12 +252,14 @@ pub async fn until_shutdown(
     drain: Drain,
     limits: Limits,
 ) -> std::io::Result<()> {
-    let graceful = Arc::new(GracefulShutdown::new());
+    // Tells every connection to go away (HTTP/2 GOAWAY, HTTP/1 no keep-alive) once the
+    // listener has stopped.
+    let go_away = CancellationToken::new();
     let mut server = tokio::spawn(accept(
         listener.into(),
         app,
         stop.clone(),
-        graceful.clone(),
+        go_away.clone(),
         limits,
     ));
     let served = tokio::select! {
@@ -256,9 +280,9 @@ pub async fn until_shutdown(
     }
     stop.cancel();
     let mut connections = server.await.map_err(std::io::Error::other)??;
-    let graceful = Arc::try_unwrap(graceful)
-        .map_err(|_| std::io::Error::other("the accept loop still holds the connection watcher"))?;
-    if tokio::time::timeout(drain.deadline, graceful.shutdown())
+    go_away.cancel();
+    let finished = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(drain.deadline, finished)
         .await
         .is_err()
     {
@@ -269,14 +293,14 @@ pub async fn until_shutdown(
     Ok(())
 }
 
-/// Accepts connections until `stop`, at most `limits.max_connections` at once, each served
-/// under `graceful`'s watch (a TLS connection from the end of its handshake); returns the
-/// connections still being served.
+/// Accepts connections until `stop`, at most `limits.max_connections` at once, each told to go
+/// away when `go_away` is cancelled (a TLS connection from the end of its handshake); returns
+/// the connections still being served.
 async fn accept(
     listener: Listener,
     app: Router,
     stop: CancellationToken,
-    graceful: Arc<GracefulShutdown>,
+    go_away: CancellationToken,
     limits: Limits,
 ) -> std::io::Result<JoinSet<()>> {
     let mut connections = JoinSet::new();
@@ -322,7 +346,7 @@ async fn accept(
         let stream = Box::pin(stream);
         let connection = Connection {
             builder: builder.clone(),
-            watcher: graceful.watcher(),
+            go_away: go_away.clone(),
             app: app.clone(),
             limits,
         };
@@ -353,21 +377,22 @@ async fn accept(
 /// What serving one accepted connection needs.
 struct Connection {
     builder: Builder<TokioExecutor>,
-    watcher: Watcher,
+    go_away: CancellationToken,
     app: Router,
     limits: Limits,
 }
 
 impl Connection {
     /// Serves HTTP on `io` until the client closes it, it errs, or it stays idle past its
-    /// deadline; every request carries `peer` (the client certificate) as an extension.
+    /// deadline (then it is told to go away first, see [`Limits::idle_timeout`]); every request
+    /// carries `peer` (the client certificate) as an extension.
     async fn serve<I>(self, io: I, peer: Option<PeerCertificate>)
     where
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
         let Self {
             builder,
-            watcher,
+            go_away,
             app,
             limits,
         } = self;
@@ -376,8 +401,9 @@ impl Connection {
         let connection = builder
             .serve_connection_with_upgrades(io, service)
             .into_owned();
-        let connection = watcher.watch(connection);
         tokio::pin!(connection);
+        // Whether the connection was told to go away (idle, or the server draining).
+        let mut going = false;
         // Looked at again at least this often: an answer may be handed over, and start
         // waiting, at any time.
         let recheck = limits.idle_timeout.min(limits.write_timeout);
@@ -385,20 +411,39 @@ impl Connection {
             let check = activity
                 .deadline(&limits)
                 .map_or_else(|| Instant::now() + recheck, |(at, _)| at);
-            match tokio::time::timeout_at(check, &mut connection).await {
-                Ok(Err(e)) => tracing::debug!(error = %e, "connection ended with an error"),
-                Ok(Ok(())) => {}
-                Err(_) => match activity.deadline(&limits) {
+            tokio::select! {
+                ended = connection.as_mut() => {
+                    if let Err(e) = ended {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                    break;
+                }
+                () = go_away.cancelled(), if !going => {
+                    connection.as_mut().graceful_shutdown();
+                    going = true;
+                }
+                () = tokio::time::sleep_until(check) => match activity.deadline(&limits) {
                     Some((deadline, why)) if deadline <= Instant::now() => match why {
-                        Close::Idle => tracing::debug!("closing an idle connection"),
+                        // Idle after a request: told to go away, given one more idle
+                        // timeout to do so.
+                        Close::Idle if !going && activity.served.load(Ordering::Acquire) => {
+                            tracing::debug!("an idle connection: going away");
+                            connection.as_mut().graceful_shutdown();
+                            going = true;
+                            activity.touch();
+                        }
+                        Close::Idle => {
+                            tracing::debug!("closing an idle connection");
+                            break;
+                        }
                         Close::Stalled => {
                             tracing::debug!("closing a connection whose reader takes nothing");
+                            break;
                         }
                     },
-                    _ => continue,
+                    _ => {}
                 },
             }
-            break;
         }
     }
 }
@@ -417,6 +462,13 @@ fn tracked(
 > + Clone {
     tower::service_fn(move |mut req: Request<hyper::body::Incoming>| {
         let busy = Busy::new(activity.clone());
+        let grpc = req
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+        if grpc {
+            activity.grpc.store(true, Ordering::Release);
+        }
         if let Some(peer) = &peer {
             req.extensions_mut().insert(peer.clone());
         }
@@ -476,5 +528,202 @@ pub async fn terminated() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {},
         () = term => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The idle close as an HTTP/2 client sees it, frame by frame, over a raw socket: what a
+    //! gRPC client whose next call crosses the close needs (a GOAWAY before the socket closes,
+    //! and a request sent across it still answered).
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    const HEADERS: u8 = 0x1;
+    const SETTINGS: u8 = 0x4;
+    const PING: u8 = 0x6;
+    const GOAWAY: u8 = 0x7;
+    const ACK: u8 = 0x1;
+
+    fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let mut out = u32::try_from(payload.len()).unwrap().to_be_bytes()[1..].to_vec();
+        out.extend_from_slice(&[kind, flags]);
+        out.extend_from_slice(&stream.to_be_bytes());
+        out.extend_from_slice(payload);
+        out
+    }
+
+    /// `GET /` on `stream`, headers and end of stream in one frame (HPACK: the static table's
+    /// `:method GET`, `:scheme http`, `:path /`, and `:authority x` as a literal).
+    fn get(stream: u32) -> Vec<u8> {
+        frame(
+            HEADERS,
+            0x4 | 0x1,
+            stream,
+            &[0x82, 0x86, 0x84, 0x41, 1, b'x'],
+        )
+    }
+
+    /// A server whose connections go idle after 300 ms.
+    async fn server() -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let app = Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let limits = Limits {
+            header_read_timeout: Duration::from_millis(300),
+            idle_timeout: Duration::from_millis(300),
+            ..Limits::default()
+        };
+        let draining: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+        tokio::spawn(until_shutdown(
+            listener,
+            app,
+            std::future::pending(),
+            draining,
+            CancellationToken::new(),
+            Drain {
+                delay: Duration::ZERO,
+                deadline: Duration::from_secs(1),
+            },
+            limits,
+        ));
+        addr
+    }
+
+    /// A frame read: its type, flags, stream and payload.
+    type Frame = (u8, u8, u32, Vec<u8>);
+
+    /// The next frame, or `None` at the end of the connection; SETTINGS are acknowledged.
+    async fn next(socket: &mut TcpStream) -> Option<Frame> {
+        let mut head = [0u8; 9];
+        tokio::time::timeout(Duration::from_secs(5), socket.read_exact(&mut head))
+            .await
+            .expect("no frame and no close within 5 s")
+            .ok()?;
+        let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+        let mut payload = vec![0; len];
+        socket.read_exact(&mut payload).await.ok()?;
+        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        if head[3] == SETTINGS && head[4] & ACK == 0 {
+            socket.write_all(&frame(SETTINGS, ACK, 0, &[])).await.ok()?;
+        }
+        Some((head[3], head[4], stream, payload))
+    }
+
+    async fn connect(addr: &str) -> TcpStream {
+        let mut socket = TcpStream::connect(addr).await.unwrap();
+        socket.write_all(PREFACE).await.unwrap();
+        socket.write_all(&frame(SETTINGS, 0, 0, &[])).await.unwrap();
+        socket
+    }
+
+    #[tokio::test]
+    async fn an_idle_http2_connection_gets_a_goaway_before_it_closes() {
+        let addr = server().await;
+        let mut socket = connect(&addr).await;
+        socket.write_all(&get(1)).await.unwrap();
+        let started = Instant::now();
+        let mut seen = Vec::new();
+        while let Some((kind, flags, stream, payload)) = next(&mut socket).await {
+            if kind == PING && flags & ACK == 0 {
+                socket
+                    .write_all(&frame(PING, ACK, 0, &payload))
+                    .await
+                    .unwrap();
+            }
+            seen.push((kind, stream));
+        }
+        assert!(seen.contains(&(HEADERS, 1)), "not answered: {seen:?}");
+        assert!(
+            seen.iter().any(|&(kind, _)| kind == GOAWAY),
+            "closed without a GOAWAY: {seen:?}"
+        );
+        assert!(
+            started.elapsed() >= Duration::from_millis(300),
+            "closed before it was idle"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_grpc_clients_idle_connection_stays_open() {
+        let addr = server().await;
+        let mut socket = connect(&addr).await;
+        // `POST /` with `content-type: application/grpc` (a literal with an indexed name) and
+        // no body: the router answers 405, which is no matter; the call was gRPC.
+        let mut block = vec![0x83, 0x86, 0x84, 0x41, 1, b'x', 0x5f, 16];
+        block.extend_from_slice(b"application/grpc");
+        socket
+            .write_all(&frame(HEADERS, 0x4 | 0x1, 1, &block))
+            .await
+            .unwrap();
+        let mut answered = false;
+        let quiet_until = Instant::now() + Duration::from_millis(1500);
+        loop {
+            let mut head = [0u8; 9];
+            match tokio::time::timeout_at(quiet_until, socket.read_exact(&mut head)).await {
+                Err(_) => break, // five idle timeouts without a frame or a close
+                Ok(read) => assert!(read.is_ok(), "the connection was closed"),
+            }
+            let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+            let mut payload = vec![0; len];
+            socket.read_exact(&mut payload).await.unwrap();
+            assert_ne!(
+                head[3], GOAWAY,
+                "a gRPC client's connection was told to go away"
+            );
+            if head[3] == SETTINGS && head[4] & ACK == 0 {
+                socket
+                    .write_all(&frame(SETTINGS, ACK, 0, &[]))
+                    .await
+                    .unwrap();
+            }
+            answered |= head[3] == HEADERS;
+        }
+        assert!(answered, "the call was not answered");
+        // Still served.
+        socket.write_all(&get(3)).await.unwrap();
+        let mut again = false;
+        while !again {
+            let (kind, _, stream, _) = next(&mut socket).await.expect("closed");
+            again = kind == HEADERS && stream == 3;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_sent_as_an_idle_connection_goes_away_is_still_answered() {
+        let addr = server().await;
+        let mut socket = connect(&addr).await;
+        socket.write_all(&get(1)).await.unwrap();
+        // Read up to the server's first GOAWAY; a request sent now crossed it on the wire.
+        let mut ping = None;
+        loop {
+            let (kind, flags, _, payload) =
+                next(&mut socket).await.expect("closed without a GOAWAY");
+            if kind == PING && flags & ACK == 0 {
+                ping = Some(payload);
+            } else if kind == GOAWAY {
+                break;
+            }
+        }
+        socket.write_all(&get(3)).await.unwrap();
+        let mut answered = false;
+        while let Some((kind, flags, stream, payload)) = next(&mut socket).await {
+            if kind == PING && flags & ACK == 0 {
+                ping = Some(payload);
+            }
+            if let Some(payload) = ping.take() {
+                socket
+                    .write_all(&frame(PING, ACK, 0, &payload))
+                    .await
+                    .unwrap();
+            }
+            answered |= kind == HEADERS && stream == 3;
+        }
+        assert!(
+            answered,
+            "the request sent across the GOAWAY was not answered"
+        );
     }
 }

@@ -38,12 +38,14 @@ fn script(dir: &Path, name: &str, body: &str) {
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
-/// Runs `ensure_deps` and `ensure_postgres` in dry-run mode with `path` as the whole `PATH`;
-/// returns the packages each would install.
+/// Runs `ensure_deps`, `ensure_postgres` and `ensure_node` in dry-run mode with `path` as the
+/// whole `PATH`; returns the packages each would install. (`ensure_node` checks
+/// `/usr/bin/node` and `/usr/bin/npm`, the files the tests run, whatever `PATH` says: a bare
+/// `PATH` cannot hide them, so only the last test below speaks for it.)
 fn dry_run(path: &str) -> Vec<String> {
     let out = Command::new("/bin/bash")
         .arg("-c")
-        .arg("source scripts/deps.sh && ensure_deps && ensure_postgres")
+        .arg("source scripts/deps.sh && ensure_deps && ensure_postgres && ensure_node")
         .current_dir(repo())
         .env_clear()
         .env("PATH", path)
