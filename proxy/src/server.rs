@@ -223,7 +223,7 @@ pub async fn run(
         crate::v3::Streams {
             slots: watch_slots.clone(),
             stopping: stopping.clone(),
-            max_duration: config.watch_max_duration,
+            max_duration: config.v3_watch_max_duration,
             buffered: Default::default(),
             hubs: Default::default(),
         },

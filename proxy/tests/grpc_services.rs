@@ -1649,3 +1649,48 @@ async fn dead_streams_held_open_hold_no_memory() {
     puts.await.unwrap();
     drop(stalled);
 }
+
+/// etcd's watch streams and observers last as long as their client, and not every client
+/// resumes one the server ends (python-etcd3's watch fails): through the proxy they outlive
+/// `--watch-max-duration` (the /v1 streams' bound) and end only at `--v3-watch-max-duration`
+/// when it is set, Unavailable, so that a client resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_api_streams_end_only_at_their_own_max_duration() {
+    let etcd = Etcd::single().await;
+    for bound in [None, Some(Duration::from_secs(1))] {
+        let proxy = Proxy::start(etcd.endpoints(), |c| {
+            c.v3_namespace = Some("/ns/".into());
+            c.watch_max_duration = Duration::from_secs(1);
+            c.v3_watch_max_duration = bound;
+        })
+        .await;
+        let mut c = client(&proxy.url).await;
+        let mut stream = c.watch("long", None).await.unwrap();
+        assert!(stream.message().await.unwrap().unwrap().created());
+        let mut observed = c.observe("vote").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        c.put("long", "later", None).await.unwrap();
+        let watched = tokio::time::timeout(Duration::from_secs(5), stream.message()).await;
+        let observer = tokio::time::timeout(Duration::from_millis(500), observed.message()).await;
+        match bound {
+            None => {
+                let events = watched.expect("no answer").expect("the stream ended");
+                assert_eq!(events.expect("ended").events().len(), 1);
+                assert!(observer.is_err(), "the observer ended: {observer:?}");
+            }
+            Some(_) => {
+                let ended = watched.expect("the stream went on").unwrap_err();
+                assert!(
+                    ended.to_string().contains("--v3-watch-max-duration"),
+                    "{ended}"
+                );
+                let ended = observer.expect("the observer went on").unwrap_err();
+                assert!(
+                    ended.to_string().contains("--v3-watch-max-duration"),
+                    "{ended}"
+                );
+            }
+        }
+        proxy.stop().await;
+    }
+}

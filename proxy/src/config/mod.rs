@@ -246,6 +246,16 @@ pub struct Config {
     #[arg(long, env = "LEASE_PROXY_V3_MAX_TXN_DEPTH", default_value_t = 4)]
     pub v3_max_txn_depth: usize,
 
+    /// Longest life of one etcd-API stream that holds an etcd watch (a gRPC `Watch` stream, an
+    /// election `Observe`), after which it ends Unavailable ("reconnect and resume"). Unset (the
+    /// default) such a stream lasts as long as its client, as etcd's do: not every etcd client
+    /// resumes (python-etcd3's watch ends with an error). A reader that takes nothing is ended
+    /// by its buffer's bound and `--client-write-timeout`, a vanished one by TCP keepalive, and
+    /// every stream is judged again when the token file changes; 1s–24h when set.
+    #[arg(long, env = "LEASE_PROXY_V3_WATCH_MAX_DURATION", value_parser = humantime::parse_duration)]
+    #[serde(default, with = "humantime_serde")]
+    pub v3_watch_max_duration: Option<Duration>,
+
     /// Bearer-token file turning client authentication on: lines `PRINCIPAL SHA256HEX
     /// PERM[,PERM…]`, `PERM` = `OP:PREFIX` (`acquire`, `read`, `forward`, `v3`; `*` for every
     /// resource), `#` comments, every line ending in a newline. Reloaded on SIGHUP and when the

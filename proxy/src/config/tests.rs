@@ -246,3 +246,19 @@ fn the_v3_namespace_is_disjoint_from_the_proxys_keys() {
     c.v3_max_txn_ops = 0;
     assert!(c.validate().is_err());
 }
+
+#[test]
+fn etcd_api_streams_last_as_their_clients_unless_bounded() {
+    assert_eq!(
+        Config::parse_from(["lease-proxy"]).v3_watch_max_duration,
+        None
+    );
+    let c = Config::parse_from(["lease-proxy", "--v3-watch-max-duration", "30m"]);
+    c.validate().unwrap();
+    assert_eq!(c.v3_watch_max_duration, Some(Duration::from_secs(1800)));
+    for bad in ["500ms", "25h"] {
+        let c = Config::parse_from(["lease-proxy", "--v3-watch-max-duration", bad]);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("--v3-watch-max-duration"), "{bad}: {e}");
+    }
+}

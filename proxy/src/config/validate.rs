@@ -93,6 +93,12 @@ impl Config {
         {
             return fail("--watch-max-duration must be between 1s and 24h".into());
         }
+        if self
+            .v3_watch_max_duration
+            .is_some_and(|d| d < Duration::from_secs(1) || d > Duration::from_secs(24 * 3600))
+        {
+            return fail("--v3-watch-max-duration must be between 1s and 24h".into());
+        }
         for (flag, value) in [
             ("--header-read-timeout", self.header_read_timeout),
             ("--idle-timeout", self.idle_timeout),

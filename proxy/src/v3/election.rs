@@ -153,7 +153,7 @@ impl Service {
     /// `Observe`: the leader now (once there is one) and again whenever it changes — a new
     /// leader, or a new value proclaimed. Each step is a read under the deadline; between
     /// steps, a watch of the name's keys, re-read at least every deadline. Ends Unavailable
-    /// when the proxy drains or after `--watch-max-duration`, and with the caller's refusal
+    /// when the proxy drains or after `--v3-watch-max-duration`, and with the caller's refusal
     /// once its right is gone.
     pub(crate) fn observe(
         &self,
@@ -161,10 +161,13 @@ impl Service {
         name: Vec<u8>,
     ) -> Result<BoxStream<'static, Result<PbLeaderResponse, Status>>, Status> {
         // An observer holds an etcd watch: one of the replica's event-stream slots, for at most
-        // `--watch-max-duration`.
+        // `--v3-watch-max-duration` (unset: as long as it lasts).
         let slot = Arc::new(self.streams.slots.take(s.owner.as_deref())?);
         let stopping = self.streams.stopping.clone();
-        let until = tokio::time::Instant::now() + self.streams.max_duration;
+        let until = self
+            .streams
+            .max_duration
+            .map(|d| tokio::time::Instant::now() + d);
         let etcd = self.etcd.clone();
         let prefix = queue_prefix(&s, &name);
         let state = (etcd, s, prefix, None::<(Vec<u8>, i64)>, false);
@@ -205,10 +208,10 @@ impl Service {
                             let end = Status::from(crate::Error::ShuttingDown);
                             return Some((Err(end), (etcd, s, prefix, last, true)));
                         }
-                        () = tokio::time::sleep_until(until) => {
+                        () = crate::v3::service::until_or_never(until) => {
                             let end = Status::new(
                                 Code::Unavailable,
-                                "lease-proxy: the observer reached --watch-max-duration; observe \
+                                "lease-proxy: the observer reached --v3-watch-max-duration; observe \
                                  again",
                             );
                             return Some((Err(end), (etcd, s, prefix, last, true)));

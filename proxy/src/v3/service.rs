@@ -39,6 +39,14 @@ pub(crate) struct Service {
     pub(super) streams: Streams,
 }
 
+/// Sleeps until `at`; never with none (a stream's `--v3-watch-max-duration` unset).
+pub(crate) async fn until_or_never(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// What the core's long calls — watch streams, waiting locks and campaigns, leader observers —
 /// share with the proxy's other streams.
 pub(crate) struct Streams {
@@ -46,8 +54,9 @@ pub(crate) struct Streams {
     pub(crate) slots: Arc<WatchSlots>,
     /// Fires when the proxy starts draining: long calls end Unavailable.
     pub(crate) stopping: CancellationToken,
-    /// Longest life of a watch stream or an observer (`--watch-max-duration`).
-    pub(crate) max_duration: Duration,
+    /// Longest life of a watch stream or an observer (`--v3-watch-max-duration`; `None`: as
+    /// long as its client).
+    pub(crate) max_duration: Option<Duration>,
     /// Bytes of watch answers waiting for their clients, over every stream.
     pub(crate) buffered: Arc<AtomicUsize>,
     /// The replica's shared etcd watches.

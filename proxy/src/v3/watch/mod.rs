@@ -444,10 +444,12 @@ impl Pump {
         mut requests: Requests,
         stop: CancellationToken,
         stopping: CancellationToken,
-        max_duration: std::time::Duration,
+        max_duration: Option<std::time::Duration>,
     ) -> End {
         let mut recheck = self.caller.recheck.clone();
-        let over = tokio::time::sleep(max_duration);
+        let over = crate::v3::service::until_or_never(
+            max_duration.map(|d| tokio::time::Instant::now() + d),
+        );
         tokio::pin!(over);
         // After the client's half-close its watches go on, as etcd's do, until it goes away.
         let mut half_closed = false;
@@ -456,7 +458,7 @@ impl Pump {
                 () = stop.cancelled() => return End::Quietly,
                 () = &mut over => return End::Failed(Status::new(
                     Code::Unavailable,
-                    "lease-proxy: the watch stream reached --watch-max-duration; reconnect and \
+                    "lease-proxy: the watch stream reached --v3-watch-max-duration; reconnect and \
                      resume from the last revision received",
                 )),
                 () = stopping.cancelled() => {
@@ -496,7 +498,7 @@ impl Pump {
 impl Service {
     /// `Watch`: the answers to a client's watch requests (see the module's documentation). The
     /// stream's work runs in a task of its own that ends when the answers are dropped, or
-    /// Unavailable once the proxy drains or the stream reaches `--watch-max-duration`.
+    /// Unavailable once the proxy drains or the stream reaches `--v3-watch-max-duration`.
     pub(crate) fn watch(&self, caller: Caller, requests: Requests) -> Answers {
         let outbox = Outbox::new(self.streams.buffered.clone());
         let stop = CancellationToken::new();
