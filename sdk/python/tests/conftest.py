@@ -86,41 +86,24 @@ def workdir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def etcd(workdir: Path) -> Iterator[Etcd]:
+def start_etcd(workdir: Path, name: str, *extra: str) -> "tuple[subprocess.Popen, str]":
+    """A one-member etcd named `name` on free loopback ports (data and log in `workdir`), with
+    `extra` flags; waits until it is healthy and returns its process and client URL."""
     binary = os.environ.get("ETCD_BIN") or shutil.which("etcd")
     if binary is None:
         pytest.fail("etcd not on PATH (scripts/deps.sh installs etcd-server)")
     client, peer = free_port(), free_port()
     client_url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
-    log = workdir / "etcd.log"
+    log = workdir / f"{name}-etcd.log"
     process = subprocess.Popen(
-        [
-            binary,
-            "--name",
-            "m0",
-            "--data-dir",
-            str(workdir / "etcd"),
-            "--listen-client-urls",
-            client_url,
-            "--advertise-client-urls",
-            client_url,
-            "--listen-peer-urls",
-            peer_url,
-            "--initial-advertise-peer-urls",
-            peer_url,
-            "--initial-cluster",
-            f"m0={peer_url}",
-            "--initial-cluster-state",
-            "new",
-            "--logger",
-            "zap",
-            "--log-level",
-            "warn",
-        ],
+        [binary, "--name", name, "--data-dir", str(workdir / f"{name}-etcd"),
+         "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+         "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+         "--initial-cluster", f"{name}={peer_url}", "--initial-cluster-state", "new",
+         "--logger", "zap", "--log-level", "warn", *extra],
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
-    )
+    )  # fmt: skip
     try:
         wait_until(
             lambda: httpx.get(f"{client_url}/health", timeout=1).json().get("health") == "true",
@@ -128,6 +111,16 @@ def etcd(workdir: Path) -> Iterator[Etcd]:
             "etcd",
             log,
         )
+    except BaseException:
+        stop(process)
+        raise
+    return process, client_url
+
+
+@pytest.fixture(scope="session")
+def etcd(workdir: Path) -> Iterator[Etcd]:
+    process, client_url = start_etcd(workdir, "m0")
+    try:
         yield Etcd(client_url)
     finally:
         stop(process)

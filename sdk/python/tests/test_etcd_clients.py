@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -47,7 +46,7 @@ with warnings.catch_warnings():
     import etcd3
     from etcd3 import exceptions as etcd3_exceptions
 
-from conftest import ROOT, READY_WITHIN, free_port, proxy_binary, stop, wait_until
+from conftest import ROOT, READY_WITHIN, free_port, proxy_binary, start_etcd, stop, wait_until
 
 ETCD_PREFIX = "/lease-proxy-compat/"
 # The proxy's /v3 namespace: the default, `{etcd-prefix}v3/kv/` (docs/API.md, "Namespace").
@@ -143,60 +142,12 @@ class Stack:
         }
 
 
-def start_etcd(workdir: Path) -> Tuple[subprocess.Popen, Side]:
-    binary = os.environ.get("ETCD_BIN") or shutil.which("etcd")
-    if binary is None:
-        pytest.fail("etcd not on PATH (scripts/deps.sh installs etcd-server)")
-    client, peer = free_port(), free_port()
-    client_url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
-    log = workdir / "compat-etcd.log"
-    process = subprocess.Popen(
-        [
-            binary,
-            "--name",
-            "compat",
-            "--data-dir",
-            str(workdir / "compat-etcd"),
-            "--listen-client-urls",
-            client_url,
-            "--advertise-client-urls",
-            client_url,
-            "--listen-peer-urls",
-            peer_url,
-            "--initial-advertise-peer-urls",
-            peer_url,
-            "--initial-cluster",
-            f"compat={peer_url}",
-            "--initial-cluster-state",
-            "new",
-            # npm's watch builder always asks for progress notifications: one a second, so a
-            # case can see one arrive on an idle watch.
-            "--experimental-watch-progress-notify-interval",
-            "1s",
-            "--logger",
-            "zap",
-            "--log-level",
-            "warn",
-        ],
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        wait_until(
-            lambda: httpx.get(f"{client_url}/health", timeout=1).json().get("health") == "true",
-            READY_WITHIN,
-            "etcd",
-            log,
-        )
-    except BaseException:
-        stop(process)
-        raise
-    return process, Side("etcd", "127.0.0.1", client)
-
-
 @pytest.fixture(scope="module")
 def stack(workdir: Path, key_file: Path) -> Iterator[Stack]:
-    etcd_process, etcd_side = start_etcd(workdir)
+    # npm's watch builder always asks for progress notifications: one a second, so a case can
+    # see one arrive on an idle watch.
+    etcd_process, etcd_url = start_etcd(workdir, "compat", "--experimental-watch-progress-notify-interval", "1s")
+    etcd_side = Side("etcd", "127.0.0.1", int(etcd_url.rsplit(":", 1)[1]))
     port = free_port()
     log = workdir / "compat-proxy.log"
     proxy_process = subprocess.Popen(
