@@ -58,11 +58,13 @@ pub struct Limits {
     /// still open one more `idle_timeout` later (a client that does not answer the GOAWAY's
     /// ping) is closed.
     ///
-    /// Not for a connection that has carried a gRPC call: gRPC clients keep one connection for
-    /// their whole life, as etcd (grpc-go) lets them, and a synchronous one (Python's grpcio,
-    /// under python-etcd3) reads nothing while no call is under way, so it learns of a close
-    /// only by failing its next call with UNAVAILABLE "Socket closed", GOAWAY or not. Such a
-    /// connection ends with its client, the drain, or TCP keepalive finding its peer gone.
+    /// Not for a connection one of whose answers the app marked [`LongLived`] (lease-proxy: a
+    /// gRPC call of a caller it let in): gRPC clients keep one connection for their whole life,
+    /// as etcd (grpc-go) lets them, and a synchronous one (Python's grpcio, under python-etcd3)
+    /// reads nothing while no call is under way, so it learns of a close only by failing its
+    /// next call with UNAVAILABLE "Socket closed", GOAWAY or not. Such a connection ends with
+    /// its client, the drain, or TCP keepalive finding its peer gone. A request's content type
+    /// alone never marks one: a refused caller's connection goes idle as any other.
     pub idle_timeout: Duration,
     /// How long an answer may wait on a client that takes none of it before the connection is
     /// closed: a socket write that makes no progress (its buffers full: a paused or vanished
@@ -94,8 +96,8 @@ struct Activity {
     busy: AtomicUsize,
     /// Whether a request has arrived at all.
     served: AtomicBool,
-    /// Whether a gRPC call has (`content-type: application/grpc…`): no idle deadline then.
-    grpc: AtomicBool,
+    /// Whether an answer was marked [`LongLived`]: no idle deadline then.
+    long_lived: AtomicBool,
     /// When the last request ended (or the connection was accepted).
     last: Mutex<Instant>,
     /// Numbers the connection's requests.
@@ -154,7 +156,7 @@ impl Activity {
         Self {
             busy: AtomicUsize::new(0),
             served: AtomicBool::new(false),
-            grpc: AtomicBool::new(false),
+            long_lived: AtomicBool::new(false),
             last: Mutex::new(Instant::now()),
             next: AtomicU64::new(0),
             handed: Mutex::new(HashMap::new()),
@@ -179,7 +181,7 @@ impl Activity {
             return oldest.map(|at| (at + limits.write_timeout, Close::Stalled));
         }
         let limit = if self.served.load(Ordering::Acquire) {
-            if self.grpc.load(Ordering::Acquire) {
+            if self.long_lived.load(Ordering::Acquire) {
                 return None;
             }
             limits.idle_timeout
@@ -448,8 +450,16 @@ impl Connection {
     }
 }
 
-/// `app`, counting each request as busy on `activity` until its answer's body is dropped, and
-/// giving each the connection's client certificate.
+/// Marks an answer (in its extensions) whose connection the client keeps for its whole life
+/// and may leave idle: the connection then has no idle deadline (see [`Limits::idle_timeout`]).
+/// The app sets it only for a caller it let in (lease-proxy: a gRPC call that passed its
+/// authentication), so that no refused client can pin a connection.
+#[derive(Clone, Copy, Debug)]
+pub struct LongLived;
+
+/// `app`, counting each request as busy on `activity` until its answer's body is dropped,
+/// giving each the connection's client certificate, and marking the connection long-lived once
+/// an answer is [`LongLived`].
 fn tracked(
     app: Router,
     activity: Arc<Activity>,
@@ -462,19 +472,16 @@ fn tracked(
 > + Clone {
     tower::service_fn(move |mut req: Request<hyper::body::Incoming>| {
         let busy = Busy::new(activity.clone());
-        let grpc = req
-            .headers()
-            .get(http::header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
-        if grpc {
-            activity.grpc.store(true, Ordering::Release);
-        }
         if let Some(peer) = &peer {
             req.extensions_mut().insert(peer.clone());
         }
         let answer = tower::ServiceExt::oneshot(app.clone(), req);
+        let activity = activity.clone();
         async move {
             let response = answer.await?;
+            if response.extensions().get::<LongLived>().is_some() {
+                activity.long_lived.store(true, Ordering::Release);
+            }
             busy.handed();
             Ok(response.map(|body| axum::body::Body::new(Watched { body, busy })))
         }
@@ -570,7 +577,14 @@ mod tests {
     async fn server() -> String {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let app = Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let long_lived = || async {
+            let mut answer = axum::response::IntoResponse::into_response("ok");
+            answer.extensions_mut().insert(LongLived);
+            answer
+        };
+        let app = Router::new()
+            .route("/", axum::routing::get(|| async { "ok" }))
+            .route("/long", axum::routing::get(long_lived));
         let limits = Limits {
             header_read_timeout: Duration::from_millis(300),
             idle_timeout: Duration::from_millis(300),
@@ -647,13 +661,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_grpc_clients_idle_connection_stays_open() {
+    async fn a_long_lived_answers_connection_stays_open_when_idle() {
         let addr = server().await;
         let mut socket = connect(&addr).await;
-        // `POST /` with `content-type: application/grpc` (a literal with an indexed name) and
-        // no body: the router answers 405, which is no matter; the call was gRPC.
-        let mut block = vec![0x83, 0x86, 0x84, 0x41, 1, b'x', 0x5f, 16];
-        block.extend_from_slice(b"application/grpc");
+        // `GET /long` (`:path` a literal with an indexed name), answered `LongLived`.
+        let block = [
+            0x82, 0x86, 0x44, 5, b'/', b'l', b'o', b'n', b'g', 0x41, 1, b'x',
+        ];
         socket
             .write_all(&frame(HEADERS, 0x4 | 0x1, 1, &block))
             .await
@@ -671,7 +685,7 @@ mod tests {
             socket.read_exact(&mut payload).await.unwrap();
             assert_ne!(
                 head[3], GOAWAY,
-                "a gRPC client's connection was told to go away"
+                "a long-lived connection was told to go away"
             );
             if head[3] == SETTINGS && head[4] & ACK == 0 {
                 socket
@@ -688,6 +702,28 @@ mod tests {
         while !again {
             let (kind, _, stream, _) = next(&mut socket).await.expect("closed");
             again = kind == HEADERS && stream == 3;
+        }
+    }
+
+    /// helper-2: one request with a gRPC content type, refused or not for the app at all, kept
+    /// its connection open for ever (a slot pinned at no cost, on fence-gateway too).
+    #[tokio::test]
+    async fn a_grpc_content_type_alone_keeps_no_connection_open() {
+        let addr = server().await;
+        let mut socket = connect(&addr).await;
+        // `POST /` with `content-type: application/grpc` (a literal with an indexed name) and
+        // no body: answered 405, not `LongLived`.
+        let mut block = vec![0x83, 0x86, 0x84, 0x41, 1, b'x', 0x5f, 16];
+        block.extend_from_slice(b"application/grpc");
+        socket
+            .write_all(&frame(HEADERS, 0x4 | 0x1, 1, &block))
+            .await
+            .unwrap();
+        loop {
+            let (kind, _, _, _) = next(&mut socket).await.expect("closed without a GOAWAY");
+            if kind == GOAWAY {
+                break;
+            }
         }
     }
 

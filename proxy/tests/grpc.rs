@@ -15,6 +15,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::process::Command;
+use std::time::Duration;
 
 use prost::Message;
 
@@ -835,4 +836,71 @@ async fn a_burst_of_renewals_on_one_stream_is_answered_in_full() {
             .unwrap_or_else(|| panic!("the stream ended after {i} answers"));
         assert_eq!((answer.id, answer.ttl), (id, 60));
     }
+}
+
+/// One HTTP/2 connection to `url` with one unary gRPC call (a Range) on it, sent with
+/// `metadata`; how long the connection then lived, up to `watch`: `None` if still open then.
+async fn connection_life_after_a_call(
+    url: &str,
+    metadata: &[(&str, &str)],
+    watch: Duration,
+) -> Option<Duration> {
+    use http_body_util::{BodyExt, Full};
+    let addr = url.trim_start_matches("http://");
+    let socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut send, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(socket),
+    )
+    .await
+    .unwrap();
+    let connection = tokio::spawn(connection);
+    let range = etcd_client::proto::PbRangeRequest {
+        key: b"k".to_vec(),
+        ..Default::default()
+    };
+    let mut call = hyper::Request::post(format!("{url}/etcdserverpb.KV/Range"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (name, value) in metadata {
+        call = call.header(*name, *value);
+    }
+    let body = Full::new(bytes::Bytes::from(h2grpc::frame(&range)));
+    let answer = send.send_request(call.body(body).unwrap()).await.unwrap();
+    answer.into_body().collect().await.unwrap();
+    let answered = tokio::time::Instant::now();
+    tokio::time::timeout(watch, connection)
+        .await
+        .ok()
+        .map(|_| answered.elapsed())
+}
+
+/// A gRPC client keeps its connection for life and may leave it idle (python-etcd3 then fails
+/// its next call if the server closed it), so a connection that carried a call of a caller
+/// let in has no idle deadline; a refused caller's goes idle as any other (helper-2: one
+/// refused call pinned a connection slot for ever, at no cost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_let_in_callers_grpc_connection_outlives_the_idle_timeout() {
+    const ACME: &str = "acme-token-9a8b7c";
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, token_line("acme", ACME, "v3:*")).unwrap();
+    let etcd = Etcd::single().await;
+    let proxy = Proxy::start(etcd.endpoints(), |c| {
+        c.auth_tokens = Some(tokens.clone());
+        c.v3_namespace = Some("/ns/".into());
+        c.idle_timeout = Duration::from_millis(500);
+        c.header_read_timeout = Duration::from_millis(500);
+    })
+    .await;
+    let watch = Duration::from_secs(3);
+    let refused = connection_life_after_a_call(&proxy.url, &[], watch).await;
+    assert!(
+        refused.is_some(),
+        "a refused caller's connection was still open {watch:?} after its call"
+    );
+    let bearer = format!("Bearer {ACME}");
+    let let_in = [("authorization", bearer.as_str())];
+    let kept = connection_life_after_a_call(&proxy.url, &let_in, watch).await;
+    assert_eq!(kept, None, "a let-in caller's connection was closed");
 }

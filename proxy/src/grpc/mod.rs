@@ -36,6 +36,7 @@ use axum::Router;
 use etcd_client::proto::{
     PbClusterServer, PbKvServer, PbLeaseServer, PbMaintenanceServer, PbWatchServer,
 };
+use fencing::serve::LongLived;
 use futures::future::{BoxFuture, FutureExt};
 use tonic::service::Routes;
 
@@ -180,17 +181,26 @@ impl tower::Service<Request<Body>> for Dispatch {
 }
 
 /// The answer to the gRPC call `req`: its caller judged, its deadline kept, a panic answered.
-async fn serve(app: &Arc<AppState>, grpc: Routes, mut req: Request<Body>) -> Response {
-    use tower::ServiceExt;
+/// A call of a caller let in marks its connection [`LongLived`]: no idle deadline, as etcd sets
+/// none (a refused caller's connection goes idle as any other).
+async fn serve(app: &Arc<AppState>, grpc: Routes, req: Request<Body>) -> Response {
     // Authenticate is how a caller gets its credentials: served for anyone.
-    let who = if req.uri().path() == auth::AUTHENTICATE {
-        Authorised::default()
-    } else {
-        match etcd_caller(app, &credentials(&req), req.extensions()) {
-            Ok(who) => who,
-            Err(e) => return status(Status::from(e)).into_http(),
+    if req.uri().path() == auth::AUTHENTICATE {
+        return call(grpc, req, Authorised::default()).await;
+    }
+    match etcd_caller(app, &credentials(&req), req.extensions()) {
+        Ok(who) => {
+            let mut answer = call(grpc, req, who).await;
+            answer.extensions_mut().insert(LongLived);
+            answer
         }
-    };
+        Err(e) => status(Status::from(e)).into_http(),
+    }
+}
+
+/// `req` served by the gRPC services for `who`, under the client's deadline.
+async fn call(grpc: Routes, mut req: Request<Body>, who: Authorised) -> Response {
+    use tower::ServiceExt;
     let deadline = client_deadline(&req);
     let uri = req.uri().clone();
     req.extensions_mut().insert(Judged { who, uri });
