@@ -4,8 +4,9 @@
 //! the user is a principal's name and the password its bearer token; the token etcd would mint
 //! is that bearer token itself (the client already holds it), which the client then sends as
 //! `token` metadata and the proxy reads as a bearer token. `AuthStatus` answers whether
-//! authentication is on. Every other method changes cluster-wide users and roles:
-//! PermissionDenied, as etcd refuses a user without the root role.
+//! authentication is on. Every other method changes or reads cluster-wide users and roles (the
+//! lists too, which etcd without auth would answer: they name other tenants'): PermissionDenied,
+//! as etcd refuses a user without the root role.
 //!
 //! Served by hand ([`super::manual`]): etcd-client does not export the AuthStatus messages.
 
