@@ -390,8 +390,10 @@ mod tests {
     async fn a_loss_kills_a_background_process_that_ignores_sigterm() {
         let dir = tempfile::tempdir().unwrap();
         let pid_file = dir.path().join("pid");
+        // The background process writes its own pid once its trap is set (CI once sent TERM
+        // before a subshell had set it, so the group ended at TERM: `Terminated`).
         let mut child = sh(&format!(
-            "(trap '' TERM; while :; do sleep 0.05; done) & echo $! > {}; \
+            "sh -c 'trap \"\" TERM; echo $$ > {}; while :; do sleep 0.05; done' & \
              trap 'exit 7' TERM; while :; do sleep 0.05; done",
             pid_file.display()
         ));
