@@ -4,6 +4,8 @@
 Leases are taken and released through the API with httpx while the page shows them; a relay in
 front of the proxy drops the page's event stream to see it resume. ``UI_SCREENSHOT=path`` saves
 the screenshot of a busy page there (docs/ui.png is one); by default it goes to the work dir.
+
+Just over 500 lines: one browser serves every case, so they stay in one module.
 """
 
 import contextlib
