@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The campaign data docs/RELIABILITY.md quotes, and the tables it shows.
-#   ./scripts/campaign-data.sh render   print the markdown of every committed data file (no runs)
-#   ./scripts/campaign-data.sh doc      regenerate docs/RELIABILITY.md from campaign/doc/reliability.md
-#                                       and the committed data (no runs)
-#   ./scripts/campaign-data.sh run      re-measure: run the campaign with the published seeds and
-#                                       settings into campaign/data/ (minutes; overwrites the files)
-#   CAMPAIGN_RUNS=50 CAMPAIGN_CONTROL_RUNS=10 CAMPAIGN_PROFILE=release ./scripts/campaign-data.sh run
-#                                       the published campaign (about an hour on 2 cores)
+#   ./scripts/campaign.sh render   print the markdown of every committed data file (no runs)
+#   ./scripts/campaign.sh doc      regenerate docs/RELIABILITY.md from campaign/doc/reliability.md
+#                                  and the committed data (no runs)
+#   ./scripts/campaign.sh run      re-measure: run the campaign with the published seeds and
+#                                  settings into campaign/data/ (minutes; overwrites the files)
+#   CAMPAIGN_RUNS=50 CAMPAIGN_CONTROL_RUNS=10 CAMPAIGN_PROFILE=release ./scripts/campaign.sh run
+#                                  the published campaign (about an hour on 2 cores)
 # Each data file holds every run's seed, settings, fault plan, fault log and figures;
 # `cargo test -p lease-proxy-campaign --test replay` checks that each seed reproduces its plan.
 set -euo pipefail
