@@ -3,6 +3,7 @@ package leaseproxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -61,41 +62,49 @@ func parseEvent(id, data string) (Event, error) {
 // 429 and a stream silent for 45 s (backing off from 100 ms to 5 s, reset once a connection
 // delivered an event), resuming after the last id seen, so nothing is lost or repeated.
 // Id-only messages (the start, a quiet stream's progress) move LastEventID on and are never
-// returned.
+// returned. It connects as soon as it is made, and reads ahead of Next by a few events.
 type EventStream struct {
 	c      *Client
 	ctx    context.Context
 	cancel context.CancelFunc
 	prefix string
+	items  chan item
+	ended  error
 
-	mu      sync.Mutex
-	lastID  string
-	lastPos position
+	mu     sync.Mutex
+	lastID string
+
+	// Owned by the reading goroutine: readID is the resume point of what it has read.
+	readID  string
+	readPos position
 	body    io.ReadCloser
 	idle    *time.Timer
 	parser  *sseParser
-	ready   []item
 	backoff time.Duration
 	pause   bool
-	ended   error
 }
 
+// item is what the reading goroutine hands to Next: an event, an error, or (progress) only
+// an id that moves LastEventID on.
 type item struct {
-	ev  Event
-	err error
+	ev       Event
+	err      error
+	progress string
 }
 
 // Watch opens the event stream of resources under prefix ("" for all the caller may read),
-// resuming after lastEventID when it is not "". Nothing is sent before the first Next.
+// resuming after lastEventID when it is not "". It connects at once (in the background).
 func (c *Client) Watch(ctx context.Context, prefix, lastEventID string) *EventStream {
 	ctx, cancel := context.WithCancel(ctx)
 	s := &EventStream{c: c, ctx: ctx, cancel: cancel, prefix: prefix, lastID: lastEventID,
-		backoff: watchFirstBackoff}
-	s.lastPos, _ = parsePosition(lastEventID)
+		backoff: watchFirstBackoff, items: make(chan item, 16), readID: lastEventID}
+	s.readPos, _ = parsePosition(lastEventID)
+	go s.run()
 	return s
 }
 
-// LastEventID is the resume point: the id of the last complete message of any kind.
+// LastEventID is the resume point: the id of the last message of any kind that Next has
+// returned or passed over (a quiet stream's progress included).
 func (s *EventStream) LastEventID() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -112,30 +121,56 @@ func (s *EventStream) Close() {
 // retrying cannot fix (ErrCompacted, a 401 or 403 *ProblemError) or the context ending ends
 // it: every later Next returns the same error.
 func (s *EventStream) Next() (Event, error) {
-	for {
-		if len(s.ready) > 0 {
-			it := s.ready[0]
-			s.ready = s.ready[1:]
+	for s.ended == nil {
+		it, ok := <-s.items
+		if !ok {
+			s.ended = s.ctx.Err()
+			break
+		}
+		if it.err != nil && !errors.Is(it.err, ErrProtocol) {
+			s.ended = it.err
+		}
+		if id := it.progress + it.ev.ID; id != "" {
+			s.mu.Lock()
+			s.lastID = id
+			s.mu.Unlock()
+		}
+		if it.progress == "" {
 			return it.ev, it.err
 		}
-		if s.ended != nil {
-			return Event{}, s.ended
-		}
-		if err := s.ctx.Err(); err != nil {
-			s.drop()
-			s.ended = err
-			continue
-		}
+	}
+	return Event{}, s.ended
+}
+
+// run connects, reads and reconnects until the context ends or an error ends the stream.
+func (s *EventStream) run() {
+	defer close(s.items)
+	defer s.drop()
+	for s.ctx.Err() == nil {
 		if s.body == nil {
-			s.connect()
+			if err := s.connect(); err != nil {
+				s.push(item{err: err})
+				return
+			}
 			continue
 		}
 		s.read()
 	}
 }
 
-// connect opens a connection (after the backoff, when one is due).
-func (s *EventStream) connect() {
+// push hands it to Next; false when the stream was closed first.
+func (s *EventStream) push(it item) bool {
+	select {
+	case s.items <- it:
+		return true
+	case <-s.ctx.Done():
+		return false
+	}
+}
+
+// connect opens a connection (after the backoff, when one is due); an error is one that
+// ends the stream.
+func (s *EventStream) connect() error {
 	if s.pause {
 		s.pause = false
 		s.sleep()
@@ -147,11 +182,12 @@ func (s *EventStream) connect() {
 		s.body, s.parser = body, &sseParser{}
 	case s.ctx.Err() != nil:
 	case errors.As(err, &pe) && pe.Status != 429 && pe.Status < 500:
-		s.ended = err
+		return err
 	default:
 		s.c.logf("leaseproxy: watch: %v (reconnecting)", err)
 		s.sleep()
 	}
+	return nil
 }
 
 // open is GET /v1/watch, resuming after the last id; the answer's body, read with an idle
@@ -163,7 +199,7 @@ func (s *EventStream) open() (io.ReadCloser, error) {
 		q.Set("prefix", s.prefix)
 	}
 	h := http.Header{"Accept": {"text/event-stream"}}
-	if id := s.LastEventID(); id != "" {
+	if id := s.readID; id != "" {
 		h.Set("Last-Event-ID", id)
 	}
 	req, err := s.c.newRequest(cctx, call{method: http.MethodGet, path: "/v1/watch", query: q, header: h})
@@ -202,7 +238,7 @@ func (s *EventStream) read() {
 		}
 		if s.parser.overflowed {
 			s.drop()
-			s.ready = append(s.ready, item{err: protocolErr(0, "watch: an event-stream line or message over %d bytes", maxLine)})
+			s.push(item{err: protocolErr(0, "watch: an event-stream line or message over %d bytes", maxLine)})
 			s.pause = true
 			return
 		}
@@ -223,27 +259,30 @@ func (s *EventStream) drop() {
 	}
 }
 
-// receive takes in one message: its id is the resume point, its data an event.
+// receive takes in one message: its id is the resume point, its data an event. The resume
+// point of the connection (readID) moves at once; LastEventID when Next gets there.
 func (s *EventStream) receive(m sseMessage) {
 	if !m.hasID {
 		return // the proxy ids every message: anything else is not one of its events
 	}
 	pos, ok := parsePosition(m.id)
-	if ok && !s.lastPos.before(pos) && s.lastID != "" {
+	if ok && s.readID != "" && !s.readPos.before(pos) {
 		if m.hasData {
-			s.ready = append(s.ready, item{err: protocolErr(0, "watch: message %q after %q: out of order", m.id, s.lastID)})
+			s.push(item{err: protocolErr(0, "watch: message %q after %q: out of order", m.id, s.readID)})
 		}
 		return
 	}
-	s.mu.Lock()
-	s.lastID, s.lastPos = m.id, pos
-	s.mu.Unlock()
+	s.readID, s.readPos = m.id, pos
 	if !m.hasData {
+		s.push(item{progress: m.id})
 		return
 	}
 	s.backoff = watchFirstBackoff // an event (even a malformed one): this connection works
 	ev, err := parseEvent(m.id, m.data)
-	s.ready = append(s.ready, item{ev: ev, err: err})
+	if err != nil {
+		err = fmt.Errorf("watch: message %q: %w", m.id, err)
+	}
+	s.push(item{ev: ev, err: err})
 }
 
 func (s *EventStream) sleep() {
