@@ -133,7 +133,7 @@ func TestARevokedLeaseIsLostByTheServersEvent(t *testing.T) {
 	// The next renewal is ~6 s away: only the event can report it this soon.
 	took := within(t, l.Context().Done(), 3*time.Second, "lost by the event")
 	var lost *leaseproxy.LostError
-	if !errors.As(leaseproxy.Cause(l.Context()), &lost) || lost.Reason != leaseproxy.ReasonEvent ||
+	if !errors.As(leaseproxy.Cause(l.Context()), &lost) || lost.Reason != leaseproxy.ReasonRevoked ||
 		lost.Event == nil || lost.Event.Token != l.Token() || !errors.Is(lost, leaseproxy.ErrLost) {
 		t.Fatalf("cause %v", leaseproxy.Cause(l.Context()))
 	}
@@ -153,7 +153,7 @@ func TestARevokedLeaseIsLostByARefusedRenewal(t *testing.T) {
 	within(t, l.Lost(), 1500*time.Millisecond, "lost by the renewal")
 	var lost *leaseproxy.LostError
 	var pe *leaseproxy.ProblemError
-	if !errors.As(l.Err(), &lost) || lost.Reason != leaseproxy.ReasonRevoked ||
+	if !errors.As(l.Err(), &lost) || lost.Reason != leaseproxy.ReasonRevoked || lost.Event != nil ||
 		!errors.As(l.Err(), &pe) || pe.Status != 410 {
 		t.Fatalf("lost %v", l.Err())
 	}

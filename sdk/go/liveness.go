@@ -1,6 +1,7 @@
 package leaseproxy
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -13,12 +14,11 @@ const (
 	// ReasonExpired: the stop-by deadline passed without a successful renewal (the server
 	// may be unreachable; nobody said "lost").
 	ReasonExpired LostReason = "expired"
-	// ReasonRevoked: the proxy refused a renewal (410, or a permanent 4xx), or a renewal
-	// answered a grant of no time or another grant's token.
+	// ReasonRevoked: the server said so: a renewal refused (410, or a permanent 4xx) or
+	// answering a grant of no time or another grant's token, the proxy's 410 to a forward, or
+	// the client's event stream reporting the grant ended or the resource acquired under a
+	// newer token (then LostError.Event is that event).
 	ReasonRevoked LostReason = "revoked"
-	// ReasonEvent: the client's event stream reported the grant ended, or the resource
-	// acquired under a newer token.
-	ReasonEvent LostReason = "event"
 	// ReasonSessionLost: the session it lives under was lost.
 	ReasonSessionLost LostReason = "session-lost"
 	// ReasonReleased: released (or its session closed) by this process.
@@ -35,7 +35,7 @@ type LostError struct {
 	Resource string
 	Token    uint64
 	Reason   LostReason
-	// Event is the event that reported the loss (ReasonEvent).
+	// Event is the event that reported the loss, when the event stream did.
 	Event *Event
 	// Injected is true when the test mode caused the loss.
 	Injected bool
@@ -133,6 +133,7 @@ func (l *liveness) deadline() time.Time {
 func (l *liveness) extend(t time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.lastFailure = nil
 	if l.lost == nil && t.After(l.stopBy) {
 		l.stopBy = t
 	}
@@ -186,7 +187,7 @@ func (l *liveness) check() *LostError {
 		return l.err()
 	}
 	if !time.Now().Before(stopBy) {
-		l.lose(&LostError{Reason: ReasonExpired, Err: cause})
+		l.lose(&LostError{Reason: ReasonExpired, Err: cause, Injected: errors.Is(cause, errInjected)})
 	}
 	return l.err()
 }

@@ -18,7 +18,7 @@ const (
 )
 
 // lossFeed is the client's one shared /v1/watch stream: it reports a lease lost
-// (ReasonEvent) when an event says its grant ended — released or expired with its resource
+// (ReasonRevoked) when an event says its grant ended — released or expired with its resource
 // and token — or that its resource was acquired under a newer token. It only ever reports
 // losses: a missed or malformed event leaves the renewals and the stop-by deadline to find
 // the loss, and nothing it reads can make a lease look held.
@@ -73,7 +73,7 @@ func (f *lossFeed) register(l *Lease) {
 	f.mu.Unlock()
 	if seen != nil {
 		ev := *seen
-		l.live.lose(&LostError{Reason: ReasonEvent, Event: &ev})
+		l.live.lose(&LostError{Reason: ReasonRevoked, Event: &ev})
 	}
 }
 
@@ -167,7 +167,7 @@ func (f *lossFeed) apply(ev Event) {
 	f.mu.Unlock()
 	for _, l := range hit {
 		e := ev
-		l.live.lose(&LostError{Reason: ReasonEvent, Event: &e})
+		l.live.lose(&LostError{Reason: ReasonRevoked, Event: &e})
 	}
 }
 

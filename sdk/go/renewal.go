@@ -3,6 +3,7 @@ package leaseproxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand"
 	"time"
 )
@@ -54,7 +55,8 @@ func (r *renewer) run(sent time.Time, life time.Duration) {
 			return
 		}
 		if r.c.chaos.fire(FaultLateRenewal, r.live.resource) {
-			late := time.Duration(float64(time.Until(r.live.deadline())) * 1.2 * r.c.chaos.float())
+			late := time.Duration(float64(life) * r.c.chaos.float())
+			r.live.failed(fmt.Errorf("renewal held back %s: %w", late, errInjected))
 			if !r.sleepUntil(time.Now().Add(late)) {
 				return
 			}

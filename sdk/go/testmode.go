@@ -11,51 +11,36 @@ import (
 )
 
 // Fault is a kind of fault the test mode injects.
-type Fault uint
+type Fault string
 
 const (
-	// FaultLoss: at a renewal, the lease (or session) is declared lost as if the proxy had
-	// refused it (ReasonRevoked, Injected), and released on the server.
-	FaultLoss Fault = 1 << iota
-	// FaultLateRenewal: a renewal is sent late, by up to 1.2 times the time left before the
-	// stop-by deadline (so about one in six crosses it: ReasonExpired).
-	FaultLateRenewal
-	// FaultFailedRenewal: a renewal attempt fails without being sent (retried as any
-	// transient failure).
-	FaultFailedRenewal
-	// FaultTokenRefusal: Transport answers a write with fence-gateway's 409
-	// stale-fencing-token without sending it, and Admit fails with ErrStaleToken.
-	FaultTokenRefusal
-
-	// AllFaults is every fault.
-	AllFaults = FaultLoss | FaultLateRenewal | FaultFailedRenewal | FaultTokenRefusal
+	// FaultLoss: at a renewal due, the lease (or session) is declared lost as if the proxy had
+	// refused it (ReasonRevoked, Injected) and is released on the server.
+	FaultLoss Fault = "loss"
+	// FaultLateRenewal: a renewal due is sent late, after a pause of up to the whole lifetime
+	// granted (so it may cross the stop-by deadline: ReasonExpired).
+	FaultLateRenewal Fault = "late-renewal"
+	// FaultFailedRenewal: a renewal attempt fails as if the proxy were unreachable, without
+	// being sent (and is retried as any transient failure).
+	FaultFailedRenewal Fault = "failed-renewal"
+	// FaultTokenRefusal: a write through Transport is answered with fence-gateway's 409
+	// stale-fencing-token without being sent, and Admit fails with ErrStaleToken.
+	FaultTokenRefusal Fault = "token-refusal"
 )
 
-func (f Fault) String() string {
-	switch f {
-	case FaultLoss:
-		return "loss"
-	case FaultLateRenewal:
-		return "late-renewal"
-	case FaultFailedRenewal:
-		return "failed-renewal"
-	case FaultTokenRefusal:
-		return "token-refusal"
-	}
-	return fmt.Sprintf("faults(%#x)", uint(f))
-}
-
-// TestMode makes a client inject faults into its own leases so an application's tests
-// exercise their on-lost paths (FoundationDB's client buggify, for leases): each chance to
-// inject a fault — a renewal, a write through Transport, an Admit — fires with probability
-// Rate. A loss it injects reaches the application exactly as a real one does (the context
-// cancelled, Err a *LostError), marked Injected.
+// TestMode makes a client inject faults into its own leases, so an application's tests run
+// their on-lost paths (FoundationDB's client buggify, for leases). Each rate (0 to 1) is the
+// probability that one chance fires: a renewal due (loss, late), a renewal attempt (failed), a
+// write through Transport or an Admit (token refusal). An injected loss reaches the
+// application exactly as a real one does (the context cancelled, Err a *LostError), marked
+// Injected. Never set it in production.
 type TestMode struct {
-	// Rate is the probability (0 to 1) that one chance fires.
-	Rate float64
-	// Faults are the kinds injected (0: AllFaults).
-	Faults Fault
-	// Seed makes the faults repeatable (0: seeded from the clock).
+	LossRate          float64
+	LateRenewalRate   float64
+	FailedRenewalRate float64
+	TokenRefusalRate  float64
+	// Seed makes the faults repeatable: the same seed gives the same faults in order
+	// (0: seeded from the clock).
 	Seed int64
 	// OnFault, when set, is called (from the goroutine that injects it) for every fault.
 	OnFault func(f Fault, resource string)
@@ -69,26 +54,41 @@ type chaos struct {
 }
 
 func newChaos(mode *TestMode) *chaos {
-	if mode == nil || mode.Rate <= 0 {
+	if mode == nil {
 		return nil
 	}
 	m := *mode
-	if m.Faults == 0 {
-		m.Faults = AllFaults
-	}
 	if m.Seed == 0 {
 		m.Seed = time.Now().UnixNano()
 	}
 	return &chaos{mode: m, rng: rand.New(rand.NewSource(m.Seed))}
 }
 
+func (c *chaos) rate(f Fault) float64 {
+	switch f {
+	case FaultLoss:
+		return c.mode.LossRate
+	case FaultLateRenewal:
+		return c.mode.LateRenewalRate
+	case FaultFailedRenewal:
+		return c.mode.FailedRenewalRate
+	case FaultTokenRefusal:
+		return c.mode.TokenRefusalRate
+	}
+	return 0
+}
+
 // fire reports whether fault f is injected at this chance (for resource).
 func (c *chaos) fire(f Fault, resource string) bool {
-	if c == nil || c.mode.Faults&f == 0 {
+	if c == nil {
+		return false
+	}
+	rate := c.rate(f)
+	if rate <= 0 {
 		return false
 	}
 	c.mu.Lock()
-	hit := c.rng.Float64() < c.mode.Rate
+	hit := c.rng.Float64() < rate
 	c.mu.Unlock()
 	if hit && c.mode.OnFault != nil {
 		c.mode.OnFault(f, resource)
