@@ -3,6 +3,7 @@ package leaseproxy
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 )
@@ -56,9 +57,10 @@ func (e *LostError) Error() string {
 	return msg
 }
 
-// Is matches ErrLost, and ErrSessionLost for a loss that came from a session.
+// Is matches ErrLost, and ErrSessionLost for a session's loss and its leases'.
 func (e *LostError) Is(target error) bool {
-	return target == ErrLost || (target == ErrSessionLost && e.Reason == ReasonSessionLost)
+	return target == ErrLost || (target == ErrSessionLost &&
+		(e.Reason == ReasonSessionLost || strings.HasPrefix(e.Resource, "session:")))
 }
 
 func (e *LostError) Unwrap() error { return e.Err }
