@@ -97,12 +97,16 @@ func New(baseURL string, opts Options) (*Client, error) {
 	if opts.UserAgent == "" {
 		opts.UserAgent = "leaseproxy-go/" + Version
 	}
-	hc := opts.HTTPClient
-	if hc == nil {
-		if hc, err = httpClient(opts); err != nil {
-			return nil, err
-		}
+	var hc *http.Client
+	if opts.HTTPClient != nil {
+		copied := *opts.HTTPClient
+		hc = &copied
+	} else if hc, err = httpClient(opts); err != nil {
+		return nil, err
 	}
+	// A redirect is answered, never followed: following one would send Lease-Secret (and a
+	// request the proxy must see) wherever a server points.
+	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	c := &Client{base: base, http: hc, opts: opts, chaos: newChaos(opts.TestMode)}
 	c.feed = newLossFeed(c)
 	return c, nil

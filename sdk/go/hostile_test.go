@@ -211,3 +211,22 @@ func TestHostileAnAcquireAnsweredAfterItsLifetimeIsLost(t *testing.T) {
 		t.Fatalf("got lease %v, error %v; want it lost on arrival", l, err)
 	}
 }
+
+func TestHostileARedirectIsNeverFollowed(t *testing.T) {
+	t.Parallel()
+	elsewhere := newFake(t, func(w http.ResponseWriter, r *http.Request) {
+		write(w, 201, grantJSON("r", 5, 2, 2000))
+	})
+	f := newFake(t, func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, elsewhere.URL+r.URL.Path, http.StatusTemporaryRedirect)
+	})
+	c := client(t, f.URL, leaseproxy.Options{NoLossWatch: true, Timeout: time.Second})
+	l, err := c.Acquire(ctxT(t), "r", nil)
+	var pe *leaseproxy.ProblemError
+	if l != nil || !errors.As(err, &pe) || pe.Status != 307 {
+		t.Fatalf("got lease %v, error %v; want the 307 as an error", l, err)
+	}
+	if _, err := c.Renew(ctxT(t), "r", "s3cret"); err == nil || len(elsewhere.seen) != 0 {
+		t.Fatalf("renew: %v; the redirect's target saw %v", err, elsewhere.seen)
+	}
+}
