@@ -68,8 +68,14 @@ func (c *Client) OpenSession(ctx context.Context, opts *SessionOptions) (*Sessio
 	if err != nil {
 		return nil, err
 	}
+	return c.keepSession(s, sent, t, o.SafetyMargin)
+}
+
+// keepSession starts keeping s alive: opened by a request sent at sent, granting t. A session
+// whose stop-by deadline passed before its answer arrived is closed and reported lost.
+func (c *Client) keepSession(s *Session, sent time.Time, t timing, safety time.Duration) (*Session, error) {
 	life := lifetime(t.ttlSeconds, t.expiresIn, 0)
-	m := margin(o.SafetyMargin, life)
+	m := margin(safety, life)
 	s.c, s.stop = c, make(chan struct{})
 	s.live = newLiveness(sent.Add(life-m), "session:"+s.id, 0)
 	s.ctx = &leaseContext{parent: context.Background(), live: s.live, done: s.live.done}
@@ -78,24 +84,25 @@ func (c *Client) OpenSession(ctx context.Context, opts *SessionOptions) (*Sessio
 		go func() { _ = s.Close(context.Background()) }()
 		return nil, s.live.err()
 	}
-	r := &renewer{c: c, live: s.live, margin: m, stop: s.stop,
-		renew: func(ctx context.Context) (renewed, error) {
-			a, err := c.do(ctx, call{method: http.MethodPost, path: sessionPath(s.id) + "/keepalive",
-				header: secretHeader(s.secret)})
-			if err != nil {
-				return renewed{}, err
-			}
-			f, err := decodeObject(a.status, a.body, "ttl_seconds", "expires_in_ms")
-			if err != nil {
-				return renewed{}, err
-			}
-			t, err := parseTiming(a.status, f)
-			return renewed{ttlSeconds: t.ttlSeconds, expiresIn: t.expiresIn}, err
-		},
-		abandon: func() { _ = c.closeSession(context.Background(), s.id, s.secret) },
-	}
+	r := &renewer{c: c, live: s.live, margin: m, stop: s.stop, renew: s.keepalive,
+		abandon: func() { _ = c.closeSession(context.Background(), s.id, s.secret) }}
 	go r.run(sent, life)
 	return s, nil
+}
+
+// keepalive is one POST /v1/sessions/{id}/keepalive.
+func (s *Session) keepalive(ctx context.Context) (renewed, error) {
+	a, err := s.c.do(ctx, call{method: http.MethodPost, path: sessionPath(s.id) + "/keepalive",
+		header: secretHeader(s.secret)})
+	if err != nil {
+		return renewed{}, err
+	}
+	f, err := decodeObject(a.status, a.body, "ttl_seconds", "expires_in_ms")
+	if err != nil {
+		return renewed{}, err
+	}
+	t, err := parseTiming(a.status, f)
+	return renewed{ttlSeconds: t.ttlSeconds, expiresIn: t.expiresIn}, err
 }
 
 func parseOpened(a *answer) (*Session, timing, error) {
