@@ -1,16 +1,18 @@
 // Command robot is a warehouse robot on the Go SDK, doing the job of the Rust and Python
 // robots: lease an aisle, count it, write each count to the inventory through fence-gateway
 // with the lease's fencing token (added by leaseproxy.Transport: no token handling here),
-// stop the moment the lease is lost, release, repeat.
+// stop the moment the lease is lost, release, repeat. With --fleet it joins that fleet
+// instead and counts whatever aisles the service assigns it, each until it is handed off.
 //
 // It writes nothing once its lease's context is cancelled, and fence-gateway refuses whatever
 // slips through. One line per outcome:
 //
 //	event acquired AISLE TOKEN | event write-ok AISLE | event stale-enforcer AISLE
 //	event lost AISLE REASON | event released AISLE | event write-error STATUS
-//	event error acquire MESSAGE
+//	event error acquire MESSAGE | event joined FLEET | event left FLEET
 //
 //	robot --proxy http://127.0.0.1:7070 --gateway http://127.0.0.1:7071 --aisles aisle-1,aisle-2 --name go-robot
+//	robot --proxy http://127.0.0.1:7070 --gateway http://127.0.0.1:7071 --fleet aisles --name go-robot
 package main
 
 import (
@@ -34,6 +36,7 @@ import (
 
 type config struct {
 	proxy, gateway, name, ca string
+	fleet                    string
 	aisles                   []string
 	ttl                      time.Duration
 	rounds, updates          int
@@ -49,6 +52,7 @@ func parse(args []string) (config, error) {
 	fs.StringVar(&aisles, "aisles", "aisle-1,aisle-2,aisle-3", "aisles to choose from, comma-separated")
 	fs.StringVar(&c.name, "name", "go-robot", "robot name (the lease holder)")
 	fs.StringVar(&c.ca, "ca", os.Getenv("WAREHOUSE_CA"), "CA bundle for https:// URLs")
+	fs.StringVar(&c.fleet, "fleet", "", "join this fleet and count what it assigns (instead of --aisles)")
 	fs.DurationVar(&c.ttl, "ttl", 3*time.Second, "lease TTL")
 	fs.IntVar(&c.rounds, "rounds", 0, "leases to take before exiting (0: until interrupted)")
 	fs.IntVar(&c.updates, "updates", 0, "counts sent per lease (0: 3 to 8 at random)")
@@ -61,7 +65,7 @@ func parse(args []string) (config, error) {
 			c.aisles = append(c.aisles, a)
 		}
 	}
-	if len(c.aisles) == 0 {
+	if len(c.aisles) == 0 && c.fleet == "" {
 		return c, errors.New("--aisles names no aisle")
 	}
 	return c, nil
@@ -92,6 +96,9 @@ func run(ctx context.Context, cfg config) error {
 	}
 	defer c.Close()
 	store := leaseproxy.NewHTTPClient(nil) // adds the lease's Fencing-Token to every write
+	if cfg.fleet != "" {
+		return member(ctx, c, store, cfg)
+	}
 	for done := 0; (cfg.rounds == 0 || done < cfg.rounds) && ctx.Err() == nil; done++ {
 		aisle := cfg.aisles[rand.Intn(len(cfg.aisles))]
 		workOne(ctx, c, store, cfg, aisle)
@@ -140,6 +147,41 @@ func workOne(ctx context.Context, c *leaseproxy.Client, store *http.Client, cfg 
 			return
 		}
 	}
+}
+
+// member joins the fleet and counts each aisle it is assigned until it is handed off or lost;
+// on the way out it drains (its aisles go to the other members) and leaves.
+func member(ctx context.Context, c *leaseproxy.Client, store *http.Client, cfg config) error {
+	m, err := c.JoinFleet(ctx, cfg.fleet, nil)
+	if err != nil {
+		return err
+	}
+	say("joined %s", cfg.fleet)
+	err = m.Serve(ctx, func(work context.Context, lease *leaseproxy.Lease) error {
+		aisle := lease.Resource()
+		say("acquired %s %d", aisle, lease.Token())
+		for {
+			select {
+			case <-work.Done():
+				lostOrStopped(lease, aisle)
+				return work.Err()
+			case <-time.After(time.Duration(float64(cfg.countTime) * (0.4 + 1.2*rand.Float64()))):
+			}
+			if work.Err() != nil || !write(work, store, cfg, lease, aisle) {
+				lostOrStopped(lease, aisle)
+				return nil
+			}
+		}
+	})
+	bye, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = m.Drain(bye)
+	_ = m.Leave(bye)
+	say("left %s", cfg.fleet)
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
 }
 
 // write sends one count; false when the lease is lost or the token refused.
