@@ -87,25 +87,26 @@ func (c *Client) Acquire(ctx context.Context, resource string, opts *AcquireOpti
 // fn's error; when the lease was lost while fn ran and fn returned nil or a cancellation, it
 // returns the *LostError instead, so a loss is never mistaken for success.
 func (c *Client) WithLease(ctx context.Context, resource string, opts *AcquireOptions,
-	fn func(ctx context.Context, l *Lease) error) error {
+	fn func(ctx context.Context, l *Lease) error) (err error) {
 	l, err := c.Acquire(ctx, resource, opts)
 	if err != nil {
 		return err
 	}
 	work, cancel := l.Bind(ctx)
-	err = fn(work, l)
-	cancel()
-	lost := l.Err()
-	relCtx, relCancel := context.WithTimeout(context.Background(), c.opts.Timeout)
-	defer relCancel()
-	relErr := l.Release(relCtx)
-	if lost != nil && (err == nil || errors.Is(err, context.Canceled)) {
-		return lost
-	}
-	if err == nil {
-		return relErr
-	}
-	return err
+	defer func() { // also when fn panics: the lease is released either way
+		cancel()
+		lost := l.Err()
+		relCtx, relCancel := context.WithTimeout(context.Background(), c.opts.Timeout)
+		defer relCancel()
+		relErr := l.Release(relCtx)
+		switch {
+		case lost != nil && (err == nil || errors.Is(err, context.Canceled)):
+			err = lost
+		case err == nil:
+			err = relErr
+		}
+	}()
+	return fn(work, l)
 }
 
 func (c *Client) acquireDefaults(opts *AcquireOptions) AcquireOptions {
