@@ -31,6 +31,12 @@ func (e *pgError) SQLState() string { return e.code }
 
 func (d *fakeDB) Open(string) (driver.Conn, error) { return &fakeConn{db: d}, nil }
 
+// fakeConnector opens fakeDB connections (sql.OpenDB: no global registration).
+type fakeConnector struct{ db *fakeDB }
+
+func (c fakeConnector) Connect(context.Context) (driver.Conn, error) { return &fakeConn{db: c.db}, nil }
+func (c fakeConnector) Driver() driver.Driver                        { return c.db }
+
 func (c *fakeConn) Prepare(string) (driver.Stmt, error) { return nil, errors.New("not prepared") }
 func (c *fakeConn) Close() error                        { return nil }
 func (c *fakeConn) Begin() (driver.Tx, error) {
@@ -78,11 +84,7 @@ func fakeLease(c *Client, resource, token string) *Lease {
 
 func TestAdmitRunsInTheCallersTransactionAndMapsTheRefusal(t *testing.T) {
 	db := &fakeDB{marks: map[string]string{}}
-	sql.Register("leaseproxy-fake", db)
-	conn, err := sql.Open("leaseproxy-fake", "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := sql.OpenDB(fakeConnector{db})
 	defer conn.Close()
 	c := &Client{}
 	newer, older := fakeLease(c, "aisle-1", "t7"), fakeLease(c, "aisle-1", "t5")
