@@ -19,7 +19,7 @@ echo "==> cargo test"
 cargo test --workspace --locked
 echo "==> Python SDK (pytest)"
 scripts/python-tests.sh
-echo "==> Go SDK (go test)"
-scripts/go-tests.sh
 echo "==> schemathesis"
 scripts/schemathesis.sh
+echo "==> Go SDK (go test)"
+scripts/go-tests.sh
