@@ -21,3 +21,5 @@ echo "==> Python SDK (pytest)"
 scripts/python-tests.sh
 echo "==> schemathesis"
 scripts/schemathesis.sh
+echo "==> Go SDK (go test)"
+scripts/go-tests.sh
