@@ -17,6 +17,8 @@ type Handler = (req: IncomingMessage, res: ServerResponse) => void | Promise<voi
 /** The fake: one handler per "METHOD path" (resource names are literal), an open event stream. */
 const routes = new Map<string, Handler>();
 const streams: ServerResponse[] = [];
+/** The Last-Event-ID each of `streams` was opened with. */
+const resumedAfter: (string | undefined)[] = [];
 const server = createServer((req, res) => {
   const path = (req.url ?? "").split("?")[0];
   const handler = routes.get(`${req.method} ${path}`);
@@ -24,6 +26,11 @@ const server = createServer((req, res) => {
     res.writeHead(200, { "content-type": "text/event-stream" });
     res.write("id: 1\n\n");
     streams.push(res);
+    resumedAfter.push(req.headers["last-event-id"] as string | undefined);
+    return;
+  }
+  if (handler === undefined && req.method === "DELETE") {
+    res.writeHead(204).end(); // releases always succeed
     return;
   }
   if (handler === undefined) {
@@ -189,31 +196,39 @@ test("an end event that arrives before the acquire's answer still loses the new 
   const second = await client.acquire("ev-b", { holder: "h", ttlSeconds: 10 });
   assert.equal(second.isLost(), true);
   assert.match(second.lostReason?.message ?? "", /event stream: expired at revision 70/);
-  // An event for an older grant of the same resource, or another resource, changes nothing.
+  // An event for an older grant of the same resource, or another resource, changes nothing
+  // (on the stream opened again for the resources held now).
+  await eventually(async () => resumedAfter.includes("61"), 2000, "the stream opened again after the new grant");
   for (const s of streams) s.write(event("released", "ev-a", "59", 71) + event("released", "ev-aa", "60", 72));
   await sleep(100);
   assert.equal(first.isLost(), false);
   for (const s of streams) s.write(event("acquired", "ev-a", "80", 73));
   assert.match((await first.lost).message, /acquired by h \(token 80\)/);
+  await first.release();
 });
 
 test("the event stream: a malformed event is an error and the stream goes on; a cut message is dropped", async () => {
   let connection = 0;
   const resumes: (string | undefined)[] = [];
   routes.set("GET /v1/watch", (req, res) => {
+    if (!(req.url ?? "").includes("prefix=wt")) {
+      res.writeHead(200, { "content-type": "text/event-stream" }).write("id: 1\n\n");
+      streams.push(res); // another client's loss stream
+      return;
+    }
     connection++;
     resumes.push(req.headers["last-event-id"] as string | undefined);
     res.writeHead(200, { "content-type": "text/event-stream" });
     if (connection === 1) {
       res.write("id: 1\n\nid: 2.0\nevent: acquired\ndata: {\"type\":\"stolen\"}\n\n");
-      res.write(event("acquired", "w", "3", 3));
+      res.write(event("acquired", "wt", "3", 3));
       res.write("id: 4.0\nevent: released\ndata: {\"type\":\"rele"); // cut
       setTimeout(() => res.destroy(), 50);
     } else {
-      res.write(event("released", "w", "3", 4));
+      res.write(event("released", "wt", "3", 4));
     }
   });
-  const events = client.watch({ prefix: "w" });
+  const events = client.watch({ prefix: "wt" });
   await assert.rejects(events.next(), ProtocolError);
   assert.equal((await events.next()).value.id, "3.0");
   const released = (await events.next()).value;
