@@ -25,6 +25,7 @@ import { Keeper, sleep, type RenewTarget } from "./renewal.js";
 import { Session } from "./session.js";
 import { Faults, type TestMode } from "./testmode.js";
 import { EventStream, type WatchOptions } from "./watch.js";
+import { deleteFleet, join, putFleet, type FleetMember, type FleetSpec, type JoinOptions } from "./fleet.js";
 
 /** How a client talks to the proxy and keeps its leases. */
 export interface ClientOptions extends TransportOptions {
@@ -179,6 +180,21 @@ export class Client {
     return new Session(this.internals, opened, liveness, keeper);
   }
 
+  /** Joins `fleet` as a member (a session kept alive here); see FleetMember. */
+  async joinFleet(fleet: string, options: JoinOptions): Promise<FleetMember> {
+    return join(this.internals, (opened, sentAt, name) => this.keepSession(opened, sentAt, name), fleet, options);
+  }
+
+  /** Creates or changes `fleet` (`PUT /v1/fleets/{fleet}`); its revision. */
+  async putFleet(fleet: string, spec: FleetSpec): Promise<bigint> {
+    return putFleet(this.internals, fleet, spec);
+  }
+
+  /** Ends `fleet`: its members' grants of its resources are released. */
+  async deleteFleet(fleet: string): Promise<void> {
+    return deleteFleet(this.internals, fleet);
+  }
+
   /** The ownership events of resources starting with `prefix`, as an async iterator (see EventStream). */
   watch(options: WatchOptions = {}): EventStream {
     return new EventStream(this.transport, options);
@@ -272,10 +288,5 @@ export class Client {
   /** `DELETE /v1/sessions/{id}` (idempotent). */
   private async closeSession(id: string, secret: string): Promise<void> {
     await this.transport.call({ method: "DELETE", path: `/v1/sessions/${segment(id)}`, headers: { [SECRET_HEADER]: secret } });
-  }
-
-  /** @internal For the fleet module. */
-  get internal(): Internals {
-    return this.internals;
   }
 }

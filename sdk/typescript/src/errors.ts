@@ -14,7 +14,9 @@ export type LostReason =
   /** The session the lease lives on was lost. */
   | "session-lost"
   /** Released (or its session closed) by this client. */
-  | "released";
+  | "released"
+  /** A fleet moved it to another member: stop, then release it. */
+  | "handed-off";
 
 /** The root of every error this package throws. */
 export class LeaseProxyError extends Error {

@@ -3,7 +3,7 @@
  * token propagated to `fetch`, release (explicit, `await using`, or by `client.using`).
  */
 
-import { LostError, PROBLEM_BASE, isObject } from "./errors.js";
+import { LostError, PROBLEM_BASE, isObject, type LostReason } from "./errors.js";
 import { SECRET_HEADER, segment, type Transport } from "./http.js";
 import type { Liveness } from "./liveness.js";
 import type { Grant } from "./model.js";
@@ -149,6 +149,11 @@ export class Lease {
   /** `await using lease = await client.acquire(…)` releases it at the end of the block. */
   async [Symbol.asyncDispose](): Promise<void> {
     await this.release();
+  }
+
+  /** @internal Marks it lost for `reason` (a fleet's hand-off). */
+  markLost(reason: LostReason, detail: string): void {
+    this.liveness.lose(reason, detail);
   }
 
   /** Test hook: stop (`true`) or resume (`false`) sending renewals; the deadline still runs. */

@@ -14,7 +14,7 @@ import { fileURLToPath } from "node:url";
 import pg from "pg";
 
 import { Client, LostError, admit, fencedTransaction } from "../src/index.js";
-import { binary, eventually, freePort, keyFile, sleep, start, startEtcd, startProxy, takeOver, unique, workdir, type Etcd } from "./harness.js";
+import { binary, keyFile, sleep, startEtcd, startProxy, startWarehouse, takeOver, unique, type Etcd } from "./harness.js";
 
 let etcd: Etcd;
 let gateway: string;
@@ -24,23 +24,9 @@ let proxy: string;
 /** Does not: the gateway learns of a new holder from its first write. */
 let lazyProxy: string;
 
-async function ready(url: string, what: string): Promise<void> {
-  await eventually(async () => (await fetch(url)).ok, 30_000, what);
-}
-
 before(async () => {
   etcd = await startEtcd();
-  inventory = `http://127.0.0.1:${await freePort()}`;
-  gateway = `http://127.0.0.1:${await freePort()}`;
-  start(binary("WAREHOUSE_BIN", "warehouse"), ["inventory", "--listen", inventory.slice(7), "--db", `sqlite:${workdir}/inventory.db`], "inventory.log");
-  await ready(`${inventory}/log`, "inventory");
-  start(
-    binary("FENCE_GATEWAY_BIN", "fence-gateway"),
-    ["--listen", gateway.slice(7), "--upstream", inventory, "--store", `sqlite:${workdir}/marks.db`, "--key-file", keyFile,
-      "--resource-path", "/aisles/{resource}", "--write-grace", "2s"],
-    "gateway.log",
-  );
-  await ready(`${gateway}/readyz`, "fence-gateway");
+  ({ inventory, gateway } = await startWarehouse());
   proxy = (await startProxy(etcd, ["--upstream", gateway, "--prefence-url", gateway])).url;
   lazyProxy = (await startProxy(etcd, ["--upstream", gateway])).url;
 });

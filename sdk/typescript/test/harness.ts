@@ -194,3 +194,19 @@ export async function relay(port: number, dropFirst = false): Promise<{ url: str
   };
   return state;
 }
+
+/** The warehouse inventory (SQLite) behind fence-gateway in path mode (`/aisles/{resource}`). */
+export async function startWarehouse(): Promise<{ inventory: string; gateway: string }> {
+  const inventory = `http://127.0.0.1:${await freePort()}`;
+  const gateway = `http://127.0.0.1:${await freePort()}`;
+  start(binary("WAREHOUSE_BIN", "warehouse"), ["inventory", "--listen", inventory.slice(7), "--db", `sqlite:${workdir}/inventory.db`], "inventory.log");
+  await ready(`${inventory}/log`, "inventory.log");
+  start(
+    binary("FENCE_GATEWAY_BIN", "fence-gateway"),
+    ["--listen", gateway.slice(7), "--upstream", inventory, "--store", `sqlite:${workdir}/marks.db`, "--key-file", keyFile,
+      "--resource-path", "/aisles/{resource}", "--write-grace", "2s"],
+    "gateway.log",
+  );
+  await ready(`${gateway}/readyz`, "gateway.log");
+  return { inventory, gateway };
+}
