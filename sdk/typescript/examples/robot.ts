@@ -10,6 +10,10 @@
  *
  *     node robot.js --proxy http://127.0.0.1:7070 --gateway http://127.0.0.1:7071 \
  *                   --aisles aisle-1,aisle-2 --name ts-robot [--ttl 3] [--rounds 0] [--updates 0]
+ *
+ * With `--fleet aisles` (instead of `--aisles`) it joins that fleet as member `--name` and counts
+ * whatever aisles the service assigns it, each until it is moved away (`event lost AISLE
+ * handed-off`, then released) or the member's session is lost; SIGINT leaves the fleet.
  */
 
 import { parseArgs } from "node:util";
@@ -26,10 +30,11 @@ const { values: args } = parseArgs({
     rounds: { type: "string", default: "0" },
     updates: { type: "string", default: "0" },
     "count-ms": { type: "string", default: "250" },
+    fleet: { type: "string" },
   },
 });
-if (!args.proxy || !args.gateway || !args.aisles || !args.name) {
-  console.error("usage: robot --proxy URL --gateway URL --aisles A,B --name NAME [--ttl S] [--rounds N] [--updates N]");
+if (!args.proxy || !args.gateway || !(args.aisles || args.fleet) || !args.name) {
+  console.error("usage: robot --proxy URL --gateway URL (--aisles A,B | --fleet F) --name NAME [--ttl S] [--rounds N] [--updates N]");
   process.exit(64);
 }
 const name = args.name;
@@ -45,8 +50,11 @@ function count(signal: AbortSignal): Promise<number> {
   });
 }
 
-/** Counts `aisle` under `lease`: `updates` writes through the gateway, each with the token. */
-async function work(lease: Lease, signal: AbortSignal, aisle: string): Promise<void> {
+/**
+ * Counts `aisle` under `lease`: `updates` writes through the gateway, each with the token; false
+ * once a write was refused.
+ */
+async function work(lease: Lease, signal: AbortSignal, aisle: string): Promise<boolean> {
   const updates = Number(args.updates) || 3 + Math.floor(Math.random() * 6);
   for (let i = 0; i < updates; i++) {
     const counted = await count(signal);
@@ -61,25 +69,46 @@ async function work(lease: Lease, signal: AbortSignal, aisle: string): Promise<v
     }
     const problem = (await response.json().catch(() => ({}))) as { type?: string };
     say(`refused ${aisle} ${response.status} ${String(problem.type ?? "").split("/").pop()}`);
-    return; // a newer holder has written: this robot is not the holder any more
+    return false; // a newer holder has written: this robot is not the holder any more
   }
+  return true;
 }
 
 const client = new Client(args.proxy, { token: process.env.WAREHOUSE_TOKEN });
-const aisles = args.aisles.split(",").filter(Boolean);
-const rounds = Number(args.rounds);
-for (let done = 0; rounds === 0 || done < rounds; done++) {
-  const aisle = aisles[Math.floor(Math.random() * aisles.length)];
-  try {
-    await client.using(aisle, { holder: name, ttlSeconds: Number(args.ttl), waitMs: 5000 }, async (lease, signal) => {
-      say(`acquired ${aisle} ${lease.token}`);
-      await work(lease, signal, aisle);
-    });
-    say(`released ${aisle}`);
-  } catch (e) {
-    if (e instanceof LostError) say(`lost ${aisle} ${e.reason}`);
-    else if (e instanceof HeldError) continue;
-    else if (e instanceof LeaseProxyError) say(`error ${e.message}`);
-    else throw e;
+if (args.fleet !== undefined) await asMember(args.fleet);
+else await byLease(args.aisles?.split(",").filter(Boolean) ?? []);
+
+/** Leases aisles one after the other, at random. */
+async function byLease(aisles: string[]): Promise<void> {
+  const rounds = Number(args.rounds);
+  for (let done = 0; rounds === 0 || done < rounds; done++) {
+    const aisle = aisles[Math.floor(Math.random() * aisles.length)];
+    try {
+      await client.using(aisle, { holder: name, ttlSeconds: Number(args.ttl), waitMs: 5000 }, async (lease, signal) => {
+        say(`acquired ${aisle} ${lease.token}`);
+        await work(lease, signal, aisle);
+      });
+      say(`released ${aisle}`);
+    } catch (e) {
+      if (e instanceof LostError) say(`lost ${aisle} ${e.reason}`);
+      else if (e instanceof HeldError) continue;
+      else if (e instanceof LeaseProxyError) say(`error ${e.message}`);
+      else throw e;
+    }
   }
+}
+
+/** Counts whatever the fleet assigns, each aisle until it is moved away or lost. */
+async function asMember(fleet: string): Promise<void> {
+  const member = await client.joinFleet(fleet, { member: name, ttlSeconds: Number(args.ttl) });
+  process.once("SIGINT", () => void member.leave().catch(() => {}));
+  await member.run(async (lease, signal) => {
+    say(`acquired ${lease.resource} ${lease.token}`);
+    try {
+      while (await work(lease, signal, lease.resource));
+    } catch (e) {
+      if (e instanceof LostError) say(`lost ${lease.resource} ${e.reason}`);
+      else throw e;
+    }
+  });
 }
