@@ -3,7 +3,7 @@
  * `openSession`) built on them.
  */
 
-import { ProblemError, ProtocolError, isTransient } from "./errors.js";
+import { ConfigError, ProblemError, ProtocolError, isTransient } from "./errors.js";
 import { SECRET_HEADER, Transport, segment, type TransportOptions } from "./http.js";
 import { Lease } from "./lease.js";
 import { Liveness } from "./liveness.js";
@@ -39,12 +39,14 @@ export interface ClientOptions extends TransportOptions {
   watchLoss?: boolean;
   /** Inject faults (lease loss, late and failed renewals, token refusals) at set rates: for tests. */
   testMode?: TestMode;
+  /** The holder named when an acquire (or a session) names none. */
+  holder?: string;
 }
 
 /** How to acquire a resource. */
 export interface AcquireOptions {
-  /** Who asks (free text; shown to others in conflicts and listings). */
-  holder: string;
+  /** Who asks (free text; shown to others in conflicts and listings); the client's `holder` by default. */
+  holder?: string;
   /** The lease's time to live, whole seconds. */
   ttlSeconds: number;
   /** Wait up to this long (server-side, first come first served) for a held resource. */
@@ -59,7 +61,7 @@ export interface AcquireOptions {
 
 /** What an acquire sends, with or without a session. */
 interface GrantRequest {
-  holder: string;
+  holder?: string;
   ttlSeconds?: number;
   waitMs?: number;
   idempotencyKey?: string;
@@ -87,6 +89,8 @@ export class Client {
   private readonly faults: Faults | undefined;
   private readonly lossWatch: LossWatch | undefined;
   private readonly internals: Internals;
+  /** The leases and sessions this client holds, for close(). */
+  private readonly guards = new Set<{ release(): Promise<void> } | { close(): Promise<void> }>();
 
   /** A client of the proxy at `baseUrl` (`http://127.0.0.1:7070`); throws ConfigError for a bad URL. */
   constructor(baseUrl: string, private readonly options: ClientOptions = {}) {
@@ -129,7 +133,25 @@ export class Client {
     if (lifetime === 0) liveness.lose("expired", `the acquire granted no time (ttl_seconds ${grant.ttlSeconds})`);
     this.lossWatch?.add(grant.resource, grant.token, liveness);
     keeper.start(sentAt, lifetime);
-    return new Lease(this.internals, grant, liveness, keeper);
+    return this.track(new Lease(this.internals, grant, liveness, keeper), liveness);
+  }
+
+  /** Keeps `guard` for close() until it is lost. */
+  private track<G extends { release(): Promise<void> } | { close(): Promise<void> }>(guard: G, liveness: Liveness): G {
+    this.guards.add(guard);
+    liveness.signal.addEventListener("abort", () => this.guards.delete(guard), { once: true });
+    return guard;
+  }
+
+  /**
+   * Releases every lease and closes every session this client still holds (their signals are
+   * aborted, `released`), and closes its event stream. The client can be used again afterwards.
+   */
+  async close(): Promise<void> {
+    const guards = [...this.guards];
+    this.guards.clear();
+    await Promise.allSettled(guards.map((g) => ("release" in g ? g.release() : g.close())));
+    this.lossWatch?.stop();
   }
 
   /**
@@ -154,13 +176,15 @@ export class Client {
   }
 
   /** Opens a session of `ttlSeconds` for `holder`, kept alive by one heartbeat. */
-  async openSession(options: { holder: string; ttlSeconds: number; signal?: AbortSignal }): Promise<Session> {
+  async openSession(options: { holder?: string; ttlSeconds: number; signal?: AbortSignal }): Promise<Session> {
+    const holder = options.holder ?? this.options.holder;
+    if (holder === undefined) throw new ConfigError("no holder: name one in openSession or the client's options");
     const sentAt = performance.now();
     const opened = parseOpened(
       await this.transport.call({
         method: "POST",
         path: "/v1/sessions",
-        json: { holder: options.holder, ttl_seconds: options.ttlSeconds },
+        json: { holder, ttl_seconds: options.ttlSeconds },
         signal: options.signal,
       }),
     );
@@ -177,7 +201,7 @@ export class Client {
       release: () => this.closeSession(opened.sessionId, opened.secret),
     });
     keeper.start(sentAt, lifetime);
-    return new Session(this.internals, opened, liveness, keeper);
+    return this.track(new Session(this.internals, opened, liveness, keeper), liveness);
   }
 
   /** Joins `fleet` as a member (a session kept alive here); see FleetMember. */
@@ -207,7 +231,9 @@ export class Client {
 
   /** `POST /v1/leases/{resource}`, retried with its idempotency key; and when it was sent. */
   private async grantSent(resource: string, request: GrantRequest): Promise<{ grant: Grant; sentAt: number }> {
-    const body: Record<string, unknown> = { holder: request.holder };
+    const holder = request.holder ?? this.options.holder;
+    if (holder === undefined) throw new ConfigError("no holder: name one in the acquire or the client's options");
+    const body: Record<string, unknown> = { holder };
     if (request.ttlSeconds !== undefined) body.ttl_seconds = request.ttlSeconds;
     if (request.waitMs !== undefined) body.wait_ms = request.waitMs;
     if (request.metadata !== undefined) body.metadata = request.metadata;
@@ -229,6 +255,9 @@ export class Client {
         const grant = parseGrant(answer);
         if (grant.resource !== resource) {
           throw new ProtocolError(`acquire of ${resource} answered with a grant of ${grant.resource}`);
+        }
+        if (grant.fencingToken.split(".")[3] !== grant.token.toString()) {
+          throw new ProtocolError(`acquire of ${resource}: the fencing token carries another revision than ${grant.token}`);
         }
         return { grant, sentAt };
       } catch (e) {

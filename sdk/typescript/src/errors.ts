@@ -55,6 +55,8 @@ export class LostError extends LeaseProxyError {
     detail: string,
     /** Set when the loss was injected by the client's test mode. */
     readonly injected = false,
+    /** The proxy's event that reported it, when that is how the client learnt it. */
+    readonly event?: { type: string; resource: string; holder: string; token: bigint; revision: number },
   ) {
     super(`${resource ? `lease on ${resource}` : "lease"} lost (${reason}): ${detail}`);
   }

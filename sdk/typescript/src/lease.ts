@@ -85,7 +85,7 @@ export class Lease {
    * The stop-by deadline on `performance.now()`'s clock: held at least until then unless lost
    * earlier; moved on by every successful renewal.
    */
-  get deadline(): number {
+  get stopBy(): number {
     return this.liveness.deadline;
   }
 

@@ -70,9 +70,9 @@ export class Liveness {
   }
 
   /** Marks it lost for `reason`, unless it already was (the first reason stays). */
-  lose(reason: LostReason, detail: string, injected = false): LostError {
+  lose(reason: LostReason, detail: string, injected = false, event?: LostError["event"]): LostError {
     if (!this.controller.signal.aborted) {
-      const error = new LostError(reason, this.resource, detail, injected);
+      const error = new LostError(reason, this.resource, detail, injected, event);
       clearTimeout(this.timer);
       this.controller.abort(error);
       this.settle(error);

@@ -86,6 +86,11 @@ export class LossWatch {
     if (!this.running) void this.run();
   }
 
+  /** Closes the stream (it opens again with the next lease). */
+  stop(): void {
+    this.current?.abort.abort();
+  }
+
   private remove(resource: string, w: Watched): void {
     const set = this.watched.get(resource);
     set?.delete(w);
@@ -137,6 +142,6 @@ export class LossWatch {
 
   private end(w: Watched, event: LeaseEvent): void {
     const what = event.type === "acquired" ? `acquired by ${event.holder} (token ${event.token})` : event.type;
-    w.liveness.lose("revoked", `the proxy's event stream: ${what} at revision ${event.revision}`);
+    w.liveness.lose("revoked", `the proxy's event stream: ${what} at revision ${event.revision}`, false, event);
   }
 }

@@ -225,11 +225,11 @@ export function lifetimeMs(ttlSeconds: number, expiresInMs: number, slackMs = 0)
 
 /**
  * The safety margin taken off every deadline unless the client sets one: a tenth of the
- * lifetime, at most 2 s. It covers the client's clock running slower than etcd's and the time
- * work needs to notice an abort.
+ * lifetime, at least 100 ms (the Go SDK's rule too). It covers the client's clock running
+ * slower than etcd's and the time work needs to notice an abort.
  */
 export function defaultMarginMs(lifetime: number): number {
-  return Math.min(lifetime / 10, 2000);
+  return Math.max(lifetime / 10, 100);
 }
 
 /** The pause after a renewal granting `lifetime`: a third of it ±10 %, at least 100 ms. */

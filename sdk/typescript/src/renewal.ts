@@ -4,7 +4,7 @@
  * stop-by deadline on from the instant read before its request was sent.
  */
 
-import { LostError, SessionLostError, TransportError } from "./errors.js";
+import { LostError, ProblemError, SessionLostError, TransportError } from "./errors.js";
 import type { Liveness } from "./liveness.js";
 import { lifetimeMs, renewIntervalMs, retryBackoffMs } from "./model.js";
 import type { Faults } from "./testmode.js";
@@ -42,6 +42,16 @@ export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
     const timer = setTimeout(done, Math.max(0, ms));
     signal?.addEventListener("abort", done, { once: true });
   });
+}
+
+/**
+ * Whether a renewal's failure means it will never succeed: a 410, or any other 4xx but 408 and
+ * 429 (403 another principal's, 401 a withdrawn token…). Anything else — transport, 5xx, a
+ * malformed answer — may pass, and is retried until the deadline.
+ */
+export function refused(e: unknown): boolean {
+  if (e instanceof LostError || e instanceof SessionLostError) return true;
+  return e instanceof ProblemError && e.status >= 400 && e.status < 500 && e.status !== 408 && e.status !== 429;
 }
 
 /** Keeps one grant or session alive until stopped or lost. */
@@ -109,8 +119,8 @@ export class Keeper {
         const answer = await this.target.renew(this.stopper.signal);
         return this.granted(sentAt, answer);
       } catch (e) {
-        if (e instanceof LostError || e instanceof SessionLostError) {
-          this.liveness.lose("revoked", `the renewal was refused: ${e.message}`);
+        if (refused(e)) {
+          this.liveness.lose("revoked", `the renewal was refused: ${(e as Error).message}`);
           return undefined;
         }
         await sleep(retryBackoffMs(attempt), this.stopper.signal);

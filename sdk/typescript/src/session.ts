@@ -60,7 +60,7 @@ export class Session {
   }
 
   /** The stop-by deadline of the session and its leases, on `performance.now()`'s clock. */
-  get deadline(): number {
+  get stopBy(): number {
     return this.liveness.deadline;
   }
 

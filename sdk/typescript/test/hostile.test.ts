@@ -48,8 +48,9 @@ after(() => {
 });
 
 function grant(resource: string, fields: Record<string, unknown> = {}): string {
+  const token = fields.token ?? "50";
   return JSON.stringify({
-    resource, holder: "h", lease_id: "7", secret: "s", token: "50", fencing_token: "v1.k1.0.50.x.y",
+    resource, holder: "h", lease_id: "7", secret: "s", token, fencing_token: `v1.k1.0.${token}.x.y`,
     ttl_seconds: 2, expires_in_ms: 2000, ...fields,
   });
 }
@@ -75,6 +76,7 @@ test("malformed acquire answers are ProtocolErrors, never a lease", async () => 
     ["a negative TTL", grant("m", { ttl_seconds: -1 })],
     ["a fractional expiry", grant("m", { expires_in_ms: 1.5 })],
     ["a grant of another resource", grant("other")],
+    ["a fencing token of another revision", grant("m", { fencing_token: "v1.k1.0.49.x.y" })],
   ];
   for (const [what, body] of cases) {
     routes.set("POST /v1/leases/m", json(201, body));
@@ -96,7 +98,7 @@ test("an absurd expiry is held to the TTL; an answer granting no time is a lease
   routes.set("POST /v1/leases/big/renew", json(500, "{}"));
   const sent = performance.now();
   const big = await client.acquire("big", { holder: "h", ttlSeconds: 2 });
-  assert.ok(big.deadline <= sent + 2000, "no later than the TTL after sending");
+  assert.ok(big.stopBy <= sent + 2000, "no later than the TTL after sending");
   big.pauseRenewals(true);
   // The deadline counts from before the request was sent: a slow answer shortens it.
   routes.set("POST /v1/leases/slowgrant", (_q, res) =>
@@ -104,7 +106,7 @@ test("an absurd expiry is held to the TTL; an answer granting no time is a lease
   const before = performance.now();
   const slow = await client.acquire("slowgrant", { holder: "h", ttlSeconds: 2 });
   slow.pauseRenewals(true);
-  assert.ok(slow.deadline < before + 2000 - 200 + 50, `deadline ${(slow.deadline - before).toFixed(0)} ms after sending`);
+  assert.ok(slow.stopBy < before + 2000 - 200 + 50, `deadline ${(slow.stopBy - before).toFixed(0)} ms after sending`);
   routes.set("POST /v1/leases/zero", json(201, grant("zero", { ttl_seconds: 0 })));
   const zero = await client.acquire("zero", { holder: "h", ttlSeconds: 2 });
   assert.equal(zero.isLost(), true);
@@ -151,15 +153,35 @@ test("a renewal granting no time, or naming another grant, loses the lease at on
     const lease = await client.acquire(resource, { holder: "h", ttlSeconds: 2 });
     const lost = await lease.lost;
     assert.match(lost.message, why);
-    assert.ok(performance.now() < lease.deadline, "before the deadline");
+    assert.ok(performance.now() < lease.stopBy, "before the deadline");
   }
+});
+
+test("a renewal refused with another 4xx loses the lease; a 429 is retried", async () => {
+  routes.set("POST /v1/leases/r403", json(201, grant("r403")));
+  routes.set("POST /v1/leases/r403/renew", (_q, res) =>
+    void res.writeHead(403, { "content-type": "application/problem+json" })
+      .end('{"type":"https://lease-proxy.dev/problems/other-principal","title":"Forbidden","status":403}'));
+  const refused = await client.acquire("r403", { holder: "h", ttlSeconds: 2 });
+  const lost = await refused.lost;
+  assert.equal(lost.reason, "revoked");
+  assert.ok(performance.now() < refused.stopBy, "at once, before the deadline");
+  routes.set("POST /v1/leases/r429", json(201, grant("r429")));
+  let asked = 0;
+  routes.set("POST /v1/leases/r429/renew", (_q, res) => {
+    asked++;
+    res.writeHead(429, { "retry-after": "1", "content-type": "application/problem+json" }).end("{}");
+  });
+  const limited = await client.acquire("r429", { holder: "h", ttlSeconds: 2 });
+  assert.equal((await limited.lost).reason, "expired");
+  assert.ok(asked > 1, "retried");
 });
 
 test("malformed renewals are retried, never believed: the lease ends at its deadline", async () => {
   routes.set("POST /v1/leases/bad", json(201, grant("bad")));
   routes.set("POST /v1/leases/bad/renew", json(200, '{"ttl_seconds":"2"}'));
   const lease = await client.acquire("bad", { holder: "h", ttlSeconds: 2 });
-  const stopBy = lease.deadline;
+  const stopBy = lease.stopBy;
   const lost = await lease.lost;
   assert.equal(lost.reason, "expired");
   assert.ok(performance.now() >= stopBy && performance.now() - stopBy < 200);

@@ -35,10 +35,10 @@ describe("holding", () => {
   test("a lease is renewed past its TTL and released", async () => {
     const resource = unique();
     const lease = await client.acquire(resource, { holder: "a", ttlSeconds: 2 });
-    const first = lease.deadline;
+    const first = lease.stopBy;
     await sleep(2600);
     assert.equal(lease.isLost(), false);
-    assert.ok(lease.deadline > first + 1000, "renewals moved the deadline on");
+    assert.ok(lease.stopBy > first + 1000, "renewals moved the deadline on");
     assert.equal((await client.get(resource))?.token, lease.token);
     await lease.release();
     assert.equal(lease.lostReason?.reason, "released");
@@ -80,6 +80,19 @@ describe("holding", () => {
     } finally {
       lossy.close();
     }
+  });
+
+  test("close() releases every lease and session the client holds", async () => {
+    const own = new Client(proxy.url, { holder: "closer" });
+    const [a, b] = [unique(), unique()];
+    const lease = await own.acquire(a, { ttlSeconds: 5 });
+    const session = await own.openSession({ ttlSeconds: 5 });
+    await session.acquire(b);
+    await own.close();
+    assert.equal(lease.lostReason?.reason, "released");
+    assert.equal(session.isLost(), true);
+    assert.equal(await client.get(a), undefined);
+    assert.equal(await client.get(b), undefined);
   });
 
   test("using() releases after the work and gives its result", async () => {
@@ -143,7 +156,7 @@ describe("loss", () => {
     const doomed = await startProxy(etcd);
     const lonely = new Client(doomed.url, { timeoutMs: 500 });
     const lease = await lonely.acquire(unique(), { holder: "a", ttlSeconds: 2 });
-    const stopBy = lease.deadline;
+    const stopBy = lease.stopBy;
     doomed.process.kill("SIGKILL");
     const [lost] = await lostWithin(lease, 3000);
     assert.equal(lost.reason, "expired");
