@@ -7,237 +7,22 @@
 //! in flight; the SQL verification against `Keyring::verify` over every small mutation of a
 //! token; how `protect` evaluates a resource expression; how a claim is split. Each test makes
 //! its own database and roles and drops them. (Concurrent cases are in
-//! sdk/python/tests/test_pg_fencing.py.) Over 500 lines: one file, because every test shares
-//! the scratch database and the installed package (`Scratch`).
+//! sdk/python/tests/test_pg_fencing.py; attacks on the package in pg_hostile.rs.) Over 500 lines:
+//! one file, because every test shares the scratch database and the installed package
+//! (`Scratch`, in `pg/mod.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod pg;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::Command;
 
 use fencing::{
     Admission, GateError, HighWaterMarks, KeyId, Keyring, PostgresStore, SharedGate, Token,
     TokenError,
 };
-
-const GATEWAY: &str = env!("CARGO_BIN_EXE_fence-gateway");
-
-/// A database and roles of one test, dropped (with `psql`, synchronously) when it ends.
-struct Scratch {
-    name: String,
-    admin: tokio_postgres::Config,
-    password: String,
-}
-
-impl Scratch {
-    const ROLES: [&'static str; 5] = ["owner", "app", "nobody", "tab", "gw"];
-
-    async fn new() -> Self {
-        let url = common::postgres_url();
-        let admin: tokio_postgres::Config = url.parse().unwrap();
-        let password = String::from_utf8(admin.get_password().unwrap().to_vec()).unwrap();
-        let name = common::unique("indb").replace('-', "_");
-        let scratch = Self {
-            name,
-            admin,
-            password,
-        };
-        let client = connect(&url).await;
-        let me = scratch.installer();
-        client
-            .batch_execute(&format!("CREATE DATABASE {}", scratch.name))
-            .await
-            .unwrap();
-        for role in Self::ROLES {
-            let login = if role == "owner" {
-                "NOLOGIN".to_owned()
-            } else {
-                format!("LOGIN PASSWORD '{}'", scratch.password)
-            };
-            client
-                .batch_execute(&format!("CREATE ROLE {} {login}", scratch.role(role)))
-                .await
-                .unwrap();
-        }
-        client
-            .batch_execute(&format!("GRANT {} TO {me}", scratch.role("owner")))
-            .await
-            .unwrap();
-        let db = connect(&scratch.url()).await;
-        // `tab` owns the protected table; `app` may create in public as before PostgreSQL 15,
-        // to plant objects there.
-        db.batch_execute(&format!(
-            "GRANT CREATE ON SCHEMA public TO {}, {}",
-            scratch.role("tab"),
-            scratch.role("app")
-        ))
-        .await
-        .unwrap();
-        scratch
-    }
-
-    fn installer(&self) -> String {
-        self.admin.get_user().unwrap().to_owned()
-    }
-
-    fn role(&self, role: &str) -> String {
-        format!("{}_{role}", self.name)
-    }
-
-    /// The scratch database as the installing role.
-    fn url(&self) -> String {
-        self.url_as(&self.installer())
-    }
-
-    fn url_as(&self, user: &str) -> String {
-        let (host, port) = host_port(&self.admin);
-        format!(
-            "postgres://{user}:{}@{host}:{port}/{}",
-            self.password, self.name
-        )
-    }
-
-    fn install(&self, extra: &[&str]) -> Output {
-        let (owner, app, tab, gw) = (
-            self.role("owner"),
-            self.role("app"),
-            self.role("tab"),
-            self.role("gw"),
-        );
-        let url = self.url();
-        let mut args = vec!["pg", "install", "--database-url", &url, "--owner", &owner];
-        args.extend(["--writer", &app, "--writer", &tab, "--gateway-role", &gw]);
-        args.extend(extra);
-        gateway(&args)
-    }
-
-    /// `fence-gateway pg sync-keys` of `key_file` into the scratch database, which must succeed.
-    fn sync_keys(&self, key_file: &Path) {
-        let url = self.url();
-        let key_file = key_file.display().to_string();
-        let synced = gateway(&[
-            "pg",
-            "sync-keys",
-            "--database-url",
-            &url,
-            "--key-file",
-            &key_file,
-        ]);
-        assert!(synced.status.success(), "{}", text(&synced));
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let roles: Vec<String> = Self::ROLES.iter().map(|r| self.role(r)).collect();
-        // Membership of the login roles lets DROP DATABASE … (FORCE) end their sessions.
-        let sql = format!(
-            "GRANT {} TO CURRENT_USER;\nDROP DATABASE IF EXISTS {} WITH (FORCE);\nDROP ROLE IF EXISTS {};\n",
-            roles[1..].join(", "),
-            self.name,
-            roles.join(", ")
-        );
-        let _ = psql(
-            &self.admin,
-            &self.installer(),
-            "lease_proxy_test",
-            &sql,
-            &[],
-            &[],
-        );
-    }
-}
-
-fn host_port(config: &tokio_postgres::Config) -> (String, u16) {
-    let host = match config.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-        _ => "127.0.0.1".to_owned(),
-    };
-    (host, config.get_ports().first().copied().unwrap_or(5432))
-}
-
-async fn connect(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .expect("PostgreSQL for the tests (run ./scripts/test.sh, or set FENCING_TEST_POSTGRES)");
-    tokio::spawn(connection);
-    client
-}
-
-fn gateway(args: &[&str]) -> Output {
-    Command::new(GATEWAY).args(args).output().unwrap()
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
-
-/// Runs `psql` once on `database` as `user` with `script` on its standard input (so errors
-/// carry no file name and line) and stdout and stderr in one stream, as pg_regress does.
-fn psql(
-    admin: &tokio_postgres::Config,
-    user: &str,
-    database: &str,
-    script: &str,
-    vars: &[(String, String)],
-    env: &[(&str, String)],
-) -> String {
-    let (host, port) = host_port(admin);
-    let dir = tempfile::tempdir().unwrap();
-    let out_path = dir.path().join("out");
-    let out = std::fs::File::create(&out_path).unwrap();
-    let mut command = Command::new("psql");
-    command
-        .args(["-X", "-q", "-a", "-v", "ON_ERROR_STOP=0"])
-        .args([
-            "-h",
-            &host,
-            "-p",
-            &port.to_string(),
-            "-U",
-            user,
-            "-d",
-            database,
-        ])
-        .env(
-            "PGPASSWORD",
-            String::from_utf8_lossy(admin.get_password().unwrap_or_default()).as_ref(),
-        )
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::piped())
-        .stdout(out.try_clone().unwrap())
-        .stderr(out);
-    for (name, value) in vars {
-        command.arg("-v").arg(format!("{name}={value}"));
-    }
-    let mut child = command.spawn().expect("psql (PostgreSQL's client) on PATH");
-    std::io::Write::write_all(child.stdin.as_mut().unwrap(), script.as_bytes()).unwrap();
-    drop(child.stdin.take());
-    child.wait().unwrap();
-    std::fs::read_to_string(out_path).unwrap()
-}
-
-fn key_file(dir: &Path, name: &str, kids: &[&str]) -> (PathBuf, Keyring) {
-    let text: String = kids
-        .iter()
-        .map(|k| Keyring::generate_file(&KeyId::parse(k).unwrap()))
-        .collect();
-    let path = dir.join(name);
-    std::fs::write(&path, &text).unwrap();
-    (path, Keyring::parse(&text).unwrap())
-}
-
-/// Replaces segment `i` (0-based) of a wire token.
-fn with_segment(wire: &str, i: usize, value: &str) -> String {
-    let mut parts: Vec<&str> = wire.split('.').collect();
-    parts[i] = value;
-    parts.join(".")
-}
+use pg::{connect, gateway, key_file, psql, text, with_segment, Scratch, GATEWAY};
 
 /// The tokens cases.sql uses, by psql variable name.
 fn tokens(k1: &Keyring, k2: &Keyring, k3: &Keyring) -> Vec<(String, String)> {
@@ -416,7 +201,7 @@ async fn the_install_adopts_a_gateways_tables_and_shares_its_marks() {
     assert!(
         refused
             .to_string()
-            .contains("fence_marks exists in schema fencing"),
+            .contains("fence_marks in schema fencing"),
         "{refused}"
     );
     let public: bool = db

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use super::{InstallOptions, PackageError};
 
@@ -26,6 +27,11 @@ pub struct Target {
     /// The package's schema.
     #[arg(long, default_value = "fencing")]
     pub schema: String,
+
+    /// How long to wait for the package's lock, and for each lock after it, before failing with
+    /// the sessions that hold them (pid, user, application_name).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub lock_timeout: Duration,
 }
 
 /// `fence-gateway pg …`.
@@ -115,12 +121,19 @@ async fn execute(command: PgCommand) -> Result<String, PackageError> {
                 owner,
                 writers,
                 gateway_roles,
+                lock_timeout: target.lock_timeout,
             };
             let done = super::install(&target.database_url, &options).await?;
-            let adopted = done
+            let mut adopted = done
                 .adopted_from
                 .map(|s| format!("; fence-gateway's tables moved from schema {s}"))
                 .unwrap_or_default();
+            adopted.push_str(if done.event_trigger {
+                "; tables created or attached under protected ones are protected at once (event trigger)"
+            } else {
+                "; no event trigger (only a superuser's install makes it): run fencing.protect \
+                 again after adding a partition or child to a protected table"
+            });
             Ok(if done.from == done.to {
                 format!(
                     "fencing package version {} in schema {} (functions and grants renewed){adopted}",
@@ -134,7 +147,13 @@ async fn execute(command: PgCommand) -> Result<String, PackageError> {
             })
         }
         PgCommand::Uninstall { target, force } => {
-            let done = super::uninstall(&target.database_url, &target.schema, force).await?;
+            let done = super::uninstall(
+                &target.database_url,
+                &target.schema,
+                force,
+                target.lock_timeout,
+            )
+            .await?;
             Ok(format!(
                 "fencing package removed from schema {} (marks kept){}",
                 target.schema,
@@ -146,7 +165,13 @@ async fn execute(command: PgCommand) -> Result<String, PackageError> {
             ))
         }
         PgCommand::SyncKeys { target, key_file } => {
-            let ids = super::sync_keys(&target.database_url, &target.schema, &key_file).await?;
+            let ids = super::sync_keys(
+                &target.database_url,
+                &target.schema,
+                &key_file,
+                target.lock_timeout,
+            )
+            .await?;
             Ok(format!(
                 "verification keys in schema {}: {} (signing key first)",
                 target.schema,
