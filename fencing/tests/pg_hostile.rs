@@ -225,7 +225,7 @@ async fn a_store_never_starts_beside_marks_of_its_deployment_it_does_not_use() {
 /// Runs `fence-gateway` with `args` on a thread of its own; its output and how long it took.
 fn gateway_timed(args: Vec<String>) -> std::thread::JoinHandle<(std::process::Output, Duration)> {
     std::thread::spawn(move || {
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let output = pg::gateway(&args);
         (output, started.elapsed())
@@ -330,7 +330,7 @@ async fn pg_commands_wait_for_a_lock_with_a_deadline_and_name_who_holds_it() {
             break;
         }
         let token = keys.mint("aisle-2", Token::new(0, revision));
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         writer
             .query_one("SELECT fencing.admit('aisle-2', $1)", &[&token])
             .await

@@ -593,3 +593,177 @@ async fn a_claim_is_split_on_any_separators_and_refusals_stay_short() {
         .message()
         .ends_with("(1000000 characters) is not a fencing resource name"));
 }
+
+/// A service's command line from the guide: its flags exist where the service defines them.
+fn check_service_flags(command: &str, optional: &[String], failures: &mut Vec<String>) {
+    let flags: Vec<String> = pg::guide::flags(command)
+        .into_iter()
+        .chain(optional.iter().cloned())
+        .collect();
+    let source = |path: &str| std::fs::read_to_string(Path::new("..").join(path)).unwrap();
+    let defined: Box<dyn Fn(&str) -> bool> = if command.starts_with("warehouse inventory ") {
+        let src = source("examples/src/bin/warehouse/inventory.rs");
+        Box::new(move |flag: &str| src.contains(&format!("    {}: ", flag[2..].replace('-', "_"))))
+    } else if command.starts_with("lease-proxy ") {
+        let doc = lease_proxy_testkit::docs::read("docs/CONFIGURATION.md");
+        let table = lease_proxy_testkit::docs::table_flags(&lease_proxy_testkit::docs::section(
+            &doc,
+            "## lease-proxy",
+        ));
+        Box::new(move |flag: &str| table.contains(flag))
+    } else if let Some(script) = command.strip_prefix("python3 ") {
+        let path = script.split(' ').next().unwrap_or_default().to_owned();
+        let src = source(&path);
+        Box::new(move |flag: &str| src.contains(&format!("\"{flag}\"")))
+    } else {
+        failures.push(format!("no way to check the flags of `{command}`"));
+        return;
+    };
+    for flag in flags {
+        if !defined(&flag) {
+            failures.push(format!("`{command}`: {flag} is not one of its flags"));
+        }
+    }
+}
+
+/// Every snippet of docs/POSTGRES.md, and README.md's psql transcript, run as written
+/// (`pg/guide.rs`: how each is run) on a scratch database, in one psql process.
+#[tokio::test]
+async fn the_postgres_guide_runs_as_written() {
+    use pg::guide::{self, Kind};
+    let scratch = Scratch::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (keys_path, keys) = key_file(dir.path(), "fencing.key", &["k1"]);
+    let url = scratch.url();
+    let values = guide::Values {
+        roles: [
+            ("fencing_owner", scratch.role("docowner")),
+            ("migrator", scratch.installer()),
+            ("app", scratch.role("app")),
+            ("app_owner", scratch.role("tab")),
+            ("gateway", scratch.role("gw")),
+            ("robot", scratch.role("robot")),
+            ("proxy", scratch.role("proxy")),
+        ]
+        .into_iter()
+        .collect(),
+        strings: vec![
+            ("postgres://migrator:…@db/app", url.clone()),
+            ("postgres://migrator:…@db/warehouse", url.clone()),
+            (
+                "'v1.k1.0.4711.…'",
+                format!("'{}'", keys.mint("aisle-7", Token::new(0, 4711))),
+            ),
+            ("fencing.key", keys_path.display().to_string()),
+            ("fence-gateway pg", "\"$FENCE_GATEWAY\" pg".to_owned()),
+        ],
+    };
+    let session_role = |role: &str| match role {
+        "migrator" => scratch.installer(),
+        "app" => scratch.role("app"),
+        "app_owner" => scratch.role("tab"),
+        other => panic!("no role {other:?} in the guide's test"),
+    };
+    let mut blocks = guide::blocks("docs/POSTGRES.md", true);
+    blocks.extend(guide::blocks("README.md", false));
+    // What the guide takes as there: the application's table, and the inventory's, made as the
+    // inventory makes it.
+    let inventory = std::fs::read_to_string("../examples/src/bin/warehouse/inventory.rs").unwrap();
+    let applied = inventory
+        .split("const SCHEMA: &str = \"")
+        .nth(1)
+        .and_then(|s| s.split("\";").next())
+        .unwrap()
+        .replace("seq INTEGER PRIMARY KEY", "seq BIGSERIAL PRIMARY KEY");
+    let mut script = format!(
+        "\\set SHOW_CONTEXT never\n\\pset pager off\n\\c - {tab}\n\
+         CREATE TABLE stock (aisle int PRIMARY KEY, count int NOT NULL);\n\
+         INSERT INTO stock VALUES (7, 40);\nGRANT SELECT, UPDATE ON stock TO {app};\n\
+         \\c - {me}\n{applied};\n",
+        tab = scratch.role("tab"),
+        app = scratch.role("app"),
+        me = scratch.installer(),
+    );
+    let mut failures = Vec::new();
+    for (n, block) in blocks.iter().enumerate() {
+        match &block.kind {
+            Kind::Psql { role } => {
+                script += &format!(
+                    "\\c - {}\n\\echo @@ {n}\n{}\n",
+                    session_role(role),
+                    values.apply(&block.text)
+                );
+            }
+            Kind::Sh => {
+                script += &format!("\\echo @@ {n}\n");
+                for (command, optional) in guide::commands(&block.text) {
+                    let command = values.apply(&command);
+                    if command.starts_with("\"$FENCE_GATEWAY\" pg ") || command.starts_with("psql ")
+                    {
+                        for flag in &optional {
+                            let sub = command.split(' ').nth(2).unwrap_or_default();
+                            let help = gateway(&["pg", sub, "--help"]);
+                            if !text(&help).contains(flag.as_str()) {
+                                failures.push(format!(
+                                    "{}: `fence-gateway pg {sub}` has no {flag}",
+                                    block.at
+                                ));
+                            }
+                        }
+                        script += &format!("\\! {command}; echo \"exit $?\"\n");
+                    } else {
+                        check_service_flags(&command, &optional, &mut failures);
+                    }
+                }
+            }
+            Kind::Transcript { role, terse } => {
+                script += &format!("\\c - {}\n", session_role(role));
+                if *terse {
+                    script += "\\set VERBOSITY terse\n";
+                }
+                script += &format!(
+                    "\\echo @@ {n}\n{}\\echo @@ end\n\\set VERBOSITY default\n",
+                    guide::transcript_input(&block.text)
+                );
+            }
+        }
+    }
+    let new = keys.mint("aisle-1", Token::new(0, 7));
+    let old = keys.mint("aisle-1", Token::new(0, 5));
+    let output = psql(
+        &scratch.admin,
+        &scratch.installer(),
+        &scratch.name,
+        &script,
+        &[("new".to_owned(), new), ("old".to_owned(), old)],
+        &[("FENCE_GATEWAY", GATEWAY.to_owned())],
+    );
+    let lines: Vec<&str> = output.lines().collect();
+    for (n, block) in blocks.iter().enumerate() {
+        let start = lines
+            .iter()
+            .position(|l| *l == format!("@@ {n}"))
+            .unwrap_or_else(|| panic!("{}: never ran:\n{output}", block.at));
+        let section: Vec<&str> = lines[start + 1..]
+            .iter()
+            .take_while(|l| !l.starts_with("\\echo @@"))
+            .copied()
+            .collect();
+        let said = section.join("\n");
+        match &block.kind {
+            Kind::Transcript { .. } if guide::trimmed(&said) != guide::trimmed(&block.text) => {
+                failures.push(format!("{}: psql printed\n{said}\n", block.at));
+            }
+            Kind::Psql { .. } | Kind::Sh
+                if said.contains("ERROR")
+                    || said
+                        .lines()
+                        .any(|l| l.starts_with("exit ") && l != "exit 0") =>
+            {
+                failures.push(format!("{}: failed:\n{said}\n", block.at));
+            }
+            _ => {}
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -9,6 +9,8 @@ use fencing::{KeyId, Keyring};
 
 use crate::common;
 
+pub mod guide;
+
 pub const GATEWAY: &str = env!("CARGO_BIN_EXE_fence-gateway");
 
 /// A database and roles of one test, dropped (with `psql`, synchronously) when it ends.
@@ -19,7 +21,7 @@ pub struct Scratch {
 }
 
 impl Scratch {
-    pub const ROLES: [&'static str; 5] = ["owner", "app", "nobody", "tab", "gw"];
+    pub const ROLES: [&'static str; 7] = ["owner", "app", "nobody", "tab", "gw", "robot", "proxy"];
 
     pub async fn new() -> Self {
         let url = common::postgres_url();
@@ -119,12 +121,14 @@ impl Scratch {
 impl Drop for Scratch {
     fn drop(&mut self) {
         let roles: Vec<String> = Self::ROLES.iter().map(|r| self.role(r)).collect();
-        // Membership of the login roles lets DROP DATABASE … (FORCE) end their sessions.
+        // Membership of the login roles lets DROP DATABASE … (FORCE) end their sessions. A test
+        // may have made `docowner` (the guide's owner role) too.
         let sql = format!(
-            "GRANT {} TO CURRENT_USER;\nDROP DATABASE IF EXISTS {} WITH (FORCE);\nDROP ROLE IF EXISTS {};\n",
+            "GRANT {} TO CURRENT_USER;\nDROP DATABASE IF EXISTS {} WITH (FORCE);\nDROP ROLE IF EXISTS {}, {};\n",
             roles[1..].join(", "),
             self.name,
-            roles.join(", ")
+            roles.join(", "),
+            self.role("docowner")
         );
         let _ = psql(
             &self.admin,
