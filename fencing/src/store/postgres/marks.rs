@@ -56,13 +56,12 @@ CREATE INDEX IF NOT EXISTS fence_inflight_by_resource ON fence_inflight (resourc
 
 /// The schema each of the store's objects resolves to on the session's search_path (NULL where
 /// it does not), `fence_marks`'s oid, its stamp, and whether this role may re-stamp it.
+/// (`fence_probe` is the package's; the store does not use it.)
 const RESOLVED: &str = "SELECT \
     (SELECT c.relnamespace::regnamespace::text FROM pg_catalog.pg_class AS c \
      WHERE c.oid = pg_catalog.to_regclass('fence_marks')), \
     (SELECT c.relnamespace::regnamespace::text FROM pg_catalog.pg_class AS c \
      WHERE c.oid = pg_catalog.to_regclass('fence_inflight')), \
-    (SELECT c.relnamespace::regnamespace::text FROM pg_catalog.pg_class AS c \
-     WHERE c.oid = pg_catalog.to_regclass('fence_probe')), \
     (SELECT c.relnamespace::regnamespace::text FROM pg_catalog.pg_class AS c \
      WHERE c.oid = pg_catalog.to_regclass('fence_inflight_by_resource')), \
     pg_catalog.to_regclass('fence_marks')::oid, \
@@ -170,16 +169,15 @@ pub(super) async fn prepare(
     tags: Option<&[String]>,
 ) -> Result<(), StoreError> {
     let row = tx.query_one(RESOLVED, &[]).await.map_err(err)?;
-    let schemas: Vec<Option<String>> = (0..4).map(|i| row.get(i)).collect();
-    let marks: Option<u32> = row.get(4);
-    let stamp = Stamp::parse(row.get::<_, Option<&str>>(5));
-    let owned: Option<bool> = row.get(6);
+    let schemas: Vec<Option<String>> = (0..3).map(|i| row.get(i)).collect();
+    let marks: Option<u32> = row.get(3);
+    let stamp = Stamp::parse(row.get::<_, Option<&str>>(4));
+    let owned: Option<bool> = row.get(5);
     let first = schemas[0].clone();
     if schemas.iter().any(|s| *s != first) {
         let names = [
             "fence_marks",
             "fence_inflight",
-            "fence_probe",
             "fence_inflight_by_resource",
         ];
         let found: Vec<String> = names
