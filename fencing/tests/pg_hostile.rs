@@ -573,3 +573,34 @@ async fn a_superusers_install_on_a_server_that_prepares_transactions() {
         .await
         .unwrap();
 }
+
+/// An install names the protected tables whose owners should run `protect` again: one protected
+/// by an older version (its row trigger with two arguments, no statement trigger), one with a
+/// table added under it since.
+#[tokio::test]
+async fn an_install_names_the_tables_to_protect_again() {
+    let scratch = Scratch::new().await;
+    assert!(scratch.install(&[]).status.success());
+    let tab = pg::connect(&scratch.url_as(&scratch.role("tab"))).await;
+    tab.batch_execute(
+        "CREATE TABLE legacy (aisle text);
+         CREATE TRIGGER fence_guard AFTER INSERT OR UPDATE OR DELETE ON legacy FOR EACH ROW
+             EXECUTE FUNCTION fencing.row_guard('aisle', 'SELECT ($1).aisle::text');
+         CREATE TRIGGER fence_guard_truncate BEFORE TRUNCATE ON legacy
+             FOR EACH STATEMENT EXECUTE FUNCTION fencing.refuse_truncate();
+         CREATE TABLE parent (aisle text); SELECT fencing.protect('parent', 'aisle');
+         CREATE TABLE child () INHERITS (parent);
+         CREATE TABLE fine (aisle text); SELECT fencing.protect('fine', 'aisle');",
+    )
+    .await
+    .unwrap();
+    let again = scratch.install(&[]);
+    let said = pg::text(&again);
+    assert!(again.status.success(), "{said}");
+    assert!(
+        said.contains(
+            "run fencing.protect again (as each table's owner) on public.legacy, public.parent:"
+        ),
+        "{said}"
+    );
+}

@@ -128,6 +128,13 @@ async fn execute(command: PgCommand) -> Result<String, PackageError> {
                 .adopted_from
                 .map(|s| format!("; fence-gateway's tables moved from schema {s}"))
                 .unwrap_or_default();
+            if !done.protect_again.is_empty() {
+                adopted.push_str(&format!(
+                    "; run fencing.protect again (as each table's owner) on {}: its triggers are an \
+                     older version's, or a table added under it lacks them",
+                    done.protect_again.join(", ")
+                ));
+            }
             adopted.push_str(if done.event_trigger {
                 "; tables created or attached under protected ones are protected at once (event trigger)"
             } else {

@@ -139,6 +139,9 @@ pub struct Installed {
     /// Whether the event trigger that protects tables added under protected ones is there
     /// (only a superuser's install makes it).
     pub event_trigger: bool,
+    /// Protected tables whose owner should run `protect` again: their triggers are an older
+    /// version's, or a table added under them since lacks them.
+    pub protect_again: Vec<String>,
 }
 
 /// Quotes an identifier (a role name) for SQL text.
@@ -322,12 +325,44 @@ async fn install_in(
         .map_err(db)?;
     }
     let event_trigger = event_trigger(tx, schema).await?;
+    let protect_again = protect_again(tx, schema).await?;
     Ok(Installed {
         from,
         to: PACKAGE_VERSION,
         adopted_from,
         event_trigger,
+        protect_again,
     })
+}
+
+/// Protected tables whose triggers an older version made, or under which a table lacks them:
+/// their owners should run `protect` again (an install cannot: it does not own them).
+async fn protect_again(tx: &Transaction<'_>, schema: &str) -> Result<Vec<String>, PackageError> {
+    let tables = tx
+        .query(
+            &format!(
+                "SELECT g.tgrelid::regclass::text FROM pg_catalog.pg_trigger AS g
+                 JOIN pg_catalog.pg_class AS c ON c.oid = g.tgrelid
+                 JOIN pg_catalog.pg_proc AS p ON p.oid = g.tgfoid
+                 JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
+                 WHERE g.tgname = 'fence_guard' AND g.tgparentid = 0 AND p.proname = 'row_guard'
+                   AND n.nspname = $1
+                   AND (g.tgnargs < 3 OR {schema}._unguarded_under(g.tgrelid) IS NOT NULL
+                        OR NOT EXISTS (SELECT FROM pg_catalog.pg_trigger AS t
+                                       WHERE t.tgrelid = g.tgrelid AND t.tgname = 'fence_guard_truncate')
+                        OR (c.relkind = 'r' AND NOT c.relispartition
+                            AND NOT EXISTS (SELECT FROM pg_catalog.pg_trigger AS t
+                                            WHERE t.tgrelid = g.tgrelid AND t.tgname = 'fence_guard_tree')))
+                 ORDER BY 1"
+            ),
+            &[&schema],
+        )
+        .await
+        .map_err(db)?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    Ok(tables)
 }
 
 /// As the owner role: the version table, the migrations above `from`, the functions, the
