@@ -11,8 +11,6 @@
 mod common;
 mod pg;
 
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use fencing::{HighWaterMarks, Keyring, PostgresStore, Token};
@@ -36,38 +34,6 @@ fn tokens(k1: &Keyring) -> Vec<(String, String)> {
     .collect()
 }
 
-/// Runs `script` in one psql process as the installing role of `scratch` and compares its output
-/// with `expected` (`BLESS=1` rewrites it).
-fn run_and_compare(scratch: &Scratch, script: &str, vars: &[(String, String)], expected: &str) {
-    let script = std::fs::read_to_string(script).unwrap();
-    let output = psql(
-        &scratch.admin,
-        &scratch.installer(),
-        &scratch.name,
-        &script,
-        vars,
-        &[],
-    );
-    let expected_path = Path::new(expected);
-    if std::env::var_os("BLESS").is_some() {
-        std::fs::write(expected_path, &output).unwrap();
-    }
-    let wanted = std::fs::read_to_string(expected_path).unwrap_or_default();
-    if output != wanted {
-        let dir = tempfile::tempdir().unwrap();
-        let actual = dir.path().join("actual");
-        std::fs::write(&actual, &output).unwrap();
-        let diff = Command::new("diff")
-            .arg("-u")
-            .arg(expected_path)
-            .arg(&actual)
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
-        panic!("psql output differs from {expected} (BLESS=1 to accept):\n{diff}");
-    }
-}
-
 #[tokio::test]
 async fn attacks_on_protected_tables_are_refused() {
     let scratch = Scratch::new().await;
@@ -79,10 +45,11 @@ async fn attacks_on_protected_tables_are_refused() {
     let mut vars = tokens(&keys);
     vars.push(("app".to_owned(), scratch.role("app")));
     vars.push(("table_owner".to_owned(), scratch.role("tab")));
-    run_and_compare(
+    pg::run_and_compare(
         &scratch,
         "tests/pg/hostile.sql",
         &vars,
+        &[],
         "tests/pg/hostile.out",
     );
 }
@@ -222,16 +189,6 @@ async fn a_store_never_starts_beside_marks_of_its_deployment_it_does_not_use() {
         .unwrap();
 }
 
-/// Runs `fence-gateway` with `args` on a thread of its own; its output and how long it took.
-fn gateway_timed(args: Vec<String>) -> std::thread::JoinHandle<(std::process::Output, Duration)> {
-    std::thread::spawn(move || {
-        let started = tokio::time::Instant::now();
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let output = pg::gateway(&args);
-        (output, started.elapsed())
-    })
-}
-
 /// Every `pg` command waits for a lock at most `--lock-timeout`, then fails naming who holds it
 /// (pid, user, application_name): the package's advisory lock, which any role that can connect
 /// may take, before the first install; once installed the package's own lock is its version
@@ -263,7 +220,7 @@ async fn pg_commands_wait_for_a_lock_with_a_deadline_and_name_who_holds_it() {
         args.extend(["--lock-timeout".to_owned(), timeout.to_owned()]);
         args
     };
-    let (refused, took) = gateway_timed(install("1s")).join().unwrap();
+    let (refused, took) = pg::gateway_timed(install("1s")).join().unwrap();
     let said = pg::text(&refused);
     assert_eq!(refused.status.code(), Some(1), "{said}");
     assert!(took < Duration::from_secs(10), "{took:?}");
@@ -275,7 +232,7 @@ async fn pg_commands_wait_for_a_lock_with_a_deadline_and_name_who_holds_it() {
         "{said}"
     );
     blocker.batch_execute("ROLLBACK").await.unwrap();
-    let (installed, _) = gateway_timed(install("5s")).join().unwrap();
+    let (installed, _) = pg::gateway_timed(install("5s")).join().unwrap();
     assert!(installed.status.success(), "{}", pg::text(&installed));
     // Installed: the advisory lock held again holds up nothing.
     blocker.batch_execute(advisory).await.unwrap();
@@ -293,7 +250,7 @@ async fn pg_commands_wait_for_a_lock_with_a_deadline_and_name_who_holds_it() {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let (synced, _) = gateway_timed(sync).join().unwrap();
+    let (synced, _) = pg::gateway_timed(sync).join().unwrap();
     assert!(synced.status.success(), "{}", pg::text(&synced));
     blocker.batch_execute("ROLLBACK").await.unwrap();
 
@@ -317,7 +274,7 @@ async fn pg_commands_wait_for_a_lock_with_a_deadline_and_name_who_holds_it() {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let removal = gateway_timed(uninstall);
+    let removal = pg::gateway_timed(uninstall);
     let writer = pg::connect(&scratch.url_as(&app)).await;
     writer
         .batch_execute("SET statement_timeout = '2s'")

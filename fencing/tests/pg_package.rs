@@ -15,9 +15,6 @@
 mod common;
 mod pg;
 
-use std::path::Path;
-use std::process::Command;
-
 use fencing::{
     Admission, GateError, HighWaterMarks, KeyId, Keyring, PostgresStore, SharedGate, Token,
     TokenError,
@@ -112,7 +109,6 @@ async fn sql_clients_are_fenced_as_the_gateway_fences() {
     }
     vars.push(("table_owner".to_owned(), scratch.role("tab")));
     vars.push(("installer".to_owned(), scratch.installer()));
-    let script = std::fs::read_to_string("tests/pg/cases.sql").unwrap();
     // For the `\!` commands, which inherit psql's environment.
     let env = [
         ("FENCE_GATEWAY", GATEWAY.to_owned()),
@@ -122,31 +118,13 @@ async fn sql_clients_are_fenced_as_the_gateway_fences() {
         ("KEYS_BAD", bad.display().to_string()),
         ("KEYS_ROTATED", rotated.display().to_string()),
     ];
-    let output = psql(
-        &scratch.admin,
-        &scratch.installer(),
-        &scratch.name,
-        &script,
+    pg::run_and_compare(
+        &scratch,
+        "tests/pg/cases.sql",
         &vars,
         &env,
+        "tests/pg/cases.out",
     );
-    let expected_path = Path::new("tests/pg/cases.out");
-    if std::env::var_os("BLESS").is_some() {
-        std::fs::write(expected_path, &output).unwrap();
-    }
-    let expected = std::fs::read_to_string(expected_path).unwrap_or_default();
-    if output != expected {
-        let actual = dir.path().join("cases.actual");
-        std::fs::write(&actual, &output).unwrap();
-        let diff = Command::new("diff")
-            .arg("-u")
-            .arg(expected_path)
-            .arg(&actual)
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
-        panic!("psql output differs from tests/pg/cases.out (BLESS=1 to accept):\n{diff}");
-    }
 }
 
 #[tokio::test]
@@ -594,43 +572,11 @@ async fn a_claim_is_split_on_any_separators_and_refusals_stay_short() {
         .ends_with("(1000000 characters) is not a fencing resource name"));
 }
 
-/// A service's command line from the guide: its flags exist where the service defines them.
-fn check_service_flags(command: &str, optional: &[String], failures: &mut Vec<String>) {
-    let flags: Vec<String> = pg::guide::flags(command)
-        .into_iter()
-        .chain(optional.iter().cloned())
-        .collect();
-    let source = |path: &str| std::fs::read_to_string(Path::new("..").join(path)).unwrap();
-    let defined: Box<dyn Fn(&str) -> bool> = if command.starts_with("warehouse inventory ") {
-        let src = source("examples/src/bin/warehouse/inventory.rs");
-        Box::new(move |flag: &str| src.contains(&format!("    {}: ", flag[2..].replace('-', "_"))))
-    } else if command.starts_with("lease-proxy ") {
-        let doc = lease_proxy_testkit::docs::read("docs/CONFIGURATION.md");
-        let table = lease_proxy_testkit::docs::table_flags(&lease_proxy_testkit::docs::section(
-            &doc,
-            "## lease-proxy",
-        ));
-        Box::new(move |flag: &str| table.contains(flag))
-    } else if let Some(script) = command.strip_prefix("python3 ") {
-        let path = script.split(' ').next().unwrap_or_default().to_owned();
-        let src = source(&path);
-        Box::new(move |flag: &str| src.contains(&format!("\"{flag}\"")))
-    } else {
-        failures.push(format!("no way to check the flags of `{command}`"));
-        return;
-    };
-    for flag in flags {
-        if !defined(&flag) {
-            failures.push(format!("`{command}`: {flag} is not one of its flags"));
-        }
-    }
-}
-
 /// Every snippet of docs/POSTGRES.md, and README.md's psql transcript, run as written
 /// (`pg/guide.rs`: how each is run) on a scratch database, in one psql process.
 #[tokio::test]
 async fn the_postgres_guide_runs_as_written() {
-    use pg::guide::{self, Kind};
+    use pg::guide;
     let scratch = Scratch::new().await;
     let dir = tempfile::tempdir().unwrap();
     let (keys_path, keys) = key_file(dir.path(), "fencing.key", &["k1"]);
@@ -685,49 +631,8 @@ async fn the_postgres_guide_runs_as_written() {
         me = scratch.installer(),
     );
     let mut failures = Vec::new();
-    for (n, block) in blocks.iter().enumerate() {
-        match &block.kind {
-            Kind::Psql { role } => {
-                script += &format!(
-                    "\\c - {}\n\\echo @@ {n}\n{}\n",
-                    session_role(role),
-                    values.apply(&block.text)
-                );
-            }
-            Kind::Sh => {
-                script += &format!("\\echo @@ {n}\n");
-                for (command, optional) in guide::commands(&block.text) {
-                    let command = values.apply(&command);
-                    if command.starts_with("\"$FENCE_GATEWAY\" pg ") || command.starts_with("psql ")
-                    {
-                        for flag in &optional {
-                            let sub = command.split(' ').nth(2).unwrap_or_default();
-                            let help = gateway(&["pg", sub, "--help"]);
-                            if !text(&help).contains(flag.as_str()) {
-                                failures.push(format!(
-                                    "{}: `fence-gateway pg {sub}` has no {flag}",
-                                    block.at
-                                ));
-                            }
-                        }
-                        script += &format!("\\! {command}; echo \"exit $?\"\n");
-                    } else {
-                        check_service_flags(&command, &optional, &mut failures);
-                    }
-                }
-            }
-            Kind::Transcript { role, terse } => {
-                script += &format!("\\c - {}\n", session_role(role));
-                if *terse {
-                    script += "\\set VERBOSITY terse\n";
-                }
-                script += &format!(
-                    "\\echo @@ {n}\n{}\\echo @@ end\n\\set VERBOSITY default\n",
-                    guide::transcript_input(&block.text)
-                );
-            }
-        }
-    }
+    let help = |sub: &str| text(&gateway(&["pg", sub, "--help"]));
+    script += &guide::script(&blocks, &values, session_role, help, &mut failures);
     let new = keys.mint("aisle-1", Token::new(0, 7));
     let old = keys.mint("aisle-1", Token::new(0, 5));
     let output = psql(
@@ -738,32 +643,6 @@ async fn the_postgres_guide_runs_as_written() {
         &[("new".to_owned(), new), ("old".to_owned(), old)],
         &[("FENCE_GATEWAY", GATEWAY.to_owned())],
     );
-    let lines: Vec<&str> = output.lines().collect();
-    for (n, block) in blocks.iter().enumerate() {
-        let start = lines
-            .iter()
-            .position(|l| *l == format!("@@ {n}"))
-            .unwrap_or_else(|| panic!("{}: never ran:\n{output}", block.at));
-        let section: Vec<&str> = lines[start + 1..]
-            .iter()
-            .take_while(|l| !l.starts_with("\\echo @@"))
-            .copied()
-            .collect();
-        let said = section.join("\n");
-        match &block.kind {
-            Kind::Transcript { .. } if guide::trimmed(&said) != guide::trimmed(&block.text) => {
-                failures.push(format!("{}: psql printed\n{said}\n", block.at));
-            }
-            Kind::Psql { .. } | Kind::Sh
-                if said.contains("ERROR")
-                    || said
-                        .lines()
-                        .any(|l| l.starts_with("exit ") && l != "exit 0") =>
-            {
-                failures.push(format!("{}: failed:\n{said}\n", block.at));
-            }
-            _ => {}
-        }
-    }
+    guide::verdicts(&blocks, &output, &mut failures);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

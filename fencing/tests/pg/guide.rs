@@ -204,3 +204,123 @@ pub fn transcript_input(block: &str) -> String {
 pub fn trimmed(text: &str) -> Vec<String> {
     text.lines().map(|l| l.trim_end().to_owned()).collect()
 }
+
+/// The psql script that runs `blocks` (appended to the caller's preamble): each block after an
+/// `\echo @@ N` line, as the role `session_role` maps its marker's role to; a shell block's
+/// `fence-gateway pg`/`psql` commands through `\!`, its services' flags checked at once (and the
+/// optional flags of `fence-gateway pg SUB` against `help(SUB)`), failures into `failures`.
+pub fn script(
+    blocks: &[Block],
+    values: &Values,
+    session_role: impl Fn(&str) -> String,
+    help: impl Fn(&str) -> String,
+    failures: &mut Vec<String>,
+) -> String {
+    let mut script = String::new();
+    for (n, block) in blocks.iter().enumerate() {
+        match &block.kind {
+            Kind::Psql { role } => {
+                script += &format!(
+                    "\\c - {}\n\\echo @@ {n}\n{}\n",
+                    session_role(role),
+                    values.apply(&block.text)
+                );
+            }
+            Kind::Sh => {
+                script += &format!("\\echo @@ {n}\n");
+                for (command, optional) in commands(&block.text) {
+                    let command = values.apply(&command);
+                    if command.starts_with("\"$FENCE_GATEWAY\" pg ") || command.starts_with("psql ")
+                    {
+                        for flag in &optional {
+                            let sub = command.split(' ').nth(2).unwrap_or_default();
+                            if !help(sub).contains(flag.as_str()) {
+                                failures.push(format!(
+                                    "{}: `fence-gateway pg {sub}` has no {flag}",
+                                    block.at
+                                ));
+                            }
+                        }
+                        script += &format!("\\! {command}; echo \"exit $?\"\n");
+                    } else {
+                        check_service_flags(&command, &optional, failures);
+                    }
+                }
+            }
+            Kind::Transcript { role, terse } => {
+                script += &format!("\\c - {}\n", session_role(role));
+                if *terse {
+                    script += "\\set VERBOSITY terse\n";
+                }
+                script += &format!(
+                    "\\echo @@ {n}\n{}\\echo @@ end\n\\set VERBOSITY default\n",
+                    transcript_input(&block.text)
+                );
+            }
+        }
+    }
+    script
+}
+
+/// Judges each block by its section of psql's output (after its `@@ N` line).
+pub fn verdicts(blocks: &[Block], output: &str, failures: &mut Vec<String>) {
+    let lines: Vec<&str> = output.lines().collect();
+    for (n, block) in blocks.iter().enumerate() {
+        let start = lines
+            .iter()
+            .position(|l| *l == format!("@@ {n}"))
+            .unwrap_or_else(|| panic!("{}: never ran:\n{output}", block.at));
+        let section: Vec<&str> = lines[start + 1..]
+            .iter()
+            .take_while(|l| !l.starts_with("\\echo @@"))
+            .copied()
+            .collect();
+        let said = section.join("\n");
+        match &block.kind {
+            Kind::Transcript { .. } if trimmed(&said) != trimmed(&block.text) => {
+                failures.push(format!("{}: psql printed\n{said}\n", block.at));
+            }
+            Kind::Psql { .. } | Kind::Sh
+                if said.contains("ERROR")
+                    || said
+                        .lines()
+                        .any(|l| l.starts_with("exit ") && l != "exit 0") =>
+            {
+                failures.push(format!("{}: failed:\n{said}\n", block.at));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A service's command line from the guide: its flags exist where the service defines them.
+pub fn check_service_flags(command: &str, optional: &[String], failures: &mut Vec<String>) {
+    let flags: Vec<String> = flags(command)
+        .into_iter()
+        .chain(optional.iter().cloned())
+        .collect();
+    let source = |path: &str| std::fs::read_to_string(Path::new("..").join(path)).unwrap();
+    let defined: Box<dyn Fn(&str) -> bool> = if command.starts_with("warehouse inventory ") {
+        let src = source("examples/src/bin/warehouse/inventory.rs");
+        Box::new(move |flag: &str| src.contains(&format!("    {}: ", flag[2..].replace('-', "_"))))
+    } else if command.starts_with("lease-proxy ") {
+        let doc = lease_proxy_testkit::docs::read("docs/CONFIGURATION.md");
+        let table = lease_proxy_testkit::docs::table_flags(&lease_proxy_testkit::docs::section(
+            &doc,
+            "## lease-proxy",
+        ));
+        Box::new(move |flag: &str| table.contains(flag))
+    } else if let Some(script) = command.strip_prefix("python3 ") {
+        let path = script.split(' ').next().unwrap_or_default().to_owned();
+        let src = source(&path);
+        Box::new(move |flag: &str| src.contains(&format!("\"{flag}\"")))
+    } else {
+        failures.push(format!("no way to check the flags of `{command}`"));
+        return;
+    };
+    for flag in flags {
+        if !defined(&flag) {
+            failures.push(format!("`{command}`: {flag} is not one of its flags"));
+        }
+    }
+}

@@ -230,3 +230,52 @@ pub fn with_segment(wire: &str, i: usize, value: &str) -> String {
     parts[i] = value;
     parts.join(".")
 }
+
+/// Runs `script` (a file under `fencing/`) in one psql process as the installing role of
+/// `scratch`, with psql variables `vars` and environment `env` (for its `\!` commands), and
+/// compares its output with the file `expected` (`BLESS=1` rewrites it), showing a diff.
+pub fn run_and_compare(
+    scratch: &Scratch,
+    script: &str,
+    vars: &[(String, String)],
+    env: &[(&str, String)],
+    expected: &str,
+) {
+    let script = std::fs::read_to_string(script).unwrap();
+    let output = psql(
+        &scratch.admin,
+        &scratch.installer(),
+        &scratch.name,
+        &script,
+        vars,
+        env,
+    );
+    let expected_path = Path::new(expected);
+    if std::env::var_os("BLESS").is_some() {
+        std::fs::write(expected_path, &output).unwrap();
+    }
+    let wanted = std::fs::read_to_string(expected_path).unwrap_or_default();
+    if output != wanted {
+        let dir = tempfile::tempdir().unwrap();
+        let actual = dir.path().join("actual");
+        std::fs::write(&actual, &output).unwrap();
+        let diff = Command::new("diff")
+            .arg("-u")
+            .arg(expected_path)
+            .arg(&actual)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        panic!("psql output differs from {expected} (BLESS=1 to accept):\n{diff}");
+    }
+}
+
+/// Runs `fence-gateway` with `args` on a thread of its own; its output and how long it took.
+pub fn gateway_timed(args: Vec<String>) -> std::thread::JoinHandle<(Output, std::time::Duration)> {
+    std::thread::spawn(move || {
+        let started = tokio::time::Instant::now();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let output = gateway(&args);
+        (output, started.elapsed())
+    })
+}
