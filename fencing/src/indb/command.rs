@@ -108,6 +108,39 @@ pub fn run(command: GatewayCommand) -> ExitCode {
     }
 }
 
+/// What `pg install` says it did.
+fn installed(done: &super::Installed, schema: &str) -> String {
+    let mut adopted = done
+        .adopted_from
+        .as_ref()
+        .map(|s| format!("; fence-gateway's tables moved from schema {s}"))
+        .unwrap_or_default();
+    if !done.protect_again.is_empty() {
+        adopted.push_str(&format!(
+            "; run fencing.protect again (as each table's owner) on {}: its triggers are an \
+             older version's, or a table added under it lacks them",
+            done.protect_again.join(", ")
+        ));
+    }
+    adopted.push_str(if done.event_trigger {
+        "; tables created or attached under protected ones are protected at once (event trigger)"
+    } else {
+        "; no event trigger (only a superuser's install makes it): run fencing.protect \
+         again after adding a partition or child to a protected table"
+    });
+    if done.from == done.to {
+        format!(
+            "fencing package version {} in schema {schema} (functions and grants renewed){adopted}",
+            done.to
+        )
+    } else {
+        format!(
+            "fencing package installed in schema {schema}: version {} -> {}{adopted}",
+            done.from, done.to
+        )
+    }
+}
+
 async fn execute(command: PgCommand) -> Result<String, PackageError> {
     match command {
         PgCommand::Install {
@@ -124,34 +157,7 @@ async fn execute(command: PgCommand) -> Result<String, PackageError> {
                 lock_timeout: target.lock_timeout,
             };
             let done = super::install(&target.database_url, &options).await?;
-            let mut adopted = done
-                .adopted_from
-                .map(|s| format!("; fence-gateway's tables moved from schema {s}"))
-                .unwrap_or_default();
-            if !done.protect_again.is_empty() {
-                adopted.push_str(&format!(
-                    "; run fencing.protect again (as each table's owner) on {}: its triggers are an \
-                     older version's, or a table added under it lacks them",
-                    done.protect_again.join(", ")
-                ));
-            }
-            adopted.push_str(if done.event_trigger {
-                "; tables created or attached under protected ones are protected at once (event trigger)"
-            } else {
-                "; no event trigger (only a superuser's install makes it): run fencing.protect \
-                 again after adding a partition or child to a protected table"
-            });
-            Ok(if done.from == done.to {
-                format!(
-                    "fencing package version {} in schema {} (functions and grants renewed){adopted}",
-                    done.to, target.schema
-                )
-            } else {
-                format!(
-                    "fencing package installed in schema {}: version {} -> {}{adopted}",
-                    target.schema, done.from, done.to
-                )
-            })
+            Ok(installed(&done, &target.schema))
         }
         PgCommand::Uninstall { target, force } => {
             let done = super::uninstall(
