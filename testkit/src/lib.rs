@@ -13,6 +13,9 @@
 //!
 //! [`process::Spawned`] runs a workspace binary as a child process and collects its log.
 //!
+//! [`postgres::PrivatePostgres`] is a PostgreSQL server of a test's own (server settings, a
+//! superuser), beside the shared one the tests use otherwise.
+//!
 //! With the feature `proxy`, `proxy::Proxy` runs a lease-proxy in the test's own process.
 #![forbid(unsafe_code)]
 #![allow(clippy::expect_used)] // a test helper that cannot start etcd must stop the test loudly
@@ -27,6 +30,7 @@ use tempfile::TempDir;
 pub mod docs;
 pub mod openapi;
 pub mod pki;
+pub mod postgres;
 pub mod process;
 #[cfg(feature = "proxy")]
 pub mod proxy;

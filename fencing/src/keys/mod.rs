@@ -212,6 +212,24 @@ impl Keyring {
         self.keys.iter().map(|k| (&k.id, k.secret.as_slice()))
     }
 
+    /// One short tag per key, `KID:` and 16 hex digits of an HMAC under the key: the same for
+    /// every holder of the key file, unpredictable without it, and saying nothing about the
+    /// secret. fence-gateway's PostgreSQL store and `fence-gateway pg sync-keys` stamp a set of
+    /// marks with them, so that an enforcer can tell this deployment's marks from another's
+    /// (a key shared is a deployment shared). The signing key's first.
+    pub fn marks_tags(&self) -> Vec<String> {
+        self.keys
+            .iter()
+            .map(|k| {
+                let mut mac = k.hmac();
+                mac.update(b"lease-proxy/fencing/marks/v1\0");
+                let digest = mac.finalize().into_bytes();
+                let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+                format!("{}:{hex}", k.id)
+            })
+            .collect()
+    }
+
     /// The ring as each of its keys would sign: one single-key ring per key, the signing key
     /// first. For checking a value [`Keyring::derive`]d (or minted) by a holder of this file
     /// before a rotation made another key the signing one: it matches under one of them as
