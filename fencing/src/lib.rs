@@ -19,6 +19,8 @@ pub mod admission;
 pub mod backoff;
 #[cfg(feature = "server")]
 pub mod cli;
+#[cfg(feature = "server")]
+pub mod command;
 mod domain;
 mod error;
 pub mod files;

@@ -24,7 +24,9 @@ use crate::{Admission, Gate};
 #[command(
     name = "fence-gateway",
     version,
-    about = "Reverse proxy that refuses stale, forged and misdirected fencing tokens"
+    about = "Reverse proxy that refuses stale, forged and misdirected fencing tokens",
+    after_help = "The fencing key file: fence-gateway keys generate FILE makes one; keys add, \
+                  keys promote and keys remove rotate its keys (fence-gateway keys help)."
 )]
 #[serde(deny_unknown_fields)]
 pub struct GatewayConfig {

@@ -12,6 +12,8 @@
 //! [`Keys`] is the keyring in force, swapped whole when its file is reloaded.
 
 mod current;
+#[cfg(feature = "server")]
+pub(crate) mod file;
 
 pub use current::Keys;
 
@@ -166,12 +168,17 @@ impl Keyring {
 
     /// The text of a fresh key file holding one random 32-byte key with the given id.
     pub fn generate_file(kid: &KeyId) -> String {
+        format!(
+            "# fencing key file: `KID SECRET` per line; the first key signs, all verify\n{}",
+            Self::key_line(kid)
+        )
+    }
+
+    /// One line of a key file: `kid` and a fresh random 32-byte secret, newline included.
+    fn key_line(kid: &KeyId) -> String {
         let mut secret = [0u8; MIN_SECRET_LEN];
         rand::rng().fill_bytes(&mut secret);
-        format!(
-            "# fencing key file: `KID SECRET` per line; the first key signs, all verify\n{kid} {}\n",
-            URL_SAFE_NO_PAD.encode(secret)
-        )
+        format!("{kid} {}\n", URL_SAFE_NO_PAD.encode(secret))
     }
 
     /// Writes a fresh key file (one random key with id `kid`) at `path`, readable by the owner
