@@ -41,7 +41,7 @@ use futures::future::{BoxFuture, FutureExt};
 use tonic::service::Routes;
 
 use crate::api::{etcd_caller, AppState};
-use crate::v3::{Authorised, Caller, Service, Status};
+use crate::v3::{Authorised, Caller, Code, Service, Status, PERMISSION_DENIED, USER_EMPTY};
 
 /// The etcd services, each holding the proxy's state.
 #[derive(Clone)]
@@ -182,7 +182,8 @@ impl tower::Service<Request<Body>> for Dispatch {
 
 /// The answer to the gRPC call `req`: its caller judged, its deadline kept, a panic answered.
 /// A call of a caller let in marks its connection [`LongLived`]: no idle deadline, as etcd sets
-/// none (a refused caller's connection goes idle as any other).
+/// none, for as long as the caller would still be let in (a refused caller's connection goes
+/// idle as any other, and so does a removed principal's once the token file is reloaded).
 async fn serve(app: &Arc<AppState>, grpc: Routes, req: Request<Body>) -> Response {
     // Authenticate is how a caller gets its credentials: served for anyone.
     if req.uri().path() == auth::AUTHENTICATE {
@@ -190,12 +191,55 @@ async fn serve(app: &Arc<AppState>, grpc: Routes, req: Request<Body>) -> Respons
     }
     match etcd_caller(app, &credentials(&req), req.extensions()) {
         Ok(who) => {
+            let mark = long_lived(&who);
             let mut answer = call(grpc, req, who).await;
-            answer.extensions_mut().insert(LongLived);
+            answer.extensions_mut().insert(mark);
             answer
         }
-        Err(e) => status(Status::from(e)).into_http(),
+        Err(e) => refusal(e).into_http(),
     }
+}
+
+/// The [`LongLived`] mark of a call `who` was let in for: for ever with authentication off;
+/// with it, until a reload of the token file no longer lets the caller in — judged once per
+/// reload (a refusal is counted and audited once, not at every look at the connection).
+fn long_lived(who: &Authorised) -> LongLived {
+    let Some(recheck) = who.recheck.clone() else {
+        return LongLived::always();
+    };
+    let judged = std::sync::Mutex::new((recheck, true));
+    LongLived::while_holds(move || {
+        let mut judged = judged.lock().unwrap_or_else(|p| p.into_inner());
+        let (recheck, holds) = &mut *judged;
+        if *holds && recheck.changed_now() {
+            *holds = recheck.check().is_ok();
+        }
+        *holds
+    })
+}
+
+/// A caller refused before any service runs, answered as etcd 3.4 with authentication on
+/// answers its equivalent — clients match these by text, and Go's clientv3 (etcdctl) retries
+/// "invalid auth token" up to 100 times, fetching a token it has no password for:
+/// - no credential at all is etcd's request without a user: `InvalidArgument "etcdserver: user
+///   name is empty"`, retried by no client;
+/// - a client certificate that names no principal is etcd's certificate user without a role,
+///   and a principal without `v3:*` etcd's user without permission: `PermissionDenied
+///   "etcdserver: permission denied"`;
+/// - any other refused credential (an unknown, malformed or doubled token) is etcd's token it
+///   does not know: `Unauthenticated "etcdserver: invalid auth token"`.
+fn refusal(e: crate::Error) -> tonic::Status {
+    use crate::auth::Unauthenticated as Why;
+    let answer = match e {
+        crate::Error::Unauthenticated(why) if why == Why::Missing.as_str() => {
+            Status::new(Code::InvalidArgument, USER_EMPTY)
+        }
+        crate::Error::Unauthenticated(why) if why == Why::UnknownCertificate.as_str() => {
+            Status::new(Code::PermissionDenied, PERMISSION_DENIED)
+        }
+        other => Status::from(other),
+    };
+    status(answer)
 }
 
 /// `req` served by the gRPC services for `who`, under the client's deadline.

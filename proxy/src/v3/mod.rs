@@ -52,7 +52,7 @@ use lease::Markers;
 use namespace::Namespace;
 use request::Message;
 use status::{json as json_response, plain};
-pub(crate) use status::{Code, Status};
+pub(crate) use status::{Code, Status, PERMISSION_DENIED, USER_EMPTY};
 
 /// A request refused before it reached the `/v3` API (authentication, authorisation), in etcd's
 /// shape.
