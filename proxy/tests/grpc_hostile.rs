@@ -1,112 +1,27 @@
 //! etcd's gRPC front against what a hostile tenant tried, and against what a newcomer's etcdctl
 //! met: one etcd with its own authentication on (the proxies call it as `root`), proxies with
-//! `--auth-tokens`, one principal attacking and another going about its business. Each case
-//! runs in turn on the one etcd:
+//! `--auth-tokens` ([`common::authed`]). Each case runs in turn on the one etcd:
 //! - etcdctl refused by the proxy as by etcd: no credentials, a principal without `v3:*`, a
 //!   wrong token — the same answer, one call, no retries (etcdctl retries "invalid auth token"
 //!   up to 100 times), and a refused `Authenticate` audited and counted;
 //! - renewals of guessed lease ids cost etcd one read, not two a guess;
 //! - a 30 MB Range answers through the proxy as it does against etcd;
-//! - a removed principal's silent connections give their slots back once the file is reloaded;
-//! - one principal's stalled watch streams, each holding a large history answer, cut off only
-//!   that principal's streams, within its budget of the replica's memory.
+//! - a removed principal's silent connections give their slots back once the file is reloaded.
+//!
+//! One principal's stalled watch streams against another's are in `grpc_watch_budget.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use common::authed::*;
 use common::*;
 use etcd_client::{Client, ConnectOptions, GetOptions};
 
 const ETCDCTL: &str = "/usr/bin/etcdctl";
-const ROOT_PASSWORD: &str = "root-password-5e1f";
-const NOROLE_PASSWORD: &str = "norole-password-77";
-const ACME: &str = "acme-token-4c3b2a";
-const OTHER: &str = "other-token-8d7e6f";
-const READER: &str = "reader-token-1a2b3c";
-const DOOMED: &str = "doomed-token-9f8e7d";
-
-/// The one etcd (authentication on: `root`, and `norole`, a user without roles) and the files
-/// every proxy shares.
-struct World {
-    etcd: Etcd,
-    dir: tempfile::TempDir,
-    tokens: PathBuf,
-    password: PathBuf,
-}
-
-impl World {
-    async fn new() -> Self {
-        let etcd = Etcd::single().await;
-        let mut c = etcd.client().await;
-        c.user_add("root", ROOT_PASSWORD, None).await.unwrap();
-        c.user_grant_role("root", "root").await.unwrap();
-        c.user_add("norole", NOROLE_PASSWORD, None).await.unwrap();
-        c.auth_enable().await.unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let tokens = dir.path().join("tokens");
-        std::fs::write(&tokens, Self::token_file(true)).unwrap();
-        let password = dir.path().join("etcd-password");
-        std::fs::write(&password, ROOT_PASSWORD).unwrap();
-        Self {
-            etcd,
-            dir,
-            tokens,
-            password,
-        }
-    }
-
-    fn token_file(with_doomed: bool) -> String {
-        let mut file = token_line("acme", ACME, "v3:*")
-            + &token_line("other", OTHER, "v3:*")
-            + &token_line("reader", READER, "read:*");
-        if with_doomed {
-            file += &token_line("doomed", DOOMED, "v3:*");
-        }
-        file
-    }
-
-    /// A proxy in front of the etcd, as `root`, with the token file and an audit log.
-    async fn proxy(&self, tweak: impl FnOnce(&mut lease_proxy::Config)) -> Proxy {
-        let (tokens, password, audit) =
-            (self.tokens.clone(), self.password.clone(), self.audit_log());
-        Proxy::start(self.etcd.endpoints(), |c| {
-            c.etcd_user = Some("root".into());
-            c.etcd_password_file = Some(password);
-            c.auth_tokens = Some(tokens);
-            c.audit_log = Some(audit);
-            tweak(c);
-        })
-        .await
-    }
-
-    fn audit_log(&self) -> PathBuf {
-        self.dir.path().join("audit.jsonl")
-    }
-
-    /// etcd itself, as `root`.
-    async fn root(&self) -> Client {
-        let options = ConnectOptions::new().with_user("root", ROOT_PASSWORD);
-        Client::connect(self.etcd.endpoints(), Some(options))
-            .await
-            .unwrap()
-    }
-}
-
-/// The sum of metric `name` over the label sets containing every one of `labels`.
-fn metric(text: &str, name: &str, labels: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
-                && labels.iter().all(|label| l.contains(label))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
 
 /// Lines of the audit log at `path` with `outcome`, once the count has held still for 300 ms
 /// (the writer appends in the background).

@@ -41,7 +41,9 @@ use futures::future::{BoxFuture, FutureExt};
 use tonic::service::Routes;
 
 use crate::api::{etcd_caller, AppState};
-use crate::v3::{Authorised, Caller, Code, Service, Status, PERMISSION_DENIED, USER_EMPTY};
+use crate::v3::{
+    Authorised, Caller, Code, Service, Status, Written, PERMISSION_DENIED, USER_EMPTY,
+};
 
 /// The etcd services, each holding the proxy's state.
 #[derive(Clone)]
@@ -256,13 +258,22 @@ async fn call(grpc: Routes, mut req: Request<Body>, who: Authorised) -> Response
         None => Some(call.await),
     };
     match answer {
-        Some(Ok(Ok(response))) => response.into_response(),
+        Some(Ok(Ok(response))) => counted(response.into_response()),
         Some(Ok(Err(never))) => match never {},
         Some(Err(_)) => {
             tracing::error!("gRPC handler panicked");
             status(Status::internal()).into_http()
         }
         None => status(Status::deadline_exceeded()).into_http(),
+    }
+}
+
+/// A watch answer with its body counted until written ([`watch::Counted`]); any other answer as
+/// it is.
+fn counted(mut answer: Response) -> Response {
+    match answer.extensions_mut().remove::<Written>() {
+        Some(written) => answer.map(|body| Body::new(watch::Counted::new(body, written))),
+        None => answer,
     }
 }
 

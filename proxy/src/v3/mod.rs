@@ -45,7 +45,7 @@ use hyper_util::rt::TokioExecutor;
 use crate::etcd::{Etcd, KeepAlive};
 pub(crate) use request::Lock;
 pub(crate) use service::{Authorised, Caller, Service, Streams};
-pub(crate) use watch::Requests as WatchRequests;
+pub(crate) use watch::{Budgets as WatchBudgets, Requests as WatchRequests, Written};
 
 use json::{JsonError, Reader, Value};
 use lease::Markers;

@@ -11,7 +11,6 @@
 //! its gRPC server; a gRPC front calls the same methods with the messages tonic decoded, and
 //! maps [`Status`](super::status::Status) (etcd's code and message) to a `tonic::Status`.
 
-use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,8 +56,8 @@ pub(crate) struct Streams {
     /// Longest life of a watch stream or an observer (`--v3-watch-max-duration`; `None`: as
     /// long as its client).
     pub(crate) max_duration: Option<Duration>,
-    /// Bytes of watch answers waiting for their clients, over every stream.
-    pub(crate) buffered: Arc<AtomicUsize>,
+    /// What watch answers hold until written, per principal and over every stream.
+    pub(crate) budgets: Arc<super::watch::Budgets>,
     /// The replica's shared etcd watches.
     pub(crate) hubs: Arc<super::watch::Hubs>,
 }
