@@ -372,9 +372,11 @@ async fn connection_with_a_call(url: &str, token: &str, within: Duration) -> Opt
 
 /// A let-in caller's connection has no idle deadline, but only while its principal would be
 /// let in: once its line is gone from the token file, its silent connections go idle as any
-/// other and give back their slots of `--max-client-connections` (32 silent connections of a
-/// removed principal held every slot, and other principals got DEADLINE_EXCEEDED).
+/// other — a keepalive stream left open ends — and give back their slots of
+/// `--max-client-connections` (32 silent connections of a removed principal held every slot,
+/// and other principals got DEADLINE_EXCEEDED).
 async fn a_removed_principals_silent_connections_give_their_slots_back(world: &World) {
+    use etcd_client::proto::{PbLeaseKeepAliveRequest, PbLeaseKeepAliveResponse};
     const SLOTS: usize = 4;
     let proxy = world
         .proxy(|c| {
@@ -383,13 +385,18 @@ async fn a_removed_principals_silent_connections_give_their_slots_back(world: &W
             c.header_read_timeout = Duration::from_millis(500);
         })
         .await;
+    // Silent connections after a call, and one with a keepalive stream open and quiet.
     let mut silent = Vec::new();
-    for _ in 0..SLOTS {
+    for _ in 1..SLOTS {
         let connection = connection_with_a_call(&proxy.url, DOOMED, Duration::from_secs(5))
             .await
             .expect("a slot for doomed");
         silent.push(connection);
     }
+    let path = "/etcdserverpb.Lease/LeaseKeepAlive";
+    let ask = PbLeaseKeepAliveRequest { id: 1 };
+    let mut renewing = h2grpc::Stream::open(&proxy.url, path, &ask, Some(DOOMED)).await;
+    let _: PbLeaseKeepAliveResponse = renewing.next().await.expect("a renewal answered");
     // Every slot is taken, for good while doomed may call.
     let waited = connection_with_a_call(&proxy.url, ACME, Duration::from_secs(2)).await;
     assert!(waited.is_none(), "a slot was free beyond the limit");
@@ -398,11 +405,23 @@ async fn a_removed_principals_silent_connections_give_their_slots_back(world: &W
     std::fs::write(&replaced, World::token_file(false)).unwrap();
     std::fs::rename(&replaced, &world.tokens).unwrap();
     lease_proxy_testkit::signal_pid(std::process::id(), "HUP");
-    let served = connection_with_a_call(&proxy.url, ACME, Duration::from_secs(10)).await;
+    let ended = tokio::time::timeout(
+        Duration::from_secs(10),
+        renewing.next::<PbLeaseKeepAliveResponse>(),
+    )
+    .await;
     assert!(
-        served.is_some(),
-        "a removed principal's silent connections kept every slot after the reload"
+        matches!(ended, Ok(None)),
+        "a removed principal's quiet keepalive stream did not end: {ended:?}"
     );
+    // Every slot comes back: as many connections of another principal are served.
+    let mut served = Vec::new();
+    for i in 0..SLOTS {
+        let connection = connection_with_a_call(&proxy.url, ACME, Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|| panic!("{i} slots of {SLOTS} came back after the reload"));
+        served.push(connection);
+    }
     for connection in silent {
         assert!(
             tokio::time::timeout(Duration::from_secs(5), connection.connection)
