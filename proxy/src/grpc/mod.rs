@@ -387,6 +387,40 @@ mod tests {
     }
 
     #[test]
+    fn refused_callers_are_answered_as_etcd_answers_their_equivalent() {
+        use crate::auth::Unauthenticated as Why;
+        let answer = |e: crate::Error| {
+            let s = refusal(e);
+            (s.code(), s.message().to_owned())
+        };
+        let unauthenticated = |why: Why| answer(crate::Error::Unauthenticated(why.as_str()));
+        let denied = (tonic::Code::PermissionDenied, PERMISSION_DENIED.to_owned());
+        let invalid = (
+            tonic::Code::Unauthenticated,
+            "etcdserver: invalid auth token".to_owned(),
+        );
+        assert_eq!(
+            unauthenticated(Why::Missing),
+            (tonic::Code::InvalidArgument, USER_EMPTY.to_owned())
+        );
+        assert_eq!(unauthenticated(Why::UnknownCertificate), denied);
+        for why in [
+            Why::Unknown,
+            Why::Malformed,
+            Why::Replaced,
+            Why::Conflicting,
+        ] {
+            assert_eq!(unauthenticated(why), invalid, "{why:?}");
+        }
+        let forbidden = crate::Error::Forbidden {
+            principal: "reader".into(),
+            op: "v3",
+            target: "the /v3 API".into(),
+        };
+        assert_eq!(answer(forbidden), denied);
+    }
+
+    #[test]
     fn grpc_is_its_content_types_and_not_grpc_web() {
         let h2 = |ct: &str| {
             let req = Request::builder()
