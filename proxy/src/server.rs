@@ -224,7 +224,7 @@ pub async fn run(
             slots: watch_slots.clone(),
             stopping: stopping.clone(),
             max_duration: config.v3_watch_max_duration,
-            buffered: Default::default(),
+            budgets: Arc::new(crate::v3::WatchBudgets::new(metrics.clone())),
             hubs: Default::default(),
         },
     );

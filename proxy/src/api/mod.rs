@@ -27,6 +27,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 pub(crate) use crate::lease::WatchSlots;
+pub(crate) use authz::unauthenticated;
 pub(crate) use body::BodyLimits;
 pub(crate) use rate::AcquireRate;
 pub(crate) use ui::Ui;
