@@ -39,6 +39,8 @@ use crate::Error;
 pub(crate) struct AppState {
     /// The lease service.
     pub(crate) leases: Leases,
+    /// The fleet service.
+    pub(crate) fleets: crate::fleet::Fleets,
     /// etcd, for readiness.
     pub(crate) etcd: Etcd,
     /// The key read by `/readyz`.

@@ -167,6 +167,7 @@ pub(crate) struct Plan {
     pub(crate) next_deadline: Option<u64>,
 }
 
+#[cfg(test)]
 impl Plan {
     /// Whether the plan asks for nothing but (perhaps) waiting for a deadline.
     pub(crate) fn is_idle(&self, current: &Assignment) -> bool {
