@@ -2,6 +2,7 @@
 
 mod authz;
 mod body;
+mod fleets;
 mod forward;
 mod leases;
 mod openapi;
@@ -106,6 +107,10 @@ fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(sessions::open))
         .routes(routes!(sessions::get, sessions::close))
         .routes(routes!(sessions::keepalive))
+        .routes(routes!(fleets::put, fleets::get, fleets::delete))
+        .routes(routes!(fleets::join))
+        .routes(routes!(fleets::member, fleets::evict))
+        .routes(routes!(fleets::drain))
         .routes(routes!(watch::watch))
         .routes(routes!(ops::livez))
         .routes(routes!(ops::readyz))

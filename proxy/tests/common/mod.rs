@@ -2,6 +2,7 @@
 //! of a real etcd (from `lease-proxy-testkit`), an HTTP client, and an etcd state snapshot.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod fleet;
 pub mod h2grpc;
 pub mod sse;
 
