@@ -1,7 +1,7 @@
-//! The safety property end to end: a member paused (SIGSTOP) past its TTL while it writes
-//! through fence-gateway loses its resources to another member, whose writes land; once it
-//! resumes, its late writes are refused; and the storage sees, per resource, tokens that never
-//! go down.
+//! The safety property end to end: a member paused (SIGSTOP) while it writes through
+//! fence-gateway is drained (it cannot release: its grants are revoked at the deadline) and
+//! stays paused past its TTL; its resources' new owner writes; once it resumes, its late writes
+//! are refused; and the storage sees, per resource, tokens that never go down.
 
 use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt as _;
@@ -75,18 +75,20 @@ async fn a_paused_member_cannot_write_what_it_lost() {
     make_fleet(&r1.url, "sf", &resources, json!({"drain_ms": 500})).await;
     let q = joined(&r2.url, "sf", "q", 30).await;
     let q_task = q.cooperate(None);
+    rested(&r1.url, "sf", &[("q", 4)], Duration::from_secs(10)).await;
+    let (_, view) = q.view().await;
+    let first = tokens(&view);
     let p = joined(&r1.url, "sf", "p", 2).await;
     let p_beat = p.heartbeat(Duration::from_millis(400));
-    rested(
-        &r1.url,
-        "sf",
-        &[("p", 2), ("q", 2)],
-        Duration::from_secs(10),
-    )
-    .await;
+    let settle = Duration::from_secs(10);
+    rested(&r1.url, "sf", &[("p", 2), ("q", 2)], settle).await;
     let (_, view) = p.view().await;
     let mine = tokens(&view);
     assert_eq!(mine.len(), 2, "{view}");
+    // Handed over revoke-before-grant: p's grants are new ones, with higher tokens.
+    for (resource, token) in &mine {
+        assert!(revision(token) > revision(&first[resource]), "{resource}");
+    }
 
     // p's writer runs in a process group of its own, then p's heartbeat is its alone.
     let log = dir.path().join("writer.log");
@@ -114,14 +116,28 @@ async fn a_paused_member_cannot_write_what_it_lost() {
     })
     .await;
 
-    // Paused past its TTL: its session lapses, q gets everything, with higher tokens.
+    // Paused, then drained by an operator while its session still lives: it cannot release,
+    // so its grants are revoked at the deadline and granted to q with higher tokens. Then it
+    // stays paused past its TTL: its session lapses too.
     group_signal(child.id(), "STOP");
     let stopped_at_loop = read_log()
         .lines()
         .filter_map(|l| l.strip_prefix("loop ")?.parse::<u64>().ok())
         .max()
         .unwrap();
-    rested(&r1.url, "sf", &[("q", 4)], Duration::from_secs(2 + 6)).await;
+    let (status, body) =
+        send(http().post(format!("{}/v1/fleets/sf/members/p/drain", r2.url))).await;
+    assert_eq!(status, 202, "{body}");
+    rested(&r1.url, "sf", &[("p", 0), ("q", 4)], Duration::from_secs(5)).await;
+    eventually(Duration::from_secs(2 + 6), "p's session lapses", || async {
+        let (_, view) = fleet_view(&r1.url, "sf").await;
+        if counts(&view).contains_key("p") {
+            Probe::Not(view.to_string())
+        } else {
+            Probe::Done(())
+        }
+    })
+    .await;
     let (_, view) = q.view().await;
     let theirs = tokens(&view);
     for (resource, token) in &mine {
