@@ -281,7 +281,7 @@ pub(super) async fn join(
         (status = 200, description = "The assignment (carries tokens: never cached)", body = MemberView,
             headers(("Cache-Control" = String, description = "`no-store`"))),
         (status = 400, description = "Invalid fleet, member, query or header"),
-        (status = 403, description = "The secret does not prove the member's session"),
+        (status = 403, description = "The secret does not prove the member's session, or the caller may not acquire one of the fleet's resources"),
         (status = 404, description = "No such fleet or member"),
         (status = 429, description = "Over a quota", headers(("Retry-After" = u64, description = "Seconds to wait"))),
     ),
@@ -318,7 +318,9 @@ pub(super) async fn member(
         (Some(_), false) => Some(app.watch_slots.take(principal.as_deref())?),
         _ => None,
     };
+    let gate = gate(&app, &headers, &caller, &on.fleet, Op::Acquire);
     let asked = Asked {
+        gate: &gate,
         member: &on.member,
         secret: &secret,
         principal: principal.as_deref(),

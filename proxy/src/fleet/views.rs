@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use super::assign::{Holder, State};
 use super::members::prove;
 use super::records::Snapshot;
+use super::spec::Gate;
 use super::{Fleets, Owned};
 use crate::lease::i64_string;
 use crate::{Error, Result};
@@ -99,8 +100,10 @@ pub(crate) struct Releasing {
 }
 
 /// A member's question about its assignment.
-#[derive(Debug, Clone)]
 pub(crate) struct Asked<'a> {
+    /// Judges the caller for the fleet's resources (before anything tells whether the member
+    /// exists).
+    pub(crate) gate: Gate<'a>,
     /// The member.
     pub(crate) member: &'a str,
     /// Its session's secret.
@@ -186,6 +189,7 @@ impl Fleets {
 
     async fn member_view_now(&self, fleet: &str, asked: &Asked<'_>) -> Result<MemberView> {
         let snap = self.snapshot(fleet).await?.ok_or(Error::NoFleet)?;
+        (asked.gate)(&snap.spec.record.resources)?;
         let member = snap.members.get(asked.member).ok_or(Error::NoMember)?;
         let session = member.record.session;
         prove(&self.inner.leases, session, asked.secret, asked.principal).await?;

@@ -124,17 +124,20 @@ async fn hostile_requests_are_refused_and_change_nothing() {
     // A principal that may not acquire the fleet's resources cannot join it.
     let (status, body) = join_as("carol-token", "m3").await;
     refused(status, &body, (403, "forbidden"));
-    // Reading an assignment: another member's secret, another principal's session, no secret.
+    // Reading an assignment: another member's secret, another principal's session, a
+    // non-member that may not acquire the fleet's resources (even with a member's secret), no
+    // secret.
     let member = |name: &str| format!("{url}/v1/fleets/ho/members/{name}");
     let secret = |v: &Value| str_field(v, "secret");
-    for (who, name, shown) in [
-        ("bob-token", "m2", secret(&m1)),
-        ("bob-token", "m2", secret(&m2)),
-        ("carol-token", "m1", secret(&m1)),
+    for (who, name, shown, want) in [
+        ("bob-token", "m2", secret(&m1), "not-member"),
+        ("bob-token", "m2", secret(&m2), "not-member"),
+        ("carol-token", "m1", secret(&m1), "forbidden"),
+        ("carol-token", "m9", secret(&m1), "forbidden"),
     ] {
         let (status, body) =
             send(as_(http().get(member(name)), who).header("lease-secret", shown)).await;
-        refused(status, &body, (403, "not-member"));
+        refused(status, &body, (403, want));
     }
     let (status, body) = send(as_(http().get(member("m1")), "carol-token")).await;
     refused(status, &body, (401, "missing-secret"));
