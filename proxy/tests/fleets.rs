@@ -171,6 +171,32 @@ async fn a_join_moves_only_the_newcomers_share_and_a_leave_only_the_leavers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shares_at_rest_are_within_one_of_the_weights_share() {
+    let r = replicas("fleet-balance", |_| {}).await;
+    let resources = names("ba", 23);
+    make_fleet(&r.r1.url, "ba", &resources, json!({"drain_ms": 2000})).await;
+    let mut tasks = Vec::new();
+    for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
+        let url = if i % 2 == 0 { &r.r1.url } else { &r.r2.url };
+        tasks.push(joined(url, "ba", name, 30).await.cooperate(None));
+    }
+    // 23 over 3: 8, 8 and 7.
+    let view = fairly_rested(&r.r2.url, "ba", &[("a", 1), ("b", 1), ("c", 1)], SETTLE).await;
+    let before = holders(&view);
+    // d weighs 2: 23 × 2/5 = 9.2, the others 4.6 each; only d gains.
+    let d = joined_weighted(&r.r2.url, "ba", "d", 30, 2).await;
+    tasks.push(d.cooperate(None));
+    let weights = [("a", 1), ("b", 1), ("c", 1), ("d", 2)];
+    let view = fairly_rested(&r.r1.url, "ba", &weights, SETTLE).await;
+    let moved = moved(&before, &holders(&view));
+    assert_eq!(moved.len(), counts(&view)["d"], "{moved:?}");
+    assert!(moved.values().all(|(_, to)| to == "d"));
+    for t in tasks {
+        t.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drained_member_hands_everything_off_and_an_evicted_one_loses_it_at_once() {
     let r = replicas("fleet-drain", |_| {}).await;
     let resources = names("dr", 12);

@@ -46,6 +46,30 @@ pub async fn join(url: &str, fleet: &str, member: &str, ttl: u64) -> (u16, Value
     .await
 }
 
+/// `POST {url}/v1/fleets/{fleet}/members` with a weight, which must succeed.
+pub async fn joined_weighted(
+    url: &str,
+    fleet: &str,
+    member: &str,
+    ttl: u64,
+    weight: u64,
+) -> Member {
+    let (status, body) = send(
+        http()
+            .post(format!("{url}/v1/fleets/{fleet}/members"))
+            .json(&json!({"member": member, "ttl_seconds": ttl, "weight": weight})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    Member {
+        fleet: fleet.to_owned(),
+        name: member.to_owned(),
+        session: str_field(&body, "session_id"),
+        secret: str_field(&body, "secret"),
+        url: url.to_owned(),
+    }
+}
+
 /// A joined member, as its client knows it.
 #[derive(Debug, Clone)]
 pub struct Member {
@@ -265,6 +289,37 @@ pub async fn rested(
         },
     )
     .await
+}
+
+/// Waits (at most `within`) until every resource is held by one member, nothing is handed
+/// off, and each member's count is within one of its weight's exact share (`weights`: member →
+/// weight); the view then.
+pub async fn fairly_rested(
+    url: &str,
+    fleet: &str,
+    weights: &[(&str, u64)],
+    within: Duration,
+) -> Value {
+    let total: u64 = weights.iter().map(|(_, w)| w).sum();
+    let (view, _) = eventually(within, &format!("fleet {fleet} fairly at rest"), || async {
+        let (status, view) = fleet_view(url, fleet).await;
+        let n = view["resources"].as_array().map_or(0, Vec::len) as f64;
+        let counts = counts(&view);
+        let fair = weights.iter().all(|(m, w)| {
+            let exact = n * *w as f64 / total as f64;
+            (counts.get(*m).copied().unwrap_or(0) as f64 - exact).abs() < 1.0
+        });
+        if status == 200 && fair && at_rest(&view, &BTreeMap::new()) {
+            Probe::Done(view)
+        } else {
+            Probe::Not(format!(
+                "{status}: counts {counts:?}, releasing {}",
+                releasing(&view)
+            ))
+        }
+    })
+    .await;
+    view
 }
 
 /// The resources whose holder differs between two readings of [`holders`].
