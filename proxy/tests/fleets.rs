@@ -265,6 +265,7 @@ async fn a_holder_that_never_releases_is_revoked_at_its_deadline() {
     rested(&r.r1.url, "dl", &[("a", 10)], SETTLE).await;
     // a never releases; b joins: 5 are listed in a's `releasing` with their deadline, then
     // revoked by the service, then granted to b.
+    let mut events = sse::Sse::open(&format!("{}/v1/watch?prefix=dl-", r.r1.url), None).await;
     let b = joined(&r.r2.url, "dl", "b", 30).await;
     let (releasing, _) = lease_proxy_testkit::poll::eventually(
         Duration::from_secs(5),
@@ -296,6 +297,19 @@ async fn a_holder_that_never_releases_is_revoked_at_its_deadline() {
     assert!(took <= Duration::from_millis(800 + 2_000), "{took:?}");
     let (_, own) = b.view().await;
     assert_eq!(own["held"].as_array().map(Vec::len), Some(5), "{own}");
+    // The event stream says what happened: a's grants released (by the service, for it), not
+    // expired; then b's acquired.
+    let (mut ended, mut acquired) = (Vec::new(), 0);
+    while acquired < 5 {
+        let message = events.event(Duration::from_secs(5)).await;
+        let data = message.data.unwrap();
+        match message.event.as_deref() {
+            Some("acquired") if data["holder"] == "b" => acquired += 1,
+            Some(kind) if data["holder"] == "a" => ended.push(kind.to_owned()),
+            _ => {}
+        }
+    }
+    assert_eq!(ended, vec!["released"; 5], "a's ends");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

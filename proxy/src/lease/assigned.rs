@@ -109,16 +109,23 @@ impl Leases {
         lease: i64,
     ) -> Result<bool> {
         self.holders.releasing(resource, revision);
-        let marker = self.markers.released(resource, revision, lease);
+        // A marker lives on the grant's lease; a grant on no lease (never the fleet's) gets
+        // none rather than one that would outlive it.
+        let marker = (lease != 0).then(|| self.markers.released(resource, revision, lease));
         let ended = self
             .commit
-            .delete_if_created(&self.key(resource), revision, None, Some(marker.put()))
+            .delete_if_created(
+                &self.key(resource),
+                revision,
+                None,
+                marker.as_ref().map(|m| m.put()),
+            )
             .await;
         match ended {
             Ok(ended) => {
                 self.holders.forget(resource, revision);
                 if ended {
-                    tracing::info!(%resource, token = revision, "fleet grant revoked");
+                    tracing::debug!(%resource, token = revision, "fleet grant revoked");
                     self.metrics.releases.add(1, &[]);
                 }
                 Ok(ended)
