@@ -15,6 +15,9 @@
 //!
 //! [`postgres::PrivatePostgres`] is a PostgreSQL server of a test's own (server settings, a
 //! superuser), beside the shared one the tests use otherwise.
+//! [`poll::eventually`] waits for a condition with a deadline instead of sleeping for it;
+//! [`Etcd::shared`] is one etcd member shared by the tests of a binary that run at once (each
+//! isolates itself by key prefix).
 //!
 //! With the feature `proxy`, `proxy::Proxy` runs a lease-proxy in the test's own process.
 #![forbid(unsafe_code)]
@@ -31,6 +34,7 @@ pub mod docs;
 pub mod openapi;
 pub mod pki;
 pub mod postgres;
+pub mod poll;
 pub mod process;
 #[cfg(feature = "proxy")]
 pub mod proxy;
@@ -162,6 +166,26 @@ impl Etcd {
     /// Starts a single-member etcd and waits until it answers.
     pub async fn single() -> Self {
         Self::cluster(1).await
+    }
+
+    /// One single-member etcd shared by every caller that holds it at the same time: the
+    /// tests of one binary running at once use one member (each under a key prefix of its
+    /// own); it is killed when the last holder drops it, and the next caller starts another.
+    pub async fn shared() -> std::sync::Arc<Self> {
+        use std::sync::{Arc, Mutex, PoisonError, Weak};
+        static SHARED: Mutex<Weak<Etcd>> = Mutex::new(Weak::new());
+        static STARTING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+        let _one = STARTING.lock().await;
+        let running = SHARED
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .upgrade();
+        if let Some(etcd) = running {
+            return etcd;
+        }
+        let etcd = Arc::new(Self::single().await);
+        *SHARED.lock().unwrap_or_else(PoisonError::into_inner) = Arc::downgrade(&etcd);
+        etcd
     }
 
     /// Starts an `n`-member cluster and waits until every member answers and a leader exists.

@@ -2,6 +2,7 @@
 
 mod authz;
 mod body;
+mod fleets;
 mod forward;
 mod leases;
 mod openapi;
@@ -40,6 +41,8 @@ use crate::Error;
 pub(crate) struct AppState {
     /// The lease service.
     pub(crate) leases: Leases,
+    /// The fleet service.
+    pub(crate) fleets: crate::fleet::Fleets,
     /// etcd, for readiness.
     pub(crate) etcd: Etcd,
     /// The key read by `/readyz`.
@@ -105,6 +108,10 @@ fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(sessions::open))
         .routes(routes!(sessions::get, sessions::close))
         .routes(routes!(sessions::keepalive))
+        .routes(routes!(fleets::put, fleets::get, fleets::delete))
+        .routes(routes!(fleets::join))
+        .routes(routes!(fleets::member, fleets::evict))
+        .routes(routes!(fleets::drain))
         .routes(routes!(watch::watch))
         .routes(routes!(ops::livez))
         .routes(routes!(ops::readyz))

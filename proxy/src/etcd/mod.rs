@@ -6,12 +6,14 @@
 mod batch;
 mod create;
 mod deletions;
+mod fleet;
 mod keepalive;
 mod rewatch;
 
 pub(crate) use batch::{Batching, GroupCommit, ETCD_MAX_TXN_OPS};
 pub(crate) use create::{Companion, Create, Creation, Quota};
 pub(crate) use deletions::{Deleted, Deletions};
+pub(crate) use fleet::{Guarded, Listed, Unchanged};
 pub(crate) use keepalive::KeepAlive;
 pub(crate) use rewatch::reopening;
 

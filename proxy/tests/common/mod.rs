@@ -3,6 +3,7 @@
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod authed;
+pub mod fleet;
 pub mod h2grpc;
 pub mod sse;
 
