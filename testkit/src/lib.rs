@@ -33,8 +33,8 @@ use tempfile::TempDir;
 pub mod docs;
 pub mod openapi;
 pub mod pki;
-pub mod postgres;
 pub mod poll;
+pub mod postgres;
 pub mod process;
 #[cfg(feature = "proxy")]
 pub mod proxy;
