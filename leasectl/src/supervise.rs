@@ -243,12 +243,16 @@ mod tests {
         assert_eq!(exit_code(out.status), 128 + 9);
     }
 
+    /// SIGHUP rather than SIGINT: a test run started in the background by a non-interactive
+    /// shell has SIGINT ignored, the command inherits that, and a shell cannot trap a signal
+    /// that was ignored when it started — its trap would never run. The forwarding does not
+    /// depend on which signal it is.
     #[tokio::test]
     async fn forwards_signals_to_the_command() {
         let dir = tempfile::tempdir().unwrap();
         let ready = dir.path().join("ready");
         let mut child = sh(&format!(
-            r#"trap 'exit 5' INT; echo up > {}; while :; do sleep 0.05; done"#,
+            r#"trap 'exit 5' HUP; echo up > {}; while :; do sleep 0.05; done"#,
             ready.display()
         ));
         let (tx, mut rx) = mpsc::channel(1);
@@ -262,7 +266,7 @@ mod tests {
             .await
         });
         wait_for_file(&ready).await;
-        tx.send(Signal::SIGINT).await.unwrap();
+        tx.send(Signal::SIGHUP).await.unwrap();
         let out = run.await.unwrap().unwrap();
         assert_eq!((exit_code(out.status), out.lost), (5, None));
     }
