@@ -19,6 +19,14 @@ pub mod admission;
 pub mod backoff;
 #[cfg(feature = "server")]
 pub mod cli;
+#[cfg(not(feature = "model"))]
+#[allow(unreachable_pub)]
+mod decide;
+/// What the gates and the layer decide, as pure functions: exposed for the model checker
+/// (`model/`) only.
+#[cfg(feature = "model")]
+#[doc(hidden)]
+pub mod decide;
 mod domain;
 mod error;
 pub mod files;

@@ -1,0 +1,1 @@
+//! Model 3: fleet hand-off.
