@@ -897,7 +897,6 @@ pub fn describe(_: &Lifecycle, before: &State, action: Action, after: &State) ->
             } else {
                 ""
             },
-            answer(c)
         ),
         Action::Forward(c) => write!(line, "client {c} sends a forward"),
         Action::ForwardArrives(c) => write!(line, "client {c}'s forward reaches the proxy"),
