@@ -77,12 +77,12 @@ pub fn next(input: &Input<'_>) -> Plan {
     let mut counts = vec![0usize; input.members.len()];
     if !active.is_empty() {
         let share = n.div_ceil(active.len());
-        for r in 0..n {
+        for (r, target) in targets.iter_mut().enumerate() {
             let keep = input.targets[r]
                 .or(input.holders[r])
                 .filter(|m| active.contains(m));
             if let Some(m) = keep.filter(|&m| counts[m as usize] < share) {
-                targets[r] = Some(m);
+                *target = Some(m);
                 counts[m as usize] += 1;
             }
         }
@@ -194,7 +194,7 @@ impl Fleet {
                 let holders = input.holders;
                 plan.grants.retain(|&(r, _)| holders[r as usize].is_none());
                 for r in 0..dealt.len() {
-                    if let Some(h) = holders[r as usize] {
+                    if let Some(h) = holders[r] {
                         if dealt[r] != Some(h) {
                             plan.revokes.push((r as u8, h));
                         }
@@ -479,7 +479,7 @@ impl Model for Fleet {
                 },
             ),
             Property::sometimes("a resource is handed off", |_, s: &State| {
-                s.moves.iter().any(|&m| m == 1)
+                s.moves.contains(&1)
             }),
         ]
     }
