@@ -99,9 +99,20 @@ check_browser_deps() {
 # Debian's node, which runs the client's cases, and npm, which installs its pinned tree
 # (`npm ci` in scripts/python-tests.sh); checked as the files the test and the script run, since
 # another `node` or `npm` on PATH may be any version. Debian packages npm apart from nodejs.
+# The TypeScript SDK's tests (scripts/typescript-tests.sh) use the same two and need Node 20.3 or
+# later, which that script checks.
 check_node_deps() {
   [ -x /usr/bin/node ] || deps_need nodejs
   [ -x /usr/bin/npm ] || deps_need npm
+}
+
+# What scripts/go-tests.sh uses: Debian's Go toolchain (golang-go; Go 1.19 on bookworm), checked
+# as the file the script runs and by running it, and the source of Debian's lib/pq, which the
+# Go SDK's PostgreSQL test module (sdk/go/pgtest) builds against with a `replace` directive —
+# no Go module proxy is needed, or reached: the SDK itself uses only the standard library.
+check_go_deps() {
+  { [ -x /usr/bin/go ] && /usr/bin/go version >/dev/null 2>&1; } || deps_need golang-go
+  [ -f /usr/share/gocode/src/github.com/lib/pq/go.mod ] || deps_need golang-github-lib-pq-dev
 }
 
 apt_install() {
@@ -168,6 +179,16 @@ ensure_node() {
   [ "${DEPS_DRY_RUN:-0}" = 1 ] && return 0
   /usr/bin/node -e 'process.exit(Number(process.versions.node.split(".")[0]) < 16 ? 1 : 0)' || {
     echo "/usr/bin/node is $(/usr/bin/node --version 2>&1); the npm etcd3 client needs 16 or later" >&2
+    exit 1
+  }
+}
+
+# Go 1.19 or later (and lib/pq's source), for the Go SDK's tests.
+ensure_go() {
+  ensure_with check_go_deps
+  [ "${DEPS_DRY_RUN:-0}" = 1 ] && return 0
+  /usr/bin/go version | awk '{ split(substr($3, 3), v, "."); exit !(v[1] > 1 || (v[1] == 1 && v[2] >= 19)) }' || {
+    echo "$(/usr/bin/go version 2>&1): the Go SDK needs Go 1.19 or later" >&2
     exit 1
   }
 }

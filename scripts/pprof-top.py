@@ -1,6 +1,7 @@
 # Flat and cumulative top of a Go pprof CPU profile (gzipped profile.proto), without Go:
 # python3 scripts/pprof-top.py PROFILE.pb.gz [FLAT_ROWS] [CUM_ROWS]. Used for etcd's own profile
-# (etcd --enable-pprof; /debug/pprof/profile?seconds=N on its client URL), docs/BENCHMARKS.md.
+# (etcd --enable-pprof; /debug/pprof/profile?seconds=N on its client URL), in
+# docs/benchmarks/grpc-cpu.md.
 import gzip, sys, collections
 def varint(b, i):
     r = s = 0

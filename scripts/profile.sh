@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Reproduces the proxy's CPU profiles in docs/BENCHMARKS.md ("Issue 31: where a renewal's and a
-# session acquire's CPU goes"): starts one etcd and one release lease-proxy on loopback, runs
+# Reproduces the proxy's CPU profiles in docs/benchmarks/proxy-cpu-profile.md ("Where a
+# renewal's and a session acquire's CPU goes"): starts one etcd and one release lease-proxy on loopback, runs
 # leasebench against them (`--etcd`/`--proxy`) while `perf record` samples the proxy alone, and
 # writes for each workload a flame graph (SVG), the folded stacks, the share of the proxy's CPU
 # per task kind, and leasebench's JSON; for renew at 1 in flight also the scheduler's wake-up

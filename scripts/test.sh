@@ -19,5 +19,9 @@ echo "==> cargo test"
 cargo test --workspace --locked
 echo "==> Python SDK (pytest)"
 scripts/python-tests.sh
+echo "==> TypeScript SDK (node --test)"
+scripts/typescript-tests.sh
 echo "==> schemathesis"
 scripts/schemathesis.sh
+echo "==> Go SDK (go test)"
+scripts/go-tests.sh

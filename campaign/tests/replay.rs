@@ -69,7 +69,7 @@ fn committed_seeds_reproduce_their_schedules() {
 }
 
 /// Every figure in docs/RELIABILITY.md is traceable: the rendering of each committed data file
-/// appears there verbatim (`./scripts/campaign-data.sh doc` writes it).
+/// appears there verbatim (`./scripts/campaign.sh doc` writes it).
 #[test]
 fn the_published_tables_are_the_committed_data() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -85,7 +85,7 @@ fn the_published_tables_are_the_committed_data() {
         let rendered = lease_proxy_campaign::report::markdown(&runs);
         assert!(
             page.contains(&rendered),
-            "docs/RELIABILITY.md does not show {} as rendered (run ./scripts/campaign-data.sh doc)",
+            "docs/RELIABILITY.md does not show {} as rendered (run ./scripts/campaign.sh doc)",
             path.display()
         );
         checked += 1;

@@ -24,6 +24,9 @@ pub enum Error {
     /// The key file holds no key at all.
     #[error("key file holds no key")]
     NoKeys,
+    /// A change of the key file that would break it or that names a key it does not hold.
+    #[error("key file change refused: {0}")]
+    KeyChange(String),
     /// The metrics or trace pipeline could not be set up or read.
     #[error("telemetry: {0}")]
     Telemetry(String),

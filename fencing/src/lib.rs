@@ -19,6 +19,8 @@ pub mod admission;
 pub mod backoff;
 #[cfg(feature = "server")]
 pub mod cli;
+#[cfg(feature = "server")]
+pub mod command;
 #[cfg(not(feature = "model"))]
 #[allow(unreachable_pub)]
 // The shared gate's decisions have no caller without the PostgreSQL store.

@@ -7,6 +7,10 @@ use fencing::cli;
 use fencing::gateway::{self, GatewayConfig};
 
 fn main() -> ExitCode {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(exit) = fencing::command::run_if_asked(&args) {
+        return exit;
+    }
     let config = match GatewayConfig::load() {
         Ok(c) => c,
         Err(e) => return cli::config_error_exit(&e),

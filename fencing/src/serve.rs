@@ -61,8 +61,9 @@ pub struct Limits {
     /// still open one more `idle_timeout` later (a client that does not answer the GOAWAY's
     /// ping) is closed.
     ///
-    /// Not for a connection one of whose answers the app marked [`LongLived`] (lease-proxy: a
-    /// gRPC call of a caller it let in): gRPC clients keep one connection for their whole life,
+    /// Not for a connection whose latest marked answer the app marked [`LongLived`], while that
+    /// mark holds (lease-proxy: a gRPC call of a caller it let in, until the caller's principal
+    /// loses its right): gRPC clients keep one connection for their whole life,
     /// as etcd (grpc-go) lets them, and a synchronous one (Python's grpcio, under python-etcd3)
     /// reads nothing while no call is under way, so it learns of a close only by failing its
     /// next call with UNAVAILABLE "Socket closed", GOAWAY or not. Such a connection ends with
@@ -99,8 +100,8 @@ struct Activity {
     busy: AtomicUsize,
     /// Whether a request has arrived at all.
     served: AtomicBool,
-    /// Whether an answer was marked [`LongLived`]: no idle deadline then.
-    long_lived: AtomicBool,
+    /// The latest answer's [`LongLived`] mark: no idle deadline while it holds.
+    long_lived: Mutex<Option<LongLived>>,
     /// When the last request ended (or the connection was accepted).
     last: Mutex<Instant>,
     /// Numbers the connection's requests.
@@ -159,7 +160,7 @@ impl Activity {
         Self {
             busy: AtomicUsize::new(0),
             served: AtomicBool::new(false),
-            long_lived: AtomicBool::new(false),
+            long_lived: Mutex::new(None),
             last: Mutex::new(Instant::now()),
             next: AtomicU64::new(0),
             handed: Mutex::new(HashMap::new()),
@@ -175,16 +176,28 @@ impl Activity {
         *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
     }
 
+    /// Whether the connection's latest [`LongLived`] mark still holds.
+    fn long_lived(&self) -> bool {
+        let mark = self
+            .long_lived
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        mark.is_some_and(|m| m.holds())
+    }
+
     /// When the connection is to be closed if nothing happens before, and why: while busy,
     /// when an answer handed over has waited `write_timeout` for its reader (`None`: none
-    /// waits); else the idle (or first-request) deadline, none for a gRPC client's.
+    /// waits); else the idle (or first-request) deadline, none for a gRPC client's while its
+    /// mark holds (asked again at every look, so once it no longer holds the idle deadline is
+    /// back, counted from the last request).
     fn deadline(&self, limits: &Limits) -> Option<(Instant, Close)> {
         if self.busy.load(Ordering::Acquire) > 0 {
             let oldest = self.handed().values().min().copied();
             return oldest.map(|at| (at + limits.write_timeout, Close::Stalled));
         }
         let limit = if self.served.load(Ordering::Acquire) {
-            if self.long_lived.load(Ordering::Acquire) {
+            if self.long_lived() {
                 return None;
             }
             limits.idle_timeout
@@ -454,11 +467,43 @@ impl Connection {
 }
 
 /// Marks an answer (in its extensions) whose connection the client keeps for its whole life
-/// and may leave idle: the connection then has no idle deadline (see [`Limits::idle_timeout`]).
-/// The app sets it only for a caller it let in (lease-proxy: a gRPC call that passed its
-/// authentication), so that no refused client can pin a connection.
-#[derive(Clone, Copy, Debug)]
-pub struct LongLived;
+/// and may leave idle: the connection then has no idle deadline (see [`Limits::idle_timeout`])
+/// for as long as the mark holds. The app sets it only for a caller it let in (lease-proxy: a
+/// gRPC call that passed its authentication), so that no refused client can pin a connection,
+/// and makes it lapse once the caller would no longer be let in (its principal removed), so
+/// that no removed one keeps pinning it. A connection's latest mark is the one that counts.
+#[derive(Clone)]
+pub struct LongLived {
+    holds: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
+}
+
+impl LongLived {
+    /// A mark that holds for the connection's whole life.
+    pub fn always() -> Self {
+        Self { holds: None }
+    }
+
+    /// A mark that holds while `holds` says so. It is asked whenever the serving loop looks at
+    /// an idle connection's deadline — at least every `min(idle_timeout, write_timeout)` — so
+    /// it must be cheap, and free of side effects a repeated call would repeat.
+    pub fn while_holds(holds: impl Fn() -> bool + Send + Sync + 'static) -> Self {
+        Self {
+            holds: Some(Arc::new(holds)),
+        }
+    }
+
+    fn holds(&self) -> bool {
+        self.holds.as_ref().is_none_or(|holds| holds())
+    }
+}
+
+impl std::fmt::Debug for LongLived {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LongLived")
+            .field("lapses", &self.holds.is_some())
+            .finish()
+    }
+}
 
 /// `app`, counting each request as busy on `activity` until its answer's body is dropped,
 /// giving each the connection's client certificate, and marking the connection long-lived once
@@ -482,8 +527,11 @@ fn tracked(
         let activity = activity.clone();
         async move {
             let response = answer.await?;
-            if response.extensions().get::<LongLived>().is_some() {
-                activity.long_lived.store(true, Ordering::Release);
+            if let Some(mark) = response.extensions().get::<LongLived>() {
+                *activity
+                    .long_lived
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = Some(mark.clone());
             }
             busy.handed();
             Ok(response.map(|body| axum::body::Body::new(Watched { body, busy })))
@@ -576,18 +624,28 @@ mod tests {
         )
     }
 
+    /// Whether `GET /lapse`'s mark has lapsed (one test uses it).
+    static LAPSED: AtomicBool = AtomicBool::new(false);
+
     /// A server whose connections go idle after 300 ms.
     async fn server() -> String {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let long_lived = || async {
             let mut answer = axum::response::IntoResponse::into_response("ok");
-            answer.extensions_mut().insert(LongLived);
+            answer.extensions_mut().insert(LongLived::always());
+            answer
+        };
+        let lapsing = || async {
+            let mut answer = axum::response::IntoResponse::into_response("ok");
+            let mark = LongLived::while_holds(|| !LAPSED.load(Ordering::Acquire));
+            answer.extensions_mut().insert(mark);
             answer
         };
         let app = Router::new()
             .route("/", axum::routing::get(|| async { "ok" }))
-            .route("/long", axum::routing::get(long_lived));
+            .route("/long", axum::routing::get(long_lived))
+            .route("/lapse", axum::routing::get(lapsing));
         let limits = Limits {
             header_read_timeout: Duration::from_millis(300),
             idle_timeout: Duration::from_millis(300),
@@ -706,6 +764,41 @@ mod tests {
             let (kind, _, stream, _) = next(&mut socket).await.expect("closed");
             again = kind == HEADERS && stream == 3;
         }
+    }
+
+    /// A mark that lapses gives the connection its idle deadline back: a removed principal's
+    /// silent connections must not keep every slot.
+    #[tokio::test]
+    async fn a_connection_whose_mark_lapses_goes_idle() {
+        let addr = server().await;
+        let mut socket = connect(&addr).await;
+        // `GET /lapse` (`:path` a literal with an indexed name), answered with a lapsing mark.
+        let block = [
+            0x82, 0x86, 0x44, 6, b'/', b'l', b'a', b'p', b's', b'e', 0x41, 1, b'x',
+        ];
+        socket
+            .write_all(&frame(HEADERS, 0x4 | 0x1, 1, &block))
+            .await
+            .unwrap();
+        // Idle for three idle timeouts while the mark holds, then it lapses.
+        let lapsed_at = Instant::now() + Duration::from_millis(900);
+        tokio::spawn(async move {
+            tokio::time::sleep_until(lapsed_at).await;
+            LAPSED.store(true, Ordering::Release);
+        });
+        let mut answered = false;
+        loop {
+            let (kind, _, stream, _) = next(&mut socket).await.expect("closed without a GOAWAY");
+            answered |= kind == HEADERS && stream == 1;
+            if kind == GOAWAY {
+                break;
+            }
+        }
+        assert!(answered, "the call was not answered");
+        assert!(
+            Instant::now() >= lapsed_at,
+            "told to go away while the mark held"
+        );
     }
 
     /// helper-2: one request with a gRPC content type, refused or not for the app at all, kept

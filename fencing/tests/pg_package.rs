@@ -7,237 +7,19 @@
 //! in flight; the SQL verification against `Keyring::verify` over every small mutation of a
 //! token; how `protect` evaluates a resource expression; how a claim is split. Each test makes
 //! its own database and roles and drops them. (Concurrent cases are in
-//! sdk/python/tests/test_pg_fencing.py.) Over 500 lines: one file, because every test shares
-//! the scratch database and the installed package (`Scratch`).
+//! sdk/python/tests/test_pg_fencing.py; attacks on the package in pg_hostile.rs.) Over 500 lines:
+//! one file, because every test shares the scratch database and the installed package
+//! (`Scratch`, in `pg/mod.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+mod pg;
 
 use fencing::{
     Admission, GateError, HighWaterMarks, KeyId, Keyring, PostgresStore, SharedGate, Token,
     TokenError,
 };
-
-const GATEWAY: &str = env!("CARGO_BIN_EXE_fence-gateway");
-
-/// A database and roles of one test, dropped (with `psql`, synchronously) when it ends.
-struct Scratch {
-    name: String,
-    admin: tokio_postgres::Config,
-    password: String,
-}
-
-impl Scratch {
-    const ROLES: [&'static str; 5] = ["owner", "app", "nobody", "tab", "gw"];
-
-    async fn new() -> Self {
-        let url = common::postgres_url();
-        let admin: tokio_postgres::Config = url.parse().unwrap();
-        let password = String::from_utf8(admin.get_password().unwrap().to_vec()).unwrap();
-        let name = common::unique("indb").replace('-', "_");
-        let scratch = Self {
-            name,
-            admin,
-            password,
-        };
-        let client = connect(&url).await;
-        let me = scratch.installer();
-        client
-            .batch_execute(&format!("CREATE DATABASE {}", scratch.name))
-            .await
-            .unwrap();
-        for role in Self::ROLES {
-            let login = if role == "owner" {
-                "NOLOGIN".to_owned()
-            } else {
-                format!("LOGIN PASSWORD '{}'", scratch.password)
-            };
-            client
-                .batch_execute(&format!("CREATE ROLE {} {login}", scratch.role(role)))
-                .await
-                .unwrap();
-        }
-        client
-            .batch_execute(&format!("GRANT {} TO {me}", scratch.role("owner")))
-            .await
-            .unwrap();
-        let db = connect(&scratch.url()).await;
-        // `tab` owns the protected table; `app` may create in public as before PostgreSQL 15,
-        // to plant objects there.
-        db.batch_execute(&format!(
-            "GRANT CREATE ON SCHEMA public TO {}, {}",
-            scratch.role("tab"),
-            scratch.role("app")
-        ))
-        .await
-        .unwrap();
-        scratch
-    }
-
-    fn installer(&self) -> String {
-        self.admin.get_user().unwrap().to_owned()
-    }
-
-    fn role(&self, role: &str) -> String {
-        format!("{}_{role}", self.name)
-    }
-
-    /// The scratch database as the installing role.
-    fn url(&self) -> String {
-        self.url_as(&self.installer())
-    }
-
-    fn url_as(&self, user: &str) -> String {
-        let (host, port) = host_port(&self.admin);
-        format!(
-            "postgres://{user}:{}@{host}:{port}/{}",
-            self.password, self.name
-        )
-    }
-
-    fn install(&self, extra: &[&str]) -> Output {
-        let (owner, app, tab, gw) = (
-            self.role("owner"),
-            self.role("app"),
-            self.role("tab"),
-            self.role("gw"),
-        );
-        let url = self.url();
-        let mut args = vec!["pg", "install", "--database-url", &url, "--owner", &owner];
-        args.extend(["--writer", &app, "--writer", &tab, "--gateway-role", &gw]);
-        args.extend(extra);
-        gateway(&args)
-    }
-
-    /// `fence-gateway pg sync-keys` of `key_file` into the scratch database, which must succeed.
-    fn sync_keys(&self, key_file: &Path) {
-        let url = self.url();
-        let key_file = key_file.display().to_string();
-        let synced = gateway(&[
-            "pg",
-            "sync-keys",
-            "--database-url",
-            &url,
-            "--key-file",
-            &key_file,
-        ]);
-        assert!(synced.status.success(), "{}", text(&synced));
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let roles: Vec<String> = Self::ROLES.iter().map(|r| self.role(r)).collect();
-        // Membership of the login roles lets DROP DATABASE … (FORCE) end their sessions.
-        let sql = format!(
-            "GRANT {} TO CURRENT_USER;\nDROP DATABASE IF EXISTS {} WITH (FORCE);\nDROP ROLE IF EXISTS {};\n",
-            roles[1..].join(", "),
-            self.name,
-            roles.join(", ")
-        );
-        let _ = psql(
-            &self.admin,
-            &self.installer(),
-            "lease_proxy_test",
-            &sql,
-            &[],
-            &[],
-        );
-    }
-}
-
-fn host_port(config: &tokio_postgres::Config) -> (String, u16) {
-    let host = match config.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-        _ => "127.0.0.1".to_owned(),
-    };
-    (host, config.get_ports().first().copied().unwrap_or(5432))
-}
-
-async fn connect(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .expect("PostgreSQL for the tests (run ./scripts/test.sh, or set FENCING_TEST_POSTGRES)");
-    tokio::spawn(connection);
-    client
-}
-
-fn gateway(args: &[&str]) -> Output {
-    Command::new(GATEWAY).args(args).output().unwrap()
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
-
-/// Runs `psql` once on `database` as `user` with `script` on its standard input (so errors
-/// carry no file name and line) and stdout and stderr in one stream, as pg_regress does.
-fn psql(
-    admin: &tokio_postgres::Config,
-    user: &str,
-    database: &str,
-    script: &str,
-    vars: &[(String, String)],
-    env: &[(&str, String)],
-) -> String {
-    let (host, port) = host_port(admin);
-    let dir = tempfile::tempdir().unwrap();
-    let out_path = dir.path().join("out");
-    let out = std::fs::File::create(&out_path).unwrap();
-    let mut command = Command::new("psql");
-    command
-        .args(["-X", "-q", "-a", "-v", "ON_ERROR_STOP=0"])
-        .args([
-            "-h",
-            &host,
-            "-p",
-            &port.to_string(),
-            "-U",
-            user,
-            "-d",
-            database,
-        ])
-        .env(
-            "PGPASSWORD",
-            String::from_utf8_lossy(admin.get_password().unwrap_or_default()).as_ref(),
-        )
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::piped())
-        .stdout(out.try_clone().unwrap())
-        .stderr(out);
-    for (name, value) in vars {
-        command.arg("-v").arg(format!("{name}={value}"));
-    }
-    let mut child = command.spawn().expect("psql (PostgreSQL's client) on PATH");
-    std::io::Write::write_all(child.stdin.as_mut().unwrap(), script.as_bytes()).unwrap();
-    drop(child.stdin.take());
-    child.wait().unwrap();
-    std::fs::read_to_string(out_path).unwrap()
-}
-
-fn key_file(dir: &Path, name: &str, kids: &[&str]) -> (PathBuf, Keyring) {
-    let text: String = kids
-        .iter()
-        .map(|k| Keyring::generate_file(&KeyId::parse(k).unwrap()))
-        .collect();
-    let path = dir.join(name);
-    std::fs::write(&path, &text).unwrap();
-    (path, Keyring::parse(&text).unwrap())
-}
-
-/// Replaces segment `i` (0-based) of a wire token.
-fn with_segment(wire: &str, i: usize, value: &str) -> String {
-    let mut parts: Vec<&str> = wire.split('.').collect();
-    parts[i] = value;
-    parts.join(".")
-}
+use pg::{connect, gateway, key_file, psql, text, with_segment, Scratch, GATEWAY};
 
 /// The tokens cases.sql uses, by psql variable name.
 fn tokens(k1: &Keyring, k2: &Keyring, k3: &Keyring) -> Vec<(String, String)> {
@@ -327,7 +109,6 @@ async fn sql_clients_are_fenced_as_the_gateway_fences() {
     }
     vars.push(("table_owner".to_owned(), scratch.role("tab")));
     vars.push(("installer".to_owned(), scratch.installer()));
-    let script = std::fs::read_to_string("tests/pg/cases.sql").unwrap();
     // For the `\!` commands, which inherit psql's environment.
     let env = [
         ("FENCE_GATEWAY", GATEWAY.to_owned()),
@@ -337,31 +118,13 @@ async fn sql_clients_are_fenced_as_the_gateway_fences() {
         ("KEYS_BAD", bad.display().to_string()),
         ("KEYS_ROTATED", rotated.display().to_string()),
     ];
-    let output = psql(
-        &scratch.admin,
-        &scratch.installer(),
-        &scratch.name,
-        &script,
+    pg::run_and_compare(
+        &scratch,
+        "tests/pg/cases.sql",
         &vars,
         &env,
+        "tests/pg/cases.out",
     );
-    let expected_path = Path::new("tests/pg/cases.out");
-    if std::env::var_os("BLESS").is_some() {
-        std::fs::write(expected_path, &output).unwrap();
-    }
-    let expected = std::fs::read_to_string(expected_path).unwrap_or_default();
-    if output != expected {
-        let actual = dir.path().join("cases.actual");
-        std::fs::write(&actual, &output).unwrap();
-        let diff = Command::new("diff")
-            .arg("-u")
-            .arg(expected_path)
-            .arg(&actual)
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
-        panic!("psql output differs from tests/pg/cases.out (BLESS=1 to accept):\n{diff}");
-    }
 }
 
 #[tokio::test]
@@ -416,7 +179,7 @@ async fn the_install_adopts_a_gateways_tables_and_shares_its_marks() {
     assert!(
         refused
             .to_string()
-            .contains("fence_marks exists in schema fencing"),
+            .contains("fence_marks in schema fencing"),
         "{refused}"
     );
     let public: bool = db
@@ -807,4 +570,79 @@ async fn a_claim_is_split_on_any_separators_and_refusals_stay_short() {
     assert!(db_error
         .message()
         .ends_with("(1000000 characters) is not a fencing resource name"));
+}
+
+/// Every snippet of docs/POSTGRES.md, and README.md's psql transcript, run as written
+/// (`pg/guide.rs`: how each is run) on a scratch database, in one psql process.
+#[tokio::test]
+async fn the_postgres_guide_runs_as_written() {
+    use pg::guide;
+    let scratch = Scratch::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (keys_path, keys) = key_file(dir.path(), "fencing.key", &["k1"]);
+    let url = scratch.url();
+    let values = guide::Values {
+        roles: [
+            ("fencing_owner", scratch.role("docowner")),
+            ("migrator", scratch.installer()),
+            ("app", scratch.role("app")),
+            ("app_owner", scratch.role("tab")),
+            ("gateway", scratch.role("gw")),
+            ("robot", scratch.role("robot")),
+            ("proxy", scratch.role("proxy")),
+        ]
+        .into_iter()
+        .collect(),
+        strings: vec![
+            ("postgres://migrator:…@db/app", url.clone()),
+            ("postgres://migrator:…@db/warehouse", url.clone()),
+            (
+                "'v1.k1.0.4711.…'",
+                format!("'{}'", keys.mint("aisle-7", Token::new(0, 4711))),
+            ),
+            ("fencing.key", keys_path.display().to_string()),
+            ("fence-gateway pg", "\"$FENCE_GATEWAY\" pg".to_owned()),
+        ],
+    };
+    let session_role = |role: &str| match role {
+        "migrator" => scratch.installer(),
+        "app" => scratch.role("app"),
+        "app_owner" => scratch.role("tab"),
+        other => panic!("no role {other:?} in the guide's test"),
+    };
+    let mut blocks = guide::blocks("docs/POSTGRES.md", true);
+    blocks.extend(guide::blocks("README.md", false));
+    // What the guide takes as there: the application's table, and the inventory's, made as the
+    // inventory makes it.
+    let inventory = std::fs::read_to_string("../examples/src/bin/warehouse/inventory.rs").unwrap();
+    let applied = inventory
+        .split("const SCHEMA: &str = \"")
+        .nth(1)
+        .and_then(|s| s.split("\";").next())
+        .unwrap()
+        .replace("seq INTEGER PRIMARY KEY", "seq BIGSERIAL PRIMARY KEY");
+    let mut script = format!(
+        "\\set SHOW_CONTEXT never\n\\pset pager off\n\\c - {tab}\n\
+         CREATE TABLE stock (aisle int PRIMARY KEY, count int NOT NULL);\n\
+         INSERT INTO stock VALUES (7, 40);\nGRANT SELECT, UPDATE ON stock TO {app};\n\
+         \\c - {me}\n{applied};\n",
+        tab = scratch.role("tab"),
+        app = scratch.role("app"),
+        me = scratch.installer(),
+    );
+    let mut failures = Vec::new();
+    let help = |sub: &str| text(&gateway(&["pg", sub, "--help"]));
+    script += &guide::script(&blocks, &values, session_role, help, &mut failures);
+    let new = keys.mint("aisle-1", Token::new(0, 7));
+    let old = keys.mint("aisle-1", Token::new(0, 5));
+    let output = psql(
+        &scratch.admin,
+        &scratch.installer(),
+        &scratch.name,
+        &script,
+        &[("new".to_owned(), new), ("old".to_owned(), old)],
+        &[("FENCE_GATEWAY", GATEWAY.to_owned())],
+    );
+    guide::verdicts(&blocks, &output, &mut failures);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -123,6 +123,29 @@ pub enum Error {
     /// The enforcer could not be pre-fenced, so the grant was withdrawn.
     #[error("pre-fencing the enforcer failed, the grant was withdrawn: {0}")]
     PrefenceFailed(String),
+    /// No such fleet.
+    #[error("no such fleet")]
+    NoFleet,
+    /// The fleet has no member of this name (it left, its session ended, or it never joined).
+    #[error("no such member of this fleet")]
+    NoMember,
+    /// A join named a live member of another principal.
+    #[error("this member name is taken by another principal's live member")]
+    MemberTaken,
+    /// The `Lease-Secret` does not prove the member's session (another member's, a grant's,
+    /// forged, or another principal's).
+    #[error("the Lease-Secret does not prove this member's session")]
+    NotMember,
+    /// The fleet has as many members as it may.
+    #[error("this fleet has its maximum of {0} members")]
+    FleetFull(usize),
+    /// The fleet was made by another principal: only it may change or end it.
+    #[error("this fleet belongs to another principal")]
+    OtherPrincipalsFleet,
+    /// The fleet changed under the request again and again (others writing it at the same
+    /// time): nothing was changed; try again.
+    #[error("the fleet changed while the request was served; nothing was changed, try again")]
+    FleetChanged,
     /// The proxy is draining.
     #[error("the proxy is shutting down")]
     ShuttingDown,

@@ -12,6 +12,7 @@ pub(crate) struct Layout {
     idempotency: String,
     principals: String,
     ended: String,
+    fleets: String,
 }
 
 impl Layout {
@@ -25,6 +26,7 @@ impl Layout {
             idempotency: format!("{prefix}idempotency/"),
             principals: format!("{prefix}principals/"),
             ended: format!("{prefix}ended/"),
+            fleets: format!("{prefix}fleets/"),
         }
     }
 
@@ -78,6 +80,32 @@ impl Layout {
         format!("{}closed/", self.ended)
     }
 
+    /// `{prefix}fleets/`: every fleet's keys, `{fleet}/…` each.
+    pub(crate) fn fleets(&self) -> &str {
+        &self.fleets
+    }
+
+    /// `{prefix}fleets/{fleet}/`: the keys of one fleet. A fleet's name follows the resource
+    /// grammar (no `/`), so no fleet's keys lie under another's.
+    pub(crate) fn fleet(&self, fleet: &str) -> String {
+        format!("{}{fleet}/", self.fleets)
+    }
+
+    /// `{prefix}fleets/{fleet}/spec`: what the fleet shares (`fleet::records::SpecRecord`).
+    pub(crate) fn fleet_spec(&self, fleet: &str) -> String {
+        format!("{}{fleet}/spec", self.fleets)
+    }
+
+    /// `{prefix}fleets/{fleet}/assignment`: who should hold what, and the hand-offs' deadlines.
+    pub(crate) fn fleet_assignment(&self, fleet: &str) -> String {
+        format!("{}{fleet}/assignment", self.fleets)
+    }
+
+    /// `{prefix}fleets/{fleet}/members/{member}`: a member's record, on its session's lease.
+    pub(crate) fn fleet_member(&self, fleet: &str, member: &str) -> String {
+        format!("{}{fleet}/members/{member}", self.fleets)
+    }
+
     /// `{prefix}readyz`: the key `/readyz` reads.
     pub(crate) fn readiness(&self) -> String {
         format!("{}readyz", self.prefix)
@@ -113,11 +141,20 @@ mod tests {
             l.readiness(),
             l.v3_kv(),
             l.v3_leases(),
+            l.fleet_spec("f"),
+            l.fleet_assignment("f"),
+            l.fleet_member("f", "m"),
         ] {
             assert!(key.starts_with("/p/"), "{key}");
         }
         assert_eq!(l.holder("r"), "/p/holders/r");
         assert_eq!(l.principal_grant("alice", "r"), "/p/principals/alice/r");
         assert_eq!(l.released(), "/p/ended/released/");
+        assert_eq!(
+            l.fleet_member("aisles", "robot-1"),
+            "/p/fleets/aisles/members/robot-1"
+        );
+        assert!(l.fleet_spec("a").starts_with(&l.fleet("a")));
+        assert!(!l.fleet_spec("a.b").starts_with(&l.fleet("a")));
     }
 }

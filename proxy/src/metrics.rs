@@ -56,6 +56,14 @@ pub(crate) struct Metrics {
     pub(crate) sessions_opened: Counter<u64>,
     /// Keepalive streams currently open to etcd.
     pub(crate) keepalive_streams: Arc<AtomicI64>,
+    /// Bytes of watch answers the replica holds for gRPC clients until written
+    /// (`lease_proxy_grpc_watch_held_bytes`), and the most it has held
+    /// (`lease_proxy_grpc_watch_held_peak_bytes`).
+    pub(crate) watch_held: Arc<AtomicI64>,
+    pub(crate) watch_held_peak: Arc<AtomicI64>,
+    /// gRPC watch streams ended to keep their answers within a budget, by `budget`: `stream`,
+    /// `principal`, `replica`, `too_large` (`lease_proxy_grpc_watch_cut_off_total`).
+    watch_cut_off: Counter<u64>,
 }
 
 impl Metrics {
@@ -76,6 +84,27 @@ impl Metrics {
             .with_description("Keepalive streams open to etcd.")
             .with_callback(move |o| o.observe(open.load(Ordering::Relaxed), &[]))
             .build();
+        let watch_held = Arc::new(AtomicI64::new(0));
+        let watch_held_peak = Arc::new(AtomicI64::new(0));
+        for (name, description, value) in [
+            (
+                "lease_proxy.grpc.watch.held",
+                "Bytes of watch answers held for gRPC clients until written.",
+                watch_held.clone(),
+            ),
+            (
+                "lease_proxy.grpc.watch.held.peak",
+                "The most bytes of watch answers held for gRPC clients at once.",
+                watch_held_peak.clone(),
+            ),
+        ] {
+            meter
+                .i64_observable_gauge(name)
+                .with_unit("By")
+                .with_description(description)
+                .with_callback(move |o| o.observe(value.load(Ordering::Relaxed), &[]))
+                .build();
+        }
         let metrics = Self {
             grants: counter("lease_proxy.grants", "Leases granted."),
             conflicts: counter(
@@ -136,6 +165,12 @@ impl Metrics {
             ),
             sessions_opened: counter("lease_proxy.sessions.opened", "Sessions opened."),
             keepalive_streams,
+            watch_held,
+            watch_held_peak,
+            watch_cut_off: counter(
+                "lease_proxy.grpc.watch.cut_off",
+                "gRPC watch streams ended to keep their answers within a budget, by budget.",
+            ),
             exporter,
         };
         metrics.start_at_zero();
@@ -170,6 +205,9 @@ impl Metrics {
         for r in ["overtaken", "unreached"] {
             self.watch_own.add(0, &reason(r));
         }
+        for b in ["stream", "principal", "replica", "too_large"] {
+            self.watch_cut_off.add(0, &[KeyValue::new("budget", b)]);
+        }
         for o in ["authenticated", "unauthenticated", "forbidden"] {
             for route in ["acquire", "read", "forward", "v3"] {
                 self.auth_request(o, route, 0);
@@ -180,6 +218,12 @@ impl Metrics {
     /// Counts an event stream that went to read its own etcd watch, for `reason`.
     pub(crate) fn watch_own(&self, reason: &'static str) {
         self.watch_own.add(1, &self::reason(reason));
+    }
+
+    /// Counts a gRPC watch stream ended for going past `budget`.
+    pub(crate) fn watch_cut_off(&self, budget: &'static str) {
+        self.watch_cut_off
+            .add(1, &[KeyValue::new("budget", budget)]);
     }
 
     /// Counts an acquire refused by the `quota` (`held`, `rate`) quota.

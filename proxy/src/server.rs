@@ -135,6 +135,18 @@ fn prefence(config: &Config, metrics: &Arc<Metrics>) -> Result<Prefence, StartEr
     })
 }
 
+/// Who may be granted a fleet's resources: with `--auth-tokens`, a principal the file in force
+/// lets acquire every one of them (judged whenever a fleet decides, so a reload that narrows a
+/// principal takes its members' resources away); without, anyone.
+fn entitlement(auth: Option<Arc<Auth>>) -> crate::fleet::Entitlement {
+    match auth {
+        Some(auth) => Arc::new(move |principal: Option<&str>, resources: &[String]| {
+            principal.is_some_and(|p| auth.named_may_all(p, crate::auth::Op::Acquire, resources))
+        }),
+        None => Arc::new(|_: Option<&str>, _: &[String]| true),
+    }
+}
+
 /// Serves the proxy on `listener` until `shutdown` resolves, then drains and returns.
 pub async fn run(
     listener: TcpListener,
@@ -224,7 +236,7 @@ pub async fn run(
             slots: watch_slots.clone(),
             stopping: stopping.clone(),
             max_duration: config.v3_watch_max_duration,
-            buffered: Default::default(),
+            budgets: Arc::new(crate::v3::WatchBudgets::new(metrics.clone())),
             hubs: Default::default(),
         },
     );
@@ -257,6 +269,7 @@ pub async fn run(
         &tracker,
         background.clone(),
     );
+    let commit_for_fleets = commit.clone();
     let leases = Leases::new(
         etcd.clone(),
         commit,
@@ -273,6 +286,15 @@ pub async fn run(
         tracker.clone(),
         stopping.clone(),
     );
+    let fleets = crate::fleet::Fleets::start(
+        leases.clone(),
+        etcd.clone(),
+        commit_for_fleets,
+        layout.clone(),
+        entitlement(auth.clone()),
+        &tracker,
+        stopping.clone(),
+    );
     let slots = watch_slots.clone();
     metrics
         .meter()
@@ -285,6 +307,7 @@ pub async fn run(
         max_forward_bytes: config.max_forward_bytes,
         v3,
         leases,
+        fleets,
         etcd,
         readiness_key: layout.readiness(),
         body: crate::api::BodyLimits {

@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | leaves | `error`, `headers`, `keys`, `metrics`, `audit` | names and writers every layer shares: the error type, header names, the etcd key layout, the metrics, the audit log |
 //! | calls | `etcd`, `upstream`, `prefence` | calls to etcd (bounded calls, batches, keepalive and watch streams), to the upstream (forwarding's client) and the pre-fence (at the enforcer, in PostgreSQL) |
-//! | domain | `lease` | leases, sessions, the event feed and the local view: what a grant is and how it changes |
+//! | domain | `lease`, `fleet` | leases, sessions, the event feed and the local view: what a grant is and how it changes; fleets: who should hold what, and the grants that follow |
 //! | callers | `auth` | who calls: bearer tokens and client certificates to principals, and their permissions |
 //! | fronts | `api`, `v3`, `grpc`, `forward` | the `/v1` HTTP API, the etcd-compatible core and its JSON and gRPC fronts, the holder's forwarded writes |
 //! | wiring | `config`, `server`, `lib`, `main` | the configuration, and assembling, serving and stopping the parts |
@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, &[&str])] = &[
     ("leaves", &["error", "headers", "keys", "metrics", "audit"]),
     ("calls", &["etcd", "upstream", "prefence"]),
-    ("domain", &["lease"]),
+    ("domain", &["lease", "fleet"]),
     ("callers", &["auth"]),
     ("fronts", &["api", "v3", "grpc", "forward"]),
     ("wiring", &["config", "server", "lib", "main"]),

@@ -19,6 +19,8 @@ async fn probe(base: &str, method: &str, path: &str) -> (u16, String) {
     let concrete = path
         .replace("{resource}", "drift-probe")
         .replace("{id}", "1")
+        .replace("{fleet}", "drift-fleet")
+        .replace("{member}", "drift-member")
         .replace("{path}", "x");
     let method = Method::from_bytes(method.as_bytes()).unwrap();
     let resp = http()
@@ -71,6 +73,10 @@ async fn the_document_is_valid_and_matches_the_router() {
         "/v1/sessions/{id}",
         "/v1/sessions/{id}/keepalive",
         "/v1/watch",
+        "/v1/fleets/{fleet}",
+        "/v1/fleets/{fleet}/members",
+        "/v1/fleets/{fleet}/members/{member}",
+        "/v1/fleets/{fleet}/members/{member}/drain",
         "/livez",
         "/readyz",
         "/metrics",
@@ -156,9 +162,13 @@ async fn the_document_is_valid_and_matches_the_router() {
     let narrowed = &held["content"]["application/problem+json"]["schema"]["allOf"][1];
     assert_eq!(
         narrowed["properties"]["type"]["enum"],
+        // Narrowed by status: every 409 the proxy answers (the fleets' too).
         serde_json::json!([
             "https://lease-proxy.dev/problems/lease-held",
-            "https://lease-proxy.dev/problems/idempotency-key-used"
+            "https://lease-proxy.dev/problems/idempotency-key-used",
+            "https://lease-proxy.dev/problems/member-taken",
+            "https://lease-proxy.dev/problems/fleet-full",
+            "https://lease-proxy.dev/problems/fleet-changed"
         ])
     );
     proxy.stop().await;

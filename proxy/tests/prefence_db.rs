@@ -52,14 +52,19 @@ impl Scratch {
             schema: "fencing".into(),
             owner: None,
             writers: vec![format!("{}_w", scratch.name)],
-            gateway_roles: Vec::new(),
+            ..InstallOptions::default()
         };
         fencing::indb::install(&scratch.url(), &options)
             .await
             .unwrap();
-        fencing::indb::sync_keys(&scratch.url(), "fencing", key_file)
-            .await
-            .unwrap();
+        fencing::indb::sync_keys(
+            &scratch.url(),
+            "fencing",
+            key_file,
+            fencing::indb::DEFAULT_LOCK_TIMEOUT,
+        )
+        .await
+        .unwrap();
         scratch
     }
 

@@ -1,6 +1,7 @@
 //! The lease-proxy binary reloads its key file without a restart, beside fence-gateway
 //! (issue 27 F2): SIGHUP never ends it (without `--auth-tokens` or TLS too), and the rotation
-//! procedure of docs/OPERATIONS.md runs on live binaries with no restart and no refused grant.
+//! procedure of docs/OPERATIONS.md runs on live binaries with no restart and no refused grant,
+//! on a key file made and rotated by `fence-gateway keys generate | add | promote | remove`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -10,7 +11,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
-use fencing::{KeyId, Keyring};
 use lease_proxy_testkit::free_port;
 use lease_proxy_testkit::process::Spawned;
 use serde_json::{json, Value};
@@ -54,8 +54,23 @@ async fn gateway(dir: &Path, keys: &Path) -> (Spawned, String) {
     (process, url)
 }
 
-fn key(kid: &str) -> String {
-    Keyring::generate_file(&KeyId::parse(kid).unwrap())
+/// Runs `fence-gateway keys ARGS…` (the key file is changed by rename, as the docs say) and,
+/// when `both` are given, waits until both processes logged the outcome `what` once more.
+/// Returns what the command printed.
+async fn keys_command(args: &[&str], reloaded: Option<(&str, [&Spawned; 2])>) -> String {
+    let seen = reloaded.map(|(what, both)| both.map(|p| p.logged(what)));
+    let out = Command::new(lease_proxy_testkit::workspace_binary("fence-gateway"))
+        .arg("keys")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "keys {args:?}: {out:?}");
+    if let (Some((what, both)), Some(seen)) = (reloaded, seen) {
+        for (p, seen) in both.into_iter().zip(seen) {
+            p.wait_logged(what, seen, SOON).await;
+        }
+    }
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
 /// Replaces `path` by rename, as the docs say to, and waits until both processes logged the
@@ -115,10 +130,10 @@ async fn a_key_rotation_needs_no_restart() {
     let etcd = Etcd::single().await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fencing.key");
-    let (k1, k2) = (key("k1"), key("k2"));
-    std::fs::write(&path, &k1).unwrap();
-    let (gw, gw_url) = gateway(dir.path(), &path).await;
     let key_file = path.to_str().unwrap();
+    // The file as a newcomer makes it: one command, and both binaries load it.
+    keys_command(&["generate", key_file], None).await;
+    let (gw, gw_url) = gateway(dir.path(), &path).await;
     let (proxy, url) = proxy(
         &etcd,
         dir.path(),
@@ -137,8 +152,9 @@ async fn a_key_rotation_needs_no_restart() {
     assert_eq!(write(&gw_url, "rot-1", &k1_token).await, 200);
 
     // 1. k2 added as a verifying line everywhere; 2. then made the signing line.
-    replace(&path, &format!("{k1}{k2}"), RELOADED, both).await;
-    replace(&path, &format!("{k2}{k1}"), RELOADED, both).await;
+    let k2 = keys_command(&["add", key_file], Some((RELOADED, both))).await;
+    assert_eq!(k2, "k2");
+    keys_command(&["promote", key_file, "k2"], Some((RELOADED, both))).await;
     // The gateway verifies k2 (the pre-fence of every grant below proves it).
     let (status, later) = acquire_as(&url, "rot-3", None).await;
     assert_eq!(status, 201, "{later}");
@@ -159,7 +175,7 @@ async fn a_key_rotation_needs_no_restart() {
     assert_eq!(write(&gw_url, "rot-1", &k1_token).await, 200, "k1 verifies");
 
     // 3. k1 removed: its tokens are refused, the holders' secrets still work.
-    replace(&path, &k2, RELOADED, both).await;
+    keys_command(&["remove", key_file, "k1"], Some((RELOADED, both))).await;
     assert_eq!(write(&gw_url, "rot-1", &k1_token).await, 401);
     assert_eq!(write(&gw_url, "rot-1", &k2_token).await, 200);
     let (status, body) = release_url(&url, "rot-1", &str_field(&first, "secret")).await;

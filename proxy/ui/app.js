@@ -381,7 +381,9 @@ function tick(now) {
   lastTick = now;
   for (const held of state.held.values()) {
     if (!held.row || held.deadline === null) continue;
-    const left = Math.max(0, held.deadline - now);
+    // Capped at the TTL, text and bar alike: an answer may count more than the TTL (a lease
+    // counted from after the request arrived, etcd's whole seconds), never a longer hold.
+    const left = Math.min(Math.max(0, held.deadline - now), held.ttlMs > 0 ? held.ttlMs : Infinity);
     const bar = held.row.bar;
     bar.max = Math.max(held.ttlMs, 1);
     bar.value = Math.min(left, bar.max);

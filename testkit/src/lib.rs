@@ -13,6 +13,12 @@
 //!
 //! [`process::Spawned`] runs a workspace binary as a child process and collects its log.
 //!
+//! [`postgres::PrivatePostgres`] is a PostgreSQL server of a test's own (server settings, a
+//! superuser), beside the shared one the tests use otherwise.
+//! [`poll::eventually`] waits for a condition with a deadline instead of sleeping for it;
+//! [`Etcd::shared`] is one etcd member shared by the tests of a binary that run at once (each
+//! isolates itself by key prefix).
+//!
 //! With the feature `proxy`, `proxy::Proxy` runs a lease-proxy in the test's own process.
 #![forbid(unsafe_code)]
 #![allow(clippy::expect_used)] // a test helper that cannot start etcd must stop the test loudly
@@ -27,6 +33,8 @@ use tempfile::TempDir;
 pub mod docs;
 pub mod openapi;
 pub mod pki;
+pub mod poll;
+pub mod postgres;
 pub mod process;
 #[cfg(feature = "proxy")]
 pub mod proxy;
@@ -73,7 +81,7 @@ pub struct Security {
 }
 
 /// A free TCP port on 127.0.0.1 for a process the test starts, never handed out twice by this
-/// test process.
+/// test process nor by another one running at the same time (see [`claim`]).
 ///
 /// A port found free and released is only free until someone takes it, and the kernel hands out
 /// ports of its ephemeral range to every outgoing connection: a port from that range, released
@@ -101,7 +109,10 @@ pub fn free_port() -> u16 {
         let mut rng = rand::rng();
         for _ in 0..1_000 {
             let port = rng.random_range(LOWEST..ephemeral_low);
-            if !given.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            if !given.contains(&port)
+                && TcpListener::bind(("127.0.0.1", port)).is_ok()
+                && claim(port)
+            {
                 given.insert(port);
                 return port;
             }
@@ -112,9 +123,42 @@ pub fn free_port() -> u16 {
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .expect("no free loopback port");
-        if given.insert(port) {
+        if !given.contains(&port) && claim(port) {
+            given.insert(port);
             return port;
         }
+    }
+}
+
+/// Claims `port` for this process against every other test process on the machine: an
+/// exclusive lock on `$TMPDIR/lease-proxy-test-ports/PORT`, held until the process exits (the
+/// kernel drops it then, however the process ends). Test binaries run side by side (a test
+/// runner's processes, several checkouts' suites), and a port one of them found free and
+/// released is free for the other too until a child binds it. Where the lock file cannot be
+/// made, the port is taken unclaimed, as before.
+fn claim(port: u16) -> bool {
+    use std::fs::{File, OpenOptions, TryLockError};
+    use std::sync::{Mutex, PoisonError};
+
+    static HELD: Mutex<Vec<File>> = Mutex::new(Vec::new());
+    let dir = std::env::temp_dir().join("lease-proxy-test-ports");
+    let file = std::fs::create_dir_all(&dir).and_then(|()| {
+        OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(port.to_string()))
+    });
+    let Ok(file) = file else { return true };
+    match file.try_lock() {
+        Ok(()) => {
+            HELD.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(file);
+            true
+        }
+        Err(TryLockError::WouldBlock) => false,
+        Err(TryLockError::Error(_)) => true,
     }
 }
 
@@ -122,6 +166,26 @@ impl Etcd {
     /// Starts a single-member etcd and waits until it answers.
     pub async fn single() -> Self {
         Self::cluster(1).await
+    }
+
+    /// One single-member etcd shared by every caller that holds it at the same time: the
+    /// tests of one binary running at once use one member (each under a key prefix of its
+    /// own); it is killed when the last holder drops it, and the next caller starts another.
+    pub async fn shared() -> std::sync::Arc<Self> {
+        use std::sync::{Arc, Mutex, PoisonError, Weak};
+        static SHARED: Mutex<Weak<Etcd>> = Mutex::new(Weak::new());
+        static STARTING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+        let _one = STARTING.lock().await;
+        let running = SHARED
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .upgrade();
+        if let Some(etcd) = running {
+            return etcd;
+        }
+        let etcd = Arc::new(Self::single().await);
+        *SHARED.lock().unwrap_or_else(PoisonError::into_inner) = Arc::downgrade(&etcd);
+        etcd
     }
 
     /// Starts an `n`-member cluster and waits until every member answers and a leader exists.
@@ -475,7 +539,15 @@ pub async fn closed_at(
 
 #[cfg(test)]
 mod tests {
-    use super::free_port;
+    use super::{claim, free_port};
+
+    /// A claimed port is refused to every later claim while its claimant lives: a second open
+    /// of the lock file is a second open file description, refused as another process's would be.
+    #[test]
+    fn a_port_given_out_is_claimed_against_other_processes() {
+        let port = free_port();
+        assert!(!claim(port), "{port} claimed twice");
+    }
 
     #[test]
     fn free_ports_are_distinct_and_bindable() {

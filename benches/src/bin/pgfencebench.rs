@@ -254,9 +254,16 @@ async fn run(args: &Args, scratch: &Scratch) -> anyhow::Result<()> {
         owner: None,
         writers: Vec::new(),
         gateway_roles: Vec::new(),
+        ..InstallOptions::default()
     };
     fencing::indb::install(&url, &options).await?;
-    fencing::indb::sync_keys(&url, "fencing", &key_file).await?;
+    fencing::indb::sync_keys(
+        &url,
+        "fencing",
+        &key_file,
+        fencing::indb::DEFAULT_LOCK_TIMEOUT,
+    )
+    .await?;
     let db = connect(&url).await?;
     let most = args.concurrency.iter().copied().max().unwrap_or(1);
     db.batch_execute(&format!(

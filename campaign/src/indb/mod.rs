@@ -241,9 +241,10 @@ async fn prepare(url: &str, key_file: &std::path::Path, control: Control) -> any
         owner: None,
         writers: vec![WRITER.into()],
         gateway_roles: Vec::new(),
+        ..InstallOptions::default()
     };
     fencing::indb::install(url, &options).await?;
-    fencing::indb::sync_keys(url, SCHEMA, key_file).await?;
+    fencing::indb::sync_keys(url, SCHEMA, key_file, fencing::indb::DEFAULT_LOCK_TIMEOUT).await?;
     admin
         .client
         .batch_execute(&format!(

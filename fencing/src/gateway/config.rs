@@ -24,7 +24,9 @@ use crate::{Admission, Gate};
 #[command(
     name = "fence-gateway",
     version,
-    about = "Reverse proxy that refuses stale, forged and misdirected fencing tokens"
+    about = "Reverse proxy that refuses stale, forged and misdirected fencing tokens",
+    after_help = "The fencing key file: fence-gateway keys generate FILE makes one; keys add, \
+                  keys promote and keys remove rotate its keys (fence-gateway keys help)."
 )]
 #[serde(deny_unknown_fields)]
 pub struct GatewayConfig {
@@ -461,10 +463,19 @@ impl GatewayConfig {
             .await?;
             return Ok(local(Box::new(store)));
         }
-        let store = PostgresStore::connect_with_deadline(
+        // The key file names this deployment's sets of marks (never a second one of them).
+        let keys = self
+            .key_file()
+            .map_err(|e| StoreError(e.to_string()))
+            .and_then(|path| {
+                crate::Keyring::load(path)
+                    .map_err(|e| StoreError(format!("--key-file {}: {e}", path.display())))
+            })?;
+        let store = PostgresStore::connect_for(
             &self.store,
             self.max_connections,
             self.store_timeout,
+            &keys,
         )
         .await?
         .with_max_exchange(self.upstream_timeout)

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use super::{InstallOptions, PackageError};
 
@@ -26,6 +27,11 @@ pub struct Target {
     /// The package's schema.
     #[arg(long, default_value = "fencing")]
     pub schema: String,
+
+    /// How long to wait for the package's lock, and for each lock after it, before failing with
+    /// the sessions that hold them (pid, user, application_name).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub lock_timeout: Duration,
 }
 
 /// `fence-gateway pg …`.
@@ -102,6 +108,39 @@ pub fn run(command: GatewayCommand) -> ExitCode {
     }
 }
 
+/// What `pg install` says it did.
+fn installed(done: &super::Installed, schema: &str) -> String {
+    let mut adopted = done
+        .adopted_from
+        .as_ref()
+        .map(|s| format!("; fence-gateway's tables moved from schema {s}"))
+        .unwrap_or_default();
+    if !done.protect_again.is_empty() {
+        adopted.push_str(&format!(
+            "; run fencing.protect again (as each table's owner) on {}: its triggers are an \
+             older version's, or a table added under it lacks them",
+            done.protect_again.join(", ")
+        ));
+    }
+    adopted.push_str(if done.event_trigger {
+        "; tables created or attached under protected ones are protected at once (event trigger)"
+    } else {
+        "; no event trigger (only a superuser's install makes it): run fencing.protect \
+         again after adding a partition or child to a protected table"
+    });
+    if done.from == done.to {
+        format!(
+            "fencing package version {} in schema {schema} (functions and grants renewed){adopted}",
+            done.to
+        )
+    } else {
+        format!(
+            "fencing package installed in schema {schema}: version {} -> {}{adopted}",
+            done.from, done.to
+        )
+    }
+}
+
 async fn execute(command: PgCommand) -> Result<String, PackageError> {
     match command {
         PgCommand::Install {
@@ -115,26 +154,19 @@ async fn execute(command: PgCommand) -> Result<String, PackageError> {
                 owner,
                 writers,
                 gateway_roles,
+                lock_timeout: target.lock_timeout,
             };
             let done = super::install(&target.database_url, &options).await?;
-            let adopted = done
-                .adopted_from
-                .map(|s| format!("; fence-gateway's tables moved from schema {s}"))
-                .unwrap_or_default();
-            Ok(if done.from == done.to {
-                format!(
-                    "fencing package version {} in schema {} (functions and grants renewed){adopted}",
-                    done.to, target.schema
-                )
-            } else {
-                format!(
-                    "fencing package installed in schema {}: version {} -> {}{adopted}",
-                    target.schema, done.from, done.to
-                )
-            })
+            Ok(installed(&done, &target.schema))
         }
         PgCommand::Uninstall { target, force } => {
-            let done = super::uninstall(&target.database_url, &target.schema, force).await?;
+            let done = super::uninstall(
+                &target.database_url,
+                &target.schema,
+                force,
+                target.lock_timeout,
+            )
+            .await?;
             Ok(format!(
                 "fencing package removed from schema {} (marks kept){}",
                 target.schema,
@@ -146,7 +178,13 @@ async fn execute(command: PgCommand) -> Result<String, PackageError> {
             ))
         }
         PgCommand::SyncKeys { target, key_file } => {
-            let ids = super::sync_keys(&target.database_url, &target.schema, &key_file).await?;
+            let ids = super::sync_keys(
+                &target.database_url,
+                &target.schema,
+                &key_file,
+                target.lock_timeout,
+            )
+            .await?;
             Ok(format!(
                 "verification keys in schema {}: {} (signing key first)",
                 target.schema,

@@ -7,28 +7,39 @@
 //!
 //! # The install
 //!
-//! One transaction under an advisory lock, so concurrent installs take turns and a failed one
-//! leaves nothing behind:
+//! One transaction under the package's lock (`session`: taken within `--lock-timeout`, its
+//! holder named if it is not), so concurrent installs take turns and a failed one leaves
+//! nothing behind:
 //!
 //! 1. the package schema, owned by the owner role (`--owner`, default the installing role);
 //!    pgcrypto, into that schema unless the database already has it elsewhere;
 //! 2. fence-gateway's tables, if a gateway created them in another schema (e.g. `public`), are
-//!    moved into the package schema, data and all — one set of marks, never two;
+//!    moved into the package schema, data and all — one set of marks, never two — unless they
+//!    are another package's (`adopt`); the marks are stamped as the package's
+//!    (`store::postgres::marks`);
 //! 3. as the owner role: the version table, each migration above the installed version
 //!    (`sql/v1.sql`, …), the functions (`sql/functions.sql`, replaced on every install) and the
 //!    privileges (`sql/grants.sql`), then the grants to `--writer` and `--gateway-role` roles; a
 //!    gateway role's `search_path` is set to the package schema in this database, so the store's
-//!    unqualified table names resolve there.
+//!    unqualified table names resolve there;
+//! 4. as a superuser only: the event trigger that protects a table created or attached under a
+//!    protected one (`sql/protect.sql`).
 //!
 //! A database whose package is newer than this binary's is refused, never downgraded.
 
+mod adopt;
 mod command;
+mod remove;
+mod session;
 
 pub use command::{run, GatewayCommand, PgCommand, Target};
+pub use remove::{sync_keys, uninstall, Uninstalled};
 
-use tokio_postgres::{Client, NoTls, Transaction};
+use std::time::Duration;
 
-use crate::Keyring;
+use tokio_postgres::Transaction;
+
+use session::{begin, connect, in_slices};
 
 /// The package version this binary installs.
 pub const PACKAGE_VERSION: i32 = 1;
@@ -37,6 +48,9 @@ pub const PACKAGE_VERSION: i32 = 1;
 const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("sql/v1.sql"))];
 /// Replaced on every install.
 const FUNCTIONS: &str = include_str!("sql/functions.sql");
+const PROTECT: &str = include_str!("sql/protect.sql");
+/// Made by a superuser's install only.
+const EVENT_TRIGGER: &str = include_str!("sql/event_trigger.sql");
 const GRANTS: &str = include_str!("sql/grants.sql");
 
 /// The tables fence-gateway's PostgreSQL store creates (fencing/src/store/postgres/mod.rs).
@@ -55,6 +69,9 @@ pub enum PackageError {
     /// The database refused or failed.
     #[error("PostgreSQL: {0}")]
     Database(String),
+    /// A lock the command needs was held by other sessions (named) until its deadline.
+    #[error("{0}")]
+    Busy(String),
     /// The database is not in a state this command can work on.
     #[error("{0}")]
     Refused(String),
@@ -62,6 +79,12 @@ pub enum PackageError {
 
 fn db(e: tokio_postgres::Error) -> PackageError {
     // The Display form of a server error says only "db error"; the source has the message.
+    if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
+        return PackageError::Busy(
+            e.as_db_error()
+                .map_or_else(|| e.to_string(), |d| d.message().to_owned()),
+        );
+    }
     match e.as_db_error() {
         Some(d) => PackageError::Database(match d.hint() {
             Some(hint) => format!("{} ({}) hint: {hint}", d.message(), d.code().code()),
@@ -85,6 +108,23 @@ pub struct InstallOptions {
     /// Roles fence-gateway connects as: the store's tables directly, its `search_path` set to
     /// the package schema.
     pub gateway_roles: Vec<String>,
+    /// How long the install may wait for the package's lock and for each lock after it.
+    pub lock_timeout: Duration,
+}
+
+/// How long a `pg` command waits for a lock unless told (`--lock-timeout`).
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Default for InstallOptions {
+    fn default() -> Self {
+        Self {
+            schema: "fencing".to_owned(),
+            owner: None,
+            writers: Vec::new(),
+            gateway_roles: Vec::new(),
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+        }
+    }
 }
 
 /// What an install did.
@@ -96,6 +136,12 @@ pub struct Installed {
     pub to: i32,
     /// Where fence-gateway's tables were moved from, if they were.
     pub adopted_from: Option<String>,
+    /// Whether the event trigger that protects tables added under protected ones is there
+    /// (only a superuser's install makes it).
+    pub event_trigger: bool,
+    /// Protected tables whose owner should run `protect` again: their triggers are an older
+    /// version's, or a table added under them since lacks them.
+    pub protect_again: Vec<String>,
 }
 
 /// Quotes an identifier (a role name) for SQL text.
@@ -125,36 +171,14 @@ fn render(sql: &str, schema: &str, crypto: &str) -> String {
     sql.replace("@schema@", schema).replace("@crypto@", crypto)
 }
 
-async fn connect(url: &str) -> Result<Client, PackageError> {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await.map_err(db)?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, "pg command: connection ended");
-        }
-    });
-    Ok(client)
-}
-
-/// Starts a command's transaction: its `search_path` fixed to `pg_catalog, pg_temp` (so that
-/// nothing a tenant planted in a schema of the installing role's path — `public`, `"$user"` —
-/// is ever resolved by the command's own statements, run as that role), then serialised with
-/// every other install, upgrade, removal and key load of the database.
-async fn lock(tx: &Transaction<'_>) -> Result<(), PackageError> {
-    tx.batch_execute(
-        "SET LOCAL search_path = pg_catalog, pg_temp;
-         SELECT pg_catalog.pg_advisory_xact_lock(
-             pg_catalog.hashtextextended('lease-proxy/fencing/package', 0::int8))",
-    )
-    .await
-    .map_err(db)?;
-    Ok(())
-}
-
 /// The installed version, 0 if none.
-async fn installed_version(tx: &Transaction<'_>, schema: &str) -> Result<i32, PackageError> {
+pub(super) async fn installed_version(
+    tx: &Transaction<'_>,
+    schema: &str,
+) -> Result<i32, PackageError> {
     let table = format!("{schema}.package_version");
     let exists: bool = tx
-        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+        .query_one("SELECT pg_catalog.to_regclass($1) IS NOT NULL", &[&table])
         .await
         .map_err(db)?
         .get(0);
@@ -177,21 +201,52 @@ pub async fn install(url: &str, options: &InstallOptions) -> Result<Installed, P
     check_schema(schema)?;
     let mut client = connect(url).await?;
     let tx = client.transaction().await.map_err(db)?;
-    lock(&tx).await?;
+    let deadline = begin(&tx, schema, options.lock_timeout).await?;
     let me: String = tx
         .query_one("SELECT current_user::text", &[])
         .await
         .map_err(db)?
         .get(0);
     let owner = options.owner.clone().unwrap_or_else(|| me.clone());
-    if options.writers.contains(&owner) || options.gateway_roles.contains(&owner) {
-        return Err(PackageError::Usage(format!(
-            "the owner role {owner:?} must not be a writer or gateway role: it reads the keys and writes the marks"
-        )));
+    check_roles(&tx, &me, &owner, options).await?;
+    let done = in_slices(&tx, deadline, schema, || {
+        install_in(&tx, options, &me, &owner)
+    })
+    .await?;
+    tx.commit().await.map_err(db)?;
+    Ok(done)
+}
+
+/// The owner must be neither a writer nor a gateway role, nor one they can act as: a role that
+/// is a member of the owner (directly, through other roles, or by `SET ROLE`; superusers are
+/// members of every role) could write the marks and read the keys. And the installing role must
+/// be able to act as the owner.
+async fn check_roles(
+    tx: &Transaction<'_>,
+    me: &str,
+    owner: &str,
+    options: &InstallOptions,
+) -> Result<(), PackageError> {
+    for role in options.writers.iter().chain(&options.gateway_roles) {
+        let member: bool = tx
+            .query_one(
+                "SELECT pg_catalog.pg_has_role($1::text::regrole, $2::text::regrole, 'MEMBER')",
+                &[role, &owner],
+            )
+            .await
+            .map_err(db)?
+            .get(0);
+        if role == owner || member {
+            return Err(PackageError::Usage(format!(
+                "the owner role {owner:?} must not be a writer or gateway role, nor can {role:?} \
+                 be a member of it (or a superuser): the owner reads the keys and writes the \
+                 marks, and a member can act as it (SET ROLE)"
+            )));
+        }
     }
     let member: bool = tx
         .query_one(
-            "SELECT pg_has_role(current_user, $1::text::regrole, 'MEMBER')",
+            "SELECT pg_catalog.pg_has_role(current_user, $1::text::regrole, 'MEMBER')",
             &[&owner],
         )
         .await
@@ -202,6 +257,17 @@ pub async fn install(url: &str, options: &InstallOptions) -> Result<Installed, P
             "{me} is not a member of the owner role {owner}: GRANT {owner} TO {me} first"
         )));
     }
+    Ok(())
+}
+
+/// The install's work after its lock (one attempt of it: see `in_slices`).
+async fn install_in(
+    tx: &Transaction<'_>,
+    options: &InstallOptions,
+    me: &str,
+    owner: &str,
+) -> Result<Installed, PackageError> {
+    let schema = options.schema.as_str();
     let schema_owner: Option<String> = tx
         .query_opt(
             "SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = $1",
@@ -214,76 +280,32 @@ pub async fn install(url: &str, options: &InstallOptions) -> Result<Installed, P
         None => tx
             .batch_execute(&format!(
                 "CREATE SCHEMA {schema} AUTHORIZATION {}",
-                ident(&owner)
+                ident(owner)
             ))
             .await
             .map_err(db)?,
-        Some(o) if o == owner || o == ident(&owner) => {}
+        Some(o) if o == owner || o == ident(owner) => {}
         Some(o) => {
             return Err(PackageError::Refused(format!(
                 "schema {schema} is owned by {o}, not by the owner role {owner}"
             )))
         }
     }
-    let crypto = pgcrypto_schema(&tx, schema, &owner).await?;
-    let from = installed_version(&tx, schema).await?;
+    let crypto = adopt::pgcrypto_schema(tx, schema, owner).await?;
+    let from = installed_version(tx, schema).await?;
     if from > PACKAGE_VERSION {
         return Err(PackageError::Refused(format!(
             "schema {schema} holds package version {from}, newer than this binary's {PACKAGE_VERSION}: use a newer fence-gateway"
         )));
     }
-    let adopted_from = adopt_gateway_tables(&tx, schema, &owner, &options.gateway_roles).await?;
+    let adopted_from =
+        adopt::adopt_gateway_tables(tx, schema, owner, &options.gateway_roles).await?;
     if owner != me {
-        tx.batch_execute(&format!("SET LOCAL ROLE {}", ident(&owner)))
+        tx.batch_execute(&format!("SET LOCAL ROLE {}", ident(owner)))
             .await
             .map_err(db)?;
     }
-    tx.batch_execute(&format!(
-        "CREATE TABLE IF NOT EXISTS {schema}.package_version (
-            version int PRIMARY KEY,
-            installed_at timestamptz NOT NULL DEFAULT now(),
-            installed_by text NOT NULL DEFAULT session_user)"
-    ))
-    .await
-    .map_err(db)?;
-    for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > from) {
-        tx.batch_execute(&render(sql, schema, &crypto))
-            .await
-            .map_err(db)?;
-        tx.execute(
-            &format!("INSERT INTO {schema}.package_version (version) VALUES ($1)"),
-            &[version],
-        )
-        .await
-        .map_err(db)?;
-    }
-    tx.batch_execute(&render(FUNCTIONS, schema, &crypto))
-        .await
-        .map_err(db)?;
-    tx.batch_execute(&render(GRANTS, schema, &crypto))
-        .await
-        .map_err(db)?;
-    for writer in &options.writers {
-        let w = ident(writer);
-        tx.batch_execute(&format!(
-            "GRANT USAGE ON SCHEMA {schema} TO {w};
-             GRANT EXECUTE ON FUNCTION {schema}.admit(text, text), {schema}.admit_presented(text),
-                 {schema}.mark(text), {schema}.protect(regclass, text), {schema}.unprotect(regclass)
-             TO {w};"
-        ))
-        .await
-        .map_err(db)?;
-    }
-    for gateway in &options.gateway_roles {
-        let g = ident(gateway);
-        tx.batch_execute(&format!(
-            "GRANT USAGE ON SCHEMA {schema} TO {g};
-             GRANT SELECT, INSERT, UPDATE ON {schema}.fence_marks, {schema}.fence_probe TO {g};
-             GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.fence_inflight TO {g};"
-        ))
-        .await
-        .map_err(db)?;
-    }
+    create_as_owner(tx, options, from, &crypto).await?;
     if owner != me {
         tx.batch_execute("RESET ROLE").await.map_err(db)?;
     }
@@ -302,258 +324,37 @@ pub async fn install(url: &str, options: &InstallOptions) -> Result<Installed, P
         .await
         .map_err(db)?;
     }
-    tx.commit().await.map_err(db)?;
+    let event_trigger = event_trigger(tx, schema).await?;
+    let protect_again = protect_again(tx, schema).await?;
     Ok(Installed {
         from,
         to: PACKAGE_VERSION,
         adopted_from,
+        event_trigger,
+        protect_again,
     })
 }
 
-/// Roles the install trusts with what the package runs as its owner: superusers, the owner
-/// role, the installing role, and the database owner (`pg_database_owner`, which owns `public`
-/// from PostgreSQL 15) if it is one of those. SQL text for `… IN (TRUSTED)`, `$1` the owner.
-const TRUSTED: &str = "SELECT r.oid FROM pg_catalog.pg_roles AS r \
-    WHERE r.rolsuper OR r.rolname = $1 OR r.rolname = current_user \
-    UNION SELECT o.oid FROM pg_catalog.pg_roles AS o, pg_catalog.pg_database AS d \
-    WHERE o.rolname = 'pg_database_owner' AND d.datname = pg_catalog.current_database() \
-      AND d.datdba IN (SELECT t.oid FROM pg_catalog.pg_roles AS t \
-                       WHERE t.rolsuper OR t.rolname = $1 OR t.rolname = current_user)";
-
-/// The schema of pgcrypto, created in the package schema if the database has none. An existing
-/// pgcrypto is used only if it is safe to call as the owner: the extension and its schema owned
-/// by a trusted role ([`TRUSTED`]) and nobody else allowed to create in that schema — else
-/// whoever could replace `hmac` there would forge any token and read the keys.
-async fn pgcrypto_schema(
-    tx: &Transaction<'_>,
-    schema: &str,
-    owner: &str,
-) -> Result<String, PackageError> {
-    let found = tx
-        .query_opt(
+/// Protected tables whose triggers an older version made, or under which a table lacks them:
+/// their owners should run `protect` again (an install cannot: it does not own them).
+async fn protect_again(tx: &Transaction<'_>, schema: &str) -> Result<Vec<String>, PackageError> {
+    let tables = tx
+        .query(
             &format!(
-                "SELECT n.nspname::text,
-                        e.extowner IN ({TRUSTED}) AND n.nspowner IN ({TRUSTED})
-                        AND NOT EXISTS (
-                            SELECT 1 FROM pg_catalog.aclexplode(
-                                coalesce(n.nspacl, pg_catalog.acldefault('n', n.nspowner))) AS a
-                            WHERE a.privilege_type = 'CREATE' AND a.grantee NOT IN ({TRUSTED}))
-                 FROM pg_catalog.pg_extension AS e
-                 JOIN pg_catalog.pg_namespace AS n ON n.oid = e.extnamespace
-                 WHERE e.extname = 'pgcrypto'"
+                "SELECT g.tgrelid::regclass::text FROM pg_catalog.pg_trigger AS g
+                 JOIN pg_catalog.pg_class AS c ON c.oid = g.tgrelid
+                 JOIN pg_catalog.pg_proc AS p ON p.oid = g.tgfoid
+                 JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
+                 WHERE g.tgname = 'fence_guard' AND g.tgparentid = 0 AND p.proname = 'row_guard'
+                   AND n.nspname = $1
+                   AND (g.tgnargs < 3 OR {schema}._unguarded_under(g.tgrelid) IS NOT NULL
+                        OR NOT EXISTS (SELECT FROM pg_catalog.pg_trigger AS t
+                                       WHERE t.tgrelid = g.tgrelid AND t.tgname = 'fence_guard_truncate')
+                        OR (c.relkind = 'r' AND NOT c.relispartition
+                            AND NOT EXISTS (SELECT FROM pg_catalog.pg_trigger AS t
+                                            WHERE t.tgrelid = g.tgrelid AND t.tgname = 'fence_guard_tree')))
+                 ORDER BY 1"
             ),
-            &[&owner],
-        )
-        .await
-        .map_err(db)?;
-    if let Some(row) = found {
-        let (name, safe): (String, bool) = (row.get(0), row.get(1));
-        if !safe {
-            return Err(PackageError::Refused(format!(
-                "pgcrypto is installed in schema {name}, which a role other than a superuser, \
-                 the owner role {owner} or the installing role owns or may create in (it could \
-                 replace hmac there): move it (ALTER EXTENSION pgcrypto SET SCHEMA …) to a \
-                 schema only they control, or drop it and the install creates it in {schema}"
-            )));
-        }
-        return Ok(ident(&name));
-    }
-    tx.batch_execute(&format!("CREATE EXTENSION pgcrypto SCHEMA {schema}"))
-        .await
-        .map_err(|e| {
-            let e = db(e);
-            PackageError::Refused(format!(
-                "{e}: the package needs pgcrypto (contrib; Debian: postgresql-contrib)"
-            ))
-        })?;
-    Ok(schema.to_owned())
-}
-
-/// Moves fence-gateway's tables into the package schema if a gateway made them elsewhere, so
-/// that there is one set of marks; refuses if there would be two.
-async fn adopt_gateway_tables(
-    tx: &Transaction<'_>,
-    schema: &str,
-    owner: &str,
-    gateway_roles: &[String],
-) -> Result<Option<String>, PackageError> {
-    let rows = tx
-        .query(
-            "SELECT n.nspname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-             WHERE c.relname = 'fence_marks' AND c.relkind = 'r' AND n.nspname <> $1 \
-               AND n.nspname NOT LIKE 'pg_temp%' ORDER BY 1",
-            &[&schema],
-        )
-        .await
-        .map_err(db)?;
-    let others: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
-    let ours: bool = tx
-        .query_one(
-            "SELECT to_regclass($1) IS NOT NULL",
-            &[&format!("{schema}.fence_marks")],
-        )
-        .await
-        .map_err(db)?
-        .get(0);
-    match (others.as_slice(), ours) {
-        ([], _) => Ok(None),
-        ([other], false) => {
-            for table in GATEWAY_TABLES {
-                refuse_untrusted_table(tx, other, table, owner, gateway_roles).await?;
-            }
-            for table in GATEWAY_TABLES {
-                let exists: bool = tx
-                    .query_one(
-                        "SELECT to_regclass(format('%I.%I', $1::text, $2::text)) IS NOT NULL",
-                        &[other, &table],
-                    )
-                    .await
-                    .map_err(db)?
-                    .get(0);
-                if exists {
-                    tx.batch_execute(&format!(
-                        "ALTER TABLE {}.{table} SET SCHEMA {schema};
-                         ALTER TABLE {schema}.{table} OWNER TO {};",
-                        ident(other),
-                        ident(owner)
-                    ))
-                    .await
-                    .map_err(db)?;
-                    revoke_every_grant(tx, schema, table).await?;
-                }
-            }
-            Ok(Some(other.clone()))
-        }
-        _ => Err(PackageError::Refused(format!(
-            "fence_marks exists in schema(s) {others:?}{}: one resource must have one mark — \
-             merge them by hand (keep each resource's highest mark) and retry",
-            if ours {
-                format!(" and in {schema}")
-            } else {
-                String::new()
-            }
-        ))),
-    }
-}
-
-/// Refuses to adopt `schema.table` unless a trusted role ([`TRUSTED`]) or a gateway role owns
-/// it and it carries nothing that would run code or grant access once it holds the marks: no
-/// triggers, rules or row-security policies (a tenant's table of the same name, planted before
-/// the install, would otherwise keep its trigger on the package's marks).
-async fn refuse_untrusted_table(
-    tx: &Transaction<'_>,
-    schema: &str,
-    table: &str,
-    owner: &str,
-    gateway_roles: &[String],
-) -> Result<(), PackageError> {
-    let row = tx
-        .query_opt(
-            &format!(
-                "SELECT c.relowner::regrole::text,
-                        c.relowner IN ({TRUSTED})
-                        OR c.relowner::regrole::text = ANY($4::text[]),
-                        NOT c.relrowsecurity
-                        AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger AS t
-                                        WHERE t.tgrelid = c.oid AND NOT t.tgisinternal)
-                        AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_rewrite AS w
-                                        WHERE w.ev_class = c.oid)
-                        AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_policy AS p
-                                        WHERE p.polrelid = c.oid)
-                 FROM pg_catalog.pg_class AS c
-                 JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
-                 WHERE n.nspname = $2 AND c.relname = $3"
-            ),
-            &[&owner, &schema, &table, &gateway_roles],
-        )
-        .await
-        .map_err(db)?;
-    let Some(row) = row else {
-        return Ok(());
-    };
-    let (table_owner, trusted, plain): (String, bool, bool) = (row.get(0), row.get(1), row.get(2));
-    if !trusted {
-        return Err(PackageError::Refused(format!(
-            "{schema}.{table} is owned by {table_owner}, neither a gateway role (--gateway-role) \
-             nor the owner, the installing role or a superuser: not adopted as the marks"
-        )));
-    }
-    if !plain {
-        return Err(PackageError::Refused(format!(
-            "{schema}.{table} has triggers, rules or row-security policies: not adopted as the \
-             marks; remove them, or merge the marks by hand"
-        )));
-    }
-    Ok(())
-}
-
-/// Revokes every privilege on an adopted table from every role but its (new) owner: the
-/// package grants what each role needs afterwards.
-async fn revoke_every_grant(
-    tx: &Transaction<'_>,
-    schema: &str,
-    table: &str,
-) -> Result<(), PackageError> {
-    let grantees = tx
-        .query(
-            "SELECT DISTINCT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END
-             FROM pg_catalog.pg_class AS c
-             JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace,
-                  pg_catalog.aclexplode(c.relacl) AS a
-             WHERE n.nspname = $1 AND c.relname = $2 AND a.grantee <> c.relowner",
-            &[&schema, &table],
-        )
-        .await
-        .map_err(db)?;
-    for grantee in grantees {
-        let grantee: String = grantee.get(0);
-        tx.batch_execute(&format!("REVOKE ALL ON {schema}.{table} FROM {grantee}"))
-            .await
-            .map_err(db)?;
-    }
-    Ok(())
-}
-
-/// What an uninstall removed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Uninstalled {
-    /// The tables that were protected (their triggers are gone with the package).
-    pub unprotected: Vec<String>,
-}
-
-/// Removes the package's functions (and with them the triggers of protected tables, which
-/// needs `force` if there are any), its keys, settings and version table. The marks and
-/// registrations stay: fence-gateways may share them, and a mark must never go down.
-pub async fn uninstall(url: &str, schema: &str, force: bool) -> Result<Uninstalled, PackageError> {
-    check_schema(schema)?;
-    let mut client = connect(url).await?;
-    let tx = client.transaction().await.map_err(db)?;
-    lock(&tx).await?;
-    if installed_version(&tx, schema).await? == 0 {
-        return Err(PackageError::Refused(format!(
-            "no fencing package in schema {schema}"
-        )));
-    }
-    let rows = tx
-        .query(
-            "SELECT DISTINCT t.tgrelid::regclass::text FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid \
-             JOIN pg_namespace n ON n.oid = p.pronamespace \
-             WHERE n.nspname = $1 AND p.proname IN ('row_guard', 'refuse_truncate') ORDER BY 1",
-            &[&schema],
-        )
-        .await
-        .map_err(db)?;
-    let unprotected: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
-    if !unprotected.is_empty() && !force {
-        return Err(PackageError::Refused(format!(
-            "tables {unprotected:?} are protected: unprotect them first, or pass --force to drop their triggers"
-        )));
-    }
-    let functions: Vec<String> = tx
-        .query(
-            "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
-             LEFT JOIN pg_depend d ON d.objid = p.oid AND d.deptype = 'e' \
-             WHERE n.nspname = $1 AND d.objid IS NULL",
             &[&schema],
         )
         .await
@@ -561,49 +362,99 @@ pub async fn uninstall(url: &str, schema: &str, force: bool) -> Result<Uninstall
         .iter()
         .map(|r| r.get(0))
         .collect();
-    for function in functions {
-        tx.batch_execute(&format!("DROP FUNCTION {function} CASCADE"))
-            .await
-            .map_err(db)?;
-    }
+    Ok(tables)
+}
+
+/// As the owner role: the version table, the migrations above `from`, the functions, the
+/// privileges and the grants to writers and gateways, and the marks' stamp.
+async fn create_as_owner(
+    tx: &Transaction<'_>,
+    options: &InstallOptions,
+    from: i32,
+    crypto: &str,
+) -> Result<(), PackageError> {
+    let schema = options.schema.as_str();
     tx.batch_execute(&format!(
-        "DROP TABLE {schema}.keys, {schema}.settings, {schema}.package_version"
+        "CREATE TABLE IF NOT EXISTS {schema}.package_version (
+            version int PRIMARY KEY,
+            installed_at timestamptz NOT NULL DEFAULT now(),
+            installed_by text NOT NULL DEFAULT session_user)"
     ))
     .await
     .map_err(db)?;
-    tx.commit().await.map_err(db)?;
-    Ok(Uninstalled { unprotected })
+    for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > from) {
+        tx.batch_execute(&render(sql, schema, crypto))
+            .await
+            .map_err(db)?;
+        tx.execute(
+            &format!("INSERT INTO {schema}.package_version (version) VALUES ($1)"),
+            &[version],
+        )
+        .await
+        .map_err(db)?;
+    }
+    for sql in [FUNCTIONS, PROTECT, GRANTS] {
+        tx.batch_execute(&render(sql, schema, crypto))
+            .await
+            .map_err(db)?;
+    }
+    for writer in &options.writers {
+        let w = ident(writer);
+        tx.batch_execute(&format!(
+            "GRANT USAGE ON SCHEMA {schema} TO {w};
+             GRANT EXECUTE ON FUNCTION {schema}.admit(text, text), {schema}.admit_presented(text),
+                 {schema}.mark(text), {schema}.protect(regclass, text), {schema}.unprotect(regclass),
+                 {schema}._resource_of(text, record), {schema}._unguarded_under(regclass),
+                 {schema}._tree(regclass), {schema}._unguard(regclass),
+                 {schema}._guard(regclass, text, text, text, boolean), {schema}._enable(regclass)
+             TO {w};"
+        ))
+        .await
+        .map_err(db)?;
+    }
+    for gateway in &options.gateway_roles {
+        let g = ident(gateway);
+        tx.batch_execute(&format!(
+            "GRANT USAGE ON SCHEMA {schema} TO {g};
+             GRANT SELECT, INSERT, UPDATE ON {schema}.fence_marks, {schema}.fence_probe TO {g};
+             GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.fence_inflight TO {g};"
+        ))
+        .await
+        .map_err(db)?;
+    }
+    remove::stamp(tx, schema, &[]).await
 }
 
-/// Replaces the package's verification keys with the key file's, whole, in one transaction:
-/// a key id no longer in the file stops verifying at its commit. The file is parsed exactly as
-/// the proxy and the gateway parse it, before the database is contacted, so a malformed file
-/// changes nothing. Returns the key ids now in force, the signing key first.
-pub async fn sync_keys(
-    url: &str,
-    schema: &str,
-    key_file: &std::path::Path,
-) -> Result<Vec<String>, PackageError> {
-    check_schema(schema)?;
-    let ring = Keyring::load(key_file)?;
-    let (kids, secrets): (Vec<String>, Vec<Vec<u8>>) = ring
-        .secrets()
-        .map(|(id, secret)| (id.as_str().to_owned(), secret.to_vec()))
-        .unzip();
-    let mut client = connect(url).await?;
-    let tx = client.transaction().await.map_err(db)?;
-    lock(&tx).await?;
-    if installed_version(&tx, schema).await? == 0 {
-        return Err(PackageError::Refused(format!(
-            "no fencing package in schema {schema}: run `fence-gateway pg install` first"
-        )));
+/// The event trigger that protects tables added under protected ones (sql/event_trigger.sql),
+/// made or renewed if the installing role is a superuser; whether the database has it.
+async fn event_trigger(tx: &Transaction<'_>, schema: &str) -> Result<bool, PackageError> {
+    let row = tx
+        .query_one(
+            "SELECT r.rolsuper, EXISTS (SELECT FROM pg_catalog.pg_event_trigger AS e
+                 WHERE e.evtfoid = pg_catalog.to_regprocedure($1))
+             FROM pg_catalog.pg_roles AS r WHERE r.rolname = current_user",
+            &[&format!("{schema}._protect_added()")],
+        )
+        .await
+        .map_err(db)?;
+    let (superuser, exists): (bool, bool) = (row.get(0), row.get(1));
+    if !superuser {
+        return Ok(exists);
     }
-    tx.execute(
-        &format!("SELECT {schema}.replace_keys($1, $2)"),
-        &[&kids, &secrets],
-    )
-    .await
-    .map_err(db)?;
-    tx.commit().await.map_err(db)?;
-    Ok(kids)
+    tx.batch_execute(&render(EVENT_TRIGGER, schema, ""))
+        .await
+        .map_err(db)?;
+    if !exists {
+        // A name of at most 63 bytes (an identifier), the schema's first.
+        let name: String = format!("{schema}_protect_added").chars().take(63).collect();
+        tx.batch_execute(&format!(
+            "CREATE EVENT TRIGGER {name} ON ddl_command_end
+                 WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE', 'CREATE FOREIGN TABLE')
+                 EXECUTE FUNCTION {schema}._protect_added();
+             ALTER EVENT TRIGGER {name} ENABLE ALWAYS;"
+        ))
+        .await
+        .map_err(db)?;
+    }
+    Ok(true)
 }

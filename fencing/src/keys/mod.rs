@@ -12,6 +12,8 @@
 //! [`Keys`] is the keyring in force, swapped whole when its file is reloaded.
 
 mod current;
+#[cfg(feature = "server")]
+pub(crate) mod file;
 
 pub use current::Keys;
 
@@ -166,12 +168,17 @@ impl Keyring {
 
     /// The text of a fresh key file holding one random 32-byte key with the given id.
     pub fn generate_file(kid: &KeyId) -> String {
+        format!(
+            "# fencing key file: `KID SECRET` per line; the first key signs, all verify\n{}",
+            Self::key_line(kid)
+        )
+    }
+
+    /// One line of a key file: `kid` and a fresh random 32-byte secret, newline included.
+    fn key_line(kid: &KeyId) -> String {
         let mut secret = [0u8; MIN_SECRET_LEN];
         rand::rng().fill_bytes(&mut secret);
-        format!(
-            "# fencing key file: `KID SECRET` per line; the first key signs, all verify\n{kid} {}\n",
-            URL_SAFE_NO_PAD.encode(secret)
-        )
+        format!("{kid} {}\n", URL_SAFE_NO_PAD.encode(secret))
     }
 
     /// Writes a fresh key file (one random key with id `kid`) at `path`, readable by the owner
@@ -210,6 +217,24 @@ impl Keyring {
     #[cfg(feature = "server")]
     pub(crate) fn secrets(&self) -> impl Iterator<Item = (&KeyId, &[u8])> {
         self.keys.iter().map(|k| (&k.id, k.secret.as_slice()))
+    }
+
+    /// One short tag per key, `KID:` and 16 hex digits of an HMAC under the key: the same for
+    /// every holder of the key file, unpredictable without it, and saying nothing about the
+    /// secret. fence-gateway's PostgreSQL store and `fence-gateway pg sync-keys` stamp a set of
+    /// marks with them, so that an enforcer can tell this deployment's marks from another's
+    /// (a key shared is a deployment shared). The signing key's first.
+    pub fn marks_tags(&self) -> Vec<String> {
+        self.keys
+            .iter()
+            .map(|k| {
+                let mut mac = k.hmac();
+                mac.update(b"lease-proxy/fencing/marks/v1\0");
+                let digest = mac.finalize().into_bytes();
+                let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+                format!("{}:{hex}", k.id)
+            })
+            .collect()
     }
 
     /// The ring as each of its keys would sign: one single-key ring per key, the signing key

@@ -15,6 +15,8 @@ mod sqlite;
 mod timed;
 
 pub use memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub(crate) use postgres::marks::{stamp_statement, Stamp};
 #[cfg(all(test, feature = "postgres"))]
 pub(crate) use postgres::PROBE_RESOURCE;
 #[cfg(feature = "postgres")]

@@ -129,12 +129,7 @@ fn judge(
     let principal = match auth.authenticate(headers, peer.0.as_ref()) {
         Ok(principal) => principal,
         Err(why) => {
-            metrics.auth_request("unauthenticated", op.as_str(), 1);
-            app.audit.record(Event {
-                op: Some(op.as_str()),
-                resource: target.resource(),
-                ..Event::new("authz", "unauthenticated", headers)
-            });
+            unauthenticated(app, headers, op, target.resource());
             return Err(Error::Unauthenticated(why.as_str()));
         }
     };
@@ -162,6 +157,25 @@ fn judge(
         });
     }
     Ok(principal)
+}
+
+/// Counts and audits a request for `op` (on `resource`, if one) whose credentials name no
+/// principal — a refused token, a certificate without a line, etcd's `Authenticate` with a
+/// wrong name or password.
+pub(crate) fn unauthenticated(
+    app: &AppState,
+    headers: &HeaderMap,
+    op: Op,
+    resource: Option<String>,
+) {
+    app.etcd
+        .metrics()
+        .auth_request("unauthenticated", op.as_str(), 1);
+    app.audit.record(Event {
+        op: Some(op.as_str()),
+        resource,
+        ..Event::new("authz", "unauthenticated", headers)
+    });
 }
 
 /// The name a grant records for `caller`.

@@ -191,7 +191,12 @@ pub(super) async fn acquire(
 }
 
 /// One acquire from the principal's rate (`--quota-acquire-rate`), or the quota's 429.
-fn take_rate(app: &AppState, headers: &HeaderMap, caller: &Caller, resource: &str) -> Result<()> {
+pub(super) fn take_rate(
+    app: &AppState,
+    headers: &HeaderMap,
+    caller: &Caller,
+    resource: &str,
+) -> Result<()> {
     let (Some(rate), Some(principal)) = (&app.acquire_rate, caller) else {
         return Ok(());
     };

@@ -2,6 +2,7 @@
 
 mod authz;
 mod body;
+mod fleets;
 mod forward;
 mod leases;
 mod openapi;
@@ -27,6 +28,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 pub(crate) use crate::lease::WatchSlots;
+pub(crate) use authz::unauthenticated;
 pub(crate) use body::BodyLimits;
 pub(crate) use rate::AcquireRate;
 pub(crate) use ui::Ui;
@@ -39,6 +41,8 @@ use crate::Error;
 pub(crate) struct AppState {
     /// The lease service.
     pub(crate) leases: Leases,
+    /// The fleet service.
+    pub(crate) fleets: crate::fleet::Fleets,
     /// etcd, for readiness.
     pub(crate) etcd: Etcd,
     /// The key read by `/readyz`.
@@ -104,6 +108,10 @@ fn routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(sessions::open))
         .routes(routes!(sessions::get, sessions::close))
         .routes(routes!(sessions::keepalive))
+        .routes(routes!(fleets::put, fleets::get, fleets::delete))
+        .routes(routes!(fleets::join))
+        .routes(routes!(fleets::member, fleets::evict))
+        .routes(routes!(fleets::drain))
         .routes(routes!(watch::watch))
         .routes(routes!(ops::livez))
         .routes(routes!(ops::readyz))

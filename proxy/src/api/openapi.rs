@@ -30,6 +30,7 @@ use crate::lease::Limits;
     tags(
         (name = "leases", description = "Acquire, renew, release and inspect leases"),
         (name = "sessions", description = "Sessions: one lease kept alive for many grants"),
+        (name = "fleets", description = "Fleets: many members sharing many resources, assigned by the service, handed over revoke-before-grant"),
         (name = "forwarding", description = "The holder's requests, forwarded upstream with its fencing token"),
         (name = "operations", description = "Liveness, readiness, metrics and this document"),
     ),
@@ -190,7 +191,7 @@ fn headers_not_null(doc: &mut Value) {
 /// request the document calls valid is one the proxy accepts.
 fn configured(doc: &mut Value, limits: Limits) {
     let schemas = &mut doc["components"]["schemas"];
-    for body in ["AcquireBody", "OpenBody"] {
+    for body in ["AcquireBody", "OpenBody", "JoinBody"] {
         let ttl = &mut schemas[body]["properties"]["ttl_seconds"];
         ttl["minimum"] = limits.min_ttl.into();
         ttl["maximum"] = limits.max_ttl.into();

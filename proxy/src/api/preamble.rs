@@ -167,6 +167,73 @@ impl<O: Operation> FromRequestParts<Arc<AppState>> for AsSessionHolder<O> {
     }
 }
 
+/// The fleet the path names, and the caller authorised for `O` on some resource (a fleet's
+/// resources are judged once they are known: the body's, or the spec's).
+pub(super) struct OnFleet<O> {
+    /// The fleet, valid.
+    pub(super) fleet: String,
+    /// The caller and the request's headers.
+    pub(super) by: Authorized<O>,
+}
+
+impl<O: Operation> FromRequestParts<Arc<AppState>> for OnFleet<O> {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, app: &Arc<AppState>) -> Result<Self> {
+        let params = path_params(parts, app, "fleet").await?;
+        let fleet = param(&params, "fleet");
+        crate::fleet::check_fleet(&fleet)?;
+        let by = Authorized::from_request_parts(parts, app).await?;
+        Ok(Self { fleet, by })
+    }
+}
+
+/// The fleet and member the path names, and the caller authorised for `O` on some resource.
+pub(super) struct OnMember<O> {
+    /// The fleet, valid.
+    pub(super) fleet: String,
+    /// The member, valid.
+    pub(super) member: String,
+    /// The caller and the request's headers.
+    pub(super) by: Authorized<O>,
+}
+
+impl<O: Operation> FromRequestParts<Arc<AppState>> for OnMember<O> {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, app: &Arc<AppState>) -> Result<Self> {
+        let params = path_params(parts, app, "fleet").await?;
+        let (fleet, member) = (param(&params, "fleet"), param(&params, "member"));
+        crate::fleet::check_fleet(&fleet)?;
+        crate::fleet::check_member(&member)?;
+        let by = Authorized::from_request_parts(parts, app).await?;
+        Ok(Self { fleet, member, by })
+    }
+}
+
+/// The path's parameters (a malformed path is refused as an invalid `field`).
+async fn path_params(
+    parts: &mut Parts,
+    app: &Arc<AppState>,
+    field: &'static str,
+) -> Result<Vec<(String, String)>> {
+    let Path(params) = Path::<Vec<(String, String)>>::from_request_parts(parts, app)
+        .await
+        .map_err(|e| Error::InvalidField {
+            field,
+            reason: e.body_text(),
+        })?;
+    Ok(params)
+}
+
+/// The path parameter `name` (empty if absent: then refused by its grammar).
+fn param(params: &[(String, String)], name: &str) -> String {
+    params
+        .iter()
+        .find_map(|(k, v)| (k == name).then(|| v.clone()))
+        .unwrap_or_default()
+}
+
 /// The `{resource}` of the path, valid (the forward routes name a `{path}` too).
 async fn path_resource(parts: &mut Parts, app: &Arc<AppState>) -> Result<String> {
     let Path(params) = Path::<Vec<(String, String)>>::from_request_parts(parts, app)

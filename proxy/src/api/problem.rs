@@ -70,6 +70,12 @@ problems! {
     NotFound => NOT_FOUND, "not-found", "No lease";
     NoSession => NOT_FOUND, "no-session", "No such session";
     NoRoute => NOT_FOUND, "no-route", "Not found";
+    NoFleet => NOT_FOUND, "no-fleet", "No such fleet";
+    NoMember => NOT_FOUND, "no-member", "No such member";
+    MemberTaken => CONFLICT, "member-taken", "Member name taken";
+    NotMember => FORBIDDEN, "not-member", "Not the member";
+    FleetFull => CONFLICT, "fleet-full", "Fleet full";
+    FleetChanged => CONFLICT, "fleet-changed", "Fleet changed meanwhile";
     EventsCompacted => GONE, "events-compacted", "Events no longer available";
     TooManyWatches => SERVICE_UNAVAILABLE, "too-many-watches", "Too many event streams";
     MethodNotAllowed => METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed";
@@ -100,7 +106,13 @@ impl Error {
             Error::NotHolder => Kind::NotHolder,
             Error::Unauthenticated(_) => Kind::Unauthenticated,
             Error::Forbidden { .. } => Kind::Forbidden,
-            Error::OtherPrincipal => Kind::OtherPrincipal,
+            Error::OtherPrincipal | Error::OtherPrincipalsFleet => Kind::OtherPrincipal,
+            Error::NoFleet => Kind::NoFleet,
+            Error::NoMember => Kind::NoMember,
+            Error::MemberTaken => Kind::MemberTaken,
+            Error::NotMember => Kind::NotMember,
+            Error::FleetFull(_) => Kind::FleetFull,
+            Error::FleetChanged => Kind::FleetChanged,
             Error::QuotaExceeded { .. } => Kind::QuotaExceeded,
             Error::Held(_) => Kind::Held,
             Error::IdempotencyKeyUsed => Kind::IdempotencyKeyUsed,

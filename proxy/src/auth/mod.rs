@@ -160,6 +160,18 @@ impl Auth {
         self.current().authenticate(token)
     }
 
+    /// Whether the principal named `name` may do `op` on every one of `resources`, in the file
+    /// in force: for grants the service makes on a principal's behalf (a fleet's), judged
+    /// whenever it decides, not at a request. A name with no line in the file may do nothing.
+    pub(crate) fn named_may_all(&self, name: &str, op: Op, resources: &[String]) -> bool {
+        let table = self.current();
+        let principals = table.named(name);
+        !principals.is_empty()
+            && resources
+                .iter()
+                .all(|r| principals.iter().any(|p| p.may(op, r)))
+    }
+
     fn current(&self) -> Arc<Table> {
         // A poisoned lock only means a reload panicked mid-swap of an Arc: the value is whole.
         self.table

@@ -213,6 +213,15 @@ impl Table {
         })
     }
 
+    /// The lines of the principal named `name` (one per token, and its certificate's).
+    pub(crate) fn named(&self, name: &str) -> Vec<Arc<Principal>> {
+        self.entries
+            .iter()
+            .filter(|e| e.principal.name == name)
+            .map(|e| e.principal.clone())
+            .collect()
+    }
+
     /// How many principals the table has.
     pub(crate) fn len(&self) -> usize {
         self.entries.len()

@@ -6,12 +6,14 @@
 mod batch;
 mod create;
 mod deletions;
+mod fleet;
 mod keepalive;
 mod rewatch;
 
 pub(crate) use batch::{Batching, GroupCommit, ETCD_MAX_TXN_OPS};
 pub(crate) use create::{Companion, Create, Creation, Quota};
 pub(crate) use deletions::{Deleted, Deletions};
+pub(crate) use fleet::{Guarded, Listed, Unchanged};
 pub(crate) use keepalive::KeepAlive;
 pub(crate) use rewatch::reopening;
 
@@ -50,6 +52,18 @@ const REVOKE_RETRIES_FOR: Duration = Duration::from_secs(30);
 /// revision; the event stream asks etcd to fragment responses, the holder and deletion watches
 /// re-list when a response is refused.
 const MAX_WATCH_MESSAGE: usize = 64 * 1024 * 1024;
+
+/// Largest answer to a client's own KV call (`/v3` and gRPC: Range, DeleteRange with
+/// `prev_kv`, Txn) read from etcd: what etcd sends (its gRPC server's send limit) and Go's
+/// clientv3 reads (`MaxCallRecvMsgSize`), both `math.MaxInt32`, where etcd-client's default is
+/// tonic's 4 MiB — so a Range that works against etcd works through the proxy.
+pub(crate) const MAX_KV_ANSWER: usize = i32::MAX as usize;
+
+/// `client`'s KV service, reading answers up to [`MAX_KV_ANSWER`]: for the calls a client
+/// makes, whose answers are as large as the client's own keys.
+pub(crate) fn client_kv(client: &Client) -> etcd_client::KvClient {
+    client.kv_client().max_decoding_message_size(MAX_KV_ANSWER)
+}
 
 /// A cheap-to-clone handle on the etcd cluster with a per-call deadline.
 ///
@@ -591,6 +605,21 @@ impl Etcd {
             .bounded("get", |c| async move { c.kv_client().get(key, None).await })
             .await?;
         Ok(resp.take_kvs().into_iter().next())
+    }
+
+    /// The key's current value, linearizably, and the header of that read.
+    pub(crate) async fn get_with_header(&self, key: &str) -> Result<(Option<KeyValue>, Header)> {
+        let mut resp = self
+            .bounded("get", |c| async move { c.kv_client().get(key, None).await })
+            .await?;
+        let header = resp
+            .header()
+            .map(Header::from)
+            .ok_or_else(|| Error::CorruptRecord {
+                key: String::new(),
+                reason: "etcd answered without a header".into(),
+            })?;
+        Ok((resp.take_kvs().into_iter().next(), header))
     }
 
     /// The key's current value, linearizably.

@@ -3,7 +3,8 @@
 //! not enabled"`, which Go's clientv3 reads as "go on without a token". With `--auth-tokens`:
 //! the user is a principal's name and the password its bearer token; the token etcd would mint
 //! is that bearer token itself (the client already holds it), which the client then sends as
-//! `token` metadata and the proxy reads as a bearer token. `AuthStatus` answers whether
+//! `token` metadata and the proxy reads as a bearer token; a refused name or password is counted
+//! and audited as any refused credential. `AuthStatus` answers whether
 //! authentication is on. Every other method changes or reads cluster-wide users and roles (the
 //! lists too, which etcd without auth would answer: they name other tenants'): PermissionDenied,
 //! as etcd refuses a user without the root role.
@@ -16,6 +17,7 @@ use tonic::{Request, Response};
 
 use super::manual::{unary, Answer, HttpRequest, HttpResponse, Methods};
 use super::{status, Front};
+use crate::api::unauthenticated;
 use crate::auth::Op;
 use crate::v3::{Code, Status};
 
@@ -51,11 +53,15 @@ impl Front {
                 "etcdserver: authentication is not enabled",
             )));
         };
-        let PbAuthenticateRequest { name, password } = req.into_inner();
+        let (metadata, _, req) = req.into_parts();
+        let PbAuthenticateRequest { name, password } = req;
         let principal = auth.principal_of_token(&password);
-        // The name must be the token's principal's, and the principal one that may use the
-        // etcd API at all; anything else is etcd's one refusal, whichever part was wrong.
-        if !principal.is_some_and(|p| p.name == name && p.may_any(Op::V3)) {
+        // The name must be the token's principal's; anything else is etcd's one refusal,
+        // whichever part was wrong — counted and audited as any refused credential. A principal
+        // without the etcd API's permission is let in, as etcd lets in a user without roles:
+        // its calls are then refused `permission denied`, which says what is missing.
+        if principal.is_none_or(|p| p.name != name) {
+            unauthenticated(&self.app, metadata.as_ref(), Op::V3, None);
             return Err(status(Status::invalid(AUTH_FAILED)));
         }
         let header = self.app.etcd.header().await.map_err(|e| status(e.into()))?;

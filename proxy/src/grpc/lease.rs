@@ -40,7 +40,8 @@ impl PbLeaseService for Front {
 
     /// Answers in the order of the requests, as etcd answers them, several renewals under way
     /// at once and the requests read ahead ([`Renewals`]: each is an etcd round trip here, where
-    /// etcd renews from memory); an unknown (or another tenant's) lease answered with TTL 0.
+    /// etcd renews from memory); an unknown (or another tenant's) lease answered with TTL 0. A
+    /// reload that removes the caller's principal ends the stream, renewing or not.
     async fn lease_keep_alive(
         &self,
         req: Request<Streaming<PbLeaseKeepAliveRequest>>,
@@ -48,6 +49,7 @@ impl PbLeaseService for Front {
         let caller = Arc::new(self.caller(&req)?);
         let front = self.clone();
         let requests = req.into_inner().map(|request| request.map(|r| r.id));
+        let requests = caller.while_authorised(requests, status);
         let answers = Renewals::new(requests, move |id| {
             let (front, caller) = (front.clone(), caller.clone());
             async move {

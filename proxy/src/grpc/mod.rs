@@ -41,7 +41,9 @@ use futures::future::{BoxFuture, FutureExt};
 use tonic::service::Routes;
 
 use crate::api::{etcd_caller, AppState};
-use crate::v3::{Authorised, Caller, Service, Status};
+use crate::v3::{
+    Authorised, Caller, Code, Service, Status, Written, PERMISSION_DENIED, USER_EMPTY,
+};
 
 /// The etcd services, each holding the proxy's state.
 #[derive(Clone)]
@@ -182,7 +184,8 @@ impl tower::Service<Request<Body>> for Dispatch {
 
 /// The answer to the gRPC call `req`: its caller judged, its deadline kept, a panic answered.
 /// A call of a caller let in marks its connection [`LongLived`]: no idle deadline, as etcd sets
-/// none (a refused caller's connection goes idle as any other).
+/// none, for as long as the caller would still be let in (a refused caller's connection goes
+/// idle as any other, and so does a removed principal's once the token file is reloaded).
 async fn serve(app: &Arc<AppState>, grpc: Routes, req: Request<Body>) -> Response {
     // Authenticate is how a caller gets its credentials: served for anyone.
     if req.uri().path() == auth::AUTHENTICATE {
@@ -190,12 +193,55 @@ async fn serve(app: &Arc<AppState>, grpc: Routes, req: Request<Body>) -> Respons
     }
     match etcd_caller(app, &credentials(&req), req.extensions()) {
         Ok(who) => {
+            let mark = long_lived(&who);
             let mut answer = call(grpc, req, who).await;
-            answer.extensions_mut().insert(LongLived);
+            answer.extensions_mut().insert(mark);
             answer
         }
-        Err(e) => status(Status::from(e)).into_http(),
+        Err(e) => refusal(e).into_http(),
     }
+}
+
+/// The [`LongLived`] mark of a call `who` was let in for: for ever with authentication off;
+/// with it, until a reload of the token file no longer lets the caller in — judged once per
+/// reload (a refusal is counted and audited once, not at every look at the connection).
+fn long_lived(who: &Authorised) -> LongLived {
+    let Some(recheck) = who.recheck.clone() else {
+        return LongLived::always();
+    };
+    let judged = std::sync::Mutex::new((recheck, true));
+    LongLived::while_holds(move || {
+        let mut judged = judged.lock().unwrap_or_else(|p| p.into_inner());
+        let (recheck, holds) = &mut *judged;
+        if *holds && recheck.changed_now() {
+            *holds = recheck.check().is_ok();
+        }
+        *holds
+    })
+}
+
+/// A caller refused before any service runs, answered as etcd 3.4 with authentication on
+/// answers its equivalent — clients match these by text, and Go's clientv3 (etcdctl) retries
+/// "invalid auth token" up to 100 times, fetching a token it has no password for:
+/// - no credential at all is etcd's request without a user: `InvalidArgument "etcdserver: user
+///   name is empty"`, retried by no client;
+/// - a client certificate that names no principal is etcd's certificate user without a role,
+///   and a principal without `v3:*` etcd's user without permission: `PermissionDenied
+///   "etcdserver: permission denied"`;
+/// - any other refused credential (an unknown, malformed or doubled token) is etcd's token it
+///   does not know: `Unauthenticated "etcdserver: invalid auth token"`.
+fn refusal(e: crate::Error) -> tonic::Status {
+    use crate::auth::Unauthenticated as Why;
+    let answer = match e {
+        crate::Error::Unauthenticated(why) if why == Why::Missing.as_str() => {
+            Status::new(Code::InvalidArgument, USER_EMPTY)
+        }
+        crate::Error::Unauthenticated(why) if why == Why::UnknownCertificate.as_str() => {
+            Status::new(Code::PermissionDenied, PERMISSION_DENIED)
+        }
+        other => Status::from(other),
+    };
+    status(answer)
 }
 
 /// `req` served by the gRPC services for `who`, under the client's deadline.
@@ -212,13 +258,22 @@ async fn call(grpc: Routes, mut req: Request<Body>, who: Authorised) -> Response
         None => Some(call.await),
     };
     match answer {
-        Some(Ok(Ok(response))) => response.into_response(),
+        Some(Ok(Ok(response))) => counted(response.into_response()),
         Some(Ok(Err(never))) => match never {},
         Some(Err(_)) => {
             tracing::error!("gRPC handler panicked");
             status(Status::internal()).into_http()
         }
         None => status(Status::deadline_exceeded()).into_http(),
+    }
+}
+
+/// A watch answer with its body counted until written ([`watch::Counted`]); any other answer as
+/// it is.
+fn counted(mut answer: Response) -> Response {
+    match answer.extensions_mut().remove::<Written>() {
+        Some(written) => answer.map(|body| Body::new(watch::Counted::new(body, written))),
+        None => answer,
     }
 }
 
@@ -329,6 +384,40 @@ mod tests {
                 assert_eq!(called_url(&uri), None, "{odd}");
             }
         }
+    }
+
+    #[test]
+    fn refused_callers_are_answered_as_etcd_answers_their_equivalent() {
+        use crate::auth::Unauthenticated as Why;
+        let answer = |e: crate::Error| {
+            let s = refusal(e);
+            (s.code(), s.message().to_owned())
+        };
+        let unauthenticated = |why: Why| answer(crate::Error::Unauthenticated(why.as_str()));
+        let denied = (tonic::Code::PermissionDenied, PERMISSION_DENIED.to_owned());
+        let invalid = (
+            tonic::Code::Unauthenticated,
+            "etcdserver: invalid auth token".to_owned(),
+        );
+        assert_eq!(
+            unauthenticated(Why::Missing),
+            (tonic::Code::InvalidArgument, USER_EMPTY.to_owned())
+        );
+        assert_eq!(unauthenticated(Why::UnknownCertificate), denied);
+        for why in [
+            Why::Unknown,
+            Why::Malformed,
+            Why::Replaced,
+            Why::Conflicting,
+        ] {
+            assert_eq!(unauthenticated(why), invalid, "{why:?}");
+        }
+        let forbidden = crate::Error::Forbidden {
+            principal: "reader".into(),
+            op: "v3",
+            target: "the /v3 API".into(),
+        };
+        assert_eq!(answer(forbidden), denied);
     }
 
     #[test]

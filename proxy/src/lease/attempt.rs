@@ -70,6 +70,7 @@ impl Draft {
                 secret::idempotency_marker(keys, &req.resource, &req.holder, k, &salt)
             }),
             session: req.session.is_some(),
+            fleet: None,
         };
         let value = record.encode();
         Self {

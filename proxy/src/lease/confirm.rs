@@ -203,6 +203,7 @@ mod tests {
             idempotency: None,
             session: false,
             principal: None,
+            fleet: None,
         };
         for purpose in [Purpose::Renew, Purpose::Release] {
             assert!(view_confirms(&record, 7, &secret, purpose));

@@ -1,11 +1,6 @@
 //! Ending grants: a release (its marker, then the revoke or the compare-and-delete), a grant
 //! withdrawn because nobody was told of it, and the clean-up after a create of unknown outcome.
 
-use std::time::Duration;
-
-use fencing::backoff::Backoff;
-use tokio::time::Instant;
-
 use super::confirm::{Current, Purpose};
 use super::{Acquire, HolderRecord, Leases};
 use crate::{Error, Result};
@@ -109,31 +104,7 @@ impl Leases {
     /// Cleans up after a create on a session's lease whose outcome is unknown: deletes the key
     /// if it holds this attempt's record, in the background (the client has its error).
     pub(super) fn forget_unknown(&self, key: String, value: Vec<u8>, req: &Acquire) {
-        let this = self.clone();
         let index = self.index_key(req.principal.as_deref(), &req.resource);
-        // Retried (it is safe to repeat) while etcd is unreachable, for as long as the session
-        // could live without a keepalive; the session's end deletes the key anyway.
-        let give_up = Instant::now() + Duration::from_secs(req.ttl_seconds.max(1));
-        self.tracker.spawn(async move {
-            let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
-            loop {
-                match this
-                    .commit
-                    .delete_if_value(&key, &value, index.as_deref())
-                    .await
-                {
-                    Ok(_) => return,
-                    Err(e) if Instant::now() + backoff.peek() >= give_up => {
-                        tracing::warn!(%key, error = %e, "a session grant of unknown outcome may stay until its session ends");
-                        return;
-                    }
-                    Err(_) => {}
-                }
-                tokio::select! {
-                    () = this.stopping.cancelled() => return,
-                    () = tokio::time::sleep(backoff.pause()) => {}
-                }
-            }
-        });
+        self.forget_value(key, value, index, req.ttl_seconds);
     }
 }

@@ -11,9 +11,11 @@
 //! `shared` (spare leases), `replay` (idempotent retries), `confirm` (who holds, and whether a
 //! secret proves it), `renew`, `ending` (release, withdrawal), `session`, `list`; the event feed
 //! is `events` (reading ownership events from an etcd watch) and `feed` (one such watch shared
-//! by the replica's streams), the watch-fed view `view`.
+//! by the replica's streams), the watch-fed view `view`; `assigned` makes and ends the grants
+//! a fleet assigns to its members' sessions.
 
 mod acquire;
+mod assigned;
 mod attempt;
 mod confirm;
 mod ending;
@@ -52,6 +54,7 @@ use crate::keys::Layout;
 use crate::metrics::Metrics;
 use crate::prefence::Prefence;
 use crate::Result;
+pub(crate) use assigned::{is_session_gone, OnSession};
 pub(crate) use events::{Next, OwnershipEvent};
 pub(crate) use feed::{Feed, Subscription};
 pub(crate) use list::{list_prefixes, Page};
@@ -60,7 +63,7 @@ pub(crate) use recheck::Recheck;
 pub(crate) use record::{i64_string, opt_i64_string, HolderRecord};
 pub(crate) use slots::{Slot, WatchSlots};
 pub(crate) use types::{Acquire, Grant, Holding, Limits, Renewal};
-pub(crate) use view::{Holders, Wakeup};
+pub(crate) use view::{Changed, Holders, Wakeup};
 
 /// The lease service. Stateless apart from its connections: any replica can serve any lease.
 /// Cheap to clone (an acquire attempt runs in a task of its own with a clone).
@@ -160,6 +163,12 @@ impl Leases {
         &self.feed
     }
 
+    /// Every creation and deletion of an ownership key from now on, as this replica's holder
+    /// watch sees them (the fleets follow their resources with it).
+    pub(crate) fn holder_changes(&self) -> tokio::sync::broadcast::Receiver<Changed> {
+        self.holders.changes()
+    }
+
     /// Fires when the proxy starts draining.
     pub(crate) fn stopping(&self) -> &CancellationToken {
         &self.stopping
@@ -194,6 +203,13 @@ impl Leases {
         }
     }
 
+    /// The token of the grant of `resource` created at `revision`: the revision in decimal, and
+    /// its signed form (with the signing key in force).
+    pub(crate) fn signed_token(&self, resource: &str, revision: i64) -> (String, String) {
+        let signed = self.token(resource, revision);
+        (signed.token, signed.fencing_token)
+    }
+
     /// The held-quota index key of `principal`'s grant of `resource`, when the quota is on.
     fn index_key(&self, principal: Option<&str>, resource: &str) -> Option<String> {
         match (self.limits.quota_held, principal) {
@@ -219,7 +235,9 @@ fn secs_to_ms(secs: i64) -> u64 {
     u64::try_from(secs).unwrap_or_default().saturating_mul(1000)
 }
 
-fn unix_millis() -> u64 {
+/// Wall-clock now, Unix milliseconds: for display, and for a fleet's hand-off deadlines (advice
+/// for liveness, never a safety decision).
+pub(crate) fn unix_millis() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

@@ -58,6 +58,16 @@ impl Recheck {
         }
     }
 
+    /// Whether what the check consults may have changed since the last call (or since the
+    /// subscription), without waiting: for a caller that looks now and then.
+    pub(crate) fn changed_now(&mut self) -> bool {
+        let changed = self.changes.has_changed().unwrap_or(false);
+        if changed {
+            self.changes.borrow_and_update();
+        }
+        changed
+    }
+
     /// Waits for [`Recheck::changed`] when there is a recheck; for ever when there is none
     /// (authentication off: nothing to judge again).
     pub(crate) async fn changed_or_never(recheck: &mut Option<Recheck>) {

@@ -34,6 +34,10 @@ pub(crate) struct HolderRecord {
     /// lease carries the session's other grants too, so it is never revoked to end this one.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) session: bool,
+    /// The fleet whose service made the grant on its member's session (`lease_id`); absent
+    /// for every grant a client asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) fleet: Option<String>,
 }
 
 impl HolderRecord {
@@ -115,6 +119,7 @@ mod tests {
             idempotency: None,
             session: false,
             principal: None,
+            fleet: None,
         };
         let bytes = r.encode();
         assert!(String::from_utf8_lossy(&bytes).contains("\"7385237249237762323\""));

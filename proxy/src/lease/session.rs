@@ -231,17 +231,7 @@ impl Leases {
         let key = self.session_key(id);
         let (record, cached) = match self.sessions.get(id) {
             Some(record) => (record, true),
-            None => {
-                let kv = self.etcd.get(&key).await?.ok_or(Error::SessionLost)?;
-                let record: SessionRecord =
-                    serde_json::from_slice(kv.value()).map_err(|e| Error::CorruptRecord {
-                        key: key.clone(),
-                        reason: e.to_string(),
-                    })?;
-                let record = Arc::new(record);
-                self.sessions.put(id, record.clone());
-                (record, false)
-            }
+            None => (self.session_from_etcd(id).await?, false),
         };
         // The principal first: another principal's session is not proven by any secret.
         let why = if principal.is_some_and(|p| record.principal.as_deref() != Some(p)) {
@@ -256,6 +246,31 @@ impl Leases {
         }
         tracing::info!(session = id, why, "session not proven; answered as ended");
         Err(Error::SessionNotProven { why })
+    }
+
+    /// The record of session `id` as etcd has it now (then cached). [`Error::SessionLost`] if
+    /// it has ended.
+    pub(super) async fn session_from_etcd(&self, id: i64) -> Result<Arc<SessionRecord>> {
+        let key = self.session_key(id);
+        let kv = self.etcd.get(&key).await?.ok_or(Error::SessionLost)?;
+        let record: SessionRecord =
+            serde_json::from_slice(kv.value()).map_err(|e| Error::CorruptRecord {
+                key,
+                reason: e.to_string(),
+            })?;
+        let record = Arc::new(record);
+        self.sessions.put(id, record.clone());
+        Ok(record)
+    }
+
+    /// Session `id`'s record if this replica has it cached.
+    pub(super) fn sessions_cached(&self, id: i64) -> Option<Arc<SessionRecord>> {
+        self.sessions.get(id)
+    }
+
+    /// Forgets what this replica cached of session `id` (it has ended).
+    pub(super) fn forget_session(&self, id: i64) {
+        self.sessions.forget(id);
     }
 
     /// Renews session `id` (and so every grant on it) through the multiplexed keepalive

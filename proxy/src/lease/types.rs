@@ -166,6 +166,7 @@ mod tests {
             idempotency: None,
             session: false,
             principal: None,
+            fleet: None,
         };
         let h = holding("r".into(), record, 42, 5);
         assert_eq!(
@@ -199,6 +200,7 @@ mod tests {
             idempotency: None,
             session: false,
             principal: None,
+            fleet: None,
         }
     }
 }

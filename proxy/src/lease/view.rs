@@ -46,6 +46,15 @@ impl Wakeup {
     }
 }
 
+/// A change of ownership keys, for those who follow a set of resources (the fleets).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Changed {
+    /// The ownership key of this resource was created or deleted.
+    Resource(String),
+    /// Changes may have been missed; look at everything again.
+    All,
+}
+
 /// An ownership key as last seen: its value and create revision.
 #[derive(Debug, Clone)]
 pub(crate) struct Seen {
@@ -57,6 +66,8 @@ pub(crate) struct Seen {
 #[derive(Clone)]
 pub(crate) struct Holders {
     tx: broadcast::Sender<Wakeup>,
+    /// Every creation and deletion (for the fleets), apart from the waiters' wakeups.
+    changes: broadcast::Sender<Changed>,
     view: Arc<DashMap<String, Seen>>,
     /// Grants this replica made and has not released: resource → create revision. One that
     /// disappears from etcd while still here has expired (counted and audited here, once; why
@@ -79,8 +90,10 @@ impl Holders {
         cancel: CancellationToken,
     ) -> Self {
         let (tx, _) = broadcast::channel(CHANNEL);
+        let (changes, _) = broadcast::channel(CHANNEL);
         let holders = Self {
             tx,
+            changes,
             view: Arc::default(),
             granted_here: Arc::default(),
             metrics,
@@ -106,6 +119,12 @@ impl Holders {
     /// the lag as [`Wakeup::All`].
     pub(crate) fn subscribe(&self) -> broadcast::Receiver<Wakeup> {
         self.tx.subscribe()
+    }
+
+    /// A receiver of every creation and deletion of an ownership key from now on (a lagging
+    /// receiver should treat the lag as [`Changed::All`]).
+    pub(crate) fn changes(&self) -> broadcast::Receiver<Changed> {
+        self.changes.subscribe()
     }
 
     /// The ownership key of `resource` as the watch last saw it (possibly stale).
@@ -174,6 +193,7 @@ async fn list_and_watch(etcd: &Etcd, prefix: &str, holders: &Holders) -> bool {
     };
     // Whatever changed while the watch was down is in the new view; waiters re-check.
     let _ = holders.tx.send(Wakeup::All);
+    let _ = holders.changes.send(Changed::All);
     let options = WatchOptions::new()
         .with_prefix()
         .with_start_revision(revision + 1);
@@ -190,7 +210,11 @@ async fn list_and_watch(etcd: &Etcd, prefix: &str, holders: &Holders) -> bool {
             if event.event_type() == EventType::Delete {
                 holders.ended(resource);
                 let _ = holders.tx.send(Wakeup::Released(resource.to_owned()));
+                let _ = holders.changes.send(Changed::Resource(resource.to_owned()));
             } else {
+                if kv.version() == 1 {
+                    let _ = holders.changes.send(Changed::Resource(resource.to_owned()));
+                }
                 holders.view.insert(
                     resource.to_owned(),
                     Seen {

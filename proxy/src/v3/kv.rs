@@ -16,6 +16,7 @@ use super::request::{Against, Compare, DeleteRange, Op, Put, Range, Txn};
 use super::service::{Caller, Service};
 use super::status::{Status, EMPTY_KEY, EMPTY_OP};
 use super::Limits;
+use crate::etcd::client_kv;
 
 const SORT_ORDERS: [SortOrder; 3] = [SortOrder::None, SortOrder::Ascend, SortOrder::Descend];
 const SORT_TARGETS: [SortTarget; 5] = [
@@ -257,7 +258,7 @@ impl Service {
             .etcd
             .bounded("v3_range", |c| {
                 let (key, options) = (key.clone(), options.clone());
-                async move { c.kv_client().get(key, Some(options)).await }
+                async move { client_kv(&c).get(key, Some(options)).await }
             })
             .await?;
         Ok(s.namespace.range_out(resp.0))
@@ -273,7 +274,7 @@ impl Service {
             .etcd
             .bounded_once("v3_put", |c| {
                 let (key, value, options) = (key.clone(), p.value.clone(), options.clone());
-                async move { c.kv_client().put(key, value, Some(options)).await }
+                async move { client_kv(&c).put(key, value, Some(options)).await }
             })
             .await?;
         Ok(s.namespace.put_out(resp.0))
@@ -291,7 +292,7 @@ impl Service {
             .etcd
             .bounded_once("v3_delete", |c| {
                 let (key, options) = (key.clone(), options.clone());
-                async move { c.kv_client().delete(key, Some(options)).await }
+                async move { client_kv(&c).delete(key, Some(options)).await }
             })
             .await?;
         Ok(s.namespace.delete_out(resp.0))
@@ -307,7 +308,7 @@ impl Service {
             .etcd
             .bounded_once("v3_txn", |c| {
                 let txn = txn.clone();
-                async move { c.kv_client().txn(txn).await }
+                async move { client_kv(&c).txn(txn).await }
             })
             .await?;
         Ok(s.namespace.txn_out(resp.0))

@@ -20,11 +20,11 @@ use etcd_client::proto::{
 };
 use etcd_client::{LeaseGrantOptions, LeaseTimeToLiveOptions};
 
-use super::remembered::Remembered;
+use super::remembered::{Misses, Remembered};
 use super::request::{LeaseGrant, TimeToLive};
 use super::service::{Caller, Service};
 use super::status::{Code, Status, LEASE_NOT_FOUND};
-use crate::etcd::{prefix_end, Etcd};
+use crate::etcd::{prefix_end, Etcd, Header};
 
 /// The marker keys of `/v3` leases.
 pub(crate) struct Markers {
@@ -33,6 +33,15 @@ pub(crate) struct Markers {
     /// Markers read (or written) here lately ([`Remembered`]; who may use them:
     /// [`Markers::owned_remembered`]).
     remembered: Mutex<Remembered>,
+    /// Ids principals named lately that were not theirs ([`Misses`]).
+    misses: Mutex<Misses>,
+}
+
+/// Whether a lease is the caller's, for a call that answers an unknown lease as etcd does.
+pub(crate) enum Lookup {
+    Ours,
+    /// Not the caller's: the header to answer with (of the read that found it so, lately).
+    NotOurs(Header),
 }
 
 impl Markers {
@@ -42,7 +51,12 @@ impl Markers {
             etcd,
             prefix,
             remembered: Mutex::new(Remembered::default()),
+            misses: Mutex::new(Misses::default()),
         }
+    }
+
+    fn misses(&self) -> MutexGuard<'_, Misses> {
+        self.misses.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn remembered(&self) -> MutexGuard<'_, Remembered> {
@@ -71,6 +85,7 @@ impl Markers {
             .put_value_with_lease(&self.key(id), owner.as_bytes(), id)
             .await?;
         self.remember(id, owner.as_bytes());
+        self.misses().remove(owner.as_bytes(), id);
         Ok(())
     }
 
@@ -79,19 +94,35 @@ impl Markers {
     /// answer it as etcd answers an unknown lease — a renewal (TTL 0) and a lock or campaign's
     /// join (etcd refuses the put under a gone lease: "requested lease not found").
     pub(crate) async fn owned_remembered(&self, id: i64, s: &Caller) -> Result<bool, Status> {
-        if id == 0 {
-            return Ok(false);
+        Ok(id != 0 && matches!(self.lookup(id, s).await?, Lookup::Ours))
+    }
+
+    /// [`Self::owned_remembered`], and for a lease not `s`'s a header to answer with: a miss
+    /// `s`'s principal had lately costs etcd nothing, a new one one read ([`Misses`]).
+    pub(crate) async fn lookup(&self, id: i64, s: &Caller) -> Result<Lookup, Status> {
+        let now = Instant::now();
+        let principal = s.owner.as_deref().unwrap_or_default().as_bytes();
+        if let Some(header) = self.misses().get(principal, id, now) {
+            return Ok(Lookup::NotOurs(header));
         }
-        if let Some(owner) = self.remembered().get(id, Instant::now()) {
-            return Ok(s.owns(owner));
-        }
-        match self.etcd.get(&self.key(id)).await? {
-            Some(kv) => {
-                self.remember(id, kv.value());
-                Ok(s.owns(kv.value()))
+        let remembered = self.remembered().get(id, now).map(|owner| s.owns(owner));
+        let header = match remembered {
+            Some(true) => return Ok(Lookup::Ours),
+            // Another principal's, remembered: only a header to read.
+            Some(false) => self.etcd.header().await?,
+            None => {
+                let (kv, header) = self.etcd.get_with_header(&self.key(id)).await?;
+                if let Some(kv) = kv {
+                    self.remember(id, kv.value());
+                    if s.owns(kv.value()) {
+                        return Ok(Lookup::Ours);
+                    }
+                }
+                header
             }
-            None => Ok(false),
-        }
+        };
+        self.misses().insert(principal, id, header, now);
+        Ok(Lookup::NotOurs(header))
     }
 
     /// Whether lease `id` was granted through `/v3` (by `s`'s principal, when authentication is
@@ -253,23 +284,24 @@ impl Service {
     ) -> Result<PbLeaseKeepAliveResponse, Status> {
         // A stream outlives its authorisation: every renewal is judged again.
         s.still_authorised()?;
-        let renewed = if self.leases.owned_remembered(id, s).await? {
-            let renewed = self.keepalive.renew_with_header(id).await?;
-            if renewed.ttl <= 0 {
-                self.leases.forget(id);
+        let (ttl, header) = match self.leases.lookup(id, s).await? {
+            Lookup::Ours => {
+                let renewed = self.keepalive.renew_with_header(id).await?;
+                if renewed.ttl <= 0 {
+                    self.leases.forget(id);
+                }
+                let header = match renewed.header {
+                    Some(h) => h,
+                    None => self.etcd.header().await?,
+                };
+                (renewed.ttl.max(0), header)
             }
-            Some(renewed)
-        } else {
-            None
-        };
-        let header = match renewed.and_then(|r| r.header) {
-            Some(h) => h,
-            None => self.etcd.header().await?,
+            Lookup::NotOurs(header) => (0, header),
         };
         Ok(PbLeaseKeepAliveResponse {
             header: Some(header.into()),
             id,
-            ttl: renewed.map_or(0, |r| r.ttl.max(0)),
+            ttl,
         })
     }
 }

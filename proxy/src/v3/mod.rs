@@ -45,14 +45,14 @@ use hyper_util::rt::TokioExecutor;
 use crate::etcd::{Etcd, KeepAlive};
 pub(crate) use request::Lock;
 pub(crate) use service::{Authorised, Caller, Service, Streams};
-pub(crate) use watch::Requests as WatchRequests;
+pub(crate) use watch::{Budgets as WatchBudgets, Requests as WatchRequests, Written};
 
 use json::{JsonError, Reader, Value};
 use lease::Markers;
 use namespace::Namespace;
 use request::Message;
 use status::{json as json_response, plain};
-pub(crate) use status::{Code, Status};
+pub(crate) use status::{Code, Status, PERMISSION_DENIED, USER_EMPTY};
 
 /// A request refused before it reached the `/v3` API (authentication, authorisation), in etcd's
 /// shape.

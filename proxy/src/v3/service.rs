@@ -11,11 +11,11 @@
 //! its gRPC server; a gRPC front calls the same methods with the messages tonic decoded, and
 //! maps [`Status`](super::status::Status) (etcd's code and message) to a `tonic::Status`.
 
-use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
 use fencing::Keys;
+use futures::stream::{BoxStream, Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 use super::lease::Markers;
@@ -57,8 +57,8 @@ pub(crate) struct Streams {
     /// Longest life of a watch stream or an observer (`--v3-watch-max-duration`; `None`: as
     /// long as its client).
     pub(crate) max_duration: Option<Duration>,
-    /// Bytes of watch answers waiting for their clients, over every stream.
-    pub(crate) buffered: Arc<AtomicUsize>,
+    /// What watch answers hold until written, per principal and over every stream.
+    pub(crate) budgets: Arc<super::watch::Budgets>,
     /// The replica's shared etcd watches.
     pub(crate) hubs: Arc<super::watch::Hubs>,
 }
@@ -90,6 +90,41 @@ impl Caller {
     /// each renewal on a keepalive stream, a lock that waited.
     pub(super) fn still_authorised(&self) -> Result<(), Status> {
         Recheck::check_if_any(self.recheck.as_ref()).map_err(Status::from)
+    }
+
+    /// `requests` — a long call's, such as a keepalive stream's — until a reload of the token
+    /// file no longer lets the caller in: then the refusal (made by `refused`) and nothing more,
+    /// so a removed principal's stream ends even if it sends nothing (and its connection goes
+    /// idle). As they are with authentication off.
+    pub(crate) fn while_authorised<T, E>(
+        &self,
+        requests: impl Stream<Item = Result<T, E>> + Send + 'static,
+        refused: fn(Status) -> E,
+    ) -> BoxStream<'static, Result<T, E>>
+    where
+        T: Send + 'static,
+        E: Send + 'static,
+    {
+        let Some(recheck) = self.recheck.clone() else {
+            return requests.boxed();
+        };
+        let state = (requests.boxed(), Some(recheck));
+        futures::stream::unfold(state, move |(mut requests, recheck)| async move {
+            let mut recheck = recheck?;
+            loop {
+                tokio::select! {
+                    next = requests.next() => {
+                        return next.map(|item| (item, (requests, Some(recheck))));
+                    }
+                    () = recheck.changed() => {
+                        if let Err(e) = recheck.check() {
+                            return Some((Err(refused(Status::from(e))), (requests, None)));
+                        }
+                    }
+                }
+            }
+        })
+        .boxed()
     }
 
     /// Whether a lease marker with `value` belongs to this scope: any marker with

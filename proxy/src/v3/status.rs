@@ -18,6 +18,9 @@ pub(crate) const EMPTY_OP: &str = "etcdserver: key not found";
 
 /// etcd's error for a request whose auth token it does not accept (gRPC Unauthenticated).
 pub(crate) const INVALID_AUTH_TOKEN: &str = "etcdserver: invalid auth token";
+/// etcd's error for a request without credentials while authentication is on (gRPC
+/// InvalidArgument).
+pub(crate) const USER_EMPTY: &str = "etcdserver: user name is empty";
 /// etcd's error for a user without the role a request needs (gRPC PermissionDenied).
 pub(crate) const PERMISSION_DENIED: &str = "etcdserver: permission denied";
 

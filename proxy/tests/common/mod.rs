@@ -2,6 +2,8 @@
 //! of a real etcd (from `lease-proxy-testkit`), an HTTP client, and an etcd state snapshot.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod authed;
+pub mod fleet;
 pub mod h2grpc;
 pub mod sse;
 
@@ -314,4 +316,16 @@ pub fn token_line(name: &str, token: &str, permissions: &str) -> String {
     use sha2::Digest;
     let digest = hex::encode(sha2::Sha256::digest(token.as_bytes()));
     format!("{name} {digest} {permissions}\n")
+}
+
+/// The sum of metric `name` over the label sets containing every one of `labels`.
+pub fn metric(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+                && labels.iter().all(|label| l.contains(label))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }

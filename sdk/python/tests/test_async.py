@@ -91,7 +91,10 @@ async def test_async_deadline_counts_from_before_the_request_was_sent(
 
 @pytest.mark.asyncio
 async def test_async_lost_fires_when_etcd_loses_the_lease(proxy: str, etcd: Etcd, resource: str) -> None:
-    async with AsyncClient(proxy) as client, client.lease(resource, ttl=6, holder="revoked") as lease:
+    # The renewal's 410, not the loss watch (test_losses.py), tells here.
+    async with AsyncClient(proxy, loss_watch=False) as client, client.lease(
+        resource, ttl=6, holder="revoked"
+    ) as lease:
         etcd.revoke(lease.lease_id)
         await asyncio.wait_for(lease.lost.wait(), timeout=lease.deadline - time.monotonic())
         assert time.monotonic() < lease.deadline - 2.0
@@ -100,7 +103,8 @@ async def test_async_lost_fires_when_etcd_loses_the_lease(proxy: str, etcd: Etcd
 
 @pytest.mark.asyncio
 async def test_async_session_loss_reaches_its_leases(proxy: str, etcd: Etcd, resource: str) -> None:
-    async with AsyncClient(proxy) as client, client.session(holder="s", ttl=6) as session:
+    # The keepalive's 410, not the loss watch (test_losses.py), tells here.
+    async with AsyncClient(proxy, loss_watch=False) as client, client.session(holder="s", ttl=6) as session:
         async with session.lease(resource) as lease:
             assert lease.session_id == session.id
             etcd.revoke(session.id)

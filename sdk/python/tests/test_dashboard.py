@@ -177,6 +177,26 @@ def test_an_expiry_shows_as_expired_and_the_next_holder_as_taking_over(proxy: st
     release(proxy, resource, taker)
 
 
+def test_the_time_left_text_never_exceeds_the_ttl_as_the_bar_does_not(proxy: str, browser) -> None:
+    prefix = f"ui-{uuid.uuid4().hex[:6]}-"
+    open_page(browser, f"{proxy}/ui?prefix={prefix}")
+    resource = prefix + "capped"
+    # A read of the grant answering more time than its TTL (a lease counted from after the
+    # request arrived, etcd's whole-second rounding): the page's fetch is wrapped to say so.
+    browser.execute_script(
+        "const real = window.fetch; window.fetch = async (path, init) => { const r = await real(path, init);"
+        " if (!String(path).endsWith('/' + arguments[0]) || !r.ok) return r; const body = await r.json();"
+        " body.expires_in_ms = Number(body.ttl_seconds) * 10000; return new Response(JSON.stringify(body),"
+        " {status: 200, headers: {'content-type': 'application/json'}}); };", resource)  # fmt: skip
+    grant = acquire(proxy, resource, "robot-a", 5)
+    text = lambda d: row(d, resource).find_element(By.CLASS_NAME, "left").text  # noqa: E731
+    shown(browser, lambda d: row(d, resource) is not None and text(d).endswith(" s"), 5, "no time left")
+    assert float(text(browser).removesuffix(" s")) <= 5.0, text(browser)
+    assert time_left(browser, resource) <= 5_000
+    release(proxy, resource, grant)
+    assert console_errors(browser) == []
+
+
 def test_a_dropped_stream_resumes_without_losing_or_repeating_an_event(proxy: str, browser) -> None:
     relay = Relay(int(proxy.rsplit(":", 1)[1]))
     try:

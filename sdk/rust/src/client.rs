@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
 use crate::error::{self, Error, Result};
+use crate::loss_watch::LossWatch;
 use crate::model::{Grant, Heartbeat, Holding, Opened, Page, Renewal};
 
 /// The header carrying a grant's or a session's secret.
@@ -89,6 +90,7 @@ struct Inner {
     base: String,
     bearer: Option<String>,
     timeout: Duration,
+    losses: Arc<LossWatch>,
 }
 
 /// Sets up a [`Client`]: TLS trust and identity, bearer token, timeout, user agent.
@@ -100,9 +102,18 @@ pub struct ClientBuilder {
     identity: Option<(PathBuf, PathBuf)>,
     timeout: Duration,
     user_agent: String,
+    loss_watch: bool,
 }
 
 impl ClientBuilder {
+    /// Whether the guards learn of a loss from the proxy's event stream when it happens (the
+    /// default), or only from their renewals: one `GET /v1/watch` per client, over the held
+    /// resources (with `--auth-tokens` it needs `read` on them; refused, renewals alone tell).
+    pub fn loss_watch(mut self, enabled: bool) -> Self {
+        self.loss_watch = enabled;
+        self
+    }
+
     /// Send `Authorization: Bearer {token}` with every request.
     pub fn bearer_token(mut self, token: impl Into<String>) -> Self {
         self.bearer = Some(token.into());
@@ -179,6 +190,7 @@ impl ClientBuilder {
                 base,
                 bearer: self.bearer,
                 timeout: self.timeout,
+                losses: LossWatch::new(self.loss_watch),
             }),
         })
     }
@@ -209,6 +221,7 @@ impl Client {
             identity: None,
             timeout: DEFAULT_TIMEOUT,
             user_agent: concat!("lease-proxy-client/", env!("CARGO_PKG_VERSION")).to_owned(),
+            loss_watch: true,
         }
     }
 
@@ -221,6 +234,11 @@ impl Client {
     pub(crate) fn request(&self, method: Method, path: &str) -> RequestBuilder {
         self.request_streaming(method, path)
             .timeout(self.inner.timeout)
+    }
+
+    /// The client's loss watch.
+    pub(crate) fn losses(&self) -> &Arc<LossWatch> {
+        &self.inner.losses
     }
 
     /// The client's request timeout.

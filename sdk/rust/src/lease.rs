@@ -7,6 +7,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::liveness::LostReason;
+use crate::loss_watch::Registration;
 use crate::renewal::Target;
 use crate::upkeep::{lifetime, Upkeep};
 use crate::{AcquireOptions, Client, Error, Grant, Result};
@@ -23,6 +24,8 @@ pub struct Lease {
     grant: Grant,
     upkeep: Upkeep,
     released: bool,
+    /// The client's loss watch follows the grant while this is kept.
+    _watched: Option<Registration>,
 }
 
 impl Client {
@@ -56,11 +59,16 @@ impl Client {
 impl Lease {
     /// A guard for `grant` whose state is `upkeep` (renewed by whoever made it).
     pub(crate) fn new(client: Client, grant: Grant, upkeep: Upkeep) -> Self {
+        let watched =
+            client
+                .losses()
+                .register(&client, &grant.resource, grant.token, upkeep.liveness());
         Self {
             client,
             grant,
             upkeep,
             released: false,
+            _watched: watched,
         }
     }
 

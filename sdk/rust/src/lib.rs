@@ -44,8 +44,11 @@
 //! - Renewals run at a third of the lifetime last granted (±10 %, at least 100 ms apart);
 //!   failures other than 410 are retried with a short backoff until the deadline; a 410
 //!   reports the lease lost at once ([`LostReason::Revoked`]).
-//! - `lost` fires no later than the deadline (a timer on it), and [`Lease::is_lost`] reads the
-//!   clock itself, so a process resumed past its deadline sees the loss before anything else.
+//! - `lost` fires as soon as the client's event stream (one per client, over the resources its
+//!   guards hold: [`ClientBuilder::loss_watch`]) tells that the grant ended
+//!   ([`LostReason::Revoked`]); no later than the deadline (a timer on it); and
+//!   [`Lease::is_lost`] reads the clock itself, so a process resumed past its deadline sees the
+//!   loss before anything else.
 //! - A lease under a [`Session`] is lost when the session is ([`LostReason::SessionLost`]).
 //! - Dropping a [`Lease`] (or a [`Session`]) stops its renewals and releases (closes) it from a
 //!   task on the current Tokio runtime; [`Lease::release`] does it and waits for the answer.
@@ -56,6 +59,8 @@ mod client;
 mod error;
 mod lease;
 mod liveness;
+mod loss_watch;
+mod losses;
 mod model;
 mod renewal;
 mod session;

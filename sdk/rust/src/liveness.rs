@@ -11,7 +11,8 @@ use tokio_util::sync::CancellationToken;
 pub enum LostReason {
     /// Its deadline passed without a successful renewal.
     Expired,
-    /// The proxy answered 410: the grant (or session) ended on the server.
+    /// The grant (or session) ended on the server: the proxy answered 410, or its event stream
+    /// told of the end (released or expired other than by this guard, or a later grant made).
     Revoked,
     /// The session it lives under was lost.
     SessionLost,
@@ -58,6 +59,11 @@ impl Liveness {
             }),
             parent: Some(session.clone()),
         })
+    }
+
+    /// The session's state, for a lease under one.
+    pub(crate) fn session(&self) -> Option<&Arc<Liveness>> {
+        self.parent.as_ref()
     }
 
     fn state(&self) -> MutexGuard<'_, State> {

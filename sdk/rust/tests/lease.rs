@@ -146,7 +146,11 @@ fn a_guard_frozen_past_its_deadline_is_lost_on_its_first_look() {
 async fn a_lease_revoked_in_etcd_is_lost_at_the_next_renewal() {
     let etcd = Etcd::single().await;
     let proxy = start_proxy(&etcd).await;
-    let client = Client::new(&proxy.url).unwrap();
+    // The renewal's 410, not the loss watch (tests/losses.rs), tells here.
+    let client = Client::builder(&proxy.url)
+        .loss_watch(false)
+        .build()
+        .unwrap();
     let lease = client.acquire("aisle-2", opts("robot-a", 6)).await.unwrap();
     let lost = lost_at(&lease);
     revoke_in_etcd(&etcd, lease.lease_id()).await;

@@ -24,7 +24,11 @@ async fn lost_within(token: tokio_util::sync::CancellationToken, limit: Duration
 async fn a_session_revoked_in_etcd_loses_its_leases_at_the_next_heartbeat() {
     let etcd = Etcd::single().await;
     let proxy = start_proxy(&etcd).await;
-    let client = Client::new(&proxy.url).unwrap();
+    // The keepalive's 410, not the loss watch (tests/losses.rs), tells here.
+    let client = Client::builder(&proxy.url)
+        .loss_watch(false)
+        .build()
+        .unwrap();
     let session = client
         .open_session("robot-a", Duration::from_secs(6))
         .await

@@ -8,8 +8,8 @@
 //! reads) no commit comes, so each answer's cost depends on what the untimed setup before it
 //! happened to write last: a setup that wrote an ownership key or a marker (key and meta
 //! buckets) makes every keepalive after it dearer than one that only granted leases (lease
-//! bucket) — a difference between the sides that is not theirs (docs/BENCHMARKS.md, "etcd
-//! 3.4's read buffer").
+//! bucket) — a difference between the sides that is not theirs
+//! (docs/benchmarks/etcd-read-buffer.md).
 //!
 //! [`etcd`] writes the same things straight to etcd, one batch apart, so that a commit leaves
 //! the buffer empty: a lease grant alone (the key and meta buckets go), a put alone (the lease

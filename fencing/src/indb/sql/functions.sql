@@ -14,6 +14,8 @@
 --   40F01 lower-token writes still in flight through a gateway  -- retry the transaction
 --   55F01 a raise inside a REPEATABLE READ or SERIALIZABLE transaction -- raise first
 --   0AF01 TRUNCATE of a protected table
+--   55F02 a table under a protected one is not protected (protect.sql)
+--   0AF02 what is under a table to protect cannot be fenced (protect.sql)
 
 -- The pure helpers below (`_be8`, `_token_text`, `_is_resource`) have no `SET search_path` of
 -- their own: each call of a function with a SET clause saves, sets and restores the setting
@@ -169,6 +171,33 @@ BEGIN
 END
 $$;
 
+-- Makes the caller's transaction one PostgreSQL refuses to PREPARE (two-phase commit): it
+-- locks a temporary table of the session's, and a transaction that touched the session's
+-- temporary objects cannot be prepared (0A000) — nothing later in the transaction can undo
+-- that. A prepared transaction would keep the mark row's lock, and its writes pending, past
+-- every session and idle timeout, until someone commits it: a new holder's raise would wait
+-- for it, and every grant fail, indefinitely. Called only where transactions can be prepared
+-- (max_prepared_transactions > 0), as the package's owner (admit and admit_presented are
+-- SECURITY DEFINER), who makes the table once per session (TEMPORARY on the database). LOCK,
+-- not SELECT: a relation of that name a writer made in its session runs nothing as the owner
+-- (no view, no row-security policy is expanded) — it is refused.
+CREATE OR REPLACE FUNCTION @schema@._unpreparable() RETURNS void
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    found regclass := to_regclass('pg_temp.fencing_unpreparable');
+BEGIN
+    IF found IS NULL THEN
+        CREATE TEMPORARY TABLE fencing_unpreparable ();
+    ELSIF NOT EXISTS (SELECT FROM pg_class AS c WHERE c.oid = found AND c.relkind = 'r'
+            AND c.relowner = (SELECT r.oid FROM pg_roles AS r WHERE r.rolname = current_user)) THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = 'pg_temp.fencing_unpreparable is not the fencing package''s table',
+            HINT = 'Drop it (DISCARD TEMP) and retry.';
+    END IF;
+    LOCK TABLE pg_temp.fencing_unpreparable IN ACCESS SHARE MODE;
+END
+$$;
+
 -- Orders the caller's transaction against every other writer of `resource`, for the rest of
 -- the transaction, or raises:
 -- - below the mark: 23F01 (no lock needed: a mark never goes down);
@@ -197,6 +226,9 @@ DECLARE
     give_up timestamptz;
     pause float8 := 0.001;
 BEGIN
+    IF current_setting('max_prepared_transactions') <> '0' THEN
+        PERFORM @schema@._unpreparable();
+    END IF;
     -- A holder writing again (at the mark, no gateway write of a lower token live): one
     -- statement. If a raise is open on the row, the lock waits for it and then finds the mark
     -- moved (no row): the general path below then refuses.
@@ -279,17 +311,25 @@ $$;
 
 -- Admits the caller's transaction as a writer of `resource` with the signed `token`, or raises
 -- (SQLSTATEs above). Holds the lock that orders it until the transaction ends. Returns the
--- token as `era:revision`.
+-- token as `era:revision`. Adds the token to the transaction's claim (`fencing.token`, unless it
+-- is there already), so that the triggers of protected tables find it: they verify it again,
+-- as they verify any claim, so this lets through nothing a `SET LOCAL` of the same token would
+-- not.
 CREATE OR REPLACE FUNCTION @schema@.admit(resource text, token text) RETURNS text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, @schema@, pg_temp AS $$
 DECLARE
     v record;
+    claim text;
 BEGIN
     v := @schema@._verify(resource, token);
     IF v.code IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = v.code, MESSAGE = v.reason;
     END IF;
     PERFORM @schema@._order(resource, v.token);
+    claim := coalesce(current_setting('fencing.token', true), '');
+    IF strpos(claim, token) = 0 THEN
+        PERFORM set_config('fencing.token', CASE WHEN claim = '' THEN token ELSE claim || ' ' || token END, true);
+    END IF;
     RETURN @schema@._token_text(v.token);
 END
 $$;
@@ -327,85 +367,6 @@ BEGIN
     END LOOP;
     RAISE EXCEPTION USING ERRCODE = '28F04',
         MESSAGE = format('no presented fencing token was issued for resource %s', quote_literal(resource));
-END
-$$;
-
--- The row trigger of a protected table (AFTER, so it checks the row as written, after every
--- BEFORE trigger). TG_ARGV[0] is the resource expression over the row's columns, TG_ARGV[1]
--- (since protect made it) the query that evaluates it for the row `$1`; it is evaluated with
--- this function's search_path, as the writing role. Triggers made before TG_ARGV[1] existed
--- get the general query.
-CREATE OR REPLACE FUNCTION @schema@.row_guard() RETURNS trigger
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, @schema@, pg_temp AS $$
-DECLARE
-    query text := CASE WHEN TG_NARGS > 1 THEN TG_ARGV[1]
-        ELSE format('SELECT (%s)::text FROM (SELECT ($1).*) AS fenced_row', TG_ARGV[0]) END;
-    new_resource text;
-    old_resource text;
-BEGIN
-    IF TG_OP IN ('INSERT', 'UPDATE') THEN
-        EXECUTE query INTO new_resource USING NEW;
-        PERFORM @schema@.admit_presented(new_resource);
-    END IF;
-    IF TG_OP IN ('UPDATE', 'DELETE') THEN
-        EXECUTE query INTO old_resource USING OLD;
-        IF TG_OP = 'DELETE' OR old_resource IS DISTINCT FROM new_resource THEN
-            PERFORM @schema@.admit_presented(old_resource);
-        END IF;
-    END IF;
-    RETURN NULL;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION @schema@.refuse_truncate() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    RAISE EXCEPTION USING ERRCODE = '0AF01',
-        MESSAGE = format('TRUNCATE of %s is refused: it is fenced row by row', TG_RELID::regclass),
-        HINT = 'DELETE the rows in a fenced transaction instead.';
-END
-$$;
-
--- Protects a table: every row INSERT, UPDATE (the old and the new row's resource) and DELETE
--- must be admitted (admit_presented) for the resource `resource_expression` gives for that row;
--- TRUNCATE is refused. The triggers fire ALWAYS, whatever session_replication_role says. Run by
--- the table's owner (it alone may create and enable the triggers); protecting again replaces
--- the expression.
-CREATE OR REPLACE FUNCTION @schema@.protect(tbl regclass, resource_expression text) RETURNS void
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, @schema@, pg_temp
-    SET client_min_messages = warning AS $$
-DECLARE
-    -- How the trigger evaluates the expression for a row: a bare column name (one that means
-    -- the same unquoted: lowercase, no keyword such as `current_user`) is read from the row
-    -- (`($1).column`, a query a third as costly to plan as the general one; the trigger plans
-    -- it for every row).
-    query text := CASE WHEN quote_ident(resource_expression) = resource_expression
-            AND EXISTS (SELECT 1 FROM pg_attribute AS a
-            WHERE a.attrelid = tbl AND a.attname = resource_expression AND a.attnum > 0
-              AND NOT a.attisdropped)
-        THEN format('SELECT ($1).%I::text', resource_expression)
-        ELSE format('SELECT (%s)::text FROM (SELECT ($1).*) AS fenced_row', resource_expression) END;
-BEGIN
-    -- Checks the expression against the row type now, not at the first write.
-    EXECUTE format('SELECT (%s)::text FROM (SELECT (NULL::%s).*) AS fenced_row', resource_expression, tbl);
-    EXECUTE format('DROP TRIGGER IF EXISTS fence_guard ON %s', tbl);
-    EXECUTE format('DROP TRIGGER IF EXISTS fence_guard_truncate ON %s', tbl);
-    EXECUTE format('CREATE TRIGGER fence_guard AFTER INSERT OR UPDATE OR DELETE ON %s '
-        'FOR EACH ROW EXECUTE FUNCTION @schema@.row_guard(%L, %L)', tbl, resource_expression, query);
-    EXECUTE format('CREATE TRIGGER fence_guard_truncate BEFORE TRUNCATE ON %s '
-        'FOR EACH STATEMENT EXECUTE FUNCTION @schema@.refuse_truncate()', tbl);
-    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER fence_guard', tbl);
-    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER fence_guard_truncate', tbl);
-END
-$$;
-
--- Removes what protect installed (run by the table's owner).
-CREATE OR REPLACE FUNCTION @schema@.unprotect(tbl regclass) RETURNS void
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, @schema@, pg_temp
-    SET client_min_messages = warning AS $$
-BEGIN
-    EXECUTE format('DROP TRIGGER IF EXISTS fence_guard ON %s', tbl);
-    EXECUTE format('DROP TRIGGER IF EXISTS fence_guard_truncate ON %s', tbl);
 END
 $$;
 

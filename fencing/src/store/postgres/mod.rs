@@ -75,6 +75,7 @@ mod fenced;
 mod gate;
 mod inflight;
 mod listener;
+pub(crate) mod marks;
 mod session;
 
 pub use fenced::FencedError;
@@ -92,37 +93,8 @@ use tokio_postgres::NoTls;
 
 use super::{decode, encode, HighWaterMarks, StoreError};
 use crate::decide;
-use crate::Token;
+use crate::{Keyring, Token};
 use session::{bounded, Session};
-
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS fence_marks (
-    resource text PRIMARY KEY,
-    mark bytea NOT NULL CHECK (length(mark) = 16)
-);
-CREATE TABLE IF NOT EXISTS fence_inflight (
-    id bigint PRIMARY KEY,
-    resource text NOT NULL,
-    token bytea NOT NULL CHECK (length(token) = 16),
-    expires_at timestamptz NOT NULL
-);
-CREATE INDEX IF NOT EXISTS fence_inflight_by_resource ON fence_inflight (resource, token);
-";
-
-/// Whether every object of [`SCHEMA`] resolves on the session's search_path.
-const TABLES_PRESENT: &str = "SELECT to_regclass('fence_marks') IS NOT NULL \
-    AND to_regclass('fence_inflight') IS NOT NULL AND to_regclass('fence_probe') IS NOT NULL \
-    AND to_regclass('fence_inflight_by_resource') IS NOT NULL";
-
-/// The schema of the in-database package's marks, if there is one (asked when no `fence_marks`
-/// is on the search_path): a `fence_marks` beside the package's `package_version`. Other schemas
-/// holding marks of their own are separate deployments, which may share a database.
-const MARKS_ELSEWHERE: &str = "SELECT n.nspname::text FROM pg_class c \
-    JOIN pg_namespace n ON n.oid = c.relnamespace \
-    WHERE c.relname = 'fence_marks' AND c.relkind = 'r' \
-      AND EXISTS (SELECT FROM pg_class v WHERE v.relnamespace = n.oid \
-                  AND v.relname = 'package_version' AND v.relkind = 'r') \
-    ORDER BY 1 LIMIT 1";
 
 /// The store deadline unless configured (see [`PostgresStore::connect_with_deadline`]).
 const DEFAULT_DEADLINE: Duration = Duration::from_secs(5);
@@ -172,10 +144,37 @@ impl PostgresStore {
     /// the sessions' `lock_timeout`, `statement_timeout` and
     /// `idle_in_transaction_session_timeout`). Connecting itself fails within a few deadlines
     /// when the database does not answer.
+    ///
+    /// Without a key file the store cannot tell its deployment's marks from another's: it
+    /// refuses to start only beside the in-database package's marks and sets without a stamp
+    /// (see [`connect_for`](Self::connect_for)), and stamps the tables it creates `(no keys)`.
     pub async fn connect_with_deadline(
         url: &str,
         max_connections: usize,
         deadline: Duration,
+    ) -> Result<Self, StoreError> {
+        Self::open(url, max_connections, deadline, None).await
+    }
+
+    /// Like [`connect_with_deadline`](Self::connect_with_deadline), for the deployment whose
+    /// key file is `keys` (fence-gateway's): the store refuses to start if any other set of marks
+    /// in the database could be this deployment's — one stamped with one of its keys' tags, the
+    /// in-database package's unless stamped with other keys, or one without a stamp — and
+    /// stamps the set it uses with its tags if its role owns it (`marks` module: why, and how).
+    pub async fn connect_for(
+        url: &str,
+        max_connections: usize,
+        deadline: Duration,
+        keys: &Keyring,
+    ) -> Result<Self, StoreError> {
+        Self::open(url, max_connections, deadline, Some(keys.marks_tags())).await
+    }
+
+    async fn open(
+        url: &str,
+        max_connections: usize,
+        deadline: Duration,
+        tags: Option<Vec<String>>,
     ) -> Result<Self, StoreError> {
         // 0 would mean "no timeout" to PostgreSQL.
         let deadline = deadline.max(Duration::from_millis(1));
@@ -233,30 +232,12 @@ impl PostgresStore {
             tx.execute("SELECT pg_advisory_xact_lock($1)", &[&schema_lock()])
                 .await
                 .map_err(err)?;
-            // Where the tables already are (made by an earlier start, or by the in-database
-            // package's install, whose schema is then this role's search_path), nothing is
-            // created: `CREATE … IF NOT EXISTS` needs privileges a role that only uses the
-            // tables does not have (CREATE on the schema, ownership for the index).
-            let present: bool = tx.query_one(TABLES_PRESENT, &[]).await.map_err(err)?.get(0);
-            if !present {
-                // Never a second set of marks: the in-database package's (its install moves a
-                // gateway's tables into its schema), out of this role's search_path, are an
-                // error to fix, not a reason to start from empty marks.
-                let elsewhere: Option<String> = tx
-                    .query_opt(MARKS_ELSEWHERE, &[])
-                    .await
-                    .map_err(err)?
-                    .map(|row| row.get(0));
-                if let Some(schema) = elsewhere {
-                    return Err(StoreError(format!(
-                        "fence_marks exists in schema {schema}, which this role's search_path \
-                         does not reach: connect with search_path={schema} (e.g. the URL option \
-                         `options=-csearch_path%3D{schema}`, or `fence-gateway pg install \
-                         --gateway-role ROLE`) instead of creating a second, empty set of marks"
-                    )));
-                }
-                tx.batch_execute(SCHEMA).await.map_err(err)?;
-            }
+            // Which set of marks, and never a second one of this deployment (`marks`). Where the
+            // tables already are (made by an earlier start, or by the in-database package's
+            // install, whose schema is then this role's search_path), nothing is created:
+            // `CREATE … IF NOT EXISTS` needs privileges a role that only uses the tables does not
+            // have (CREATE on the schema, ownership for the index).
+            marks::prepare(&tx, tags.as_deref()).await?;
             tx.commit().await.map_err(err)?;
             session.done();
             Ok(())

@@ -6,8 +6,8 @@
 //! A hub's task reads its etcd watch as it comes and hands every answer to each member's own
 //! outbox at once — filtered by the member's `NOPUT`/`NODELETE` (an answer left empty is not
 //! sent, as etcd sends none), with the member's watch id, keys out of its namespace — so a
-//! member that does not read is cut off alone ([`Outbox`]'s bound) and never slows the hub, etcd
-//! or the others. Before a member joins, the hub asks etcd for a progress answer, so its header
+//! member that does not read is cut off alone ([`Outbox`]'s bound, and the budgets: the stream
+//! that holds the memory ends) and never slows the hub, etcd or the others. Before a member joins, the hub asks etcd for a progress answer, so its header
 //! is at least etcd's revision when the client asked; the member then joins under the hub's
 //! lock and is answered `created` with that header: every event after its revision reaches it,
 //! none at or before (a watch from revision header + 1, which is what a watch "from now" is,
@@ -24,7 +24,7 @@ use etcd_client::WatchOptions;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::outbox::{fell_behind, Outbox};
+use super::outbox::Outbox;
 use super::request::strip;
 use super::watch_failed;
 use crate::etcd::Etcd;
@@ -215,11 +215,13 @@ impl Hub {
                 events,
                 ..Default::default()
             };
-            if m.outbox.push(strip(&m.namespace, answer)) {
-                return true;
+            match m.outbox.push(strip(&m.namespace, answer)) {
+                Ok(()) => true,
+                Err(status) => {
+                    let _ = m.end.send(status);
+                    false
+                }
             }
-            let _ = m.end.send(fell_behind());
-            false
         });
     }
 }
@@ -257,9 +259,7 @@ impl Subscription {
             created: true,
             ..Default::default()
         };
-        if !member.outbox.push(created) {
-            return Err(fell_behind());
-        }
+        member.outbox.push(created)?;
         state.members.insert(self.id, member);
         Ok(())
     }

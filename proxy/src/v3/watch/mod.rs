@@ -24,7 +24,9 @@
 //! - etcd's answers are read as they come, whatever the client does: at most
 //!   [`MAX_BUFFERED_BYTES`] wait for a client that does not read, after which its stream ends
 //!   Unavailable (a client resumes from the last revision it got, as on a member failure), so a
-//!   stalled reader never holds back etcd or the connection every other stream shares;
+//!   stalled reader never holds back etcd or the connection every other stream shares; every
+//!   answer is counted until written, against its principal's budget and the replica's
+//!   ([`budget`]), and a budget spent ends the stream that holds the memory;
 //! - the caller's right is judged again whenever the token file changes: a removed or narrowed
 //!   principal's stream ends PermissionDenied;
 //! - a failed etcd stream ends the client's Unavailable (its member is unpinned), as do the
@@ -43,13 +45,16 @@ use futures::stream::{BoxStream, StreamExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+mod budget;
 mod hub;
 mod outbox;
 mod request;
 
+pub(crate) use budget::Budgets;
 pub(crate) use hub::Hubs;
 use hub::{Member, Ready, Subscription};
-use outbox::{fell_behind, Outbox};
+use outbox::Outbox;
+pub(crate) use outbox::Written;
 use request::{confine, strip, Ask, Create};
 
 use super::service::{Caller, Service};
@@ -60,13 +65,10 @@ use crate::lease::{Recheck, Slot, WatchSlots};
 /// Most watches (created or being created) on one stream.
 pub(crate) const MAX_WATCHES: usize = 1024;
 
-/// Most bytes of answers waiting for a client that does not read (one answer alone always
-/// passes: a client that reads gets even an answer larger than this, as etcd would send it).
+/// Most bytes of answers queued for a client that does not read (one answer alone always
+/// passes this bound — a client that reads gets even an answer larger than this, as etcd would
+/// send it — but not its principal's budget, [`budget::PRINCIPAL`]).
 pub(crate) const MAX_BUFFERED_BYTES: usize = 8 << 20;
-
-/// Most bytes of answers waiting, over every stream of the replica: past it, a stream that
-/// already holds answers is cut off rather than given more memory.
-pub(crate) const MAX_BUFFERED_TOTAL: usize = 256 << 20;
 
 /// etcd's id for "no watch" (a failed create, a progress answer of the whole stream).
 const NO_WATCH: i64 = -1;
@@ -161,11 +163,7 @@ impl Pump {
 
     /// Answers `answer` or ends the stream if the client holds too much.
     fn send(&self, answer: PbWatchResponse) -> Result<(), End> {
-        if self.outbox.push(answer) {
-            Ok(())
-        } else {
-            Err(End::Failed(fell_behind()))
-        }
+        self.outbox.push(answer).map_err(End::Failed)
     }
 
     async fn ask(&mut self, ask: Ask) -> Result<(), End> {
@@ -496,11 +494,15 @@ impl Pump {
 }
 
 impl Service {
-    /// `Watch`: the answers to a client's watch requests (see the module's documentation). The
-    /// stream's work runs in a task of its own that ends when the answers are dropped, or
-    /// Unavailable once the proxy drains or the stream reaches `--v3-watch-max-duration`.
-    pub(crate) fn watch(&self, caller: Caller, requests: Requests) -> Answers {
-        let outbox = Outbox::new(self.streams.buffered.clone());
+    /// `Watch`: the answers to a client's watch requests (see the module's documentation), and
+    /// what the client's front holds of them once encoded, which it must hand over through
+    /// [`Written`]. The stream's work runs in a task of its own that ends when the answers are
+    /// dropped, or Unavailable once the proxy drains or the stream reaches
+    /// `--v3-watch-max-duration`.
+    pub(crate) fn watch(&self, caller: Caller, requests: Requests) -> (Answers, Written) {
+        let ended = mpsc::unbounded_channel();
+        let budgets = &self.streams.budgets;
+        let outbox = Outbox::new(budgets, caller.owner.as_deref(), ended.0.clone());
         let stop = CancellationToken::new();
         let pump = Pump {
             etcd: self.etcd.clone(),
@@ -517,12 +519,13 @@ impl Service {
             order: 0,
             hubs: self.streams.hubs.clone(),
             shared: HashMap::new(),
-            ended: mpsc::unbounded_channel(),
+            ended,
             header: None,
         };
         let stopped = stop.clone();
         let (stopping, max_duration) = (self.streams.stopping.clone(), self.streams.max_duration);
         let answers = outbox.inbox(stop);
+        let written = outbox.written();
         self.etcd.spawn(async move {
             let ending = pump.outbox.clone();
             match pump.run(requests, stopped, stopping, max_duration).await {
@@ -530,6 +533,6 @@ impl Service {
                 End::Quietly => ending.end(None),
             }
         });
-        answers.boxed()
+        (answers.boxed(), written)
     }
 }

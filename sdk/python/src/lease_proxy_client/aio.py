@@ -30,6 +30,7 @@ import httpx
 
 from . import protocol
 from .aio_liveness import AsyncLiveness, AsyncLostEvent
+from .aio_loss_watch import AsyncLossWatch
 from .client import USER_AGENT
 from .errors import LeaseProxyError, Lost, SessionLost, TransportError
 from .models import Event, Grant, Holding, Renewal, SessionGrant
@@ -51,6 +52,7 @@ class AsyncClient:
         cert: Optional[Cert] = None,
         timeout: float = 10.0,
         user_agent: str = USER_AGENT,
+        loss_watch: bool = True,
     ) -> None:
         self.timeout = timeout
         self._http = httpx.AsyncClient(
@@ -62,9 +64,12 @@ class AsyncClient:
         # Test hook: while set, guards of this client send no renewal or keepalive (as if the
         # process were paused); the deadline timer runs on.
         self._renewals_paused = threading.Event()
+        # One event stream for every guard of this client: a loss is learnt when it happens.
+        self._losses = AsyncLossWatch(self, loss_watch)
 
     async def aclose(self) -> None:
         """Closes the connections (leases still held stay held until released or expired)."""
+        self._losses.close()
         await self._http.aclose()
 
     async def __aenter__(self) -> "AsyncClient":
@@ -349,6 +354,9 @@ class AsyncLease(LeaseView[AsyncLostEvent]):
         if self._renewer is not None:
             # Dropped without release: renew no more, so the grant ends at its TTL.
             weakref.finalize(self, self._renewer.stop_from_gc)
+        # The client's loss watch tells this lease's loss as soon as the proxy sees it.
+        self._watched = client._losses.register(grant.resource, grant.token, self._liveness)
+        weakref.finalize(self, client._losses.deregister_from_gc, self._watched)
         self._released = False
 
     async def forward(
@@ -387,6 +395,7 @@ class AsyncLease(LeaseView[AsyncLostEvent]):
         if self._renewer is not None:
             self._renewer.stop()
         self._liveness.fire(RELEASED)
+        self._client._losses.deregister(self._watched)
         if self._released:
             return
         self._released = True

@@ -13,6 +13,7 @@ import httpx
 from . import protocol
 from .errors import Lost, LeaseProxyError, SessionLost, TransportError
 from .liveness import Liveness, LostEvent
+from .loss_watch import LossWatch
 from .models import Event, Grant, Holding, Renewal, SessionGrant
 from .protocol import Answer, Cert, EXPIRED, REVOKED, RELEASED, SESSION_LOST, Call, Verify
 from .sse import Item, Watch
@@ -38,6 +39,7 @@ class Client:
         cert: Optional[Cert] = None,
         timeout: float = 10.0,
         user_agent: str = USER_AGENT,
+        loss_watch: bool = True,
     ) -> None:
         self.timeout = timeout
         self._http = httpx.Client(
@@ -49,9 +51,12 @@ class Client:
         # Test hook: while set, guards of this client send no renewal or keepalive (as if the
         # process were paused); the deadline watchdog runs on.
         self._renewals_paused = threading.Event()
+        # One event stream for every guard of this client: a loss is learnt when it happens.
+        self._losses = LossWatch(self, loss_watch)
 
     def close(self) -> None:
         """Closes the connections (leases still held stay held until released or expired)."""
+        self._losses.close()
         self._http.close()
 
     def __enter__(self) -> "Client":
@@ -309,6 +314,9 @@ class Lease(LeaseView[LostEvent]):
         if self._renewer is not None:
             # Dropped without release: renew no more, so the grant ends at its TTL.
             weakref.finalize(self, self._renewer.stop)
+        # The client's loss watch tells this lease's loss as soon as the proxy sees it.
+        self._watched = client._losses.register(grant.resource, grant.token, self._liveness)
+        weakref.finalize(self, client._losses.deregister, self._watched)
         self._release_lock = threading.Lock()
         self._released = False
 
@@ -352,6 +360,7 @@ class Lease(LeaseView[LostEvent]):
             if self._renewer is not None:
                 self._renewer.stop()
             self._liveness.fire(RELEASED)
+            self._client._losses.deregister(self._watched)
             if self._released:
                 return
             # Sent even when the lease counts as lost here: the deadline is conservative, so the

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The campaign data docs/RELIABILITY.md quotes, and the tables it shows.
-#   ./scripts/campaign-data.sh render   print the markdown of every committed data file (no runs)
-#   ./scripts/campaign-data.sh doc      regenerate docs/RELIABILITY.md from campaign/doc/reliability.md
-#                                       and the committed data (no runs)
-#   ./scripts/campaign-data.sh run      re-measure: run the campaign with the published seeds and
-#                                       settings into campaign/data/ (minutes; overwrites the files)
-#   CAMPAIGN_RUNS=50 CAMPAIGN_CONTROL_RUNS=10 CAMPAIGN_PROFILE=release ./scripts/campaign-data.sh run
-#                                       the published campaign (about an hour on 2 cores)
+#   ./scripts/campaign.sh render   print the markdown of every committed data file (no runs)
+#   ./scripts/campaign.sh doc      regenerate docs/RELIABILITY.md from campaign/doc/reliability.md
+#                                  and the committed data (no runs)
+#   ./scripts/campaign.sh run      re-measure: run the campaign with the published seeds and
+#                                  settings into campaign/data/ (minutes; overwrites the files)
+#   CAMPAIGN_RUNS=50 CAMPAIGN_CONTROL_RUNS=10 CAMPAIGN_PROFILE=release ./scripts/campaign.sh run
+#                                  the published campaign (about an hour on 2 cores)
 # Each data file holds every run's seed, settings, fault plan, fault log and figures;
 # `cargo test -p lease-proxy-campaign --test replay` checks that each seed reproduces its plan.
 set -euo pipefail
@@ -69,7 +69,7 @@ case "${1:-render}" in
     # in at least 90 % of its runs — both are reported, and the data is kept either way.
     status=0
     "$bin" --runs "$runs" --duration 30s --seed 1000 --report "campaign/data/deployment" || status=1
-    # Since issue 29 every fifth client locks with etcd's Mutex recipe over gRPC: the deployment
+    # Every fifth client locks with etcd's Mutex recipe over gRPC: the deployment
     # with them, measured on its own (10 runs, as the controls).
     "$bin" --runs "$control_runs" --duration 30s --seed 1100 --report "campaign/data/grpc-mutex" \
       || status=1
@@ -79,14 +79,14 @@ case "${1:-render}" in
         --report "campaign/data/control-$control" || status=1
       seed=$((seed + 1000))
     done
-    # Gateways paused mid-admission (issue 27 F1): their own fault mix, on gateways whose
+    # Gateways paused mid-admission (the exchange deadline's start): their own fault mix, on gateways whose
     # registrations last 4 s, the real gateways and the control.
     "$bin" --runs "$control_runs" --duration 25s --seed 9500 --faults paused-admissions \
       --report campaign/data/paused-admissions || status=1
     "$bin" --runs "$control_runs" --duration 25s --seed 9600 --faults paused-admissions \
       --control deadline-from-admission --report campaign/data/control-deadline-from-admission \
       || status=1
-    # Fencing inside PostgreSQL (issue 30): SQL clients writing straight into a protected table,
+    # Fencing inside PostgreSQL: SQL clients writing straight into a protected table,
     # and the control with the table left unprotected.
     "$bin" --runs "$control_runs" --duration 30s --seed 12000 --marks in-database \
       --report campaign/data/in-database || status=1

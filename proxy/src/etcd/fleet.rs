@@ -1,0 +1,217 @@
+//! The etcd calls of fleets: a fleet's keys read at one revision, the ownership keys of its
+//! resources read many at a time, compare-and-put of its records, the guarded create of a
+//! grant the service makes, and the delete of a fleet's keys.
+
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
+};
+
+use super::batch::{GroupCommit, ETCD_MAX_TXN_OPS};
+use super::{prefix_end, Etcd};
+use crate::{Error, Result};
+
+/// A key that must not have changed since it was read: its mod revision then (0: absent).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Unchanged<'a> {
+    /// The key.
+    pub(crate) key: &'a str,
+    /// Its mod revision when read; 0 for a key that was absent.
+    pub(crate) mod_revision: i64,
+}
+
+impl Unchanged<'_> {
+    fn compare(&self) -> Compare {
+        Compare::mod_revision(self.key, CompareOp::Equal, self.mod_revision)
+    }
+}
+
+/// Every key under a prefix, read at one revision.
+#[derive(Debug, Clone)]
+pub(crate) struct Listed {
+    /// The keys, in key order.
+    pub(crate) kvs: Vec<KeyValue>,
+    /// The revision they were read at.
+    pub(crate) revision: i64,
+}
+
+impl Etcd {
+    /// Every key under `prefix`, linearizably, at one revision (pages of `page` keys read at
+    /// the first page's revision).
+    pub(crate) async fn list(&self, prefix: &str, page: i64) -> Result<Listed> {
+        let end = prefix_end(prefix.as_bytes());
+        let mut start = prefix.as_bytes().to_vec();
+        let mut at = 0;
+        let mut kvs = Vec::new();
+        loop {
+            let (mut got, more, revision) = self.range_at(&start, &end, page, at).await?;
+            at = revision;
+            let last = got.last().map(|kv| kv.key().to_vec());
+            kvs.append(&mut got);
+            match last {
+                Some(mut last) if more => {
+                    last.push(0);
+                    start = last;
+                }
+                _ => break,
+            }
+        }
+        Ok(Listed { kvs, revision: at })
+    }
+
+    /// The keys (without values) under `prefix`, linearizably, and the revision read at.
+    pub(crate) async fn list_keys(&self, prefix: &str) -> Result<(Vec<Vec<u8>>, i64)> {
+        let end = prefix_end(prefix.as_bytes());
+        let mut start = prefix.as_bytes().to_vec();
+        let (mut keys, mut at) = (Vec::new(), 0);
+        loop {
+            let options = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(1_000)
+                .with_revision(at)
+                .with_keys_only();
+            let first = start.clone();
+            let mut resp = self
+                .bounded("range", |c| {
+                    let (options, first) = (options.clone(), first.clone());
+                    async move { c.kv_client().get(first, Some(options)).await }
+                })
+                .await?;
+            at = resp.header().map_or(at, |h| h.revision());
+            let more = resp.more();
+            let got: Vec<Vec<u8>> = resp.take_kvs().iter().map(|kv| kv.key().to_vec()).collect();
+            let last = got.last().cloned();
+            keys.extend(got);
+            match last {
+                Some(mut last) if more => {
+                    last.push(0);
+                    start = last;
+                }
+                _ => return Ok((keys, at)),
+            }
+        }
+    }
+
+    /// The current values of `keys` (`None`: absent), in their order: transactions of at most
+    /// etcd's 128 reads each, linearizable each, sent together.
+    pub(crate) async fn get_many(&self, keys: &[String]) -> Result<Vec<Option<KeyValue>>> {
+        let reads = keys.chunks(ETCD_MAX_TXN_OPS).map(|chunk| async move {
+            let txn = Txn::new().and_then(
+                chunk
+                    .iter()
+                    .map(|k| TxnOp::get(k.as_str(), None))
+                    .collect::<Vec<_>>(),
+            );
+            let resp = self
+                .bounded("txn_read", |c| {
+                    let txn = txn.clone();
+                    async move { c.kv_client().txn(txn).await }
+                })
+                .await?;
+            Ok::<_, Error>(
+                resp.op_responses()
+                    .into_iter()
+                    .map(|op| match op {
+                        TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>(),
+            )
+        });
+        let mut found = Vec::with_capacity(keys.len());
+        // Sent together: a fleet of 10,000 resources is 79 reads of one round trip.
+        for chunk in futures::future::join_all(reads).await {
+            found.extend(chunk?);
+        }
+        Ok(found)
+    }
+
+    /// Deletes every key under `prefix` if `guard` is unchanged; whether it did.
+    pub(crate) async fn delete_prefix_if(
+        &self,
+        prefix: &str,
+        guard: Unchanged<'_>,
+    ) -> Result<bool> {
+        let end = prefix_end(prefix.as_bytes());
+        let txn = Txn::new()
+            .when(vec![guard.compare()])
+            .and_then(vec![TxnOp::delete(
+                prefix,
+                Some(etcd_client::DeleteOptions::new().with_range(end)),
+            )]);
+        let resp = self
+            .bounded_once("txn_delete_prefix", |c| {
+                let txn = txn.clone();
+                async move { c.kv_client().txn(txn).await }
+            })
+            .await?;
+        Ok(resp.succeeded())
+    }
+}
+
+/// The create of a grant the service makes (a fleet's): the ownership key on a session's
+/// lease, only if absent and only while every guard is unchanged.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Guarded<'a> {
+    /// The ownership key.
+    pub(crate) key: &'a str,
+    /// The record.
+    pub(crate) value: &'a [u8],
+    /// The session's lease.
+    pub(crate) lease: i64,
+    /// Keys that must not have changed since the decision read them.
+    pub(crate) guards: &'a [Unchanged<'a>],
+}
+
+impl GroupCommit {
+    /// Puts `value` at `key` (on `lease`, 0 for none) if every guard is unchanged; the
+    /// revision of the put, or `None` if a guard failed (nothing written).
+    pub(crate) async fn put_if(
+        &self,
+        key: &str,
+        value: &[u8],
+        lease: i64,
+        guards: &[Unchanged<'_>],
+    ) -> Result<Option<i64>> {
+        let txn = Txn::new()
+            .when(guards.iter().map(Unchanged::compare).collect::<Vec<_>>())
+            .and_then(vec![TxnOp::put(
+                key,
+                value,
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        let bytes = key.len() * 2
+            + value.len()
+            + guards.iter().map(|g| g.key.len() + 16).sum::<usize>()
+            + 64;
+        let committed = self
+            .commit("txn_put_if", vec![key.as_bytes().to_vec()], txn, bytes)
+            .await?;
+        Ok(committed.succeeded.then_some(committed.revision))
+    }
+
+    /// The guarded create: the key's create revision (its token) if this call created it,
+    /// `None` if it exists or a guard failed (nothing written). An error leaves the outcome
+    /// unknown: the caller deletes the key if it holds exactly this value.
+    ///
+    /// The guards are compared, never written, so grants under one decision share a batch: etcd
+    /// evaluates every compare of a batch on the state before it.
+    pub(crate) async fn create_guarded(&self, c: Guarded<'_>) -> Result<Option<i64>> {
+        let mut compares = vec![Compare::create_revision(c.key, CompareOp::Equal, 0)];
+        compares.extend(c.guards.iter().map(Unchanged::compare));
+        let put = TxnOp::put(c.key, c.value, Some(PutOptions::new().with_lease(c.lease)));
+        let txn = Txn::new().when(compares).and_then(vec![put]);
+        let bytes = c.key.len() * 2
+            + c.value.len()
+            + c.guards.iter().map(|g| g.key.len() + 16).sum::<usize>()
+            + 64;
+        let committed = self
+            .commit(
+                "txn_create_guarded",
+                vec![c.key.as_bytes().to_vec()],
+                txn,
+                bytes,
+            )
+            .await?;
+        Ok(committed.succeeded.then_some(committed.revision))
+    }
+}

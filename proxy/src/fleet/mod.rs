@@ -1,0 +1,140 @@
+//! Fleets: many members sharing many resources (docs/DESIGN.md §5.5).
+//!
+//! A fleet is a spec (the resources, `drain_ms`, `max_moves`, its principal), members (each a
+//! session, its record on the session's lease) and an assignment, all under
+//! `{prefix}fleets/{fleet}/` (`records.rs`). Who should hold what is decided by [`assign`], a
+//! pure function of what etcd holds; every replica runs the same decision (`reconcile.rs`,
+//! driven by `driver.rs`): no leader, since the assignment is written only with a compare on its
+//! last revision, and replicas that read the same state write the same bytes. Grants are made
+//! only of free resources, on the member's session, guarded by the keys the decision read
+//! (`lease::assigned`). The requests — a spec written or ended (`spec.rs`), a join, drain or
+//! evict (`members.rs`), the views (`views.rs`) — act on etcd; the replicas' watch then decides.
+
+pub(crate) mod assign;
+mod driver;
+mod members;
+mod reconcile;
+pub(crate) mod records;
+mod signals;
+mod spec;
+mod views;
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::etcd::{Etcd, GroupCommit};
+use crate::keys::Layout;
+use crate::lease::{HolderRecord, Leases};
+use crate::Result;
+
+pub(crate) use members::{check_fleet, check_member, Drainer, Join, Joined, Standing};
+pub(crate) use spec::{SpecChange, Written};
+pub(crate) use views::{Asked, FleetView, MemberView};
+
+/// Whether a principal (`None`: a member joined without authentication) may acquire every
+/// one of the resources: the token file's judgement, asked whenever a fleet decides.
+pub(crate) type Entitlement = Arc<dyn Fn(Option<&str>, &[String]) -> bool + Send + Sync>;
+
+/// The fleet service of this replica. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Fleets {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    leases: Leases,
+    etcd: Etcd,
+    commit: GroupCommit,
+    layout: Layout,
+    entitled: Entitlement,
+    signals: signals::Signals,
+    stopping: CancellationToken,
+}
+
+/// A resource's current grant, as the fleet reads it.
+#[derive(Debug, Clone)]
+pub(crate) struct Owned {
+    /// Whose it is, and its create revision.
+    pub(crate) held: assign::Held,
+    /// The lease it lives on (a member's session, for the fleet's own grants).
+    pub(crate) lease: i64,
+}
+
+impl Fleets {
+    /// The service, its decisions driven on `tracker` until `stopping` fires.
+    pub(crate) fn start(
+        leases: Leases,
+        etcd: Etcd,
+        commit: GroupCommit,
+        layout: Layout,
+        entitled: Entitlement,
+        tracker: &TaskTracker,
+        stopping: CancellationToken,
+    ) -> Self {
+        let fleets = Self {
+            inner: Arc::new(Inner {
+                leases,
+                etcd,
+                commit,
+                layout,
+                entitled,
+                signals: signals::Signals::default(),
+                stopping,
+            }),
+        };
+        driver::start(fleets.clone(), tracker);
+        fleets
+    }
+
+    /// The fleet's keys, read at one revision; `None` if there is no such fleet.
+    async fn snapshot(&self, fleet: &str) -> Result<Option<records::Snapshot>> {
+        let listed = self
+            .inner
+            .etcd
+            .list(&self.inner.layout.fleet(fleet), 1_000)
+            .await?;
+        records::Snapshot::decode(&self.inner.layout, fleet, listed)
+    }
+
+    /// The current grants of `resources`, each classified for `snap`'s fleet: its own on a
+    /// member's session, its own on a session no member has any more, or another's.
+    async fn owned(
+        &self,
+        snap: &records::Snapshot,
+        resources: impl IntoIterator<Item = String>,
+    ) -> Result<std::collections::BTreeMap<String, Owned>> {
+        let resources: Vec<String> = resources.into_iter().collect();
+        let keys: Vec<String> = resources
+            .iter()
+            .map(|r| self.inner.layout.holder(r))
+            .collect();
+        let found = self.inner.etcd.get_many(&keys).await?;
+        let mut owned = std::collections::BTreeMap::new();
+        for ((resource, key), kv) in resources.into_iter().zip(&keys).zip(found) {
+            let Some(kv) = kv else { continue };
+            let holder = match HolderRecord::decode(key, kv.value()) {
+                Ok(record) if record.fleet.as_deref() == Some(snap.fleet.as_str()) => {
+                    match snap.member_on(record.lease_id) {
+                        Some(name) => assign::Holder::Member(name.to_owned()),
+                        None => assign::Holder::Orphan,
+                    }
+                }
+                // Not the fleet's (or unreadable): never touched.
+                _ => assign::Holder::Foreign,
+            };
+            owned.insert(
+                resource,
+                Owned {
+                    held: assign::Held {
+                        holder,
+                        revision: kv.create_revision(),
+                    },
+                    lease: kv.lease(),
+                },
+            );
+        }
+        Ok(owned)
+    }
+}

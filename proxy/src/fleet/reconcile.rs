@@ -1,0 +1,231 @@
+//! One decision of one fleet, with its I/O around it: read the fleet's keys at one revision and
+//! the grants of its resources, decide ([`assign::next`]), then act — the assignment written
+//! with a compare on the one read (a replica that loses the race reads again), and only then
+//! the revocations and the grants, each a transaction of its own guarded by what the decision
+//! read.
+//!
+//! Every replica runs this for every fleet. Two that read the same state decide the same
+//! assignment (the decision is deterministic; deadlines already written are kept, new ones are
+//! written by whoever wins the compare), so the second's compare fails and its second read finds
+//! nothing to change. Grants race harmlessly: a resource is created only if absent, so of two
+//! replicas granting the same free resource one succeeds and the other's compare fails.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use futures::StreamExt as _;
+
+use super::assign::{self, Input, Plan};
+use super::records::{encode, AssignmentRecord, MemberRecord, Read, Snapshot};
+use super::{Fleets, Owned};
+use crate::etcd::Unchanged;
+use crate::lease::{is_session_gone, OnSession};
+use crate::Result;
+
+/// Grants (or revocations) of one decision in flight at once.
+const IN_FLIGHT: usize = 256;
+
+/// What one decision came to.
+#[derive(Debug)]
+pub(super) enum Pass {
+    /// The fleet does not exist (any more).
+    Gone,
+    /// Another replica wrote the assignment first: decide again.
+    Raced,
+    /// Done: the spec's resources (for the watch's index), the next deadline to decide again
+    /// at, and whether every action succeeded.
+    Done {
+        resources: BTreeSet<String>,
+        next_deadline: Option<u64>,
+        complete: bool,
+    },
+}
+
+impl Fleets {
+    /// Decides for `fleet` and acts on the decision.
+    pub(super) async fn reconcile(&self, fleet: &str) -> Result<Pass> {
+        let Some(snap) = self.snapshot(fleet).await? else {
+            return Ok(Pass::Gone);
+        };
+        let owned = self.owned(&snap, snap.watched()).await?;
+        let spec = snap.spec.record.to_spec();
+        let members = self.decision_members(&snap);
+        let current = snap.assignment.record.to_assignment();
+        let holdings: BTreeMap<String, assign::Held> = owned
+            .iter()
+            .map(|(r, o)| (r.clone(), o.held.clone()))
+            .collect();
+        let plan = assign::next(&Input {
+            spec: &spec,
+            members: &members,
+            current: &current,
+            holdings: &holdings,
+            now_ms: crate::lease::unix_millis(),
+        });
+        let assignment_revision = if plan.assignment == current {
+            snap.assignment.mod_revision
+        } else {
+            match self.write_assignment(&snap, &plan).await? {
+                Some(revision) => revision,
+                None => return Ok(Pass::Raced),
+            }
+        };
+        let revoked = self.revoke(&plan, &owned).await;
+        let granted = self.grant(&snap, &plan, assignment_revision).await;
+        Ok(Pass::Done {
+            resources: spec.resources,
+            next_deadline: plan.next_deadline,
+            complete: revoked && granted,
+        })
+    }
+
+    /// The members as the decision reads them, each judged once per principal: may it acquire
+    /// every resource of the fleet?
+    fn decision_members(&self, snap: &Snapshot) -> Vec<assign::Member> {
+        let resources = &snap.spec.record.resources;
+        let mut judged: HashMap<Option<&str>, bool> = HashMap::new();
+        snap.members
+            .iter()
+            .map(|(name, m)| {
+                let principal = m.record.principal.as_deref();
+                let entitled = *judged
+                    .entry(principal)
+                    .or_insert_with(|| (self.inner.entitled)(principal, resources));
+                assign::Member {
+                    name: name.clone(),
+                    weight: m.record.weight,
+                    state: m.record.state,
+                    entitled,
+                }
+            })
+            .collect()
+    }
+
+    /// Writes the plan's assignment if the one read (and the spec) are unchanged; its revision,
+    /// or `None` if another write came first.
+    async fn write_assignment(&self, snap: &Snapshot, plan: &Plan) -> Result<Option<i64>> {
+        let layout = &self.inner.layout;
+        let (key, spec_key) = (
+            layout.fleet_assignment(&snap.fleet),
+            layout.fleet_spec(&snap.fleet),
+        );
+        let value = encode(&AssignmentRecord::of(&plan.assignment));
+        let guards = [
+            Unchanged {
+                key: &key,
+                mod_revision: snap.assignment.mod_revision,
+            },
+            Unchanged {
+                key: &spec_key,
+                mod_revision: snap.spec.mod_revision,
+            },
+        ];
+        let written = self.inner.commit.put_if(&key, &value, 0, &guards).await?;
+        if written.is_some() {
+            tracing::debug!(fleet = %snap.fleet, bytes = value.len(), "fleet assignment written");
+        }
+        Ok(written)
+    }
+
+    /// Ends the grants the plan revokes (each only if it is still the one decided on); whether
+    /// every revocation got an answer.
+    async fn revoke(&self, plan: &Plan, owned: &BTreeMap<String, Owned>) -> bool {
+        let revokes: Vec<_> = plan
+            .revokes
+            .iter()
+            .map(|revoke| {
+                let lease = owned.get(&revoke.resource).map_or(0, |o| o.lease);
+                self.revoke_one(revoke, lease)
+            })
+            .collect();
+        all(revokes).await
+    }
+
+    async fn revoke_one(&self, revoke: &assign::Revoke, lease: i64) -> bool {
+        let ended = self
+            .inner
+            .leases
+            .revoke_assigned(&revoke.resource, revoke.revision, lease)
+            .await;
+        match ended {
+            Ok(_) => {
+                tracing::info!(resource = %revoke.resource, why = ?revoke.why, "fleet revoked a grant");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(resource = %revoke.resource, error = %e, "fleet could not revoke a grant");
+                false
+            }
+        }
+    }
+
+    /// Makes the plan's grants, each guarded by the member's record, the spec and the
+    /// assignment as the decision read (or wrote) them; whether every grant got an answer.
+    async fn grant(&self, snap: &Snapshot, plan: &Plan, assignment_revision: i64) -> bool {
+        let grants: Vec<_> = plan
+            .grants
+            .iter()
+            .filter_map(|grant| {
+                let member = snap.members.get(&grant.member)?;
+                Some(self.grant_one(snap, grant, member, assignment_revision))
+            })
+            .collect();
+        all(grants).await
+    }
+
+    async fn grant_one(
+        &self,
+        snap: &Snapshot,
+        grant: &assign::Grant,
+        member: &Read<MemberRecord>,
+        assignment_revision: i64,
+    ) -> bool {
+        let layout = &self.inner.layout;
+        let (member_key, assignment_key, spec_key) = (
+            layout.fleet_member(&snap.fleet, &grant.member),
+            layout.fleet_assignment(&snap.fleet),
+            layout.fleet_spec(&snap.fleet),
+        );
+        let guards = [
+            Unchanged {
+                key: &member_key,
+                mod_revision: member.mod_revision,
+            },
+            Unchanged {
+                key: &assignment_key,
+                mod_revision: assignment_revision,
+            },
+            Unchanged {
+                key: &spec_key,
+                mod_revision: snap.spec.mod_revision,
+            },
+        ];
+        let granted = self
+            .inner
+            .leases
+            .grant_assigned(OnSession {
+                resource: &grant.resource,
+                session: member.record.session,
+                fleet: &snap.fleet,
+                guards: &guards,
+            })
+            .await;
+        match granted {
+            Ok(_) => true,
+            // The member's session ended meanwhile: its record goes with it, and the watch
+            // brings the next decision.
+            Err(e) if is_session_gone(&e) => true,
+            Err(e) => {
+                tracing::warn!(resource = %grant.resource, member = %grant.member, error = %e, "fleet could not grant");
+                false
+            }
+        }
+    }
+}
+
+/// Runs `tasks` at most [`IN_FLIGHT`] at a time; whether every one succeeded.
+async fn all(tasks: Vec<impl std::future::Future<Output = bool>>) -> bool {
+    futures::stream::iter(tasks)
+        .buffer_unordered(IN_FLIGHT)
+        .fold(true, |ok, one| async move { ok && one })
+        .await
+}

@@ -1,0 +1,260 @@
+//! A fleet made, changed or ended (`PUT` and `DELETE /v1/fleets/{fleet}`).
+//!
+//! The spec is written with a compare on its last mod revision, so a change never overwrites
+//! one it did not see, and only the principal that made the fleet may change or end it. Ending
+//! it deletes every key of the fleet in one guarded delete — after which no grant can be made
+//! under it, since each compares the member's record, the spec and the assignment — and only
+//! then releases the fleet's grants, read after the delete so none made just before escapes.
+
+use std::collections::BTreeSet;
+
+use serde::Serialize;
+
+use super::records::{
+    encode, SpecRecord, DEFAULT_DRAIN_MS, MAX_DRAIN_MS, MAX_NAME_BYTES, MAX_RESOURCES,
+};
+use super::{assign, Fleets};
+use crate::etcd::Unchanged;
+use crate::lease::{i64_string, validate};
+use crate::{Error, Result};
+
+/// How many times a request reads again after losing a compare to a concurrent write.
+pub(super) const ATTEMPTS: usize = 5;
+
+/// A spec as a request gives it.
+#[derive(Debug, Clone)]
+pub(crate) struct SpecChange {
+    /// The resources.
+    pub(crate) resources: Vec<String>,
+    /// How long a member has to release a resource moved away from it.
+    pub(crate) drain_ms: Option<u64>,
+    /// Most hand-offs in flight.
+    pub(crate) max_moves: Option<u64>,
+}
+
+/// A spec as written.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub(crate) struct Written {
+    /// The fleet.
+    pub(crate) fleet: String,
+    /// Its resources, in name order.
+    pub(crate) resources: Vec<String>,
+    /// How long a member has to release a resource moved away from it, in milliseconds.
+    pub(crate) drain_ms: u64,
+    /// Most hand-offs in flight at once.
+    pub(crate) max_moves: usize,
+    /// The etcd revision that wrote the spec (decimal string).
+    #[serde(with = "i64_string")]
+    #[schema(value_type = String, example = "4711")]
+    pub(crate) revision: i64,
+}
+
+impl SpecChange {
+    /// The resources, checked: each in the resource grammar, none twice, at most
+    /// [`MAX_RESOURCES`] of at most [`MAX_NAME_BYTES`] together; and the bounds of the rest.
+    pub(crate) fn checked(&self) -> Result<BTreeSet<String>> {
+        let invalid = |reason: String| Error::InvalidField {
+            field: "resources",
+            reason,
+        };
+        if self.resources.len() > MAX_RESOURCES {
+            return Err(invalid(format!(
+                "{} resources; a fleet has at most {MAX_RESOURCES}",
+                self.resources.len()
+            )));
+        }
+        let bytes: usize = self.resources.iter().map(String::len).sum();
+        if bytes > MAX_NAME_BYTES {
+            return Err(invalid(format!(
+                "{bytes} bytes of names; a fleet's names are at most {MAX_NAME_BYTES} bytes together"
+            )));
+        }
+        let mut set = BTreeSet::new();
+        for (i, name) in self.resources.iter().enumerate() {
+            validate::resource(name).map_err(|e| Error::InvalidField {
+                field: "resource",
+                reason: format!("resources[{i}] {}: {e}", shown(name)),
+            })?;
+            if !set.insert(name.clone()) {
+                return Err(invalid(format!(
+                    "resources[{i}] {} is listed twice",
+                    shown(name)
+                )));
+            }
+        }
+        if self.drain_ms.is_some_and(|d| d > MAX_DRAIN_MS) {
+            return Err(Error::InvalidField {
+                field: "drain_ms",
+                reason: format!("at most {MAX_DRAIN_MS}"),
+            });
+        }
+        if self
+            .max_moves
+            .is_some_and(|m| m == 0 || m > MAX_RESOURCES as u64)
+        {
+            return Err(Error::InvalidField {
+                field: "max_moves",
+                reason: format!("1 to {MAX_RESOURCES}"),
+            });
+        }
+        Ok(set)
+    }
+}
+
+/// A name as an error message shows it: quoted, and cut to 64 characters.
+fn shown(name: &str) -> String {
+    let cut: String = name.chars().take(64).collect();
+    if cut.len() < name.len() {
+        format!("{cut:?}…")
+    } else {
+        format!("{cut:?}")
+    }
+}
+
+/// Checks that the caller may act on every resource of a fleet: the front's judgement (403
+/// otherwise).
+pub(crate) type Gate<'a> = &'a (dyn Fn(&[String]) -> Result<()> + Sync);
+
+impl Fleets {
+    /// Makes `fleet`, or changes it, for `principal` (who must be the one that made it).
+    /// The caller has been judged allowed to acquire every resource of `change`.
+    pub(crate) async fn put(
+        &self,
+        fleet: &str,
+        change: &SpecChange,
+        principal: Option<String>,
+    ) -> Result<Written> {
+        let resources: Vec<String> = change.checked()?.into_iter().collect();
+        let key = self.inner.layout.fleet_spec(fleet);
+        for _ in 0..ATTEMPTS {
+            let current = self.inner.etcd.get(&key).await?;
+            if let Some(kv) = &current {
+                let record: SpecRecord =
+                    serde_json::from_slice(kv.value()).map_err(|e| Error::CorruptRecord {
+                        key: key.clone(),
+                        reason: e.to_string(),
+                    })?;
+                if principal.is_some() && record.principal != principal {
+                    return Err(Error::OtherPrincipalsFleet);
+                }
+            }
+            let record = SpecRecord {
+                resources: resources.clone(),
+                drain_ms: change.drain_ms.unwrap_or(DEFAULT_DRAIN_MS),
+                max_moves: change.max_moves.and_then(|m| usize::try_from(m).ok()),
+                principal: principal.clone(),
+                changed_at: crate::lease::unix_millis(),
+            };
+            let guard = Unchanged {
+                key: &key,
+                mod_revision: current.as_ref().map_or(0, |kv| kv.mod_revision()),
+            };
+            let written = self
+                .inner
+                .commit
+                .put_if(&key, &encode(&record), 0, &[guard])
+                .await?;
+            if let Some(revision) = written {
+                tracing::info!(%fleet, resources = resources.len(), "fleet spec written");
+                return Ok(Written {
+                    fleet: fleet.to_owned(),
+                    max_moves: record.max_moves(),
+                    drain_ms: record.drain_ms,
+                    resources: record.resources,
+                    revision,
+                });
+            }
+        }
+        Err(Error::FleetChanged)
+    }
+
+    /// Ends `fleet`: its keys go, then its grants are released. Idempotent (no such fleet: done).
+    /// Only `principal` (the one that made it) may, and `gate` judges the caller for its
+    /// resources.
+    pub(crate) async fn delete(
+        &self,
+        fleet: &str,
+        principal: Option<&str>,
+        gate: Gate<'_>,
+    ) -> Result<()> {
+        for _ in 0..ATTEMPTS {
+            let Some(snap) = self.snapshot(fleet).await? else {
+                return Ok(());
+            };
+            if principal.is_some() && snap.spec.record.principal.as_deref() != principal {
+                return Err(Error::OtherPrincipalsFleet);
+            }
+            gate(&snap.spec.record.resources)?;
+            let guard = Unchanged {
+                key: &self.inner.layout.fleet_spec(fleet),
+                mod_revision: snap.spec.mod_revision,
+            };
+            if !self
+                .inner
+                .etcd
+                .delete_prefix_if(&self.inner.layout.fleet(fleet), guard)
+                .await?
+            {
+                continue;
+            }
+            // Read after the delete: a grant made before it is seen, none can follow it.
+            let owned = self.owned(&snap, snap.watched()).await?;
+            for (resource, o) in owned {
+                if matches!(o.held.holder, assign::Holder::Foreign) {
+                    continue;
+                }
+                self.inner
+                    .leases
+                    .revoke_assigned(&resource, o.held.revision, o.lease)
+                    .await?;
+            }
+            tracing::info!(%fleet, "fleet ended");
+            return Ok(());
+        }
+        Err(Error::FleetChanged)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn change(resources: &[&str]) -> SpecChange {
+        SpecChange {
+            resources: resources.iter().map(|r| (*r).to_owned()).collect(),
+            drain_ms: None,
+            max_moves: None,
+        }
+    }
+
+    #[test]
+    fn a_spec_is_checked_before_anything_is_written() {
+        assert_eq!(change(&["b", "a"]).checked().unwrap().len(), 2);
+        assert!(change(&[]).checked().unwrap().is_empty());
+        let kind = |c: &SpecChange| match c.checked() {
+            Err(Error::InvalidField { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(kind(&change(&["a", "a"])), "resources");
+        assert_eq!(kind(&change(&["a", "../etc"])), "resource");
+        assert_eq!(kind(&change(&["a/b"])), "resource");
+        let many: Vec<String> = (0..=MAX_RESOURCES).map(|i| format!("r{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert_eq!(kind(&change(&many)), "resources");
+        let long = "x".repeat(200);
+        let fat: Vec<&str> = std::iter::repeat_n(long.as_str(), 4_000).collect();
+        assert_eq!(kind(&change(&fat)), "resources");
+        let mut c = change(&["a"]);
+        c.drain_ms = Some(MAX_DRAIN_MS + 1);
+        assert_eq!(kind(&c), "drain_ms");
+        c.drain_ms = Some(0);
+        c.max_moves = Some(0);
+        assert_eq!(kind(&c), "max_moves");
+        // A hostile name is shown cut short.
+        let hostile = format!("{}/", "y".repeat(10_000));
+        match change(&[&hostile]).checked() {
+            Err(e) => assert!(e.to_string().len() < 300, "{e}"),
+            Ok(_) => panic!("accepted"),
+        }
+    }
+}

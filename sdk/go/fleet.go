@@ -1,0 +1,235 @@
+package leaseproxy
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// JoinOptions say how to join a fleet (nil: the client's defaults).
+type JoinOptions struct {
+	// Member names the member (default: Options.Holder). Joining again under the name of a
+	// live member of the same principal replaces it.
+	Member string
+	// TTL is the member's session TTL (default: Options.TTL).
+	TTL time.Duration
+	// Weight is the member's share's weight (0: the service's default).
+	Weight int
+	// SafetyMargin overrides Options.SafetyMargin for the session.
+	SafetyMargin time.Duration
+	// Poll is how long one long poll of the assignment waits for a change (default 20 s).
+	Poll time.Duration
+}
+
+// Member is this process in a fleet (DESIGN §5.5): a session the service grants the fleet's
+// resources under. Each resource granted to it arrives on Assignments as a *Lease living on
+// the member's session; when the service moves it to another member, the lease is lost with
+// ReasonHandedOff — its context cancelled at once — and must be released (Serve does it when
+// the work returns; past the fleet's drain deadline the service revokes it).
+type Member struct {
+	c       *Client
+	fleet   string
+	name    string
+	session *Session
+	poll    time.Duration
+
+	mu       sync.Mutex
+	leases   map[string]*Lease
+	state    string
+	revision string
+	err      error
+
+	delivery delivery
+	ended    chan struct{}
+}
+
+// JoinFleet joins fleet and starts following the member's assignment.
+func (c *Client) JoinFleet(ctx context.Context, fleet string, opts *JoinOptions) (*Member, error) {
+	var o JoinOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.Member == "" {
+		o.Member = c.opts.Holder
+	}
+	if o.TTL <= 0 {
+		o.TTL = c.opts.TTL
+	}
+	if o.SafetyMargin <= 0 {
+		o.SafetyMargin = c.opts.SafetyMargin
+	}
+	if o.Poll <= 0 {
+		o.Poll = 20 * time.Second
+	}
+	body := map[string]any{"member": o.Member, "ttl_seconds": wholeSeconds(o.TTL)}
+	if o.Weight > 0 {
+		body["weight"] = o.Weight
+	}
+	sent := time.Now()
+	a, err := c.do(ctx, call{method: http.MethodPost, path: fleetPath(fleet) + "/members", body: body})
+	if err != nil {
+		return nil, err
+	}
+	s, t, err := parseOpened(a)
+	if err != nil {
+		return nil, err
+	}
+	s.holder = o.Member
+	if s, err = c.keepSession(s, sent, t, o.SafetyMargin); err != nil {
+		return nil, err
+	}
+	m := &Member{c: c, fleet: fleet, name: o.Member, session: s, poll: o.Poll,
+		leases: map[string]*Lease{}, ended: make(chan struct{})}
+	m.delivery.start()
+	go m.run()
+	return m, nil
+}
+
+// Fleet is the fleet's name.
+func (m *Member) Fleet() string { return m.fleet }
+
+// Name is the member's name.
+func (m *Member) Name() string { return m.name }
+
+// Session is the member's session: its loss (or Leave) loses every assignment.
+func (m *Member) Session() *Session { return m.session }
+
+// State is the member's state as last read: "active", "draining" or "evicted" ("" before
+// the first read).
+func (m *Member) State() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.state
+}
+
+// Assignments delivers each resource granted to the member, as a *Lease, once. It is closed
+// when the member ends (left, evicted, replaced, or its session lost).
+func (m *Member) Assignments() <-chan *Lease { return m.delivery.out }
+
+// Err is nil while the member follows its assignment, then why it stopped.
+func (m *Member) Err() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.err != nil {
+		return m.err
+	}
+	return m.session.Err()
+}
+
+// Serve runs fn for each assignment, in a goroutine of its own, with a context cancelled when
+// the resource is handed off or lost (or ctx is done), and releases the resource when fn
+// returns. It returns once ctx is done or the member has ended, after every fn has returned:
+// ctx's error, or why the member ended.
+func (m *Member) Serve(ctx context.Context, fn func(ctx context.Context, l *Lease) error) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		select {
+		case l, ok := <-m.Assignments():
+			if !ok {
+				wg.Wait()
+				return m.Err()
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				work, cancel := l.Bind(ctx)
+				if err := fn(work, l); err != nil && !errors.Is(err, context.Canceled) {
+					m.c.logf("leaseproxy: fleet %s: work on %s: %v", m.fleet, l.Resource(), err)
+				}
+				cancel()
+				rctx, rcancel := context.WithTimeout(context.Background(), m.c.opts.Timeout)
+				_ = l.Release(rctx)
+				rcancel()
+			}()
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Drain asks the service to hand off everything the member holds and give it nothing new
+// (202); the assignments are then lost with ReasonHandedOff one by one.
+func (m *Member) Drain(ctx context.Context) error {
+	_, err := m.c.do(ctx, call{method: http.MethodPost, path: m.memberPath() + "/drain",
+		header: secretHeader(m.session.secret)})
+	return err
+}
+
+// Leave ends the member: its session is closed, which ends every grant under it.
+func (m *Member) Leave(ctx context.Context) error {
+	err := m.session.Close(ctx)
+	<-m.ended
+	return err
+}
+
+func (m *Member) memberPath() string {
+	return fleetPath(m.fleet) + "/members/" + segment(m.name)
+}
+
+func fleetPath(fleet string) string { return "/v1/fleets/" + segment(fleet) }
+
+// run follows the assignment by long polls until the member ends.
+func (m *Member) run() {
+	defer close(m.ended)
+	defer m.delivery.stop()
+	backoff := firstRetryPause
+	for m.session.Err() == nil {
+		v, err := m.read()
+		if err == nil {
+			backoff = firstRetryPause
+			if m.apply(v) {
+				return
+			}
+			continue
+		}
+		if m.session.Err() != nil {
+			return
+		}
+		if refused(err) {
+			// Not a member any more (evicted, replaced, or its session ended): its grants are
+			// gone or going.
+			m.end(err)
+			return
+		}
+		m.c.logf("leaseproxy: fleet %s: reading the assignment: %v (retrying)", m.fleet, err)
+		if !sleepCtx(m.session.Context(), backoff) {
+			return
+		}
+		if backoff *= 2; backoff > maxRetryPause {
+			backoff = maxRetryPause
+		}
+	}
+}
+
+// end stops the member for err: its session (and so every assignment) is lost, and closed.
+func (m *Member) end(err error) {
+	m.mu.Lock()
+	if m.err == nil {
+		m.err = err
+	}
+	m.mu.Unlock()
+	m.session.live.lose(&LostError{Reason: ReasonRevoked, Err: err})
+	go func() { _ = m.session.Close(context.Background()) }()
+}
+
+// read is one long poll of the member's assignment: answered once it changes past the last
+// revision read, or after m.poll.
+func (m *Member) read() (*memberView, error) {
+	q := url.Values{"wait_ms": {strconv.FormatInt(m.poll.Milliseconds(), 10)}}
+	m.mu.Lock()
+	if m.revision != "" {
+		q.Set("after", m.revision)
+	}
+	m.mu.Unlock()
+	a, err := m.c.do(m.session.Context(), call{method: http.MethodGet, path: m.memberPath(), query: q,
+		header: secretHeader(m.session.secret), timeout: m.poll + m.c.opts.Timeout})
+	if err != nil {
+		return nil, err
+	}
+	return parseMemberView(a.status, a.body)
+}

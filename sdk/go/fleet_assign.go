@@ -1,0 +1,206 @@
+package leaseproxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+)
+
+// memberView is a member's assignment as the service answers it.
+type memberView struct {
+	state     string
+	revision  string
+	held      []heldGrant
+	releasing []string
+}
+
+type heldGrant struct {
+	resource, leaseID, fencingToken string
+	token                           uint64
+}
+
+func parseMemberView(status int, body []byte) (*memberView, error) {
+	f, err := decodeObject(status, body, "revision", "held", "releasing")
+	if err != nil {
+		return nil, err
+	}
+	v := &memberView{}
+	if v.revision, err = f.str(status, "revision"); err != nil {
+		return nil, err
+	}
+	if v.state, err = f.str(status, "state"); err != nil {
+		return nil, err
+	}
+	var held, releasing []json.RawMessage
+	if json.Unmarshal(f["held"], &held) != nil || json.Unmarshal(f["releasing"], &releasing) != nil {
+		return nil, protocolErr(status, "held and releasing are not lists: %s", excerpt(body))
+	}
+	for _, raw := range held {
+		h, err := decodeObject(status, raw, "resource", "lease_id", "token", "fencing_token")
+		if err != nil {
+			return nil, err
+		}
+		var g heldGrant
+		if g.resource, err = h.str(status, "resource"); err != nil {
+			return nil, err
+		}
+		if g.leaseID, err = h.str(status, "lease_id"); err != nil {
+			return nil, err
+		}
+		if g.fencingToken, err = h.str(status, "fencing_token"); err != nil {
+			return nil, err
+		}
+		if g.token, err = h.decimal(status, "token"); err != nil {
+			return nil, err
+		}
+		v.held = append(v.held, g)
+	}
+	for _, raw := range releasing {
+		r, err := decodeObject(status, raw, "resource")
+		if err != nil {
+			return nil, err
+		}
+		name, err := r.str(status, "resource")
+		if err != nil {
+			return nil, err
+		}
+		v.releasing = append(v.releasing, name)
+	}
+	return v, nil
+}
+
+// apply brings the member's leases to v: a newly held resource becomes a lease delivered on
+// Assignments; one in releasing is lost (ReasonHandedOff) — or released at once if it was never
+// delivered —; one in neither is lost (ReasonRevoked). Returns whether the member has ended
+// (evicted).
+func (m *Member) apply(v *memberView) bool {
+	m.mu.Lock()
+	m.state, m.revision = v.state, v.revision
+	seen := map[string]bool{}
+	var fresh []*Lease
+	for _, h := range v.held {
+		seen[h.resource] = true
+		if l := m.leases[h.resource]; l != nil && l.Token() == h.token && l.live.err() == nil {
+			continue
+		}
+		if l, err := m.grantOf(h); err != nil {
+			m.c.logf("leaseproxy: fleet %s: %v", m.fleet, err)
+		} else {
+			fresh = append(fresh, l)
+		}
+	}
+	var handedOff, gone []*Lease
+	var undelivered []string
+	for _, r := range v.releasing {
+		seen[r] = true
+		if l := m.leases[r]; l != nil {
+			handedOff = append(handedOff, l)
+		} else {
+			undelivered = append(undelivered, r)
+		}
+	}
+	for r, l := range m.leases {
+		if !seen[r] {
+			gone = append(gone, l)
+			delete(m.leases, r)
+		}
+	}
+	for _, l := range fresh {
+		if old := m.leases[l.Resource()]; old != nil {
+			gone = append(gone, old)
+		}
+		m.leases[l.Resource()] = l
+	}
+	m.mu.Unlock()
+	m.settle(fresh, handedOff, gone, undelivered)
+	if v.state == "evicted" {
+		m.end(errors.New("the member was evicted from the fleet"))
+		return true
+	}
+	return false
+}
+
+// settle acts on what apply decided, outside the member's lock.
+func (m *Member) settle(fresh, handedOff, gone []*Lease, undelivered []string) {
+	for _, l := range gone {
+		l.live.lose(&LostError{Reason: ReasonRevoked, Err: errors.New("no longer assigned to this member")})
+	}
+	for _, l := range handedOff {
+		l.live.lose(&LostError{Reason: ReasonHandedOff})
+	}
+	for _, r := range undelivered {
+		r := r
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), m.c.opts.Timeout)
+			defer cancel()
+			_ = m.c.Release(ctx, r, m.session.secret)
+		}()
+	}
+	for _, l := range fresh {
+		m.delivery.push(l)
+	}
+}
+
+// grantOf is the lease of a held grant: it lives on the member's session, proven by the
+// session's secret (the service grants it so).
+func (m *Member) grantOf(h heldGrant) (*Lease, error) {
+	g := &Grant{Resource: h.resource, Holder: m.name, LeaseID: h.leaseID, Secret: m.session.secret,
+		Token: h.token, FencingToken: h.fencingToken, Session: m.session.id}
+	if err := checkGrant(200, g, h.resource); err != nil {
+		return nil, err
+	}
+	return m.c.newLease(g, m.session.live.under(g.Resource, g.Token)), nil
+}
+
+// delivery hands leases to Assignments in order without ever blocking the member's loop: a
+// reader that is slow holds back no loss.
+type delivery struct {
+	out   chan *Lease
+	mu    sync.Mutex
+	queue []*Lease
+	wake  chan struct{}
+	quit  chan struct{}
+}
+
+func (d *delivery) start() {
+	d.out, d.wake, d.quit = make(chan *Lease), make(chan struct{}, 1), make(chan struct{})
+	go d.run()
+}
+
+func (d *delivery) push(l *Lease) {
+	d.mu.Lock()
+	d.queue = append(d.queue, l)
+	d.mu.Unlock()
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (d *delivery) stop() { close(d.quit) }
+
+func (d *delivery) run() {
+	defer close(d.out)
+	for {
+		d.mu.Lock()
+		queue := d.queue
+		d.queue = nil
+		d.mu.Unlock()
+		for _, l := range queue {
+			if l.live.check() != nil {
+				continue // lost before anyone took it
+			}
+			select {
+			case d.out <- l:
+			case <-d.quit:
+				return
+			}
+		}
+		select {
+		case <-d.wake:
+		case <-d.quit:
+			return
+		}
+	}
+}

@@ -1,0 +1,158 @@
+package leaseproxy_test
+
+// A member's assignment loop against a fake fleet service that answers scripted views: what
+// arrives, what is handed off and released, what an eviction ends.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"lease-proxy.dev/leaseproxy"
+)
+
+type fleetFake struct {
+	*fake
+	mu      sync.Mutex
+	views   []string
+	step    int
+	changed chan struct{}
+}
+
+func heldJSON(resource string, token int) string {
+	return fmt.Sprintf(`{"resource":%q,"lease_id":"900","token":"%d","fencing_token":"v1.k1.0.%d.n.m"}`, resource, token, token)
+}
+
+func view(rev int, state string, held []string, releasing ...string) string {
+	var rel []string
+	for _, r := range releasing {
+		rel = append(rel, fmt.Sprintf(`{"resource":%q,"deadline_ms":500}`, r))
+	}
+	return fmt.Sprintf(`{"fleet":"f","member":"m1","state":%q,"revision":"%d","held":[%s],"releasing":[%s]}`,
+		state, rev, strings.Join(held, ","), strings.Join(rel, ","))
+}
+
+func newFleetFake(t *testing.T, views ...string) *fleetFake {
+	ff := &fleetFake{views: views, changed: make(chan struct{})}
+	ff.fake = newFake(t, func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == http.MethodPost && r.URL.Path == "/v1/fleets/f/members":
+			write(w, 201, `{"fleet":"f","member":"m1","session_id":"900","secret":"member-secret","ttl_seconds":10,"expires_in_ms":10000}`)
+		case strings.HasSuffix(r.URL.Path, "/keepalive"):
+			write(w, 200, `{"session_id":"900","ttl_seconds":10,"expires_in_ms":10000}`)
+		case r.Method == http.MethodGet && r.URL.Path == "/v1/fleets/f/members/m1":
+			if r.Header.Get("Lease-Secret") != "member-secret" {
+				write(w, 403, `{"type":"https://lease-proxy.dev/problems/not-member","title":"t","status":403}`)
+				return
+			}
+			after, _ := strconv.Atoi(r.URL.Query().Get("after"))
+			for {
+				ff.mu.Lock()
+				v, changed := ff.views[ff.step], ff.changed
+				ff.mu.Unlock()
+				if rev := revisionOf(v); rev > after || r.URL.Query().Get("after") == "" {
+					write(w, 200, v)
+					return
+				}
+				select {
+				case <-changed:
+				case <-r.Context().Done():
+					return
+				}
+			}
+		default:
+			w.WriteHeader(204)
+		}
+	})
+	return ff
+}
+
+func revisionOf(v string) int {
+	i := strings.Index(v, `"revision":"`) + len(`"revision":"`)
+	n, _ := strconv.Atoi(v[i : i+strings.IndexByte(v[i:], '"')])
+	return n
+}
+
+func (ff *fleetFake) advance() {
+	ff.mu.Lock()
+	ff.step++
+	close(ff.changed)
+	ff.changed = make(chan struct{})
+	ff.mu.Unlock()
+}
+
+func TestAFleetMemberFollowsItsAssignment(t *testing.T) {
+	t.Parallel()
+	ff := newFleetFake(t,
+		view(1, "active", []string{heldJSON("a", 10), heldJSON("b", 11)}),
+		view(2, "active", []string{heldJSON("a", 10)}, "b"),
+		view(3, "active", []string{heldJSON("a", 10), heldJSON("c", 12)}),
+		view(4, "evicted", nil))
+	c := client(t, ff.URL, leaseproxy.Options{NoLossWatch: true, Timeout: time.Second})
+	m, err := c.JoinFleet(ctxT(t), "f", &leaseproxy.JoinOptions{Member: "m1", Poll: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	got := map[string]error{}
+	started := make(chan string, 10)
+	served := make(chan error)
+	go func() {
+		served <- m.Serve(ctxT(t), func(ctx context.Context, l *leaseproxy.Lease) error {
+			started <- fmt.Sprintf("%s@%d", l.Resource(), l.Token())
+			<-ctx.Done()
+			mu.Lock()
+			got[l.Resource()] = leaseproxy.Cause(ctx)
+			mu.Unlock()
+			return ctx.Err()
+		})
+	}()
+	recv := func() string {
+		select {
+		case s := <-started:
+			return s
+		case <-time.After(3 * time.Second):
+			t.Fatal("no assignment")
+			return ""
+		}
+	}
+	if a, b := recv(), recv(); !(a == "a@10" && b == "b@11" || a == "b@11" && b == "a@10") {
+		t.Fatalf("assignments %s %s", a, b)
+	}
+	ff.advance() // b handed off
+	eventually(t, 2*time.Second, "b released with the session's secret", func() bool { return ff.asked("DELETE", "/v1/leases/b") == 1 })
+	mu.Lock()
+	if !errors.Is(got["b"], leaseproxy.ErrLost) || !strings.Contains(got["b"].Error(), "handed-off") {
+		t.Fatalf("b ended with %v", got["b"])
+	}
+	mu.Unlock()
+	ff.advance() // c arrives
+	if c := recv(); c != "c@12" {
+		t.Fatalf("then %s", c)
+	}
+	ff.advance() // evicted
+	select {
+	case err := <-served:
+		if err == nil || !strings.Contains(err.Error(), "evicted") {
+			t.Fatalf("Serve returned %v", err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("Serve did not return after the eviction")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, r := range []string{"a", "c"} {
+		if !errors.Is(got[r], leaseproxy.ErrLost) {
+			t.Fatalf("%s ended with %v", r, got[r])
+		}
+	}
+	if _, open := <-m.Assignments(); open {
+		t.Fatal("assignments still open")
+	}
+}

@@ -1,0 +1,3 @@
+module lease-proxy.dev/leaseproxy
+
+go 1.19

@@ -1,0 +1,7 @@
+//go:build !linux
+
+package stack
+
+import "os/exec"
+
+func dieWithParent(cmd *exec.Cmd) {}

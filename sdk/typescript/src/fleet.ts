@@ -1,0 +1,263 @@
+/**
+ * Fleets (`/v1/fleets`): a named set of resources the service shares among its members. A member
+ * is a session; what it is assigned are ordinary grants under it, so each is a Lease here, lost
+ * — its signal aborted — when the service moves it away (`handed-off`), takes it back, or the
+ * session is lost. The assignment is read by long polls.
+ */
+
+import { LeaseProxyError, SessionLostError, isTransient } from "./errors.js";
+import { SECRET_HEADER, segment } from "./http.js";
+import { Lease } from "./lease.js";
+import { Liveness } from "./liveness.js";
+import { Fields, parseOpened, type Grant } from "./model.js";
+import { sleep } from "./renewal.js";
+import type { Session } from "./session.js";
+import type { Internals } from "./client.js";
+
+/** How to join a fleet. */
+export interface JoinOptions {
+  /** The member's name (the resource grammar); a live member of the same name is replaced. */
+  member: string;
+  /** The member's session TTL, whole seconds. */
+  ttlSeconds: number;
+  /** Its share's weight, 1 to 1000. */
+  weight?: number;
+  /** How long each long poll of the assignment waits for a change (default 10 s, ≤ the proxy's `--max-wait`). */
+  pollWaitMs?: number;
+}
+
+/** What changed in a member's assignment. */
+export interface AssignmentChange {
+  /** The assignment's revision. */
+  revision: bigint;
+  /** `active`, `draining` or `evicted`. */
+  state: string;
+  /** Every resource held and assigned now. */
+  held: Lease[];
+  /** Newly assigned: start working on these. */
+  added: Lease[];
+  /** Moved away: their signals are aborted (`handed-off`); release each once its work has stopped. */
+  releasing: Lease[];
+  /** Gone without a hand-off (revoked, the member evicted): their signals are aborted. */
+  removed: Lease[];
+}
+
+/** A fleet as `PUT /v1/fleets/{fleet}` sets it. */
+export interface FleetSpec {
+  resources: string[];
+  drainMs?: number;
+  maxMoves?: number;
+}
+
+interface HeldGrant {
+  resource: string;
+  leaseId: string;
+  token: bigint;
+  fencingToken: string;
+}
+
+interface MemberView {
+  state: string;
+  revision: bigint;
+  held: HeldGrant[];
+  releasing: string[];
+}
+
+function parseView(body: unknown): MemberView {
+  const f = new Fields(body, "fleet assignment");
+  return {
+    state: f.string("state"),
+    revision: f.decimal("revision"),
+    held: f.array("held").map((h) => {
+      const g = new Fields(h, "fleet assignment: held");
+      return { resource: g.string("resource"), leaseId: g.string("lease_id"), token: g.decimal("token"), fencingToken: g.string("fencing_token") };
+    }),
+    releasing: f.array("releasing").map((r) => new Fields(r, "fleet assignment: releasing").string("resource")),
+  };
+}
+
+const fleetPath = (fleet: string) => `/v1/fleets/${segment(fleet)}`;
+
+/** A member of a fleet: its session, its assignment, drain and leave. */
+export class FleetMember {
+  private readonly current = new Map<string, Lease>();
+  private readonly path: string;
+
+  /** @internal Made by `Client.joinFleet`. */
+  constructor(
+    private readonly internals: Internals,
+    readonly fleet: string,
+    readonly member: string,
+    /** The member's session: its loss ends every lease of the fleet it holds. */
+    readonly session: Session,
+    private readonly options: JoinOptions,
+  ) {
+    this.path = `${fleetPath(fleet)}/members/${segment(member)}`;
+  }
+
+  /** Aborted when the member's session is lost. */
+  get signal(): AbortSignal {
+    return this.session.signal;
+  }
+
+  /** The leases held and assigned now. */
+  get held(): Lease[] {
+    return [...this.current.values()].filter((l) => !l.isLost());
+  }
+
+  /**
+   * The assignment's changes, from the first (everything held at once) on, by long polls; ends
+   * when the member's session is lost or it is evicted. Transient failures are retried.
+   */
+  async *assignments(): AsyncGenerator<AssignmentChange> {
+    let after: bigint | undefined;
+    for (let attempt = 0; !this.session.isLost(); ) {
+      let view: MemberView;
+      try {
+        view = await this.poll(after);
+        attempt = 0;
+      } catch (e) {
+        if (this.session.isLost()) return;
+        if (!isTransient(e)) throw this.ended(e);
+        await sleep(Math.min(100 * 2 ** attempt++, 2000), this.session.signal);
+        continue;
+      }
+      if (after !== undefined && view.revision <= after) continue; // the wait ended without a change
+      after = view.revision;
+      yield this.apply(view);
+      if (view.state === "evicted") return;
+    }
+  }
+
+  private async poll(after: bigint | undefined): Promise<MemberView> {
+    const wait = this.options.pollWaitMs ?? 10_000;
+    const query: Record<string, string> = after === undefined ? {} : { after: after.toString(), wait_ms: String(wait) };
+    return parseView(
+      await this.internals.transport.call({
+        method: "GET",
+        path: this.path,
+        query,
+        headers: { [SECRET_HEADER]: this.session.opened.secret },
+        extraTimeoutMs: after === undefined ? 0 : wait,
+        signal: this.session.signal,
+      }),
+    );
+  }
+
+  /** A refusal of the poll: the member is gone (session lost) or the proxy says no. */
+  private ended(e: unknown): unknown {
+    if (e instanceof SessionLostError || (e instanceof LeaseProxyError && "status" in e && (e.status === 403 || e.status === 404))) {
+      this.session.liveness.lose("revoked", `the fleet no longer knows this member: ${(e as Error).message}`);
+    }
+    return e;
+  }
+
+  /** Takes in an assignment: the leases added, handed off and removed since the last one. */
+  private apply(view: MemberView): AssignmentChange {
+    const change: AssignmentChange = { revision: view.revision, state: view.state, held: [], added: [], releasing: [], removed: [] };
+    const assigned = new Map(view.held.map((h) => [h.resource, h]));
+    for (const [resource, lease] of this.current) {
+      if (assigned.get(resource)?.token === lease.token && !lease.isLost()) continue;
+      this.current.delete(resource);
+      if (view.releasing.includes(resource)) {
+        this.lose(lease, "handed-off", "the fleet moved it to another member: release it");
+        change.releasing.push(lease);
+      } else {
+        this.lose(lease, "revoked", `no longer assigned (assignment revision ${view.revision})`);
+        change.removed.push(lease);
+      }
+    }
+    for (const h of view.held) {
+      const known = this.current.get(h.resource);
+      if (known !== undefined) {
+        change.held.push(known);
+        continue;
+      }
+      const lease = this.lease(h);
+      this.current.set(h.resource, lease);
+      change.held.push(lease);
+      change.added.push(lease);
+    }
+    return change;
+  }
+
+  private lease(h: HeldGrant): Lease {
+    const grant: Grant = {
+      resource: h.resource,
+      holder: this.member,
+      leaseId: h.leaseId,
+      secret: this.session.opened.secret, // a fleet grant is released with its session's secret
+      token: h.token,
+      fencingToken: h.fencingToken,
+      ttlSeconds: this.session.opened.ttlSeconds,
+      expiresInMs: 0,
+      session: this.session.id,
+    };
+    const liveness = new Liveness(h.resource, 0, this.session.liveness);
+    this.internals.watchLoss(h.resource, h.token, liveness);
+    return new Lease(this.internals, grant, liveness);
+  }
+
+  private lose(lease: Lease, reason: "handed-off" | "revoked", detail: string): void {
+    lease.markLost(reason, detail);
+  }
+
+  /**
+   * Runs `work` for every resource assigned, with the lease's signal; when one is moved away
+   * its signal is aborted, and once its work has returned it is released. Resolves when the
+   * member's session is lost or it is evicted (after leave(), say).
+   */
+  async run(work: (lease: Lease, signal: AbortSignal) => Promise<void>): Promise<void> {
+    const running = new Map<Lease, Promise<void>>();
+    const finish = (lease: Lease) => {
+      void (running.get(lease) ?? Promise.resolve()).then(() => lease.release().catch(() => {}));
+    };
+    for await (const change of this.assignments()) {
+      for (const lease of change.added) running.set(lease, work(lease, lease.signal).catch(() => {}));
+      for (const lease of change.releasing) finish(lease);
+    }
+    await Promise.all(running.values());
+  }
+
+  /** Hands everything off and takes nothing new (`POST …/drain`); watch `assignments()` empty. */
+  async drain(): Promise<void> {
+    await this.internals.transport.call({
+      method: "POST",
+      path: `${this.path}/drain`,
+      headers: { [SECRET_HEADER]: this.session.opened.secret },
+      json: {},
+    });
+  }
+
+  /** Leaves the fleet: closes the member's session, ending every grant it holds. */
+  async leave(): Promise<void> {
+    await this.session.close();
+  }
+}
+
+/** `POST /v1/fleets/{fleet}/members`: joins, and keeps the member's session alive. */
+export async function join(internals: Internals, keep: KeepSession, fleet: string, options: JoinOptions): Promise<FleetMember> {
+  const body: Record<string, unknown> = { member: options.member, ttl_seconds: options.ttlSeconds };
+  if (options.weight !== undefined) body.weight = options.weight;
+  const sentAt = performance.now();
+  const answer = await internals.transport.call({ method: "POST", path: `${fleetPath(fleet)}/members`, json: body });
+  const opened = parseOpened({ ...(answer as object), holder: options.member });
+  return new FleetMember(internals, fleet, options.member, keep(opened, sentAt, `${fleet}/${options.member}`), options);
+}
+
+/** How the client keeps a session it did not open itself. */
+export type KeepSession = (opened: ReturnType<typeof parseOpened>, sentAt: number, name: string) => Session;
+
+/** `PUT /v1/fleets/{fleet}`: creates or changes it; its revision. */
+export async function putFleet(internals: Internals, fleet: string, spec: FleetSpec): Promise<bigint> {
+  const body: Record<string, unknown> = { resources: spec.resources };
+  if (spec.drainMs !== undefined) body.drain_ms = spec.drainMs;
+  if (spec.maxMoves !== undefined) body.max_moves = spec.maxMoves;
+  const answer = await internals.transport.call({ method: "PUT", path: fleetPath(fleet), json: body });
+  return new Fields(answer, "fleet answer").decimal("revision");
+}
+
+/** `DELETE /v1/fleets/{fleet}`: ends it, releasing its members' grants. */
+export async function deleteFleet(internals: Internals, fleet: string): Promise<void> {
+  await internals.transport.call({ method: "DELETE", path: fleetPath(fleet) });
+}

@@ -1,0 +1,174 @@
+/**
+ * The lease guard: a grant kept alive in the background, its AbortSignal aborted on loss, the
+ * token propagated to `fetch`, release (explicit, `await using`, or by `client.using`).
+ */
+
+import { LostError, PROBLEM_BASE, isObject, type LostReason } from "./errors.js";
+import { SECRET_HEADER, segment, type Transport } from "./http.js";
+import type { Liveness } from "./liveness.js";
+import type { Grant } from "./model.js";
+import type { Keeper } from "./renewal.js";
+import { injectedRefusalResponse, type Faults } from "./testmode.js";
+
+/** What a lease needs of its client. */
+export interface LeaseContext {
+  transport: Transport;
+  faults?: Faults;
+}
+
+/**
+ * A held resource. Renews itself (at a third of the lifetime granted, ±10 %) and is lost — its
+ * `signal` aborted with a LostError as reason, `lost` resolved — no later than its stop-by
+ * deadline, at once when the proxy refuses a renewal (410) or reports the grant ended or
+ * replaced on its event stream. Pass `signal` to the work it protects and present
+ * `fencingToken` to the storage (`lease.fetch` does), so a write made after a loss anyway is
+ * refused there.
+ */
+export class Lease {
+  private released = false;
+
+  /** @internal Made by `Client.acquire` and `Session.acquire`. */
+  constructor(
+    private readonly context: LeaseContext,
+    /** The grant as the proxy answered it (the secret included). */
+    readonly grant: Grant,
+    private readonly liveness: Liveness,
+    private readonly keeper?: Keeper,
+  ) {}
+
+  /** The resource held. */
+  get resource(): string {
+    return this.grant.resource;
+  }
+
+  /** The holder named in the grant. */
+  get holder(): string {
+    return this.grant.holder;
+  }
+
+  /** The etcd lease id (decimal; the session id under a session). */
+  get leaseId(): string {
+    return this.grant.leaseId;
+  }
+
+  /** The fencing token's revision: larger for every later grant of the resource. */
+  get token(): bigint {
+    return this.grant.token;
+  }
+
+  /** The signed fencing token, for the `Fencing-Token` header of writes to protected storage. */
+  get fencingToken(): string {
+    return this.grant.fencingToken;
+  }
+
+  /** The grant's secret (`Lease-Secret`). */
+  get secret(): string {
+    return this.grant.secret;
+  }
+
+  /** Aborted when the lease is lost; `signal.reason` is the LostError. Reads the clock first. */
+  get signal(): AbortSignal {
+    return this.liveness.signal;
+  }
+
+  /** Resolves with the LostError once the lease is lost; never rejects. */
+  get lost(): Promise<LostError> {
+    return this.liveness.lost;
+  }
+
+  /** Why it was lost, or undefined while held. Reads the clock. */
+  get lostReason(): LostError | undefined {
+    return this.liveness.reason;
+  }
+
+  /**
+   * The stop-by deadline on `performance.now()`'s clock: held at least until then unless lost
+   * earlier; moved on by every successful renewal.
+   */
+  get stopBy(): number {
+    return this.liveness.deadline;
+  }
+
+  /** Whether it is lost. Reads the clock: past the deadline this is true even if no timer has run. */
+  isLost(): boolean {
+    return this.liveness.check();
+  }
+
+  /** Throws the LostError if the lease is lost (reads the clock): call it before each protected step. */
+  throwIfLost(): void {
+    const reason = this.liveness.reason;
+    if (reason !== undefined) throw reason;
+  }
+
+  /**
+   * `fetch` with this lease's `Fencing-Token` and `Fencing-Resource` set (for fence-gateway in
+   * front of the storage), aborted when the lease is lost. Throws the LostError without sending
+   * once it is lost.
+   */
+  async fetch(input: string | URL | Request, init: RequestInit = {}): Promise<Response> {
+    this.throwIfLost();
+    if (this.context.faults?.refuseToken()) return injectedRefusalResponse(this.resource);
+    const headers = new Headers(init.headers ?? (input instanceof Request ? input.headers : undefined));
+    headers.set("fencing-token", this.fencingToken);
+    headers.set("fencing-resource", this.resource);
+    const signal = init.signal ? AbortSignal.any([init.signal, this.signal]) : this.signal;
+    return fetch(input, { ...init, headers, signal });
+  }
+
+  /**
+   * Sends a request through the proxy's forward route to its `--upstream`, which receives it
+   * with this grant's fencing token. A 410 `lease-lost` from the proxy loses the lease and
+   * throws its LostError; any other answer is the upstream's, whatever its status.
+   */
+  async forward(method: string, path: string, init: RequestInit = {}): Promise<Response> {
+    this.throwIfLost();
+    const t = this.context.transport;
+    const headers = new Headers(init.headers);
+    headers.set(SECRET_HEADER, this.secret);
+    const url = t.url(`/v1/leases/${segment(this.resource)}/forward/${path.replace(/^\/+/, "")}`);
+    const response = await t.send(url, { ...init, method, headers }, AbortSignal.timeout(t.timeoutMs), this.signal);
+    if (response.status === 410 && (await isLeaseLost(response))) {
+      throw this.liveness.lose("revoked", "the proxy answered the forward 410 lease-lost");
+    }
+    return response;
+  }
+
+  /** Stops renewing, marks the lease lost (`released`) and releases it. Idempotent. */
+  async release(): Promise<void> {
+    this.keeper?.stop();
+    this.liveness.lose("released", "released by this client");
+    if (this.released) return;
+    this.released = true;
+    await this.context.transport.call({
+      method: "DELETE",
+      path: `/v1/leases/${segment(this.resource)}`,
+      headers: { [SECRET_HEADER]: this.secret },
+    });
+  }
+
+  /** `await using lease = await client.acquire(…)` releases it at the end of the block. */
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.release();
+  }
+
+  /** @internal Marks it lost for `reason` (a fleet's hand-off). */
+  markLost(reason: LostReason, detail: string): void {
+    this.liveness.lose(reason, detail);
+  }
+
+  /** Test hook: stop (`true`) or resume (`false`) sending renewals; the deadline still runs. */
+  pauseRenewals(paused: boolean): void {
+    this.keeper?.pause(paused);
+  }
+}
+
+/** Whether a 410 is the proxy's `lease-lost` problem (not an upstream's own 410). */
+async function isLeaseLost(response: Response): Promise<boolean> {
+  if (!(response.headers.get("content-type") ?? "").includes("problem+json")) return false;
+  try {
+    const body: unknown = await response.clone().json();
+    return isObject(body) && body.type === `${PROBLEM_BASE}lease-lost`;
+  } catch {
+    return false;
+  }
+}
