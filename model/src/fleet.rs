@@ -9,9 +9,10 @@
 //! moves twice for one membership change. Liveness (fair scheduling, the changes over): with an
 //! eligible member alive, every resource ends up held by one.
 //!
-//! The decision is isolated in [`next`]: the server's (`proxy/src/fleet/assign.rs`, `next`, on
-//! the `fleet` branch) takes the same inputs and answers the same plan, and replaces it here
-//! once it is on the main line (through a door in `lease_proxy::model`, as for the leases).
+//! The decision is isolated in [`next`], written against the contract: the server's
+//! (`proxy/src/fleet/assign.rs`, `next`, pure too) replaces it through a door beside
+//! `lease_proxy::model` that maps this state to its `Input` and its `Plan` back, and the one
+//! call in [`Fleet`]'s `decide`.
 
 use std::fmt::Write as _;
 
