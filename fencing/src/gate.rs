@@ -28,6 +28,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::admission::{Admission, Outcome, Permit, Release, DEFAULT_WRITE_GRACE};
+use crate::decide::{self, Drain, Step};
 use crate::store::{HighWaterMarks, Readiness, StoreError};
 use crate::Token;
 
@@ -106,9 +107,8 @@ impl Release for InFlight {
                 }
             }
             let now = Instant::now();
-            if outcome == Outcome::Uncertain {
-                state.uncertain_until = state.uncertain_until.max(now + self.grace);
-            }
+            state.uncertain_until =
+                decide::closed_until(state.uncertain_until, outcome, now, self.grace);
             state.last_used = now;
         }
         self.entry.finished.notify_waiters();
@@ -254,14 +254,9 @@ impl<S: HighWaterMarks> Gate<S> {
         loop {
             {
                 let mut state = lock(&entry.state);
-                if let Some(mark) = state.mark {
-                    if token < state.floor {
-                        return Err(GateError::Stale {
-                            token,
-                            mark: state.floor,
-                        });
-                    }
-                    if token == mark {
+                match decide::admit_step(state.mark, state.floor, token) {
+                    Step::Stale { floor } => return Err(GateError::Stale { token, mark: floor }),
+                    Step::Admit => {
                         *state.in_flight.entry(token).or_default() += 1;
                         state.last_used = Instant::now();
                         return Ok(Permit::new(InFlight {
@@ -271,7 +266,8 @@ impl<S: HighWaterMarks> Gate<S> {
                         }));
                     }
                     // Above the mark: from now on lower tokens are refused.
-                    state.floor = state.floor.max(token);
+                    Step::Raise { floor } => state.floor = floor,
+                    Step::Load => {}
                 }
             }
             let _raising = entry.raising.lock().await;
@@ -324,21 +320,17 @@ impl<S: HighWaterMarks> Gate<S> {
             let finished = entry.finished.notified();
             tokio::pin!(finished);
             finished.as_mut().enable();
-            let uncertain_until = {
+            let drain = {
                 let state = lock(&entry.state);
-                if state.in_flight.range(..token).next().is_some() {
-                    None
-                } else if state.uncertain_until > Instant::now() {
-                    Some(state.uncertain_until)
-                } else {
-                    return;
-                }
+                let lower = state.in_flight.range(..token).next().is_some();
+                decide::drain(lower, state.uncertain_until, Instant::now())
             };
-            match uncertain_until {
-                Some(until) => {
+            match drain {
+                Drain::Clear => return,
+                Drain::AwaitUntil(until) => {
                     let _ = tokio::time::timeout_at(until, finished).await;
                 }
-                None => finished.await,
+                Drain::AwaitEnd => finished.await,
             }
         }
     }

@@ -21,6 +21,16 @@ pub mod backoff;
 pub mod cli;
 #[cfg(feature = "server")]
 pub mod command;
+#[cfg(not(feature = "model"))]
+#[allow(unreachable_pub)]
+// The shared gate's decisions have no caller without the PostgreSQL store.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+mod decide;
+/// What the gates and the layer decide, as pure functions: exposed for the model checker
+/// (`model/`) only.
+#[cfg(feature = "model")]
+#[doc(hidden)]
+pub mod decide;
 mod domain;
 mod error;
 pub mod files;

@@ -27,4 +27,7 @@ pub use auth::CertPrincipal;
 pub use config::{Config, ConfigError, LogFormat};
 pub use error::{Conflict, Error, Result};
 pub use fencing::problem::PROBLEM_BASE;
+#[cfg(feature = "model")]
+#[doc(hidden)]
+pub use lease::model;
 pub use server::{load_keys, run, StartError};

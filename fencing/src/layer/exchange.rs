@@ -20,6 +20,7 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
 use crate::admission::{Outcome, Permit};
+use crate::decide;
 
 /// Marks a response that did not come complete from the storage: e.g. a proxy's own 502 or 504
 /// after it may already have sent (part of) the write. The fencing layer then ends the write as
@@ -176,7 +177,7 @@ where
         // flight — it happens when the process was paused with the frame ready: fail instead.
         if matches!(this.side, Side::Request)
             && polled.is_ready()
-            && Instant::now() >= this.deadline.deadline()
+            && !decide::may_send(Instant::now(), this.deadline.deadline())
         {
             this.exchange = None;
             return Poll::Ready(Some(Err(Box::new(ExchangeDeadline))));

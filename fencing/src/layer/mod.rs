@@ -52,6 +52,7 @@ use tower::{Layer, Service};
 use tracing::Instrument as _;
 
 use crate::admission::{Admission, Outcome, Permit};
+use crate::decide;
 use crate::{Keys, Token, RESOURCE_HEADER, TOKEN_HEADER, TOKEN_HEADER_LEGACY};
 use exchange::{CallerRelease, Exchange, Side, Tracked};
 
@@ -325,10 +326,9 @@ where
             }
             // The gate's deadline (a shared gate's registration lapses on a clock this process
             // does not stop) bounds the exchange too.
-            let mut until = tokio::time::Instant::now() + deadline;
-            if let Some(gate_deadline) = permit.deadline().filter(|_| !deadline_from_admission) {
-                until = until.min(gate_deadline);
-            }
+            let gate_deadline = permit.deadline().filter(|_| !deadline_from_admission);
+            let until =
+                decide::exchange_until(tokio::time::Instant::now(), deadline, gate_deadline);
             let exchange = Exchange::new(permit, until);
             let _caller = release_with_caller.then(|| CallerRelease(exchange.clone()));
             let req = Request::from_parts(
@@ -404,7 +404,7 @@ async fn exchange_with<Inner, ResBody>(
     let until = exchange.deadline();
     // `timeout_at` polls the call before its timer, so a call begun past the deadline would
     // still go out: a process paused since its admission sends nothing, and nothing was sent.
-    if tokio::time::Instant::now() >= until {
+    if !decide::may_send(tokio::time::Instant::now(), until) {
         tracing::warn!("write admitted too late to be sent before its deadline; not sent");
         exchange.end_now(Outcome::Complete);
         outcomes.refused(&Rejection::AdmittedTooLate);

@@ -151,9 +151,15 @@ impl Leases {
 /// of one of its grants, so its renewal needs the key read: a stale view would renew the session
 /// for a released grant.
 fn view_confirms(record: &HolderRecord, lease_id: i64, secret: &str, purpose: Purpose) -> bool {
-    (purpose == Purpose::Release || !record.session)
+    view_may_confirm(purpose, record.session)
         && record.lease_id == lease_id
         && secret::matches(secret, &record.secret_hash)
+}
+
+/// Whether a grant seen in the watch-fed view (under a session or on a lease of its own) may be
+/// confirmed from the view for `purpose`, the secret matching: see [`view_confirms`].
+pub(super) fn view_may_confirm(purpose: Purpose, session: bool) -> bool {
+    purpose == Purpose::Release || !session
 }
 
 /// The remaining TTL that a guessed lease's answer (`(lease, remaining if it exists)`) gives

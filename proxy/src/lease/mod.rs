@@ -23,6 +23,8 @@ mod events;
 mod feed;
 mod list;
 mod marker;
+#[cfg(feature = "model")]
+pub mod model;
 mod position;
 mod queue;
 mod quota;

@@ -63,6 +63,39 @@ struct WindowLease {
     granted: Instant,
 }
 
+/// What the create transaction found of a keyed acquire's earlier grant, for
+/// [`Retry::is_replayed`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Retry {
+    /// The grant's replay-window key is there (written with it: same revision).
+    pub(super) in_window: bool,
+    /// The grant's holder is the acquire's.
+    pub(super) same_holder: bool,
+    /// The grant's idempotency marker names this key (under a key of the ring).
+    pub(super) key_matches: bool,
+    /// The grant's session, if it is under one.
+    pub(super) found_session: Option<i64>,
+    /// The acquire's session, if any.
+    pub(super) asked_session: Option<i64>,
+}
+
+impl Retry {
+    /// Whether the acquire is a retry of that grant, answered with it: same holder and key,
+    /// within the window, and under the same session (or both under none).
+    pub(super) fn is_replayed(&self) -> bool {
+        self.in_window
+            && self.same_holder
+            && self.key_matches
+            && self.found_session == self.asked_session
+    }
+}
+
+/// Whether a keyed acquire is refused as a late duplicate: its key was used on the resource
+/// within the window (`used`) and that grant is no longer the resource's (`alive` is false).
+pub(super) fn key_spent(used: bool, alive: bool) -> bool {
+    used && !alive
+}
+
 impl Leases {
     /// Refuses a retry whose key was used on this resource within the replay window by this
     /// holder, but whose grant has ended (released or expired): a late duplicate of an acquire
@@ -92,10 +125,10 @@ impl Leases {
             .current(&req.resource)
             .await?
             .is_some_and(|current| current.revision == window.mod_revision());
-        if alive {
-            Ok(())
-        } else {
+        if key_spent(used, alive) {
             Err(Error::IdempotencyKeyUsed)
+        } else {
+            Ok(())
         }
     }
 
@@ -122,12 +155,14 @@ impl Leases {
             let salt = existing.idempotency.as_deref().and_then(|marker| {
                 secret::idempotency_salt(keys, marker, &req.resource, &req.holder, k)
             });
-            // Under a session, only a retry under the same session gets its grant back.
-            let same_lease = !existing.session && req.session.is_none()
-                || existing.session && req.session == Some(existing.lease_id);
-            if let (true, true, Some((salt, signer))) =
-                (in_window && same_lease, existing.holder == req.holder, salt)
-            {
+            let retry = Retry {
+                in_window,
+                same_holder: existing.holder == req.holder,
+                key_matches: salt.is_some(),
+                found_session: existing.session.then_some(existing.lease_id),
+                asked_session: req.session,
+            };
+            if let (true, Some((salt, signer))) = (retry.is_replayed(), salt) {
                 // The key and holder are right, but an Idempotency-Key is no credential: a
                 // retry is answered with the grant only for the principal that acquired it.
                 existing.owned_by(req.principal.as_deref())?;

@@ -13,6 +13,11 @@ use crate::Result;
 /// TTL.
 pub(super) const FRESH: Duration = Duration::from_secs(1);
 
+/// Whether a spare whose TTL was (re)started `age` ago may be handed out without a keepalive.
+pub(super) fn fresh(age: Duration) -> bool {
+    age < FRESH
+}
+
 /// The lease an acquire attempt puts its key on: its id, its TTL, and the instant that TTL
 /// counts from at the latest (the lease lasts at least `ttl` from there).
 #[derive(Debug, Clone, Copy)]
@@ -51,7 +56,7 @@ impl Leases {
         let full = Duration::from_secs(ttl);
         while let Some((id, alive_until)) = self.spares.take(ttl) {
             let counted_from = alive_until.checked_sub(full);
-            if let Some(from) = counted_from.filter(|from| from.elapsed() < FRESH) {
+            if let Some(from) = counted_from.filter(|from| fresh(from.elapsed())) {
                 return Ok(GrantLease {
                     id,
                     ttl,

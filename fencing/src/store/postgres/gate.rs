@@ -232,7 +232,7 @@ impl SharedGate {
         // longest wait if it has to wait) outlasts the wait by a whole lifetime.
         let started = Instant::now();
         let give_up = started + entry.max_wait;
-        let budget = self.store.exchange_budget();
+        let timing = self.store.timing();
         // What the permit's deadline counts from: before the step that made the registration
         // (the raise's, when the first step found the token above the mark), so that it falls
         // inside the registration however late this process reads the answers, and a slow
@@ -281,7 +281,7 @@ impl SharedGate {
         // caller protected no write, so it ends as complete.
         let registration = self.permit(entry.id);
         if lower.live == 0 {
-            return Ok(registration.with_deadline(registering + budget));
+            return Ok(registration.with_deadline(timing.permit_deadline(registering, false)));
         }
         tracing::debug!(resource, %token, lower = lower.live, "waiting for lower in-flight writes");
         let mut backoff = POLL;
@@ -319,7 +319,7 @@ impl SharedGate {
             match polled {
                 // Lengthened by the longest wait: so is the deadline.
                 Ok(Polled::Clear) => {
-                    let deadline = registering + entry.max_wait + budget;
+                    let deadline = timing.permit_deadline(registering, true);
                     return Ok(registration.with_deadline(deadline));
                 }
                 Ok(Polled::Waiting(expiry)) => next_expiry = expiry,

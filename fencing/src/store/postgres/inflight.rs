@@ -10,6 +10,7 @@ use super::listener::CHANNEL;
 use super::session::Session;
 use super::{check_and_raise, decode, encode, err};
 use crate::admission::Outcome;
+use crate::decide::{self, AtMark};
 use crate::store::StoreError;
 use crate::Token;
 
@@ -61,39 +62,22 @@ SELECT count(*), extract(epoch FROM min(expires_at) - clock_timestamp())::float8
 FROM fence_inflight
 WHERE resource = $1 AND token < $2 AND expires_at > clock_timestamp()";
 
-/// The live registrations of lower tokens.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Lower {
-    /// How many.
-    pub(super) live: i64,
-    /// When the first of them expires (if it is not ended sooner).
-    pub(super) next_expiry: Option<Duration>,
-}
+pub(super) use crate::decide::{Lower, Polled, Registered};
 
-impl Lower {
-    fn from_row(row: &tokio_postgres::Row) -> Self {
-        Self {
-            live: row.get(0),
-            next_expiry: row
-                .get::<_, Option<f64>>(1)
-                .map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::MAX)),
-        }
+/// No lower registration (what [`decide::raised`] is told when it only decides staleness).
+const NO_LOWER: Lower = Lower {
+    live: 0,
+    next_expiry: None,
+};
+
+/// The live registrations of lower tokens a statement counted (its first two columns).
+fn lower_from_row(row: &tokio_postgres::Row) -> Lower {
+    Lower {
+        live: row.get(0),
+        next_expiry: row
+            .get::<_, Option<f64>>(1)
+            .map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::MAX)),
     }
-}
-
-/// Where a registration attempt left the write.
-#[derive(Debug)]
-pub(super) enum Registered {
-    /// Refused: the token is below the mark. Nothing was registered.
-    Stale(Token),
-    /// The token is above the mark (or there is none yet): register through [`raise_and_register`].
-    /// Nothing was registered.
-    NeedsRaise,
-    /// Registered; `lower` live registrations of lower tokens remain to be waited out.
-    Yes {
-        /// Those.
-        lower: Lower,
-    },
 }
 
 /// One write's registration: its row id and what it is for.
@@ -136,20 +120,14 @@ pub(super) async fn register_at_mark(
         client.batch_execute("COMMIT"),
     )
     .map_err(err)?;
-    let Some(at_mark) = at_mark else {
-        return Ok(Registered::NeedsRaise);
+    let answer = match at_mark {
+        Some(row) => Some(AtMark {
+            mark: decode(row.get::<_, &[u8]>(0))?,
+            registered: row.get::<_, bool>(1),
+        }),
+        None => None,
     };
-    if at_mark.get::<_, bool>(1) {
-        return Ok(Registered::Yes {
-            lower: Lower::from_row(&lower),
-        });
-    }
-    let mark = decode(at_mark.get::<_, &[u8]>(0))?;
-    Ok(if entry.token < mark {
-        Registered::Stale(mark)
-    } else {
-        Registered::NeedsRaise
-    })
+    Ok(decide::at_mark(answer, entry.token, lower_from_row(&lower)))
 }
 
 /// Raises the mark to the write's token (`FOR UPDATE`: waits for registrations at the old mark
@@ -161,9 +139,9 @@ pub(super) async fn raise_and_register(
 ) -> Result<Registered, StoreError> {
     let tx = session.transaction().await.map_err(err)?;
     let before = check_and_raise(&tx, entry.resource, entry.token).await?;
-    if entry.token < before {
+    if let stale @ Registered::Stale(_) = decide::raised(before, entry.token, NO_LOWER) {
         tx.rollback().await.map_err(err)?;
-        return Ok(Registered::Stale(before));
+        return Ok(stale);
     }
     let token: &[u8] = &encode(entry.token);
     let (lifetime, max_wait) = (entry.lifetime.as_secs_f64(), entry.max_wait.as_secs_f64());
@@ -184,7 +162,7 @@ pub(super) async fn raise_and_register(
         .map_err(err)?;
     tx.commit().await.map_err(err)?;
     Ok(Registered::Yes {
-        lower: Lower::from_row(&lower),
+        lower: lower_from_row(&lower),
     })
 }
 
@@ -200,20 +178,7 @@ pub(super) async fn lower_live(
         .query_one(&statement, &[&resource, &token])
         .await
         .map_err(err)?;
-    Ok(Lower::from_row(&row))
-}
-
-/// What a waiting write found.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum Polled {
-    /// No lower write is in flight: go ahead.
-    Clear,
-    /// Lower writes are still in flight; the first of them expires after this long.
-    Waiting(Option<Duration>),
-    /// A higher token raised the mark meanwhile: the write is refused, like any write below a
-    /// raise under way, so that the higher one waits only for writes really in flight, never
-    /// for a chain of waiting ones.
-    Overtaken(Token),
+    Ok(lower_from_row(&row))
 }
 
 /// Looks at the lower registrations and the mark for a waiting write (reads only).
@@ -224,19 +189,13 @@ pub(super) async fn poll(session: &Session, entry: &Entry<'_>) -> Result<Polled,
         .query_one(&statement, &[&entry.resource, &token])
         .await
         .map_err(err)?;
-    let lower = Lower::from_row(&row);
+    let lower = lower_from_row(&row);
     let mark = row
         .get::<_, Option<&[u8]>>(2)
         .map(decode)
         .transpose()?
         .unwrap_or_default();
-    Ok(if mark > entry.token {
-        Polled::Overtaken(mark)
-    } else if lower.live == 0 {
-        Polled::Clear
-    } else {
-        Polled::Waiting(lower.next_expiry)
-    })
+    Ok(decide::polled(mark, entry.token, lower))
 }
 
 /// Ends a registration: deleted when its write completed, shortened to `grace` from now (never

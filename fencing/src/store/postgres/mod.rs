@@ -92,6 +92,7 @@ use sha2::{Digest, Sha256};
 use tokio_postgres::NoTls;
 
 use super::{decode, encode, HighWaterMarks, StoreError};
+use crate::decide;
 use crate::{Keyring, Token};
 use session::{bounded, Session};
 
@@ -277,23 +278,27 @@ impl PostgresStore {
     /// How long a registration lasts after admission (`L`): the exchange, the grace after an
     /// uncertain end, and the time the admission's answer may take to reach the gateway.
     fn lifetime(&self) -> Duration {
-        self.exchange_budget() + self.write_grace
+        self.timing().lifetime()
     }
 
-    /// By when, counted from *before* its registration was sent, a write's exchange must have
-    /// ended (the permit's deadline; plus the longest wait if it had to wait): the
-    /// registration, made later, lasts this and the write grace, so an exchange cut off by
-    /// then, whose storage finishes within the grace, is over inside it — however long the
-    /// gateway was paused between the registration and the exchange.
-    fn exchange_budget(&self) -> Duration {
-        self.max_exchange + self.deadline
+    /// The in-flight protocol's durations ([`decide::Timing`]). The permit's deadline counts
+    /// from *before* its registration was sent; the registration, made later, lasts that and
+    /// the write grace, so an exchange cut off by then, whose storage finishes within the grace,
+    /// is over inside it — however long the gateway was paused between the registration and
+    /// the exchange.
+    fn timing(&self) -> decide::Timing {
+        decide::Timing {
+            max_exchange: self.max_exchange,
+            write_grace: self.write_grace,
+            deadline: self.deadline,
+        }
     }
 
     /// How long a write waits for lower in-flight writes before giving up (`W`): every lower
     /// registration predates the raise, so it expires within one lifetime of it — unless its
     /// gateway died while it was itself waiting, which this bound turns into a retryable 503.
     fn max_wait(&self) -> Duration {
-        self.lifetime() + self.deadline
+        self.timing().max_wait()
     }
 
     /// A pooled session, within the deadline.

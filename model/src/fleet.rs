@@ -1,0 +1,499 @@
+//! Model 3: fleet hand-off, against the contract of DESIGN §5.5: members join, leave, die,
+//! drain, are evicted and rejoin; replicas race to decide and write the next assignment (each
+//! from what it read, maybe stale) and to carry out its grants and revocations; a member told to
+//! hand a resource off releases it, or is revoked at the deadline. Grants are etcd's
+//! create-if-absent on the member's session, revocations a compare-and-delete on the grant's
+//! revision.
+//!
+//! Safety: a resource is never granted while another grant of it lives. Stability: no resource
+//! moves twice for one membership change. Liveness (fair scheduling, the changes over): with an
+//! eligible member alive, every resource ends up held by one.
+//!
+//! The decision is isolated in [`next`], written against the contract: the server's
+//! (`proxy/src/fleet/assign.rs`, `next`, pure too) replaces it through a door beside
+//! `lease_proxy::model` that maps this state to its `Input` and its `Plan` back, and the one
+//! call in [`Fleet`]'s `decide`.
+
+use std::fmt::Write as _;
+
+use stateright::{Model, Property};
+
+/// A member's standing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Standing {
+    /// Not a member (never joined, left, or its session lapsed).
+    Absent,
+    /// Takes its share.
+    Active,
+    /// Hands off what it holds, takes nothing new.
+    Draining,
+    /// Removed by an operator.
+    Evicted,
+    /// Its process died: its session lapses at this tick.
+    Dead(u8),
+}
+
+/// What the decision reads (as `assign::Input`): members' standing, the assignment last
+/// written, the holders, and the time.
+#[derive(Debug, Clone, Copy)]
+pub struct Input<'a> {
+    /// Each member's standing.
+    pub members: &'a [Standing],
+    /// Resource → assigned member.
+    pub targets: &'a [Option<u8>],
+    /// Resource → the deadline of its hand-off.
+    pub deadlines: &'a [Option<u8>],
+    /// Resource → the member whose grant holds it.
+    pub holders: &'a [Option<u8>],
+    /// How long a holder has to release a resource moved away from it.
+    pub drain: u8,
+    /// Now.
+    pub now: u8,
+}
+
+/// What to do next (as `assign::Plan`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Plan {
+    /// The assignment to write.
+    pub targets: Vec<Option<u8>>,
+    /// Its hand-off deadlines.
+    pub deadlines: Vec<Option<u8>>,
+    /// (resource, member): free resources to grant.
+    pub grants: Vec<(u8, u8)>,
+    /// (resource, holder): grants to end.
+    pub revokes: Vec<(u8, u8)>,
+}
+
+/// The decision (balanced, sticky, revoke before grant): a resource stays with its target while
+/// that member is active and within its share; the rest go to the least loaded active member
+/// (lowest index on a tie). A free resource is granted to its target; a resource held by a
+/// member it is not assigned to is that member's to release by the deadline, then revoked — at
+/// once if the holder was evicted or is no member.
+pub fn next(input: &Input<'_>) -> Plan {
+    let active: Vec<u8> = (0..input.members.len() as u8)
+        .filter(|&m| input.members[m as usize] == Standing::Active)
+        .collect();
+    let n = input.targets.len();
+    let mut targets = vec![None; n];
+    let mut counts = vec![0usize; input.members.len()];
+    if !active.is_empty() {
+        let share = n.div_ceil(active.len());
+        for (r, target) in targets.iter_mut().enumerate() {
+            let keep = input.targets[r]
+                .or(input.holders[r])
+                .filter(|m| active.contains(m));
+            if let Some(m) = keep.filter(|&m| counts[m as usize] < share) {
+                *target = Some(m);
+                counts[m as usize] += 1;
+            }
+        }
+        for target in targets.iter_mut().filter(|t| t.is_none()) {
+            let least = active
+                .iter()
+                .copied()
+                .min_by_key(|&m| (counts[m as usize], m));
+            if let Some(m) = least {
+                *target = Some(m);
+                counts[m as usize] += 1;
+            }
+        }
+    }
+    let mut plan = Plan {
+        targets,
+        deadlines: vec![None; n],
+        grants: Vec::new(),
+        revokes: Vec::new(),
+    };
+    for r in 0..n {
+        let target = plan.targets[r];
+        match input.holders[r] {
+            None => {
+                if let Some(m) = target {
+                    plan.grants.push((r as u8, m));
+                }
+            }
+            Some(h) if Some(h) == target => {}
+            Some(h) => {
+                let standing = input.members[h as usize];
+                let gone = matches!(standing, Standing::Evicted | Standing::Absent);
+                let deadline = input.deadlines[r]
+                    .filter(|_| input.targets[r] == target)
+                    .unwrap_or(input.now + input.drain);
+                plan.deadlines[r] = Some(deadline);
+                if gone || input.now >= deadline {
+                    plan.revokes.push((r as u8, h));
+                }
+            }
+        }
+    }
+    plan
+}
+
+/// A change to the protocol or to the decision, which the checker must catch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mutation {
+    /// Grants overwrite the ownership key instead of creating it only if absent: the
+    /// assignment (advice) is taken for the authority.
+    GrantWithoutCreateIfAbsent,
+    /// The decision is not sticky: it deals the resources out afresh each time, by order.
+    NotSticky,
+}
+
+/// The model's bounds.
+#[derive(Debug, Clone)]
+pub struct Fleet {
+    /// Resources.
+    pub resources: u8,
+    /// Members (by index).
+    pub members: u8,
+    /// Replicas deciding.
+    pub replicas: u8,
+    /// Membership changes.
+    pub changes: u8,
+    /// Changes happen before this tick.
+    pub settle_from: u8,
+    /// The drain deadline and the session TTL.
+    pub drain: u8,
+    /// The broken variant, if any.
+    pub mutation: Option<Mutation>,
+}
+
+impl Fleet {
+    /// The test bounds: 2 resources, 2 members, 2 replicas, 2 changes.
+    pub fn new() -> Self {
+        Self {
+            resources: 2,
+            members: 2,
+            replicas: 2,
+            changes: 2,
+            settle_from: 2,
+            drain: 1,
+            mutation: None,
+        }
+    }
+
+    fn horizon(&self) -> u8 {
+        self.settle_from + 2 * self.drain + 1
+    }
+
+    fn decide(&self, input: &Input<'_>) -> Plan {
+        let mut plan = next(input);
+        if self.mutation == Some(Mutation::NotSticky) {
+            let active: Vec<u8> = (0..input.members.len() as u8)
+                .filter(|&m| input.members[m as usize] == Standing::Active)
+                .collect();
+            if !active.is_empty() {
+                let offset = input.now as usize;
+                let dealt: Vec<Option<u8>> = (0..input.targets.len())
+                    .map(|r| Some(active[(r + offset) % active.len()]))
+                    .collect();
+                plan = next(&Input {
+                    targets: &dealt,
+                    holders: &vec![None; dealt.len()],
+                    ..*input
+                });
+                let holders = input.holders;
+                plan.grants.retain(|&(r, _)| holders[r as usize].is_none());
+                for r in 0..dealt.len() {
+                    if let Some(h) = holders[r] {
+                        if dealt[r] != Some(h) {
+                            plan.revokes.push((r as u8, h));
+                        }
+                    }
+                }
+            }
+        }
+        plan
+    }
+}
+
+impl Default for Fleet {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The whole system.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct State {
+    /// Time.
+    pub now: u8,
+    /// Changes left.
+    pub changes: u8,
+    /// Members.
+    pub members: Vec<Standing>,
+    /// The assignment in etcd, with its version.
+    pub targets: Vec<Option<u8>>,
+    /// Its deadlines.
+    pub deadlines: Vec<Option<u8>>,
+    /// Its version (compare-and-set).
+    pub version: u8,
+    /// Ownership keys: (member, revision).
+    pub holders: Vec<Option<(u8, u8)>>,
+    /// etcd's revision.
+    pub rev: u8,
+    /// Each replica's plan being carried out: grants and revokes left.
+    pub work: Vec<Option<Plan>>,
+    /// Moves of each resource since the last membership change.
+    pub moves: Vec<u8>,
+    /// The last holder of each resource.
+    pub last: Vec<Option<u8>>,
+    /// A grant was made while another lived.
+    pub double_grant: bool,
+}
+
+/// One step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Time passes; dead members' sessions lapse.
+    Tick,
+    /// A member joins (or rejoins).
+    Join(u8),
+    /// A member leaves (its session closed: its grants end).
+    Leave(u8),
+    /// A member's process dies (its session lapses after the TTL).
+    Die(u8),
+    /// A member is drained.
+    Drain(u8),
+    /// A member is evicted (its grants end at once).
+    Evict(u8),
+    /// A replica reads etcd, decides, and writes the assignment (compare-and-set).
+    Decide(u8),
+    /// A replica carries out its plan's next grant or revocation (from what it read then).
+    Carry(u8),
+    /// A live member releases a resource assigned away from it.
+    Release(u8, u8),
+}
+
+impl Fleet {
+    fn input<'a>(&self, s: &'a State, holders: &'a [Option<u8>]) -> Input<'a> {
+        Input {
+            members: &s.members,
+            targets: &s.targets,
+            deadlines: &s.deadlines,
+            holders,
+            drain: self.drain,
+            now: s.now,
+        }
+    }
+
+    /// A membership change: the moves count again.
+    fn changed(&self, s: &mut State) {
+        s.changes -= 1;
+        s.moves = vec![0; s.moves.len()];
+    }
+
+    /// Every grant of member `m` ends (its session closed or lapsed, or it was evicted).
+    fn end_session(&self, s: &mut State, m: u8) {
+        for h in s.holders.iter_mut() {
+            if h.is_some_and(|(holder, _)| holder == m) {
+                *h = None;
+            }
+        }
+    }
+
+    fn grant(&self, s: &mut State, r: usize, m: u8) {
+        let live = !matches!(s.members[m as usize], Standing::Absent | Standing::Dead(_));
+        if !live {
+            return;
+        }
+        if s.holders[r].is_some() {
+            if self.mutation != Some(Mutation::GrantWithoutCreateIfAbsent) {
+                return;
+            }
+            if s.holders[r].is_some_and(|(h, _)| h != m) {
+                s.double_grant = true;
+            }
+        }
+        s.rev += 1;
+        s.holders[r] = Some((m, s.rev));
+        if s.last[r].is_some_and(|l| l != m) {
+            s.moves[r] += 1;
+        }
+        s.last[r] = Some(m);
+    }
+}
+
+impl Model for Fleet {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        let r = self.resources as usize;
+        vec![State {
+            now: 0,
+            changes: self.changes,
+            members: vec![Standing::Absent; self.members as usize],
+            targets: vec![None; r],
+            deadlines: vec![None; r],
+            version: 0,
+            holders: vec![None; r],
+            rev: 0,
+            work: vec![None; self.replicas as usize],
+            moves: vec![0; r],
+            last: vec![None; r],
+            double_grant: false,
+        }]
+    }
+
+    fn actions(&self, s: &State, actions: &mut Vec<Action>) {
+        if s.now < self.horizon() {
+            actions.push(Action::Tick);
+        }
+        if s.changes > 0 && s.now < self.settle_from {
+            for m in 0..self.members {
+                match s.members[m as usize] {
+                    Standing::Absent | Standing::Evicted => actions.push(Action::Join(m)),
+                    Standing::Active => {
+                        actions.push(Action::Leave(m));
+                        actions.push(Action::Die(m));
+                        actions.push(Action::Drain(m));
+                        actions.push(Action::Evict(m));
+                    }
+                    Standing::Draining => actions.push(Action::Leave(m)),
+                    Standing::Dead(_) => {}
+                }
+            }
+        }
+        for replica in 0..self.replicas {
+            match &s.work[replica as usize] {
+                None => {
+                    let holders: Vec<Option<u8>> =
+                        s.holders.iter().map(|h| h.map(|(m, _)| m)).collect();
+                    let plan = self.decide(&self.input(s, &holders));
+                    let idle = plan.grants.is_empty()
+                        && plan.revokes.is_empty()
+                        && plan.targets == s.targets
+                        && plan.deadlines == s.deadlines;
+                    if !idle {
+                        actions.push(Action::Decide(replica));
+                    }
+                }
+                Some(_) => actions.push(Action::Carry(replica)),
+            }
+        }
+        for r in 0..self.resources {
+            if let Some((h, _)) = s.holders[r as usize] {
+                let live = matches!(s.members[h as usize], Standing::Active | Standing::Draining);
+                if live && s.targets[r as usize] != Some(h) {
+                    actions.push(Action::Release(h, r));
+                }
+            }
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut s = last.clone();
+        match action {
+            Action::Tick => {
+                s.now += 1;
+                for m in 0..self.members {
+                    if s.members[m as usize] == Standing::Dead(s.now) {
+                        s.members[m as usize] = Standing::Absent;
+                        self.end_session(&mut s, m);
+                    }
+                }
+            }
+            Action::Join(m) => {
+                self.changed(&mut s);
+                s.members[m as usize] = Standing::Active;
+            }
+            Action::Leave(m) => {
+                self.changed(&mut s);
+                s.members[m as usize] = Standing::Absent;
+                self.end_session(&mut s, m);
+            }
+            Action::Die(m) => {
+                self.changed(&mut s);
+                s.members[m as usize] = Standing::Dead(s.now + self.drain);
+            }
+            Action::Drain(m) => {
+                self.changed(&mut s);
+                s.members[m as usize] = Standing::Draining;
+            }
+            Action::Evict(m) => {
+                self.changed(&mut s);
+                s.members[m as usize] = Standing::Evicted;
+                self.end_session(&mut s, m);
+            }
+            Action::Decide(replica) => {
+                let holders: Vec<Option<u8>> =
+                    s.holders.iter().map(|h| h.map(|(m, _)| m)).collect();
+                let mut plan = self.decide(&self.input(&s, &holders));
+                // Replicas race: each writes what it decided (the same bytes from the same
+                // state), and carries out its plan from what it read.
+                s.targets = plan.targets.clone();
+                s.deadlines = plan.deadlines.clone();
+                s.version = s.version.wrapping_add(1);
+                // The revocations name the grant read (its revision).
+                plan.revokes = plan
+                    .revokes
+                    .iter()
+                    .map(|&(r, _)| (r, s.holders[r as usize].map_or(0, |(_, rev)| rev)))
+                    .collect();
+                s.work[replica as usize] = Some(plan);
+            }
+            Action::Carry(replica) => {
+                let mut plan = s.work[replica as usize].take()?;
+                if let Some((r, rev)) = plan.revokes.pop() {
+                    if s.holders[r as usize].is_some_and(|(_, held)| held == rev) {
+                        s.holders[r as usize] = None;
+                    }
+                } else if let Some((r, m)) = plan.grants.pop() {
+                    self.grant(&mut s, r as usize, m);
+                }
+                if !plan.grants.is_empty() || !plan.revokes.is_empty() {
+                    s.work[replica as usize] = Some(plan);
+                }
+            }
+            Action::Release(m, r) => {
+                if s.holders[r as usize].is_some_and(|(h, _)| h == m) {
+                    s.holders[r as usize] = None;
+                }
+            }
+        }
+        Some(s)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always("never granted while another grant lives", |_, s: &State| {
+                !s.double_grant
+            }),
+            Property::always("no resource moves twice for one change", |_, s: &State| {
+                s.moves.iter().all(|&m| m <= 1)
+            }),
+            Property::always(
+                "settled: every resource held by an active member",
+                |m: &Fleet, s: &State| {
+                    let mut actions = Vec::new();
+                    m.actions(s, &mut actions);
+                    let quiet = actions.is_empty();
+                    let anyone = s.members.contains(&Standing::Active);
+                    !quiet
+                        || !anyone
+                        || s.holders.iter().all(|h| {
+                            h.is_some_and(|(holder, _)| {
+                                s.members[holder as usize] == Standing::Active
+                            })
+                        })
+                },
+            ),
+            Property::sometimes("a resource is handed off", |_, s: &State| {
+                s.moves.contains(&1)
+            }),
+        ]
+    }
+}
+
+/// A readable account of one step.
+pub fn describe(_: &Fleet, before: &State, action: Action, after: &State) -> String {
+    let mut line = format!("t={:<2} ", before.now);
+    let _ = write!(line, "{action:?}");
+    let _ = write!(
+        line,
+        " → members {:?}, assigned {:?}, held {:?}",
+        after.members, after.targets, after.holders
+    );
+    line
+}

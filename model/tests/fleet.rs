@@ -1,0 +1,55 @@
+//! Model 3, fleet hand-off, at the test bounds; and two broken variants the checker must catch
+//! with a readable counterexample.
+
+use lease_proxy_model::fleet::{describe, Fleet, Mutation};
+use lease_proxy_model::{check, Checked};
+
+fn run(model: Fleet, stop_at_failure: bool) -> Checked {
+    let label = format!("{:?}", model.mutation);
+    let checked = check(model, describe, stop_at_failure);
+    println!("fleet {label}: {}", checked.summary());
+    checked
+}
+
+#[test]
+fn fleet_hand_off_is_safe_stable_and_live() {
+    let checked = run(Fleet::new(), false);
+    if let Some((name, trace)) = checked.violations.first() {
+        panic!("{name} violated:\n{trace}");
+    }
+    assert!(
+        checked.unmet.is_empty(),
+        "never reached: {:?}",
+        checked.unmet
+    );
+}
+
+fn caught(mutation: Mutation, property: &str) {
+    let checked = run(
+        Fleet {
+            mutation: Some(mutation),
+            ..Fleet::new()
+        },
+        true,
+    );
+    let trace = checked
+        .trace(property)
+        .unwrap_or_else(|| panic!("not caught; found {:?}", checked.violations));
+    println!("{trace}");
+}
+
+#[test]
+fn grants_that_trust_the_assignment_are_found() {
+    caught(
+        Mutation::GrantWithoutCreateIfAbsent,
+        "never granted while another grant lives",
+    );
+}
+
+#[test]
+fn a_decision_that_is_not_sticky_is_found() {
+    caught(
+        Mutation::NotSticky,
+        "no resource moves twice for one change",
+    );
+}
