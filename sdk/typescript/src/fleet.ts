@@ -5,7 +5,7 @@
  * session is lost. The assignment is read by long polls.
  */
 
-import { LeaseProxyError, SessionLostError, isTransient } from "./errors.js";
+import { ProblemError, SessionLostError, isTransient } from "./errors.js";
 import { SECRET_HEADER, segment } from "./http.js";
 import { Lease } from "./lease.js";
 import { Liveness } from "./liveness.js";
@@ -22,7 +22,7 @@ export interface JoinOptions {
   ttlSeconds: number;
   /** Its share's weight, 1 to 1000. */
   weight?: number;
-  /** How long each long poll of the assignment waits for a change (default 10 s, ≤ the proxy's `--max-wait`). */
+  /** How long each long poll of the assignment waits for a change (default 10 s; a proxy whose `--max-wait` is shorter refuses it, and the member then polls with its maximum). */
   pollWaitMs?: number;
 }
 
@@ -78,10 +78,28 @@ function parseView(body: unknown): MemberView {
 
 const fleetPath = (fleet: string) => `/v1/fleets/${segment(fleet)}`;
 
+/** The shortest long poll a member settles for: below it, a proxy refusing the wait is a refusal. */
+const MIN_POLL_MS = 100;
+
+/**
+ * When `e` is the proxy's refusal of a poll's `wait_ms` (400 `invalid-field`: longer than its
+ * `--max-wait`), the wait to use instead: the "at most N" it names, else half of `current`.
+ */
+function shorterWait(e: unknown, current: number): number | undefined {
+  if (!(e instanceof ProblemError) || e.status !== 400 || e.slug !== "invalid-field") return undefined;
+  const detail = e.problem.detail ?? "";
+  if (!detail.includes("wait_ms")) return undefined;
+  const named = /at most (\d+)/.exec(detail);
+  const next = named !== null && Number(named[1]) < current ? Number(named[1]) : Math.floor(current / 2);
+  return next >= MIN_POLL_MS ? next : undefined;
+}
+
 /** A member of a fleet: its session, its assignment, drain and leave. */
 export class FleetMember {
   private readonly current = new Map<string, Lease>();
   private readonly path: string;
+  /** How long each long poll waits: the option, shortened to the proxy's `--max-wait` when it refuses it. */
+  private pollWaitMs: number;
 
   /** @internal Made by `Client.joinFleet`. */
   constructor(
@@ -90,9 +108,10 @@ export class FleetMember {
     readonly member: string,
     /** The member's session: its loss ends every lease of the fleet it holds. */
     readonly session: Session,
-    private readonly options: JoinOptions,
+    options: JoinOptions,
   ) {
     this.path = `${fleetPath(fleet)}/members/${segment(member)}`;
+    this.pollWaitMs = options.pollWaitMs ?? 10_000;
   }
 
   /** Aborted when the member's session is lost. */
@@ -107,7 +126,9 @@ export class FleetMember {
 
   /**
    * The assignment's changes, from the first (everything held at once) on, by long polls; ends
-   * when the member's session is lost or it is evicted. Transient failures are retried.
+   * when the member's session is lost (`signal.reason` says why: the service no longer knowing
+   * the member — its session ended, it was replaced — included) or it is evicted. Transient
+   * failures are retried; any other refusal is thrown.
    */
   async *assignments(): AsyncGenerator<AssignmentChange> {
     let after: bigint | undefined;
@@ -117,8 +138,13 @@ export class FleetMember {
         view = await this.poll(after);
         attempt = 0;
       } catch (e) {
-        if (this.session.isLost()) return;
-        if (!isTransient(e)) throw this.ended(e);
+        if (this.session.isLost() || this.ended(e)) return;
+        const shorter = shorterWait(e, this.pollWaitMs);
+        if (shorter !== undefined) {
+          this.pollWaitMs = shorter;
+          continue;
+        }
+        if (!isTransient(e)) throw e;
         await sleep(Math.min(100 * 2 ** attempt++, 2000), this.session.signal);
         continue;
       }
@@ -130,7 +156,7 @@ export class FleetMember {
   }
 
   private async poll(after: bigint | undefined): Promise<MemberView> {
-    const wait = this.options.pollWaitMs ?? 10_000;
+    const wait = this.pollWaitMs;
     const query: Record<string, string> = after === undefined ? {} : { after: after.toString(), wait_ms: String(wait) };
     return parseView(
       await this.internals.transport.call({
@@ -144,12 +170,15 @@ export class FleetMember {
     );
   }
 
-  /** A refusal of the poll: the member is gone (session lost) or the proxy says no. */
-  private ended(e: unknown): unknown {
-    if (e instanceof SessionLostError || (e instanceof LeaseProxyError && "status" in e && (e.status === 403 || e.status === 404))) {
-      this.session.liveness.lose("revoked", `the fleet no longer knows this member: ${(e as Error).message}`);
-    }
-    return e;
+  /**
+   * Whether a refusal of the poll means the member is gone — 404 `no-member` (its session
+   * ended), `no-fleet`, 403 `not-member` (replaced by a new join), 410 `session-lost` —: then
+   * its session is lost with that reason.
+   */
+  private ended(e: unknown): boolean {
+    const gone = e instanceof SessionLostError || (e instanceof ProblemError && (e.status === 403 || e.status === 404));
+    if (gone) this.session.liveness.lose("revoked", `the fleet no longer knows this member: ${(e as Error).message}`);
+    return gone;
   }
 
   /** Takes in an assignment: the leases added, handed off and removed since the last one. */
@@ -212,11 +241,14 @@ export class FleetMember {
     const finish = (lease: Lease) => {
       void (running.get(lease) ?? Promise.resolve()).then(() => lease.release().catch(() => {}));
     };
-    for await (const change of this.assignments()) {
-      for (const lease of change.added) running.set(lease, work(lease, lease.signal).catch(() => {}));
-      for (const lease of change.releasing) finish(lease);
+    try {
+      for await (const change of this.assignments()) {
+        for (const lease of change.added) running.set(lease, work(lease, lease.signal).catch(() => {}));
+        for (const lease of change.releasing) finish(lease);
+      }
+    } finally {
+      await Promise.all(running.values());
     }
-    await Promise.all(running.values());
   }
 
   /** Hands everything off and takes nothing new (`POST …/drain`); watch `assignments()` empty. */

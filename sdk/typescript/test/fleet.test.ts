@@ -1,9 +1,11 @@
 /**
- * Fleets. Against the real proxy (when its binary serves `/v1/fleets`; skipped, saying so,
- * when it does not): a member receives its resources, writes through fence-gateway with their
- * tokens, hands half off when a second member joins — its work aborted, its old token refused
- * by the gateway once the new holder wrote — and everything on drain. Against a scripted proxy
- * following the contract (DESIGN §5.5): how assignments become leases.
+ * Fleets. Against the real proxy: a member receives its resources and writes through
+ * fence-gateway with their tokens; a second member joining takes some — the first member's
+ * work on each is aborted (`handed-off`) and the resource released well within the drain
+ * deadline, the new member writes, the old member's late write is refused —; a drain hands off
+ * the rest; a member whose session ends is told. Against a scripted proxy following the contract
+ * (DESIGN §5.5): how assignments become leases, and a proxy whose `--max-wait` is shorter than
+ * the poll.
  */
 
 import assert from "node:assert/strict";
@@ -11,72 +13,162 @@ import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { after, before, describe, test } from "node:test";
 
-import { Client, type AssignmentChange, type FleetMember } from "../src/index.js";
-import { eventually, startEtcd, startProxy, startWarehouse, unique } from "./harness.js";
+import { Client, LostError, type Lease } from "../src/index.js";
+import { eventually, startEtcd, startProxy, startWarehouse, unique, type Etcd } from "./harness.js";
 
+let etcd: Etcd;
 let proxy: string;
 let gateway: string;
-let fleetsServed = false;
+let inventory: string;
 
 before(async () => {
-  const etcd = await startEtcd();
-  ({ gateway } = await startWarehouse());
+  etcd = await startEtcd();
+  ({ gateway, inventory } = await startWarehouse());
   proxy = (await startProxy(etcd, ["--upstream", gateway, "--prefence-url", gateway])).url;
-  const probe = await fetch(`${proxy}/v1/fleets/probe`);
-  fleetsServed = probe.status !== 404 || !(await probe.text()).includes("no-route");
 });
 
-/** The next change of `changes` that satisfies `want`. */
-async function until(changes: AsyncGenerator<AssignmentChange>, want: (c: AssignmentChange) => boolean): Promise<AssignmentChange> {
-  for (;;) {
-    const next = await changes.next();
-    assert.ok(!next.done, "the assignments ended");
-    if (want(next.value)) return next.value;
+/** Values pushed by the work of members, taken by the test in arrival order. */
+class Mailbox<T> {
+  private readonly items: T[] = [];
+  private wake: (() => void) | undefined;
+
+  push(item: T): void {
+    this.items.push(item);
+    this.wake?.();
+  }
+
+  /** The next `n` items within `withinMs`. */
+  async take(n: number, withinMs: number, what: string): Promise<T[]> {
+    const deadline = performance.now() + withinMs;
+    while (this.items.length < n) {
+      const left = deadline - performance.now();
+      if (left <= 0) throw new Error(`${what}: ${this.items.length} of ${n} within ${withinMs} ms`);
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, left);
+        this.wake = () => {
+          clearTimeout(timer);
+          resolve();
+        };
+      });
+      this.wake = undefined;
+    }
+    return this.items.splice(0, n);
   }
 }
+
+interface Ended {
+  lease: Lease;
+  reason: unknown;
+}
+
+/** Work for `member.run` that reports its start and end and waits for its signal. */
+function worker() {
+  const started = new Mailbox<Lease>();
+  const ended = new Mailbox<Ended>();
+  const work = async (lease: Lease, signal: AbortSignal) => {
+    started.push(lease);
+    if (!signal.aborted) await new Promise((resolve) => signal.addEventListener("abort", resolve, { once: true }));
+    ended.push({ lease, reason: signal.reason });
+  };
+  return { started, ended, work };
+}
+
+const byResource = <T extends { resource: string }>(xs: T[]) => [...xs].sort((a, b) => a.resource.localeCompare(b.resource));
+const reasonOf = (e: unknown) => (e instanceof LostError ? e.reason : String(e));
 
 const put = (lease: { fetch: typeof fetch }, aisle: string, robot: string) =>
   lease.fetch(`${gateway}/aisles/${aisle}/count`, { method: "PUT", body: JSON.stringify({ robot, count: 1 }) });
 
+async function writesTo(aisle: string): Promise<string[]> {
+  const log = (await (await fetch(`${inventory}/log`)).json()) as { aisle: string; robot: string; revision: number }[];
+  return log.filter((w) => w.aisle === aisle).map((w) => `${w.robot}@${w.revision}`);
+}
+
 describe("against the proxy", () => {
-  test("a member receives, writes and hands off", async (t) => {
-    if (!fleetsServed) return t.skip("this lease-proxy binary does not serve /v1/fleets yet");
-    const client = new Client(proxy);
+  test("a member receives, writes, hands off within the deadline and drains; one whose session ends is told", async () => {
+    const admin = new Client(proxy);
     const fleet = unique("aisles");
     const aisles = [1, 2, 3, 4].map((n) => `${fleet}-${n}`);
-    await client.putFleet(fleet, { resources: aisles, drainMs: 2000 });
-    const m1: FleetMember = await client.joinFleet(fleet, { member: "m1", ttlSeconds: 5, pollWaitMs: 2000 });
-    const c1 = m1.assignments();
-    const first = await until(c1, (c) => c.held.length === 4);
-    for (const lease of first.held) assert.equal((await put(lease, lease.resource, "m1")).status, 200);
+    // A long drain deadline: a hand-off done within a few seconds was the member's own
+    // release, not the service's revocation.
+    const drainMs = 20_000;
+    await admin.putFleet(fleet, { resources: aisles, drainMs });
 
-    const m2 = await client.joinFleet(fleet, { member: "m2", ttlSeconds: 5, pollWaitMs: 2000 });
-    const moved = await until(c1, (c) => c.releasing.length > 0);
-    for (const lease of moved.releasing) {
-      assert.equal(lease.signal.aborted, true);
-      assert.equal(lease.lostReason?.reason, "handed-off");
-      await lease.release();
+    const w1 = worker();
+    const m1 = await new Client(proxy).joinFleet(fleet, { member: "m1", ttlSeconds: 10, pollWaitMs: 2000 });
+    const run1 = m1.run(w1.work);
+    const first = byResource(await w1.started.take(4, 5000, "m1's assignments"));
+    assert.deepEqual(first.map((l) => l.resource), aisles);
+    for (const lease of first) {
+      assert.equal(lease.leaseId, m1.session.id, "a fleet grant lives on the member's session");
+      assert.equal((await put(lease, lease.resource, "m1")).status, 200);
     }
-    const c2 = m2.assignments();
-    const second = await until(c2, (c) => c.held.length >= 1);
-    const taken = second.held[0];
-    assert.equal((await put(taken, taken.resource, "m2")).status, 200);
-    const old = moved.releasing.find((l) => l.resource === taken.resource);
-    assert.ok(old !== undefined && taken.token > old.token);
-    const stale = await fetch(`${gateway}/aisles/${taken.resource}/count`, {
-      method: "PUT",
-      headers: { "fencing-token": old.fencingToken, "fencing-resource": old.resource },
-      body: JSON.stringify({ robot: "m1", count: 2 }),
-    });
-    assert.equal(stale.status, 409, "the old holder's token is refused once the new one wrote");
+
+    const w2 = worker();
+    const m2 = await new Client(proxy).joinFleet(fleet, { member: "m2", ttlSeconds: 10, pollWaitMs: 2000 });
+    const joined = performance.now();
+    const run2 = m2.run(w2.work);
+    const moved = (await w1.ended.take(2, 5000, "m1's work on the moved resources aborted")).sort((a, b) =>
+      a.lease.resource.localeCompare(b.lease.resource),
+    );
+    const taken = byResource(await w2.started.take(2, 5000, "m2's assignments"));
+    const took = performance.now() - joined;
+    assert.ok(took < drainMs / 4, `the hand-off took ${took} ms: the service's revocation, not the member's release`);
+    for (const [i, { lease: old, reason }] of moved.entries()) {
+      assert.equal(reasonOf(reason), "handed-off");
+      const lease = taken[i];
+      assert.equal(lease.resource, old.resource);
+      assert.ok(lease.token > old.token);
+      assert.equal((await put(lease, lease.resource, "m2")).status, 200);
+      // The old member's late write: its lease sends nothing once handed off; its token,
+      // presented anyway, is refused by the gateway.
+      await assert.rejects(put(old, old.resource, "m1"), (e) => e instanceof LostError && e.reason === "handed-off");
+      const stale = await fetch(`${gateway}/aisles/${old.resource}/count`, {
+        method: "PUT",
+        headers: { "fencing-token": old.fencingToken, "fencing-resource": old.resource },
+        body: JSON.stringify({ robot: "m1", count: 2 }),
+      });
+      assert.equal(stale.status, 409);
+      assert.equal(stale.headers.get("fencing-rejection"), "stale-fencing-token");
+      assert.deepEqual(await writesTo(old.resource), [`m1@${old.token}`, `m2@${lease.token}`]);
+    }
 
     await m1.drain();
-    const drained = await until(c1, (c) => c.held.length === 0);
-    for (const lease of drained.releasing) await lease.release();
-    await until(c2, (c) => c.held.length === 4);
+    const drained = await w1.ended.take(2, 5000, "m1's remaining work aborted by the drain");
+    const rest = byResource(await w2.started.take(2, 5000, "the drained resources reaching m2"));
+    assert.deepEqual(drained.map((d) => reasonOf(d.reason)), ["handed-off", "handed-off"]);
+    assert.deepEqual(rest.map((l) => l.resource), byResource(drained.map((d) => d.lease)).map((l) => l.resource));
+    assert.equal(m1.signal.aborted, false, "a drained member is still a member");
     await m1.leave();
-    await m2.leave();
-    await client.deleteFleet(fleet);
+    await run1;
+
+    // m2's session ends under it (its etcd lease revoked): the member is told.
+    await etcd.revoke(m2.session.id);
+    const ended = await w2.ended.take(4, 3000, "m2's work aborted when its session ended");
+    for (const e of ended) assert.ok(e.reason instanceof LostError, `ended with ${String(e.reason)}`);
+    await run2;
+    assert.equal(m2.signal.aborted, true);
+    assert.ok(m2.signal.reason instanceof LostError);
+    await admin.deleteFleet(fleet);
+  });
+
+  test("a member polls within the proxy's --max-wait", async () => {
+    // A proxy that lets a request wait 1 s at most refuses the member's 10 s poll (400
+    // invalid-field): the member polls within that instead of ending.
+    const short = await startProxy(etcd, ["--max-wait", "1s"]);
+    const client = new Client(short.url);
+    const fleet = unique("short-wait");
+    await client.putFleet(fleet, { resources: [`${fleet}-1`] });
+    const member = await client.joinFleet(fleet, { member: "m", ttlSeconds: 10 });
+    const w = worker();
+    const running = member.run(w.work);
+    assert.deepEqual((await w.started.take(1, 3000, "the first assignment")).map((l) => l.resource), [`${fleet}-1`]);
+    await client.putFleet(fleet, { resources: [`${fleet}-1`, `${fleet}-2`] });
+    assert.deepEqual((await w.started.take(1, 3000, "the resource added later")).map((l) => l.resource), [`${fleet}-2`]);
+    assert.equal(member.signal.aborted, false);
+    await member.leave();
+    await running;
+    short.process.kill("SIGKILL");
   });
 });
 
