@@ -99,8 +99,8 @@ check_browser_deps() {
 # Debian's node, which runs the client's cases, and npm, which installs its pinned tree
 # (`npm ci` in scripts/python-tests.sh); checked as the files the test and the script run, since
 # another `node` or `npm` on PATH may be any version. Debian packages npm apart from nodejs.
-# The TypeScript SDK's tests (scripts/typescript-tests.sh) use the same two and need Node 20.3 or
-# later, which that script checks.
+# The TypeScript SDK's tests (scripts/typescript-tests.sh) use the same two and need Node 18.8 or
+# later (bookworm's is 18.20), whose features that script checks.
 check_node_deps() {
   [ -x /usr/bin/node ] || deps_need nodejs
   [ -x /usr/bin/npm ] || deps_need npm

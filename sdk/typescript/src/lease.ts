@@ -8,6 +8,7 @@ import { SECRET_HEADER, segment, type Transport } from "./http.js";
 import type { Liveness } from "./liveness.js";
 import type { Grant } from "./model.js";
 import type { Keeper } from "./renewal.js";
+import { link } from "./signals.js";
 import { injectedRefusalResponse, type Faults } from "./testmode.js";
 
 /** What a lease needs of its client. */
@@ -102,8 +103,10 @@ export class Lease {
 
   /**
    * `fetch` with this lease's `Fencing-Token` and `Fencing-Resource` set (for fence-gateway in
-   * front of the storage), aborted when the lease is lost. Throws the LostError without sending
-   * once it is lost.
+   * front of the storage), aborted (as by `init.signal`) when the lease is lost before the
+   * answer's headers have arrived — the request, its body included, was sent and answered under
+   * the lease; the answer's body is the caller's. Throws the LostError without sending once it
+   * is lost.
    */
   async fetch(input: string | URL | Request, init: RequestInit = {}): Promise<Response> {
     this.throwIfLost();
@@ -111,8 +114,14 @@ export class Lease {
     const headers = new Headers(init.headers ?? (input instanceof Request ? input.headers : undefined));
     headers.set("fencing-token", this.fencingToken);
     headers.set("fencing-resource", this.resource);
-    const signal = init.signal ? AbortSignal.any([init.signal, this.signal]) : this.signal;
-    return fetch(input, { ...init, headers, signal });
+    // A link of its own per request, detached once answered: a lease that makes request after
+    // request keeps no listener per request (undici's own stays on the link's signal).
+    const linked = link(init.signal ?? undefined, this.signal);
+    try {
+      return await fetch(input, { ...init, headers, signal: linked.signal });
+    } finally {
+      linked.dispose();
+    }
   }
 
   /**
@@ -126,7 +135,8 @@ export class Lease {
     const headers = new Headers(init.headers);
     headers.set(SECRET_HEADER, this.secret);
     const url = t.url(`/v1/leases/${segment(this.resource)}/forward/${path.replace(/^\/+/, "")}`);
-    const response = await t.send(url, { ...init, method, headers }, AbortSignal.timeout(t.timeoutMs), this.signal);
+    // Detached from the lease's signal by its timeout at the latest: the body is the caller's.
+    const { response } = await t.send(url, { ...init, method, headers }, AbortSignal.timeout(t.timeoutMs), this.signal);
     if (response.status === 410 && (await isLeaseLost(response))) {
       throw this.liveness.lose("revoked", "the proxy answered the forward 410 lease-lost");
     }

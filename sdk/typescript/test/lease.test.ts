@@ -46,6 +46,21 @@ describe("holding", () => {
     await lease.release(); // idempotent
   });
 
+  test("`await using` releases the lease and the session at the end of the block", async () => {
+    const [resource, other] = [unique(), unique()];
+    let held: Lease;
+    {
+      await using lease = await client.acquire(resource, { holder: "a", ttlSeconds: 5 });
+      await using session = await client.openSession({ holder: "a", ttlSeconds: 5 });
+      await session.acquire(other);
+      held = lease;
+      assert.equal((await client.get(other))?.holder, "a");
+    }
+    assert.equal(held.lostReason?.reason, "released");
+    assert.equal(await client.get(resource), undefined);
+    assert.equal(await client.get(other), undefined);
+  });
+
   test("a held resource is a HeldError, and a waiting acquire gets it once released", async () => {
     const resource = unique();
     const lease = await client.acquire(resource, { holder: "first", ttlSeconds: 5 });
