@@ -9,6 +9,7 @@
 # PostgreSQL (ensure_postgres) serves the in-database fencing test.
 # Arguments are test files to run instead of all (e.g. `test/hostile.test.ts`).
 # NODE names the node to run (default /usr/bin/node: Debian bookworm's is 18.20, NodeSource's 20).
+# TS_BUILD_ONLY=1 stops after compiling (scripts/sdk-scenario.sh runs examples/scenario.ts so).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
@@ -48,6 +49,7 @@ rm -rf "$dir/src" "$dir/test" "$dir/examples" "$dir/build"
 cp -r sdk/typescript/src sdk/typescript/test sdk/typescript/examples sdk/typescript/tsconfig.json \
   sdk/typescript/tsconfig.test.json "$dir/"
 (cd "$dir" && "$node" node_modules/typescript/bin/tsc -p tsconfig.test.json --outDir build)
+[ "${TS_BUILD_ONLY:-0}" = 1 ] && exit 0
 
 tests=()
 for t in "${@:-}"; do
