@@ -81,7 +81,9 @@ func (m *Member) apply(v *memberView) bool {
 	var fresh []*Lease
 	for _, h := range v.held {
 		seen[h.resource] = true
-		if l := m.leases[h.resource]; l != nil && l.Token() == h.token && l.live.err() == nil {
+		// The same grant: delivered once, and never again once lost here (its work returned and
+		// released it while this view was on its way, say).
+		if l := m.leases[h.resource]; l != nil && l.Token() == h.token {
 			continue
 		}
 		if l, err := m.grantOf(h); err != nil {

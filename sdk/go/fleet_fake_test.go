@@ -23,6 +23,14 @@ type fleetFake struct {
 	views   []string
 	step    int
 	changed chan struct{}
+	// after is the largest revision a poll asked to wait past: the member applied that view.
+	after int
+}
+
+func (ff *fleetFake) polledAfter() int {
+	ff.mu.Lock()
+	defer ff.mu.Unlock()
+	return ff.after
 }
 
 func heldJSON(resource string, token int) string {
@@ -52,6 +60,11 @@ func newFleetFake(t *testing.T, views ...string) *fleetFake {
 				return
 			}
 			after, _ := strconv.Atoi(r.URL.Query().Get("after"))
+			ff.mu.Lock()
+			if after > ff.after {
+				ff.after = after
+			}
+			ff.mu.Unlock()
 			for {
 				ff.mu.Lock()
 				v, changed := ff.views[ff.step], ff.changed
@@ -154,5 +167,53 @@ func TestAFleetMemberFollowsItsAssignment(t *testing.T) {
 	}
 	if _, open := <-m.Assignments(); open {
 		t.Fatal("assignments still open")
+	}
+}
+
+func TestAFleetGrantIsDeliveredOnce(t *testing.T) {
+	t.Parallel()
+	ff := newFleetFake(t,
+		view(1, "active", []string{heldJSON("a", 10)}),
+		// Read before the release of a@10 (its work returned) reached the service.
+		view(2, "active", []string{heldJSON("a", 10)}),
+		view(3, "active", []string{heldJSON("a", 11)}),
+		view(4, "evicted", nil))
+	c := client(t, ff.URL, leaseproxy.Options{NoLossWatch: true, Timeout: time.Second})
+	m, err := c.JoinFleet(ctxT(t), "f", &leaseproxy.JoinOptions{Member: "m1", Poll: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan string, 10)
+	served := make(chan error, 1)
+	go func() {
+		served <- m.Serve(ctxT(t), func(ctx context.Context, l *leaseproxy.Lease) error {
+			started <- fmt.Sprintf("%s@%d", l.Resource(), l.Token())
+			return nil // done at once: Serve gives the resource back
+		})
+	}()
+	recv := func() string {
+		select {
+		case s := <-started:
+			return s
+		case <-time.After(3 * time.Second):
+			t.Fatal("no assignment")
+			return ""
+		}
+	}
+	if got := recv(); got != "a@10" {
+		t.Fatalf("first %s", got)
+	}
+	eventually(t, 2*time.Second, "a@10 given back", func() bool { return ff.asked("DELETE", "/v1/leases/a") == 1 })
+	ff.advance()
+	eventually(t, 2*time.Second, "the stale view applied", func() bool { return ff.polledAfter() >= 2 })
+	ff.advance()
+	if got := recv(); got != "a@11" {
+		t.Fatalf("then %s, want a@11: a grant already released was delivered again", got)
+	}
+	ff.advance()
+	select {
+	case <-served:
+	case <-time.After(3 * time.Second):
+		t.Fatal("Serve did not return after the eviction")
 	}
 }

@@ -4,7 +4,7 @@ package leaseproxy_test
 // writes through fence-gateway with their tokens; a second member joining takes some of them
 // — the first member's work on each is cancelled (handed-off) and the resource released well
 // within the drain deadline, the new member writes, the old token is refused —; a drain hands
-// off the rest; a member whose session ends is told.
+// off the rest; an evicted member ends; a member whose session ends is told.
 
 import (
 	"context"
@@ -179,12 +179,30 @@ func TestAFleetMemberReceivesWritesHandsOffAndDrains(t *testing.T) {
 	if m1.Err() != nil {
 		t.Fatalf("a drained member is still a member: %v", m1.Err())
 	}
-	if err := m1.Leave(ctx); err != nil {
+	view, err := admin.GetFleet(ctx, fleet)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := <-s1.done; err == nil {
-		t.Fatal("m1's Serve returned nil after Leave")
+	var members []string
+	for _, m := range view.Members {
+		members = append(members, fmt.Sprintf("%s %s %d", m.Member, m.State, len(m.Held)))
 	}
+	if got := strings.Join(members, ", "); got != "m1 draining 0, m2 active 4" {
+		t.Fatalf("the fleet's members: %s", got)
+	}
+	// Evicted by an operator: the member is told and ends.
+	if err := admin.EvictMember(ctx, fleet, "m1"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-s1.done:
+		if !errors.Is(err, leaseproxy.ErrLost) || !strings.Contains(err.Error(), "evicted") {
+			t.Fatalf("m1's Serve returned %v after its eviction", err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("m1's Serve did not return after its eviction")
+	}
+	_ = m1.Leave(ctx)
 
 	// m2's session ends under it (its etcd lease revoked): the member is told, its work on
 	// every resource cancelled, its assignments closed.

@@ -5,7 +5,7 @@
  * session is lost. The assignment is read by long polls.
  */
 
-import { ProblemError, SessionLostError, isTransient } from "./errors.js";
+import { ProblemError, ProtocolError, SessionLostError, isTransient } from "./errors.js";
 import { SECRET_HEADER, segment } from "./http.js";
 import { Lease } from "./lease.js";
 import { Liveness } from "./liveness.js";
@@ -97,6 +97,8 @@ function shorterWait(e: unknown, current: number): number | undefined {
 /** A member of a fleet: its session, its assignment, drain and leave. */
 export class FleetMember {
   private readonly current = new Map<string, Lease>();
+  /** The leases of `current` told they were moved away, until the view stops listing them. */
+  private readonly handedOff = new Set<Lease>();
   private readonly path: string;
   /** How long each long poll waits: the option, shortened to the proxy's `--max-wait` when it refuses it. */
   private pollWaitMs: number;
@@ -150,7 +152,9 @@ export class FleetMember {
       }
       if (after !== undefined && view.revision <= after) continue; // the wait ended without a change
       after = view.revision;
-      yield this.apply(view);
+      const change = this.apply(view);
+      if (view.state === "evicted") this.evicted();
+      yield change;
       if (view.state === "evicted") return;
     }
   }
@@ -181,25 +185,44 @@ export class FleetMember {
     return gone;
   }
 
+  /**
+   * Evicted: the member is over (its grants of the fleet ended; it gets nothing until it joins
+   * again), so its session is lost and closed rather than kept alive for nothing.
+   */
+  private evicted(): void {
+    this.session.liveness.lose("revoked", "the member was evicted from the fleet");
+    this.session.close().catch(() => {});
+  }
+
   /** Takes in an assignment: the leases added, handed off and removed since the last one. */
   private apply(view: MemberView): AssignmentChange {
     const change: AssignmentChange = { revision: view.revision, state: view.state, held: [], added: [], releasing: [], removed: [] };
     const assigned = new Map(view.held.map((h) => [h.resource, h]));
+    const moving = new Set(view.releasing);
     for (const [resource, lease] of this.current) {
-      if (assigned.get(resource)?.token === lease.token && !lease.isLost()) continue;
-      this.current.delete(resource);
-      if (view.releasing.includes(resource)) {
-        this.lose(lease, "handed-off", "the fleet moved it to another member: release it");
-        change.releasing.push(lease);
-      } else {
-        this.lose(lease, "revoked", `no longer assigned (assignment revision ${view.revision})`);
-        change.removed.push(lease);
+      const h = assigned.get(resource);
+      // The same grant: delivered once, and never again once lost here (its work returned and
+      // released it while this view was on its way, say).
+      if (h?.token === lease.token) continue;
+      if (h === undefined && moving.has(resource)) {
+        // Moved away: told once, and kept while the view lists it, so that it is released when
+        // its work has returned, not as a grant never seen.
+        if (!this.handedOff.has(lease)) {
+          this.handedOff.add(lease);
+          this.lose(lease, "handed-off", "the fleet moved it to another member: release it");
+          change.releasing.push(lease);
+        }
+        continue;
       }
+      this.current.delete(resource);
+      if (this.handedOff.delete(lease)) continue;
+      this.lose(lease, "revoked", `no longer assigned (assignment revision ${view.revision})`);
+      change.removed.push(lease);
     }
     for (const h of view.held) {
       const known = this.current.get(h.resource);
       if (known !== undefined) {
-        change.held.push(known);
+        if (!known.isLost()) change.held.push(known);
         continue;
       }
       const lease = this.lease(h);
@@ -207,7 +230,16 @@ export class FleetMember {
       change.held.push(lease);
       change.added.push(lease);
     }
+    // Granted and moved away between two reads: nothing of this member's runs on it, so it is
+    // given back at once rather than at the drain deadline.
+    for (const resource of moving) if (!this.current.has(resource)) this.releaseUnseen(resource);
     return change;
+  }
+
+  private releaseUnseen(resource: string): void {
+    this.internals.transport
+      .call({ method: "DELETE", path: `/v1/leases/${segment(resource)}`, headers: { [SECRET_HEADER]: this.session.opened.secret } })
+      .catch(() => {});
   }
 
   private lease(h: HeldGrant): Lease {
@@ -232,22 +264,26 @@ export class FleetMember {
   }
 
   /**
-   * Runs `work` for every resource assigned, with the lease's signal; when one is moved away
-   * its signal is aborted, and once its work has returned it is released. Resolves when the
-   * member's session is lost or it is evicted (after leave(), say).
+   * Runs `work` for every resource assigned, with the lease's signal (aborted when it is moved
+   * away, taken back, or the session is lost), and releases the resource once its work has
+   * returned — a moved one as the contract asks; one still assigned is given back, and the
+   * service grants it again (to this member, likely) under a new token. Resolves when the
+   * member's session is lost or it is evicted (after leave(), say), once every work returned.
    */
   async run(work: (lease: Lease, signal: AbortSignal) => Promise<void>): Promise<void> {
-    const running = new Map<Lease, Promise<void>>();
-    const finish = (lease: Lease) => {
-      void (running.get(lease) ?? Promise.resolve()).then(() => lease.release().catch(() => {}));
-    };
+    const running = new Set<Promise<void>>();
     try {
       for await (const change of this.assignments()) {
-        for (const lease of change.added) running.set(lease, work(lease, lease.signal).catch(() => {}));
-        for (const lease of change.releasing) finish(lease);
+        for (const lease of change.added) {
+          const done: Promise<void> = work(lease, lease.signal)
+            .catch(() => {})
+            .then(() => lease.release().catch(() => {}))
+            .finally(() => running.delete(done));
+          running.add(done);
+        }
       }
     } finally {
-      await Promise.all(running.values());
+      await Promise.all(running);
     }
   }
 
@@ -287,6 +323,59 @@ export async function putFleet(internals: Internals, fleet: string, spec: FleetS
   if (spec.maxMoves !== undefined) body.max_moves = spec.maxMoves;
   const answer = await internals.transport.call({ method: "PUT", path: fleetPath(fleet), json: body });
   return new Fields(answer, "fleet answer").decimal("revision");
+}
+
+/** A fleet as it stands, without secrets (`GET /v1/fleets/{fleet}`). */
+export interface FleetView {
+  fleet: string;
+  resources: string[];
+  drainMs: number;
+  maxMoves: number;
+  revision: bigint;
+  members: { member: string; weight: number; state: string; held: string[]; releasing: string[] }[];
+  /** What no member holds now (free, between a release and the next grant, or held outside the fleet). */
+  unassigned: string[];
+}
+
+function names(f: Fields, name: string, what: string): string[] {
+  const list = f.array(name);
+  if (!list.every((n): n is string => typeof n === "string")) throw new ProtocolError(`${what}: ${name} is not a list of names`);
+  return list;
+}
+
+/** `GET /v1/fleets/{fleet}`: the fleet, or undefined when there is none. */
+export async function getFleet(internals: Internals, fleet: string): Promise<FleetView | undefined> {
+  let answer: unknown;
+  try {
+    answer = await internals.transport.call({ method: "GET", path: fleetPath(fleet) });
+  } catch (e) {
+    if (e instanceof ProblemError && e.slug === "no-fleet") return undefined;
+    throw e;
+  }
+  const f = new Fields(answer, "fleet");
+  return {
+    fleet: f.string("fleet"),
+    resources: names(f, "resources", "fleet"),
+    drainMs: f.count("drain_ms"),
+    maxMoves: f.count("max_moves"),
+    revision: f.decimal("revision"),
+    members: f.array("members").map((m) => {
+      const g = new Fields(m, "fleet: member");
+      return {
+        member: g.string("member"),
+        weight: g.count("weight"),
+        state: g.string("state"),
+        held: names(g, "held", "fleet: member"),
+        releasing: names(g, "releasing", "fleet: member"),
+      };
+    }),
+    unassigned: names(f, "unassigned", "fleet"),
+  };
+}
+
+/** `DELETE /v1/fleets/{fleet}/members/{member}` (an operator's call): evicts it, its grants end at once. */
+export async function evictMember(internals: Internals, fleet: string, member: string): Promise<void> {
+  await internals.transport.call({ method: "DELETE", path: `${fleetPath(fleet)}/members/${segment(member)}` });
 }
 
 /** `DELETE /v1/fleets/{fleet}`: ends it, releasing its members' grants. */

@@ -139,8 +139,15 @@ describe("against the proxy", () => {
     assert.deepEqual(drained.map((d) => reasonOf(d.reason)), ["handed-off", "handed-off"]);
     assert.deepEqual(rest.map((l) => l.resource), byResource(drained.map((d) => d.lease)).map((l) => l.resource));
     assert.equal(m1.signal.aborted, false, "a drained member is still a member");
-    await m1.leave();
+    const view = await admin.getFleet(fleet);
+    assert.deepEqual(
+      view?.members.map((m) => [m.member, m.state, m.held.length]),
+      [["m1", "draining", 0], ["m2", "active", 4]],
+    );
+    // Evicted by an operator: the member is told and ends.
+    await admin.evictMember(fleet, "m1");
     await run1;
+    assert.match(String((m1.signal.reason as LostError).message), /evicted/);
 
     // m2's session ends under it (its etcd lease revoked): the member is told.
     await etcd.revoke(m2.session.id);
@@ -226,5 +233,26 @@ describe("against the contract", () => {
     await eventually(async () => released.includes("b"), 2000, "b released after its work stopped");
     assert.equal(member.held.length, 0);
     await member.leave();
+  });
+
+  test("a grant is delivered once; one moved away before it was seen is released at once", async () => {
+    const client = new Client(`http://127.0.0.1:${(server.address() as AddressInfo).port}`);
+    released.length = 0;
+    views.push(
+      { state: "active", revision: "20", held: [held("x", "5")], releasing: [] },
+      // The work on x@5 returned and released it; this view was read before that release.
+      { state: "active", revision: "21", held: [held("x", "5")], releasing: [] },
+      // y was granted and moved away between two reads.
+      { state: "active", revision: "22", held: [held("x", "6")], releasing: [{ resource: "y", deadline_ms: 2000 }] },
+      { state: "evicted", revision: "23", held: [], releasing: [] },
+    );
+    const member = await client.joinFleet("f", { member: "m", ttlSeconds: 30, pollWaitMs: 100 });
+    const seen: string[] = [];
+    await member.run(async (lease) => {
+      seen.push(`${lease.resource}:${lease.token}`);
+    });
+    assert.deepEqual(seen, ["x:5", "x:6"]);
+    await eventually(async () => released.includes("y"), 2000, "y released at once");
+    assert.ok(released.includes("x"), "a resource is given back when its work returns");
   });
 });
