@@ -152,7 +152,17 @@ func (m *Member) grantOf(h heldGrant) (*Lease, error) {
 	if err := checkGrant(200, g, h.resource); err != nil {
 		return nil, err
 	}
-	return m.c.newLease(g, m.session.live.under(g.Resource, g.Token)), nil
+	l := m.c.newLease(g, m.session.live.under(g.Resource, g.Token))
+	l.member = m
+	return l, nil
+}
+
+// holds reports whether l is the member's grant of its resource as last read (held, or to
+// hand off).
+func (m *Member) holds(l *Lease) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.leases[l.Resource()] == l
 }
 
 // delivery hands leases to Assignments in order without ever blocking the member's loop: a

@@ -217,3 +217,54 @@ func TestAFleetGrantIsDeliveredOnce(t *testing.T) {
 		t.Fatal("Serve did not return after the eviction")
 	}
 }
+
+func TestALeaseTakenBackIsNotReleasedOverItsSuccessor(t *testing.T) {
+	t.Parallel()
+	ff := newFleetFake(t,
+		view(1, "active", []string{heldJSON("a", 10)}),
+		// a@10 was taken back and a granted again to the same member while the work on a@10
+		// still ran: the session's secret would release a@11 too.
+		view(2, "active", []string{heldJSON("a", 11)}),
+		view(3, "evicted", nil))
+	c := client(t, ff.URL, leaseproxy.Options{NoLossWatch: true, Timeout: time.Second})
+	m, err := c.JoinFleet(ctxT(t), "f", &leaseproxy.JoinOptions{Member: "m1", Poll: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan *leaseproxy.Lease, 10)
+	finish := make(chan struct{})
+	served := make(chan error, 1)
+	go func() {
+		served <- m.Serve(ctxT(t), func(ctx context.Context, l *leaseproxy.Lease) error {
+			started <- l
+			<-ctx.Done()
+			if l.Token() == 10 {
+				<-finish // slow to stop
+			}
+			return nil
+		})
+	}()
+	first := <-started
+	ff.advance()
+	select {
+	case l := <-started:
+		if l.Token() != 11 {
+			t.Fatalf("then %s@%d", l.Resource(), l.Token())
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("no second grant")
+	}
+	if reason := first.Err(); !errors.Is(reason, leaseproxy.ErrLost) {
+		t.Fatalf("a@10 is %v", reason)
+	}
+	close(finish) // the work on a@10 returns now; Serve must not release a (a@11 is the member's)
+	ff.advance()
+	select {
+	case <-served:
+	case <-time.After(3 * time.Second):
+		t.Fatal("Serve did not return after the eviction")
+	}
+	if n := ff.asked("DELETE", "/v1/leases/a"); n != 0 {
+		t.Fatalf("%d releases of a sent for grants the member no longer held", n)
+	}
+}

@@ -256,7 +256,9 @@ export class FleetMember {
     };
     const liveness = new Liveness(h.resource, 0, this.session.liveness);
     this.internals.watchLoss(h.resource, h.token, liveness);
-    return new Lease(this.internals, grant, liveness);
+    // Released only while this member still holds this grant (held, or to hand off).
+    const lease: Lease = new Lease(this.internals, grant, liveness, undefined, () => this.current.get(h.resource) === lease);
+    return lease;
   }
 
   private lose(lease: Lease, reason: "handed-off" | "revoked", detail: string): void {

@@ -28,13 +28,19 @@ export interface LeaseContext {
 export class Lease {
   private released = false;
 
-  /** @internal Made by `Client.acquire` and `Session.acquire`. */
+  /** @internal Made by `Client.acquire`, `Session.acquire` and a fleet member. */
   constructor(
     private readonly context: LeaseContext,
     /** The grant as the proxy answered it (the secret included). */
     readonly grant: Grant,
     private readonly liveness: Liveness,
     private readonly keeper?: Keeper,
+    /**
+     * A fleet's lease: whether its member still holds this grant. The session's secret proves
+     * every grant under the session, so a late release of a grant already taken back could
+     * end a later grant of the same resource to the same member: it is not sent then.
+     */
+    private readonly stillHeld?: () => boolean,
   ) {}
 
   /** The resource held. */
@@ -149,6 +155,7 @@ export class Lease {
     this.liveness.lose("released", "released by this client");
     if (this.released) return;
     this.released = true;
+    if (this.stillHeld !== undefined && !this.stillHeld()) return;
     await this.context.transport.call({
       method: "DELETE",
       path: `/v1/leases/${segment(this.resource)}`,

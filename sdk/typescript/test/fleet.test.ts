@@ -255,4 +255,23 @@ describe("against the contract", () => {
     await eventually(async () => released.includes("y"), 2000, "y released at once");
     assert.ok(released.includes("x"), "a resource is given back when its work returns");
   });
+
+  test("a lease taken back is not released over its successor", async () => {
+    const client = new Client(`http://127.0.0.1:${(server.address() as AddressInfo).port}`);
+    released.length = 0;
+    views.push(
+      { state: "active", revision: "30", held: [held("z", "5")], releasing: [] },
+      // z@5 taken back and z granted again to this member: the session's secret would release z@7 too.
+      { state: "active", revision: "31", held: [held("z", "7")], releasing: [] },
+      { state: "evicted", revision: "32", held: [], releasing: [] },
+    );
+    const member = await client.joinFleet("f", { member: "m", ttlSeconds: 30, pollWaitMs: 100 });
+    const seen: string[] = [];
+    await member.run(async (lease, signal) => {
+      seen.push(`${lease.resource}:${lease.token}`);
+      if (!signal.aborted) await new Promise((resolve) => signal.addEventListener("abort", resolve, { once: true }));
+    });
+    assert.deepEqual(seen, ["z:5", "z:7"]);
+    assert.deepEqual(released, [], "no release for grants the member no longer held");
+  });
 });
