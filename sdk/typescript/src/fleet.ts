@@ -153,7 +153,7 @@ export class FleetMember {
       if (after !== undefined && view.revision <= after) continue; // the wait ended without a change
       after = view.revision;
       const change = this.apply(view);
-      if (view.state === "evicted") this.evicted();
+      if (view.state === "evicted") this.over("the member was evicted from the fleet");
       yield change;
       if (view.state === "evicted") return;
     }
@@ -181,16 +181,17 @@ export class FleetMember {
    */
   private ended(e: unknown): boolean {
     const gone = e instanceof SessionLostError || (e instanceof ProblemError && (e.status === 403 || e.status === 404));
-    if (gone) this.session.liveness.lose("revoked", `the fleet no longer knows this member: ${(e as Error).message}`);
+    if (gone) this.over(`the fleet no longer knows this member: ${(e as Error).message}`);
     return gone;
   }
 
   /**
-   * Evicted: the member is over (its grants of the fleet ended; it gets nothing until it joins
-   * again), so its session is lost and closed rather than kept alive for nothing.
+   * The member is over — evicted (it gets nothing until it joins again), or unknown to the
+   * service —: its session is lost, and closed rather than kept alive for nothing (a deleted
+   * fleet's members' sessions stay open on the server).
    */
-  private evicted(): void {
-    this.session.liveness.lose("revoked", "the member was evicted from the fleet");
+  private over(detail: string): void {
+    this.session.liveness.lose("revoked", detail);
     this.session.close().catch(() => {});
   }
 
