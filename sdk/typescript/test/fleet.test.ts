@@ -3,9 +3,10 @@
  * fence-gateway with their tokens; a second member joining takes some — the first member's
  * work on each is aborted (`handed-off`) and the resource released well within the drain
  * deadline, the new member writes, the old member's late write is refused —; a drain hands off
- * the rest; a member whose session ends is told. Against a scripted proxy following the contract
- * (DESIGN §5.5): how assignments become leases, and a proxy whose `--max-wait` is shorter than
- * the poll.
+ * the rest; an evicted member ends; a member whose session ends is told; a proxy whose
+ * `--max-wait` is shorter than the poll. Against a scripted proxy following the contract
+ * (DESIGN §5.5): how assignments become leases, a grant delivered once, no release over a
+ * successor grant.
  */
 
 import assert from "node:assert/strict";
