@@ -376,6 +376,14 @@ export async function getFleet(internals: Internals, fleet: string): Promise<Fle
   };
 }
 
+/**
+ * `POST /v1/fleets/{fleet}/members/{member}/drain` without a secret (an operator's call): it hands
+ * everything off and takes nothing new. A member drains itself with `FleetMember.drain()`.
+ */
+export async function drainMember(internals: Internals, fleet: string, member: string): Promise<void> {
+  await internals.transport.call({ method: "POST", path: `${fleetPath(fleet)}/members/${segment(member)}/drain` });
+}
+
 /** `DELETE /v1/fleets/{fleet}/members/{member}` (an operator's call): evicts it, its grants end at once. */
 export async function evictMember(internals: Internals, fleet: string, member: string): Promise<void> {
   await internals.transport.call({ method: "DELETE", path: `${fleetPath(fleet)}/members/${segment(member)}` });

@@ -3,7 +3,8 @@
  * fence-gateway with their tokens; a second member joining takes some — the first member's
  * work on each is aborted (`handed-off`) and the resource released well within the drain
  * deadline, the new member writes, the old member's late write is refused —; a drain hands off
- * the rest; an evicted member ends; a member whose session ends is told; a proxy whose
+ * the rest; an evicted member ends; a member whose session ends is told; the operator's calls
+ * (a fleet read back, a drain without a secret, no such member, evict, delete); a proxy whose
  * `--max-wait` is shorter than the poll. Against a scripted proxy following the contract
  * (DESIGN §5.5): how assignments become leases, a grant delivered once, no release over a
  * successor grant.
@@ -14,7 +15,7 @@ import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { after, before, describe, test } from "node:test";
 
-import { Client, LostError, type Lease } from "../src/index.js";
+import { Client, LostError, ProblemError, type Lease } from "../src/index.js";
 import { eventually, startEtcd, startProxy, startWarehouse, unique, type Etcd } from "./harness.js";
 
 let etcd: Etcd;
@@ -158,6 +159,56 @@ describe("against the proxy", () => {
     assert.equal(m2.signal.aborted, true);
     assert.ok(m2.signal.reason instanceof LostError);
     await admin.deleteFleet(fleet);
+  });
+
+  test("the operator's calls: read back, drain without a secret, no such member, evict, delete", async () => {
+    const admin = new Client(proxy);
+    const fleet = unique("operator");
+    assert.equal(await admin.getFleet(fleet), undefined);
+    const aisles = [`${fleet}-1`, `${fleet}-2`];
+    await admin.putFleet(fleet, { resources: aisles, drainMs: 7000, maxMoves: 3 });
+    const view = await admin.getFleet(fleet);
+    assert.ok(view);
+    const { revision, ...rest } = view;
+    assert.ok(revision > 0n);
+    assert.deepEqual(rest, { fleet, resources: aisles, drainMs: 7000, maxMoves: 3, members: [], unassigned: aisles });
+
+    const join = async (member: string) => {
+      const m = await new Client(proxy).joinFleet(fleet, { member, ttlSeconds: 10, pollWaitMs: 2000 });
+      const w = worker();
+      return { m, w, running: m.run(w.work) };
+    };
+    const one = await join("m1");
+    await one.w.started.take(2, 5000, "m1's assignments");
+    const two = await join("m2");
+    await one.w.ended.take(1, 5000, "m1's work on the resource moved to m2");
+    await two.w.started.take(1, 5000, "m2's share");
+
+    const noSuch = (e: unknown) => e instanceof ProblemError && e.status === 404;
+    await assert.rejects(admin.drainMember(fleet, "nobody"), noSuch);
+    await assert.rejects(admin.evictMember(fleet, "nobody"), noSuch);
+    await assert.rejects(admin.drainMember(`${fleet}-none`, "m1"), noSuch);
+
+    // Drained by an operator, without the member's secret: its work is handed off to m2 (a
+    // draining member with nobody to hand off to keeps what it holds).
+    await admin.drainMember(fleet, "m1");
+    const [drained] = await one.w.ended.take(1, 5000, "m1's work handed off by the operator's drain");
+    assert.equal(reasonOf(drained.reason), "handed-off");
+    const [moved] = await two.w.started.take(1, 5000, "the drained resource reaching m2");
+    assert.equal(moved.resource, drained.lease.resource);
+    assert.equal(one.m.signal.aborted, false, "a drained member is still a member");
+    const after = await admin.getFleet(fleet);
+    assert.deepEqual(after?.members.map((m) => [m.member, m.state, m.held.length]), [["m1", "draining", 0], ["m2", "active", 2]]);
+    assert.deepEqual(after?.unassigned, []);
+
+    await admin.evictMember(fleet, "m1");
+    await one.running;
+    assert.match(String((one.m.signal.reason as LostError).message), /evicted/);
+    await two.m.leave();
+    await two.running;
+    await admin.deleteFleet(fleet);
+    await admin.deleteFleet(fleet);
+    assert.equal(await admin.getFleet(fleet), undefined);
   });
 
   test("a member polls within the proxy's --max-wait", async () => {
