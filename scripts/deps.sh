@@ -107,11 +107,12 @@ check_node_deps() {
 }
 
 # What scripts/go-tests.sh uses: Debian's Go toolchain (golang-go; Go 1.19 on bookworm), checked
-# as the file the script runs and by running it, and the source of Debian's lib/pq, which the
-# Go SDK's PostgreSQL test module (sdk/go/pgtest) builds against with a `replace` directive —
-# no Go module proxy is needed, or reached: the SDK itself uses only the standard library.
+# as the files the script runs (go, and gofmt, which the same package ships) and by running go,
+# and the source of Debian's lib/pq, which the Go SDK's PostgreSQL test module (sdk/go/pgtest)
+# builds against with a `replace` directive — no Go module proxy is needed, or reached: the SDK
+# itself uses only the standard library.
 check_go_deps() {
-  { [ -x /usr/bin/go ] && /usr/bin/go version >/dev/null 2>&1; } || deps_need golang-go
+  { [ -x /usr/bin/go ] && [ -x /usr/bin/gofmt ] && /usr/bin/go version >/dev/null 2>&1; } || deps_need golang-go
   [ -f /usr/share/gocode/src/github.com/lib/pq/go.mod ] || deps_need golang-github-lib-pq-dev
 }
 
