@@ -39,10 +39,12 @@ type Member struct {
 	session *Session
 	poll    time.Duration
 
-	mu       sync.Mutex
-	leases   map[string]*Lease
-	state    string
-	revision string
+	mu     sync.Mutex
+	leases map[string]*Lease
+	state  string
+	// revision is the assignment's last applied (applied: one was).
+	revision uint64
+	applied  bool
 
 	delivery delivery
 	ended    chan struct{}
@@ -208,11 +210,24 @@ func (m *Member) run() {
 	defer m.delivery.stop()
 	backoff := firstRetryPause
 	for m.session.Err() == nil {
-		v, err := m.read()
+		v, err := m.readView()
 		if err == nil {
 			backoff = firstRetryPause
-			if m.apply(v) {
-				return
+			switch last, applied := m.lastApplied(); {
+			case applied && v.revision < last:
+				// Older than what was applied (a lagging replica, a reordering relay): applying
+				// it would bring back grants handed off or revoked since. Asked again after a
+				// pause, so that a server answering so at once is not polled in a tight loop.
+				m.c.logf("leaseproxy: fleet %s: an assignment of revision %d after %d: ignored", m.fleet, v.revision, last)
+				if !sleepCtx(m.session.Context(), firstRetryPause) {
+					return
+				}
+			case applied && v.revision == last:
+				// The wait ended without a change.
+			default:
+				if m.apply(v) {
+					return
+				}
 			}
 			continue
 		}
@@ -248,14 +263,21 @@ func (m *Member) end(err error) {
 	go func() { _ = m.session.Close(context.Background()) }()
 }
 
-// read is one long poll of the member's assignment: answered once it changes past the last
-// revision read, or after m.poll.
-func (m *Member) read() (*memberView, error) {
+// lastApplied is the revision of the assignment last applied, and whether one was.
+func (m *Member) lastApplied() (uint64, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.revision, m.applied
+}
+
+// readView is one long poll of the member's assignment: answered once it changes past the last
+// revision applied, or after m.poll.
+func (m *Member) readView() (*memberView, error) {
 	m.mu.Lock()
 	poll := m.poll
 	q := url.Values{"wait_ms": {strconv.FormatInt(poll.Milliseconds(), 10)}}
-	if m.revision != "" {
-		q.Set("after", m.revision)
+	if m.applied {
+		q.Set("after", strconv.FormatUint(m.revision, 10))
 	}
 	m.mu.Unlock()
 	a, err := m.c.do(m.session.Context(), call{method: http.MethodGet, path: m.memberPath(), query: q,

@@ -10,7 +10,7 @@ import (
 // memberView is a member's assignment as the service answers it.
 type memberView struct {
 	state     string
-	revision  string
+	revision  uint64
 	held      []heldGrant
 	releasing []string
 }
@@ -26,7 +26,7 @@ func parseMemberView(status int, body []byte) (*memberView, error) {
 		return nil, err
 	}
 	v := &memberView{}
-	if v.revision, err = f.str(status, "revision"); err != nil {
+	if v.revision, err = f.decimal(status, "revision"); err != nil {
 		return nil, err
 	}
 	if v.state, err = f.str(status, "state"); err != nil {
@@ -76,7 +76,7 @@ func parseMemberView(status int, body []byte) (*memberView, error) {
 // (evicted).
 func (m *Member) apply(v *memberView) bool {
 	m.mu.Lock()
-	m.state, m.revision = v.state, v.revision
+	m.state, m.revision, m.applied = v.state, v.revision, true
 	seen := map[string]bool{}
 	var fresh []*Lease
 	for _, h := range v.held {

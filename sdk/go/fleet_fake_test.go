@@ -25,6 +25,14 @@ type fleetFake struct {
 	changed chan struct{}
 	// after is the largest revision a poll asked to wait past: the member applied that view.
 	after int
+	// served counts the answers given at each step.
+	served map[int]int
+}
+
+func (ff *fleetFake) servedAt(step int) int {
+	ff.mu.Lock()
+	defer ff.mu.Unlock()
+	return ff.served[step]
 }
 
 func (ff *fleetFake) polledAfter() int {
@@ -47,7 +55,7 @@ func view(rev int, state string, held []string, releasing ...string) string {
 }
 
 func newFleetFake(t *testing.T, views ...string) *fleetFake {
-	ff := &fleetFake{views: views, changed: make(chan struct{})}
+	ff := &fleetFake{views: views, changed: make(chan struct{}), served: map[int]int{}}
 	ff.fake = newFake(t, func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case r.Method == http.MethodPost && r.URL.Path == "/v1/fleets/f/members":
@@ -67,9 +75,14 @@ func newFleetFake(t *testing.T, views ...string) *fleetFake {
 			ff.mu.Unlock()
 			for {
 				ff.mu.Lock()
-				v, changed := ff.views[ff.step], ff.changed
+				v, changed, step := ff.views[ff.step], ff.changed, ff.step
+				// A view older than the one asked past is answered at once: a reordered answer.
+				answer := revisionOf(v) != after || r.URL.Query().Get("after") == ""
+				if answer {
+					ff.served[step]++
+				}
 				ff.mu.Unlock()
-				if rev := revisionOf(v); rev > after || r.URL.Query().Get("after") == "" {
+				if answer {
 					write(w, 200, v)
 					return
 				}
@@ -266,5 +279,65 @@ func TestALeaseTakenBackIsNotReleasedOverItsSuccessor(t *testing.T) {
 	}
 	if n := ff.asked("DELETE", "/v1/leases/a"); n != 0 {
 		t.Fatalf("%d releases of a sent for grants the member no longer held", n)
+	}
+}
+
+func TestAnOlderAssignmentNeverBringsBackALease(t *testing.T) {
+	t.Parallel()
+	ff := newFleetFake(t,
+		view(1, "active", []string{heldJSON("a", 10), heldJSON("b", 11)}),
+		view(2, "active", []string{heldJSON("a", 10)}, "b"),
+		view(3, "active", []string{heldJSON("a", 10)}),
+		// Answered after revision 3 was read (a lagging replica, a reordering relay): b@11,
+		// handed off and released since, is not this member's any more.
+		view(1, "active", []string{heldJSON("a", 10), heldJSON("b", 11)}),
+		view(4, "evicted", nil))
+	c := client(t, ff.URL, leaseproxy.Options{NoLossWatch: true, Timeout: time.Second})
+	m, err := c.JoinFleet(ctxT(t), "f", &leaseproxy.JoinOptions{Member: "m1", Poll: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan string, 10)
+	served := make(chan error, 1)
+	go func() {
+		served <- m.Serve(ctxT(t), func(ctx context.Context, l *leaseproxy.Lease) error {
+			started <- fmt.Sprintf("%s@%d", l.Resource(), l.Token())
+			<-ctx.Done()
+			return ctx.Err()
+		})
+	}()
+	for i := 0; i < 2; i++ {
+		select {
+		case <-started:
+		case <-time.After(3 * time.Second):
+			t.Fatal("no assignment")
+		}
+	}
+	ff.advance() // b handed off
+	eventually(t, 2*time.Second, "b released", func() bool { return ff.asked("DELETE", "/v1/leases/b") == 1 })
+	ff.advance() // b gone
+	eventually(t, 2*time.Second, "revision 3 read", func() bool { return ff.polledAfter() == 3 })
+	ff.advance() // the older view
+	eventually(t, 3*time.Second, "the member still polling past revision 3 after the older view", func() bool {
+		return ff.servedAt(3) >= 2 && ff.polledAfter() == 3
+	})
+	select {
+	case s := <-started:
+		t.Fatalf("an older view delivered %s again", s)
+	default:
+	}
+	ff.advance() // evicted
+	select {
+	case err := <-served:
+		if err == nil || !strings.Contains(err.Error(), "evicted") {
+			t.Fatalf("Serve returned %v", err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("Serve did not return after the eviction")
+	}
+	select {
+	case s := <-started:
+		t.Fatalf("an older view delivered %s again", s)
+	default:
 	}
 }

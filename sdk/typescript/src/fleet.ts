@@ -150,7 +150,14 @@ export class FleetMember {
         await sleep(Math.min(100 * 2 ** attempt++, 2000), this.session.signal);
         continue;
       }
-      if (after !== undefined && view.revision <= after) continue; // the wait ended without a change
+      if (after !== undefined && view.revision < after) {
+        // Older than what was applied (a lagging replica, a reordering relay): applying it would
+        // bring back grants handed off or revoked since. Asked again after a pause, so that a
+        // server answering so at once is not polled in a tight loop.
+        await sleep(100, this.session.signal);
+        continue;
+      }
+      if (after !== undefined && view.revision === after) continue; // the wait ended without a change
       after = view.revision;
       const change = this.apply(view);
       if (view.state === "evicted") this.over("the member was evicted from the fleet");

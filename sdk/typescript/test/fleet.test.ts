@@ -7,7 +7,7 @@
  * (a fleet read back, a drain without a secret, no such member, evict, delete); a proxy whose
  * `--max-wait` is shorter than the poll. Against a scripted proxy following the contract
  * (DESIGN §5.5): how assignments become leases, a grant delivered once, no release over a
- * successor grant.
+ * successor grant, an older assignment answered after a newer one.
  */
 
 import assert from "node:assert/strict";
@@ -325,5 +325,30 @@ describe("against the contract", () => {
     });
     assert.deepEqual(seen, ["z:5", "z:7"]);
     assert.deepEqual(released, [], "no release for grants the member no longer held");
+  });
+
+  test("an older assignment never brings a lease back, and is not polled again in a tight loop", async () => {
+    const client = new Client(`http://127.0.0.1:${(server.address() as AddressInfo).port}`);
+    const older = { state: "active", revision: "40", held: [held("a", "5"), held("b", "6")], releasing: [] };
+    views.push(
+      older,
+      { state: "active", revision: "41", held: [held("a", "5")], releasing: [{ resource: "b", deadline_ms: 2000 }] },
+      { state: "active", revision: "42", held: [held("a", "5")], releasing: [] },
+      // Answered at once after revision 42 was read (a lagging replica, a reordering relay):
+      // b@6, handed off since, is not this member's any more.
+      ...Array.from({ length: 5 }, () => older),
+      { state: "evicted", revision: "43", held: [], releasing: [] },
+    );
+    const member = await client.joinFleet("f", { member: "m", ttlSeconds: 30, pollWaitMs: 100 });
+    const seen: string[] = [];
+    let olderFrom = 0;
+    await member.run(async (lease, signal) => {
+      seen.push(`${lease.resource}:${lease.token}`);
+      if (!signal.aborted) await new Promise((resolve) => signal.addEventListener("abort", resolve, { once: true }));
+      if (lease.resource === "b") olderFrom = performance.now();
+    });
+    const took = performance.now() - olderFrom;
+    assert.deepEqual(seen, ["a:5", "b:6"]);
+    assert.ok(took >= 400, `five older answers were polled past in ${took.toFixed(0)} ms: no pause between them`);
   });
 });
