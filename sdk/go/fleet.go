@@ -211,6 +211,7 @@ func (m *Member) run() {
 	backoff := firstRetryPause
 	for m.session.Err() == nil {
 		v, err := m.readView()
+		received := time.Now()
 		if err == nil {
 			backoff = firstRetryPause
 			switch last, applied := m.lastApplied(); {
@@ -225,7 +226,7 @@ func (m *Member) run() {
 			case applied && v.revision == last:
 				// The wait ended without a change.
 			default:
-				if m.apply(v) {
+				if m.apply(v, received) {
 					return
 				}
 			}

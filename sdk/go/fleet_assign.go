@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"sync"
+	"time"
 )
 
 // memberView is a member's assignment as the service answers it.
@@ -12,7 +13,14 @@ type memberView struct {
 	state     string
 	revision  uint64
 	held      []heldGrant
-	releasing []string
+	releasing []releasingEntry
+}
+
+// releasingEntry is a resource moved away from the member: release it by deadline, counted
+// from the answer's arrival.
+type releasingEntry struct {
+	resource string
+	deadline time.Duration
 }
 
 type heldGrant struct {
@@ -57,24 +65,62 @@ func parseMemberView(status int, body []byte) (*memberView, error) {
 		v.held = append(v.held, g)
 	}
 	for _, raw := range releasing {
-		r, err := decodeObject(status, raw, "resource")
+		r, err := decodeObject(status, raw, "resource", "deadline_ms")
 		if err != nil {
 			return nil, err
 		}
-		name, err := r.str(status, "resource")
+		var e releasingEntry
+		if e.resource, err = r.str(status, "resource"); err != nil {
+			return nil, err
+		}
+		ms, err := r.count(status, "deadline_ms")
 		if err != nil {
 			return nil, err
 		}
-		v.releasing = append(v.releasing, name)
+		if ms > uint64(maxRelease/time.Millisecond) {
+			ms = uint64(maxRelease / time.Millisecond)
+		}
+		e.deadline = time.Duration(ms) * time.Millisecond
+		v.releasing = append(v.releasing, e)
 	}
 	return v, nil
 }
 
-// apply brings the member's leases to v: a newly held resource becomes a lease delivered on
-// Assignments; one in releasing is lost (ReasonHandedOff) — or released at once if it was never
-// delivered —; one in neither is lost (ReasonRevoked). Returns whether the member has ended
+// maxRelease caps a hand-off's deadline_ms (the service allows drain_ms up to an hour).
+const maxRelease = time.Hour
+
+// releaseBy is when a hand-off told in an answer that arrived at received, with deadline left
+// before the service revokes the grant, must be done: less a margin of a tenth of it, at least
+// 100 ms (and never before received).
+func releaseBy(received time.Time, deadline time.Duration) time.Time {
+	margin := deadline / 10
+	if margin < 100*time.Millisecond {
+		margin = 100 * time.Millisecond
+	}
+	if deadline < margin {
+		return received
+	}
+	return received.Add(deadline - margin)
+}
+
+// ReleaseBy is, for a fleet lease moved to another member (lost with ReasonHandedOff), when the
+// work on it must be finished and the resource released, on the monotonic clock: the
+// assignment's arrival plus the service's deadline_ms, less a safety margin (a tenth of it, at
+// least 100 ms). Past the service's deadline it revokes the grant. ok is false for any other
+// lease, and before the hand-off.
+func (l *Lease) ReleaseBy() (by time.Time, ok bool) {
+	if p := l.releaseBy.Load(); p != nil {
+		return *p, true
+	}
+	return time.Time{}, false
+}
+
+// apply brings the member's leases to v, an answer that arrived at received: a newly held
+// resource becomes a lease delivered on Assignments; one in releasing is lost (ReasonHandedOff,
+// with its ReleaseBy) — or released at once if it was never delivered —; one in neither is lost
+// (ReasonRevoked). Returns whether the member has ended
 // (evicted).
-func (m *Member) apply(v *memberView) bool {
+func (m *Member) apply(v *memberView, received time.Time) bool {
 	m.mu.Lock()
 	m.state, m.revision, m.applied = v.state, v.revision, true
 	seen := map[string]bool{}
@@ -95,11 +141,14 @@ func (m *Member) apply(v *memberView) bool {
 	var handedOff, gone []*Lease
 	var undelivered []string
 	for _, r := range v.releasing {
-		seen[r] = true
-		if l := m.leases[r]; l != nil {
+		seen[r.resource] = true
+		if l := m.leases[r.resource]; l != nil {
+			// Told once: the deadline of the first view that listed the hand-off.
+			by := releaseBy(received, r.deadline)
+			l.releaseBy.CompareAndSwap(nil, &by)
 			handedOff = append(handedOff, l)
 		} else {
-			undelivered = append(undelivered, r)
+			undelivered = append(undelivered, r.resource)
 		}
 	}
 	for r, l := range m.leases {

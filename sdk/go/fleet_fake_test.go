@@ -127,6 +127,7 @@ func TestAFleetMemberFollowsItsAssignment(t *testing.T) {
 	}
 	var mu sync.Mutex
 	got := map[string]error{}
+	releaseBy := map[string]time.Time{}
 	started := make(chan string, 10)
 	served := make(chan error)
 	go func() {
@@ -135,6 +136,9 @@ func TestAFleetMemberFollowsItsAssignment(t *testing.T) {
 			<-ctx.Done()
 			mu.Lock()
 			got[l.Resource()] = leaseproxy.Cause(ctx)
+			if by, ok := l.ReleaseBy(); ok {
+				releaseBy[l.Resource()] = by
+			}
 			mu.Unlock()
 			return ctx.Err()
 		})
@@ -151,11 +155,16 @@ func TestAFleetMemberFollowsItsAssignment(t *testing.T) {
 	if a, b := recv(), recv(); !(a == "a@10" && b == "b@11" || a == "b@11" && b == "a@10") {
 		t.Fatalf("assignments %s %s", a, b)
 	}
-	ff.advance() // b handed off
+	before := time.Now()
+	ff.advance() // b handed off, to be released within 500 ms
 	eventually(t, 2*time.Second, "b released with the session's secret", func() bool { return ff.asked("DELETE", "/v1/leases/b") == 1 })
 	mu.Lock()
 	if !errors.Is(got["b"], leaseproxy.ErrLost) || !strings.Contains(got["b"].Error(), "handed-off") {
 		t.Fatalf("b ended with %v", got["b"])
+	}
+	// The answer's arrival (between before and now) plus 500 ms less the 100 ms margin.
+	if by, ok := releaseBy["b"]; !ok || by.Before(before.Add(400*time.Millisecond)) || by.After(time.Now().Add(400*time.Millisecond)) {
+		t.Fatalf("b's ReleaseBy %v (%v), told between %v and now + 400 ms", by, ok, before.Add(400*time.Millisecond))
 	}
 	mu.Unlock()
 	ff.advance() // c arrives
@@ -176,6 +185,9 @@ func TestAFleetMemberFollowsItsAssignment(t *testing.T) {
 	for _, r := range []string{"a", "c"} {
 		if !errors.Is(got[r], leaseproxy.ErrLost) {
 			t.Fatalf("%s ended with %v", r, got[r])
+		}
+		if by, ok := releaseBy[r]; ok {
+			t.Fatalf("%s, revoked rather than handed off, has a ReleaseBy: %v", r, by)
 		}
 	}
 	if _, open := <-m.Assignments(); open {

@@ -143,6 +143,10 @@ func TestAFleetMemberReceivesWritesHandsOffAndDrains(t *testing.T) {
 		if reasonOf(w.cause) != leaseproxy.ReasonHandedOff {
 			t.Fatalf("m1's work on %s ended with %v, want handed-off", w.lease.Resource(), w.cause)
 		}
+		// To be released within the drain deadline (20 s on the proxy's clock, less 2 s).
+		if by, ok := w.lease.ReleaseBy(); !ok || by.Before(joined.Add(drain/2)) || by.After(time.Now().Add(drain*9/10)) {
+			t.Fatalf("m1's %s: ReleaseBy %v (%v), want about %s after the hand-off", w.lease.Resource(), by, ok, drain*9/10)
+		}
 		l := taken[i]
 		if l.Resource() != w.lease.Resource() || l.Token() <= w.lease.Token() {
 			t.Fatalf("m2 got %s@%d for m1's %s@%d", l.Resource(), l.Token(), w.lease.Resource(), w.lease.Token())

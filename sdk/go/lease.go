@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -45,6 +46,8 @@ type Lease struct {
 	// member is the fleet member it was assigned to (nil for any other lease): its release
 	// is sent only while the member still holds this grant.
 	member *Member
+	// releaseBy is when a fleet lease handed off must be released (nil: not handed off).
+	releaseBy atomic.Pointer[time.Time]
 
 	once   sync.Once
 	relErr error

@@ -36,7 +36,10 @@ export interface AssignmentChange {
   held: Lease[];
   /** Newly assigned: start working on these. */
   added: Lease[];
-  /** Moved away: their signals are aborted (`handed-off`); release each once its work has stopped. */
+  /**
+   * Moved away: their signals are aborted (`handed-off`); release each once its work has
+   * stopped, by its `releaseBy`.
+   */
   releasing: Lease[];
   /** Gone without a hand-off (revoked, the member evicted): their signals are aborted. */
   removed: Lease[];
@@ -60,7 +63,21 @@ interface MemberView {
   state: string;
   revision: bigint;
   held: HeldGrant[];
-  releasing: string[];
+  /** Resources moved away, each with the milliseconds left to release it (on the proxy's clock). */
+  releasing: Map<string, number>;
+}
+
+/** The longest hand-off deadline believed (the service allows `drain_ms` up to an hour). */
+const MAX_RELEASE_MS = 3_600_000;
+
+/**
+ * When a hand-off told in an answer that arrived at `received` (performance.now() ms), with
+ * `deadlineMs` left before the service revokes the grant, must be done: less a margin of a tenth
+ * of it, at least 100 ms, and never before `received`.
+ */
+export function releaseBy(received: number, deadlineMs: number): number {
+  const left = Math.min(deadlineMs, MAX_RELEASE_MS);
+  return received + Math.max(0, left - Math.max(left / 10, 100));
 }
 
 function parseView(body: unknown): MemberView {
@@ -72,7 +89,12 @@ function parseView(body: unknown): MemberView {
       const g = new Fields(h, "fleet assignment: held");
       return { resource: g.string("resource"), leaseId: g.string("lease_id"), token: g.decimal("token"), fencingToken: g.string("fencing_token") };
     }),
-    releasing: f.array("releasing").map((r) => new Fields(r, "fleet assignment: releasing").string("resource")),
+    releasing: new Map(
+      f.array("releasing").map((r) => {
+        const g = new Fields(r, "fleet assignment: releasing");
+        return [g.string("resource"), g.count("deadline_ms")];
+      }),
+    ),
   };
 }
 
@@ -136,8 +158,10 @@ export class FleetMember {
     let after: bigint | undefined;
     for (let attempt = 0; !this.session.isLost(); ) {
       let view: MemberView;
+      let received: number;
       try {
         view = await this.poll(after);
+        received = performance.now();
         attempt = 0;
       } catch (e) {
         if (this.session.isLost() || this.ended(e)) return;
@@ -159,7 +183,7 @@ export class FleetMember {
       }
       if (after !== undefined && view.revision === after) continue; // the wait ended without a change
       after = view.revision;
-      const change = this.apply(view);
+      const change = this.apply(view, received);
       if (view.state === "evicted") this.over("the member was evicted from the fleet");
       yield change;
       if (view.state === "evicted") return;
@@ -202,11 +226,14 @@ export class FleetMember {
     this.session.close().catch(() => {});
   }
 
-  /** Takes in an assignment: the leases added, handed off and removed since the last one. */
-  private apply(view: MemberView): AssignmentChange {
+  /**
+   * Takes in an assignment that arrived at `received`: the leases added, handed off (with their
+   * `releaseBy`) and removed since the last one.
+   */
+  private apply(view: MemberView, received: number): AssignmentChange {
     const change: AssignmentChange = { revision: view.revision, state: view.state, held: [], added: [], releasing: [], removed: [] };
     const assigned = new Map(view.held.map((h) => [h.resource, h]));
-    const moving = new Set(view.releasing);
+    const moving = view.releasing;
     for (const [resource, lease] of this.current) {
       const h = assigned.get(resource);
       // The same grant: delivered once, and never again once lost here (its work returned and
@@ -217,7 +244,7 @@ export class FleetMember {
         // its work has returned, not as a grant never seen.
         if (!this.handedOff.has(lease)) {
           this.handedOff.add(lease);
-          this.lose(lease, "handed-off", "the fleet moved it to another member: release it");
+          lease.markHandedOff(releaseBy(received, moving.get(resource) ?? 0), "the fleet moved it to another member: release it");
           change.releasing.push(lease);
         }
         continue;
@@ -240,7 +267,7 @@ export class FleetMember {
     }
     // Granted and moved away between two reads: nothing of this member's runs on it, so it is
     // given back at once rather than at the drain deadline.
-    for (const resource of moving) if (!this.current.has(resource)) this.releaseUnseen(resource);
+    for (const resource of moving.keys()) if (!this.current.has(resource)) this.releaseUnseen(resource);
     return change;
   }
 
@@ -269,7 +296,7 @@ export class FleetMember {
     return lease;
   }
 
-  private lose(lease: Lease, reason: "handed-off" | "revoked", detail: string): void {
+  private lose(lease: Lease, reason: "revoked", detail: string): void {
     lease.markLost(reason, detail);
   }
 

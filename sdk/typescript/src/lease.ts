@@ -27,6 +27,7 @@ export interface LeaseContext {
  */
 export class Lease {
   private released = false;
+  private handOffBy: number | undefined;
 
   /** @internal Made by `Client.acquire`, `Session.acquire` and a fleet member. */
   constructor(
@@ -168,9 +169,26 @@ export class Lease {
     await this.release();
   }
 
-  /** @internal Marks it lost for `reason` (a fleet's hand-off). */
+  /** @internal Marks it lost for `reason` (a fleet's grant taken back). */
   markLost(reason: LostReason, detail: string): void {
     this.liveness.lose(reason, detail);
+  }
+
+  /**
+   * For a fleet lease moved to another member (lost `handed-off`): when its work must be done
+   * and the resource released, in `performance.now()` milliseconds (the monotonic clock) — the
+   * assignment's arrival plus the service's `deadline_ms`, less a safety margin (a tenth of it,
+   * at least 100 ms); past the service's deadline it revokes the grant. Undefined for any other
+   * lease, and before the hand-off.
+   */
+  get releaseBy(): number | undefined {
+    return this.handOffBy;
+  }
+
+  /** @internal A fleet's hand-off, to be released by `by` (set before the signal aborts). */
+  markHandedOff(by: number, detail: string): void {
+    this.handOffBy ??= by;
+    this.liveness.lose("handed-off", detail);
   }
 
   /** Test hook: stop (`true`) or resume (`false`) sending renewals; the deadline still runs. */

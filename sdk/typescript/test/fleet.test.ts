@@ -118,6 +118,9 @@ describe("against the proxy", () => {
     assert.ok(took < drainMs / 4, `the hand-off took ${took} ms: the service's revocation, not the member's release`);
     for (const [i, { lease: old, reason }] of moved.entries()) {
       assert.equal(reasonOf(reason), "handed-off");
+      // To be released within the drain deadline (on the proxy's clock), less a tenth.
+      const by = old.releaseBy;
+      assert.ok(by !== undefined && by >= joined + drainMs / 2 && by <= performance.now() + drainMs * 0.9, `releaseBy ${by}`);
       const lease = taken[i];
       assert.equal(lease.resource, old.resource);
       assert.ok(lease.token > old.token);
@@ -272,16 +275,23 @@ describe("against the contract", () => {
       { state: "active", revision: "12", held: [held("a", "7"), held("c", "8")], releasing: [] },
       { state: "evicted", revision: "13", held: [], releasing: [] },
     );
+    const joining = performance.now();
     const member = await client.joinFleet("f", { member: "m", ttlSeconds: 30, pollWaitMs: 100 });
     const seen: string[] = [];
     const stopped: string[] = [];
+    const releaseBy = new Map<string, number | undefined>();
     await member.run(async (lease, signal) => {
       seen.push(`${lease.resource}:${lease.token}`);
       await new Promise<void>((resolve) => signal.addEventListener("abort", () => resolve(), { once: true }));
       stopped.push(`${lease.resource}:${(signal.reason as { reason: string }).reason}`);
+      releaseBy.set(`${lease.resource}:${lease.token}`, lease.releaseBy);
     });
     assert.deepEqual(seen, ["a:5", "b:6", "a:7", "c:8"]);
     assert.deepEqual(stopped.sort(), ["a:revoked", "a:revoked", "b:handed-off", "c:revoked"]);
+    // The answer's arrival plus its deadline_ms (2000) less the 200 ms margin; none for the revoked.
+    const by = releaseBy.get("b:6");
+    assert.ok(by !== undefined && by >= joining + 1800 && by <= performance.now() + 1800, `b's releaseBy ${by}`);
+    assert.deepEqual(["a:5", "a:7", "c:8"].map((l) => releaseBy.get(l)), [undefined, undefined, undefined]);
     await eventually(async () => released.includes("b"), 2000, "b released after its work stopped");
     assert.equal(member.held.length, 0);
     await member.leave();
