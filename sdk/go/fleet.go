@@ -286,5 +286,17 @@ func (m *Member) readView() (*memberView, error) {
 	if err != nil {
 		return nil, err
 	}
-	return parseMemberView(a.status, a.body)
+	v, err := parseMemberView(a.status, a.body)
+	if err != nil {
+		return nil, err
+	}
+	// A fleet grant lives on the member's session: one under another lease is not this
+	// member's, and a view listing it is not believed at all.
+	for _, h := range v.held {
+		if h.leaseID != m.session.id {
+			return nil, protocolErr(a.status, "fleet assignment: %s held under lease %s, not the member's session %s",
+				h.resource, h.leaseID, m.session.id)
+		}
+	}
+	return v, nil
 }

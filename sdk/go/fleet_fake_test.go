@@ -353,3 +353,60 @@ func TestAnOlderAssignmentNeverBringsBackALease(t *testing.T) {
 	default:
 	}
 }
+
+func TestHostileAMalformedAssignmentChangesNothing(t *testing.T) {
+	t.Parallel()
+	ff := newFleetFake(t,
+		view(1, "active", []string{heldJSON("a", 10)}),
+		// b granted under another lease than the member's session (900): not the member's.
+		view(2, "active", []string{heldJSON("a", 10), `{"resource":"b","lease_id":"901","token":"11","fencing_token":"v1.k1.0.11.n.m"}`}),
+		view(3, "active", []string{heldJSON("a", 10), `{"resource":"c","lease_id":"900","token":"twelve","fencing_token":"v1.k1.0.12.n.m"}`}),
+		view(4, "active", []string{heldJSON("a", 10)}, "d-without-deadline"),
+		view(5, "evicted", nil))
+	ff.views[3] = strings.Replace(ff.views[3], `,"deadline_ms":500`, "", 1)
+	c := client(t, ff.URL, leaseproxy.Options{NoLossWatch: true, Timeout: time.Second})
+	m, err := c.JoinFleet(ctxT(t), "f", &leaseproxy.JoinOptions{Member: "m1", Poll: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan string, 10)
+	ended := make(chan error, 10)
+	served := make(chan error, 1)
+	go func() {
+		served <- m.Serve(ctxT(t), func(ctx context.Context, l *leaseproxy.Lease) error {
+			started <- fmt.Sprintf("%s@%d", l.Resource(), l.Token())
+			<-ctx.Done()
+			ended <- leaseproxy.Cause(ctx)
+			return ctx.Err()
+		})
+	}()
+	select {
+	case s := <-started:
+		if s != "a@10" {
+			t.Fatalf("started %s", s)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("no assignment")
+	}
+	for step := 1; step <= 3; step++ {
+		ff.advance()
+		// Read, refused, and read again (a view applied would be waited past instead).
+		eventually(t, 3*time.Second, fmt.Sprintf("malformed view %d read again", step), func() bool { return ff.servedAt(step) >= 2 })
+		select {
+		case s := <-started:
+			t.Fatalf("malformed view %d delivered %s", step, s)
+		case err := <-ended:
+			t.Fatalf("malformed view %d ended a's work: %v", step, err)
+		default:
+		}
+	}
+	ff.advance() // evicted
+	select {
+	case err := <-served:
+		if err == nil || !strings.Contains(err.Error(), "evicted") {
+			t.Fatalf("Serve returned %v", err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("Serve did not return after the eviction")
+	}
+}

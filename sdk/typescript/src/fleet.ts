@@ -152,7 +152,8 @@ export class FleetMember {
    * The assignment's changes, from the first (everything held at once) on, by long polls; ends
    * when the member's session is lost (`signal.reason` says why: the service no longer knowing
    * the member — its session ended, it was replaced — included) or it is evicted. Transient
-   * failures are retried; any other refusal is thrown.
+   * failures and malformed answers (a foreign grant included) are retried, a malformed one
+   * changing nothing; any other refusal is thrown.
    */
   async *assignments(): AsyncGenerator<AssignmentChange> {
     let after: bigint | undefined;
@@ -170,7 +171,8 @@ export class FleetMember {
           this.pollWaitMs = shorter;
           continue;
         }
-        if (!isTransient(e)) throw e;
+        // A malformed answer changes nothing and is read again, as a transient failure is.
+        if (!isTransient(e) && !(e instanceof ProtocolError)) throw e;
         await sleep(Math.min(100 * 2 ** attempt++, 2000), this.session.signal);
         continue;
       }
@@ -193,7 +195,7 @@ export class FleetMember {
   private async poll(after: bigint | undefined): Promise<MemberView> {
     const wait = this.pollWaitMs;
     const query: Record<string, string> = after === undefined ? {} : { after: after.toString(), wait_ms: String(wait) };
-    return parseView(
+    const view = parseView(
       await this.internals.transport.call({
         method: "GET",
         path: this.path,
@@ -203,6 +205,13 @@ export class FleetMember {
         signal: this.session.signal,
       }),
     );
+    // A fleet grant lives on the member's session: one under another lease is not this
+    // member's, and a view listing it is not believed at all.
+    const foreign = view.held.find((h) => h.leaseId !== this.session.id);
+    if (foreign !== undefined) {
+      throw new ProtocolError(`fleet assignment: ${foreign.resource} held under lease ${foreign.leaseId}, not the member's session ${this.session.id}`);
+    }
+    return view;
   }
 
   /**

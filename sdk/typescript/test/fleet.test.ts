@@ -7,7 +7,7 @@
  * (a fleet read back, a drain without a secret, no such member, evict, delete); a proxy whose
  * `--max-wait` is shorter than the poll. Against a scripted proxy following the contract
  * (DESIGN §5.5): how assignments become leases, a grant delivered once, no release over a
- * successor grant, an older assignment answered after a newer one.
+ * successor grant, a malformed assignment, an older assignment answered after a newer one.
  */
 
 import assert from "node:assert/strict";
@@ -335,6 +335,29 @@ describe("against the contract", () => {
     });
     assert.deepEqual(seen, ["z:5", "z:7"]);
     assert.deepEqual(released, [], "no release for grants the member no longer held");
+  });
+
+  test("a malformed assignment changes nothing: not believed, read again", { timeout: 15_000 }, async () => {
+    const client = new Client(`http://127.0.0.1:${(server.address() as AddressInfo).port}`);
+    const a = held("a", "5");
+    views.push(
+      { state: "active", revision: "50", held: [a], releasing: [] },
+      // b granted under another lease than the member's session (9): not the member's.
+      { state: "active", revision: "51", held: [a, { ...held("b", "6"), lease_id: "8" }], releasing: [] },
+      { state: "active", revision: "52", held: [a, held("c", "twelve")], releasing: [] },
+      { state: "active", revision: "53", held: [a], releasing: [{ resource: "d" }] },
+      { state: "evicted", revision: "54", held: [], releasing: [] },
+    );
+    const member = await client.joinFleet("f", { member: "m", ttlSeconds: 30, pollWaitMs: 100 });
+    const seen: string[] = [];
+    const stopped: string[] = [];
+    await member.run(async (lease, signal) => {
+      seen.push(`${lease.resource}:${lease.token}`);
+      if (!signal.aborted) await new Promise((resolve) => signal.addEventListener("abort", resolve, { once: true }));
+      stopped.push(`${lease.resource}:${reasonOf(signal.reason)}`);
+    });
+    assert.deepEqual(seen, ["a:5"]);
+    assert.deepEqual(stopped, ["a:revoked"], "a's work went on until the eviction");
   });
 
   test("an older assignment never brings a lease back, and is not polled again in a tight loop", async () => {
