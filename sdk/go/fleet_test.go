@@ -4,7 +4,8 @@ package leaseproxy_test
 // writes through fence-gateway with their tokens; a second member joining takes some of them
 // — the first member's work on each is cancelled (handed-off) and the resource released well
 // within the drain deadline, the new member writes, the old token is refused —; a drain hands
-// off the rest; an evicted member ends; a member whose session ends is told.
+// off the rest; an evicted member ends; a member whose session ends is told; a join under a live
+// member's name replaces it and gets back what it held.
 
 import (
 	"context"
@@ -265,5 +266,49 @@ func TestAFleetMemberPollsWithinTheProxysMaxWait(t *testing.T) {
 	got = append(got, take(t, m.Assignments(), 1, 3*time.Second, "the resource added later", leaseName)...)
 	if got[0].Resource() != fleet+"-1" || got[1].Resource() != fleet+"-2" || m.Err() != nil {
 		t.Fatalf("assigned %s, %s; member %v", got[0].Resource(), got[1].Resource(), m.Err())
+	}
+}
+
+func TestAMemberJoiningAgainUnderItsNameGetsBackWhatItHeld(t *testing.T) {
+	// Static membership: a join under a live member's name replaces it — the old session is
+	// closed, and what it held goes to the new one before anyone else.
+	ctx := ctxT(t)
+	fleet := resource(t)
+	aisles := []string{fleet + "-1", fleet + "-2"}
+	if err := client(t, "", leaseproxy.Options{}).PutFleet(ctx, fleet, leaseproxy.FleetSpec{Resources: aisles}); err != nil {
+		t.Fatal(err)
+	}
+	join := func() (*leaseproxy.Member, *serving) {
+		m, err := client(t, "", leaseproxy.Options{}).JoinFleet(ctx, fleet, &leaseproxy.JoinOptions{Member: "m1", TTL: 10 * time.Second, Poll: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = m.Leave(ctx) })
+		return m, serve(ctx, m)
+	}
+	old, so := join()
+	before := take(t, so.started, 2, 5*time.Second, "the first member's assignments", leaseName)
+	again, sa := join()
+	for _, w := range take(t, so.ended, 2, 5*time.Second, "the replaced member's work cancelled", workedName) {
+		if !errors.Is(w.cause, leaseproxy.ErrLost) {
+			t.Fatalf("the replaced member's work on %s ended with %v", w.lease.Resource(), w.cause)
+		}
+	}
+	select {
+	case err := <-so.done:
+		if !errors.Is(err, leaseproxy.ErrLost) {
+			t.Fatalf("the replaced member's Serve returned %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the replaced member's Serve did not return")
+	}
+	after := take(t, sa.started, 2, 5*time.Second, "the new member's assignments", leaseName)
+	for i, l := range after {
+		if l.Resource() != before[i].Resource() || l.Token() <= before[i].Token() || l.LeaseID() != again.Session().ID() {
+			t.Fatalf("the new member got %s@%d on %s for %s@%d", l.Resource(), l.Token(), l.LeaseID(), before[i].Resource(), before[i].Token())
+		}
+	}
+	if old.Session().ID() == again.Session().ID() {
+		t.Fatal("the same session")
 	}
 }

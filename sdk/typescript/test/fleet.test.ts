@@ -3,7 +3,8 @@
  * fence-gateway with their tokens; a second member joining takes some — the first member's
  * work on each is aborted (`handed-off`) and the resource released well within the drain
  * deadline, the new member writes, the old member's late write is refused —; a drain hands off
- * the rest; an evicted member ends; a member whose session ends is told; the operator's calls
+ * the rest; an evicted member ends; a member whose session ends is told; a join under a live
+ * member's name replaces it and gets back what it held; the operator's calls
  * (a fleet read back, a drain without a secret, no such member, evict, delete); a proxy whose
  * `--max-wait` is shorter than the poll. Against a scripted proxy following the contract
  * (DESIGN §5.5): how assignments become leases, a grant delivered once, no release over a
@@ -212,6 +213,34 @@ describe("against the proxy", () => {
     await admin.deleteFleet(fleet);
     await admin.deleteFleet(fleet);
     assert.equal(await admin.getFleet(fleet), undefined);
+  });
+
+  test("a member joining again under its name replaces the old one and gets back what it held", async () => {
+    // Static membership: the old session is closed, and what it held goes to the new one first.
+    const fleet = unique("rejoin");
+    const aisles = [`${fleet}-1`, `${fleet}-2`];
+    await new Client(proxy).putFleet(fleet, { resources: aisles });
+    const join = async () => {
+      const m = await new Client(proxy).joinFleet(fleet, { member: "m1", ttlSeconds: 10, pollWaitMs: 2000 });
+      const w = worker();
+      return { m, w, running: m.run(w.work) };
+    };
+    const old = await join();
+    const before = byResource(await old.w.started.take(2, 5000, "the first member's assignments"));
+    const again = await join();
+    const ended = await old.w.ended.take(2, 5000, "the replaced member's work aborted");
+    for (const e of ended) assert.ok(e.reason instanceof LostError, `ended with ${String(e.reason)}`);
+    await old.running;
+    assert.ok(old.m.signal.reason instanceof LostError);
+    const after = byResource(await again.w.started.take(2, 5000, "the new member's assignments"));
+    assert.notEqual(again.m.session.id, old.m.session.id);
+    for (const [i, lease] of after.entries()) {
+      assert.equal(lease.resource, before[i].resource);
+      assert.ok(lease.token > before[i].token);
+      assert.equal(lease.leaseId, again.m.session.id);
+    }
+    await again.m.leave();
+    await again.running;
   });
 
   test("a member polls within the proxy's --max-wait", async () => {
