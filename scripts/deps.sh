@@ -99,19 +99,20 @@ check_browser_deps() {
 # Debian's node, which runs the client's cases, and npm, which installs its pinned tree
 # (`npm ci` in scripts/python-tests.sh); checked as the files the test and the script run, since
 # another `node` or `npm` on PATH may be any version. Debian packages npm apart from nodejs.
-# The TypeScript SDK's tests (scripts/typescript-tests.sh) use the same two and need Node 20.3 or
-# later, which that script checks.
+# The TypeScript SDK's tests (scripts/typescript-tests.sh) use the same two and need Node 18.8 or
+# later (bookworm's is 18.20), whose features that script checks.
 check_node_deps() {
   [ -x /usr/bin/node ] || deps_need nodejs
   [ -x /usr/bin/npm ] || deps_need npm
 }
 
 # What scripts/go-tests.sh uses: Debian's Go toolchain (golang-go; Go 1.19 on bookworm), checked
-# as the file the script runs and by running it, and the source of Debian's lib/pq, which the
-# Go SDK's PostgreSQL test module (sdk/go/pgtest) builds against with a `replace` directive —
-# no Go module proxy is needed, or reached: the SDK itself uses only the standard library.
+# as the files the script runs (go, and gofmt, which the same package ships) and by running go,
+# and the source of Debian's lib/pq, which the Go SDK's PostgreSQL test module (sdk/go/pgtest)
+# builds against with a `replace` directive — no Go module proxy is needed, or reached: the SDK
+# itself uses only the standard library.
 check_go_deps() {
-  { [ -x /usr/bin/go ] && /usr/bin/go version >/dev/null 2>&1; } || deps_need golang-go
+  { [ -x /usr/bin/go ] && [ -x /usr/bin/gofmt ] && /usr/bin/go version >/dev/null 2>&1; } || deps_need golang-go
   [ -f /usr/share/gocode/src/github.com/lib/pq/go.mod ] || deps_need golang-github-lib-pq-dev
 }
 

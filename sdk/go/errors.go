@@ -23,7 +23,8 @@ var (
 	ErrLost = errors.New("leaseproxy: lease lost")
 	// ErrSessionLost: the session ended (410 session-lost, or a lease lost with its session).
 	ErrSessionLost = errors.New("leaseproxy: session lost")
-	// ErrNotFound: the resource is free (404 not-found) or the session is gone (404 no-session).
+	// ErrNotFound: the resource is free (404 not-found), the session is gone (404 no-session),
+	// or there is no such fleet or member (404 no-fleet, no-member).
 	ErrNotFound = errors.New("leaseproxy: not found")
 	// ErrCompacted: a watch's resume point left etcd's history (410 events-compacted): list
 	// again and watch without a last event id.
@@ -79,7 +80,7 @@ func (e *ProblemError) Is(target error) bool {
 		return target == ErrLost
 	case "session-lost":
 		return target == ErrLost || target == ErrSessionLost
-	case "not-found", "no-session":
+	case "not-found", "no-session", "no-fleet", "no-member":
 		return target == ErrNotFound
 	case "events-compacted":
 		return target == ErrCompacted

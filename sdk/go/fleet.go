@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -21,7 +22,8 @@ type JoinOptions struct {
 	Weight int
 	// SafetyMargin overrides Options.SafetyMargin for the session.
 	SafetyMargin time.Duration
-	// Poll is how long one long poll of the assignment waits for a change (default 20 s).
+	// Poll is how long one long poll of the assignment waits for a change (default 20 s; a
+	// proxy whose --max-wait is shorter refuses it, and the member polls with its maximum).
 	Poll time.Duration
 }
 
@@ -37,11 +39,12 @@ type Member struct {
 	session *Session
 	poll    time.Duration
 
-	mu       sync.Mutex
-	leases   map[string]*Lease
-	state    string
-	revision string
-	err      error
+	mu     sync.Mutex
+	leases map[string]*Lease
+	state  string
+	// revision is the assignment's last applied (applied: one was).
+	revision uint64
+	applied  bool
 
 	delivery delivery
 	ended    chan struct{}
@@ -110,15 +113,11 @@ func (m *Member) State() string {
 // when the member ends (left, evicted, replaced, or its session lost).
 func (m *Member) Assignments() <-chan *Lease { return m.delivery.out }
 
-// Err is nil while the member follows its assignment, then why it stopped.
-func (m *Member) Err() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.err != nil {
-		return m.err
-	}
-	return m.session.Err()
-}
+// Err is nil while the member follows its assignment, then why it stopped: its session's
+// *LostError (matching ErrLost and ErrSessionLost), whose Unwrap is what ended it — the
+// service's 404 no-member when the session ended under it, the eviction, a refusal —
+// or ReasonReleased after Leave.
+func (m *Member) Err() error { return m.session.Err() }
 
 // Serve runs fn for each assignment, in a goroutine of its own, with a context cancelled when
 // the resource is handed off or lost (or ctx is done), and releases the resource when fn
@@ -173,22 +172,75 @@ func (m *Member) memberPath() string {
 
 func fleetPath(fleet string) string { return "/v1/fleets/" + segment(fleet) }
 
+func (m *Member) pollWait() time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.poll
+}
+
+// minPoll is the shortest long poll a member settles for: below it, a proxy that refuses the
+// wait is a refusal.
+const minPoll = 100 * time.Millisecond
+
+// shorterPoll: when err is the proxy's refusal of a poll's wait_ms (400 invalid-field, longer
+// than its --max-wait), the wait to use instead — the "at most N" it names, else half of
+// current.
+func shorterPoll(err error, current time.Duration) (time.Duration, bool) {
+	var pe *ProblemError
+	if !errors.As(err, &pe) || pe.Status != http.StatusBadRequest || pe.Slug() != "invalid-field" ||
+		!strings.Contains(pe.Detail, "wait_ms") {
+		return 0, false
+	}
+	next := current / 2
+	if i := strings.Index(pe.Detail, "at most "); i >= 0 {
+		digits := pe.Detail[i+len("at most "):]
+		if j := strings.IndexFunc(digits, func(r rune) bool { return r < '0' || r > '9' }); j >= 0 {
+			digits = digits[:j]
+		}
+		if ms, err := strconv.ParseInt(digits, 10, 64); err == nil && time.Duration(ms)*time.Millisecond < current {
+			next = time.Duration(ms) * time.Millisecond
+		}
+	}
+	return next, next >= minPoll
+}
+
 // run follows the assignment by long polls until the member ends.
 func (m *Member) run() {
 	defer close(m.ended)
 	defer m.delivery.stop()
 	backoff := firstRetryPause
 	for m.session.Err() == nil {
-		v, err := m.read()
+		v, err := m.readView()
+		received := time.Now()
 		if err == nil {
 			backoff = firstRetryPause
-			if m.apply(v) {
-				return
+			switch last, applied := m.lastApplied(); {
+			case applied && v.revision < last:
+				// Older than what was applied (a lagging replica, a reordering relay): applying
+				// it would bring back grants handed off or revoked since. Asked again after a
+				// pause, so that a server answering so at once is not polled in a tight loop.
+				m.c.logf("leaseproxy: fleet %s: an assignment of revision %d after %d: ignored", m.fleet, v.revision, last)
+				if !sleepCtx(m.session.Context(), firstRetryPause) {
+					return
+				}
+			case applied && v.revision == last:
+				// The wait ended without a change.
+			default:
+				if m.apply(v, received) {
+					return
+				}
 			}
 			continue
 		}
 		if m.session.Err() != nil {
 			return
+		}
+		if shorter, ok := shorterPoll(err, m.pollWait()); ok {
+			m.c.logf("leaseproxy: fleet %s: the proxy waits at most %s: polling with that", m.fleet, shorter)
+			m.mu.Lock()
+			m.poll = shorter
+			m.mu.Unlock()
+			continue
 		}
 		if refused(err) {
 			// Not a member any more (evicted, replaced, or its session ended): its grants are
@@ -208,28 +260,43 @@ func (m *Member) run() {
 
 // end stops the member for err: its session (and so every assignment) is lost, and closed.
 func (m *Member) end(err error) {
-	m.mu.Lock()
-	if m.err == nil {
-		m.err = err
-	}
-	m.mu.Unlock()
 	m.session.live.lose(&LostError{Reason: ReasonRevoked, Err: err})
 	go func() { _ = m.session.Close(context.Background()) }()
 }
 
-// read is one long poll of the member's assignment: answered once it changes past the last
-// revision read, or after m.poll.
-func (m *Member) read() (*memberView, error) {
-	q := url.Values{"wait_ms": {strconv.FormatInt(m.poll.Milliseconds(), 10)}}
+// lastApplied is the revision of the assignment last applied, and whether one was.
+func (m *Member) lastApplied() (uint64, bool) {
 	m.mu.Lock()
-	if m.revision != "" {
-		q.Set("after", m.revision)
+	defer m.mu.Unlock()
+	return m.revision, m.applied
+}
+
+// readView is one long poll of the member's assignment: answered once it changes past the last
+// revision applied, or after m.poll.
+func (m *Member) readView() (*memberView, error) {
+	m.mu.Lock()
+	poll := m.poll
+	q := url.Values{"wait_ms": {strconv.FormatInt(poll.Milliseconds(), 10)}}
+	if m.applied {
+		q.Set("after", strconv.FormatUint(m.revision, 10))
 	}
 	m.mu.Unlock()
 	a, err := m.c.do(m.session.Context(), call{method: http.MethodGet, path: m.memberPath(), query: q,
-		header: secretHeader(m.session.secret), timeout: m.poll + m.c.opts.Timeout})
+		header: secretHeader(m.session.secret), timeout: poll + m.c.opts.Timeout})
 	if err != nil {
 		return nil, err
 	}
-	return parseMemberView(a.status, a.body)
+	v, err := parseMemberView(a.status, a.body)
+	if err != nil {
+		return nil, err
+	}
+	// A fleet grant lives on the member's session: one under another lease is not this
+	// member's, and a view listing it is not believed at all.
+	for _, h := range v.held {
+		if h.leaseID != m.session.id {
+			return nil, protocolErr(a.status, "fleet assignment: %s held under lease %s, not the member's session %s",
+				h.resource, h.leaseID, m.session.id)
+		}
+	}
+	return v, nil
 }

@@ -5,14 +5,22 @@ import (
 	"encoding/json"
 	"errors"
 	"sync"
+	"time"
 )
 
 // memberView is a member's assignment as the service answers it.
 type memberView struct {
 	state     string
-	revision  string
+	revision  uint64
 	held      []heldGrant
-	releasing []string
+	releasing []releasingEntry
+}
+
+// releasingEntry is a resource moved away from the member: release it by deadline, counted
+// from the answer's arrival.
+type releasingEntry struct {
+	resource string
+	deadline time.Duration
 }
 
 type heldGrant struct {
@@ -26,7 +34,7 @@ func parseMemberView(status int, body []byte) (*memberView, error) {
 		return nil, err
 	}
 	v := &memberView{}
-	if v.revision, err = f.str(status, "revision"); err != nil {
+	if v.revision, err = f.decimal(status, "revision"); err != nil {
 		return nil, err
 	}
 	if v.state, err = f.str(status, "state"); err != nil {
@@ -57,31 +65,71 @@ func parseMemberView(status int, body []byte) (*memberView, error) {
 		v.held = append(v.held, g)
 	}
 	for _, raw := range releasing {
-		r, err := decodeObject(status, raw, "resource")
+		r, err := decodeObject(status, raw, "resource", "deadline_ms")
 		if err != nil {
 			return nil, err
 		}
-		name, err := r.str(status, "resource")
+		var e releasingEntry
+		if e.resource, err = r.str(status, "resource"); err != nil {
+			return nil, err
+		}
+		ms, err := r.count(status, "deadline_ms")
 		if err != nil {
 			return nil, err
 		}
-		v.releasing = append(v.releasing, name)
+		if ms > uint64(maxRelease/time.Millisecond) {
+			ms = uint64(maxRelease / time.Millisecond)
+		}
+		e.deadline = time.Duration(ms) * time.Millisecond
+		v.releasing = append(v.releasing, e)
 	}
 	return v, nil
 }
 
-// apply brings the member's leases to v: a newly held resource becomes a lease delivered on
-// Assignments; one in releasing is lost (ReasonHandedOff) — or released at once if it was never
-// delivered —; one in neither is lost (ReasonRevoked). Returns whether the member has ended
+// maxRelease caps a hand-off's deadline_ms (the service allows drain_ms up to an hour).
+const maxRelease = time.Hour
+
+// releaseBy is when a hand-off told in an answer that arrived at received, with deadline left
+// before the service revokes the grant, must be done: less a margin of a tenth of it, at least
+// 100 ms (and never before received).
+func releaseBy(received time.Time, deadline time.Duration) time.Time {
+	margin := deadline / 10
+	if margin < 100*time.Millisecond {
+		margin = 100 * time.Millisecond
+	}
+	if deadline < margin {
+		return received
+	}
+	return received.Add(deadline - margin)
+}
+
+// ReleaseBy is, for a fleet lease moved to another member (lost with ReasonHandedOff), when the
+// work on it must be finished and the resource released, on the monotonic clock: the
+// assignment's arrival plus the service's deadline_ms, less a safety margin (a tenth of it, at
+// least 100 ms). Past the service's deadline it revokes the grant. ok is false for any other
+// lease, and before the hand-off.
+func (l *Lease) ReleaseBy() (by time.Time, ok bool) {
+	if p := l.releaseBy.Load(); p != nil {
+		return *p, true
+	}
+	return time.Time{}, false
+}
+
+// apply brings the member's leases to v, an answer that arrived at received: a newly held
+// resource becomes a lease delivered on Assignments; one in releasing is lost (ReasonHandedOff,
+// with its ReleaseBy) — or released at once if it was never delivered —; one in neither is lost
+// (ReasonRevoked). Returns whether the member has ended
 // (evicted).
-func (m *Member) apply(v *memberView) bool {
+func (m *Member) apply(v *memberView, received time.Time) bool {
 	m.mu.Lock()
-	m.state, m.revision = v.state, v.revision
+	m.state, m.revision, m.applied = v.state, v.revision, true
 	seen := map[string]bool{}
 	var fresh []*Lease
 	for _, h := range v.held {
 		seen[h.resource] = true
-		if l := m.leases[h.resource]; l != nil && l.Token() == h.token && l.live.err() == nil {
+		// The same grant: delivered once, and never again once lost here (its work returned and
+		// released it while this view was on its way, say).
+		if l := m.leases[h.resource]; l != nil && l.Token() == h.token {
 			continue
 		}
 		if l, err := m.grantOf(h); err != nil {
@@ -93,11 +141,14 @@ func (m *Member) apply(v *memberView) bool {
 	var handedOff, gone []*Lease
 	var undelivered []string
 	for _, r := range v.releasing {
-		seen[r] = true
-		if l := m.leases[r]; l != nil {
+		seen[r.resource] = true
+		if l := m.leases[r.resource]; l != nil {
+			// Told once: the deadline of the first view that listed the hand-off.
+			by := releaseBy(received, r.deadline)
+			l.releaseBy.CompareAndSwap(nil, &by)
 			handedOff = append(handedOff, l)
 		} else {
-			undelivered = append(undelivered, r)
+			undelivered = append(undelivered, r.resource)
 		}
 	}
 	for r, l := range m.leases {
@@ -150,7 +201,17 @@ func (m *Member) grantOf(h heldGrant) (*Lease, error) {
 	if err := checkGrant(200, g, h.resource); err != nil {
 		return nil, err
 	}
-	return m.c.newLease(g, m.session.live.under(g.Resource, g.Token)), nil
+	l := m.c.newLease(g, m.session.live.under(g.Resource, g.Token))
+	l.member = m
+	return l, nil
+}
+
+// holds reports whether l is the member's grant of its resource as last read (held, or to
+// hand off).
+func (m *Member) holds(l *Lease) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.leases[l.Resource()] == l
 }
 
 // delivery hands leases to Assignments in order without ever blocking the member's loop: a

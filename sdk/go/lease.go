@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -42,6 +43,11 @@ type Lease struct {
 	live  *liveness
 	ctx   *leaseContext
 	stop  chan struct{}
+	// member is the fleet member it was assigned to (nil for any other lease): its release
+	// is sent only while the member still holds this grant.
+	member *Member
+	// releaseBy is when a fleet lease handed off must be released (nil: not handed off).
+	releaseBy atomic.Pointer[time.Time]
 
 	once   sync.Once
 	relErr error
@@ -199,10 +205,18 @@ func (l *Lease) Bind(parent context.Context) (context.Context, context.CancelFun
 
 // Release stops renewing, marks the lease lost (ReasonReleased, unless it was lost already)
 // and releases it on the server. Idempotent: later calls return the first one's result.
+//
+// A fleet's lease is released only while its member still holds that grant (its assignment
+// lists it held or to hand off): the session's secret proves every grant under the session,
+// so a late release of a grant already taken back could end a later grant of the same
+// resource to the same member.
 func (l *Lease) Release(ctx context.Context) error {
 	l.once.Do(func() {
 		close(l.stop)
 		l.live.lose(&LostError{Reason: ReasonReleased})
+		if l.member != nil && !l.member.holds(l) {
+			return
+		}
 		l.relErr = l.c.Release(ctx, l.grant.Resource, l.grant.Secret)
 	})
 	return l.relErr

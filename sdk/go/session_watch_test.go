@@ -3,6 +3,7 @@ package leaseproxy_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -78,7 +79,16 @@ func TestTheEventStreamResumesAfterItsLastId(t *testing.T) {
 	c := client(t, "", leaseproxy.Options{})
 	prefix := resource(t)
 	ctx := ctxT(t)
-	events := c.Watch(ctx, prefix, "")
+	// A stream without a last id starts where its connection (made in the background) lands,
+	// which may be after the acquire below: this one starts after a revision read first.
+	mark, err := c.Acquire(ctx, "mark-"+prefix, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mark.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	events := c.Watch(ctx, prefix, strconv.FormatUint(mark.Token(), 10))
 	l, err := c.Acquire(ctx, prefix+"-a", nil)
 	if err != nil {
 		t.Fatal(err)

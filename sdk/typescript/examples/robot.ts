@@ -45,8 +45,9 @@ const say = (line: string) => console.log(`event ${line}`);
 function count(signal: AbortSignal): Promise<number> {
   const ms = Number(args["count-ms"]) * (0.4 + 1.2 * Math.random());
   return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => resolve(Math.floor(Math.random() * 500)), ms);
-    signal.addEventListener("abort", () => (clearTimeout(timer), reject(signal.reason)), { once: true });
+    const stop = () => (clearTimeout(timer), reject(signal.reason));
+    const timer = setTimeout(() => (signal.removeEventListener("abort", stop), resolve(Math.floor(Math.random() * 500))), ms);
+    signal.addEventListener("abort", stop, { once: true });
   });
 }
 

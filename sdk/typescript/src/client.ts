@@ -25,7 +25,7 @@ import { Keeper, sleep, type RenewTarget } from "./renewal.js";
 import { Session } from "./session.js";
 import { Faults, type TestMode } from "./testmode.js";
 import { EventStream, type WatchOptions } from "./watch.js";
-import { deleteFleet, join, putFleet, type FleetMember, type FleetSpec, type JoinOptions } from "./fleet.js";
+import { deleteFleet, drainMember, evictMember, getFleet, join, putFleet, type FleetMember, type FleetSpec, type FleetView, type JoinOptions } from "./fleet.js";
 
 /** How a client talks to the proxy and keeps its leases. */
 export interface ClientOptions extends TransportOptions {
@@ -217,6 +217,24 @@ export class Client {
   /** Ends `fleet`: its members' grants of its resources are released. */
   async deleteFleet(fleet: string): Promise<void> {
     return deleteFleet(this.internals, fleet);
+  }
+
+  /** `fleet` as it stands, without secrets; undefined when there is none. */
+  async getFleet(fleet: string): Promise<FleetView | undefined> {
+    return getFleet(this.internals, fleet);
+  }
+
+  /**
+   * Drains `member` of `fleet` (an operator's call, no secret): it hands everything off and takes
+   * nothing new; a member with nobody to hand off to keeps what it holds.
+   */
+  async drainMember(fleet: string, member: string): Promise<void> {
+    return drainMember(this.internals, fleet, member);
+  }
+
+  /** Evicts `member` from `fleet` (an operator's call): its grants end at once, it gets nothing until it joins again. */
+  async evictMember(fleet: string, member: string): Promise<void> {
+    return evictMember(this.internals, fleet, member);
   }
 
   /** The ownership events of resources starting with `prefix`, as an async iterator (see EventStream). */

@@ -5,7 +5,7 @@
  * session is lost. The assignment is read by long polls.
  */
 
-import { LeaseProxyError, SessionLostError, isTransient } from "./errors.js";
+import { ProblemError, ProtocolError, SessionLostError, isTransient } from "./errors.js";
 import { SECRET_HEADER, segment } from "./http.js";
 import { Lease } from "./lease.js";
 import { Liveness } from "./liveness.js";
@@ -22,7 +22,7 @@ export interface JoinOptions {
   ttlSeconds: number;
   /** Its share's weight, 1 to 1000. */
   weight?: number;
-  /** How long each long poll of the assignment waits for a change (default 10 s, ≤ the proxy's `--max-wait`). */
+  /** How long each long poll of the assignment waits for a change (default 10 s; a proxy whose `--max-wait` is shorter refuses it, and the member then polls with its maximum). */
   pollWaitMs?: number;
 }
 
@@ -36,7 +36,10 @@ export interface AssignmentChange {
   held: Lease[];
   /** Newly assigned: start working on these. */
   added: Lease[];
-  /** Moved away: their signals are aborted (`handed-off`); release each once its work has stopped. */
+  /**
+   * Moved away: their signals are aborted (`handed-off`); release each once its work has
+   * stopped, by its `releaseBy`.
+   */
   releasing: Lease[];
   /** Gone without a hand-off (revoked, the member evicted): their signals are aborted. */
   removed: Lease[];
@@ -60,7 +63,21 @@ interface MemberView {
   state: string;
   revision: bigint;
   held: HeldGrant[];
-  releasing: string[];
+  /** Resources moved away, each with the milliseconds left to release it (on the proxy's clock). */
+  releasing: Map<string, number>;
+}
+
+/** The longest hand-off deadline believed (the service allows `drain_ms` up to an hour). */
+const MAX_RELEASE_MS = 3_600_000;
+
+/**
+ * When a hand-off told in an answer that arrived at `received` (performance.now() ms), with
+ * `deadlineMs` left before the service revokes the grant, must be done: less a margin of a tenth
+ * of it, at least 100 ms, and never before `received`.
+ */
+export function releaseBy(received: number, deadlineMs: number): number {
+  const left = Math.min(deadlineMs, MAX_RELEASE_MS);
+  return received + Math.max(0, left - Math.max(left / 10, 100));
 }
 
 function parseView(body: unknown): MemberView {
@@ -72,16 +89,41 @@ function parseView(body: unknown): MemberView {
       const g = new Fields(h, "fleet assignment: held");
       return { resource: g.string("resource"), leaseId: g.string("lease_id"), token: g.decimal("token"), fencingToken: g.string("fencing_token") };
     }),
-    releasing: f.array("releasing").map((r) => new Fields(r, "fleet assignment: releasing").string("resource")),
+    releasing: new Map(
+      f.array("releasing").map((r) => {
+        const g = new Fields(r, "fleet assignment: releasing");
+        return [g.string("resource"), g.count("deadline_ms")];
+      }),
+    ),
   };
 }
 
 const fleetPath = (fleet: string) => `/v1/fleets/${segment(fleet)}`;
 
+/** The shortest long poll a member settles for: below it, a proxy refusing the wait is a refusal. */
+const MIN_POLL_MS = 100;
+
+/**
+ * When `e` is the proxy's refusal of a poll's `wait_ms` (400 `invalid-field`: longer than its
+ * `--max-wait`), the wait to use instead: the "at most N" it names, else half of `current`.
+ */
+function shorterWait(e: unknown, current: number): number | undefined {
+  if (!(e instanceof ProblemError) || e.status !== 400 || e.slug !== "invalid-field") return undefined;
+  const detail = e.problem.detail ?? "";
+  if (!detail.includes("wait_ms")) return undefined;
+  const named = /at most (\d+)/.exec(detail);
+  const next = named !== null && Number(named[1]) < current ? Number(named[1]) : Math.floor(current / 2);
+  return next >= MIN_POLL_MS ? next : undefined;
+}
+
 /** A member of a fleet: its session, its assignment, drain and leave. */
 export class FleetMember {
   private readonly current = new Map<string, Lease>();
+  /** The leases of `current` told they were moved away, until the view stops listing them. */
+  private readonly handedOff = new Set<Lease>();
   private readonly path: string;
+  /** How long each long poll waits: the option, shortened to the proxy's `--max-wait` when it refuses it. */
+  private pollWaitMs: number;
 
   /** @internal Made by `Client.joinFleet`. */
   constructor(
@@ -90,9 +132,10 @@ export class FleetMember {
     readonly member: string,
     /** The member's session: its loss ends every lease of the fleet it holds. */
     readonly session: Session,
-    private readonly options: JoinOptions,
+    options: JoinOptions,
   ) {
     this.path = `${fleetPath(fleet)}/members/${segment(member)}`;
+    this.pollWaitMs = options.pollWaitMs ?? 10_000;
   }
 
   /** Aborted when the member's session is lost. */
@@ -107,32 +150,52 @@ export class FleetMember {
 
   /**
    * The assignment's changes, from the first (everything held at once) on, by long polls; ends
-   * when the member's session is lost or it is evicted. Transient failures are retried.
+   * when the member's session is lost (`signal.reason` says why: the service no longer knowing
+   * the member — its session ended, it was replaced — included) or it is evicted. Transient
+   * failures and malformed answers (a foreign grant included) are retried, a malformed one
+   * changing nothing; any other refusal is thrown.
    */
   async *assignments(): AsyncGenerator<AssignmentChange> {
     let after: bigint | undefined;
     for (let attempt = 0; !this.session.isLost(); ) {
       let view: MemberView;
+      let received: number;
       try {
         view = await this.poll(after);
+        received = performance.now();
         attempt = 0;
       } catch (e) {
-        if (this.session.isLost()) return;
-        if (!isTransient(e)) throw this.ended(e);
+        if (this.session.isLost() || this.ended(e)) return;
+        const shorter = shorterWait(e, this.pollWaitMs);
+        if (shorter !== undefined) {
+          this.pollWaitMs = shorter;
+          continue;
+        }
+        // A malformed answer changes nothing and is read again, as a transient failure is.
+        if (!isTransient(e) && !(e instanceof ProtocolError)) throw e;
         await sleep(Math.min(100 * 2 ** attempt++, 2000), this.session.signal);
         continue;
       }
-      if (after !== undefined && view.revision <= after) continue; // the wait ended without a change
+      if (after !== undefined && view.revision < after) {
+        // Older than what was applied (a lagging replica, a reordering relay): applying it would
+        // bring back grants handed off or revoked since. Asked again after a pause, so that a
+        // server answering so at once is not polled in a tight loop.
+        await sleep(100, this.session.signal);
+        continue;
+      }
+      if (after !== undefined && view.revision === after) continue; // the wait ended without a change
       after = view.revision;
-      yield this.apply(view);
+      const change = this.apply(view, received);
+      if (view.state === "evicted") this.over("the member was evicted from the fleet");
+      yield change;
       if (view.state === "evicted") return;
     }
   }
 
   private async poll(after: bigint | undefined): Promise<MemberView> {
-    const wait = this.options.pollWaitMs ?? 10_000;
+    const wait = this.pollWaitMs;
     const query: Record<string, string> = after === undefined ? {} : { after: after.toString(), wait_ms: String(wait) };
-    return parseView(
+    const view = parseView(
       await this.internals.transport.call({
         method: "GET",
         path: this.path,
@@ -142,35 +205,68 @@ export class FleetMember {
         signal: this.session.signal,
       }),
     );
-  }
-
-  /** A refusal of the poll: the member is gone (session lost) or the proxy says no. */
-  private ended(e: unknown): unknown {
-    if (e instanceof SessionLostError || (e instanceof LeaseProxyError && "status" in e && (e.status === 403 || e.status === 404))) {
-      this.session.liveness.lose("revoked", `the fleet no longer knows this member: ${(e as Error).message}`);
+    // A fleet grant lives on the member's session: one under another lease is not this
+    // member's, and a view listing it is not believed at all.
+    const foreign = view.held.find((h) => h.leaseId !== this.session.id);
+    if (foreign !== undefined) {
+      throw new ProtocolError(`fleet assignment: ${foreign.resource} held under lease ${foreign.leaseId}, not the member's session ${this.session.id}`);
     }
-    return e;
+    return view;
   }
 
-  /** Takes in an assignment: the leases added, handed off and removed since the last one. */
-  private apply(view: MemberView): AssignmentChange {
+  /**
+   * Whether a refusal of the poll means the member is gone — 404 `no-member` (its session
+   * ended), `no-fleet`, 403 `not-member` (replaced by a new join), 410 `session-lost` —: then
+   * its session is lost with that reason.
+   */
+  private ended(e: unknown): boolean {
+    const gone = e instanceof SessionLostError || (e instanceof ProblemError && (e.status === 403 || e.status === 404));
+    if (gone) this.over(`the fleet no longer knows this member: ${(e as Error).message}`);
+    return gone;
+  }
+
+  /**
+   * The member is over — evicted (it gets nothing until it joins again), or unknown to the
+   * service —: its session is lost, and closed rather than kept alive for nothing (a deleted
+   * fleet's members' sessions stay open on the server).
+   */
+  private over(detail: string): void {
+    this.session.liveness.lose("revoked", detail);
+    this.session.close().catch(() => {});
+  }
+
+  /**
+   * Takes in an assignment that arrived at `received`: the leases added, handed off (with their
+   * `releaseBy`) and removed since the last one.
+   */
+  private apply(view: MemberView, received: number): AssignmentChange {
     const change: AssignmentChange = { revision: view.revision, state: view.state, held: [], added: [], releasing: [], removed: [] };
     const assigned = new Map(view.held.map((h) => [h.resource, h]));
+    const moving = view.releasing;
     for (const [resource, lease] of this.current) {
-      if (assigned.get(resource)?.token === lease.token && !lease.isLost()) continue;
-      this.current.delete(resource);
-      if (view.releasing.includes(resource)) {
-        this.lose(lease, "handed-off", "the fleet moved it to another member: release it");
-        change.releasing.push(lease);
-      } else {
-        this.lose(lease, "revoked", `no longer assigned (assignment revision ${view.revision})`);
-        change.removed.push(lease);
+      const h = assigned.get(resource);
+      // The same grant: delivered once, and never again once lost here (its work returned and
+      // released it while this view was on its way, say).
+      if (h?.token === lease.token) continue;
+      if (h === undefined && moving.has(resource)) {
+        // Moved away: told once, and kept while the view lists it, so that it is released when
+        // its work has returned, not as a grant never seen.
+        if (!this.handedOff.has(lease)) {
+          this.handedOff.add(lease);
+          lease.markHandedOff(releaseBy(received, moving.get(resource) ?? 0), "the fleet moved it to another member: release it");
+          change.releasing.push(lease);
+        }
+        continue;
       }
+      this.current.delete(resource);
+      if (this.handedOff.delete(lease)) continue;
+      this.lose(lease, "revoked", `no longer assigned (assignment revision ${view.revision})`);
+      change.removed.push(lease);
     }
     for (const h of view.held) {
       const known = this.current.get(h.resource);
       if (known !== undefined) {
-        change.held.push(known);
+        if (!known.isLost()) change.held.push(known);
         continue;
       }
       const lease = this.lease(h);
@@ -178,7 +274,16 @@ export class FleetMember {
       change.held.push(lease);
       change.added.push(lease);
     }
+    // Granted and moved away between two reads: nothing of this member's runs on it, so it is
+    // given back at once rather than at the drain deadline.
+    for (const resource of moving.keys()) if (!this.current.has(resource)) this.releaseUnseen(resource);
     return change;
+  }
+
+  private releaseUnseen(resource: string): void {
+    this.internals.transport
+      .call({ method: "DELETE", path: `/v1/leases/${segment(resource)}`, headers: { [SECRET_HEADER]: this.session.opened.secret } })
+      .catch(() => {});
   }
 
   private lease(h: HeldGrant): Lease {
@@ -195,28 +300,37 @@ export class FleetMember {
     };
     const liveness = new Liveness(h.resource, 0, this.session.liveness);
     this.internals.watchLoss(h.resource, h.token, liveness);
-    return new Lease(this.internals, grant, liveness);
+    // Released only while this member still holds this grant (held, or to hand off).
+    const lease: Lease = new Lease(this.internals, grant, liveness, undefined, () => this.current.get(h.resource) === lease);
+    return lease;
   }
 
-  private lose(lease: Lease, reason: "handed-off" | "revoked", detail: string): void {
+  private lose(lease: Lease, reason: "revoked", detail: string): void {
     lease.markLost(reason, detail);
   }
 
   /**
-   * Runs `work` for every resource assigned, with the lease's signal; when one is moved away
-   * its signal is aborted, and once its work has returned it is released. Resolves when the
-   * member's session is lost or it is evicted (after leave(), say).
+   * Runs `work` for every resource assigned, with the lease's signal (aborted when it is moved
+   * away, taken back, or the session is lost), and releases the resource once its work has
+   * returned — a moved one as the contract asks; one still assigned is given back, and the
+   * service grants it again (to this member, likely) under a new token. Resolves when the
+   * member's session is lost or it is evicted (after leave(), say), once every work returned.
    */
   async run(work: (lease: Lease, signal: AbortSignal) => Promise<void>): Promise<void> {
-    const running = new Map<Lease, Promise<void>>();
-    const finish = (lease: Lease) => {
-      void (running.get(lease) ?? Promise.resolve()).then(() => lease.release().catch(() => {}));
-    };
-    for await (const change of this.assignments()) {
-      for (const lease of change.added) running.set(lease, work(lease, lease.signal).catch(() => {}));
-      for (const lease of change.releasing) finish(lease);
+    const running = new Set<Promise<void>>();
+    try {
+      for await (const change of this.assignments()) {
+        for (const lease of change.added) {
+          const done: Promise<void> = work(lease, lease.signal)
+            .catch(() => {})
+            .then(() => lease.release().catch(() => {}))
+            .finally(() => running.delete(done));
+          running.add(done);
+        }
+      }
+    } finally {
+      await Promise.all(running);
     }
-    await Promise.all(running.values());
   }
 
   /** Hands everything off and takes nothing new (`POST …/drain`); watch `assignments()` empty. */
@@ -255,6 +369,67 @@ export async function putFleet(internals: Internals, fleet: string, spec: FleetS
   if (spec.maxMoves !== undefined) body.max_moves = spec.maxMoves;
   const answer = await internals.transport.call({ method: "PUT", path: fleetPath(fleet), json: body });
   return new Fields(answer, "fleet answer").decimal("revision");
+}
+
+/** A fleet as it stands, without secrets (`GET /v1/fleets/{fleet}`). */
+export interface FleetView {
+  fleet: string;
+  resources: string[];
+  drainMs: number;
+  maxMoves: number;
+  revision: bigint;
+  members: { member: string; weight: number; state: string; held: string[]; releasing: string[] }[];
+  /** What no member holds now (free, between a release and the next grant, or held outside the fleet). */
+  unassigned: string[];
+}
+
+function names(f: Fields, name: string, what: string): string[] {
+  const list = f.array(name);
+  if (!list.every((n): n is string => typeof n === "string")) throw new ProtocolError(`${what}: ${name} is not a list of names`);
+  return list;
+}
+
+/** `GET /v1/fleets/{fleet}`: the fleet, or undefined when there is none. */
+export async function getFleet(internals: Internals, fleet: string): Promise<FleetView | undefined> {
+  let answer: unknown;
+  try {
+    answer = await internals.transport.call({ method: "GET", path: fleetPath(fleet) });
+  } catch (e) {
+    if (e instanceof ProblemError && e.slug === "no-fleet") return undefined;
+    throw e;
+  }
+  const f = new Fields(answer, "fleet");
+  return {
+    fleet: f.string("fleet"),
+    resources: names(f, "resources", "fleet"),
+    drainMs: f.count("drain_ms"),
+    maxMoves: f.count("max_moves"),
+    revision: f.decimal("revision"),
+    members: f.array("members").map((m) => {
+      const g = new Fields(m, "fleet: member");
+      return {
+        member: g.string("member"),
+        weight: g.count("weight"),
+        state: g.string("state"),
+        held: names(g, "held", "fleet: member"),
+        releasing: names(g, "releasing", "fleet: member"),
+      };
+    }),
+    unassigned: names(f, "unassigned", "fleet"),
+  };
+}
+
+/**
+ * `POST /v1/fleets/{fleet}/members/{member}/drain` without a secret (an operator's call): it hands
+ * everything off and takes nothing new. A member drains itself with `FleetMember.drain()`.
+ */
+export async function drainMember(internals: Internals, fleet: string, member: string): Promise<void> {
+  await internals.transport.call({ method: "POST", path: `${fleetPath(fleet)}/members/${segment(member)}/drain` });
+}
+
+/** `DELETE /v1/fleets/{fleet}/members/{member}` (an operator's call): evicts it, its grants end at once. */
+export async function evictMember(internals: Internals, fleet: string, member: string): Promise<void> {
+  await internals.transport.call({ method: "DELETE", path: `${fleetPath(fleet)}/members/${segment(member)}` });
 }
 
 /** `DELETE /v1/fleets/{fleet}`: ends it, releasing its members' grants. */

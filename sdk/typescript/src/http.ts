@@ -14,6 +14,7 @@ import {
   TransportError,
   errorFor,
 } from "./errors.js";
+import { link } from "./signals.js";
 
 /** The most bytes the body of an answer of the API may have (not a forwarded answer's). */
 export const MAX_BODY = 1 << 20;
@@ -112,6 +113,12 @@ async function tlsDispatcher(tls: TlsOptions): Promise<unknown> {
   return new Agent({ connect });
 }
 
+/** A request sent: its answer (headers read, body not yet), and how to detach its signal. */
+export interface Sent {
+  response: Response;
+  done(): void;
+}
+
 /** Node's fetch takes an undici dispatcher in its init; the DOM types do not know it. */
 type FetchInit = Omit<RequestInit, "dispatcher"> & { dispatcher?: unknown };
 
@@ -152,19 +159,21 @@ export class Transport {
   }
 
   /**
-   * Sends `init` to `url` with the client's headers and dispatcher; `signal` bounds it (the
-   * caller combines timeouts). Transport failures are TransportErrors; the caller's own abort
-   * rethrows its reason.
+   * Sends `init` to `url` with the client's headers and dispatcher; `timeout`, `signal` and
+   * `init.signal` abort it, until `done()` (or the first of them aborting) detaches it from
+   * them — call it once the answer is read, or leave it to the timeout. Transport failures are
+   * TransportErrors; the caller's own abort rethrows its reason.
    */
-  async send(url: string, init: FetchInit, timeout: AbortSignal | undefined, signal?: AbortSignal): Promise<Response> {
+  async send(url: string, init: FetchInit, timeout: AbortSignal | undefined, signal?: AbortSignal): Promise<Sent> {
     const headers = new Headers(init.headers);
     for (const [name, value] of Object.entries(this.headers)) if (!headers.has(name)) headers.set(name, value);
-    const signals = [timeout, signal, init.signal ?? undefined].filter((s): s is AbortSignal => s !== undefined);
-    const full: FetchInit = { ...init, headers, signal: signals.length > 0 ? AbortSignal.any(signals) : undefined };
-    if (this.dispatcher !== undefined) full.dispatcher = await this.dispatcher;
+    const linked = link(timeout, signal, init.signal ?? undefined);
+    const full: FetchInit = { ...init, headers, signal: linked.signal };
     try {
-      return await this.fetchImpl(url, full as RequestInit);
+      if (this.dispatcher !== undefined) full.dispatcher = await this.dispatcher;
+      return { response: await this.fetchImpl(url, full as RequestInit), done: linked.dispose };
     } catch (e) {
+      linked.dispose();
       throw failure(e, timeout, [signal, init.signal ?? undefined], this.timeoutMs);
     }
   }
@@ -179,11 +188,13 @@ export class Transport {
       headers["content-type"] = "application/json";
       body = JSON.stringify(call.json);
     }
-    const response = await this.send(this.url(call.path, call.query), { method: call.method, headers, body }, timeout, call.signal);
+    const { response, done } = await this.send(this.url(call.path, call.query), { method: call.method, headers, body }, timeout, call.signal);
     try {
       return { status: response.status, headers: response.headers, body: await readLimited(response) };
     } catch (e) {
       throw failure(e, timeout, [call.signal], timeoutMs);
+    } finally {
+      done();
     }
   }
 

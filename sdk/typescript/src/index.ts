@@ -26,7 +26,7 @@ export {
   type LostReason,
   type Problem,
 } from "./errors.js";
-export { FleetMember, type AssignmentChange, type FleetSpec, type JoinOptions } from "./fleet.js";
+export { FleetMember, type AssignmentChange, type FleetSpec, type FleetView, type JoinOptions } from "./fleet.js";
 export type { TlsOptions } from "./http.js";
 export { Lease } from "./lease.js";
 export type { Grant, Holding, LeaseEvent, Renewal } from "./model.js";

@@ -8,6 +8,7 @@ import { SECRET_HEADER, segment, type Transport } from "./http.js";
 import type { Liveness } from "./liveness.js";
 import type { Grant } from "./model.js";
 import type { Keeper } from "./renewal.js";
+import { link } from "./signals.js";
 import { injectedRefusalResponse, type Faults } from "./testmode.js";
 
 /** What a lease needs of its client. */
@@ -26,14 +27,21 @@ export interface LeaseContext {
  */
 export class Lease {
   private released = false;
+  private handOffBy: number | undefined;
 
-  /** @internal Made by `Client.acquire` and `Session.acquire`. */
+  /** @internal Made by `Client.acquire`, `Session.acquire` and a fleet member. */
   constructor(
     private readonly context: LeaseContext,
     /** The grant as the proxy answered it (the secret included). */
     readonly grant: Grant,
     private readonly liveness: Liveness,
     private readonly keeper?: Keeper,
+    /**
+     * A fleet's lease: whether its member still holds this grant. The session's secret proves
+     * every grant under the session, so a late release of a grant already taken back could
+     * end a later grant of the same resource to the same member: it is not sent then.
+     */
+    private readonly stillHeld?: () => boolean,
   ) {}
 
   /** The resource held. */
@@ -102,8 +110,10 @@ export class Lease {
 
   /**
    * `fetch` with this lease's `Fencing-Token` and `Fencing-Resource` set (for fence-gateway in
-   * front of the storage), aborted when the lease is lost. Throws the LostError without sending
-   * once it is lost.
+   * front of the storage), aborted (as by `init.signal`) when the lease is lost before the
+   * answer's headers have arrived — the request, its body included, was sent and answered under
+   * the lease; the answer's body is the caller's. Throws the LostError without sending once it
+   * is lost.
    */
   async fetch(input: string | URL | Request, init: RequestInit = {}): Promise<Response> {
     this.throwIfLost();
@@ -111,8 +121,14 @@ export class Lease {
     const headers = new Headers(init.headers ?? (input instanceof Request ? input.headers : undefined));
     headers.set("fencing-token", this.fencingToken);
     headers.set("fencing-resource", this.resource);
-    const signal = init.signal ? AbortSignal.any([init.signal, this.signal]) : this.signal;
-    return fetch(input, { ...init, headers, signal });
+    // A link of its own per request, detached once answered: a lease that makes request after
+    // request keeps no listener per request (undici's own stays on the link's signal).
+    const linked = link(init.signal ?? undefined, this.signal);
+    try {
+      return await fetch(input, { ...init, headers, signal: linked.signal });
+    } finally {
+      linked.dispose();
+    }
   }
 
   /**
@@ -126,7 +142,8 @@ export class Lease {
     const headers = new Headers(init.headers);
     headers.set(SECRET_HEADER, this.secret);
     const url = t.url(`/v1/leases/${segment(this.resource)}/forward/${path.replace(/^\/+/, "")}`);
-    const response = await t.send(url, { ...init, method, headers }, AbortSignal.timeout(t.timeoutMs), this.signal);
+    // Detached from the lease's signal by its timeout at the latest: the body is the caller's.
+    const { response } = await t.send(url, { ...init, method, headers }, AbortSignal.timeout(t.timeoutMs), this.signal);
     if (response.status === 410 && (await isLeaseLost(response))) {
       throw this.liveness.lose("revoked", "the proxy answered the forward 410 lease-lost");
     }
@@ -139,6 +156,7 @@ export class Lease {
     this.liveness.lose("released", "released by this client");
     if (this.released) return;
     this.released = true;
+    if (this.stillHeld !== undefined && !this.stillHeld()) return;
     await this.context.transport.call({
       method: "DELETE",
       path: `/v1/leases/${segment(this.resource)}`,
@@ -151,9 +169,26 @@ export class Lease {
     await this.release();
   }
 
-  /** @internal Marks it lost for `reason` (a fleet's hand-off). */
+  /** @internal Marks it lost for `reason` (a fleet's grant taken back). */
   markLost(reason: LostReason, detail: string): void {
     this.liveness.lose(reason, detail);
+  }
+
+  /**
+   * For a fleet lease moved to another member (lost `handed-off`): when its work must be done
+   * and the resource released, in `performance.now()` milliseconds (the monotonic clock) — the
+   * assignment's arrival plus the service's `deadline_ms`, less a safety margin (a tenth of it,
+   * at least 100 ms); past the service's deadline it revokes the grant. Undefined for any other
+   * lease, and before the hand-off.
+   */
+  get releaseBy(): number | undefined {
+    return this.handOffBy;
+  }
+
+  /** @internal A fleet's hand-off, to be released by `by` (set before the signal aborts). */
+  markHandedOff(by: number, detail: string): void {
+    this.handOffBy ??= by;
+    this.liveness.lose("handed-off", detail);
   }
 
   /** Test hook: stop (`true`) or resume (`false`) sending renewals; the deadline still runs. */

@@ -31,7 +31,12 @@ export class Liveness {
     if (parent !== undefined) {
       const follow = () => this.lose("session-lost", `the session was lost (${(parent.reason as LostError).reason})`);
       if (parent.signal.aborted) follow();
-      else parent.signal.addEventListener("abort", follow, { once: true });
+      else {
+        // Detached once this one is lost: a session outliving many of its leases (a fleet
+        // member's) keeps no listener per lease.
+        parent.signal.addEventListener("abort", follow, { once: true });
+        this.controller.signal.addEventListener("abort", () => parent.signal.removeEventListener("abort", follow), { once: true });
+      }
     } else {
       this.arm();
     }

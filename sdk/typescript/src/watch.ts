@@ -4,9 +4,10 @@
  */
 
 import { ProtocolError, TimeoutError, errorFor, reconnectsWatch } from "./errors.js";
-import { readLimited, type Transport } from "./http.js";
+import { readLimited, type Sent, type Transport } from "./http.js";
 import { parseEvent, type LeaseEvent } from "./model.js";
 import { sleep } from "./renewal.js";
+import { link, type Link } from "./signals.js";
 import { MAX_LINE, Parser, type Message } from "./sse.js";
 
 /** The proxy sends a comment every 15 s: a stream silent for this long is dead. */
@@ -31,6 +32,8 @@ interface Connection {
   reader: AsyncIterator<Uint8Array>;
   abort: AbortController;
   parser: Parser;
+  /** Detaches the connection's signal from the stream's. */
+  done(): void;
 }
 
 /**
@@ -51,15 +54,20 @@ export class EventStream implements AsyncIterableIterator<LeaseEvent> {
   private pauseFirst = false;
   private ended = false;
   private readonly closer = new AbortController();
-  private readonly signal: AbortSignal;
+  private readonly linked: Link;
 
   constructor(
     private readonly transport: Transport,
     private readonly options: WatchOptions = {},
   ) {
     this.lastEventId = options.lastEventId;
-    this.signal = options.signal ? AbortSignal.any([options.signal, this.closer.signal]) : this.closer.signal;
+    this.linked = link(options.signal, this.closer.signal);
     this.signal.addEventListener("abort", () => this.drop(), { once: true });
+  }
+
+  /** Aborted when the stream is closed (or the caller's signal aborts). */
+  private get signal(): AbortSignal {
+    return this.linked.signal;
   }
 
   [Symbol.asyncIterator](): this {
@@ -77,7 +85,11 @@ export class EventStream implements AsyncIterableIterator<LeaseEvent> {
       const item = this.ready.shift();
       if (item instanceof Error) throw item;
       if (item !== undefined) return { done: false, value: item };
-      if (this.ended || this.signal.aborted) return { done: true, value: undefined };
+      if (this.ended || this.signal.aborted) {
+        this.drop();
+        this.linked.dispose();
+        return { done: true, value: undefined };
+      }
       if (this.connection === undefined) await this.open();
       else await this.read(this.connection);
     }
@@ -102,7 +114,6 @@ export class EventStream implements AsyncIterableIterator<LeaseEvent> {
   /** `GET /v1/watch`, resuming after the last id; its headers must come within the timeout. */
   private async connect(): Promise<Connection> {
     const abort = new AbortController();
-    const signal = AbortSignal.any([abort.signal, this.signal]);
     const timer = setTimeout(
       () => abort.abort(new TimeoutError(`no event-stream answer within ${this.transport.timeoutMs} ms`)),
       this.transport.timeoutMs,
@@ -110,30 +121,46 @@ export class EventStream implements AsyncIterableIterator<LeaseEvent> {
     const headers: Record<string, string> = { accept: "text/event-stream" };
     if (this.lastEventId !== undefined) headers["last-event-id"] = this.lastEventId;
     const query: Record<string, string> = this.options.prefix ? { prefix: this.options.prefix } : {};
+    let sent: Sent | undefined;
     try {
-      const response = await this.transport.send(this.transport.url("/v1/watch", query), { headers }, undefined, signal);
+      sent = await this.transport.send(this.transport.url("/v1/watch", query), { headers, signal: abort.signal }, undefined, this.signal);
+      const { response } = sent;
       if (response.status !== 200 || response.body === null) {
         const body = await readLimited(response).catch(() => new Uint8Array());
         throw errorFor(response.status, response.headers, body);
       }
       const reader = (response.body as unknown as AsyncIterable<Uint8Array>)[Symbol.asyncIterator]();
-      return { reader, abort, parser: new Parser() };
+      return { reader, abort, parser: new Parser(), done: sent.done };
+    } catch (e) {
+      sent?.done();
+      throw e;
     } finally {
       clearTimeout(timer);
     }
   }
 
-  /** Reads one chunk (or notices the connection ended, broke or went silent). */
+  /**
+   * Reads one chunk (or notices the connection ended, broke, went silent or was dropped: not
+   * every undici ends a body read that is under way when its request is aborted — Debian's
+   * Node 18 does not —, so the drop is raced here too).
+   */
   private async read(c: Connection): Promise<void> {
     let timer: ReturnType<typeof setTimeout> | undefined;
+    let onDrop: (() => void) | undefined;
     const idle = new Promise<"idle">((resolve) => (timer = setTimeout(() => resolve("idle"), this.options.idleMs ?? IDLE_MS)));
+    const dropped = new Promise<"broken">((resolve) => {
+      onDrop = () => resolve("broken");
+      if (c.abort.signal.aborted) onDrop();
+      else c.abort.signal.addEventListener("abort", onDrop, { once: true });
+    });
     let chunk: IteratorResult<Uint8Array> | "idle" | "broken";
     try {
-      chunk = await Promise.race([c.reader.next(), idle]);
+      chunk = await Promise.race([c.reader.next(), idle, dropped]);
     } catch {
       chunk = "broken";
     } finally {
       clearTimeout(timer);
+      if (onDrop !== undefined) c.abort.signal.removeEventListener("abort", onDrop);
     }
     if (chunk === "idle" || chunk === "broken" || chunk.done) {
       this.drop();
@@ -166,6 +193,7 @@ export class EventStream implements AsyncIterableIterator<LeaseEvent> {
     this.connection = undefined;
     if (c !== undefined) {
       c.abort.abort();
+      c.done();
       c.reader.return?.().catch(() => {});
     }
   }

@@ -132,6 +132,39 @@ describe("the robot example", () => {
     assert.ok(!after.some((l) => l.startsWith("event write-ok")), r.seen.join("\n"));
     assert.equal((await writesBy(name)).length, before);
   });
+
+  test("robots in a fleet share its aisles and hand them over", async () => {
+    const name = unique("fleet");
+    const aisles = [`${name}-1`, `${name}-2`];
+    // A long drain deadline: the hand-offs below are the robots' own releases.
+    await new Client(proxy).putFleet(name, { resources: aisles, drainMs: 20_000 });
+    const robot = (n: string) => run("--fleet", name, "--name", `${name}-${n}`, "--ttl", "5", "--count-ms", "50");
+    const first = robot("a");
+    await first.expect("event acquired");
+    await first.expect("event acquired");
+    await first.expect("event write-ok");
+    const second = robot("b");
+    const moved = (await first.expect("event lost")).split(" ");
+    assert.equal(moved[3], "handed-off");
+    assert.equal((await second.expect("event acquired")).split(" ")[2], moved[2]);
+    await second.expect(`event write-ok ${moved[2]}`);
+    // Interrupted, the first robot leaves: its other aisle goes to the second.
+    first.child.kill("SIGINT");
+    assert.equal(await first.exited, 0, first.seen.join("\n"));
+    const rest = (await second.expect("event acquired")).split(" ")[2];
+    await second.expect(`event write-ok ${rest}`);
+    second.child.kill("SIGINT");
+    assert.equal(await second.exited, 0, second.seen.join("\n"));
+    // Each aisle: the first robot's writes, then the second's, under ever larger tokens.
+    const log = ((await (await fetch(`${inventory}/log`)).json()) as Applied[]).filter((w) => aisles.includes(w.aisle));
+    for (const aisle of aisles) {
+      const writes = log.filter((w) => w.aisle === aisle);
+      const revisions = writes.map((w) => w.revision);
+      assert.deepEqual(revisions, [...revisions].sort((x, y) => x - y), `${aisle}: tokens in order`);
+      assert.equal(writes[0]?.robot, `${name}-a`);
+      assert.equal(writes.at(-1)?.robot, `${name}-b`);
+    }
+  });
 });
 
 describe("inside PostgreSQL", () => {

@@ -1,9 +1,14 @@
 /**
- * Fleets. Against the real proxy (when its binary serves `/v1/fleets`; skipped, saying so,
- * when it does not): a member receives its resources, writes through fence-gateway with their
- * tokens, hands half off when a second member joins — its work aborted, its old token refused
- * by the gateway once the new holder wrote — and everything on drain. Against a scripted proxy
- * following the contract (DESIGN §5.5): how assignments become leases.
+ * Fleets. Against the real proxy: a member receives its resources and writes through
+ * fence-gateway with their tokens; a second member joining takes some — the first member's
+ * work on each is aborted (`handed-off`) and the resource released well within the drain
+ * deadline, the new member writes, the old member's late write is refused —; a drain hands off
+ * the rest; an evicted member ends; a member whose session ends is told; a join under a live
+ * member's name replaces it and gets back what it held; the operator's calls
+ * (a fleet read back, a drain without a secret, no such member, evict, delete); a proxy whose
+ * `--max-wait` is shorter than the poll. Against a scripted proxy following the contract
+ * (DESIGN §5.5): how assignments become leases, a grant delivered once, no release over a
+ * successor grant, a malformed assignment, an older assignment answered after a newer one.
  */
 
 import assert from "node:assert/strict";
@@ -11,72 +16,250 @@ import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { after, before, describe, test } from "node:test";
 
-import { Client, type AssignmentChange, type FleetMember } from "../src/index.js";
-import { eventually, startEtcd, startProxy, startWarehouse, unique } from "./harness.js";
+import { Client, LostError, ProblemError, type Lease } from "../src/index.js";
+import { eventually, startEtcd, startProxy, startWarehouse, unique, type Etcd } from "./harness.js";
 
+let etcd: Etcd;
 let proxy: string;
 let gateway: string;
-let fleetsServed = false;
+let inventory: string;
 
 before(async () => {
-  const etcd = await startEtcd();
-  ({ gateway } = await startWarehouse());
+  etcd = await startEtcd();
+  ({ gateway, inventory } = await startWarehouse());
   proxy = (await startProxy(etcd, ["--upstream", gateway, "--prefence-url", gateway])).url;
-  const probe = await fetch(`${proxy}/v1/fleets/probe`);
-  fleetsServed = probe.status !== 404 || !(await probe.text()).includes("no-route");
 });
 
-/** The next change of `changes` that satisfies `want`. */
-async function until(changes: AsyncGenerator<AssignmentChange>, want: (c: AssignmentChange) => boolean): Promise<AssignmentChange> {
-  for (;;) {
-    const next = await changes.next();
-    assert.ok(!next.done, "the assignments ended");
-    if (want(next.value)) return next.value;
+/** Values pushed by the work of members, taken by the test in arrival order. */
+class Mailbox<T> {
+  private readonly items: T[] = [];
+  private wake: (() => void) | undefined;
+
+  push(item: T): void {
+    this.items.push(item);
+    this.wake?.();
+  }
+
+  /** The next `n` items within `withinMs`. */
+  async take(n: number, withinMs: number, what: string): Promise<T[]> {
+    const deadline = performance.now() + withinMs;
+    while (this.items.length < n) {
+      const left = deadline - performance.now();
+      if (left <= 0) throw new Error(`${what}: ${this.items.length} of ${n} within ${withinMs} ms`);
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, left);
+        this.wake = () => {
+          clearTimeout(timer);
+          resolve();
+        };
+      });
+      this.wake = undefined;
+    }
+    return this.items.splice(0, n);
   }
 }
+
+interface Ended {
+  lease: Lease;
+  reason: unknown;
+}
+
+/** Work for `member.run` that reports its start and end and waits for its signal. */
+function worker() {
+  const started = new Mailbox<Lease>();
+  const ended = new Mailbox<Ended>();
+  const work = async (lease: Lease, signal: AbortSignal) => {
+    started.push(lease);
+    if (!signal.aborted) await new Promise((resolve) => signal.addEventListener("abort", resolve, { once: true }));
+    ended.push({ lease, reason: signal.reason });
+  };
+  return { started, ended, work };
+}
+
+const byResource = <T extends { resource: string }>(xs: T[]) => [...xs].sort((a, b) => a.resource.localeCompare(b.resource));
+const reasonOf = (e: unknown) => (e instanceof LostError ? e.reason : String(e));
 
 const put = (lease: { fetch: typeof fetch }, aisle: string, robot: string) =>
   lease.fetch(`${gateway}/aisles/${aisle}/count`, { method: "PUT", body: JSON.stringify({ robot, count: 1 }) });
 
+async function writesTo(aisle: string): Promise<string[]> {
+  const log = (await (await fetch(`${inventory}/log`)).json()) as { aisle: string; robot: string; revision: number }[];
+  return log.filter((w) => w.aisle === aisle).map((w) => `${w.robot}@${w.revision}`);
+}
+
 describe("against the proxy", () => {
-  test("a member receives, writes and hands off", async (t) => {
-    if (!fleetsServed) return t.skip("this lease-proxy binary does not serve /v1/fleets yet");
-    const client = new Client(proxy);
+  test("a member receives, writes, hands off within the deadline and drains; one whose session ends is told", async () => {
+    const admin = new Client(proxy);
     const fleet = unique("aisles");
     const aisles = [1, 2, 3, 4].map((n) => `${fleet}-${n}`);
-    await client.putFleet(fleet, { resources: aisles, drainMs: 2000 });
-    const m1: FleetMember = await client.joinFleet(fleet, { member: "m1", ttlSeconds: 5, pollWaitMs: 2000 });
-    const c1 = m1.assignments();
-    const first = await until(c1, (c) => c.held.length === 4);
-    for (const lease of first.held) assert.equal((await put(lease, lease.resource, "m1")).status, 200);
+    // A long drain deadline: a hand-off done within a few seconds was the member's own
+    // release, not the service's revocation.
+    const drainMs = 20_000;
+    await admin.putFleet(fleet, { resources: aisles, drainMs });
 
-    const m2 = await client.joinFleet(fleet, { member: "m2", ttlSeconds: 5, pollWaitMs: 2000 });
-    const moved = await until(c1, (c) => c.releasing.length > 0);
-    for (const lease of moved.releasing) {
-      assert.equal(lease.signal.aborted, true);
-      assert.equal(lease.lostReason?.reason, "handed-off");
-      await lease.release();
+    const w1 = worker();
+    const m1 = await new Client(proxy).joinFleet(fleet, { member: "m1", ttlSeconds: 10, pollWaitMs: 2000 });
+    const run1 = m1.run(w1.work);
+    const first = byResource(await w1.started.take(4, 5000, "m1's assignments"));
+    assert.deepEqual(first.map((l) => l.resource), aisles);
+    for (const lease of first) {
+      assert.equal(lease.leaseId, m1.session.id, "a fleet grant lives on the member's session");
+      assert.equal((await put(lease, lease.resource, "m1")).status, 200);
     }
-    const c2 = m2.assignments();
-    const second = await until(c2, (c) => c.held.length >= 1);
-    const taken = second.held[0];
-    assert.equal((await put(taken, taken.resource, "m2")).status, 200);
-    const old = moved.releasing.find((l) => l.resource === taken.resource);
-    assert.ok(old !== undefined && taken.token > old.token);
-    const stale = await fetch(`${gateway}/aisles/${taken.resource}/count`, {
-      method: "PUT",
-      headers: { "fencing-token": old.fencingToken, "fencing-resource": old.resource },
-      body: JSON.stringify({ robot: "m1", count: 2 }),
-    });
-    assert.equal(stale.status, 409, "the old holder's token is refused once the new one wrote");
+
+    const w2 = worker();
+    const m2 = await new Client(proxy).joinFleet(fleet, { member: "m2", ttlSeconds: 10, pollWaitMs: 2000 });
+    const joined = performance.now();
+    const run2 = m2.run(w2.work);
+    const moved = (await w1.ended.take(2, 5000, "m1's work on the moved resources aborted")).sort((a, b) =>
+      a.lease.resource.localeCompare(b.lease.resource),
+    );
+    const taken = byResource(await w2.started.take(2, 5000, "m2's assignments"));
+    const took = performance.now() - joined;
+    assert.ok(took < drainMs / 4, `the hand-off took ${took} ms: the service's revocation, not the member's release`);
+    for (const [i, { lease: old, reason }] of moved.entries()) {
+      assert.equal(reasonOf(reason), "handed-off");
+      // To be released within the drain deadline (on the proxy's clock), less a tenth.
+      const by = old.releaseBy;
+      assert.ok(by !== undefined && by >= joined + drainMs / 2 && by <= performance.now() + drainMs * 0.9, `releaseBy ${by}`);
+      const lease = taken[i];
+      assert.equal(lease.resource, old.resource);
+      assert.ok(lease.token > old.token);
+      assert.equal((await put(lease, lease.resource, "m2")).status, 200);
+      // The old member's late write: its lease sends nothing once handed off; its token,
+      // presented anyway, is refused by the gateway.
+      await assert.rejects(put(old, old.resource, "m1"), (e) => e instanceof LostError && e.reason === "handed-off");
+      const stale = await fetch(`${gateway}/aisles/${old.resource}/count`, {
+        method: "PUT",
+        headers: { "fencing-token": old.fencingToken, "fencing-resource": old.resource },
+        body: JSON.stringify({ robot: "m1", count: 2 }),
+      });
+      assert.equal(stale.status, 409);
+      assert.equal(stale.headers.get("fencing-rejection"), "stale-fencing-token");
+      assert.deepEqual(await writesTo(old.resource), [`m1@${old.token}`, `m2@${lease.token}`]);
+    }
 
     await m1.drain();
-    const drained = await until(c1, (c) => c.held.length === 0);
-    for (const lease of drained.releasing) await lease.release();
-    await until(c2, (c) => c.held.length === 4);
-    await m1.leave();
-    await m2.leave();
-    await client.deleteFleet(fleet);
+    const drained = await w1.ended.take(2, 5000, "m1's remaining work aborted by the drain");
+    const rest = byResource(await w2.started.take(2, 5000, "the drained resources reaching m2"));
+    assert.deepEqual(drained.map((d) => reasonOf(d.reason)), ["handed-off", "handed-off"]);
+    assert.deepEqual(rest.map((l) => l.resource), byResource(drained.map((d) => d.lease)).map((l) => l.resource));
+    assert.equal(m1.signal.aborted, false, "a drained member is still a member");
+    const view = await admin.getFleet(fleet);
+    assert.deepEqual(
+      view?.members.map((m) => [m.member, m.state, m.held.length]),
+      [["m1", "draining", 0], ["m2", "active", 4]],
+    );
+    // Evicted by an operator: the member is told and ends.
+    await admin.evictMember(fleet, "m1");
+    await run1;
+    assert.match(String((m1.signal.reason as LostError).message), /evicted/);
+
+    // m2's session ends under it (its etcd lease revoked): the member is told.
+    await etcd.revoke(m2.session.id);
+    const ended = await w2.ended.take(4, 3000, "m2's work aborted when its session ended");
+    for (const e of ended) assert.ok(e.reason instanceof LostError, `ended with ${String(e.reason)}`);
+    await run2;
+    assert.equal(m2.signal.aborted, true);
+    assert.ok(m2.signal.reason instanceof LostError);
+    await admin.deleteFleet(fleet);
+  });
+
+  test("the operator's calls: read back, drain without a secret, no such member, evict, delete", async () => {
+    const admin = new Client(proxy);
+    const fleet = unique("operator");
+    assert.equal(await admin.getFleet(fleet), undefined);
+    const aisles = [`${fleet}-1`, `${fleet}-2`];
+    await admin.putFleet(fleet, { resources: aisles, drainMs: 7000, maxMoves: 3 });
+    const view = await admin.getFleet(fleet);
+    assert.ok(view);
+    const { revision, ...rest } = view;
+    assert.ok(revision > 0n);
+    assert.deepEqual(rest, { fleet, resources: aisles, drainMs: 7000, maxMoves: 3, members: [], unassigned: aisles });
+
+    const join = async (member: string) => {
+      const m = await new Client(proxy).joinFleet(fleet, { member, ttlSeconds: 10, pollWaitMs: 2000 });
+      const w = worker();
+      return { m, w, running: m.run(w.work) };
+    };
+    const one = await join("m1");
+    await one.w.started.take(2, 5000, "m1's assignments");
+    const two = await join("m2");
+    await one.w.ended.take(1, 5000, "m1's work on the resource moved to m2");
+    await two.w.started.take(1, 5000, "m2's share");
+
+    const noSuch = (e: unknown) => e instanceof ProblemError && e.status === 404;
+    await assert.rejects(admin.drainMember(fleet, "nobody"), noSuch);
+    await assert.rejects(admin.evictMember(fleet, "nobody"), noSuch);
+    await assert.rejects(admin.drainMember(`${fleet}-none`, "m1"), noSuch);
+
+    // Drained by an operator, without the member's secret: its work is handed off to m2 (a
+    // draining member with nobody to hand off to keeps what it holds).
+    await admin.drainMember(fleet, "m1");
+    const [drained] = await one.w.ended.take(1, 5000, "m1's work handed off by the operator's drain");
+    assert.equal(reasonOf(drained.reason), "handed-off");
+    const [moved] = await two.w.started.take(1, 5000, "the drained resource reaching m2");
+    assert.equal(moved.resource, drained.lease.resource);
+    assert.equal(one.m.signal.aborted, false, "a drained member is still a member");
+    const after = await admin.getFleet(fleet);
+    assert.deepEqual(after?.members.map((m) => [m.member, m.state, m.held.length]), [["m1", "draining", 0], ["m2", "active", 2]]);
+    assert.deepEqual(after?.unassigned, []);
+
+    await admin.evictMember(fleet, "m1");
+    await one.running;
+    assert.match(String((one.m.signal.reason as LostError).message), /evicted/);
+    await two.m.leave();
+    await two.running;
+    await admin.deleteFleet(fleet);
+    await admin.deleteFleet(fleet);
+    assert.equal(await admin.getFleet(fleet), undefined);
+  });
+
+  test("a member joining again under its name replaces the old one and gets back what it held", async () => {
+    // Static membership: the old session is closed, and what it held goes to the new one first.
+    const fleet = unique("rejoin");
+    const aisles = [`${fleet}-1`, `${fleet}-2`];
+    await new Client(proxy).putFleet(fleet, { resources: aisles });
+    const join = async () => {
+      const m = await new Client(proxy).joinFleet(fleet, { member: "m1", ttlSeconds: 10, pollWaitMs: 2000 });
+      const w = worker();
+      return { m, w, running: m.run(w.work) };
+    };
+    const old = await join();
+    const before = byResource(await old.w.started.take(2, 5000, "the first member's assignments"));
+    const again = await join();
+    const ended = await old.w.ended.take(2, 5000, "the replaced member's work aborted");
+    for (const e of ended) assert.ok(e.reason instanceof LostError, `ended with ${String(e.reason)}`);
+    await old.running;
+    assert.ok(old.m.signal.reason instanceof LostError);
+    const after = byResource(await again.w.started.take(2, 5000, "the new member's assignments"));
+    assert.notEqual(again.m.session.id, old.m.session.id);
+    for (const [i, lease] of after.entries()) {
+      assert.equal(lease.resource, before[i].resource);
+      assert.ok(lease.token > before[i].token);
+      assert.equal(lease.leaseId, again.m.session.id);
+    }
+    await again.m.leave();
+    await again.running;
+  });
+
+  test("a member polls within the proxy's --max-wait", async () => {
+    // A proxy that lets a request wait 1 s at most refuses the member's 10 s poll (400
+    // invalid-field): the member polls within that instead of ending.
+    const short = await startProxy(etcd, ["--max-wait", "1s"]);
+    const client = new Client(short.url);
+    const fleet = unique("short-wait");
+    await client.putFleet(fleet, { resources: [`${fleet}-1`] });
+    const member = await client.joinFleet(fleet, { member: "m", ttlSeconds: 10 });
+    const w = worker();
+    const running = member.run(w.work);
+    assert.deepEqual((await w.started.take(1, 3000, "the first assignment")).map((l) => l.resource), [`${fleet}-1`]);
+    await client.putFleet(fleet, { resources: [`${fleet}-1`, `${fleet}-2`] });
+    assert.deepEqual((await w.started.take(1, 3000, "the resource added later")).map((l) => l.resource), [`${fleet}-2`]);
+    assert.equal(member.signal.aborted, false);
+    await member.leave();
+    await running;
+    short.process.kill("SIGKILL");
   });
 });
 
@@ -121,18 +304,113 @@ describe("against the contract", () => {
       { state: "active", revision: "12", held: [held("a", "7"), held("c", "8")], releasing: [] },
       { state: "evicted", revision: "13", held: [], releasing: [] },
     );
+    const joining = performance.now();
+    const member = await client.joinFleet("f", { member: "m", ttlSeconds: 30, pollWaitMs: 100 });
+    const seen: string[] = [];
+    const stopped: string[] = [];
+    const releaseBy = new Map<string, number | undefined>();
+    await member.run(async (lease, signal) => {
+      seen.push(`${lease.resource}:${lease.token}`);
+      await new Promise<void>((resolve) => signal.addEventListener("abort", () => resolve(), { once: true }));
+      stopped.push(`${lease.resource}:${(signal.reason as { reason: string }).reason}`);
+      releaseBy.set(`${lease.resource}:${lease.token}`, lease.releaseBy);
+    });
+    assert.deepEqual(seen, ["a:5", "b:6", "a:7", "c:8"]);
+    assert.deepEqual(stopped.sort(), ["a:revoked", "a:revoked", "b:handed-off", "c:revoked"]);
+    // The answer's arrival plus its deadline_ms (2000) less the 200 ms margin; none for the revoked.
+    const by = releaseBy.get("b:6");
+    assert.ok(by !== undefined && by >= joining + 1800 && by <= performance.now() + 1800, `b's releaseBy ${by}`);
+    assert.deepEqual(["a:5", "a:7", "c:8"].map((l) => releaseBy.get(l)), [undefined, undefined, undefined]);
+    await eventually(async () => released.includes("b"), 2000, "b released after its work stopped");
+    assert.equal(member.held.length, 0);
+    await member.leave();
+  });
+
+  test("a grant is delivered once; one moved away before it was seen is released at once", async () => {
+    const client = new Client(`http://127.0.0.1:${(server.address() as AddressInfo).port}`);
+    released.length = 0;
+    views.push(
+      { state: "active", revision: "20", held: [held("x", "5")], releasing: [] },
+      // The work on x@5 returned and released it; this view was read before that release.
+      { state: "active", revision: "21", held: [held("x", "5")], releasing: [] },
+      // y was granted and moved away between two reads.
+      { state: "active", revision: "22", held: [held("x", "6")], releasing: [{ resource: "y", deadline_ms: 2000 }] },
+      { state: "evicted", revision: "23", held: [], releasing: [] },
+    );
+    const member = await client.joinFleet("f", { member: "m", ttlSeconds: 30, pollWaitMs: 100 });
+    const seen: string[] = [];
+    await member.run(async (lease) => {
+      seen.push(`${lease.resource}:${lease.token}`);
+    });
+    assert.deepEqual(seen, ["x:5", "x:6"]);
+    await eventually(async () => released.includes("y"), 2000, "y released at once");
+    assert.ok(released.includes("x"), "a resource is given back when its work returns");
+  });
+
+  test("a lease taken back is not released over its successor", async () => {
+    const client = new Client(`http://127.0.0.1:${(server.address() as AddressInfo).port}`);
+    released.length = 0;
+    views.push(
+      { state: "active", revision: "30", held: [held("z", "5")], releasing: [] },
+      // z@5 taken back and z granted again to this member: the session's secret would release z@7 too.
+      { state: "active", revision: "31", held: [held("z", "7")], releasing: [] },
+      { state: "evicted", revision: "32", held: [], releasing: [] },
+    );
+    const member = await client.joinFleet("f", { member: "m", ttlSeconds: 30, pollWaitMs: 100 });
+    const seen: string[] = [];
+    await member.run(async (lease, signal) => {
+      seen.push(`${lease.resource}:${lease.token}`);
+      if (!signal.aborted) await new Promise((resolve) => signal.addEventListener("abort", resolve, { once: true }));
+    });
+    assert.deepEqual(seen, ["z:5", "z:7"]);
+    assert.deepEqual(released, [], "no release for grants the member no longer held");
+  });
+
+  test("a malformed assignment changes nothing: not believed, read again", { timeout: 15_000 }, async () => {
+    const client = new Client(`http://127.0.0.1:${(server.address() as AddressInfo).port}`);
+    const a = held("a", "5");
+    views.push(
+      { state: "active", revision: "50", held: [a], releasing: [] },
+      // b granted under another lease than the member's session (9): not the member's.
+      { state: "active", revision: "51", held: [a, { ...held("b", "6"), lease_id: "8" }], releasing: [] },
+      { state: "active", revision: "52", held: [a, held("c", "twelve")], releasing: [] },
+      { state: "active", revision: "53", held: [a], releasing: [{ resource: "d" }] },
+      { state: "evicted", revision: "54", held: [], releasing: [] },
+    );
     const member = await client.joinFleet("f", { member: "m", ttlSeconds: 30, pollWaitMs: 100 });
     const seen: string[] = [];
     const stopped: string[] = [];
     await member.run(async (lease, signal) => {
       seen.push(`${lease.resource}:${lease.token}`);
-      await new Promise<void>((resolve) => signal.addEventListener("abort", () => resolve(), { once: true }));
-      stopped.push(`${lease.resource}:${(signal.reason as { reason: string }).reason}`);
+      if (!signal.aborted) await new Promise((resolve) => signal.addEventListener("abort", resolve, { once: true }));
+      stopped.push(`${lease.resource}:${reasonOf(signal.reason)}`);
     });
-    assert.deepEqual(seen, ["a:5", "b:6", "a:7", "c:8"]);
-    assert.deepEqual(stopped.sort(), ["a:revoked", "a:revoked", "b:handed-off", "c:revoked"]);
-    await eventually(async () => released.includes("b"), 2000, "b released after its work stopped");
-    assert.equal(member.held.length, 0);
-    await member.leave();
+    assert.deepEqual(seen, ["a:5"]);
+    assert.deepEqual(stopped, ["a:revoked"], "a's work went on until the eviction");
+  });
+
+  test("an older assignment never brings a lease back, and is not polled again in a tight loop", async () => {
+    const client = new Client(`http://127.0.0.1:${(server.address() as AddressInfo).port}`);
+    const older = { state: "active", revision: "40", held: [held("a", "5"), held("b", "6")], releasing: [] };
+    views.push(
+      older,
+      { state: "active", revision: "41", held: [held("a", "5")], releasing: [{ resource: "b", deadline_ms: 2000 }] },
+      { state: "active", revision: "42", held: [held("a", "5")], releasing: [] },
+      // Answered at once after revision 42 was read (a lagging replica, a reordering relay):
+      // b@6, handed off since, is not this member's any more.
+      ...Array.from({ length: 5 }, () => older),
+      { state: "evicted", revision: "43", held: [], releasing: [] },
+    );
+    const member = await client.joinFleet("f", { member: "m", ttlSeconds: 30, pollWaitMs: 100 });
+    const seen: string[] = [];
+    let olderFrom = 0;
+    await member.run(async (lease, signal) => {
+      seen.push(`${lease.resource}:${lease.token}`);
+      if (!signal.aborted) await new Promise((resolve) => signal.addEventListener("abort", resolve, { once: true }));
+      if (lease.resource === "b") olderFrom = performance.now();
+    });
+    const took = performance.now() - olderFrom;
+    assert.deepEqual(seen, ["a:5", "b:6"]);
+    assert.ok(took >= 400, `five older answers were polled past in ${took.toFixed(0)} ms: no pause between them`);
   });
 });

@@ -46,6 +46,21 @@ describe("holding", () => {
     await lease.release(); // idempotent
   });
 
+  test("`await using` releases the lease and the session at the end of the block", async () => {
+    const [resource, other] = [unique(), unique()];
+    let held: Lease;
+    {
+      await using lease = await client.acquire(resource, { holder: "a", ttlSeconds: 5 });
+      await using session = await client.openSession({ holder: "a", ttlSeconds: 5 });
+      await session.acquire(other);
+      held = lease;
+      assert.equal((await client.get(other))?.holder, "a");
+    }
+    assert.equal(held.lostReason?.reason, "released");
+    assert.equal(await client.get(resource), undefined);
+    assert.equal(await client.get(other), undefined);
+  });
+
   test("a held resource is a HeldError, and a waiting acquire gets it once released", async () => {
     const resource = unique();
     const lease = await client.acquire(resource, { holder: "first", ttlSeconds: 5 });
@@ -180,9 +195,12 @@ describe("sessions and events", () => {
 
   test("the event stream shows grants made and ended, and resumes after an id", async () => {
     const resource = unique("ev");
-    const events = client.watch({ prefix: resource });
+    // A stream without a last id starts where its connection lands, which may be after the
+    // acquire below: this one starts after a revision read first.
+    const mark = await client.acquire(`mark-${resource}`, { holder: "w", ttlSeconds: 5 });
+    await mark.release();
+    const events = client.watch({ prefix: resource, lastEventId: String(mark.token) });
     const first = events.next();
-    await sleep(200);
     const lease = await client.acquire(resource, { holder: "w", ttlSeconds: 5 });
     await lease.release();
     const acquired = (await first).value;

@@ -21,8 +21,9 @@ async function countAisle(client: Client, aisle: string, storage: string): Promi
     return await client.using(aisle, { holder: "robot", ttlSeconds: 2 }, async (lease, signal) => {
       for (let i = 0; i < 8; i++) {
         await new Promise((resolve, reject) => {
-          const timer = setTimeout(resolve, 300);
-          signal.addEventListener("abort", () => (clearTimeout(timer), reject(signal.reason)), { once: true });
+          const stop = () => (clearTimeout(timer), reject(signal.reason));
+          const timer = setTimeout(() => (signal.removeEventListener("abort", stop), resolve(i)), 300);
+          signal.addEventListener("abort", stop, { once: true });
         });
         const answer = await lease.fetch(storage, { method: "PUT", body: String(i) });
         if (answer.status === 409) return "refused";

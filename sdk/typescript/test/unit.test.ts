@@ -1,6 +1,7 @@
 /** The pure parts, without a server: the event-stream parser, the timing rules, names, errors. */
 
 import assert from "node:assert/strict";
+import { getEventListeners } from "node:events";
 import { test } from "node:test";
 
 import { CompactedError, HeldError, LostError, ProblemError, SessionLostError, errorFor, isTransient } from "../src/errors.js";
@@ -8,6 +9,7 @@ import { segment } from "../src/http.js";
 import { ends } from "../src/losswatch.js";
 import { Liveness } from "../src/liveness.js";
 import { MAX_LIFETIME_MS, lifetimeMs, renewIntervalMs } from "../src/model.js";
+import { link } from "../src/signals.js";
 import { MAX_LINE, Parser, type Message } from "../src/sse.js";
 
 const STREAM =
@@ -109,4 +111,31 @@ test("past its deadline a lease is lost without any timer, for the first reason 
   session.lose("released", "later");
   assert.equal(session.reason?.reason, "expired");
   assert.equal((await lease.lost).reason, "session-lost");
+});
+
+test("a link aborts with its first source's reason and then detaches from every source", () => {
+  const [a, b] = [new AbortController(), new AbortController()];
+  const linked = link(a.signal, undefined, b.signal);
+  assert.equal(getEventListeners(a.signal, "abort").length, 1);
+  b.abort("b's reason");
+  assert.equal(linked.signal.aborted, true);
+  assert.equal(linked.signal.reason, "b's reason");
+  assert.equal(getEventListeners(a.signal, "abort").length, 0, "detached from the source that did not abort");
+  const already = link(new AbortController().signal, b.signal);
+  assert.equal(already.signal.reason, "b's reason");
+  const disposed = link(a.signal);
+  disposed.dispose();
+  assert.equal(getEventListeners(a.signal, "abort").length, 0);
+  a.abort();
+  assert.equal(disposed.signal.aborted, false, "a disposed link is detached");
+});
+
+test("a session outliving its leases keeps no listener per lease", () => {
+  const session = new Liveness("session", performance.now() + 60_000);
+  const before = getEventListeners(session.signal, "abort").length;
+  for (let i = 0; i < 50; i++) new Liveness(`r${i}`, 0, session).lose("released", "released");
+  assert.equal(getEventListeners(session.signal, "abort").length, before);
+  const held = new Liveness("held", 0, session);
+  session.lose("revoked", "the session's lease ended");
+  assert.equal(held.reason?.reason, "session-lost");
 });

@@ -227,3 +227,78 @@ func TestARobotPausedPastItsTTLStopsWithoutWriting(t *testing.T) {
 	}
 	t.Logf("resumed past its deadline: %s", line)
 }
+
+func TestRobotsInAFleetShareItsAislesAndHandThemOver(t *testing.T) {
+	n := name(t)
+	fleet := n + "-fleet"
+	c, err := leaseproxy.New(env.proxy.URL, leaseproxy.Options{Holder: "operator"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// A long drain deadline: the hand-offs below are the robots' own releases.
+	if err := c.PutFleet(ctx, fleet, leaseproxy.FleetSpec{Resources: []string{fleet + "-1", fleet + "-2"}, Drain: 20 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.DeleteFleet(context.Background(), fleet) }()
+	args := func(robot string) []string {
+		return []string{"--fleet", fleet, "--name", robot, "--ttl", "5s", "--count-time", "50ms"}
+	}
+	first := startRobot(t, args(n+"-1")...)
+	first.expect(t, "event joined", 10*time.Second)
+	first.expect(t, "event acquired", 10*time.Second)
+	first.expect(t, "event acquired", 10*time.Second)
+	first.expect(t, "event write-ok", 10*time.Second)
+
+	second := startRobot(t, args(n+"-2")...)
+	moved := strings.Fields(first.expect(t, "event lost", 10*time.Second))
+	if moved[3] != "handed-off" {
+		t.Fatalf("the first robot lost %v", moved)
+	}
+	if got := strings.Fields(second.expect(t, "event acquired", 10*time.Second)); got[2] != moved[2] {
+		t.Fatalf("the second robot got %v, the first handed off %v", got, moved)
+	}
+	second.expect(t, "event write-ok "+moved[2], 10*time.Second)
+
+	// Interrupted, the first robot drains and leaves: its other aisle goes to the second.
+	if err := first.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	first.expect(t, "event left", 10*time.Second)
+	first.finish(t)
+	rest := strings.Fields(second.expect(t, "event acquired", 10*time.Second))[2]
+	second.expect(t, "event write-ok "+rest, 10*time.Second)
+	if err := second.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	second.finish(t)
+
+	// Each aisle's writes: the first robot's, then the second's, under ever larger tokens.
+	for _, aisle := range []string{fleet + "-1", fleet + "-2"} {
+		var order []string
+		last := int64(0)
+		for _, w := range append(writesBy(t, n+"-1"), writesBy(t, n+"-2")...) {
+			if w.Aisle == aisle {
+				order = append(order, fmt.Sprintf("%s@%d", strings.TrimPrefix(w.Robot, n), w.Revision))
+			}
+		}
+		log, err := env.warehouse.Log()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range log {
+			if w.Aisle != aisle {
+				continue
+			}
+			if w.Revision < last {
+				t.Fatalf("%s: a write under token %d after one under %d: %v", aisle, w.Revision, last, order)
+			}
+			last = w.Revision
+		}
+		if len(order) < 2 || !strings.HasPrefix(order[0], "-1@") || !strings.HasPrefix(order[len(order)-1], "-2@") {
+			t.Fatalf("%s: writes %v, want the first robot's then the second's", aisle, order)
+		}
+	}
+}
