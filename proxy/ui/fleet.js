@@ -146,7 +146,8 @@ function fleetApplyView(view, at) {
     const want = holder.get(r) ?? null;
     const open = lane.segs[lane.segs.length - 1];
     // A resource held outside the fleet is listed unassigned: its holder (from an event) stays.
-    const outside = open && open.holder !== null && want === null && !fleet.members.has(open.holder);
+    // A member's is not (one with a colour, gone from this answer: its grants ended with it).
+    const outside = open && open.holder !== null && want === null && !fleet.colours.has(open.holder);
     if (!open || (open.holder !== want && !(outside && !fleet.resync))) laneSwitch(lane, want, null, at);
     const by = releasingBy.get(r);
     const current = lane.segs[lane.segs.length - 1];
