@@ -32,6 +32,9 @@ pub(crate) struct Operator {
 impl Operator {
     /// Acts until too little time is left for an event to settle.
     pub(crate) async fn run(mut self) -> Self {
+        // The robots join one by one, each join moving aisles: those moves are no robot
+        // event's, so the first event waits for the fleet to settle.
+        self.wait_settled(false).await;
         let started = Instant::now();
         let deploy_at = started + (self.deadline - started) / 4;
         let mut deployed = !self.args.deploy;
@@ -149,6 +152,19 @@ impl Operator {
 
     /// Waits until the fleet has settled, and counts how long that took since `since`.
     async fn settle(&mut self, what: &'static str, since: Instant) {
+        let done = self.wait_settled(what == "drain").await;
+        let entry = self.settled.entry(what).or_default();
+        if done {
+            entry.0 += 1;
+            entry.1 += since.elapsed();
+        } else {
+            entry.2 += 1;
+        }
+    }
+
+    /// Waits until the fleet has settled (`drained`: but for the robot just drained), at most
+    /// until it should have (two TTLs, a drain and 2 s) or the run's end. Whether it did.
+    async fn wait_settled(&self, drained: bool) -> bool {
         let names: Vec<String> = self
             .robots
             .lock()
@@ -158,18 +174,13 @@ impl Operator {
             .collect();
         let limit =
             Instant::now() + Duration::from_secs(self.args.ttl * 2 + 2) + self.args.drain_wait;
-        let mut done = false;
-        while !done && Instant::now() < limit.min(self.deadline) {
+        while Instant::now() < limit.min(self.deadline) {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            done = self.is_settled(&names, what == "drain").await;
+            if self.is_settled(&names, drained).await {
+                return true;
+            }
         }
-        let entry = self.settled.entry(what).or_default();
-        if done {
-            entry.0 += 1;
-            entry.1 += since.elapsed();
-        } else {
-            entry.2 += 1;
-        }
+        false
     }
 
     /// Every aisle held, none in a hand-off, every robot a member (all but the one drained out
