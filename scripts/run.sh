@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole stack on localhost: etcd, lease-proxy, fence-gateway, the inventory service, and the
-# warehouse: robots leasing aisles under chaos, then an audit of the inventory's write log.
+# warehouse: a fleet of robots sharing the aisles under chaos and a rolling deploy, then an audit
+# of the inventory's write log and of the fleet's coverage.
 #   ./scripts/run.sh          run the demo, then keep the stack serving (Ctrl-C stops it)
 #   ./scripts/run.sh --once   run the demo and exit with the audit's status (also LEASE_PROXY_DEMO_ONCE=1)
 #   ./scripts/run.sh --secure the same stack with TLS on every hop and authentication on: etcd
@@ -8,7 +9,7 @@
 #                             HTTPS on lease-proxy, fence-gateway and the inventory, bearer tokens
 #                             and client certificates as principals, pre-fences only from the
 #                             proxy's certificate; certificates generated for the run (dev-pki)
-#   WAREHOUSE_DURATION=60s    how long the robots work (default 30s)
+#   WAREHOUSE_DURATION=60s    how long the robots work (default 40s)
 #   WAREHOUSE_DB=postgres://… the inventory on PostgreSQL instead of SQLite
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -105,7 +106,7 @@ echo "==> starting lease-proxy on $proxy (forwarding to and pre-fencing fence-ga
   --upstream "$gateway" --prefence-url "$gateway" --ui-gateway "$gateway" "${proxy_tls[@]}" >"$work/proxy.log" 2>&1 &
 pids+=($!)
 wait_for "$proxy/readyz"
-echo "==> the dashboard: $proxy/ui"
+echo "==> the dashboard: $proxy/ui?fleet=aisles"
 keys="$work/proxy/dev-fencing.key"
 
 echo "==> starting the inventory service on $inventory (SQLite) behind fence-gateway on $gateway"
@@ -137,11 +138,22 @@ else
 fi
 echo; echo
 
-duration="${WAREHOUSE_DURATION:-30s}"
-echo "==> the warehouse: robots lease aisles, count, crash (SIGKILL) and stall (SIGSTOP past the TTL)"
+aisles=12
+echo "==> the fleet \`aisles\`: $aisles aisles the service shares among the robots that join it"
+fleet_auth=()
+if [ "$secure" = 1 ]; then fleet_auth=(-H "authorization: Bearer $token"); fi
+resources=$(seq -s, -f '"aisle-%g"' 1 "$aisles")
+curl -sS "${tls_curl[@]}" "${fleet_auth[@]}" -X PUT "$proxy/v1/fleets/aisles" -H 'content-type: application/json' \
+  -d "{\"resources\":[$resources],\"drain_ms\":2000}"
+echo; echo
+
+duration="${WAREHOUSE_DURATION:-40s}"
+echo "==> the warehouse: robots join the fleet, count what they are given, crash (SIGKILL), stall"
+echo "    (SIGSTOP past the TTL) and are redeployed one by one (drained, restarted) — $proxy/ui?fleet=aisles"
 status=0
 "$bin/warehouse" run --proxy "$proxy" --gateway "$gateway" --inventory "$inventory" \
-  --robots 6 --aisles 4 --ttl 3 --duration "$duration" --chaos "${robot_access[@]}" || status=$?
+  --robots 6 --aisles "$aisles" --fleet aisles --drain 2s --ttl 3 --duration "$duration" --chaos --deploy \
+  "${robot_access[@]}" || status=$?
 echo
 
 if [ "$once" = 1 ]; then
@@ -154,13 +166,17 @@ if [ "$secure" = 1 ]; then
   echo "==> every hop is TLS; the operator's certificate authenticates these (audit log: $work/audit.jsonl)"
 fi
 cat <<EOT
-==> the stack keeps serving; watch it at $proxy/ui, or try (Ctrl-C stops everything):
+==> the stack keeps serving; watch it at $proxy/ui?fleet=aisles, or try (Ctrl-C stops everything):
   $c -X POST $proxy/v1/leases/my-job -H 'content-type: application/json' -d '{"holder":"me","ttl_seconds":20}'
   $c -X PUT $proxy/v1/leases/my-job/forward/aisles/my-job/count -H 'lease-secret: SECRET' -H 'content-type: application/json' -d '{"robot":"me","count":7}'
   $c -X POST $proxy/v1/leases/my-job/renew -H 'lease-secret: SECRET'
   $c $proxy/v1/leases/my-job
   $c '$proxy/v1/leases?prefix=aisle-'
   $c -X DELETE $proxy/v1/leases/my-job -H 'lease-secret: SECRET'
+  $c $proxy/v1/fleets/aisles          # the fleet: members, what each holds and hands off, what nobody holds
+  $c -X POST $proxy/v1/fleets/aisles/members -H 'content-type: application/json' -d '{"member":"me","ttl_seconds":60}'
+  $c "$proxy/v1/fleets/aisles/members/me?after=0&wait_ms=10000" -H 'lease-secret: SECRET'   # my share, with tokens
+  $c -X POST $proxy/v1/fleets/aisles/members/me/drain -H 'lease-secret: SECRET'            # hand it all off
   $c $inventory/log          # the inventory's write log (what the audit reads)
   $c $gateway/metrics        # the enforcer's counts
 EOT

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""A warehouse robot in Python, doing the Rust robots' job (examples/src/bin/warehouse/robot.rs)
-with the Python SDK: lease an aisle, count it, send each count with the fencing token through the
-proxy's forward route (to fence-gateway and the inventory behind it), let the guard renew, stop
-the moment the lease is lost, release, repeat.
+"""A warehouse robot in Python with the Python SDK, doing the job the Rust robots
+(examples/src/bin/warehouse/robot.rs) did before they joined the fleet ``aisles``: lease an aisle
+of its choosing, count it, send each count with the fencing token through the proxy's forward
+route (to fence-gateway and the inventory behind it), let the guard renew, stop the moment the
+lease is lost, release, repeat.
 
-Unlike the Rust robot, which deliberately writes without checking its deadline so that fencing
-has zombie writes to refuse, this one checks ``lease.lost`` before every write — what a real
-client should do; fencing still refuses whatever slips through. One ``event …`` line per outcome:
+Unlike the Rust demo's careless robot, which writes without looking at its lost signal so
+that fencing has zombie writes to refuse, this one checks ``lease.lost`` before every write —
+what a real client should do; fencing still refuses whatever slips through. One ``event …``
+line per outcome:
 
     event acquired AISLE TOKEN | event write-ok AISLE | event stale-enforcer AISLE
     event stale-proxy AISLE | event lost AISLE REASON | event released AISLE

@@ -89,6 +89,7 @@ function forget() {
   $('marks').tBodies[0].replaceChildren();
   renderRefusals();
   renderHeld();
+  fleetStop();
 }
 
 function askForToken(problem) {
@@ -124,6 +125,7 @@ function start() {
   $('sign-out').hidden = !bearer();
   renderRefusals();
   watch(state.generation, state.controller.signal);
+  fleetEnsure();
 }
 
 async function watch(generation, signal) {
@@ -173,53 +175,27 @@ function streamText() {
   return 'live · resumed ' + state.reconnects + '× (from ' + (state.lastId || 'now') + ')';
 }
 
-// Reads Server-Sent Events off `body` until it ends.
+// Reads the stream's messages until it ends: the first of a fresh stream starts the listing.
 async function readStream(body, generation, fresh) {
-  const reader = body.getReader();
-  const decoder = new TextDecoder();
-  let buffer = '';
-  let message = { id: null, event: null, data: [] };
   let first = true;
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done || generation !== state.generation) return;
-    buffer += decoder.decode(value, { stream: true });
-    let end;
-    while ((end = buffer.search(/\r\n|\r|\n/)) >= 0) {
-      const line = buffer.slice(0, end);
-      buffer = buffer.slice(end + (buffer.startsWith('\r\n', end) ? 2 : 1));
-      if (line === '') {
-        if (message.id !== null) state.lastId = message.id;
-        if (first && fresh) {
-          first = false;
-          list(generation); // the stream has started: what is held now, then its events
-        }
-        first = false;
-        if (message.data.length) dispatch(message.event, message.data.join('\n'));
-        message = { id: null, event: null, data: [] };
-        continue;
-      }
-      if (line.startsWith(':')) continue;
-      const colon = line.indexOf(':');
-      const field = colon < 0 ? line : line.slice(0, colon);
-      let value = colon < 0 ? '' : line.slice(colon + 1);
-      if (value.startsWith(' ')) value = value.slice(1);
-      if (field === 'id') message.id = value;
-      else if (field === 'event') message.event = value;
-      else if (field === 'data') message.data.push(value);
-      else if (field === 'retry' && /^\d+$/.test(value)) state.retryMs = Math.min(Number(value), 30000);
-    }
-  }
+  await readSse(
+    body,
+    () => generation === state.generation,
+    (message) => {
+      if (message.id !== null) state.lastId = message.id;
+      if (first && fresh) list(generation); // the stream has started: what is held now, then its events
+      first = false;
+      if (message.data) dispatch(message.data);
+    },
+    (ms) => {
+      state.retryMs = ms;
+    },
+  );
 }
 
-function dispatch(kind, data) {
-  let event;
-  try {
-    event = JSON.parse(data);
-  } catch (_) {
-    return;
-  }
-  if (typeof event !== 'object' || event === null || typeof event.resource !== 'string') return;
+function dispatch(data) {
+  const event = ownershipEvent(data);
+  if (event === null) return;
   if (!state.listing) apply(event, true);
   else if (state.listing.events.length < MAX_QUEUED) state.listing.events.push(event);
   else start(); // listing takes too long for what is waiting: from the start, from now
@@ -391,6 +367,7 @@ function tick(now) {
     const text = left > 0 ? (left / 1000).toFixed(1) + ' s' : 'due';
     if (held.row.left.textContent !== text) held.row.left.textContent = text;
   }
+  fleetTick(now);
 }
 
 // --- rendering ----------------------------------------------------------------------------
@@ -594,6 +571,7 @@ function refusal(r, received) {
   why.textContent = r.token ? 'token ' + r.token + ' below mark ' + r.mark : 'token not accepted';
   li.append(t, label, what, why);
   li.hidden = !String(r.resource).startsWith(state.prefix);
+  fleetRefusal(String(r.resource), performance.now() - Math.max(0, Number(r.age_ms) || 0));
   const list = $('refusals');
   list.prepend(li);
   while (list.children.length > MAX_EVENTS) list.lastElementChild.remove();
@@ -669,6 +647,17 @@ document.addEventListener('DOMContentLoaded', () => {
     history.replaceState(null, '', url);
     start();
   });
+  $('fleet-name').value = params.get('fleet') || '';
+  $('fleet-form').addEventListener('submit', (e) => {
+    e.preventDefault();
+    const name = $('fleet-name').value.trim();
+    const url = new URL(location.href);
+    if (name) url.searchParams.set('fleet', name);
+    else url.searchParams.delete('fleet');
+    history.replaceState(null, '', url);
+    showFleet(name);
+  });
+  lanesPointer();
   $('auth-form').addEventListener('submit', (e) => {
     e.preventDefault();
     sessionStorage.setItem(TOKEN_KEY, $('token').value.trim());
@@ -685,5 +674,6 @@ document.addEventListener('DOMContentLoaded', () => {
   readiness();
   configure();
   requestAnimationFrame(tick);
+  showFleet(params.get('fleet') || '');
   start();
 });

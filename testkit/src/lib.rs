@@ -19,7 +19,8 @@
 //! [`Etcd::shared`] is one etcd member shared by the tests of a binary that run at once (each
 //! isolates itself by key prefix).
 //!
-//! With the feature `proxy`, `proxy::Proxy` runs a lease-proxy in the test's own process.
+//! With the feature `proxy`, `proxy::Proxy` runs a lease-proxy in the test's own process, and
+//! `storage` fence-gateway in front of a storage that records what reaches it.
 #![forbid(unsafe_code)]
 #![allow(clippy::expect_used)] // a test helper that cannot start etcd must stop the test loudly
 
@@ -38,6 +39,8 @@ pub mod postgres;
 pub mod process;
 #[cfg(feature = "proxy")]
 pub mod proxy;
+#[cfg(feature = "proxy")]
+pub mod storage;
 pub mod v3_hostile;
 
 /// How long a member or cluster may take to elect a leader and answer.

@@ -23,16 +23,31 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; conn
                    img-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
 
 /// The page's files: name under `/ui/`, media type, contents.
-const FILES: [(&str, &str, &str); 3] = [
+const FILES: [(&str, &str, &str); 6] = [
     (
         "favicon.svg",
         "image/svg+xml",
         include_str!("../../ui/favicon.svg"),
     ),
     (
+        "sse.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../ui/sse.js"),
+    ),
+    (
         "app.js",
         "text/javascript; charset=utf-8",
         include_str!("../../ui/app.js"),
+    ),
+    (
+        "lanes.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../ui/lanes.js"),
+    ),
+    (
+        "fleet.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../ui/fleet.js"),
     ),
     (
         "app.css",

@@ -57,11 +57,12 @@ def browser() -> Iterator[webdriver.Chrome]:
 def console_errors(driver: webdriver.Chrome) -> List[str]:
     """Errors on the console since the last call: every script error, and every failed request
     but the answers the page expects and handles (401: asks for a token; 404: a grant that
-    ended while its time left was being read; 410: a resume point compacted, listed again)."""
+    ended while its time left was being read, or a fleet not made yet; 410: a resume point
+    compacted, listed again)."""
     def handled(e: dict) -> bool:
         m = e["message"]
-        return e.get("source") == "network" and (
-            "status of 401" in m or "status of 410" in m or ("/v1/leases/" in m and "status of 404" in m))
+        return e.get("source") == "network" and ("status of 401" in m or "status of 410" in m or (
+            ("/v1/leases/" in m or "/v1/fleets/" in m) and "status of 404" in m))
     return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE" and not handled(e)]  # fmt: skip
 
 
@@ -119,7 +120,8 @@ def test_the_page_is_self_contained_and_loads_without_console_errors(proxy: str,
     assert "default-src 'none'" in csp and "script-src 'self'" in csp and "unsafe-inline" not in csp
     assert page.headers["x-content-type-options"] == "nosniff"
     assert "<script>" not in page.text and " style=" not in page.text  # nothing inline
-    for asset, media in (("app.js", "text/javascript"), ("app.css", "text/css"), ("favicon.svg", "image/svg+xml")):
+    assets = [(js, "text/javascript") for js in ("sse.js", "app.js", "lanes.js", "fleet.js")]
+    for asset, media in assets + [("app.css", "text/css"), ("favicon.svg", "image/svg+xml")]:
         r = httpx.get(f"{proxy}/ui/{asset}")
         assert (r.status_code, r.headers["content-type"].split(";")[0]) == (200, media)
         text = r.text.replace('xmlns="http://www.w3.org/2000/svg"', "")  # a name, not a request

@@ -273,7 +273,7 @@ impl Client {
     }
 
     /// Sends `req` and reads its JSON answer.
-    async fn call<T: DeserializeOwned>(&self, req: RequestBuilder) -> Result<T> {
+    pub(crate) async fn call<T: DeserializeOwned>(&self, req: RequestBuilder) -> Result<T> {
         let (status, body) = self.send(req).await?;
         serde_json::from_slice(&body)
             .map_err(|e| Error::Protocol(format!("unexpected {status} answer: {e}")))

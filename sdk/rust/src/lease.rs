@@ -6,6 +6,9 @@ use reqwest::Method;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use std::sync::Arc;
+
+use crate::fleet::Grip;
 use crate::liveness::LostReason;
 use crate::loss_watch::Registration;
 use crate::renewal::Target;
@@ -18,12 +21,18 @@ use crate::{AcquireOptions, Client, Error, Grant, Result};
 /// Check [`Lease::is_lost`] (or select on [`Lease::lost`]) before every action the lease
 /// protects, and present [`Lease::fencing_token`] to the storage so that a write made after
 /// the loss anyway is refused there.
+///
+/// A fleet's grant ([`crate::AssignmentChange::added`]) lives on its member's session and is
+/// not renewed on its own; dropped, it is released only once it was handed off (a grant still
+/// assigned stays the member's); [`Lease::release`] gives it back at once.
 #[derive(Debug)]
 pub struct Lease {
     client: Client,
     grant: Grant,
     upkeep: Upkeep,
     released: bool,
+    /// A fleet grant's: released through its member, once for the guard and its hand-off.
+    grip: Option<Arc<Grip>>,
     /// The client's loss watch follows the grant while this is kept.
     _watched: Option<Registration>,
 }
@@ -68,8 +77,21 @@ impl Lease {
             grant,
             upkeep,
             released: false,
+            grip: None,
             _watched: watched,
         }
+    }
+
+    /// A fleet grant's grip.
+    pub(crate) fn grip(&self) -> Option<Arc<Grip>> {
+        self.grip.clone()
+    }
+
+    /// The guard of a fleet grant, living on its member's session.
+    pub(crate) fn in_fleet(client: Client, grant: Grant, upkeep: Upkeep, grip: Arc<Grip>) -> Self {
+        let mut lease = Self::new(client, grant, upkeep);
+        lease.grip = Some(grip);
+        lease
     }
 
     /// The resource held.
@@ -157,9 +179,15 @@ impl Lease {
     }
 
     /// Stops renewing, marks the lease lost ([`LostReason::Released`]) and releases it.
+    /// A fleet grant's guard gives the resource back to the service (which grants it again,
+    /// usually to the same member under a new token), and sends nothing once the member no
+    /// longer holds it (handed off and released already, or revoked).
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
         self.upkeep.end();
+        if let Some(grip) = self.grip.take() {
+            return grip.give_back(&self.client).await;
+        }
         self.client
             .release(&self.grant.resource, &self.grant.secret)
             .await
@@ -183,6 +211,11 @@ impl Drop for Lease {
         self.upkeep.end();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let client = self.client.clone();
+            if let Some(grip) = self.grip.take() {
+                let _enter = runtime.enter();
+                grip.unguard(client);
+                return;
+            }
             let resource = std::mem::take(&mut self.grant.resource);
             let secret = std::mem::take(&mut self.grant.secret);
             runtime.spawn(async move { client.release(&resource, &secret).await });

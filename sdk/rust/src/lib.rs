@@ -8,6 +8,11 @@
 //! - [`Session`] ([`Client::open_session`]): one heartbeat for many leases.
 //! - [`EventStream`] ([`Client::watch`]): who acquires, releases and loses what, as a stream
 //!   of [`Event`]s that reconnects and resumes.
+//! - [`Member`] ([`Client::join_fleet`]): this process in a fleet — a session, and a stream of
+//!   [`AssignmentChange`]s whose granted resources are [`Lease`]s, lost
+//!   ([`LostReason::HandedOff`]) when the service moves them to another member; the operator's
+//!   calls [`Client::put_fleet`], [`Client::get_fleet`], [`Client::delete_fleet`],
+//!   [`Client::drain_member`], [`Client::evict_member`].
 //! - [`Error`]: everything that can go wrong, with the proxy's problems as variants.
 //!
 //! ```no_run
@@ -57,6 +62,7 @@
 
 mod client;
 mod error;
+mod fleet;
 mod lease;
 mod liveness;
 mod loss_watch;
@@ -70,6 +76,10 @@ mod watch;
 
 pub use client::{Client, ClientBuilder};
 pub use error::{Error, Result};
+pub use fleet::{
+    AssignmentChange, Assignments, FleetMember, FleetSpec, FleetView, FleetWritten, JoinOptions,
+    Member, MemberState, Releasing,
+};
 pub use lease::Lease;
 pub use liveness::LostReason;
 pub use model::{AcquireOptions, Grant, Holding, Renewal, SessionAcquireOptions};

@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Why a lease or a session stopped being held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum LostReason {
     /// Its deadline passed without a successful renewal.
     Expired,
@@ -18,6 +19,9 @@ pub enum LostReason {
     SessionLost,
     /// It was released (or closed) by its guard.
     Released,
+    /// A fleet moved the resource to another member: finish, then release it (the service
+    /// revokes it at the hand-off's deadline otherwise).
+    HandedOff,
 }
 
 /// The state of one lease or session.

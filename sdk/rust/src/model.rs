@@ -52,12 +52,17 @@ impl AcquireOptions {
 
     /// The TTL in whole seconds, rounded up.
     pub(crate) fn ttl_seconds(&self) -> u64 {
-        let secs = self.ttl.as_secs();
-        if self.ttl.subsec_nanos() > 0 {
-            secs + 1
-        } else {
-            secs
-        }
+        whole_seconds(self.ttl)
+    }
+}
+
+/// `d` in whole seconds, rounded up (what the API's `ttl_seconds` takes).
+pub(crate) fn whole_seconds(d: Duration) -> u64 {
+    let secs = d.as_secs();
+    if d.subsec_nanos() > 0 {
+        secs + 1
+    } else {
+        secs
     }
 }
 

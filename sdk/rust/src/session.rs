@@ -32,17 +32,39 @@ impl Client {
         let ttl_seconds = crate::AcquireOptions::new(holder, ttl).ttl_seconds();
         let sent = Instant::now();
         let opened = self.open(holder, ttl_seconds).await?;
-        let granted_for = lifetime(opened.ttl_seconds, opened.expires_in_ms, Duration::ZERO);
+        Ok(Session::kept(
+            self.clone(),
+            opened.session_id,
+            opened.secret,
+            opened.holder,
+            (opened.ttl_seconds, opened.expires_in_ms),
+            sent,
+        ))
+    }
+}
+
+impl Session {
+    /// The session `id` proven by `secret`, opened by a request sent at `sent` whose answer
+    /// granted `(ttl_seconds, expires_in_ms)`, kept alive from now on.
+    pub(crate) fn kept(
+        client: Client,
+        id: String,
+        secret: String,
+        holder: String,
+        (ttl_seconds, expires_in_ms): (u64, u64),
+        sent: Instant,
+    ) -> Session {
+        let granted_for = lifetime(ttl_seconds, expires_in_ms, Duration::ZERO);
         let session = Session {
-            client: self.clone(),
+            client: client.clone(),
             upkeep: Upkeep::granted(sent, granted_for),
-            id: opened.session_id,
-            secret: opened.secret,
-            holder: opened.holder,
+            id,
+            secret,
+            holder,
             closed: false,
         };
         session.upkeep.renew(
-            self.clone(),
+            client,
             Target::Session {
                 id: session.id.clone(),
                 secret: session.secret.clone(),
@@ -50,11 +72,14 @@ impl Client {
             granted_for,
             sent,
         );
-        Ok(session)
+        session
     }
-}
 
-impl Session {
+    /// Its state, which its leases' live under.
+    pub(crate) fn liveness(&self) -> &std::sync::Arc<Liveness> {
+        self.upkeep.liveness()
+    }
+
     /// The session id (its etcd lease id, decimal).
     pub fn id(&self) -> &str {
         &self.id

@@ -1,17 +1,22 @@
-//! The warehouse: robots take exclusive inventory counts of aisles through lease-proxy, crash
-//! and stall, and the inventory stays correct.
+//! The warehouse: a fleet of robots shares the aisles through lease-proxy — the service decides
+//! who counts which — while robots crash, stall and are redeployed, and the inventory stays
+//! correct.
 //!
 //! - `warehouse inventory` — the inventory service (HTTP; SQLite, or PostgreSQL with `--db`),
 //!   placed behind fence-gateway; it keeps its own write log for the audit.
-//! - `warehouse robot` — one robot on the Rust SDK: lease an aisle, count, send updates while
-//!   the lease guard renews in the background, stop the moment it is lost.
-//! - `warehouse run` — starts robots, injects chaos (SIGKILL, SIGSTOP beyond the TTL), shows
-//!   progress, then audits the inventory's write log and exits non-zero on any violation.
+//! - `warehouse robot` — one robot on the Rust SDK: a member of the fleet `aisles`, counting
+//!   each aisle it is granted until the aisle's guard is lost (handed off: then it releases it),
+//!   draining on SIGTERM.
+//! - `warehouse run` — makes the fleet, starts robots, injects chaos (SIGKILL, SIGSTOP beyond
+//!   the TTL) and a rolling deploy, shows progress, then audits the inventory's write log and
+//!   the fleet's coverage, and exits non-zero on any violation.
 //!
 //! `./scripts/run.sh` starts etcd, lease-proxy, fence-gateway and the inventory, then runs this.
 
 mod audit;
+mod chaos;
 mod inventory;
+mod ledger;
 mod robot;
 mod run;
 

@@ -1,7 +1,10 @@
-//! One robot: lease an aisle with the Rust SDK (`lease-proxy-client`), count it, send the counts,
-//! release, repeat. The SDK's guard renews the lease in the background; the robot stops the
-//! moment the guard's lost signal fires, and releases its aisle when it is done with it or is
-//! told to stop (SIGTERM/SIGINT).
+//! One robot: a member of the fleet `aisles` on the Rust SDK (`lease-proxy-client`). The
+//! service decides which aisles it counts; the robot counts each aisle it is granted, in a task
+//! of its own, and sends the counts until the aisle's guard is lost — handed off to another
+//! robot (then it releases the aisle at once, so the hand-off is quick), its session lost (a
+//! stall past its TTL: the SDK joins again under the same name), or revoked. On SIGTERM (a
+//! deploy) it drains: the service hands its aisles to the others, it releases each as it
+//! finishes, and it leaves once it holds nothing (or `--drain-wait` has passed).
 //!
 //! Half the robots send their counts through the proxy's forward route ([`Lease::forward`]), the
 //! other half (`--direct`) straight to fence-gateway with [`Lease::fencing_token`]. The signal is
@@ -12,8 +15,11 @@
 use std::pin::pin;
 use std::time::Duration;
 
-use lease_proxy_client::{AcquireOptions, Client, Error, Lease};
+use futures::StreamExt;
+use lease_proxy_client::{AssignmentChange, Client, Error, JoinOptions, Lease, LostReason, Member};
 use rand::Rng;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use crate::inventory::Count;
 use crate::Failure;
@@ -27,15 +33,18 @@ pub(crate) struct Args {
     /// fence-gateway's base URL (for `--direct`).
     #[arg(long)]
     gateway: String,
-    /// Aisles to choose from, comma-separated.
-    #[arg(long, value_delimiter = ',')]
-    aisles: Vec<String>,
-    /// Robot name.
+    /// The fleet to join (its resources are the aisles).
+    #[arg(long, default_value = "aisles")]
+    fleet: String,
+    /// Robot name: the member's name.
     #[arg(long)]
     name: String,
-    /// Lease TTL in seconds.
+    /// Session TTL in seconds.
     #[arg(long, default_value_t = 3)]
     ttl: u64,
+    /// On SIGTERM, how long to wait for the hand-offs before leaving anyway.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    drain_wait: Duration,
     /// Write straight to the gateway with the token instead of through the proxy.
     #[arg(long)]
     direct: bool,
@@ -77,8 +86,8 @@ impl Access {
     }
 
     /// A lease-proxy client for `proxy` trusting `--ca` and presenting the bearer token.
-    fn lease_client(&self, proxy: &str) -> Result<Client, Failure> {
-        let mut builder = Client::builder(proxy).user_agent("warehouse-robot");
+    pub(crate) fn lease_client(&self, proxy: &str, agent: &str) -> Result<Client, Failure> {
+        let mut builder = Client::builder(proxy).user_agent(agent);
         if let Some(ca) = &self.ca {
             builder = builder.ca_file(ca);
         }
@@ -89,125 +98,233 @@ impl Access {
     }
 }
 
-/// How one aisle's counting ended.
-enum Counted {
-    /// All counts sent: the robot releases the aisle.
-    Done,
-    /// The lease was lost (the guard's signal, or a write refused as stale) — or a count could
-    /// not even be encoded: the robot walks away without writing again.
-    Lost,
-}
-
-/// Works until killed, or until SIGTERM/SIGINT (then it releases the aisle it holds).
+/// Works until killed, or until SIGTERM/SIGINT (then it drains and leaves).
 pub(crate) async fn work(args: Args) -> Result<std::process::ExitCode, Failure> {
     let http = args.access.http()?;
-    let client = args.access.lease_client(&args.proxy)?;
-    let ttl = Duration::from_secs(args.ttl);
+    let client = args.access.lease_client(&args.proxy, "warehouse-robot")?;
     let mut shutdown = pin!(fencing::serve::terminated());
     loop {
-        let aisle = args.aisles[rand::rng().random_range(0..args.aisles.len())].clone();
-        let options = AcquireOptions::new(&args.name, ttl).wait(Duration::from_secs(5));
-        let acquired = tokio::select! {
-            acquired = client.acquire(&aisle, options) => acquired,
+        let member = tokio::select! {
+            joined = join(&client, &args) => joined,
             () = &mut shutdown => return Ok(std::process::ExitCode::SUCCESS),
         };
-        let lease = match acquired {
-            Ok(lease) => lease,
-            Err(Error::Held { .. }) => continue,
-            Err(e) => {
-                println!("event error acquire {e}");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                continue;
-            }
-        };
-        println!("event acquired {aisle} {}", lease.token());
-        let counted = tokio::select! {
-            counted = count(&args, &http, &lease) => Some(counted),
-            () = &mut shutdown => None,
-        };
-        match counted {
-            Some(Counted::Done) => {
-                release(lease).await;
-            }
-            // Dropping the guard releases what may be left of the grant, in the background.
-            Some(Counted::Lost) => {}
-            None => {
-                release(lease).await;
+        println!("event joined {}", args.fleet);
+        let mut counting = JoinSet::new();
+        let ended = tokio::select! {
+            ended = follow(&args, &http, &member, &mut counting) => ended,
+            () = &mut shutdown => {
+                drain(&args, &member, &mut counting).await;
+                let _ = member.leave().await;
+                println!("event left {}", args.fleet);
                 return Ok(std::process::ExitCode::SUCCESS);
+            }
+        };
+        // Ended without a rejoin (evicted, the fleet gone, the name taken): join again.
+        println!("event error member {ended}");
+        counting.shutdown().await;
+        drop(member);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Joins the fleet, trying again until it works.
+async fn join(client: &Client, args: &Args) -> Member {
+    let opts = JoinOptions::new(&args.name, Duration::from_secs(args.ttl))
+        .rejoin(true)
+        .poll(Duration::from_secs(10));
+    loop {
+        match client.join_fleet(&args.fleet, opts.clone()).await {
+            Ok(member) => return member,
+            Err(e) => {
+                println!("event error join {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
     }
 }
 
-/// Counts the aisle `lease` holds a few times and sends each count; stops the moment the lease
-/// is lost.
-async fn count(args: &Args, http: &reqwest::Client, lease: &Lease) -> Counted {
-    let aisle = lease.resource();
+/// Follows the member's assignment: a counting task per aisle granted. Returns why it ended.
+async fn follow(
+    args: &Args,
+    http: &reqwest::Client,
+    member: &Member,
+    counting: &mut JoinSet<()>,
+) -> String {
+    let mut changes = member.assignments();
+    loop {
+        tokio::select! {
+            change = changes.next() => match change {
+                Some(Ok(change)) => take(args, http, change, counting),
+                Some(Err(e)) => return e.to_string(),
+                None => return "the assignment stream ended".to_owned(),
+            },
+            Some(_) = counting.join_next(), if !counting.is_empty() => {}
+        }
+    }
+}
+
+/// Acts on one change: counts what was granted; what moved away or was taken back stops on its
+/// guard's lost signal.
+fn take(args: &Args, http: &reqwest::Client, change: AssignmentChange, counting: &mut JoinSet<()>) {
+    if change.rejoined {
+        println!("event rejoined {}", args.fleet);
+    }
+    for aisle in &change.removed {
+        println!("event revoked {aisle}");
+    }
+    for lease in change.added {
+        println!("event acquired {} {}", lease.resource(), lease.token());
+        let (style, name, gateway, http) = (
+            Style::of(args),
+            args.name.clone(),
+            args.gateway.clone(),
+            http.clone(),
+        );
+        counting.spawn(async move { count(style, &name, &gateway, &http, lease).await });
+    }
+}
+
+/// On SIGTERM: asks the service to hand everything off, keeps following the assignment while
+/// the counting tasks finish and give their aisles back, then returns (at the latest after
+/// `--drain-wait`).
+async fn drain(args: &Args, member: &Member, counting: &mut JoinSet<()>) {
+    match member.drain().await {
+        Ok(_) => println!("event draining {}", args.fleet),
+        Err(e) => println!("event error drain {e}"),
+    }
+    let http = match args.access.http() {
+        Ok(http) => http,
+        Err(_) => return,
+    };
+    let until = Instant::now() + args.drain_wait;
+    let mut changes = member.assignments();
+    while Instant::now() < until && !(member.held().is_empty() && counting.is_empty()) {
+        tokio::select! {
+            Some(Ok(change)) = changes.next() => take(args, &http, change, counting),
+            Some(_) = counting.join_next(), if !counting.is_empty() => {}
+            () = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+    }
+    counting.shutdown().await;
+}
+
+/// How a robot sends its counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Style {
+    /// Through the proxy's forward route.
+    Forward,
+    /// Straight to the gateway with its token, after checking the lease is not lost.
+    Direct,
+    /// Straight to the gateway without checking: fencing's case.
+    Careless,
+}
+
+impl Style {
+    fn of(args: &Args) -> Self {
+        match (args.careless, args.direct) {
+            (true, _) => Style::Careless,
+            (false, true) => Style::Direct,
+            (false, false) => Style::Forward,
+        }
+    }
+}
+
+/// How one write went.
+enum Sent {
+    Ok,
+    /// Refused as stale (the guard had not told yet, or was not asked): stop counting.
+    Stale,
+    /// The guard refused to send it: the lease was lost.
+    Lost,
+    Failed,
+}
+
+/// Counts the aisle `lease` holds and sends each count until the lease is lost, then gives the
+/// aisle back (a hand-off) or walks away (anything else: nothing of it is left to give back).
+async fn count(style: Style, robot: &str, gateway: &str, http: &reqwest::Client, lease: Lease) {
+    let aisle = lease.resource().to_owned();
     let lost = lease.lost();
-    let updates = rand::rng().random_range(3..9);
-    for _ in 0..updates {
+    loop {
         // Counting takes a while.
         let pause = Duration::from_millis(rand::rng().random_range(100..400));
         tokio::select! {
-            () = lost.cancelled(), if !args.careless => {}
+            () = lost.cancelled(), if style != Style::Careless => {}
             () = tokio::time::sleep(pause) => {}
         }
         // The signal, or the clock already past the deadline: a robot resumed after a SIGSTOP
         // may get here before the guard's own timer has run.
-        if !args.careless && lease.is_lost() {
-            println!("event lost {aisle}");
-            return Counted::Lost;
+        if style != Style::Careless && lease.is_lost() {
+            break;
         }
         let count = Count {
-            robot: args.name.clone(),
+            robot: robot.to_owned(),
             count: rand::rng().random_range(0..500),
         };
-        let Ok(body) = serde_json::to_vec(&count) else {
-            println!("event error encode");
-            return Counted::Lost;
-        };
-        let path = format!("/aisles/{aisle}/count");
-        let sent = if args.direct || args.careless {
-            http.put(format!("{}{path}", args.gateway))
-                .header("fencing-resource", aisle)
-                .header("fencing-token", lease.fencing_token())
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(body)
-                .send()
-                .await
-                .map_err(Error::from)
-        } else {
-            lease
-                .forward(reqwest::Method::PUT, &path, Some(body.into()))
-                .await
-        };
-        match sent.map(|resp| resp.status().as_u16()) {
-            Ok(200) => println!("event write-ok {aisle}"),
-            Ok(409) => {
-                println!("event stale-enforcer {aisle}");
-                return Counted::Lost;
-            }
-            Ok(403 | 410) => {
-                println!("event stale-proxy {aisle}");
-                return Counted::Lost;
-            }
-            // The guard refused to forward: the lease was lost since the check above.
-            Err(Error::Lost) => {
-                println!("event lost {aisle}");
-                return Counted::Lost;
-            }
-            Ok(other) => println!("event write-error {other}"),
-            Err(_) => println!("event write-error 0"),
+        match send(style, gateway, http, &lease, &count).await {
+            Sent::Ok => println!("event write-ok {aisle}"),
+            Sent::Stale | Sent::Lost => break,
+            Sent::Failed => {}
         }
     }
-    Counted::Done
+    // A guard already lost answers at once; one refused as stale learns of it within moments.
+    let reason = tokio::time::timeout(Duration::from_secs(5), lease.lost_reason()).await;
+    if reason == Ok(LostReason::HandedOff) {
+        match lease.release().await {
+            Ok(()) => println!("event handed-off {aisle}"),
+            Err(e) => println!("event error release {e}"),
+        }
+    } else {
+        let why = reason.map_or_else(|_| "Stale".to_owned(), |r| format!("{r:?}"));
+        println!("event lost {aisle} {why}");
+    }
 }
 
-/// Releases `lease` and says so.
-async fn release(lease: Lease) {
-    let aisle = lease.resource().to_owned();
-    match lease.release().await {
-        Ok(()) => println!("event released {aisle}"),
-        Err(e) => println!("event error release {e}"),
+async fn send(
+    style: Style,
+    gateway: &str,
+    http: &reqwest::Client,
+    lease: &Lease,
+    count: &Count,
+) -> Sent {
+    let aisle = lease.resource();
+    let Ok(body) = serde_json::to_vec(count) else {
+        println!("event error encode");
+        return Sent::Failed;
+    };
+    let path = format!("/aisles/{aisle}/count");
+    let sent = if style == Style::Forward {
+        lease
+            .forward(reqwest::Method::PUT, &path, Some(body.into()))
+            .await
+    } else {
+        http.put(format!("{gateway}{path}"))
+            .header("fencing-resource", aisle)
+            .header("fencing-token", lease.fencing_token())
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .send()
+            .await
+            .map_err(Error::from)
+    };
+    match sent.map(|resp| resp.status().as_u16()) {
+        Ok(200) => Sent::Ok,
+        Ok(409) => {
+            println!("event stale-enforcer {aisle}");
+            Sent::Stale
+        }
+        Ok(403 | 410) => {
+            println!("event stale-proxy {aisle}");
+            Sent::Stale
+        }
+        // The guard refused to forward: the lease was lost since the check.
+        Err(Error::Lost) => Sent::Lost,
+        Ok(other) => {
+            println!("event write-error {other}");
+            Sent::Failed
+        }
+        Err(_) => {
+            println!("event write-error 0");
+            Sent::Failed
+        }
     }
 }
