@@ -9,13 +9,12 @@
 //! moves twice for one membership change. Liveness (fair scheduling, the changes over): with an
 //! eligible member alive, every resource ends up held by one.
 //!
-//! The decision is isolated in [`next`], written against the contract: the server's
-//! (`proxy/src/fleet/assign.rs`, `next`, pure too) replaces it through a door beside
-//! `lease_proxy::model` that maps this state to its `Input` and its `Plan` back, and the one
-//! call in [`Fleet`]'s `decide`.
+//! The decision is the server's own (`proxy/src/fleet/assign.rs`, `next`, pure): [`next`] maps
+//! this state to its `Input` through the door `lease_proxy::fleet_model` and its `Plan` back.
 
 use std::fmt::Write as _;
 
+use lease_proxy::fleet_model as door;
 use stateright::{Model, Property};
 
 /// A member's standing.
@@ -64,69 +63,39 @@ pub struct Plan {
     pub revokes: Vec<(u8, u8)>,
 }
 
-/// The decision (balanced, sticky, revoke before grant): a resource stays with its target while
-/// that member is active and within its share; the rest go to the least loaded active member
-/// (lowest index on a tie). A free resource is granted to its target; a resource held by a
-/// member it is not assigned to is that member's to release by the deadline, then revoked — at
-/// once if the holder was evicted or is no member.
+/// The decision: the server's own (`proxy/src/fleet/assign.rs`, `next`), through the door
+/// `lease_proxy::fleet_model`. A member whose process died is still a member to the service
+/// until its session lapses: it cannot tell a dead process from a slow one.
 pub fn next(input: &Input<'_>) -> Plan {
-    let active: Vec<u8> = (0..input.members.len() as u8)
-        .filter(|&m| input.members[m as usize] == Standing::Active)
+    let members: Vec<door::Standing> = input
+        .members
+        .iter()
+        .map(|standing| match standing {
+            Standing::Absent => door::Standing::Absent,
+            Standing::Active | Standing::Dead(_) => door::Standing::Active,
+            Standing::Draining => door::Standing::Draining,
+            Standing::Evicted => door::Standing::Evicted,
+        })
         .collect();
-    let n = input.targets.len();
-    let mut targets = vec![None; n];
-    let mut counts = vec![0usize; input.members.len()];
-    if !active.is_empty() {
-        let share = n.div_ceil(active.len());
-        for (r, target) in targets.iter_mut().enumerate() {
-            let keep = input.targets[r]
-                .or(input.holders[r])
-                .filter(|m| active.contains(m));
-            if let Some(m) = keep.filter(|&m| counts[m as usize] < share) {
-                *target = Some(m);
-                counts[m as usize] += 1;
-            }
-        }
-        for target in targets.iter_mut().filter(|t| t.is_none()) {
-            let least = active
-                .iter()
-                .copied()
-                .min_by_key(|&m| (counts[m as usize], m));
-            if let Some(m) = least {
-                *target = Some(m);
-                counts[m as usize] += 1;
-            }
-        }
+    let deadlines: Vec<Option<u64>> = input.deadlines.iter().map(|d| d.map(u64::from)).collect();
+    let plan = door::next(&door::Input {
+        members: &members,
+        targets: input.targets,
+        deadlines: &deadlines,
+        holders: input.holders,
+        drain: input.drain.into(),
+        now: input.now.into(),
+    });
+    Plan {
+        targets: plan.targets,
+        deadlines: plan
+            .deadlines
+            .iter()
+            .map(|d| d.map(|d| u8::try_from(d).unwrap_or(u8::MAX)))
+            .collect(),
+        grants: plan.grants,
+        revokes: plan.revokes,
     }
-    let mut plan = Plan {
-        targets,
-        deadlines: vec![None; n],
-        grants: Vec::new(),
-        revokes: Vec::new(),
-    };
-    for r in 0..n {
-        let target = plan.targets[r];
-        match input.holders[r] {
-            None => {
-                if let Some(m) = target {
-                    plan.grants.push((r as u8, m));
-                }
-            }
-            Some(h) if Some(h) == target => {}
-            Some(h) => {
-                let standing = input.members[h as usize];
-                let gone = matches!(standing, Standing::Evicted | Standing::Absent);
-                let deadline = input.deadlines[r]
-                    .filter(|_| input.targets[r] == target)
-                    .unwrap_or(input.now + input.drain);
-                plan.deadlines[r] = Some(deadline);
-                if gone || input.now >= deadline {
-                    plan.revokes.push((r as u8, h));
-                }
-            }
-        }
-    }
-    plan
 }
 
 /// A change to the protocol or to the decision, which the checker must catch.

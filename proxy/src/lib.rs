@@ -29,5 +29,8 @@ pub use error::{Conflict, Error, Result};
 pub use fencing::problem::PROBLEM_BASE;
 #[cfg(feature = "model")]
 #[doc(hidden)]
+pub use fleet::model as fleet_model;
+#[cfg(feature = "model")]
+#[doc(hidden)]
 pub use lease::model;
 pub use server::{load_keys, run, StartError};

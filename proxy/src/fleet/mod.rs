@@ -13,6 +13,8 @@
 pub(crate) mod assign;
 mod driver;
 mod members;
+#[cfg(feature = "model")]
+pub mod model;
 mod reconcile;
 pub(crate) mod records;
 mod signals;
