@@ -176,6 +176,46 @@ fn leasebench_measures_grpc_through_the_proxy_and_straight_to_etcd() {
 }
 
 #[test]
+fn leasebench_takes_a_fleet_and_the_naive_members_through_every_event() {
+    let exe = Path::new(env!("CARGO_BIN_EXE_leasebench"));
+    ensure_binaries();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("lb.json");
+    let status = Command::new(exe)
+        .args(["--fleet", "12x3", "--fleet-ttl", "2", "--rounds", "1"])
+        .arg("--json")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let doc = json(&out);
+    let runs = doc["fleet"].as_array().unwrap();
+    let sides: Vec<&str> = runs.iter().map(|r| r["side"].as_str().unwrap()).collect();
+    assert_eq!(sides, ["proxy", "naive"]);
+    for run in runs {
+        let events = run["events"].as_array().unwrap();
+        let names: Vec<&str> = events
+            .iter()
+            .map(|e| e["event"].as_str().unwrap())
+            .collect();
+        let expected: &[&str] = match run["side"].as_str().unwrap() {
+            "naive" => &["start", "join", "leave", "death", "attempts"],
+            _ => &["start", "join", "leave", "death"],
+        };
+        assert_eq!(names, expected, "{run}");
+        for e in events.iter().filter(|e| e["event"] != "attempts") {
+            // Every event ends with every resource owned by a live member, counts within one.
+            assert!(e["balanced_ms"].as_f64().is_some(), "{e}");
+            assert!(
+                e["moves"].as_u64().unwrap() >= e["least_moves"].as_u64().unwrap(),
+                "{e}"
+            );
+            assert!(e["etcd_txns"].as_i64().unwrap() > 0, "{e}");
+        }
+    }
+}
+
+#[test]
 fn fencebench_measures_three_backends_against_an_enforcing_gateway() {
     let exe = Path::new(env!("CARGO_BIN_EXE_fencebench"));
     ensure_binaries();

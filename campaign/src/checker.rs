@@ -7,12 +7,16 @@
 //!    (`/v3/lock/token`) is not pre-fenced, so its holders' order rests on 1 (the mark rises at
 //!    their first write);
 //! 3. every acknowledged write is in the storage;
-//! 4. only tokens that were granted (acquired, or exchanged for a lock) appear in the storage;
+//! 4. only tokens that were granted (acquired, exchanged for a lock, assigned to a fleet's member)
+//!    appear in the storage;
 //! 5. the enforcer's mark survives restarts: a stale probe after a restart is refused;
 //! 6. each token belongs to exactly one holder: no two clients were granted, or wrote to the
 //!    storage with, the same token for one resource;
 //! 7. no refused write reached the storage: a write answered with a 4xx (409 stale from the
 //!    enforcer, 410 from a proxy, any other refusal) is not in the apply log.
+//!
+//! A fleet's grants are judged by 1 and 3–7; by 2 in [`announced_early`], apart (the member's
+//! view may show a grant before its pre-fence has completed).
 //!
 //! Writes are identified by (client, op), which the client puts in the body and the storage
 //! logs.
@@ -48,39 +52,7 @@ pub fn violations(events: &[Event], applied: &[Applied], probes: &[Probe]) -> Ve
     }
 
     // 2. No stale write after a newer grant was announced.
-    let mut grants: BTreeMap<&str, Vec<(tokio::time::Instant, u64)>> = BTreeMap::new();
-    for e in events {
-        if let (Kind::Acquire, Outcome::Ok, Some(rev)) = (e.kind, e.outcome, e.revision) {
-            grants
-                .entry(e.resource.as_str())
-                .or_default()
-                .push((e.completed, rev));
-        }
-    }
-    for g in grants.values_mut() {
-        g.sort_unstable();
-        let mut high = 0;
-        for entry in g.iter_mut() {
-            high = high.max(entry.1);
-            entry.1 = high;
-        }
-    }
-    for a in &writes {
-        let Some(g) = grants.get(a.resource.as_str()) else {
-            continue;
-        };
-        let before = g.partition_point(|(at, _)| *at < a.at);
-        if before > 0 && g[before - 1].1 > a.revision {
-            found.push(format!(
-                "stale: {} applied token {} after token {} had been granted (client {}, op {})",
-                a.resource,
-                a.revision,
-                g[before - 1].1,
-                a.client,
-                a.op
-            ));
-        }
-    }
+    found.extend(stale(events, &writes, Kind::Acquire, "stale"));
 
     // 3. Acknowledged writes are in the storage.
     let stored: HashSet<(&str, u64)> = writes.iter().map(|a| (a.client.as_str(), a.op)).collect();
@@ -174,6 +146,58 @@ pub fn violations(events: &[Event], applied: &[Applied], probes: &[Probe]) -> Ve
         }
     }
     found
+}
+
+/// Check 2 for the grants of `kind`: every write applied with token t after a grant of `kind`
+/// of the same resource returned t' > t, described as `class`.
+fn stale(events: &[Event], writes: &[&Applied], kind: Kind, class: &str) -> Vec<String> {
+    let mut grants: BTreeMap<&str, Vec<(tokio::time::Instant, u64)>> = BTreeMap::new();
+    for e in events {
+        if let (true, Outcome::Ok, Some(rev)) = (e.kind == kind, e.outcome, e.revision) {
+            grants
+                .entry(e.resource.as_str())
+                .or_default()
+                .push((e.completed, rev));
+        }
+    }
+    for g in grants.values_mut() {
+        g.sort_unstable();
+        let mut high = 0;
+        for entry in g.iter_mut() {
+            high = high.max(entry.1);
+            entry.1 = high;
+        }
+    }
+    let mut found = Vec::new();
+    for a in writes {
+        let Some(g) = grants.get(a.resource.as_str()) else {
+            continue;
+        };
+        let before = g.partition_point(|(at, _)| *at < a.at);
+        if before > 0 && g[before - 1].1 > a.revision {
+            found.push(format!(
+                "{class}: {} applied token {} after token {} had been granted (client {}, op {})",
+                a.resource,
+                a.revision,
+                g[before - 1].1,
+                a.client,
+                a.op
+            ));
+        }
+    }
+    found
+}
+
+/// Check 2 for a fleet's grants, which the member's view shows before their pre-fence may have
+/// completed: every write applied with an older token after a member saw the newer grant.
+/// Reported beside the violations, not among them, while the view does not wait for the
+/// pre-fence: storage order (check 1) holds whatever the view shows.
+pub fn announced_early(events: &[Event], applied: &[Applied]) -> Vec<String> {
+    let writes: Vec<&Applied> = applied
+        .iter()
+        .filter(|a| a.client != PROBE_CLIENT)
+        .collect();
+    stale(events, &writes, Kind::Assigned, "announced early")
 }
 
 #[cfg(test)]
@@ -368,6 +392,23 @@ mod tests {
         let mut events = base();
         events.push(write("b", 4, 9, Outcome::Ok));
         assert_eq!(kinds(&violations(&events, &base_log(), &[])), ["lost"]);
+
+        // A fleet's grant seen before an older write landed: apart from the violations.
+        let events = vec![
+            Event {
+                kind: Kind::Assigned,
+                ..grant("a", "r", 5, t(0))
+            },
+            write("a", 1, 5, Outcome::Ok),
+            Event {
+                kind: Kind::Assigned,
+                ..grant("b", "r", 9, t(20))
+            },
+            write("b", 2, 9, Outcome::Ok),
+        ];
+        let log = vec![applied("a", 1, 5, t(25)), applied("b", 2, 9, t(30))];
+        assert!(violations(&events, &log, &[]).is_empty());
+        assert_eq!(kinds(&announced_early(&events, &log)), ["announced early"]);
 
         // An unanswered write that was applied is fine; so is an unanswered one that was not.
         let mut events = base();

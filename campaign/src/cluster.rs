@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use fencing::{KeyId, Keyring};
-use lease_proxy_testkit::{free_port, signal_pid, workspace_binary, Etcd};
+use lease_proxy_testkit::{feature_binary, free_port, signal_pid, workspace_binary, Etcd};
 
 use crate::postgres::Postgres;
 use crate::relay::{Mode, Relay};
@@ -56,6 +56,28 @@ pub enum Control {
     /// (`fencing.protect`): the SQL clients present their tokens and the proxies raise the
     /// marks, but nothing in the database checks a write.
     TriggerRemoved,
+    /// The proxies are `lease-proxy-controls` (the proxy built with its `negative-controls`
+    /// feature) with `LEASE_PROXY_NEGATIVE_CONTROL=no-revoke-before-grant`: a fleet grants a
+    /// resource to its next member while another still holds it, overwriting that grant. Needs
+    /// a fleet.
+    NoRevokeBeforeGrant,
+}
+
+impl Control {
+    /// The lease-proxy binary the deployment runs, and the environment it runs with: the
+    /// proxy's own negative controls exist only in a build of their own.
+    fn proxy(self) -> (PathBuf, Vec<(String, String)>) {
+        match self {
+            Control::NoRevokeBeforeGrant => (
+                feature_binary("lease-proxy", "lease-proxy-controls", "negative-controls"),
+                vec![(
+                    "LEASE_PROXY_NEGATIVE_CONTROL".into(),
+                    "no-revoke-before-grant".into(),
+                )],
+            ),
+            _ => (workspace_binary("lease-proxy"), Vec::new()),
+        }
+    }
 }
 
 /// Which faults a run draws from.
@@ -188,6 +210,7 @@ pub struct Proc {
     args: Vec<String>,
     log: PathBuf,
     ready_url: String,
+    env: Vec<(String, String)>,
     child: Mutex<Option<Child>>,
 }
 
@@ -205,8 +228,15 @@ impl Proc {
             args,
             log: dir.join(format!("{name}.log")),
             ready_url,
+            env: Vec::new(),
             child: Mutex::new(None),
         }
+    }
+
+    /// The same, run with these environment variables too.
+    pub(crate) fn with_env(mut self, env: Vec<(String, String)>) -> Self {
+        self.env = env;
+        self
     }
 
     /// The process name, for reports.
@@ -238,6 +268,7 @@ impl Proc {
             let child = Command::new(&self.program)
                 .args(&self.args)
                 .env("RUST_LOG", "warn")
+                .envs(self.env.iter().map(|(k, v)| (k, v)))
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(log)
@@ -490,6 +521,7 @@ impl Cluster {
             gateway_urls.clone()
         };
 
+        let (proxy_bin, proxy_env) = control.proxy();
         let mut proxies = Vec::new();
         let mut paths = Vec::new();
         for i in 0..2 {
@@ -510,13 +542,16 @@ impl Cluster {
                 &to_gateway.url(),
                 prefence,
             );
-            let p = Arc::new(Proc::new(
-                &format!("lease-proxy-{i}"),
-                workspace_binary("lease-proxy"),
-                args,
-                dir.path(),
-                format!("http://127.0.0.1:{port}/readyz"),
-            ));
+            let p = Arc::new(
+                Proc::new(
+                    &format!("lease-proxy-{i}"),
+                    proxy_bin.clone(),
+                    args,
+                    dir.path(),
+                    format!("http://127.0.0.1:{port}/readyz"),
+                )
+                .with_env(proxy_env.clone()),
+            );
             p.start().await?;
             proxies.push(p);
             paths.push(ProxyPaths {
@@ -528,20 +563,25 @@ impl Cluster {
         // The idle replica: default settings towards etcd, straight to every member.
         let idle_port = free_port();
         let idle_url = format!("http://127.0.0.1:{idle_port}");
-        let idle = Arc::new(Proc::new(
-            "lease-proxy-idle",
-            workspace_binary("lease-proxy"),
-            proxy_args(
-                idle_port,
-                &etcd.endpoints(),
-                &key_file,
-                &dir.path().join("proxy-idle"),
-                &protected[0],
-                !gateways.is_empty() && control != Control::NoPrefence,
-            ),
-            dir.path(),
-            format!("{idle_url}/readyz"),
-        ));
+        // Every replica decides for the fleets, this one too: under a proxy control it is as
+        // broken as the others.
+        let idle = Arc::new(
+            Proc::new(
+                "lease-proxy-idle",
+                proxy_bin,
+                proxy_args(
+                    idle_port,
+                    &etcd.endpoints(),
+                    &key_file,
+                    &dir.path().join("proxy-idle"),
+                    &protected[0],
+                    !gateways.is_empty() && control != Control::NoPrefence,
+                ),
+                dir.path(),
+                format!("{idle_url}/readyz"),
+            )
+            .with_env(proxy_env),
+        );
         idle.start().await?;
         let mut direct = Vec::new();
         for url in &protected {

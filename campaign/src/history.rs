@@ -20,6 +20,10 @@ pub enum Kind {
     /// Exchange a lock key (etcd's Mutex recipe, over gRPC) for its fencing token at
     /// `/v3/lock/token`: a grant, announced to nobody but its holder (no pre-fence).
     Lock,
+    /// A fleet's grant, as its member saw it appear in its assignment (`held`, with its token):
+    /// made by the service on the member's session and pre-fenced, but shown by the member's
+    /// view as soon as it exists in etcd — possibly before its pre-fence has completed.
+    Assigned,
 }
 
 impl Kind {
@@ -28,9 +32,9 @@ impl Kind {
         matches!(self, Kind::WriteViaProxy | Kind::WriteDirect)
     }
 
-    /// Whether this hands out a token: an acquire or a lock's exchange.
+    /// Whether this hands out a token: an acquire, a lock's exchange or a fleet's grant.
     pub fn is_grant(self) -> bool {
-        matches!(self, Kind::Acquire | Kind::Lock)
+        matches!(self, Kind::Acquire | Kind::Lock | Kind::Assigned)
     }
 }
 

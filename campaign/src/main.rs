@@ -55,6 +55,10 @@ struct Args {
     /// grace, 2 s).
     #[arg(long, default_value = "60ms", value_parser = humantime::parse_duration)]
     processing_max: Duration,
+    /// Members of a fleet beside the clients, as MEMBERSxRESOURCES (`6x12`: six members at the
+    /// start, sharing twelve resources of their own); none when absent.
+    #[arg(long, value_parser = parse_fleet)]
+    fleet: Option<lease_proxy_campaign::fleet::Shape>,
     /// Write each run's history and the storage's applied log to `DIR/history-SEED.txt`.
     #[arg(long)]
     history_dir: Option<PathBuf>,
@@ -98,6 +102,7 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
                 .history_dir
                 .as_ref()
                 .map(|d| d.join(format!("history-{}.txt", first_seed.wrapping_add(i as u64)))),
+            fleet: args.fleet,
         };
         // A run the harness itself could not complete (e.g. etcd never elected a leader after
         // a fault) judges nothing: it is counted and reported, not silently dropped.
@@ -155,5 +160,17 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
         std::process::ExitCode::SUCCESS
     } else {
         std::process::ExitCode::FAILURE
+    })
+}
+
+/// `MEMBERSxRESOURCES`.
+fn parse_fleet(s: &str) -> Result<lease_proxy_campaign::fleet::Shape, String> {
+    let (members, resources) = s
+        .split_once('x')
+        .ok_or_else(|| format!("`{s}`: expected MEMBERSxRESOURCES, e.g. 6x12"))?;
+    let number = |n: &str| n.parse::<usize>().map_err(|e| format!("`{n}`: {e}"));
+    Ok(lease_proxy_campaign::fleet::Shape {
+        members: number(members)?,
+        resources: number(resources)?,
     })
 }

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use crate::client::{Clients, Quirk};
 use crate::cluster::Cluster;
+use crate::fleet::Members;
 use crate::plan::{Plan, Step, MAX_CONCURRENT};
 use crate::relay::Mode;
 
@@ -82,6 +83,23 @@ pub enum Fault {
     /// socket), and SIGCONT comes after the hold — the holder's lease has lapsed meanwhile and
     /// its resource is contended through the other gateway.
     GatewayPauseMidAdmission,
+    /// A new member joins the fleet.
+    MemberJoin,
+    /// A member leaves: it finishes its write in flight and closes its session (its grants end
+    /// at once).
+    MemberLeave,
+    /// A member's task is aborted wherever it is (its session lapses), and restarted under the
+    /// same name within the TTL or never.
+    MemberDeath,
+    /// A member stops dead (everything it does: keepalive, assignment stream, writes) before
+    /// a write for longer than its TTL, then goes on with the tokens it had.
+    MemberPause,
+    /// An operator drains a member (a deploy): it hands everything off, closes its session and
+    /// restarts under the same name.
+    MemberDrain,
+    /// An operator evicts a member: its grants end at once; it writes once more with each token
+    /// it held, then restarts under the same name.
+    MemberEvict,
 }
 
 impl Fault {
@@ -191,14 +209,23 @@ pub struct Log {
     pub probes: Mutex<Vec<Probe>>,
 }
 
+impl Log {
+    fn push(&self, injected: Injected) {
+        if let Ok(mut f) = self.faults.lock() {
+            f.push(injected);
+        }
+    }
+}
+
 /// Executes `plan`, then waits for every fault to heal. Each infrastructure fault starts when
 /// due, or once the part it touches is free and fewer than two others are active (the plan
-/// keeps to that with planned lengths; real restarts may take longer). Client faults start
-/// when due.
+/// keeps to that with planned lengths; real restarts may take longer). Client faults, and the
+/// fleet's member events (on `fleet`, in a run with one), start when due.
 pub async fn run(
     plan: &Plan,
     cluster: Arc<Cluster>,
     clients: Arc<Clients>,
+    fleet: Option<Arc<Members>>,
     log: Arc<Log>,
     started: Instant,
 ) {
@@ -208,20 +235,40 @@ pub async fn run(
     let storage_busy = Arc::new(tokio::sync::Mutex::new(()));
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT));
     let mut active = tokio::task::JoinSet::new();
-    let mut infrastructure = plan.infrastructure.iter().peekable();
-    let mut client_faults = plan.clients.iter().peekable();
-    loop {
-        // The next due step of either schedule, in time order.
-        let next = match (infrastructure.peek(), client_faults.peek()) {
-            (Some(i), Some(c)) if i.at_ms <= c.at_ms => infrastructure.next(),
-            (Some(_), Some(_)) => client_faults.next(),
-            (Some(_), None) => infrastructure.next(),
-            (None, Some(_)) => client_faults.next(),
-            (None, None) => break,
-        };
-        let Some(step) = next.cloned() else { break };
+    // Every schedule's steps in time order (stable: on a tie the infrastructure's first, then
+    // the clients', then the fleet's).
+    let mut steps: Vec<&Step> = plan
+        .infrastructure
+        .iter()
+        .chain(&plan.clients)
+        .chain(&plan.fleet)
+        .collect();
+    steps.sort_by_key(|s| s.at_ms);
+    for step in steps {
+        let step = step.clone();
         tokio::time::sleep_until(started + Duration::from_millis(step.at_ms)).await;
         let (cluster, clients, log) = (cluster.clone(), clients.clone(), log.clone());
+        if step.fault.is_member() {
+            let fleet = fleet.clone();
+            active.spawn(async move {
+                let from = Instant::now();
+                let target = match &fleet {
+                    Some(members) => members.inject(&step).await,
+                    None => String::new(),
+                };
+                log.push(Injected {
+                    fault: step.fault,
+                    planned_s: step.at_ms as f64 / 1e3,
+                    from_s: from.duration_since(started).as_secs_f64(),
+                    to_s: started.elapsed().as_secs_f64(),
+                    target,
+                    resource: None,
+                    from: Some(from),
+                    to: Some(Instant::now()),
+                });
+            });
+            continue;
+        }
         if step.fault.is_client() {
             active.spawn(async move { inject(&step, &cluster, &clients, &log, started).await });
             continue;
@@ -267,6 +314,19 @@ impl Fault {
                 | Fault::ClientShortTimeout
                 | Fault::ClientStallMidWrite
                 | Fault::GatewayPauseMidAdmission
+        ) || self.is_member()
+    }
+
+    /// Whether the fault is an event of the fleet's members.
+    pub fn is_member(self) -> bool {
+        matches!(
+            self,
+            Fault::MemberJoin
+                | Fault::MemberLeave
+                | Fault::MemberDeath
+                | Fault::MemberPause
+                | Fault::MemberDrain
+                | Fault::MemberEvict
         )
     }
 }
@@ -279,6 +339,13 @@ async fn inject(step: &Step, cluster: &Cluster, clients: &Clients, log: &Log, st
     let proxy = usize::try_from(step.target).unwrap_or(0) % cluster.proxies.len().max(1);
     let mut target = String::new();
     match fault {
+        // The fleet's, injected by [`Members::inject`].
+        Fault::MemberJoin
+        | Fault::MemberLeave
+        | Fault::MemberDeath
+        | Fault::MemberPause
+        | Fault::MemberDrain
+        | Fault::MemberEvict => {}
         Fault::ClientKill => hit = clients.kill_one(step.target),
         Fault::ClientAbortMidRequest => hit = clients.abort_mid_request(step.target).await,
         Fault::ClientPause | Fault::ClientPauseInTransaction => {
@@ -463,18 +530,16 @@ async fn inject(step: &Step, cluster: &Cluster, clients: &Clients, log: &Log, st
         None => None,
     };
     let to = Instant::now();
-    if let Ok(mut f) = log.faults.lock() {
-        f.push(Injected {
-            fault,
-            planned_s: step.at_ms as f64 / 1e3,
-            from_s: from.duration_since(started).as_secs_f64(),
-            to_s: to.duration_since(started).as_secs_f64(),
-            target,
-            resource,
-            from: Some(from),
-            to: Some(to),
-        });
-    }
+    log.push(Injected {
+        fault,
+        planned_s: step.at_ms as f64 / 1e3,
+        from_s: from.duration_since(started).as_secs_f64(),
+        to_s: to.duration_since(started).as_secs_f64(),
+        target,
+        resource,
+        from: Some(from),
+        to: Some(to),
+    });
 }
 
 /// The highest token revision applied so far, per resource.

@@ -13,6 +13,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::nemesis::Fault;
 
+mod fleet;
+
+pub use fleet::{FLEET, MAX_MEMBERS, MIN_MEMBERS};
+
 /// An independent random stream of a run: `name` and `index` pick the stream (the nemesis,
 /// client 7, the storage), `seed` the run. Same inputs, same stream (rand's `StdRng`, pinned by
 /// `Cargo.lock`).
@@ -52,6 +56,9 @@ pub struct Plan {
     pub infrastructure: Vec<Step>,
     /// Client faults, in order.
     pub clients: Vec<Step>,
+    /// The fleet's member events, in order (none in a run without a fleet).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fleet: Vec<Step>,
 }
 
 /// The faults of the deployment (client faults run on their own schedule).
@@ -100,6 +107,7 @@ impl Plan {
             seed,
             infrastructure,
             clients: clients(&mut stream(seed, "client-faults", 0), until, quiet_from),
+            fleet: Vec::new(),
         }
     }
 }
@@ -127,6 +135,7 @@ impl Plan {
             seed,
             infrastructure: Vec::new(),
             clients,
+            fleet: Vec::new(),
         }
     }
 }
@@ -191,6 +200,7 @@ impl Plan {
                 (500, 1500),
                 (600, 1400),
             ),
+            fleet: Vec::new(),
         }
     }
 }

@@ -99,7 +99,36 @@ pub fn markdown(runs: &[Report]) -> String {
             r.lock_writes_acknowledged
         }),
     ];
-    let shown = lock_rows.into_iter().filter(|(_, f)| sum(*f) > 0);
+    let fleet =
+        |r: &Report, f: &dyn Fn(&crate::fleet::FleetReport) -> usize| r.fleet.as_ref().map_or(0, f);
+    let late = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+    let fleet_rows: [(&str, Count); 6] = [
+        ("fleet grants, as its members saw them", &|r| {
+            fleet(r, &|f| f.grants)
+        }),
+        ("… members' writes acknowledged", &|r| {
+            fleet(r, &|f| f.writes_acknowledged)
+        }),
+        (
+            "… late writes (after a pause, or evicted) refused",
+            &|r| fleet(r, &|f| late(f.late_writes.refused)),
+        ),
+        ("… late writes accepted, before the next grant", &|r| {
+            fleet(r, &|f| late(f.late_writes.accepted))
+        }),
+        (
+            "… writes with an older token applied after a member saw the newer grant",
+            &|r| fleet(r, &|f| f.announced_early.len()),
+        ),
+        (
+            "… resources a member's view listed as held and releasing at once",
+            &|r| fleet(r, &|f| late(f.held_and_releasing)),
+        ),
+    ];
+    let shown = lock_rows
+        .into_iter()
+        .chain(fleet_rows)
+        .filter(|(_, f)| sum(*f) > 0);
     for (name, f) in rows.into_iter().chain(shown) {
         let min = runs.iter().map(f).min().unwrap_or_default();
         let max = runs.iter().map(f).max().unwrap_or_default();
@@ -186,6 +215,7 @@ pub fn markdown(runs: &[Report]) -> String {
             idle.len(),
         );
     }
+    fleet_coverage(&mut md, runs);
     let mut classes: BTreeMap<&str, usize> = BTreeMap::new();
     for v in runs.iter().flat_map(|r| r.violations.iter()) {
         *classes
@@ -211,4 +241,66 @@ pub fn markdown(runs: &[Report]) -> String {
         }
     }
     md
+}
+
+/// The fleet's coverage, run by run, in runs with a fleet.
+fn fleet_coverage(md: &mut String, runs: &[Report]) {
+    let fleets: Vec<(&Report, &crate::fleet::FleetReport)> = runs
+        .iter()
+        .filter_map(|r| r.fleet.as_ref().map(|f| (r, f)))
+        .collect();
+    let Some((_, first)) = fleets.first() else {
+        return;
+    };
+    let mut early: Vec<&String> = Vec::new();
+    let _ = writeln!(
+        md,
+        "\nThe fleet: {} members at the start on {} resources of their own (TTL {} s, `drain_ms` \
+         {}). Owned: the share of resource-seconds held by a live member (running, not \
+         stopped), sampled from etcd every {} ms from the first moment every resource was; a \
+         gap: a resource without one.\n",
+        first.shape.members,
+        first.shape.resources,
+        crate::client::TTL_SECONDS,
+        crate::fleet::DRAIN_MS,
+        crate::fleet::coverage::EVERY.as_millis(),
+    );
+    let _ = writeln!(
+        md,
+        "| seed | owned | longest gap, ms (resource) | median resource's longest gap, ms | member events |"
+    );
+    let _ = writeln!(md, "|--:|--:|--:|--:|--:|");
+    for (r, f) in &fleets {
+        early.extend(f.announced_early.iter().take(2));
+        let c = &f.coverage;
+        let events = r.fault_log.iter().filter(|i| i.fault.is_member()).count();
+        if c.settled_s.is_none() {
+            let _ = writeln!(md, "| {} | never all owned | | | {events} |", r.seed);
+            continue;
+        }
+        let (worst, gap) = c
+            .longest_gap_ms
+            .iter()
+            .max_by_key(|(_, g)| **g)
+            .map_or(("", 0), |(r, g)| (r.as_str(), *g));
+        let mut gaps: Vec<u64> = c.longest_gap_ms.values().copied().collect();
+        gaps.sort_unstable();
+        let median = gaps.get(gaps.len() / 2).copied().unwrap_or_default();
+        let _ = writeln!(
+            md,
+            "| {} | {:.1} % | {gap} ({worst}) | {median} | {events} |",
+            r.seed,
+            c.owned * 100.0
+        );
+    }
+    if !early.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nA member saw a grant before a write with the older token landed (its view shows \
+             a grant once it exists in etcd, before its pre-fence may have completed):\n"
+        );
+        for e in early.iter().take(5) {
+            let _ = writeln!(md, "- {e}");
+        }
+    }
 }

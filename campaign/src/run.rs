@@ -13,10 +13,15 @@ use tokio::time::Instant;
 use crate::checker;
 use crate::client::{Clients, Env};
 use crate::cluster::{Cluster, Control, Faults, Marks, Shape, IDLE};
+use crate::fleet;
 use crate::history::{Event, History, Kind, Outcome};
 use crate::hostile;
 use crate::nemesis::{self, Fault, Injected};
+
+mod idle;
+
 use crate::plan::{Parts, Plan};
+pub use idle::IdleProbe;
 
 /// How a run is shaped.
 #[derive(Debug, Clone)]
@@ -44,6 +49,8 @@ pub struct Settings {
     /// start: invoked/received, completed/applied; client, kind, resource, token, outcome), for
     /// reading a run's violations.
     pub history_file: Option<std::path::PathBuf>,
+    /// Members of a fleet over resources of their own, beside the clients (none without).
+    pub fleet: Option<crate::fleet::Shape>,
 }
 
 impl Settings {
@@ -65,6 +72,14 @@ impl Settings {
 
     /// The plan this run follows.
     pub fn plan(&self) -> Plan {
+        let plan = self.plan_without_fleet();
+        match self.fleet {
+            Some(fleet) => plan.with_fleet(self.chaos(), fleet.members),
+            None => plan,
+        }
+    }
+
+    fn plan_without_fleet(&self) -> Plan {
         let shape = self.shape();
         if self.marks == Marks::InDatabase {
             return Plan::in_database(self.seed, self.chaos());
@@ -191,23 +206,13 @@ pub struct Report {
     /// The hostile `/v3` traffic in the background.
     #[serde(default)]
     pub hostile: Option<hostile::Stats>,
+    /// The fleet's members and coverage, in a run with a fleet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<crate::fleet::FleetReport>,
 }
 
 fn default_marks() -> Marks {
     Marks::Sqlite
-}
-
-/// What happened when the idle replica was first used.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct IdleProbe {
-    /// How long it had served nothing, in seconds.
-    pub idle_s: f64,
-    /// Time to its first successful acquire, in milliseconds (retrying for up to 5 s).
-    pub first_acquire_ms: Option<f64>,
-    /// Operations through it after the idle stretch: acquire, writes, renew, release.
-    pub operations: usize,
-    /// Of which succeeded.
-    pub succeeded: usize,
 }
 
 /// Runs once.
@@ -269,6 +274,7 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
         ),
         stop_hostile.clone(),
     ));
+    let fleet = start_fleet(settings, &cluster, &history, &env_ops).await?;
     let clients = Arc::new(Clients::start(env, settings.clients));
     let log = Arc::new(nemesis::Log::default());
     let started = Instant::now();
@@ -276,6 +282,7 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
         &plan,
         cluster.clone(),
         clients.clone(),
+        fleet.as_ref().map(fleet::Running::members),
         log.clone(),
         started,
     )
@@ -294,11 +301,12 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
     // (in runs at least that long: shorter ones, e.g. CI's control runs, skip it).
     let idle = if settings.duration >= IDLE {
         tokio::time::sleep_until(idle_since + IDLE).await;
-        Some(idle_probe(&cluster.idle_url, &history, &env_ops, idle_since).await)
+        Some(idle::idle_probe(&cluster.idle_url, &history, &env_ops, idle_since).await)
     } else {
         None
     };
     clients.stop();
+    let fleet = fleet.map(fleet::Running::stop);
     stop_hostile.cancel();
     let hostile_stats = hostile_traffic.await.unwrap_or_default();
     let hostile_after = {
@@ -362,7 +370,12 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
         ));
     }
 
-    Ok(report(
+    let fleet = fleet.map(|f| {
+        let (report, handovers) = f.judge(&events, &applied, started);
+        violations.extend(handovers);
+        report
+    });
+    let mut report = report(
         settings,
         shape.gateways(),
         Observed {
@@ -377,7 +390,35 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
             idle,
             hostile: Some(hostile_stats),
         },
-    ))
+    );
+    report.fleet = fleet;
+    Ok(report)
+}
+
+/// The run's fleet, made and its members started, if it has one.
+async fn start_fleet(
+    settings: &Settings,
+    cluster: &Cluster,
+    history: &Arc<History>,
+    ops: &Arc<AtomicU64>,
+) -> anyhow::Result<Option<fleet::Running>> {
+    let Some(shape) = settings.fleet else {
+        anyhow::ensure!(
+            settings.control != Control::NoRevokeBeforeGrant,
+            "the control {:?} needs a fleet",
+            settings.control
+        );
+        return Ok(None);
+    };
+    let env = fleet::Env::new(
+        cluster.proxy_urls(),
+        cluster.direct_urls(),
+        history.clone(),
+        ops.clone(),
+        settings.seed,
+    );
+    let etcd = cluster.etcd.lock().await.client().await;
+    Ok(Some(fleet::Running::start(shape, env, etcd).await?))
 }
 
 /// What a run saw, for its [`Report`].
@@ -479,121 +520,7 @@ pub(crate) fn report(settings: &Settings, gateways: usize, seen: Observed) -> Re
         },
         idle,
         hostile,
-    }
-}
-
-/// The client that uses the idle replica, and its resource (no other client competes for it).
-const IDLE_CLIENT: &str = "idle";
-
-/// After the idle stretch: acquire (retrying for up to 5 s), three writes forwarded through it,
-/// a renewal and a release, all through the replica that served nothing for [`IDLE`], recorded
-/// in the history like any client's.
-async fn idle_probe(
-    url: &str,
-    history: &History,
-    ops: &AtomicU64,
-    idle_since: Instant,
-) -> IdleProbe {
-    let idle_s = idle_since.elapsed().as_secs_f64();
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(3))
-        .build()
-        .unwrap_or_default();
-    let resource = "idle-0";
-    let mut operations = 0;
-    let mut succeeded = 0;
-    let op = || ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let record =
-        |kind: Kind, revision: Option<u64>, op: u64, invoked: Instant, status: Option<u16>| {
-            let outcome = crate::history::outcome(status);
-            history.record(Event {
-                client: IDLE_CLIENT.to_owned(),
-                kind,
-                resource: resource.to_owned(),
-                revision,
-                op,
-                invoked,
-                completed: Instant::now(),
-                outcome,
-            });
-            outcome == Outcome::Ok
-        };
-    let start = Instant::now();
-    let mut grant = None;
-    while grant.is_none() && start.elapsed() < Duration::from_secs(5) {
-        let invoked = Instant::now();
-        let answer = http
-            .post(format!("{url}/v1/leases/{resource}"))
-            .json(&serde_json::json!({"holder": IDLE_CLIENT, "ttl_seconds": 10}))
-            .send()
-            .await;
-        let (status, body) = crate::history::answer(answer).await;
-        let revision = body
-            .as_ref()
-            .and_then(|b| b["token"].as_str())
-            .and_then(|t| t.parse::<u64>().ok());
-        if record(Kind::Acquire, revision, op(), invoked, status) {
-            grant = body
-                .and_then(|b| b["secret"].as_str().map(str::to_owned))
-                .zip(revision);
-        } else {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-    let first_acquire_ms = grant.as_ref().map(|_| start.elapsed().as_secs_f64() * 1e3);
-    if let Some((secret, revision)) = grant {
-        operations += 1;
-        succeeded += 1;
-        for _ in 0..3 {
-            let op = op();
-            let invoked = Instant::now();
-            let status = http
-                .put(format!(
-                    "{url}/v1/leases/{resource}/forward/items/{resource}"
-                ))
-                .header("lease-secret", &secret)
-                .json(&serde_json::json!({"client": IDLE_CLIENT, "op": op}))
-                .send()
-                .await
-                .ok()
-                .map(|r| r.status().as_u16());
-            operations += 1;
-            succeeded += usize::from(record(
-                Kind::WriteViaProxy,
-                Some(revision),
-                op,
-                invoked,
-                status,
-            ));
-        }
-        for (kind, req) in [
-            (
-                Kind::Renew,
-                http.post(format!("{url}/v1/leases/{resource}/renew")),
-            ),
-            (
-                Kind::Release,
-                http.delete(format!("{url}/v1/leases/{resource}")),
-            ),
-        ] {
-            let invoked = Instant::now();
-            let status = req
-                .header("lease-secret", &secret)
-                .send()
-                .await
-                .ok()
-                .map(|r| r.status().as_u16());
-            operations += 1;
-            succeeded += usize::from(record(kind, Some(revision), op(), invoked, status));
-        }
-    } else {
-        operations += 1;
-    }
-    IdleProbe {
-        idle_s,
-        first_acquire_ms,
-        operations,
-        succeeded,
+        fleet: None,
     }
 }
 

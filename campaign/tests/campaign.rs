@@ -1,19 +1,26 @@
 //! The bounded campaign CI runs, with fixed seeds (printed, and in each report): one 30-second
-//! run of the real deployment (two gateways sharing PostgreSQL, every fault class) must show no
+//! run of the real deployment (two gateways sharing PostgreSQL, every fault class, and a fleet's
+//! members beside the clients: joins, leaves, deaths, pauses, drains, evictions) must show no
 //! violation (and at least 400 acknowledged writes, a liveness smoke check on a debug build),
 //! and each negative control must be caught, trying its seeds in turn until one run catches it
 //! (at most three): no enforcer; marks in memory across gateway restarts; in-flight writes
 //! forgotten early; permits ended with the caller; in-flight writes not shared between gateways;
 //! no pre-fence; locks taken with etcd's Mutex recipe over gRPC never exchanged for a token (their
-//! writes unfenced). Then the gateways paused mid-admission, in their own fault mix: one real
-//! run, and its control until caught. Runs are sequential: they share the machine's two cores.
-//! The catch rates over many seeds are the published campaign's (`scripts/campaign.sh`).
+//! writes unfenced); a fleet granting what another member still holds (no revoke before grant,
+//! the proxy built with its `negative-controls` feature). Then the gateways paused
+//! mid-admission, in their own fault mix: one real run, and its control until caught. Runs are
+//! sequential: they share the machine's two cores. The catch rates over many seeds are the
+//! published campaign's (`scripts/campaign.sh`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::path::Path;
 use std::time::Duration;
 
 use lease_proxy_campaign::cluster::{Control, Faults, Marks};
-use lease_proxy_campaign::run::{run_once, Settings};
+use lease_proxy_campaign::fleet::Shape;
+use lease_proxy_campaign::plan::FLEET as FLEET_EVENTS;
+use lease_proxy_campaign::run::{run_once, Report, Settings};
+use lease_proxy_testkit::{feature_binary, workspace_binary};
 
 fn settings(control: Control, seconds: u64, seed: u64) -> Settings {
     Settings {
@@ -27,6 +34,7 @@ fn settings(control: Control, seconds: u64, seed: u64) -> Settings {
         marks: Marks::Postgres,
         faults: Faults::All,
         history_file: None,
+        fleet: None,
     }
 }
 
@@ -49,10 +57,26 @@ async fn caught(control: Control, seeds: &[u64], settings: impl Fn(Control, u64)
     panic!("{control:?} was not caught in any of seeds {seeds:?}");
 }
 
+/// The fleet beside the clients: six members at the start on twelve resources of their own.
+const FLEET: Shape = Shape {
+    members: 6,
+    resources: 12,
+};
+
+/// `settings` with the fleet.
+fn with_fleet(control: Control, seconds: u64, seed: u64) -> Settings {
+    Settings {
+        fleet: Some(FLEET),
+        ..settings(control, seconds, seed)
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bounded_campaign_and_negative_controls() {
     let seed = 1;
-    let r = run_once(&settings(Control::None, 30, seed)).await.unwrap();
+    let r = run_once(&with_fleet(Control::None, 30, seed))
+        .await
+        .unwrap();
     eprintln!(
         "seed {seed}: {} acknowledged, {} applied ({} unanswered), {} stale refused, faults {:?}, takeover p50 {:.0} ms",
         r.writes_acknowledged,
@@ -90,6 +114,7 @@ async fn bounded_campaign_and_negative_controls() {
         r.locks_exchanged,
         r.lock_writes_acknowledged
     );
+    fleet_ran(&r);
     let controls: [(Control, &[u64]); 7] = [
         (Control::NoFencing, &[11, 12, 13]),
         (Control::MemoryMarks, &[21, 22, 23]),
@@ -102,7 +127,45 @@ async fn bounded_campaign_and_negative_controls() {
     for (control, seeds) in controls {
         caught(control, seeds, |c, seed| settings(c, 25, seed)).await;
     }
+    caught(Control::NoRevokeBeforeGrant, &[101, 102, 103], |c, seed| {
+        with_fleet(c, 15, seed)
+    })
+    .await;
+    // The check below sees the controls where they are.
+    assert!(carries_controls(&feature_binary(
+        "lease-proxy",
+        "lease-proxy-controls",
+        "negative-controls"
+    )));
     paused_admissions().await;
+}
+
+/// The fleet's members were given resources, wrote them, met every kind of member event, and
+/// kept most of the resource-seconds owned.
+fn fleet_ran(r: &Report) {
+    let fleet = r.fleet.as_ref().expect("the run had a fleet");
+    eprintln!(
+        "seed {}: fleet {} grants, {} writes acknowledged, late writes {:?}, coverage {:?}",
+        r.seed, fleet.grants, fleet.writes_acknowledged, fleet.late_writes, fleet.coverage
+    );
+    assert!(
+        fleet.grants >= FLEET.resources && fleet.writes_acknowledged > 0,
+        "{fleet:?}"
+    );
+    for (kind, _) in FLEET_EVENTS {
+        assert!(
+            r.faults.contains_key(&kind),
+            "{kind:?} never met: {:?}",
+            r.faults
+        );
+    }
+    // A liveness smoke check: every pause, death and drain leaves resources unowned for a
+    // while (a member's TTL, a hand-off), the rest of the time they are owned.
+    assert!(
+        fleet.coverage.settled_s.is_some() && fleet.coverage.owned > 0.5,
+        "{:?}",
+        fleet.coverage
+    );
 }
 
 /// Gateways paused mid-admission, in their own fault mix on gateways whose registrations last
@@ -129,4 +192,25 @@ async fn paused_admissions() {
         "seed 71: only {landed} pauses landed mid-admission"
     );
     caught(Control::DeadlineFromAdmission, &[81, 82, 83], paused).await;
+}
+
+/// What only a proxy built with its negative controls carries: the warning it logs when one
+/// is switched on.
+const CONTROL_MARK: &[u8] = b"NEGATIVE CONTROL ON";
+
+fn carries_controls(binary: &Path) -> bool {
+    let bytes = std::fs::read(binary).unwrap();
+    let first = CONTROL_MARK[0];
+    bytes
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| **b == first)
+        .any(|(i, _)| bytes[i..].starts_with(CONTROL_MARK))
+}
+
+/// The proxy everyone runs is built without the `negative-controls` feature: none of the
+/// campaign's broken behaviours is in it, switched off or not.
+#[test]
+fn the_ordinary_proxy_carries_no_negative_control() {
+    assert!(!carries_controls(&workspace_binary("lease-proxy")));
 }

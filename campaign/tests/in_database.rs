@@ -25,6 +25,7 @@ fn settings(control: Control, seconds: u64, seed: u64) -> Settings {
         marks: Marks::InDatabase,
         faults: Faults::All,
         history_file: None,
+        fleet: None,
     }
 }
 

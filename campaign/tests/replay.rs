@@ -48,10 +48,19 @@ fn committed_seeds_reproduce_their_schedules() {
                 (_, Faults::All) => Plan::generate(seed, chaos, parts),
                 (_, Faults::PausedAdmissions) => Plan::paused_admissions(seed, chaos),
             };
+            let plan = match run["fleet"]["shape"]["members"].as_u64() {
+                Some(members) => plan.with_fleet(chaos, usize::try_from(members).unwrap()),
+                None => plan,
+            };
             assert_eq!(plan, recorded, "{}: seed {seed}", path.display());
 
             let mut planned: BTreeMap<Fault, u64> = BTreeMap::new();
-            for step in plan.infrastructure.iter().chain(&plan.clients) {
+            for step in plan
+                .infrastructure
+                .iter()
+                .chain(&plan.clients)
+                .chain(&plan.fleet)
+            {
                 *planned.entry(step.fault).or_default() += 1;
             }
             let logged: BTreeMap<Fault, u64> =

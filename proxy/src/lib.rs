@@ -18,6 +18,8 @@ mod headers;
 mod keys;
 mod lease;
 mod metrics;
+#[cfg(feature = "negative-controls")]
+mod negative_control;
 mod prefence;
 mod server;
 mod upstream;

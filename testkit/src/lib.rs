@@ -512,6 +512,40 @@ pub fn workspace_binary(name: &str) -> PathBuf {
     path
 }
 
+/// A binary of this workspace that exists only with a cargo feature (`lease-proxy-controls`,
+/// the proxy with `negative-controls`), built for the profile of the running executable, next
+/// to it. Cargo is asked every time — it does nothing when the binary is fresh — so a test never
+/// runs one older than the sources; the feature's library build sits beside the ordinary one,
+/// and the ordinary binaries are left as they are.
+pub fn feature_binary(package: &str, name: &str, feature: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current executable");
+    let mut dir = exe.parent().expect("executable directory").to_owned();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let profile = match dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => "dev".to_owned(),
+        Some(other) => other.to_owned(),
+    };
+    let target = dir.parent().expect("target directory").to_owned();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let ok = Command::new(cargo)
+        .args(["build", "--quiet", "-p", package, "--bin", name])
+        .args(["--features", feature, "--profile", &profile])
+        .arg("--target-dir")
+        .arg(&target)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    let path = dir.join(name);
+    assert!(
+        ok && path.exists(),
+        "cannot build {name} with `{feature}` ({})",
+        path.display()
+    );
+    path
+}
+
 /// Sends a signal (`"STOP"`, `"CONT"`, `"KILL"`, …) to process `pid`.
 pub fn signal_pid(pid: u32, signal: &str) {
     let _ = Command::new("kill")

@@ -81,8 +81,9 @@ fn lower_hex(s: &[u8]) -> bool {
 /// `/v3` namespace and the proxies' own layout under [`PREFIX`] (docs/DESIGN.md §2):
 /// `holders/{resource}`, `idempotency/{resource}`, `waiters/{resource}/{hex}-{hex}`, the
 /// sessions `sessions/{id}` (on lease `id`), the `/v3` lease markers `v3/leases/{id}`, each on
-/// its own lease, and the release markers of the event stream, `ended/released/{id}` and
-/// `ended/closed/{id}` (on lease `id`). Sentinels are not judged here.
+/// its own lease, the release markers of the event stream, `ended/released/{id}` and
+/// `ended/closed/{id}` (on lease `id`), and the fleets' records (see [`fleet_key`]). Sentinels
+/// are not judged here.
 pub fn foreign_key(key: &[u8], lease: i64) -> Option<String> {
     let shown = || format!("{:?}", String::from_utf8_lossy(key));
     if key.starts_with(NAMESPACE) {
@@ -121,6 +122,8 @@ pub fn foreign_key(key: &[u8], lease: i64) -> Option<String> {
             ));
         }
         id.is_some()
+    } else if let Some(rest) = own.strip_prefix(b"fleets/".as_slice()) {
+        fleet_key(rest, lease)
     } else if let Some(id) = own.strip_prefix(b"sessions/".as_slice()) {
         let id = std::str::from_utf8(id)
             .ok()
@@ -256,6 +259,23 @@ async fn all_keys(client: &mut Client) -> anyhow::Result<Vec<(Vec<u8>, i64)>> {
     }
 }
 
+/// A fleet's record under `fleets/`: `{fleet}/spec` and `{fleet}/assignment` (on no lease),
+/// `{fleet}/members/{member}` (on the member's session), fleet and member in the resource
+/// grammar.
+fn fleet_key(rest: &[u8], lease: i64) -> bool {
+    let Some(at) = rest.iter().position(|b| *b == b'/') else {
+        return false;
+    };
+    let (fleet, record) = (&rest[..at], &rest[at + 1..]);
+    resource(fleet)
+        && match record {
+            b"spec" | b"assignment" => lease == 0,
+            _ => record
+                .strip_prefix(b"members/".as_slice())
+                .is_some_and(|m| resource(m) && lease != 0),
+        }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,6 +291,9 @@ mod tests {
             (b"/lease-proxy/sessions/1234", 1234),
             (b"/lease-proxy/ended/released/9", 9),
             (b"/lease-proxy/ended/closed/1234", 1234),
+            (b"/lease-proxy/fleets/aisles/spec", 0),
+            (b"/lease-proxy/fleets/aisles/assignment", 0),
+            (b"/lease-proxy/fleets/aisles/members/robot-1", 1234),
         ] {
             assert_eq!(foreign_key(key, lease), None, "{key:?}");
         }
@@ -288,6 +311,11 @@ mod tests {
             (b"/lease-proxy/ended/released/8", 9),
             (b"/lease-proxy/ended/closed/1234", 99),
             (b"/lease-proxy/ended/other", 0),
+            (b"/lease-proxy/fleets/aisles/spec", 9),
+            (b"/lease-proxy/fleets/aisles/members/robot-1", 0),
+            (b"/lease-proxy/fleets/aisles/other", 0),
+            (b"/lease-proxy/fleets/../spec", 0),
+            (b"/lease-proxy/fleets/aisles", 0),
             (b"/lease-proxy/other", 0),
             (b"\0x", 0),
         ] {

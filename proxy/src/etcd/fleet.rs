@@ -197,6 +197,11 @@ impl GroupCommit {
     /// evaluates every compare of a batch on the state before it.
     pub(crate) async fn create_guarded(&self, c: Guarded<'_>) -> Result<Option<i64>> {
         let mut compares = vec![Compare::create_revision(c.key, CompareOp::Equal, 0)];
+        #[cfg(feature = "negative-controls")]
+        if crate::negative_control::no_revoke_before_grant() {
+            // Broken on purpose: the grant overwrites whoever holds the key.
+            compares.clear();
+        }
         compares.extend(c.guards.iter().map(Unchanged::compare));
         let put = TxnOp::put(c.key, c.value, Some(PutOptions::new().with_lease(c.lease)));
         let txn = Txn::new().when(compares).and_then(vec![put]);

@@ -61,6 +61,8 @@ impl Fleets {
             holdings: &holdings,
             now_ms: crate::lease::unix_millis(),
         });
+        #[cfg(feature = "negative-controls")]
+        let plan = crate::negative_control::grant_what_is_held(plan, &holdings);
         let assignment_revision = if plan.assignment == current {
             snap.assignment.mod_revision
         } else {

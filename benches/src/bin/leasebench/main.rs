@@ -23,6 +23,7 @@
 mod backend;
 mod cpu;
 mod etcd_watch;
+mod fleet;
 mod grpc;
 mod grpc_watch;
 mod held;
@@ -172,6 +173,30 @@ struct Args {
     /// `settle`): each side's loop then pays for what its own setup wrote last.
     #[arg(long)]
     no_settle: bool,
+
+    /// Measure fleets instead (see `fleet`): each RESOURCESxMEMBERS (`100x10,10000x200`)
+    /// through a lease-proxy fleet and as KCL 2.x's lease taker on raw etcd, `--rounds`
+    /// rounds: a start, a join, a leave and a death, each timed to full coverage and to
+    /// balance, with its moves and etcd writes.
+    #[arg(long, value_delimiter = ',', value_parser = parse_fleet)]
+    fleet: Vec<(usize, usize)>,
+
+    /// The fleet members' TTL, seconds (a death is noticed after it).
+    #[arg(long, default_value_t = 10)]
+    fleet_ttl: u64,
+}
+
+/// `RESOURCESxMEMBERS`.
+fn parse_fleet(s: &str) -> Result<(usize, usize), String> {
+    let (r, m) = s
+        .split_once('x')
+        .ok_or_else(|| format!("`{s}`: expected RESOURCESxMEMBERS, e.g. 100x10"))?;
+    let n = |v: &str| v.parse::<usize>().map_err(|e| format!("`{v}`: {e}"));
+    let (r, m) = (n(r)?, n(m)?);
+    if m < 2 || r == 0 {
+        return Err(format!("`{s}`: at least one resource and two members"));
+    }
+    Ok((r, m))
 }
 
 #[tokio::main]
@@ -182,6 +207,9 @@ async fn main() -> anyhow::Result<()> {
 async fn run(args: Args) -> anyhow::Result<()> {
     if args.secure {
         return run_secure(&args).await;
+    }
+    if !args.fleet.is_empty() {
+        return run_fleet(&args).await;
     }
     let mut stack = Stack::new()?;
     let mut _etcd = None;
@@ -488,6 +516,48 @@ async fn run_secure(args: &Args) -> anyhow::Result<()> {
         )?;
     }
     write_json(args, &rows, Vec::new(), None, None, None, None)
+}
+
+/// Fleets through the proxy and as KCL's lease taker on raw etcd, on one etcd (the proxy
+/// started here gets room for every member's long poll).
+async fn run_fleet(args: &Args) -> anyhow::Result<()> {
+    let mut stack = Stack::new()?;
+    let mut _etcd = None;
+    let (etcd_url, proxy_url) = match (&args.etcd, &args.proxy) {
+        (Some(e), Some(p)) => (e.clone(), p.clone()),
+        _ => {
+            let etcd = Etcd::single().await;
+            let url = etcd.endpoint(0);
+            let bin = stack::workspace_binary("lease-proxy");
+            let most = args.fleet.iter().map(|&(_, m)| m).max().unwrap_or(0);
+            let streams = (most + 256).to_string();
+            let (proxy, _) = stack
+                .lease_proxy(&bin, &url, &["--max-watch-streams", &streams])
+                .await?;
+            _etcd = Some(etcd);
+            (url, proxy)
+        }
+    };
+    let plan = fleet::Plan {
+        sizes: args.fleet.clone(),
+        ttl: args.fleet_ttl,
+        rounds: args.rounds,
+    };
+    let target = fleet::Target {
+        etcd: &etcd_url,
+        proxy: &proxy_url,
+    };
+    let runs = fleet::run(&plan, &target).await?;
+    if let Some(path) = &args.json {
+        let doc = json!({
+            "machine": {"cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)},
+            "settings": {"rounds": args.rounds, "ttl_seconds": args.fleet_ttl},
+            "fleet": runs,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
 }
 
 /// The columns of every requested operation's table. `proxy_held`/`sessions` are shared by
