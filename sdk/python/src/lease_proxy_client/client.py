@@ -6,12 +6,13 @@ import threading
 import time
 import weakref
 from types import TracebackType
-from typing import Any, Dict, Generator, Iterator, List, Mapping, Optional, Tuple, Type
+from typing import Any, Callable, Dict, Generator, Iterator, List, Mapping, Optional, Tuple, Type
 
 import httpx
 
 from . import protocol
 from .errors import Lost, LeaseProxyError, SessionLost, TransportError
+from .fleet_calls import FleetCalls
 from .liveness import Liveness, LostEvent
 from .loss_watch import LossWatch
 from .models import Event, Grant, Holding, Renewal, SessionGrant
@@ -22,7 +23,7 @@ from .views import LeaseView, SessionView
 USER_AGENT = "lease-proxy-client-python/0.1"
 
 
-class Client:
+class Client(FleetCalls):
     """A connection to lease-proxy (thread-safe; one per process is plenty).
 
     ``token`` is the bearer token (with ``--auth-tokens``), ``verify`` ``True`` (system CAs),
@@ -291,9 +292,12 @@ class Lease(LeaseView[LostEvent]):
         sent: float,
         session: Optional["Session"] = None,
         slack: float = 0.0,
+        claim: Optional[Callable[[], bool]] = None,
     ):
         self._client = client
         self._grant = grant
+        # A fleet grant's release is sent only when this says so (once for it and its hand-off).
+        self._claim = claim
         self._renewer: Optional[_Renewer] = None
         if session is None:
             # A grant of no time (TTL <= 0, expires_in_ms < 0) is a lease lost at once.
@@ -361,7 +365,8 @@ class Lease(LeaseView[LostEvent]):
                 self._renewer.stop()
             self._liveness.fire(RELEASED)
             self._client._losses.deregister(self._watched)
-            if self._released:
+            if self._released or (self._claim is not None and not self._claim()):
+                self._released = True
                 return
             # Sent even when the lease counts as lost here: the deadline is conservative, so the
             # grant may still be alive in etcd, and a release of an ended grant is a no-op.
