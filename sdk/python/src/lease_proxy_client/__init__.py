@@ -17,6 +17,7 @@ from .client import Client, EventStream, Lease, Session
 from .errors import Compacted, Held, LeaseProxyError, Lost, Problem, ProtocolError, SessionLost, TransportError
 from .fleet import AssignmentChange, Member, Releasing
 from .models import Event, FleetMember, FleetView, Grant, Holding, Renewal, SessionGrant
+from .propagation import FencingAuth, admit, fencing_headers
 
 __all__ = [
     "AssignmentChange",
@@ -28,6 +29,7 @@ __all__ = [
     "Compacted",
     "Event",
     "EventStream",
+    "FencingAuth",
     "FleetMember",
     "FleetView",
     "Grant",
@@ -45,4 +47,6 @@ __all__ = [
     "SessionGrant",
     "SessionLost",
     "TransportError",
+    "admit",
+    "fencing_headers",
 ]

@@ -46,7 +46,8 @@ class Alive(Generic[LostT]):
     @property
     def lost_reason(self) -> Optional[str]:
         """None while held, else ``expired``, ``revoked``, ``session-lost`` (a lease under a
-        session that ended) or ``released`` (released, or its session closed)."""
+        session that ended), ``released`` (released, or its session closed) or ``handed-off`` (a
+        fleet moved its resource to another member)."""
         self._liveness.check()
         return self._liveness.reason
 
