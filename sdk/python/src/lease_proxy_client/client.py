@@ -28,7 +28,9 @@ class Client(FleetCalls):
 
     ``token`` is the bearer token (with ``--auth-tokens``), ``verify`` ``True`` (system CAs),
     ``False`` or a CA bundle file, ``cert`` a client certificate file or ``(cert, key)`` for mTLS,
-    ``timeout`` the seconds each request may take (a waiting acquire gets its wait on top).
+    ``timeout`` the seconds each request may take (a waiting acquire gets its wait on top),
+    ``safety_margin`` the seconds before the server's earliest possible expiry at which a guard
+    counts as lost (default: a tenth of the lifetime granted, at least 0.1 s).
     """
 
     def __init__(
@@ -41,8 +43,12 @@ class Client(FleetCalls):
         timeout: float = 10.0,
         user_agent: str = USER_AGENT,
         loss_watch: bool = True,
+        safety_margin: Optional[float] = None,
     ) -> None:
         self.timeout = timeout
+        #: Seconds before the server's earliest possible expiry at which a guard counts as lost
+        #: (None: a tenth of the lifetime, at least 0.1 s): see :func:`protocol.stop_by`.
+        self.safety_margin = safety_margin
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers=protocol.base_headers(token, user_agent),
@@ -226,7 +232,7 @@ class Client(FleetCalls):
             if life <= 0:
                 liveness.fire(EXPIRED)
                 return None
-            liveness.extend(sent + life)
+            liveness.extend(protocol.stop_by(sent, life, self.safety_margin))
             return life
         return None
 
@@ -302,7 +308,7 @@ class Lease(LeaseView[LostEvent]):
         if session is None:
             # A grant of no time (TTL <= 0, expires_in_ms < 0) is a lease lost at once.
             life = protocol.lifetime(grant.ttl_seconds, grant.expires_in_ms, slack)
-            self._liveness = Liveness(sent + life, grant.resource)
+            self._liveness = Liveness(protocol.stop_by(sent, life, client.safety_margin), grant.resource)
             if life > 0:
                 self._renewer = _Renewer(
                     client,
@@ -402,7 +408,9 @@ class Session(SessionView[LostEvent]):
         self._client = client
         self._grant = grant
         life = protocol.lifetime(grant.ttl_seconds, grant.expires_in_ms)
-        self._liveness = Liveness(sent + life, f"session {grant.session_id}")
+        self._liveness = Liveness(
+            protocol.stop_by(sent, life, client.safety_margin), f"session {grant.session_id}"
+        )
         self._renewer = _Renewer(
             client,
             protocol.keepalive_call(grant.session_id, grant.secret),

@@ -384,6 +384,15 @@ def lifetime(ttl_seconds: int, expires_in_ms: int, slack: float = 0.0) -> float:
     return min(expires_in_ms, most, MAX_LIFETIME_MS) / 1000.0
 
 
+def stop_by(sent: float, lifetime: float, safety_margin: Optional[float]) -> float:
+    """The stop-by deadline of a grant (or session) whose request was sent at ``sent`` and
+    granted ``lifetime`` seconds: ``sent + lifetime - margin``, the margin being ``safety_margin``
+    seconds, or by default a tenth of the lifetime, at least 0.1 s — time for the work to notice
+    and stop before the server's earliest possible expiry (never more than the lifetime)."""
+    margin = max(lifetime / 10.0, 0.1) if safety_margin is None else max(safety_margin, 0.0)
+    return sent + lifetime - min(margin, lifetime)
+
+
 def renew_interval(lifetime: float) -> float:
     """Seconds until the next renewal: a third of the lifetime just granted, ±10 % jitter (so many
     holders started together do not renew in lockstep), at least :data:`MIN_RENEW_INTERVAL`."""

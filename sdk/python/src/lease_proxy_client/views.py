@@ -33,9 +33,10 @@ class Alive(Generic[LostT]):
 
     @property
     def deadline(self) -> float:
-        """The conservative end of the lease (or session) on :func:`time.monotonic`'s clock: the
+        """The stop-by deadline of the lease (or session) on :func:`time.monotonic`'s clock: the
         instant read before sending the last successful acquire/renewal/keepalive plus the
-        ``expires_in_ms`` answered (a lease under a session: the session's)."""
+        ``expires_in_ms`` answered, less the client's safety margin (a lease under a session: the
+        session's)."""
         return self._liveness.deadline
 
     @property
