@@ -19,7 +19,7 @@ pub(crate) const EXIT_INTERNAL: u8 = 70;
 pub(crate) const EXIT_HELD: u8 = 75;
 /// The lease was lost: a `renew` answered 410, or `exec`'s lease ended while the command ran.
 pub(crate) const EXIT_LOST: u8 = 76;
-/// `get`: the resource is free.
+/// `get`: the resource is free (`fleet show`: there is no such fleet).
 pub(crate) const EXIT_FREE: u8 = 1;
 /// `exec`: the command was found but could not be started.
 pub(crate) const EXIT_CANNOT_EXECUTE: u8 = 126;
@@ -29,13 +29,14 @@ pub(crate) const EXIT_NOT_FOUND: u8 = 127;
 const EXIT_STATUSES: &str = "\
 Exit status:
   0      success (exec: the command's own status)
-  1      get: the resource is free
+  1      get: the resource is free; fleet show: there is no such fleet
   64     the command line is wrong
   69     the proxy could not be reached, or answered an error not listed here
   70     leasectl itself failed (signals, waiting for the command, writing its output)
   75     the resource is held by someone else (exec: and --wait ran out)
   76     the lease was lost (renew: 410; exec: the lease ended while the command ran, which was
-         sent SIGTERM, then SIGKILL after --grace)
+         sent SIGTERM, then SIGKILL after --grace; fleet join: the member's session ended, or it
+         was evicted)
   126    exec: the command could not be started
   127    exec: the command was not found
   128+N  exec: the command was killed by signal N (or leasectl got signal N while waiting for
@@ -185,6 +186,88 @@ pub(crate) enum Command {
     /// the lease was lost.
     #[command(after_long_help = EXIT_STATUSES)]
     Exec(Exec),
+    /// Fleets: make, show or delete one, join one as a member, drain or evict a member.
+    #[command(subcommand)]
+    Fleet(FleetCommand),
+}
+
+/// `leasectl fleet …`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum FleetCommand {
+    /// Make or change FLEET, shared among its members, and print it as written (JSON).
+    Set {
+        /// The fleet.
+        fleet: String,
+        /// Its resources (all of them: the list replaces the fleet's).
+        #[arg(required = true, value_name = "RESOURCE")]
+        resources: Vec<String>,
+        /// How long a member has to release a resource moved away from it before the service
+        /// revokes it (default: the service's, 5s).
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        drain: Option<Duration>,
+        /// The most hand-offs in flight at once (default: the service's).
+        #[arg(long, value_name = "N")]
+        max_moves: Option<u32>,
+    },
+    /// Print FLEET as it stands (JSON: members, what each holds and hands off, what nobody
+    /// holds); exit 1 when there is no such fleet.
+    Show {
+        /// The fleet.
+        fleet: String,
+    },
+    /// End FLEET: its members' grants of its resources are released (idempotent).
+    Delete {
+        /// The fleet.
+        fleet: String,
+    },
+    /// Join FLEET as a member and print its assignment's changes as JSON lines until SIGINT,
+    /// SIGTERM or SIGHUP, then leave.
+    ///
+    /// The first line is `{fleet, member, session_id}`; then one line per change: `revision`,
+    /// `state`, `held` (every resource held and assigned), `added` (resource, token,
+    /// fencing_token, lease_id of each new grant), `releasing` (resource, token, deadline_ms of
+    /// each resource moved to another member: leasectl releases it at once), `removed`,
+    /// `rejoined`. The session is kept alive at a third of --ttl. Exit 0 after leaving on a
+    /// signal, 76 when the member ended otherwise (its session lost without --rejoin, or
+    /// evicted).
+    #[command(after_long_help = EXIT_STATUSES)]
+    Join(FleetJoin),
+    /// Drain MEMBER of FLEET as an operator: it hands everything off and is given nothing new.
+    Drain {
+        /// The fleet.
+        fleet: String,
+        /// The member.
+        member: String,
+    },
+    /// Evict MEMBER of FLEET (an operator): its grants end at once.
+    Evict {
+        /// The fleet.
+        fleet: String,
+        /// The member.
+        member: String,
+    },
+}
+
+/// `leasectl fleet join`.
+#[derive(Debug, Args)]
+pub(crate) struct FleetJoin {
+    /// The fleet.
+    pub(crate) fleet: String,
+    /// The member's name (the resource grammar; default: HOSTNAME:PID).
+    #[arg(long, default_value_t = default_member())]
+    pub(crate) member: String,
+    /// Time to live of the member's session, in seconds.
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) ttl: u64,
+    /// Its share's weight, 1 to 1000.
+    #[arg(long, value_name = "N")]
+    pub(crate) weight: Option<u32>,
+    /// Join again under the same name when the session ends, instead of exiting 76.
+    #[arg(long)]
+    pub(crate) rejoin: bool,
+    /// How long one long poll of the assignment waits (at most the proxy's --max-wait).
+    #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = humantime::parse_duration)]
+    pub(crate) poll: Duration,
 }
 
 /// `leasectl exec`.
@@ -223,6 +306,21 @@ pub(crate) fn write_generated(asked: &PrintAndExit, out: &mut dyn Write) -> std:
         return Ok(true);
     }
     Ok(false)
+}
+
+/// The default member name: `HOSTNAME:PID`, any character the resource grammar has no room for
+/// (anything but letters, digits and `._:-`) as `-`.
+pub(crate) fn default_member() -> String {
+    default_holder()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._:-".contains(c) {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect()
 }
 
 /// The default holder name: `HOSTNAME:PID`.

@@ -1,10 +1,12 @@
 //! `leasectl`: the command-line client of lease-proxy — one-shot lease calls, a watch of lease
-//! events, and `exec`, which runs a command while holding a lease (like `etcdctl lock` or
-//! `consul lock`) and stops it the moment the lease is lost.
+//! events, `exec`, which runs a command while holding a lease (like `etcdctl lock` or
+//! `consul lock`) and stops it the moment the lease is lost, and `fleet`: fleets made, shown,
+//! joined, drained and evicted.
 
 mod cli;
 mod error;
 mod exec;
+mod fleet;
 mod oneshot;
 mod signals;
 mod supervise;
@@ -90,6 +92,7 @@ async fn run(connection: &Connection, command: Command) -> Result<u8, Error> {
             last_event_id,
         } => watch::run(&client, &prefix, last_event_id).await,
         Command::Exec(exec) => exec::run(&client, exec).await,
+        Command::Fleet(command) => fleet::run(&client, command).await,
     }
 }
 

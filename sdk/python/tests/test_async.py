@@ -140,3 +140,14 @@ async def test_async_forward_and_one_shots(proxy: str, upstream: Upstream, resou
         await client.release(resource, grant.secret)
         with pytest.raises(Lost):
             await client.renew(resource, grant.secret)
+
+
+@pytest.mark.asyncio
+async def test_async_the_stop_by_deadline_keeps_the_safety_margin(proxy: str, resource: str) -> None:
+    async with AsyncClient(proxy, safety_margin=1.0) as client:
+        before = time.monotonic()
+        lease = await client.acquire(resource, ttl=3, holder="margin")
+        after = time.monotonic()
+        life = min(lease.grant.expires_in_ms / 1000.0, 3.0)
+        assert before + life - 1.0 - 1e-6 <= lease.deadline <= after + life - 1.0 + 1e-6
+        await lease.release()

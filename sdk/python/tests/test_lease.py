@@ -235,3 +235,25 @@ def test_problems_carry_the_proxy_answer(proxy: str) -> None:
             client.acquire("not a valid name", ttl=10, holder="x")
         assert bad.value.status == 400 and bad.value.slug == "invalid-resource"
     assert httpx.get(f"{proxy}/livez").status_code == 200
+
+
+def test_the_stop_by_deadline_keeps_a_safety_margin_before_the_servers_expiry(
+    proxy: str, resource: str
+) -> None:
+    with Client(proxy) as client, Client(proxy, safety_margin=1.0) as wide:
+        client._renewals_paused.set()
+        wide._renewals_paused.set()
+        before = time.monotonic()
+        a = client.acquire(resource + "-a", ttl=3, holder="margin")
+        b = wide.acquire(resource + "-b", ttl=3, holder="margin")
+        after = time.monotonic()
+        for lease, margin in ((a, 0.3), (b, 1.0)):  # the default: a tenth of the lifetime
+            life = min(lease.grant.expires_in_ms / 1000.0, 3.0)
+            assert before + life - margin - 1e-6 <= lease.deadline <= after + life - margin + 1e-6
+        # No renewal: b is lost ("expired") at its stop-by deadline, while the proxy still holds
+        # it — nobody else can have it yet.
+        assert b.lost.wait(timeout=b.deadline - time.monotonic() + SLACK)
+        assert b.lost_reason == "expired"
+        assert client.get(resource + "-b") is not None, "the margin was not kept"
+        a.release()
+        b.release()

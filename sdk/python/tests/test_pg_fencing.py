@@ -389,3 +389,38 @@ def test_trigger_mode_through_the_driver(package: Package) -> None:
             c.execute(f"UPDATE {table} SET count = 2 WHERE aisle = %s", [r])
         c.rollback()
         assert c.execute(f"SELECT count FROM {table} WHERE aisle = %s", [r]).fetchone()[0] == 1
+
+
+class Held:
+    """What the SDK's ``admit`` reads of a lease, for a token minted here."""
+
+    def __init__(self, resource: str, token: str) -> None:
+        self.resource = resource
+        self.fencing_token = token
+        self.lost = threading.Event()
+        self.lost_reason: Optional[str] = None
+
+
+def test_the_sdks_admit_runs_in_the_callers_transaction(package: Package) -> None:
+    from lease_proxy_client import Lost, admit
+
+    r = resource()
+    old, new = Held(r, package.key.mint(r, 0, 10)), Held(r, package.key.mint(r, 0, 20))
+    with package.connect() as c:  # one transaction: the write commits with the admit
+        assert admit(c, old) == "0:10"
+        c.execute("INSERT INTO ledger (resource, holder) VALUES (%s, 'old')", [r])
+    with package.connect() as c, c.cursor() as cursor:
+        assert admit(cursor, new) == "0:20"
+        cursor.execute("INSERT INTO ledger (resource, holder) VALUES (%s, 'new')", [r])
+    with package.connect() as c:
+        with pytest.raises(errors.IntegrityError) as stale:
+            admit(c, old)
+        assert stale.value.sqlstate == "23F01"
+    new.lost.set()
+    with package.connect() as c:
+        with pytest.raises(Lost):
+            admit(c, new)
+    assert package.mark(r) == "0:20"
+    with package.connect(autocommit=True) as c:
+        rows = c.execute("SELECT holder FROM ledger WHERE resource = %s ORDER BY at", [r]).fetchall()
+    assert [h for (h,) in rows] == ["old", "new"]

@@ -27,7 +27,7 @@ NAMES: Dict[str, object] = {
     "LostEvent": liveness.LostEvent,
     "AsyncLostEvent": aio_liveness.AsyncLostEvent,
     "_Acquiring": aio._Acquiring,
-    **{name: getattr(typing, name) for name in ("Optional", "List", "Dict", "Any")},
+    **{name: getattr(typing, name) for name in ("Optional", "List", "Dict", "Any", "Iterator")},
 }
 
 

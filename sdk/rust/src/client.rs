@@ -91,6 +91,7 @@ struct Inner {
     bearer: Option<String>,
     timeout: Duration,
     losses: Arc<LossWatch>,
+    safety_margin: Option<Duration>,
 }
 
 /// Sets up a [`Client`]: TLS trust and identity, bearer token, timeout, user agent.
@@ -103,9 +104,19 @@ pub struct ClientBuilder {
     timeout: Duration,
     user_agent: String,
     loss_watch: bool,
+    safety_margin: Option<Duration>,
 }
 
 impl ClientBuilder {
+    /// How long before the server's earliest possible expiry a guard counts as lost — its
+    /// stop-by deadline ([`crate::Lease::deadline`]): time for the work to notice and stop
+    /// before anyone else can be granted the resource, even when the proxy cannot be reached.
+    /// Default: a tenth of the lifetime granted, at least 100 ms (never more than the lifetime).
+    pub fn safety_margin(mut self, margin: Duration) -> Self {
+        self.safety_margin = Some(margin);
+        self
+    }
+
     /// Whether the guards learn of a loss from the proxy's event stream when it happens (the
     /// default), or only from their renewals: one `GET /v1/watch` per client, over the held
     /// resources (with `--auth-tokens` it needs `read` on them; refused, renewals alone tell).
@@ -191,6 +202,7 @@ impl ClientBuilder {
                 bearer: self.bearer,
                 timeout: self.timeout,
                 losses: LossWatch::new(self.loss_watch),
+                safety_margin: self.safety_margin,
             }),
         })
     }
@@ -222,7 +234,13 @@ impl Client {
             timeout: DEFAULT_TIMEOUT,
             user_agent: concat!("lease-proxy-client/", env!("CARGO_PKG_VERSION")).to_owned(),
             loss_watch: true,
+            safety_margin: None,
         }
+    }
+
+    /// The safety margin set on the builder (None: the default of `upkeep::deadline_after`).
+    pub(crate) fn safety_margin(&self) -> Option<Duration> {
+        self.inner.safety_margin
     }
 
     /// A client of the proxy at `base_url` with the defaults.

@@ -50,7 +50,7 @@ impl Client {
             grant.expires_in_ms,
             opts.wait.unwrap_or_default(),
         );
-        let upkeep = Upkeep::granted(sent, granted_for);
+        let upkeep = Upkeep::granted(sent, granted_for, self.safety_margin());
         let lease = Lease::new(self.clone(), grant, upkeep);
         lease.upkeep.renew(
             self.clone(),
@@ -129,8 +129,11 @@ impl Lease {
         &self.grant
     }
 
-    /// The conservative deadline on the monotonic clock: the lease is held at least until then
-    /// unless reported lost earlier. Moves on with every successful renewal.
+    /// The stop-by deadline on the monotonic clock: the instant read before sending the last
+    /// successful acquire or renewal, plus the lifetime it granted, less the client's safety
+    /// margin ([`crate::ClientBuilder::safety_margin`]) — so the lease is held at least until
+    /// then, with the margin to spare, unless reported lost earlier. Moves on with every
+    /// successful renewal.
     pub fn deadline(&self) -> Instant {
         self.upkeep.deadline()
     }

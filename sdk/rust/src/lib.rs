@@ -68,6 +68,7 @@ mod liveness;
 mod loss_watch;
 mod losses;
 mod model;
+mod propagation;
 mod renewal;
 mod session;
 mod sse;
@@ -83,5 +84,6 @@ pub use fleet::{
 pub use lease::Lease;
 pub use liveness::LostReason;
 pub use model::{AcquireOptions, Grant, Holding, Renewal, SessionAcquireOptions};
+pub use propagation::{FENCING_RESOURCE, FENCING_TOKEN, X_FENCING_TOKEN};
 pub use session::Session;
 pub use watch::{Event, EventKind, EventStream};

@@ -89,7 +89,8 @@ impl Renewer {
                         return;
                     }
                     Ok(lifetime) => {
-                        self.liveness.extend(deadline_after(sent, lifetime));
+                        let margin = self.client.safety_margin();
+                        self.liveness.extend(deadline_after(sent, lifetime, margin));
                         last = sent;
                         granted_for = lifetime;
                         break;

@@ -57,7 +57,7 @@ impl Session {
         let granted_for = lifetime(ttl_seconds, expires_in_ms, Duration::ZERO);
         let session = Session {
             client: client.clone(),
-            upkeep: Upkeep::granted(sent, granted_for),
+            upkeep: Upkeep::granted(sent, granted_for, client.safety_margin()),
             id,
             secret,
             holder,
@@ -95,7 +95,8 @@ impl Session {
         &self.holder
     }
 
-    /// The conservative deadline on the monotonic clock (also that of its leases).
+    /// The stop-by deadline on the monotonic clock, as [`crate::Lease::deadline`]'s (also that
+    /// of its leases).
     pub fn deadline(&self) -> Instant {
         self.upkeep.deadline()
     }

@@ -30,12 +30,25 @@ pub(crate) fn lifetime(ttl_seconds: u64, expires_in_ms: u64, slack: Duration) ->
         .min(MAX_LIFETIME)
 }
 
-/// The deadline a successful request gives: `sent`, the monotonic instant read just before the
-/// request was sent, plus the `lifetime` its answer grants. The proxy's lease cannot end before
-/// it (the proxy measures `expires_in_ms` from when the request reached it, which is later).
-pub(crate) fn deadline_after(sent: Instant, lifetime: Duration) -> Instant {
-    sent.checked_add(lifetime).unwrap_or(sent)
+/// The stop-by deadline a successful request gives: `sent`, the monotonic instant read just
+/// before the request was sent, plus the `lifetime` its answer grants — which the proxy's lease
+/// cannot end before (the proxy measures `expires_in_ms` from when the request reached it,
+/// which is later) — less a safety margin: time for the work to notice and stop before anyone
+/// else can be granted the resource. The margin is `safety_margin`, or by default a tenth of
+/// the lifetime, at least 100 ms; never more than the lifetime.
+pub(crate) fn deadline_after(
+    sent: Instant,
+    lifetime: Duration,
+    safety_margin: Option<Duration>,
+) -> Instant {
+    let margin = safety_margin
+        .unwrap_or_else(|| (lifetime / 10).max(MIN_SAFETY_MARGIN))
+        .min(lifetime);
+    sent.checked_add(lifetime - margin).unwrap_or(sent)
 }
+
+/// The least default safety margin.
+const MIN_SAFETY_MARGIN: Duration = Duration::from_millis(100);
 
 /// The state of one guard.
 #[derive(Debug)]
@@ -58,10 +71,14 @@ impl Upkeep {
     }
 
     /// A guard held until `sent` (read just before sending the request that succeeded) plus
-    /// the `lifetime` its answer grants, unless renewed. A zero lifetime is lost at once
-    /// ([`LostReason::Expired`]).
-    pub(crate) fn granted(sent: Instant, lifetime: Duration) -> Self {
-        let upkeep = Self::new(Liveness::new(deadline_after(sent, lifetime)));
+    /// the `lifetime` its answer grants less the safety margin ([`deadline_after`]), unless
+    /// renewed. A zero lifetime is lost at once ([`LostReason::Expired`]).
+    pub(crate) fn granted(
+        sent: Instant,
+        lifetime: Duration,
+        safety_margin: Option<Duration>,
+    ) -> Self {
+        let upkeep = Self::new(Liveness::new(deadline_after(sent, lifetime, safety_margin)));
         if lifetime.is_zero() {
             upkeep.liveness.lose(LostReason::Expired);
         }
@@ -129,12 +146,13 @@ mod tests {
     use super::*;
 
     #[tokio::test(start_paused = true)]
-    async fn held_until_the_instant_before_sending_plus_expires_in_ms() {
+    async fn held_until_the_instant_before_sending_plus_expires_in_ms_less_the_margin() {
         let sent = Instant::now();
         tokio::time::advance(Duration::from_millis(300)).await; // the request's round trip
-        let upkeep = Upkeep::granted(sent, Duration::from_millis(1500));
-        assert_eq!(upkeep.deadline(), sent + Duration::from_millis(1500));
-        tokio::time::advance(Duration::from_millis(1199)).await;
+        let upkeep = Upkeep::granted(sent, Duration::from_millis(1500), None);
+        // Less the default margin: a tenth of the lifetime.
+        assert_eq!(upkeep.deadline(), sent + Duration::from_millis(1350));
+        tokio::time::advance(Duration::from_millis(1049)).await;
         assert!(!upkeep.is_lost());
         // No timer runs: `is_lost` reads the clock.
         tokio::time::advance(Duration::from_millis(1)).await;
@@ -154,19 +172,26 @@ mod tests {
         assert_eq!(lifetime(u64::MAX, u64::MAX, Duration::MAX), MAX_LIFETIME);
         assert_eq!(lifetime(0, 5000, ms(5000)), Duration::ZERO);
         let now = Instant::now();
-        assert_eq!(deadline_after(now, ms(5)), now + ms(5));
+        assert_eq!(deadline_after(now, ms(5000), None), now + ms(4500));
+        assert_eq!(deadline_after(now, ms(500), None), now + ms(400)); // at least 100 ms
+        assert_eq!(deadline_after(now, ms(5), None), now); // never more than the lifetime
+        assert_eq!(
+            deadline_after(now, ms(5000), Some(ms(2000))),
+            now + ms(3000)
+        );
+        assert_eq!(deadline_after(now, ms(5000), Some(ms(0))), now + ms(5000));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_zero_lifetime_is_lost_at_once() {
-        let upkeep = Upkeep::granted(Instant::now(), Duration::ZERO);
+        let upkeep = Upkeep::granted(Instant::now(), Duration::ZERO, None);
         assert!(upkeep.is_lost());
         assert_eq!(upkeep.lost_reason().await, LostReason::Expired);
     }
 
     #[tokio::test(start_paused = true)]
     async fn ending_marks_it_released() {
-        let upkeep = Upkeep::granted(Instant::now(), Duration::from_secs(10));
+        let upkeep = Upkeep::granted(Instant::now(), Duration::from_secs(10), None);
         let lost = upkeep.lost();
         upkeep.end();
         assert!(lost.is_cancelled() && upkeep.is_lost());

@@ -1,8 +1,8 @@
 //! The loss watch against a real proxy on a real etcd: a guard learns of its loss when the proxy
 //! sees it (its etcd lease revoked, a takeover, its session's lease revoked), within a second and
 //! long before its next renewal; an older grant's event never ends a newer grant; and without
-//! `read` permission the renewals still tell. The times measured are printed (docs: the SDK
-//! READMEs' "Learning of a loss").
+//! `read` permission the renewals still tell; and with no server at all, the stop-by deadline.
+//! The times measured are printed (docs: the SDK READMEs' "Learning of a loss").
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -154,4 +154,45 @@ async fn without_read_permission_the_renewals_still_tell() {
         "a 410 at the renewal"
     );
     assert!(Instant::now() < deadline);
+}
+
+/// The third way to learn of a loss, with no server: the stop-by deadline, the lifetime less a
+/// safety margin. Renewals paused (as when the proxy cannot be reached), the guard is lost
+/// (`Expired`) at that deadline while the proxy still holds the lease.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_stop_by_deadline_ends_the_lease_a_safety_margin_before_the_server_would() {
+    let etcd = Etcd::single().await;
+    let proxy = start_proxy(&etcd).await;
+    let ttl = Duration::from_secs(3);
+    let plain = Client::new(&proxy.url).unwrap();
+    let wide = Client::builder(&proxy.url)
+        .safety_margin(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    for (client, margin, resource) in [
+        (&plain, Duration::from_millis(300), "stop-by-1"), // the default: a tenth
+        (&wide, Duration::from_secs(1), "stop-by-2"),
+    ] {
+        let before = Instant::now();
+        let lease = client
+            .acquire(resource, AcquireOptions::new("robot-a", ttl))
+            .await
+            .unwrap();
+        let after = Instant::now();
+        lease.pause_renewals(true);
+        let life = Duration::from_millis(lease.grant().expires_in_ms).min(ttl);
+        let deadline = lease.deadline();
+        assert!(
+            before + life - margin <= deadline && deadline <= after + life - margin,
+            "{resource}: the deadline is not the lifetime less {margin:?}"
+        );
+        let lost = lost_within(lease.lost(), ttl).await.expect("never lost");
+        assert!(lost >= deadline);
+        assert_eq!(lease.lost_reason().await, LostReason::Expired);
+        if margin == Duration::from_secs(1) {
+            let held = plain.get(resource).await.unwrap();
+            assert!(held.is_some(), "lost after the proxy let the lease go");
+        }
+        lease.release().await.unwrap();
+    }
 }

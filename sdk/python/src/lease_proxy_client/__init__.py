@@ -15,9 +15,12 @@ asyncio: :class:`AsyncClient`, the same calls awaited (``async with client.lease
 from .aio import AsyncClient, AsyncEventStream, AsyncLease, AsyncSession
 from .client import Client, EventStream, Lease, Session
 from .errors import Compacted, Held, LeaseProxyError, Lost, Problem, ProtocolError, SessionLost, TransportError
-from .models import Event, Grant, Holding, Renewal, SessionGrant
+from .fleet import AssignmentChange, Member, Releasing
+from .models import Event, FleetMember, FleetView, Grant, Holding, Renewal, SessionGrant
+from .propagation import FencingAuth, admit, fencing_headers
 
 __all__ = [
+    "AssignmentChange",
     "AsyncClient",
     "AsyncEventStream",
     "AsyncLease",
@@ -26,17 +29,24 @@ __all__ = [
     "Compacted",
     "Event",
     "EventStream",
+    "FencingAuth",
+    "FleetMember",
+    "FleetView",
     "Grant",
     "Held",
     "Holding",
     "Lease",
     "LeaseProxyError",
     "Lost",
+    "Member",
     "Problem",
     "ProtocolError",
+    "Releasing",
     "Renewal",
     "Session",
     "SessionGrant",
     "SessionLost",
     "TransportError",
+    "admit",
+    "fencing_headers",
 ]

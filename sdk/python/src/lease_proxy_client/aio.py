@@ -53,8 +53,12 @@ class AsyncClient:
         timeout: float = 10.0,
         user_agent: str = USER_AGENT,
         loss_watch: bool = True,
+        safety_margin: Optional[float] = None,
     ) -> None:
         self.timeout = timeout
+        #: Seconds before the server's earliest possible expiry at which a guard counts as lost
+        #: (None: a tenth of the lifetime, at least 0.1 s): see :func:`protocol.stop_by`.
+        self.safety_margin = safety_margin
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers=protocol.base_headers(token, user_agent),
@@ -140,7 +144,7 @@ class AsyncClient:
             if life <= 0:
                 liveness.fire(EXPIRED)
                 return None
-            liveness.extend(sent + life)
+            liveness.extend(protocol.stop_by(sent, life, self.safety_margin))
             return life
         return None
 
@@ -344,7 +348,7 @@ class AsyncLease(LeaseView[AsyncLostEvent]):
         if session is None:
             # A grant of no time (TTL <= 0, expires_in_ms < 0) is a lease lost at once.
             life = protocol.lifetime(grant.ttl_seconds, grant.expires_in_ms, slack)
-            self._liveness = AsyncLiveness(sent + life)
+            self._liveness = AsyncLiveness(protocol.stop_by(sent, life, client.safety_margin))
             if life > 0:
                 self._renewer = _AsyncRenewer(
                     client, protocol.renew_call(grant.resource, grant.secret), self._liveness, life, sent
@@ -435,7 +439,7 @@ class AsyncSession(SessionView[AsyncLostEvent]):
         self._client = client
         self._grant = grant
         life = protocol.lifetime(grant.ttl_seconds, grant.expires_in_ms)
-        self._liveness = AsyncLiveness(sent + life)
+        self._liveness = AsyncLiveness(protocol.stop_by(sent, life, client.safety_margin))
         self._renewer = _AsyncRenewer(
             client, protocol.keepalive_call(grant.session_id, grant.secret), self._liveness, life, sent
         )

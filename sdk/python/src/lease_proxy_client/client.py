@@ -6,12 +6,13 @@ import threading
 import time
 import weakref
 from types import TracebackType
-from typing import Any, Dict, Generator, Iterator, List, Mapping, Optional, Tuple, Type
+from typing import Any, Callable, Dict, Generator, Iterator, List, Mapping, Optional, Tuple, Type
 
 import httpx
 
 from . import protocol
 from .errors import Lost, LeaseProxyError, SessionLost, TransportError
+from .fleet_calls import FleetCalls
 from .liveness import Liveness, LostEvent
 from .loss_watch import LossWatch
 from .models import Event, Grant, Holding, Renewal, SessionGrant
@@ -22,12 +23,14 @@ from .views import LeaseView, SessionView
 USER_AGENT = "lease-proxy-client-python/0.1"
 
 
-class Client:
+class Client(FleetCalls):
     """A connection to lease-proxy (thread-safe; one per process is plenty).
 
     ``token`` is the bearer token (with ``--auth-tokens``), ``verify`` ``True`` (system CAs),
     ``False`` or a CA bundle file, ``cert`` a client certificate file or ``(cert, key)`` for mTLS,
-    ``timeout`` the seconds each request may take (a waiting acquire gets its wait on top).
+    ``timeout`` the seconds each request may take (a waiting acquire gets its wait on top),
+    ``safety_margin`` the seconds before the server's earliest possible expiry at which a guard
+    counts as lost (default: a tenth of the lifetime granted, at least 0.1 s).
     """
 
     def __init__(
@@ -40,8 +43,12 @@ class Client:
         timeout: float = 10.0,
         user_agent: str = USER_AGENT,
         loss_watch: bool = True,
+        safety_margin: Optional[float] = None,
     ) -> None:
         self.timeout = timeout
+        #: Seconds before the server's earliest possible expiry at which a guard counts as lost
+        #: (None: a tenth of the lifetime, at least 0.1 s): see :func:`protocol.stop_by`.
+        self.safety_margin = safety_margin
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers=protocol.base_headers(token, user_agent),
@@ -225,7 +232,7 @@ class Client:
             if life <= 0:
                 liveness.fire(EXPIRED)
                 return None
-            liveness.extend(sent + life)
+            liveness.extend(protocol.stop_by(sent, life, self.safety_margin))
             return life
         return None
 
@@ -291,14 +298,17 @@ class Lease(LeaseView[LostEvent]):
         sent: float,
         session: Optional["Session"] = None,
         slack: float = 0.0,
+        claim: Optional[Callable[[], bool]] = None,
     ):
         self._client = client
         self._grant = grant
+        # A fleet grant's release is sent only when this says so (once for it and its hand-off).
+        self._claim = claim
         self._renewer: Optional[_Renewer] = None
         if session is None:
             # A grant of no time (TTL <= 0, expires_in_ms < 0) is a lease lost at once.
             life = protocol.lifetime(grant.ttl_seconds, grant.expires_in_ms, slack)
-            self._liveness = Liveness(sent + life, grant.resource)
+            self._liveness = Liveness(protocol.stop_by(sent, life, client.safety_margin), grant.resource)
             if life > 0:
                 self._renewer = _Renewer(
                     client,
@@ -361,7 +371,8 @@ class Lease(LeaseView[LostEvent]):
                 self._renewer.stop()
             self._liveness.fire(RELEASED)
             self._client._losses.deregister(self._watched)
-            if self._released:
+            if self._released or (self._claim is not None and not self._claim()):
+                self._released = True
                 return
             # Sent even when the lease counts as lost here: the deadline is conservative, so the
             # grant may still be alive in etcd, and a release of an ended grant is a no-op.
@@ -397,7 +408,9 @@ class Session(SessionView[LostEvent]):
         self._client = client
         self._grant = grant
         life = protocol.lifetime(grant.ttl_seconds, grant.expires_in_ms)
-        self._liveness = Liveness(sent + life, f"session {grant.session_id}")
+        self._liveness = Liveness(
+            protocol.stop_by(sent, life, client.safety_margin), f"session {grant.session_id}"
+        )
         self._renewer = _Renewer(
             client,
             protocol.keepalive_call(grant.session_id, grant.secret),

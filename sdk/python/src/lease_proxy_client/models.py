@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 
 @dataclass(frozen=True)
@@ -140,6 +140,61 @@ class Event:
         )
 
 
+@dataclass(frozen=True)
+class FleetMember:
+    """A member as a reader of its fleet sees it."""
+
+    member: str
+    weight: int
+    #: ``active``, ``draining`` or ``evicted``.
+    state: str
+    #: What it holds and is assigned, in name order.
+    held: List[str]
+    #: What it holds and must give up, in name order.
+    releasing: List[str]
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> "FleetMember":
+        return cls(
+            member=_str(body["member"]),
+            weight=_int(body["weight"]),
+            state=_str(body["state"]),
+            held=_strs(body["held"]),
+            releasing=_strs(body["releasing"]),
+        )
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """A fleet as it stands (``GET /v1/fleets/{fleet}``; ``PUT`` answers the same without
+    ``members`` and ``unassigned``)."""
+
+    fleet: str
+    resources: List[str]
+    drain_ms: int
+    max_moves: int
+    #: The etcd revision it was read (or written) at.
+    revision: int
+    members: List[FleetMember]
+    #: The resources no member holds now, in name order.
+    unassigned: List[str]
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> "FleetView":
+        members = body.get("members", [])
+        if not isinstance(members, list):
+            raise TypeError("members is not a list")
+        return cls(
+            fleet=_str(body["fleet"]),
+            resources=_strs(body["resources"]),
+            drain_ms=_int(body["drain_ms"]),
+            max_moves=_int(body["max_moves"]),
+            revision=_int(body["revision"]),
+            members=[FleetMember.from_json(_opt_dict(m) or {}) for m in members],
+            unassigned=_strs(body.get("unassigned", [])),
+        )
+
+
 # Strict readers: a field of the wrong type raises TypeError or ValueError, which the caller
 # (protocol.parse) turns into a ProtocolError.
 
@@ -159,6 +214,12 @@ def _str(value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise TypeError(f"not a string: {value!r}")
     return str(value)
+
+
+def _strs(value: Any) -> List[str]:
+    if not isinstance(value, list):
+        raise TypeError(f"not a list: {value!r}")
+    return [_str(v) for v in value]
 
 
 def _opt_str(value: Any) -> Optional[str]:

@@ -50,6 +50,8 @@ EXPIRED = "expired"
 REVOKED = "revoked"
 SESSION_LOST = "session-lost"
 RELEASED = "released"
+#: A fleet moved the resource to another member: finish, then release it.
+HANDED_OFF = "handed-off"
 
 
 @dataclass
@@ -148,6 +150,59 @@ def keepalive_call(session_id: str, secret: str) -> Call:
 def close_session_call(session_id: str, secret: str) -> Call:
     """``DELETE /v1/sessions/{id}`` (idempotent)."""
     return Call("DELETE", session_path(session_id), {SECRET_HEADER: secret})
+
+
+def fleet_path(fleet: str) -> str:
+    """``/v1/fleets/{fleet}``."""
+    return "/v1/fleets/" + quote(fleet, safe="")
+
+
+def member_path(fleet: str, member: str) -> str:
+    """``/v1/fleets/{fleet}/members/{member}``."""
+    return fleet_path(fleet) + "/members/" + quote(member, safe="")
+
+
+def put_fleet_call(
+    fleet: str, resources: List[str], drain: Optional[float], max_moves: Optional[int]
+) -> Call:
+    """``PUT /v1/fleets/{fleet}``: ``drain`` in seconds (whole milliseconds are sent)."""
+    body: Dict[str, Any] = {"resources": list(resources)}
+    if drain is not None:
+        body["drain_ms"] = int(drain * 1000)
+    if max_moves is not None:
+        body["max_moves"] = max_moves
+    return Call("PUT", fleet_path(fleet), json=body)
+
+
+def join_call(fleet: str, member: str, ttl: int, weight: Optional[int]) -> Call:
+    """``POST /v1/fleets/{fleet}/members``."""
+    body: Dict[str, Any] = {"member": member, "ttl_seconds": ttl}
+    if weight is not None:
+        body["weight"] = weight
+    return Call("POST", fleet_path(fleet) + "/members", json=body)
+
+
+def member_view_call(fleet: str, member: str, secret: str, after: Optional[int], wait: float) -> Call:
+    """``GET /v1/fleets/{fleet}/members/{member}``: at once without ``after``, else a long poll of
+    up to ``wait`` seconds for a revision past it."""
+    call = Call("GET", member_path(fleet, member), {SECRET_HEADER: secret})
+    if after is not None:
+        call.params = {"after": str(after), "wait_ms": str(int(wait * 1000))}
+        call.extra_timeout = wait
+    return call
+
+
+def drain_call(fleet: str, member: str, secret: Optional[str]) -> Call:
+    """``POST …/members/{member}/drain``: the member itself with its session's secret, else an
+    operator."""
+    return Call("POST", member_path(fleet, member) + "/drain", {SECRET_HEADER: secret} if secret else {})
+
+
+def is_no_member(error: BaseException) -> bool:
+    """A fleet member's read answered 404 ``no-member`` (its session ended), or 410 ``session-lost``."""
+    return isinstance(error, SessionLost) or (
+        isinstance(error, Problem) and error.status == 404 and error.slug == "no-member"
+    )
 
 
 def watch_headers(last_event_id: Optional[str]) -> Dict[str, str]:
@@ -327,6 +382,15 @@ def lifetime(ttl_seconds: int, expires_in_ms: int, slack: float = 0.0) -> float:
         return 0.0
     most = ttl_seconds * 1000 + int(slack * 1000)
     return min(expires_in_ms, most, MAX_LIFETIME_MS) / 1000.0
+
+
+def stop_by(sent: float, lifetime: float, safety_margin: Optional[float]) -> float:
+    """The stop-by deadline of a grant (or session) whose request was sent at ``sent`` and
+    granted ``lifetime`` seconds: ``sent + lifetime - margin``, the margin being ``safety_margin``
+    seconds, or by default a tenth of the lifetime, at least 0.1 s — time for the work to notice
+    and stop before the server's earliest possible expiry (never more than the lifetime)."""
+    margin = max(lifetime / 10.0, 0.1) if safety_margin is None else max(safety_margin, 0.0)
+    return sent + lifetime - min(margin, lifetime)
 
 
 def renew_interval(lifetime: float) -> float:

@@ -33,9 +33,10 @@ class Alive(Generic[LostT]):
 
     @property
     def deadline(self) -> float:
-        """The conservative end of the lease (or session) on :func:`time.monotonic`'s clock: the
+        """The stop-by deadline of the lease (or session) on :func:`time.monotonic`'s clock: the
         instant read before sending the last successful acquire/renewal/keepalive plus the
-        ``expires_in_ms`` answered (a lease under a session: the session's)."""
+        ``expires_in_ms`` answered, less the client's safety margin (a lease under a session: the
+        session's)."""
         return self._liveness.deadline
 
     @property
@@ -46,7 +47,8 @@ class Alive(Generic[LostT]):
     @property
     def lost_reason(self) -> Optional[str]:
         """None while held, else ``expired``, ``revoked``, ``session-lost`` (a lease under a
-        session that ended) or ``released`` (released, or its session closed)."""
+        session that ended), ``released`` (released, or its session closed) or ``handed-off`` (a
+        fleet moved its resource to another member)."""
         self._liveness.check()
         return self._liveness.reason
 
