@@ -11,6 +11,7 @@ mod auth;
 mod config;
 mod error;
 mod etcd;
+mod etcdapi;
 mod fleet;
 mod forward;
 mod grpc;

@@ -216,28 +216,34 @@ pub async fn run(
         config.max_watch_streams,
         config.watch_streams_per_principal(),
     ));
-    let v3 = crate::v3::V3::new(
+    let etcd_core = Arc::new(crate::etcdapi::Service::new(
         etcd.clone(),
         keepalive.clone(),
         keys.clone(),
-        crate::v3::Settings {
+        crate::etcdapi::Settings {
             lease_markers: config.v3_lease_markers(),
             era: config.era,
             namespace: config.v3_namespace_or_default(),
-            limits: crate::v3::Limits {
+            limits: crate::etcdapi::Limits {
                 keepalive_ids: config.v3_max_keepalive_ids,
                 txn_ops: config.v3_max_txn_ops,
                 txn_depth: config.v3_max_txn_depth,
             },
-            max_body: config.max_body_bytes,
-            body_deadline: config.header_read_timeout,
         },
-        crate::v3::Streams {
+        crate::etcdapi::Streams {
             slots: watch_slots.clone(),
             stopping: stopping.clone(),
             max_duration: config.v3_watch_max_duration,
-            budgets: Arc::new(crate::v3::WatchBudgets::new(metrics.clone())),
+            budgets: Arc::new(crate::etcdapi::WatchBudgets::new(metrics.clone())),
             hubs: Default::default(),
+        },
+    ));
+    let v3 = crate::v3::V3::new(
+        etcd_core,
+        etcd.clone(),
+        crate::v3::Settings {
+            max_body: config.max_body_bytes,
+            body_deadline: config.header_read_timeout,
         },
     );
     let layout = config.layout();

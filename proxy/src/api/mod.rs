@@ -166,11 +166,11 @@ pub(crate) fn etcd_caller(
     app: &Arc<AppState>,
     headers: &axum::http::HeaderMap,
     extensions: &axum::http::Extensions,
-) -> Result<crate::v3::Authorised, Error> {
+) -> Result<crate::etcdapi::Authorised, Error> {
     let peer = authz::Peer::of(extensions);
     let (op, target) = (crate::auth::Op::V3, authz::Target::All);
     let caller = authz::authorize(app, headers, &peer, op, target)?;
-    Ok(crate::v3::Authorised {
+    Ok(crate::etcdapi::Authorised {
         recheck: authz::recheck(app, headers, &peer, &caller, op, target),
         principal: caller.map(|p| p.name.clone()),
     })

@@ -19,7 +19,7 @@ use super::manual::{unary, Answer, HttpRequest, HttpResponse, Methods};
 use super::{status, Front};
 use crate::api::unauthenticated;
 use crate::auth::Op;
-use crate::v3::{Code, Status};
+use crate::etcdapi::{Code, Status};
 
 /// The method served without judging its caller first: it is how a caller gets credentials.
 pub(super) const AUTHENTICATE: &str = "/etcdserverpb.Auth/Authenticate";

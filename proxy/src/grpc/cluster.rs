@@ -20,7 +20,7 @@ use futures::stream::BoxStream;
 use tonic::{Request, Response};
 
 use super::{called_url, status, Front, Judged};
-use crate::v3::Status;
+use crate::etcdapi::Status;
 
 type Answer<T> = Result<Response<T>, tonic::Status>;
 

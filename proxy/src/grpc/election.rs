@@ -1,5 +1,5 @@
 //! `v3electionpb.Election`: Campaign, Proclaim, Leader, Observe (server streaming) and Resign
-//! through the core's election ([`crate::v3::Service::campaign`] and the rest), which jetcd's
+//! through the core's election ([`crate::etcdapi::Service::campaign`] and the rest), which jetcd's
 //! election client calls. A Campaign answer carries the leader's fencing token in its response
 //! metadata, `fencing-token` and `fencing-resource`, as a Lock answer does.
 //!

@@ -10,7 +10,7 @@ use futures::stream::BoxStream;
 use tonic::{Request, Response};
 
 use super::{status, Front};
-use crate::v3::Status;
+use crate::etcdapi::Status;
 
 type Answer<T> = Result<Response<T>, tonic::Status>;
 

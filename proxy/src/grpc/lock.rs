@@ -1,4 +1,4 @@
-//! `v3lockpb.Lock`: Lock and Unlock through the core's lock ([`crate::v3::Service::lock`]),
+//! `v3lockpb.Lock`: Lock and Unlock through the core's lock ([`crate::etcdapi::Service::lock`]),
 //! which jetcd and etcd's own gateway call. A Lock answer carries the lock's fencing token in
 //! its response metadata, `fencing-token` and `fencing-resource` (the domain of
 //! `/v3/lock/lock`'s `Fencing-Token` and `Fencing-Resource` headers).
@@ -13,7 +13,7 @@ use tonic::{Request, Response};
 
 use super::manual::{unary, unimplemented, Answer, HttpRequest, HttpResponse, Methods};
 use super::{fencing_metadata, status, Front};
-use crate::v3::Lock;
+use crate::etcdapi::Lock;
 
 /// `v3lockpb.LockRequest`.
 #[derive(Clone, PartialEq, prost::Message)]

@@ -2,7 +2,7 @@
 //! `content-type: application/grpc…` go to etcd's services, everything else to the HTTP routes,
 //! as etcd serves gRPC and HTTP on one client port ([`front`]).
 //!
-//! A second front over the `/v3` core ([`crate::v3::Service`]): tonic decodes etcd's protobuf
+//! A front over the etcd-compatible core ([`crate::etcdapi::Service`]): tonic decodes etcd's protobuf
 //! messages, the core checks, confines (namespace both ways, leases per principal) and calls
 //! etcd under `--etcd-timeout`, and its [`Status`] becomes a `tonic::Status` in one place
 //! ([`status`]) — the codes and messages etcd gives, which Go clients match by text. Callers are
@@ -20,6 +20,7 @@ mod lease;
 mod lock;
 mod manual;
 mod observe;
+mod proto;
 mod renewals;
 mod watch;
 
@@ -41,7 +42,7 @@ use futures::future::{BoxFuture, FutureExt};
 use tonic::service::Routes;
 
 use crate::api::{etcd_caller, AppState};
-use crate::v3::{
+use crate::etcdapi::{
     Authorised, Caller, Code, Service, Status, Written, PERMISSION_DENIED, USER_EMPTY,
 };
 

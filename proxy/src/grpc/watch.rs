@@ -1,5 +1,5 @@
 //! `etcdserverpb.Watch`: the bidirectional watch stream through the core
-//! ([`crate::v3::Service::watch`]), confined to the caller's namespace; the core takes the
+//! ([`crate::etcdapi::Service::watch`]), confined to the caller's namespace; the core takes the
 //! stream's event-stream slot with its first create. Its answers stay counted in the replica's
 //! watch budgets until HTTP/2 has written them: the answer's body hands tonic's encoded frames
 //! over a piece at a time through the core's [`Written`] ([`Counted`]).
@@ -14,7 +14,7 @@ use http_body::Frame;
 use tonic::{Request, Response, Streaming};
 
 use super::{status, Front};
-use crate::v3::{Status, WatchRequests, Written};
+use crate::etcdapi::{Status, WatchRequests, Written};
 
 type Answer<T> = Result<Response<T>, tonic::Status>;
 

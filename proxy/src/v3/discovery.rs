@@ -10,8 +10,9 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use tokio::time::{Duration, Instant};
 
-use super::status::{plain, Code, Status};
+use super::status::plain;
 use super::V3;
+use crate::etcdapi::{Code, Status};
 
 /// Largest answer relayed (etcd's are a few dozen bytes).
 const MAX_ANSWER: usize = 16 * 1024;

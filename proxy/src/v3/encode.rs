@@ -222,8 +222,8 @@ pub(crate) fn lock(r: &PbLockResponse) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use super::super::namespace::Namespace;
     use super::*;
+    use crate::etcdapi::Namespace;
 
     #[test]
     fn defaults_are_omitted_and_order_kept() {

@@ -1,58 +1,38 @@
 //! `/v3`: etcd's JSON gateway API for leases, locks and KV, served by the proxy
-//! (docs/DESIGN.md §5.2).
+//! (docs/DESIGN.md §5.2) — a front over the etcd-compatible core ([`crate::etcdapi`]), as etcd's
+//! gateway is JSON ↔ its gRPC server.
 //!
-//! Fails closed (docs/DESIGN.md §7.6). Every request body is read into typed requests exactly as
-//! etcd's gateway would read it ([`json`], [`request`]); whatever the proxy cannot read exactly as
-//! etcd would is refused with etcd's error shape (HTTP 400, gRPC code 3), never passed on. The
-//! typed values go to etcd through etcd-client's gRPC API — no client bytes reach etcd — under the
-//! same deadline and member failover as `/v1`, and etcd's answers are printed as its gateway
-//! prints them ([`encode`]). On top of etcd, the proxy adds:
-//! - KV and locks are confined to a namespace ([`namespace`]) — with `--auth-tokens`, one per
-//!   principal ([`Caller`]);
-//! - leases are confined too ([`lease`]): only leases granted through `/v3` can be revoked,
-//!   renewed, inspected, listed, or named by a put or a lock (with `--auth-tokens`, only by the
-//!   principal that granted them);
-//! - keepalives go through the proxy's shared, multiplexed keepalive streams;
-//! - a lock answer carries a fencing token in the lock's own token domain ([`lock`]);
-//! - per-request limits: ids per keepalive body, operations and nesting per transaction.
+//! Fails closed (docs/DESIGN.md §7.6). Every request body is read into the core's typed
+//! requests exactly as etcd's gateway would read it ([`json`], [`request`]); whatever the proxy
+//! cannot read exactly as etcd would is refused with etcd's error shape (HTTP 400, gRPC code 3),
+//! never passed on. The core's answers are printed as etcd's gateway prints them ([`encode`]),
+//! its refusals as the gateway renders them ([`status`]); `/version` and `/health` are relayed
+//! from etcd ([`discovery`]).
 
 mod discovery;
-mod election;
 mod encode;
 mod gobase64;
 mod json;
-mod kv;
-mod lease;
-mod lock;
-mod namespace;
-mod proto;
-mod remembered;
 mod request;
-mod service;
 mod status;
-mod watch;
+
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{HeaderValue, Method, Request, StatusCode};
 use axum::response::Response;
 use bytes::Bytes;
-use fencing::Keys;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use crate::etcd::{Etcd, KeepAlive};
-pub(crate) use request::Lock;
-pub(crate) use service::{Authorised, Caller, Service, Streams};
-pub(crate) use watch::{Budgets as WatchBudgets, Requests as WatchRequests, Written};
-
+use crate::etcd::Etcd;
+use crate::etcdapi::request::{DeleteRange, LeaseGrant, Lock, Put, Range, TimeToLive, Txn};
+use crate::etcdapi::{Authorised, Caller, Code, Service, Status};
 use json::{JsonError, Reader, Value};
-use lease::Markers;
-use namespace::Namespace;
 use request::Message;
 use status::{json as json_response, plain};
-pub(crate) use status::{Code, Status, PERMISSION_DENIED, USER_EMPTY};
 
 /// A request refused before it reached the `/v3` API (authentication, authorisation), in etcd's
 /// shape.
@@ -60,39 +40,20 @@ pub(crate) fn refusal(e: crate::Error) -> Response {
     Status::from(e).response()
 }
 
-/// What `/v3` is configured with.
+/// What the gateway is configured with, beyond the core's settings.
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
-    /// Where the markers of `/v3` leases live (`{etcd-prefix}v3/leases/`).
-    pub(crate) lease_markers: String,
-    /// The fencing era of lock tokens.
-    pub(crate) era: u64,
-    /// The namespace every key is confined to (`--v3-namespace`).
-    pub(crate) namespace: String,
-    /// Per-request limits.
-    pub(crate) limits: Limits,
     /// Largest request body.
     pub(crate) max_body: usize,
     /// How long a body may take to arrive.
     pub(crate) body_deadline: std::time::Duration,
 }
 
-/// Per-request limits of `/v3`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Limits {
-    /// Lease ids (JSON objects) in one keepalive body.
-    pub(crate) keepalive_ids: usize,
-    /// Compares and operations in one transaction, counted at every depth.
-    pub(crate) txn_ops: usize,
-    /// Transactions nested inside a transaction.
-    pub(crate) txn_depth: usize,
-}
-
 /// The `/v3` JSON gateway: JSON ↔ the etcd-compatible [`Service`], as etcd's gateway is JSON ↔
 /// its gRPC server.
 pub(crate) struct V3 {
     /// The typed, confined service every etcd front calls.
-    core: Service,
+    core: Arc<Service>,
     /// etcd itself, for relaying `/version` and `/health`.
     etcd: Etcd,
     max_body: usize,
@@ -212,25 +173,10 @@ fn ok(v: &serde_json::Value) -> Response {
 }
 
 impl V3 {
-    /// Serves `/v3` as `settings` say (its namespace, lease markers and limits).
-    pub(crate) fn new(
-        etcd: Etcd,
-        keepalive: KeepAlive,
-        keys: Keys,
-        settings: Settings,
-        streams: Streams,
-    ) -> Self {
+    /// Serves `/v3` over `core` as `settings` say (its body limits).
+    pub(crate) fn new(core: Arc<Service>, etcd: Etcd, settings: Settings) -> Self {
         Self {
-            core: Service {
-                leases: Markers::new(etcd.clone(), settings.lease_markers),
-                etcd: etcd.clone(),
-                keepalive,
-                keys,
-                era: settings.era,
-                namespace: Namespace::new(settings.namespace.into_bytes()),
-                limits: settings.limits,
-                streams,
-            },
+            core,
             etcd,
             max_body: settings.max_body,
             body_deadline: settings.body_deadline,
@@ -239,7 +185,7 @@ impl V3 {
     }
 
     /// The typed, confined core, for the gRPC front.
-    pub(crate) fn core(&self) -> &Service {
+    pub(crate) fn core(&self) -> &Arc<Service> {
         &self.core
     }
 
@@ -271,7 +217,7 @@ impl V3 {
         let collect = Limited::new(req.into_body(), self.max_body).collect();
         let body = match tokio::time::timeout(self.body_deadline, collect).await {
             Ok(Ok(b)) => b.to_bytes(),
-            Ok(Err(_)) => return Status::too_large(self.max_body).response(),
+            Ok(Err(_)) => return status::too_large(self.max_body),
             Err(_) => {
                 return Status::invalid(format!(
                     "lease-proxy: the request body did not arrive within {:?}",
@@ -300,19 +246,17 @@ impl V3 {
     async fn call(&self, s: &Caller, call: Call, body: &[u8]) -> Result<Response, Status> {
         let core = &self.core;
         let answer = match call {
-            Call::Range => {
-                encode::range(&core.range(s, unary(body, request::Range::decode)?).await?)
-            }
-            Call::Put => encode::put(&core.put(s, unary(body, request::Put::decode)?).await?),
+            Call::Range => encode::range(&core.range(s, unary(body, Range::decode)?).await?),
+            Call::Put => encode::put(&core.put(s, unary(body, Put::decode)?).await?),
             Call::DeleteRange => encode::delete_range(
                 &core
-                    .delete_range(s, unary(body, request::DeleteRange::decode)?)
+                    .delete_range(s, unary(body, DeleteRange::decode)?)
                     .await?,
             ),
-            Call::Txn => encode::txn(&core.txn(s, unary(body, request::Txn::decode)?).await?),
+            Call::Txn => encode::txn(&core.txn(s, unary(body, Txn::decode)?).await?),
             Call::Grant => encode::lease_grant(
                 &core
-                    .lease_grant(s, unary(body, request::LeaseGrant::decode)?)
+                    .lease_grant(s, unary(body, LeaseGrant::decode)?)
                     .await?,
             ),
             Call::Revoke => encode::header_only(
@@ -323,7 +267,7 @@ impl V3 {
             ),
             Call::TimeToLive => encode::time_to_live(
                 &core
-                    .lease_time_to_live(s, unary(body, request::TimeToLive::decode)?)
+                    .lease_time_to_live(s, unary(body, TimeToLive::decode)?)
                     .await?,
             ),
             Call::Leases => {
@@ -333,7 +277,7 @@ impl V3 {
             Call::KeepAlive => {
                 // One result line per id, as the gateway streams them.
                 let mut lines = String::new();
-                for id in keepalive_ids(body, core.limits.keepalive_ids)? {
+                for id in keepalive_ids(body, core.limits().keepalive_ids)? {
                     let renewed = core.lease_keep_alive(s, id).await?;
                     lines.push_str(&encode::lease_keep_alive(&renewed).to_string());
                     lines.push('\n');
@@ -342,7 +286,7 @@ impl V3 {
             }
             Call::Lock | Call::LockToken => {
                 let locked = if call == Call::Lock {
-                    core.lock(s, unary(body, request::Lock::decode)?).await?
+                    core.lock(s, unary(body, Lock::decode)?).await?
                 } else {
                     core.lock_token(s, unary(body, request::unlock_key)?)
                         .await?
@@ -375,7 +319,7 @@ mod tests {
 
     #[test]
     fn bodies_are_one_value_and_nothing_after() {
-        let ttl = |body: &str| unary(body.as_bytes(), request::LeaseGrant::decode);
+        let ttl = |body: &str| unary(body.as_bytes(), LeaseGrant::decode);
         assert_eq!(ttl(r#"{"TTL":"10"}"#).unwrap().ttl, 10);
         assert_eq!(ttl(" \n").unwrap().ttl, 0);
         assert_eq!(ttl("null").unwrap().ttl, 0);

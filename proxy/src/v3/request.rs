@@ -17,54 +17,19 @@
 //! reads as a number and as 0), and enum numbers that name no value (which etcd passes on).
 //! Everything Go refuses is refused with Go's message where it matters to clients (base64 and
 //! syntax errors), else with a message of the same kind.
+//!
+//! The request types are the core's ([`crate::etcdapi::request`]); here is their JSON decoding.
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 
 use super::gobase64::go_base64;
 use super::json::Value;
-use super::status::Status;
-
-/// A proto enum: its full name (for errors) and its value names, numbered from 0.
-pub(crate) struct EnumType {
-    full_name: &'static str,
-    names: &'static [&'static str],
-}
-
-impl EnumType {
-    /// The index of the value numbered `n`, if `n` names one.
-    pub(crate) fn index(&self, n: impl Into<i64>) -> Option<usize> {
-        usize::try_from(n.into())
-            .ok()
-            .filter(|i| *i < self.names.len())
-    }
-
-    /// The enum's full name, as Go's messages give it.
-    pub(crate) fn full_name(&self) -> &'static str {
-        self.full_name
-    }
-}
-
-/// `RangeRequest.SortOrder`.
-pub(crate) const SORT_ORDER: EnumType = EnumType {
-    full_name: "etcdserverpb.RangeRequest_SortOrder",
-    names: &["NONE", "ASCEND", "DESCEND"],
+use crate::etcdapi::request::{
+    Against, Compare, DeleteRange, EnumType, LeaseGrant, Lock, Op, Put, Range, TimeToLive, Txn,
+    COMPARE_RESULT, COMPARE_TARGET, SORT_ORDER, SORT_TARGET,
 };
-/// `RangeRequest.SortTarget`.
-pub(crate) const SORT_TARGET: EnumType = EnumType {
-    full_name: "etcdserverpb.RangeRequest_SortTarget",
-    names: &["KEY", "VERSION", "CREATE", "MOD", "VALUE"],
-};
-/// `Compare.CompareResult`.
-pub(crate) const COMPARE_RESULT: EnumType = EnumType {
-    full_name: "etcdserverpb.Compare_CompareResult",
-    names: &["EQUAL", "GREATER", "LESS", "NOT_EQUAL"],
-};
-/// `Compare.CompareTarget`.
-pub(crate) const COMPARE_TARGET: EnumType = EnumType {
-    full_name: "etcdserverpb.Compare_CompareTarget",
-    names: &["VERSION", "CREATE", "MOD", "VALUE", "LEASE"],
-};
+use crate::etcdapi::Status;
 
 /// A decimal `int64` exactly as both Go and Rust read it: an optional `-`, then `0` or digits
 /// without a leading zero; no `+`, no spaces, no exponent.
@@ -195,14 +160,15 @@ impl<'a> Message<'a> {
         };
         match v {
             // Go looks the name up exactly as sent, escapes and all.
-            Value::String(s) => e.names.iter().position(|n| *n == s.raw).ok_or_else(|| {
+            Value::String(s) => e.position(&s.raw).ok_or_else(|| {
                 Status::invalid(format!(
                     "unknown value {:?} for enum {}",
-                    s.raw, e.full_name
+                    s.raw,
+                    e.full_name()
                 ))
             }),
             Value::Number(n) => canonical_int64(n).and_then(|i| e.index(i)).ok_or_else(|| {
-                Status::refused(format!("{proto:?}: {n} is no value of {}", e.full_name))
+                Status::refused(format!("{proto:?}: {n} is no value of {}", e.full_name()))
             }),
             other => Err(type_error(other, "protoreflect.EnumNumber")),
         }
@@ -241,26 +207,6 @@ impl<'a> Message<'a> {
     }
 }
 
-/// `RangeRequest`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Range {
-    pub(crate) key: Vec<u8>,
-    pub(crate) range_end: Vec<u8>,
-    pub(crate) limit: i64,
-    pub(crate) revision: i64,
-    /// Index in [`SORT_ORDER`].
-    pub(crate) sort_order: usize,
-    /// Index in [`SORT_TARGET`].
-    pub(crate) sort_target: usize,
-    pub(crate) serializable: bool,
-    pub(crate) keys_only: bool,
-    pub(crate) count_only: bool,
-    pub(crate) min_mod_revision: i64,
-    pub(crate) max_mod_revision: i64,
-    pub(crate) min_create_revision: i64,
-    pub(crate) max_create_revision: i64,
-}
-
 impl Range {
     /// Decodes the fields in declaration order, so the first error is the one etcd reports.
     pub(crate) fn decode(m: Message<'_>) -> Result<Self, Status> {
@@ -282,17 +228,6 @@ impl Range {
     }
 }
 
-/// `PutRequest`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Put {
-    pub(crate) key: Vec<u8>,
-    pub(crate) value: Vec<u8>,
-    pub(crate) lease: i64,
-    pub(crate) prev_kv: bool,
-    pub(crate) ignore_value: bool,
-    pub(crate) ignore_lease: bool,
-}
-
 impl Put {
     /// Decodes the fields in declaration order.
     pub(crate) fn decode(m: Message<'_>) -> Result<Self, Status> {
@@ -307,14 +242,6 @@ impl Put {
     }
 }
 
-/// `DeleteRangeRequest`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct DeleteRange {
-    pub(crate) key: Vec<u8>,
-    pub(crate) range_end: Vec<u8>,
-    pub(crate) prev_kv: bool,
-}
-
 impl DeleteRange {
     /// Decodes the fields in declaration order.
     pub(crate) fn decode(m: Message<'_>) -> Result<Self, Status> {
@@ -324,16 +251,6 @@ impl DeleteRange {
             prev_kv: m.boolean("prev_kv", "prevKv")?,
         })
     }
-}
-
-/// One operation of a transaction (`RequestOp`); `None` in a branch is an empty op, which etcd
-/// refuses.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Op {
-    Range(Range),
-    Put(Put),
-    DeleteRange(DeleteRange),
-    Txn(Txn),
 }
 
 impl Op {
@@ -359,28 +276,6 @@ impl Op {
         }
         Ok(None)
     }
-}
-
-/// The value a compare checks against (`Compare.target_union`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Against {
-    Version(i64),
-    CreateRevision(i64),
-    ModRevision(i64),
-    Value(Vec<u8>),
-    Lease(i64),
-}
-
-/// `Compare`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Compare {
-    /// Index in [`COMPARE_RESULT`].
-    pub(crate) result: usize,
-    /// Index in [`COMPARE_TARGET`].
-    pub(crate) target: usize,
-    pub(crate) key: Vec<u8>,
-    pub(crate) against: Option<Against>,
-    pub(crate) range_end: Vec<u8>,
 }
 
 impl Compare {
@@ -425,14 +320,6 @@ impl Compare {
     }
 }
 
-/// `TxnRequest`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Txn {
-    pub(crate) compare: Vec<Compare>,
-    pub(crate) success: Vec<Option<Op>>,
-    pub(crate) failure: Vec<Option<Op>>,
-}
-
 impl Txn {
     /// Decodes the fields in declaration order.
     pub(crate) fn decode(m: Message<'_>) -> Result<Self, Status> {
@@ -450,23 +337,6 @@ impl Txn {
             failure: ops("failure")?,
         })
     }
-
-    /// Every operation in both branches, at every depth, with its depth (0: this txn's own).
-    pub(crate) fn walk<'t>(&'t self, depth: usize, visit: &mut impl FnMut(&'t Op, usize)) {
-        for op in self.success.iter().chain(&self.failure).flatten() {
-            visit(op, depth);
-            if let Op::Txn(inner) = op {
-                inner.walk(depth + 1, visit);
-            }
-        }
-    }
-}
-
-/// `LeaseGrantRequest`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct LeaseGrant {
-    pub(crate) ttl: i64,
-    pub(crate) id: i64,
 }
 
 impl LeaseGrant {
@@ -484,13 +354,6 @@ pub(crate) fn lease_id(m: Message<'_>) -> Result<i64, Status> {
     m.int64("ID", "ID")
 }
 
-/// `LeaseTimeToLiveRequest`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct TimeToLive {
-    pub(crate) id: i64,
-    pub(crate) keys: bool,
-}
-
 impl TimeToLive {
     /// Decodes the fields in declaration order.
     pub(crate) fn decode(m: Message<'_>) -> Result<Self, Status> {
@@ -499,13 +362,6 @@ impl TimeToLive {
             keys: m.boolean("keys", "keys")?,
         })
     }
-}
-
-/// `LockRequest`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Lock {
-    pub(crate) name: Vec<u8>,
-    pub(crate) lease: i64,
 }
 
 impl Lock {

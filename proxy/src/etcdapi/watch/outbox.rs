@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::budget::{Budgets, Holder, Meter, Over};
 use super::MAX_BUFFERED_BYTES;
-use crate::v3::status::{Code, Status};
+use crate::etcdapi::status::{Code, Status};
 
 /// gRPC's frame header before each message: what an answer takes beyond its encoding.
 const FRAME_HEADER: usize = 5;

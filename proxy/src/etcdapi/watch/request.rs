@@ -5,7 +5,7 @@ use etcd_client::proto::{PbWatchRequest, PbWatchRequestUnion, PbWatchResponse};
 use etcd_client::{WatchFilterType, WatchOptions};
 
 use super::hub::Range;
-use crate::v3::namespace::Namespace;
+use crate::etcdapi::namespace::Namespace;
 
 /// One client request, confined.
 pub(super) enum Ask {

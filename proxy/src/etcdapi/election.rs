@@ -208,7 +208,7 @@ impl Service {
                             let end = Status::from(crate::Error::ShuttingDown);
                             return Some((Err(end), (etcd, s, prefix, last, true)));
                         }
-                        () = crate::v3::service::until_or_never(until) => {
+                        () = crate::etcdapi::service::until_or_never(until) => {
                             let end = Status::new(
                                 Code::Unavailable,
                                 "lease-proxy: the observer reached --v3-watch-max-duration; observe \

@@ -28,8 +28,8 @@ use super::outbox::Outbox;
 use super::request::strip;
 use super::watch_failed;
 use crate::etcd::Etcd;
-use crate::v3::namespace::Namespace;
-use crate::v3::status::{Code, Status};
+use crate::etcdapi::namespace::Namespace;
+use crate::etcdapi::status::{Code, Status};
 
 /// Most hubs per replica, each its own etcd watch stream: past it, a watch from now goes on its
 /// client stream's own etcd watch stream, as any other (so distinct ranges cost etcd no more

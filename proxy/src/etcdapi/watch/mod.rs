@@ -443,7 +443,7 @@ impl Pump {
         max_duration: Option<std::time::Duration>,
     ) -> End {
         let mut recheck = self.caller.recheck.clone();
-        let over = crate::v3::service::until_or_never(
+        let over = crate::etcdapi::service::until_or_never(
             max_duration.map(|d| tokio::time::Instant::now() + d),
         );
         tokio::pin!(over);

@@ -7,9 +7,9 @@
 //! lease_revoke, lease_time_to_live, lease_leases, lease_keep_alive), `lock.rs` (lock, unlock,
 //! lock_token), `watch.rs` (watch: a stream in, a stream out).
 //!
-//! The `/v3` JSON gateway ([`super::V3`]) is JSON ↔ this interface, as etcd's gateway is JSON ↔
-//! its gRPC server; a gRPC front calls the same methods with the messages tonic decoded, and
-//! maps [`Status`](super::status::Status) (etcd's code and message) to a `tonic::Status`.
+//! The `/v3` JSON gateway (`crate::v3`) is JSON ↔ this interface, as etcd's gateway is JSON ↔
+//! its gRPC server; the gRPC front (`crate::grpc`) calls the same methods with the messages
+//! tonic decoded, and maps [`Status`] (etcd's code and message) to a `tonic::Status`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use super::lease::Markers;
 use super::namespace::Namespace;
 use super::status::Status;
-use super::Limits;
+use super::{Limits, Settings};
 use crate::etcd::{Etcd, KeepAlive};
 use crate::lease::{Recheck, WatchSlots};
 
@@ -147,6 +147,31 @@ impl Caller {
 }
 
 impl Service {
+    /// The core as `settings` say (its namespace, lease markers and limits), calling `etcd`.
+    pub(crate) fn new(
+        etcd: Etcd,
+        keepalive: KeepAlive,
+        keys: Keys,
+        settings: Settings,
+        streams: Streams,
+    ) -> Self {
+        Self {
+            leases: Markers::new(etcd.clone(), settings.lease_markers),
+            etcd,
+            keepalive,
+            keys,
+            era: settings.era,
+            namespace: Namespace::new(settings.namespace.into_bytes()),
+            limits: settings.limits,
+            streams,
+        }
+    }
+
+    /// The core's per-request limits.
+    pub(crate) fn limits(&self) -> Limits {
+        self.limits
+    }
+
     /// The view of etcd for the request `who` was authorised as.
     pub(crate) fn caller(&self, who: &Authorised) -> Caller {
         let recheck = who.recheck.clone();

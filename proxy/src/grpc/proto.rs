@@ -1,6 +1,7 @@
-//! The typed `/v3` requests ([`super::request`]) from etcd's protobuf request messages, as a gRPC
-//! front receives them decoded by tonic: the same values the JSON decoders produce, so both
-//! fronts reach the core ([`super::Service`]) with one kind of request and one set of checks.
+//! The core's typed requests ([`crate::etcdapi::request`]) from etcd's protobuf request messages,
+//! as the gRPC front receives them decoded by tonic: the same values the JSON gateway's decoders
+//! produce, so both fronts reach the core ([`crate::etcdapi::Service`]) with one kind of request
+//! and one set of checks.
 //!
 //! Protobuf leaves nothing ambiguous that JSON does (one spelling per field, a `oneof` has one
 //! member), so only enum numbers can be refused here: a number that names no value, which etcd
@@ -11,11 +12,11 @@ use etcd_client::proto::{
     PbRangeRequest, PbTargetUnion, PbTxnOpRequest, PbTxnRequest, PbTxnRequestOp,
 };
 
-use super::request::{
+use crate::etcdapi::request::{
     Against, Compare, DeleteRange, EnumType, LeaseGrant, Op, Put, Range, TimeToLive, Txn,
     COMPARE_RESULT, COMPARE_TARGET, SORT_ORDER, SORT_TARGET,
 };
-use super::status::Status;
+use crate::etcdapi::Status;
 
 /// The index of enum number `n` in `e`, or the JSON front's refusal of a number naming no value.
 fn enumeration(field: &str, n: i32, e: &EnumType) -> Result<usize, Status> {
