@@ -195,10 +195,12 @@ pub struct GatewayConfig {
     #[arg(long, env = "FENCE_GATEWAY_UPSTREAM_KEY")]
     pub upstream_key: Option<PathBuf>,
 
-    /// Test-only: re-introduces a fixed defect so the fault campaign can show its checker
-    /// catches it (a negative control). Never set it in a deployment.
-    #[arg(long, env = "FENCE_GATEWAY_NEGATIVE_CONTROL", value_enum, hide = true)]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// A fixed defect put back so the fault campaign can show its checker catches it (a
+    /// negative control): no flag, file key or variable sets it; only `fence-gateway-control`,
+    /// built with the `negative-controls` feature, does.
+    #[cfg(feature = "negative-controls")]
+    #[arg(skip)]
+    #[serde(skip)]
     pub negative_control: Option<NegativeControl>,
 
     /// Log format: `text` or `json` (one object per line); filter with `RUST_LOG`.
@@ -234,24 +236,20 @@ impl crate::cli::Layered for GatewayConfig {
 }
 
 /// A deliberately broken enforcer, for the fault campaign's negative controls only.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "kebab-case")]
+#[cfg(feature = "negative-controls")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum NegativeControl {
     /// A write's permit ends, as complete, with the caller's request: when the answer's headers
-    /// reach the caller, or the caller goes away while the storage is still working (the
-    /// defect of issue 14, item 1b).
+    /// reach the caller, or the caller goes away while the storage is still working.
     ReleaseWithCaller,
     /// On PostgreSQL, writes in flight are known only to the gateway that admitted them (the
     /// marks are shared, in-flight writes are not): another gateway raises over them, as when
-    /// a dead session's lock vanished (issue 14, item 3).
+    /// a dead session's lock vanished.
     LocalGate,
     /// A write's exchange deadline counts from when the gateway reads its admission, not from
     /// before its registration in a shared store, and an admission's answer that a pause made
     /// late is taken (as when it wins the race with the step's timer): a gateway paused
-    /// between the two delivers the write after its registration may have lapsed (issue 27,
-    /// F1).
+    /// between the two delivers the write after its registration may have lapsed.
     DeadlineFromAdmission,
 }
 
@@ -265,6 +263,13 @@ impl GatewayConfig {
     /// [`GatewayConfig::validate`]).
     pub fn load() -> Result<Self, clap::Error> {
         crate::cli::parse_layered()
+    }
+
+    /// [`GatewayConfig::load`] from `args` (the program's name first).
+    pub fn load_from(
+        args: impl IntoIterator<Item = std::ffi::OsString>,
+    ) -> Result<Self, clap::Error> {
+        crate::cli::parse_layered_from(args)
     }
 
     /// The defaults, with the upstream, the store and the key file.
@@ -453,6 +458,7 @@ impl GatewayConfig {
             tracing::warn!("--store memory: marks are forgotten on restart (tests only)");
             return Ok(local(Box::new(MemoryStore::new())));
         }
+        #[cfg(feature = "negative-controls")]
         if self.negative_control == Some(NegativeControl::LocalGate) {
             tracing::warn!("negative control local-gate: in-flight writes are not shared");
             let store = PostgresStore::connect_with_deadline(
@@ -481,13 +487,13 @@ impl GatewayConfig {
         .with_max_exchange(self.upstream_timeout)
         .with_write_grace(self.write_grace);
         let gate = SharedGate::new(store).with_latency(latency);
-        Ok(Arc::new(
-            if self.negative_control == Some(NegativeControl::DeadlineFromAdmission) {
-                gate.negative_control_late_answers()
-            } else {
-                gate
-            },
-        ))
+        #[cfg(feature = "negative-controls")]
+        let gate = if self.negative_control == Some(NegativeControl::DeadlineFromAdmission) {
+            gate.negative_control_late_answers()
+        } else {
+            gate
+        };
+        Ok(Arc::new(gate))
     }
 }
 
