@@ -34,8 +34,8 @@ pub enum Control {
     /// shortest processing time and `--write-grace 1ms`, so a write still being applied no
     /// longer holds its resource closed to higher tokens.
     ForgetInFlight,
-    /// The enforcer ends a write's permit with the caller's request (fence-gateway's test-only
-    /// `--negative-control release-with-caller`): a client that gives up frees the resource
+    /// The enforcer ends a write's permit with the caller's request (`fence-gateway-control
+    /// --negative-control release-with-caller`): a client that gives up frees the resource
     /// while the storage is still applying its write.
     ReleaseWithCaller,
     /// The gateways share their marks in PostgreSQL but not their writes in flight
@@ -498,6 +498,13 @@ impl Cluster {
                 }
                 _ => {}
             }
+            // A gateway broken on purpose is fence-gateway's test-only twin (never shipped).
+            let broken = args.iter().any(|a| a == "--negative-control");
+            let program = if broken {
+                "fence-gateway-control"
+            } else {
+                "fence-gateway"
+            };
             let name = if shape.gateways() == 1 {
                 "fence-gateway".to_owned()
             } else {
@@ -505,7 +512,7 @@ impl Cluster {
             };
             let p = Arc::new(Proc::new(
                 &name,
-                workspace_binary("fence-gateway"),
+                workspace_binary(program),
                 args,
                 dir.path(),
                 format!("{url}/readyz"),

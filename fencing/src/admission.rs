@@ -16,12 +16,19 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 
-use crate::gate::GateError;
+use crate::error::GateError;
 use crate::Token;
 
 /// How long an uncertain write keeps a resource closed to higher tokens unless configured: the
 /// storage must finish (or abandon) any write within this time of its exchange ending.
 pub const DEFAULT_WRITE_GRACE: Duration = Duration::from_secs(10);
+
+/// How long a write's whole exchange may take unless configured (see
+/// [`FencingLayer::with_exchange_deadline`]); a shared gate's registration lasts this plus the
+/// write grace.
+///
+/// [`FencingLayer::with_exchange_deadline`]: crate::FencingLayer::with_exchange_deadline
+pub const DEFAULT_EXCHANGE_DEADLINE: Duration = Duration::from_secs(30);
 
 /// How an admitted write's exchange with the storage ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,17 +14,9 @@ use serde::Serialize;
 
 use clap_complete::Shell;
 
-/// How log lines are written.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
+/// The log format is telemetry's (which the command line sits above); named here too because
+/// every binary's configuration has a `--log-format`.
+pub use crate::telemetry::LogFormat;
 
 /// A configuration read by clap from flags and environment variables, with an optional TOML file
 /// (keys: the long flag names with `_`) layered under them. Fields that only make sense on the
@@ -41,8 +33,15 @@ pub trait Layered: clap::Parser + Serialize + DeserializeOwned {
 /// Parses flags and environment, then layers the named TOML file under them: a setting comes
 /// from the file only when neither a flag nor the environment gave it.
 pub fn parse_layered<T: Layered>() -> Result<T, clap::Error> {
+    parse_layered_from(std::env::args_os())
+}
+
+/// [`parse_layered`] over `args` (the program's name first) instead of the process's own.
+pub fn parse_layered_from<T: Layered>(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Result<T, clap::Error> {
     let command = T::command();
-    let matches = command.clone().try_get_matches()?;
+    let matches = command.clone().try_get_matches_from(args)?;
     let cli = T::from_arg_matches(&matches)?;
     let Some(path) = cli.file().map(Path::to_owned) else {
         return Ok(cli);

@@ -1,5 +1,7 @@
 use std::path::PathBuf;
 
+use crate::Token;
+
 /// Why a key file could not be loaded, telemetry could not be set up, or TLS files are unusable.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -60,4 +62,26 @@ pub enum TokenError {
     /// Genuine, but minted for another resource.
     #[error("fencing token was issued for another resource")]
     WrongResource,
+}
+
+/// Why a high-water-mark store could not answer. The enforcer fails closed on it: nothing is
+/// forwarded.
+#[derive(Debug, thiserror::Error)]
+#[error("high-water-mark store: {0}")]
+pub struct StoreError(pub String);
+
+/// Why a write was not admitted, by either gate.
+#[derive(Debug, thiserror::Error)]
+pub enum GateError {
+    /// The token is below the resource's mark (or a higher token is being admitted).
+    #[error("fencing token {token} is below the high-water mark {mark}")]
+    Stale {
+        /// The refused token.
+        token: Token,
+        /// The mark it is below.
+        mark: Token,
+    },
+    /// The store failed; nothing was admitted.
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }

@@ -30,21 +30,8 @@ use crate::decide::{self, Drain, Step};
 use crate::store::{HighWaterMarks, Readiness, StoreError};
 use crate::Token;
 
-/// Why a write was not admitted.
-#[derive(Debug, thiserror::Error)]
-pub enum GateError {
-    /// The token is below the resource's mark (or a higher token is being admitted).
-    #[error("fencing token {token} is below the high-water mark {mark}")]
-    Stale {
-        /// The refused token.
-        token: Token,
-        /// The mark it is below.
-        mark: Token,
-    },
-    /// The store failed; nothing was admitted.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
+/// The gates' refusal, beside the gate (it lives with the errors, below both gates).
+pub use crate::error::GateError;
 
 struct State {
     /// The durable mark, once read from the store.

@@ -146,10 +146,12 @@ async fn paused_gateway(control: bool) -> Vec<u64> {
     let (upstream, applied) = storage().await;
     let url = common::postgres_url();
     let mut flags = FLAGS.to_vec();
+    let mut program = env!("CARGO_BIN_EXE_fence-gateway");
     if control {
+        program = env!("CARGO_BIN_EXE_fence-gateway-control");
         flags.extend(["--negative-control", "deadline-from-admission"]);
     }
-    let old = Gateway::start_with_store(&upstream, &url, &key_file, &flags).await;
+    let old = Gateway::start_program(program, &upstream, &url, &key_file, &flags).await;
     let new = Gateway::start_with_store(&upstream, &url, &key_file, &FLAGS).await;
     let resource = common::unique("paused");
     assert_eq!(write(&keys, &old.url, &resource, 10, "fast").await, 200);
@@ -194,7 +196,8 @@ async fn paused_gateway(control: bool) -> Vec<u64> {
         .collect()
 }
 
-/// The control (`--negative-control deadline-from-admission`: the exchange's clock starts when
+/// The control (`fence-gateway-control --negative-control deadline-from-admission`: the
+/// exchange's clock starts when
 /// the gateway reads its admission, and a late answer is taken) must deliver the write after
 /// the newer one; the gateway as shipped never does. The control's race needs the stop to land
 /// while the registration still waits, which a loaded machine can miss: it gets three tries

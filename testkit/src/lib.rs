@@ -9,7 +9,8 @@
 //! proxy's tests and the fault campaign.
 //!
 //! [`openapi`] checks a served OpenAPI 3.1 document and lists its operations; [`docs`] reads the
-//! documents' flag and problem tables so tests can hold them to the code.
+//! documents' flag and problem tables so tests can hold them to the code; [`layers`] holds a
+//! crate's imports to its layer table.
 //!
 //! [`process::Spawned`] runs a workspace binary as a child process and collects its log.
 //!
@@ -32,6 +33,7 @@ use std::time::Duration;
 use tempfile::TempDir;
 
 pub mod docs;
+pub mod layers;
 pub mod openapi;
 pub mod pki;
 pub mod poll;
@@ -491,14 +493,19 @@ pub fn workspace_binary(name: &str) -> PathBuf {
     }
     let path = dir.join(name);
     if !path.exists() {
-        let package = match name {
-            "lease-proxy" => "lease-proxy",
-            "fence-gateway" => "fencing",
+        let (package, features) = match name {
+            "lease-proxy" => ("lease-proxy", ""),
+            "fence-gateway" => ("fencing", ""),
+            // Built only with the negative controls (never in a release build).
+            "fence-gateway-control" => ("fencing", "negative-controls"),
             other => panic!("unknown workspace binary `{other}`"),
         };
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut build = Command::new(cargo);
         build.args(["build", "-p", package, "--bin", name]);
+        if !features.is_empty() {
+            build.args(["--features", features]);
+        }
         if dir.ends_with("release") {
             build.arg("--release");
         }

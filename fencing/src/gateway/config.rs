@@ -193,10 +193,12 @@ pub struct GatewayConfig {
     #[arg(long, env = "FENCE_GATEWAY_UPSTREAM_KEY")]
     pub upstream_key: Option<PathBuf>,
 
-    /// Test-only: re-introduces a fixed defect so the fault campaign can show its checker
-    /// catches it (a negative control). Never set it in a deployment.
-    #[arg(long, env = "FENCE_GATEWAY_NEGATIVE_CONTROL", value_enum, hide = true)]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// A fixed defect put back so the fault campaign can show its checker catches it (a
+    /// negative control): no flag, file key or variable sets it; only `fence-gateway-control`,
+    /// built with the `negative-controls` feature, does.
+    #[cfg(feature = "negative-controls")]
+    #[arg(skip)]
+    #[serde(skip)]
     pub negative_control: Option<NegativeControl>,
 
     /// Log format: `text` or `json` (one object per line); filter with `RUST_LOG`.
@@ -232,10 +234,8 @@ impl crate::cli::Layered for GatewayConfig {
 }
 
 /// A deliberately broken enforcer, for the fault campaign's negative controls only.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "kebab-case")]
+#[cfg(feature = "negative-controls")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum NegativeControl {
     /// A write's permit ends, as complete, with the caller's request: when the answer's headers
     /// reach the caller, or the caller goes away while the storage is still working.
@@ -261,6 +261,13 @@ impl GatewayConfig {
     /// [`GatewayConfig::validate`]).
     pub fn load() -> Result<Self, clap::Error> {
         crate::cli::parse_layered()
+    }
+
+    /// [`GatewayConfig::load`] from `args` (the program's name first).
+    pub fn load_from(
+        args: impl IntoIterator<Item = std::ffi::OsString>,
+    ) -> Result<Self, clap::Error> {
+        crate::cli::parse_layered_from(args)
     }
 
     /// The defaults, with the upstream, the store and the key file.
@@ -449,6 +456,7 @@ impl GatewayConfig {
             tracing::warn!("--store memory: marks are forgotten on restart (tests only)");
             return Ok(local(Box::new(MemoryStore::new())));
         }
+        #[cfg(feature = "negative-controls")]
         if self.negative_control == Some(NegativeControl::LocalGate) {
             tracing::warn!("negative control local-gate: in-flight writes are not shared");
             let store = PostgresStore::connect_with_deadline(
@@ -477,13 +485,13 @@ impl GatewayConfig {
         .with_max_exchange(self.upstream_timeout)
         .with_write_grace(self.write_grace);
         let gate = SharedGate::new(store).with_latency(latency);
-        Ok(Arc::new(
-            if self.negative_control == Some(NegativeControl::DeadlineFromAdmission) {
-                gate.negative_control_late_answers()
-            } else {
-                gate
-            },
-        ))
+        #[cfg(feature = "negative-controls")]
+        let gate = if self.negative_control == Some(NegativeControl::DeadlineFromAdmission) {
+            gate.negative_control_late_answers()
+        } else {
+            gate
+        };
+        Ok(Arc::new(gate))
     }
 }
 

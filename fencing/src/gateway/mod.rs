@@ -4,11 +4,15 @@
 //! answered by the gateway itself and shadow upstream paths of the same name.
 
 mod config;
+mod entry;
 mod forward;
 mod openapi;
 
 pub use crate::layer::strip_hop_by_hop;
+#[cfg(feature = "negative-controls")]
+pub use config::NegativeControl;
 pub use config::{GatewayConfig, GatewayConfigError};
+pub use entry::main;
 pub use forward::Forwarder;
 
 use std::convert::Infallible;
@@ -142,27 +146,12 @@ pub async fn run(
         let forwarder = forwarder.clone();
         async move { Ok::<_, Infallible>(forwarder.forward(req).await) }
     });
+    let layer = FencingLayer::new(fence, classify).with_exchange_deadline(config.upstream_timeout);
+    #[cfg(feature = "negative-controls")]
+    let layer = broken_layer(layer, config.negative_control);
     let protected = tower::ServiceBuilder::new()
         .map_request(move |req: Request<Body>| limit_body(req, max_body))
-        .layer({
-            let layer =
-                FencingLayer::new(fence, classify).with_exchange_deadline(config.upstream_timeout);
-            match config.negative_control {
-                Some(config::NegativeControl::ReleaseWithCaller) => {
-                    tracing::warn!(
-                        "negative control release-with-caller: permits end with the caller"
-                    );
-                    layer.negative_control_release_with_caller()
-                }
-                Some(config::NegativeControl::DeadlineFromAdmission) => {
-                    tracing::warn!(
-                        "negative control deadline-from-admission: the gate's deadline is ignored"
-                    );
-                    layer.negative_control_deadline_from_admission()
-                }
-                _ => layer,
-            }
-        })
+        .layer(layer)
         .service(proxy);
     let (app, _) = routes().split_for_parts();
     let app = app.with_state(shared.clone()).fallback_service(
@@ -436,5 +425,26 @@ fn count_outcomes(meter: &Meter, outcomes: Arc<Outcomes>) {
 impl IntoResponse for Rejection {
     fn into_response(self) -> Response {
         Rejection::into_response(self)
+    }
+}
+
+/// `layer` with the defect a negative control asks for.
+#[cfg(feature = "negative-controls")]
+fn broken_layer<S: ?Sized, C>(
+    layer: FencingLayer<S, C>,
+    control: Option<config::NegativeControl>,
+) -> FencingLayer<S, C> {
+    match control {
+        Some(config::NegativeControl::ReleaseWithCaller) => {
+            tracing::warn!("negative control release-with-caller: permits end with the caller");
+            layer.negative_control_release_with_caller()
+        }
+        Some(config::NegativeControl::DeadlineFromAdmission) => {
+            tracing::warn!(
+                "negative control deadline-from-admission: the gate's deadline is ignored"
+            );
+            layer.negative_control_deadline_from_admission()
+        }
+        _ => layer,
     }
 }

@@ -63,8 +63,7 @@ impl Exchange {
     }
 
     /// Ends the permit now, whatever the exchange is doing: when nothing was sent, and for the
-    /// negative control that ties the permit to the caller
-    /// ([`super::FencingLayer::negative_control_release_with_caller`]).
+    /// negative control that ties the permit to the caller (`super::broken`).
     pub(super) fn end_now(&self, outcome: Outcome) {
         let permit = self
             .permit
@@ -74,16 +73,6 @@ impl Exchange {
         if let Some(mut permit) = permit {
             permit.end(outcome);
         }
-    }
-}
-
-/// Negative control: ends its exchange's permit, as complete, when the caller's request ends
-/// (answered or abandoned) — the defect the exchange exists to fix.
-pub(super) struct CallerRelease(pub(super) Arc<Exchange>);
-
-impl Drop for CallerRelease {
-    fn drop(&mut self) {
-        self.0.end_now(Outcome::Complete);
     }
 }
 

@@ -23,12 +23,14 @@
 //!
 //! [`Gate`]: crate::Gate
 
+mod broken;
 mod classify;
 mod exchange;
 mod headers;
 mod recent;
 mod reject;
 
+pub use crate::admission::DEFAULT_EXCHANGE_DEADLINE;
 pub use crate::problem::PROBLEM_BASE;
 pub use classify::{ByHeader, Classify, Decision, PathPattern};
 pub use exchange::{ExchangeDeadline, ExchangeIncomplete};
@@ -54,11 +56,10 @@ use tracing::Instrument as _;
 use crate::admission::{Admission, Outcome, Permit};
 use crate::decide;
 use crate::{Keys, Token, RESOURCE_HEADER, TOKEN_HEADER, TOKEN_HEADER_LEGACY};
-use exchange::{CallerRelease, Exchange, Side, Tracked};
-
-/// How long a write's whole exchange may take unless configured (see
-/// [`FencingLayer::with_exchange_deadline`]).
-pub const DEFAULT_EXCHANGE_DEADLINE: Duration = Duration::from_secs(30);
+use broken::Broken;
+#[cfg(feature = "negative-controls")]
+use broken::CallerRelease;
+use exchange::{Exchange, Side, Tracked};
 
 /// Everything the layer needs, shared by all its services.
 pub struct Fence<A: ?Sized> {
@@ -165,8 +166,7 @@ pub struct FencingLayer<S: ?Sized, C> {
     fence: Fence<S>,
     classify: C,
     deadline: Duration,
-    release_with_caller: bool,
-    deadline_from_admission: bool,
+    broken: Broken,
 }
 
 impl<S: ?Sized, C: Clone> Clone for FencingLayer<S, C> {
@@ -175,8 +175,7 @@ impl<S: ?Sized, C: Clone> Clone for FencingLayer<S, C> {
             fence: self.fence.clone(),
             classify: self.classify.clone(),
             deadline: self.deadline,
-            release_with_caller: self.release_with_caller,
-            deadline_from_admission: self.deadline_from_admission,
+            broken: self.broken,
         }
     }
 }
@@ -188,8 +187,7 @@ impl<S: ?Sized, C> FencingLayer<S, C> {
             fence,
             classify,
             deadline: DEFAULT_EXCHANGE_DEADLINE,
-            release_with_caller: false,
-            deadline_from_admission: false,
+            broken: Broken::default(),
         }
     }
 
@@ -204,9 +202,9 @@ impl<S: ?Sized, C> FencingLayer<S, C> {
     /// **Broken on purpose**, for the fault campaign's negative control only: a write's permit
     /// ends, as complete, with the caller's request (when the answer's headers reach the caller,
     /// or the caller goes away), while the storage may still be working on the write.
-    #[doc(hidden)]
+    #[cfg(feature = "negative-controls")]
     pub fn negative_control_release_with_caller(mut self) -> Self {
-        self.release_with_caller = true;
+        self.broken.release_with_caller = true;
         self
     }
 
@@ -214,9 +212,9 @@ impl<S: ?Sized, C> FencingLayer<S, C> {
     /// exchange deadline counts from when this process reads its admission, ignoring the
     /// gate's deadline ([`Permit::deadline`]), so a gateway paused between a shared
     /// registration and its answer can deliver the write after the registration lapsed.
-    #[doc(hidden)]
+    #[cfg(feature = "negative-controls")]
     pub fn negative_control_deadline_from_admission(mut self) -> Self {
-        self.deadline_from_admission = true;
+        self.broken.deadline_from_admission = true;
         self
     }
 }
@@ -233,8 +231,7 @@ where
             fence: self.fence.clone(),
             classify: self.classify.clone(),
             deadline: self.deadline,
-            release_with_caller: self.release_with_caller,
-            deadline_from_admission: self.deadline_from_admission,
+            broken: self.broken,
         }
     }
 }
@@ -245,8 +242,7 @@ pub struct FencingService<Inner, S: ?Sized, C> {
     fence: Fence<S>,
     classify: C,
     deadline: Duration,
-    release_with_caller: bool,
-    deadline_from_admission: bool,
+    broken: Broken,
 }
 
 impl<Inner: Clone, S: ?Sized, C: Clone> Clone for FencingService<Inner, S, C> {
@@ -256,8 +252,7 @@ impl<Inner: Clone, S: ?Sized, C: Clone> Clone for FencingService<Inner, S, C> {
             fence: self.fence.clone(),
             classify: self.classify.clone(),
             deadline: self.deadline,
-            release_with_caller: self.release_with_caller,
-            deadline_from_admission: self.deadline_from_admission,
+            broken: self.broken,
         }
     }
 }
@@ -288,8 +283,8 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let fence = self.fence.clone();
         let deadline = self.deadline;
-        let release_with_caller = self.release_with_caller;
-        let deadline_from_admission = self.deadline_from_admission;
+        #[cfg(feature = "negative-controls")]
+        let broken = self.broken;
         let route = Route::of(self.classify.classify(&req), &req);
         let (mut parts, body) = req.into_parts();
         headers::strip_hop_by_hop(&mut parts.headers);
@@ -326,11 +321,16 @@ where
             }
             // The gate's deadline (a shared gate's registration lapses on a clock this process
             // does not stop) bounds the exchange too.
-            let gate_deadline = permit.deadline().filter(|_| !deadline_from_admission);
+            let gate_deadline = permit.deadline();
+            #[cfg(feature = "negative-controls")]
+            let gate_deadline = gate_deadline.filter(|_| !broken.deadline_from_admission);
             let until =
                 decide::exchange_until(tokio::time::Instant::now(), deadline, gate_deadline);
             let exchange = Exchange::new(permit, until);
-            let _caller = release_with_caller.then(|| CallerRelease(exchange.clone()));
+            #[cfg(feature = "negative-controls")]
+            let _caller = broken
+                .release_with_caller
+                .then(|| CallerRelease(exchange.clone()));
             let req = Request::from_parts(
                 parts,
                 Body::new(Tracked::new(body, exchange.clone(), Side::Request)),

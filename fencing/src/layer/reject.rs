@@ -1,7 +1,7 @@
 use axum::body::Body;
 use http::{header, HeaderValue, Response, StatusCode};
 
-use crate::gate::GateError;
+use crate::error::GateError;
 use crate::{Token, TokenError};
 
 /// Why the enforcer refused a request. A refused request reaches nothing behind the enforcer.

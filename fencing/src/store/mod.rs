@@ -31,10 +31,7 @@ use futures::future::BoxFuture;
 
 use crate::Token;
 
-/// Why a store could not answer. The enforcer fails closed on it: nothing is forwarded.
-#[derive(Debug, thiserror::Error)]
-#[error("high-water-mark store: {0}")]
-pub struct StoreError(pub String);
+pub use crate::error::StoreError;
 
 /// Durable per-resource high-water marks.
 ///

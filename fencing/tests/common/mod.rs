@@ -227,8 +227,21 @@ impl GatewayProcess {
         key_file: &std::path::Path,
         extra: &[&str],
     ) -> Self {
+        let program = env!("CARGO_BIN_EXE_fence-gateway");
+        Self::start_program(program, upstream, store, key_file, extra).await
+    }
+
+    /// [`GatewayProcess::start_with_store`] running `program` (fence-gateway or
+    /// fence-gateway-control).
+    pub async fn start_program(
+        program: &str,
+        upstream: &str,
+        store: &str,
+        key_file: &std::path::Path,
+        extra: &[&str],
+    ) -> Self {
         let port = lease_proxy_testkit::free_port();
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_fence-gateway"))
+        let child = std::process::Command::new(program)
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--upstream", upstream, "--store", store])
             .arg("--key-file")

@@ -14,7 +14,7 @@ use super::session::bounded;
 use super::PostgresStore;
 use crate::admission::{Admission, Outcome, Permit, Release};
 use crate::backoff::Backoff;
-use crate::gate::GateError;
+use crate::error::GateError;
 use crate::store::{HighWaterMarks, Readiness, StoreError, StoreLatency};
 use crate::Token;
 
@@ -105,8 +105,8 @@ pub struct SharedGate {
     /// Wakes `ended` on the ends of other gateways' permits; stops with the last clone.
     _listener: Option<Arc<Listener>>,
     last_sweep: Arc<Mutex<Instant>>,
-    /// The negative control's bound on an admission step (see
-    /// [`SharedGate::negative_control_late_answers`]); the store deadline otherwise.
+    /// The bound on an admission step: the store deadline (longer only for a negative control,
+    /// `negative_control_late_answers`, compiled with the `negative-controls` feature).
     step_deadline: Duration,
     readiness: Arc<Readiness>,
 }
@@ -139,7 +139,7 @@ impl SharedGate {
     /// (without this, whether it is depends on which of the answer and the step's timer the
     /// runtime sees first on waking). Only unsafe together with the layer's
     /// `negative_control_deadline_from_admission`.
-    #[doc(hidden)]
+    #[cfg(feature = "negative-controls")]
     pub fn negative_control_late_answers(mut self) -> Self {
         self.step_deadline = self.store.deadline * 10;
         self

@@ -133,7 +133,7 @@ impl PostgresStore {
     /// (5 s), exchange bound ([`DEFAULT_EXCHANGE_DEADLINE`], 30 s) and write grace
     /// ([`DEFAULT_WRITE_GRACE`], 10 s).
     ///
-    /// [`DEFAULT_EXCHANGE_DEADLINE`]: crate::layer::DEFAULT_EXCHANGE_DEADLINE
+    /// [`DEFAULT_EXCHANGE_DEADLINE`]: crate::admission::DEFAULT_EXCHANGE_DEADLINE
     /// [`DEFAULT_WRITE_GRACE`]: crate::admission::DEFAULT_WRITE_GRACE
     pub async fn connect(url: &str, max_connections: usize) -> Result<Self, StoreError> {
         Self::connect_with_deadline(url, max_connections, DEFAULT_DEADLINE).await
@@ -220,7 +220,7 @@ impl PostgresStore {
             pool,
             config,
             deadline,
-            max_exchange: crate::layer::DEFAULT_EXCHANGE_DEADLINE,
+            max_exchange: crate::admission::DEFAULT_EXCHANGE_DEADLINE,
             write_grace: crate::admission::DEFAULT_WRITE_GRACE,
         };
         bounded(deadline, "create the tables", async {
