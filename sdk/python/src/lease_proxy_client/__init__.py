@@ -18,6 +18,7 @@ from .errors import Compacted, Held, LeaseProxyError, Lost, Problem, ProtocolErr
 from .fleet import AssignmentChange, Member, Releasing
 from .models import Event, FleetMember, FleetView, Grant, Holding, Renewal, SessionGrant
 from .propagation import FencingAuth, admit, fencing_headers
+from .testmode import FakeProxy, TestMode
 
 __all__ = [
     "AssignmentChange",
@@ -28,6 +29,7 @@ __all__ = [
     "Client",
     "Compacted",
     "Event",
+    "FakeProxy",
     "EventStream",
     "FencingAuth",
     "FleetMember",
@@ -46,6 +48,7 @@ __all__ = [
     "Session",
     "SessionGrant",
     "SessionLost",
+    "TestMode",
     "TransportError",
     "admit",
     "fencing_headers",

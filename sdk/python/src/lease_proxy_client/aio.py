@@ -36,6 +36,7 @@ from .errors import LeaseProxyError, Lost, SessionLost, TransportError
 from .models import Event, Grant, Holding, Renewal, SessionGrant
 from .protocol import Answer, Cert, EXPIRED, RELEASED, REVOKED, SESSION_LOST, Call, Verify
 from .sse import Item, Watch
+from .testmode import FAILED_RENEWAL, LATE_RENEWAL, LOSS, Faults, TestMode
 from .views import LeaseView, SessionView
 
 
@@ -54,16 +55,20 @@ class AsyncClient:
         user_agent: str = USER_AGENT,
         loss_watch: bool = True,
         safety_margin: Optional[float] = None,
+        test_mode: Optional[TestMode] = None,
     ) -> None:
         self.timeout = timeout
         #: Seconds before the server's earliest possible expiry at which a guard counts as lost
         #: (None: a tenth of the lifetime, at least 0.1 s): see :func:`protocol.stop_by`.
         self.safety_margin = safety_margin
+        # The test mode's faults (none without one).
+        self._faults = Faults(test_mode)
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers=protocol.base_headers(token, user_agent),
             verify=protocol.tls(verify, cert),
             timeout=timeout,
+            transport=self._faults.fake,
         )
         # Test hook: while set, guards of this client send no renewal or keepalive (as if the
         # process were paused); the deadline timer runs on.
@@ -132,6 +137,8 @@ class AsyncClient:
                 liveness.check()
                 return None
             try:
+                if self._faults.fires(FAILED_RENEWAL, call.path):
+                    raise TransportError(f"{call.method} {call.path}: failed by the test mode")
                 sent, response = await self._timed(call, timeout=min(self.timeout, remaining))
                 life = protocol.lifetime(*protocol.parse(response, protocol.timing))
             except (Lost, SessionLost):
@@ -294,11 +301,15 @@ class _AsyncRenewer:
         liveness: AsyncLiveness,
         lifetime: float,
         sent: float,
+        end: Call,
     ):
         self._client = client
         self._call = call
         self._liveness = liveness
         self._next = sent + protocol.renew_interval(lifetime)
+        # For the test mode: its last lifetime, the call that ends its grant, and whether the
+        # renewal due now was already made late once.
+        self._life, self._end, self._late = lifetime, end, False
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     def stop(self) -> None:
@@ -318,14 +329,35 @@ class _AsyncRenewer:
             if self._client._renewals_paused.is_set():
                 self._next = time.monotonic() + 0.05
                 continue
+            if await self._injected():
+                return
             sent = time.monotonic()
             try:
                 life = await self._client._renew_until(self._call, self._liveness)
                 if life is None:
                     return
+                self._life = life
                 self._next = sent + protocol.renew_interval(life)
             except Exception:  # the client closed under it, an answer that does not parse…
                 return  # renew no more: the timer ends the lease at its deadline
+
+    async def _injected(self) -> bool:
+        """The test mode's chances at a renewal due, as the sync renewer's."""
+        faults = self._client._faults
+        if not self._late and faults.fires(LATE_RENEWAL, self._call.path):
+            self._late = True
+            self._next = time.monotonic() + faults.late_by(self._life)
+            return False
+        self._late = False
+        if not faults.fires(LOSS, self._call.path):
+            return False
+        try:  # as if refused: the grant has ended at the proxy when its holder learns it
+            await self._client._timed(self._end)
+        except Exception:  # unreachable, or the client closed under it: it ends at its TTL
+            pass
+        self._liveness.injected = True
+        self._liveness.fire(REVOKED)
+        return True
 
 
 class AsyncLease(LeaseView[AsyncLostEvent]):
@@ -350,8 +382,9 @@ class AsyncLease(LeaseView[AsyncLostEvent]):
             life = protocol.lifetime(grant.ttl_seconds, grant.expires_in_ms, slack)
             self._liveness = AsyncLiveness(protocol.stop_by(sent, life, client.safety_margin))
             if life > 0:
+                end = protocol.release_call(grant.resource, grant.secret)
                 self._renewer = _AsyncRenewer(
-                    client, protocol.renew_call(grant.resource, grant.secret), self._liveness, life, sent
+                    client, protocol.renew_call(grant.resource, grant.secret), self._liveness, life, sent, end
                 )
         else:
             self._liveness = AsyncLiveness(0.0, parent=session._liveness)
@@ -440,8 +473,9 @@ class AsyncSession(SessionView[AsyncLostEvent]):
         self._grant = grant
         life = protocol.lifetime(grant.ttl_seconds, grant.expires_in_ms)
         self._liveness = AsyncLiveness(protocol.stop_by(sent, life, client.safety_margin))
+        end = protocol.close_session_call(grant.session_id, grant.secret)
         self._renewer = _AsyncRenewer(
-            client, protocol.keepalive_call(grant.session_id, grant.secret), self._liveness, life, sent
+            client, protocol.keepalive_call(grant.session_id, grant.secret), self._liveness, life, sent, end
         )
         weakref.finalize(self, self._renewer.stop_from_gc)  # dropped without close: it lapses at its TTL
         self._closed = False

@@ -40,6 +40,8 @@ class AsyncLiveness:
         self._children: List["AsyncLiveness"] = []
         self._timer: Optional[asyncio.TimerHandle] = None
         self.reason: Optional[str] = None
+        #: Whether the test mode caused the loss.
+        self.injected = False
         self.lost = AsyncLostEvent(self)
         if parent is not None:
             parent._adopt(self)
@@ -73,6 +75,7 @@ class AsyncLiveness:
         self.lost._set_lost()
         children, self._children = self._children, []
         for child in children:
+            child.injected = self.injected
             child.fire(RELEASED if reason == RELEASED else SESSION_LOST)
         return True
 

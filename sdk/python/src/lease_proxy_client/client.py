@@ -18,6 +18,7 @@ from .loss_watch import LossWatch
 from .models import Event, Grant, Holding, Renewal, SessionGrant
 from .protocol import Answer, Cert, EXPIRED, REVOKED, RELEASED, SESSION_LOST, Call, Verify
 from .sse import Item, Watch
+from .testmode import FAILED_RENEWAL, LATE_RENEWAL, LOSS, Faults, TestMode
 from .views import LeaseView, SessionView
 
 USER_AGENT = "lease-proxy-client-python/0.1"
@@ -30,7 +31,9 @@ class Client(FleetCalls):
     ``False`` or a CA bundle file, ``cert`` a client certificate file or ``(cert, key)`` for mTLS,
     ``timeout`` the seconds each request may take (a waiting acquire gets its wait on top),
     ``safety_margin`` the seconds before the server's earliest possible expiry at which a guard
-    counts as lost (default: a tenth of the lifetime granted, at least 0.1 s).
+    counts as lost (default: a tenth of the lifetime granted, at least 0.1 s), ``test_mode``
+    faults to inject, and the in-memory proxy to talk to instead of ``base_url``, for an
+    application's tests (:class:`~lease_proxy_client.TestMode`; never in production).
     """
 
     def __init__(
@@ -44,16 +47,20 @@ class Client(FleetCalls):
         user_agent: str = USER_AGENT,
         loss_watch: bool = True,
         safety_margin: Optional[float] = None,
+        test_mode: Optional[TestMode] = None,
     ) -> None:
         self.timeout = timeout
         #: Seconds before the server's earliest possible expiry at which a guard counts as lost
         #: (None: a tenth of the lifetime, at least 0.1 s): see :func:`protocol.stop_by`.
         self.safety_margin = safety_margin
+        # The test mode's faults (none without one).
+        self._faults = Faults(test_mode)
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers=protocol.base_headers(token, user_agent),
             verify=protocol.tls(verify, cert),
             timeout=timeout,
+            transport=self._faults.fake,
         )
         # Test hook: while set, guards of this client send no renewal or keepalive (as if the
         # process were paused); the deadline watchdog runs on.
@@ -220,6 +227,8 @@ class Client(FleetCalls):
                 liveness.check()
                 return None
             try:
+                if self._faults.fires(FAILED_RENEWAL, call.path):
+                    raise TransportError(f"{call.method} {call.path}: failed by the test mode")
                 sent, response = self._timed(call, timeout=min(self.timeout, remaining))
                 life = protocol.lifetime(*protocol.parse(response, protocol.timing))
             except (Lost, SessionLost):
@@ -249,12 +258,16 @@ class _Renewer:
         lifetime: float,
         sent: float,
         name: str,
+        end: Call,
     ):
         self._client = client
         self._call = call
         self._liveness = liveness
         self._stop = threading.Event()
         self._next = sent + protocol.renew_interval(lifetime)
+        # For the test mode: its last lifetime, the call that ends its grant, and whether the
+        # renewal due now was already made late once.
+        self._life, self._end, self._late = lifetime, end, False
         threading.Thread(target=self._run, name=f"renew {name}", daemon=True).start()
 
     def stop(self) -> None:
@@ -271,14 +284,36 @@ class _Renewer:
             if self._client._renewals_paused.is_set():
                 self._next = time.monotonic() + 0.05
                 continue
+            if self._injected():
+                return
             sent = time.monotonic()
             try:
                 life = self._client._renew_until(self._call, self._liveness)
                 if life is None:
                     return
+                self._life = life
                 self._next = sent + protocol.renew_interval(life)
             except Exception:  # the client closed under it, an answer that does not parse…
                 return  # renew no more: the watchdog ends the lease at its deadline
+
+    def _injected(self) -> bool:
+        """The test mode's chances at a renewal due: made late (once), or the guard lost (True:
+        renew no more)."""
+        faults = self._client._faults
+        if not self._late and faults.fires(LATE_RENEWAL, self._call.path):
+            self._late = True
+            self._next = time.monotonic() + faults.late_by(self._life)
+            return False
+        self._late = False
+        if not faults.fires(LOSS, self._call.path):
+            return False
+        try:  # as if refused: the grant has ended at the proxy when its holder learns it
+            self._client._timed(self._end)
+        except Exception:  # unreachable, or the client closed under it: it ends at its TTL
+            pass
+        self._liveness.injected = True
+        self._liveness.fire(REVOKED)
+        return True
 
 
 class Lease(LeaseView[LostEvent]):
@@ -317,6 +352,7 @@ class Lease(LeaseView[LostEvent]):
                     life,
                     sent,
                     grant.resource,
+                    protocol.release_call(grant.resource, grant.secret),
                 )
         else:
             # The session's heartbeat keeps this grant alive; it is lost with the session.
@@ -418,6 +454,7 @@ class Session(SessionView[LostEvent]):
             life,
             sent,
             f"session {grant.session_id}",
+            protocol.close_session_call(grant.session_id, grant.secret),
         )
         weakref.finalize(self, self._renewer.stop)  # dropped without close: it lapses at its TTL
         self._close_lock = threading.Lock()

@@ -45,6 +45,8 @@ class Liveness:
         self._parent = parent
         self._children: List["Liveness"] = []
         self.reason: Optional[str] = None
+        #: Whether the test mode caused the loss.
+        self.injected = False
         self.lost = LostEvent(self)
         if parent is not None:
             parent._adopt(self)
@@ -81,6 +83,7 @@ class Liveness:
             self._cond.notify_all()
         self.lost._set_lost()
         for child in children:
+            child.injected = self.injected
             child.fire(RELEASED if reason == RELEASED else SESSION_LOST)
         return True
 

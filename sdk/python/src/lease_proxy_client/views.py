@@ -45,6 +45,11 @@ class Alive(Generic[LostT]):
         return self._liveness.lost
 
     @property
+    def lost_injected(self) -> bool:
+        """Whether the test mode caused the loss (:class:`~lease_proxy_client.TestMode`)."""
+        return bool(getattr(self._liveness, "injected", False))
+
+    @property
     def lost_reason(self) -> Optional[str]:
         """None while held, else ``expired``, ``revoked``, ``session-lost`` (a lease under a
         session that ended), ``released`` (released, or its session closed) or ``handed-off`` (a
