@@ -5,15 +5,15 @@
 //!
 //! | layer | modules | holds |
 //! |---|---|---|
-//! | leaves | `error`, `headers`, `keys`, `metrics`, `audit` | names and writers every layer shares: the error type, header names, the etcd key layout, the metrics, the audit log |
+//! | leaves | `error`, `headers`, `keys`, `metrics`, `audit`, `negative_control` | names and writers every layer shares: the error type, header names, the etcd key layout, the metrics, the audit log, and the campaign's deliberately broken behaviours (compiled only with the `negative-controls` feature) |
 //! | calls | `etcd`, `upstream`, `forward`, `prefence` | calls to etcd (bounded calls, batches, keepalive and watch streams), to the upstream (forwarding's client, and the holder's write forwarded with its token) and the pre-fence (at the enforcer, in PostgreSQL) |
 //! | domain | `lease`, `fleet`, `etcdapi` | leases, sessions, the event feed and the local view: what a grant is and how it changes; fleets: who should hold what, and the grants that follow; the etcd-compatible core every etcd front calls |
 //! | callers | `auth` | who calls: bearer tokens and client certificates to principals, and their permissions |
 //! | fronts | `api`, `v3`, `grpc` | the `/v1` HTTP API (its forward route included), etcd's JSON gateway and etcd's gRPC API over the etcd-compatible core |
+//! | wiring | `config`, `server`, `lib`, `main`, `bin` | the configuration, and assembling, serving and stopping the parts |
 //!
 //! `forward` serves no route of its own: it is the call that carries a holder's write to the
 //! upstream, which the `/v1` forward route makes — so it sits with the calls, not the fronts.
-//! | wiring | `config`, `server`, `lib`, `main` | the configuration, and assembling, serving and stopping the parts |
 //!
 //! Every `.rs` file under `proxy/src` is read for the paths it names: `use crate::x…`, grouped
 //! `use crate::{x, y::z}`, inline `crate::x::…` (in attributes' strings too, such as
@@ -35,12 +35,15 @@ const FRONT_DEBTS: &[(&str, &str)] = &[("api", "v3"), ("grpc", "api")];
 
 /// The layers, lowest first (see the table above).
 const LAYERS: &[(&str, &[&str])] = &[
-    ("leaves", &["error", "headers", "keys", "metrics", "audit"]),
+    (
+        "leaves",
+        &["error", "headers", "keys", "metrics", "audit", "negative_control"],
+    ),
     ("calls", &["etcd", "upstream", "forward", "prefence"]),
     ("domain", &["lease", "fleet", "etcdapi"]),
     ("callers", &["auth"]),
     ("fronts", &["api", "v3", "grpc"]),
-    ("wiring", &["config", "server", "lib", "main"]),
+    ("wiring", &["config", "server", "lib", "main", "bin"]),
 ];
 
 fn src() -> PathBuf {
