@@ -69,7 +69,8 @@ pub(crate) struct Standing {
     pub(crate) state: State,
 }
 
-/// Who asks for a drain.
+/// Who asks for a drain. Either is judged for the fleet's resources first, so that a caller
+/// who may not act on them learns nothing of the fleet's members.
 pub(crate) enum Drainer<'a> {
     /// The member itself, with its session's secret.
     Member {
@@ -77,9 +78,19 @@ pub(crate) enum Drainer<'a> {
         secret: &'a str,
         /// The caller (`None` with authentication off).
         principal: Option<&'a str>,
+        /// Judges the caller for the fleet's resources.
+        gate: Gate<'a>,
     },
     /// An operator, judged for the fleet's resources.
     Operator(Gate<'a>),
+}
+
+impl Drainer<'_> {
+    fn gate(&self) -> Gate<'_> {
+        match self {
+            Drainer::Member { gate, .. } | Drainer::Operator(gate) => *gate,
+        }
+    }
 }
 
 /// A fleet's name: the resource grammar.
@@ -211,12 +222,14 @@ impl Fleets {
     ) -> Result<(Snapshot, MemberRecord)> {
         for _ in 0..ATTEMPTS {
             let snap = self.snapshot(fleet).await?.ok_or(Error::NoFleet)?;
+            // Before anything tells whether the member exists.
+            by.gate()(&snap.spec.record.resources)?;
             let old = snap.members.get(member).ok_or(Error::NoMember)?;
-            match by {
-                Drainer::Member { secret, principal } => {
-                    prove(&self.inner.leases, old.record.session, secret, *principal).await?;
-                }
-                Drainer::Operator(gate) => gate(&snap.spec.record.resources)?,
+            if let Drainer::Member {
+                secret, principal, ..
+            } = by
+            {
+                prove(&self.inner.leases, old.record.session, secret, *principal).await?;
             }
             // An evicted member stays evicted until its session ends (or it joins again).
             let state = if old.record.state == State::Evicted {

@@ -181,10 +181,12 @@ impl Fleets {
             let Some(snap) = self.snapshot(fleet).await? else {
                 return Ok(());
             };
+            // Judged first: a caller that may not act on the fleet's resources learns nothing
+            // of it, not even whose it is.
+            gate(&snap.spec.record.resources)?;
             if principal.is_some() && snap.spec.record.principal.as_deref() != principal {
                 return Err(Error::OtherPrincipalsFleet);
             }
-            gate(&snap.spec.record.resources)?;
             let guard = Unchanged {
                 key: &self.inner.layout.fleet_spec(fleet),
                 mod_revision: snap.spec.mod_revision,

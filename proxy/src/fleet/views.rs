@@ -117,9 +117,11 @@ pub(crate) struct Asked<'a> {
 }
 
 impl Fleets {
-    /// `fleet` as it stands. [`Error::NoFleet`] if there is none.
-    pub(crate) async fn view(&self, fleet: &str) -> Result<FleetView> {
+    /// `fleet` as it stands. [`Error::NoFleet`] if there is none; `gate` judges the caller for
+    /// its resources before their grants are read.
+    pub(crate) async fn view(&self, fleet: &str, gate: Gate<'_>) -> Result<FleetView> {
         let snap = self.snapshot(fleet).await?.ok_or(Error::NoFleet)?;
+        gate(&snap.spec.record.resources)?;
         let owned = self.owned(&snap, snap.watched()).await?;
         let targets = snap.assignment.record.to_assignment().targets;
         let mut members: BTreeMap<&str, MemberSummary> = snap
