@@ -150,6 +150,7 @@ fn gate<'a>(
         (status = 409, description = "The fleet changed meanwhile, again and again"),
         (status = 413, description = "The body is over 1 MiB"),
         (status = 415, description = "The body is not JSON"),
+        (status = 429, description = "Over a quota", headers(("Retry-After" = u64, description = "Seconds to wait"))),
     ),
 )]
 pub(super) async fn put(
@@ -169,7 +170,10 @@ pub(super) async fn put(
         max_moves: req.max_moves,
     };
     change.checked()?;
-    gate(&app, &headers, &caller, &fleet, Op::Acquire)(&change.resources)?;
+    gate(&app, &headers, &caller, &fleet, Op::Acquire, Names::Shown)(&change.resources)?;
+    // Each write of a spec makes every replica decide the fleet again: it costs the
+    // principal's acquire rate, as a join does.
+    super::leases::take_rate(&app, &headers, &caller, &fleet)?;
     let written = app
         .fleets
         .put(&fleet, &change, authz::name(&caller))

@@ -271,10 +271,7 @@ impl Fleets {
         let owned = self.owned(&snap, snap.watched()).await?;
         for (resource, o) in owned {
             if o.held.holder == Holder::Member(member.to_owned()) && o.lease == record.session {
-                self.inner
-                    .leases
-                    .revoke_assigned(&resource, o.held.revision, o.lease)
-                    .await?;
+                o.revoke(&self.inner.leases, &resource).await?;
             }
         }
         tracing::info!(%fleet, %member, "fleet member evicted");

@@ -65,6 +65,14 @@ impl SpecRecord {
             .unwrap_or_else(|| default_max_moves(self.resources.len()))
     }
 
+    /// Whether `other` asks for the same as this one (whenever either was written).
+    pub(crate) fn same_as(&self, other: &Self) -> bool {
+        self.resources == other.resources
+            && self.drain_ms == other.drain_ms
+            && self.max_moves == other.max_moves
+            && self.principal == other.principal
+    }
+
     /// The spec as the decision reads it.
     pub(crate) fn to_spec(&self) -> assign::Spec {
         assign::Spec {

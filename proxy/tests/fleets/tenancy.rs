@@ -134,3 +134,142 @@ async fn another_tenant_learns_nothing_of_a_fleet_it_may_not_act_on() {
         "{view}"
     );
 }
+
+/// The held-quota index keys of `principal` under `prefix`.
+async fn index_keys(etcd: &Etcd, prefix: &str, principal: &str) -> usize {
+    let mut client = etcd.client().await;
+    let options = etcd_client::GetOptions::new()
+        .with_prefix()
+        .with_keys_only();
+    let key = format!("{prefix}principals/{principal}/");
+    client.get(key, Some(options)).await.unwrap().kvs().len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_is_no_way_around_the_held_quota() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = tokens(&dir, &[("alice", "alice-token", "acquire:qa-,read:qa-")]);
+    let Replicas { etcd, r1, r2 } = replicas("fleet-quota", |c| {
+        c.auth_tokens = Some(tokens.clone());
+        c.quota_held = Some(3);
+    })
+    .await;
+    let url = &r1.url;
+    let acquire = |resource: &'static str| {
+        let url = url.clone();
+        async move {
+            let body = json!({"holder": "h", "ttl_seconds": 30});
+            let req = http().post(format!("{url}/v1/leases/{resource}"));
+            send(req.bearer_auth("alice-token").json(&body)).await
+        }
+    };
+    let (status, plain) = acquire("qa-plain").await;
+    assert_eq!(status, 201, "{plain}");
+    let resources = names("qa-fleet", 5);
+    let (status, body) = put_as(url, "qa", "alice-token", &json!({"resources": resources})).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, m) = join_as(&r2.url, "qa", "alice-token", "m", 30).await;
+    assert_eq!(status, 201, "{m}");
+    let secret = str_field(&m, "secret");
+    let member = format!("{url}/v1/fleets/qa/members/m");
+    let holding = |want: usize| {
+        let (member, secret) = (member.clone(), secret.clone());
+        async move {
+            eventually(WITHIN, &format!("the member holds {want}"), || async {
+                let (status, view) = call("GET", &member, "alice-token", Some(&secret)).await;
+                let held = view["held"].as_array().map_or(0, Vec::len);
+                if status == 200 && held == want {
+                    Probe::Done(())
+                } else {
+                    Probe::Not(format!("{status}: holds {held}: {view}"))
+                }
+            })
+            .await;
+        }
+    };
+    // One held by hand, two by the fleet: the quota of 3 is full, whichever way it was taken.
+    holding(2).await;
+    let (status, body) = acquire("qa-more").await;
+    assert_eq!((status, slug(&body)), (429, "quota-exceeded"), "{body}");
+    assert_eq!(index_keys(&etcd, "/fleet-quota/", "alice").await, 3);
+    // The hand-made grant released: the fleet takes the room.
+    let lease_secret = str_field(&plain, "secret");
+    let release = http().delete(format!("{url}/v1/leases/qa-plain"));
+    let (status, _) = send(
+        release
+            .bearer_auth("alice-token")
+            .header("lease-secret", lease_secret),
+    )
+    .await;
+    assert_eq!(status, 204);
+    holding(3).await;
+    // The fleet ended: its grants go, and their index keys with them.
+    let (status, _) = call(
+        "DELETE",
+        &format!("{url}/v1/fleets/qa"),
+        "alice-token",
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    eventually(WITHIN, "no index key left", || async {
+        match index_keys(&etcd, "/fleet-quota/", "alice").await {
+            0 => Probe::Done(()),
+            n => Probe::Not(format!("{n} left")),
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spec_written_again_costs_the_rate_and_unchanged_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = tokens(&dir, &[("alice", "alice-token", "acquire:sp-,read:sp-")]);
+    let Replicas { etcd, r1, .. } = replicas("fleet-spec-rate", |c| {
+        c.auth_tokens = Some(tokens.clone());
+        c.quota_acquire_rate = Some(2.0);
+    })
+    .await;
+    let url = &r1.url;
+    let spec = json!({"resources": names("sp", 4), "drain_ms": 1000});
+    let spec_key = "/fleet-spec-rate/fleets/sp/spec";
+    let mod_revision = || async {
+        let mut client = etcd.client().await;
+        let got = client.get(spec_key, None).await.unwrap();
+        got.kvs()
+            .first()
+            .map_or(0, etcd_client::KeyValue::mod_revision)
+    };
+    let (status, first) = put_as(url, "sp", "alice-token", &spec).await;
+    assert_eq!(status, 200, "{first}");
+    let written = mod_revision().await;
+    // The same spec again: the same answer, nothing written.
+    let (status, again) = eventually(WITHIN, "a second PUT within the rate", || async {
+        match put_as(url, "sp", "alice-token", &spec).await {
+            (429, _) => Probe::Not("limited".into()),
+            answer => Probe::Done(answer),
+        }
+    })
+    .await
+    .0;
+    assert_eq!((status, &again), (200, &first));
+    assert_eq!(
+        mod_revision().await,
+        written,
+        "an unchanged spec was written again"
+    );
+    // Written in a tight loop, specs are held back by the acquire rate (2/s).
+    let mut limited = 0;
+    for i in 0..12 {
+        let spec = json!({"resources": names("sp", 4), "drain_ms": 2000 + i});
+        match put_as(url, "sp", "alice-token", &spec).await {
+            (200, _) => {}
+            (429, body) => {
+                assert_eq!(slug(&body), "quota-exceeded", "{body}");
+                limited += 1;
+            }
+            (status, body) => panic!("{status}: {body}"),
+        }
+    }
+    assert!(limited >= 6, "only {limited} of 12 PUTs limited at 2/s");
+}
