@@ -34,7 +34,7 @@ pub(crate) const FLEET_BODY_BYTES: usize = 1024 * 1024;
 #[serde(deny_unknown_fields)]
 pub(super) struct SpecBody {
     /// The resources the fleet shares: each in the resource grammar, none twice, at most
-    /// 10,000 of at most 640 KiB together.
+    /// 10,000 of at most 512 KiB together.
     #[schema(max_items = 10_000)]
     resources: Vec<String>,
     /// How long a member has to release a resource moved away from it before the service

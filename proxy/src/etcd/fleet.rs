@@ -91,6 +91,24 @@ impl Etcd {
         }
     }
 
+    /// How many keys under `prefix` were created at or before `revision` (and are still
+    /// there), linearizably. etcd filters by create revision only the keys it returns, never a
+    /// count, so the keys are read (without values) and counted here.
+    pub(crate) async fn count_created(&self, prefix: &str, revision: i64) -> Result<usize> {
+        let end = prefix_end(prefix.as_bytes());
+        let options = GetOptions::new()
+            .with_range(end)
+            .with_keys_only()
+            .with_max_create_revision(revision);
+        let resp = self
+            .bounded("range", |c| {
+                let options = options.clone();
+                async move { c.kv_client().get(prefix, Some(options)).await }
+            })
+            .await?;
+        Ok(resp.kvs().len())
+    }
+
     /// The current values of `keys` (`None`: absent), in their order: transactions of at most
     /// etcd's 128 reads each, linearizable each, sent together.
     pub(crate) async fn get_many(&self, keys: &[String]) -> Result<Vec<Option<KeyValue>>> {

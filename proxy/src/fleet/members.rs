@@ -153,13 +153,22 @@ impl Fleets {
                 joined_at: crate::lease::unix_millis(),
             };
             let written = self.write_member(&snap, &join.member, old, &record).await;
-            match written {
-                Ok(true) => {}
-                Ok(false) | Err(_) => {
+            let revision = match written {
+                Ok(Some(revision)) => revision,
+                Ok(None) | Err(_) => {
                     // Lost to a concurrent write (or unknown): this session is nobody's.
                     let _ = self.inner.leases.end_session(opened.session_id).await;
                     written?;
                     continue;
+                }
+            };
+            if old.is_none() {
+                let within = self.within_bound(fleet, revision).await;
+                if !matches!(within, Ok(true)) {
+                    // Its record goes with its session.
+                    let _ = self.inner.leases.end_session(opened.session_id).await;
+                    within?;
+                    return Err(Error::FleetFull(MAX_MEMBERS));
                 }
             }
             if let Some(old) = old {
@@ -182,15 +191,25 @@ impl Fleets {
         Err(Error::FleetChanged)
     }
 
+    /// Whether a new member written at `revision` is among the first [`MAX_MEMBERS`] of the
+    /// fleet. Concurrent joins each counted fewer members than the bound before writing, and
+    /// all may have written: each then counts the members created up to its own write, so that
+    /// those past the bound (and only they) leave again.
+    async fn within_bound(&self, fleet: &str, revision: i64) -> Result<bool> {
+        let members = self.inner.layout.fleet_member(fleet, "");
+        let created = self.inner.etcd.count_created(&members, revision).await?;
+        Ok(created <= MAX_MEMBERS)
+    }
+
     /// Writes `record` as `name`'s, if the member's record (`old`, or none) and the spec are as
-    /// read; whether it did.
+    /// read; the revision it was written at, or `None` if it was not.
     async fn write_member(
         &self,
         snap: &Snapshot,
         name: &str,
         old: Option<&Read<MemberRecord>>,
         record: &MemberRecord,
-    ) -> Result<bool> {
+    ) -> Result<Option<i64>> {
         let key = self.inner.layout.fleet_member(&snap.fleet, name);
         let spec_key = self.inner.layout.fleet_spec(&snap.fleet);
         let guards = [
@@ -208,7 +227,7 @@ impl Fleets {
             .commit
             .put_if(&key, &encode(record), record.session, &guards)
             .await?;
-        Ok(written.is_some())
+        Ok(written)
     }
 
     /// Sets `member`'s state to `state` (on its own lease), once `by` is judged; the snapshot
@@ -241,7 +260,12 @@ impl Fleets {
                 state,
                 ..old.record.clone()
             };
-            if record == old.record || self.write_member(&snap, member, Some(old), &record).await? {
+            if record == old.record
+                || self
+                    .write_member(&snap, member, Some(old), &record)
+                    .await?
+                    .is_some()
+            {
                 return Ok((snap, record));
             }
         }

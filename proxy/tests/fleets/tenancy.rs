@@ -135,6 +135,39 @@ async fn another_tenant_learns_nothing_of_a_fleet_it_may_not_act_on() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spec_whose_assignment_could_outgrow_one_etcd_request_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = tokens(&dir, &[("alice", "alice-token", "acquire:tn-,read:tn-")]);
+    let Replicas {
+        etcd: _etcd, r1, ..
+    } = replicas("fleet-fat", |c| {
+        c.auth_tokens = Some(tokens.clone());
+    })
+    .await;
+    let url = &r1.url;
+    // A spec whose assignment could outgrow one etcd request (every name listed twice while
+    // it is handed off) is refused before anything is written.
+    let fat: Vec<String> = (0..10_000)
+        .map(|i| format!("tn-{i:05}-{}", "x".repeat(52)))
+        .collect();
+    let (status, body) = put_as(url, "tn-fat", "alice-token", &json!({"resources": fat})).await;
+    assert_eq!(
+        (status, slug(&body)),
+        (400, "invalid-field"),
+        "{}",
+        body["detail"]
+    );
+    let (status, _) = call(
+        "GET",
+        &format!("{url}/v1/fleets/tn-fat"),
+        "alice-token",
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+}
+
 /// The held-quota index keys of `principal` under `prefix`.
 async fn index_keys(etcd: &Etcd, prefix: &str, principal: &str) -> usize {
     let mut client = etcd.client().await;
@@ -272,4 +305,52 @@ async fn a_spec_written_again_costs_the_rate_and_unchanged_writes_nothing() {
         }
     }
     assert!(limited >= 6, "only {limited} of 12 PUTs limited at 2/s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_joins_never_take_a_fleet_past_its_member_bound() {
+    const BOUND: usize = 1_000;
+    const BEFORE: usize = BOUND - 20;
+    let Replicas {
+        etcd: _etcd,
+        r1,
+        r2,
+    } = replicas("fleet-bound", |_| {}).await;
+    make_fleet(&r1.url, "fb", &names("fb", 10), json!({})).await;
+    let join = |i: usize| {
+        let url = if i % 2 == 0 {
+            r1.url.clone()
+        } else {
+            r2.url.clone()
+        };
+        async move {
+            let body = json!({"member": format!("m{i:04}"), "ttl_seconds": 120});
+            let req = http().post(format!("{url}/v1/fleets/fb/members"));
+            send(req.json(&body)).await
+        }
+    };
+    use futures::StreamExt as _;
+    let joined: Vec<(u16, Value)> = futures::stream::iter(0..BEFORE)
+        .map(join)
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    assert!(
+        joined.iter().all(|(s, _)| *s == 201),
+        "a join before the bound failed"
+    );
+    // Sixty at once for the last twenty places.
+    let last = futures::future::join_all((BEFORE..BEFORE + 60).map(join)).await;
+    let admitted = last.iter().filter(|(s, _)| *s == 201).count();
+    for (status, body) in last.iter().filter(|(s, _)| *s != 201) {
+        assert_eq!((*status, slug(body)), (409, "fleet-full"), "{body}");
+    }
+    let (status, view) = send(http().get(format!("{}/v1/fleets/fb", r1.url))).await;
+    assert_eq!(status, 200);
+    let members = view["members"].as_array().map_or(0, Vec::len);
+    assert!(
+        members <= BOUND,
+        "{members} members, {admitted} of 60 admitted"
+    );
+    assert_eq!(members, BEFORE + admitted, "a refused join stayed a member");
 }
