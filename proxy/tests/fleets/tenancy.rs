@@ -354,3 +354,92 @@ async fn concurrent_joins_never_take_a_fleet_past_its_member_bound() {
     );
     assert_eq!(members, BEFORE + admitted, "a refused join stayed a member");
 }
+
+/// A replica's count of etcd requests of kind `op`.
+async fn etcd_requests(url: &str, op: &str) -> u64 {
+    let text = http()
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = format!("lease_proxy_etcd_request_duration_seconds_count{{op=\"{op}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(line.as_str()))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+/// The replica's open event streams and long polls.
+async fn streams(url: &str) -> u64 {
+    let text = http()
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("lease_proxy_watch_streams "))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_long_polls_of_one_fleet_share_each_reading_of_it() {
+    const WAITERS: usize = 30;
+    let Replicas {
+        etcd: _etcd,
+        r1,
+        r2,
+    } = replicas("fleet-waiters", |_| {}).await;
+    make_fleet(&r1.url, "fw", &names("fw", 2), json!({"drain_ms": 0})).await;
+    let mut members = Vec::new();
+    for i in 0..WAITERS {
+        let name = format!("m{i:02}");
+        members.push(super::common::fleet::joined(&r1.url, "fw", &name, 60).await);
+    }
+    eventually(WITHIN, "the fleet at rest", || async {
+        let (status, view) = super::common::fleet::fleet_view(&r2.url, "fw").await;
+        match status == 200 && super::common::fleet::at_rest(&view, &Default::default()) {
+            true => Probe::Done(()),
+            false => Probe::Not(format!("{status}: {view}")),
+        }
+    })
+    .await;
+    let mut waiting = Vec::new();
+    for m in members {
+        let (status, view) = m.view().await;
+        assert_eq!(status, 200, "{view}");
+        let after = str_field(&view, "revision");
+        // Each waits for its view to change: the join below changes none of them.
+        waiting.push(tokio::spawn(
+            async move { m.view_after(&after, 20_000).await },
+        ));
+    }
+    eventually(WITHIN, "every member waits", || async {
+        match streams(&r1.url).await {
+            n if n >= WAITERS as u64 => Probe::Done(()),
+            n => Probe::Not(format!("{n} waiting")),
+        }
+    })
+    .await;
+    let before = etcd_requests(&r1.url, "range").await;
+    // A newcomer, through the other replica: every waiter on r1 is woken and looks again.
+    let (status, body) = super::common::fleet::join(&r2.url, "fw", "newcomer", 60).await;
+    assert_eq!(status, 201, "{body}");
+    let mut most = 0;
+    let until = tokio::time::Instant::now() + Duration::from_secs(2);
+    while tokio::time::Instant::now() < until {
+        most = most.max(etcd_requests(&r1.url, "range").await - before);
+        assert!(
+            most < WAITERS as u64 / 2,
+            "{most} reads of the fleet on one replica for one change, {WAITERS} waiting"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for w in waiting {
+        w.abort();
+    }
+}
