@@ -9,7 +9,7 @@
 //! - [`plan`]: a run's fault schedule, drawn from its seed; [`nemesis`]: the faults;
 //! - [`history`] and [`checker`]: what happened and whether it was safe;
 //! - [`hostile`]: background hostile `/v3` traffic, and what it must not change;
-//! - [`indb`]: the deployment fenced inside PostgreSQL, written by SQL clients (issue 30);
+//! - [`indb`]: the deployment fenced inside PostgreSQL, written by SQL clients;
 //! - [`run`]: one run and its report; [`report`]: many runs as markdown.
 
 pub mod checker;

@@ -80,7 +80,7 @@ pub enum Fault {
     /// registration is made to wait on the mark row; the gateway is SIGSTOPped while it waits,
     /// the row let go (the registration commits, its answer waits in the stopped gateway's
     /// socket), and SIGCONT comes after the hold — the holder's lease has lapsed meanwhile and
-    /// its resource is contended through the other gateway (issue 27, F1).
+    /// its resource is contended through the other gateway.
     GatewayPauseMidAdmission,
 }
 

@@ -1,4 +1,4 @@
-//! A private PostgreSQL instance for the campaign (issue 17): two fence-gateways share its marks
+//! A private PostgreSQL instance for the campaign: two fence-gateways share its marks
 //! while the nemesis kills their sessions or crashes the whole server.
 //!
 //! It is never the machine's own cluster (the test suite uses that one): [`Postgres::start`]

@@ -16,8 +16,6 @@
 //! Idle resources are forgotten after [`Gate::with_idle_eviction`]'s timeout (the mark stays in
 //! the store and is read again on next use), so the gate's memory follows the resources in use,
 //! not every resource ever seen.
-//!
-//! (Over 500 lines: more than 250 are its unit tests on a paused clock.)
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -1,8 +1,6 @@
 //! Serving an axum router with the drain both binaries need (lease-proxy uses it too), and the
 //! request ids both put on every request and log line.
 //!
-//! Over 500 lines: about 230 are the frame-level HTTP/2 tests of the idle close (GOAWAY before
-//! the close, a request crossing it, long-lived answers), which need the serving loop itself.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -801,7 +799,7 @@ mod tests {
         );
     }
 
-    /// helper-2: one request with a gRPC content type, refused or not for the app at all, kept
+    /// One request with a gRPC content type, refused or not for the app at all, kept
     /// its connection open for ever (a slot pinned at no cost, on fence-gateway too).
     #[tokio::test]
     async fn a_grpc_content_type_alone_keeps_no_connection_open() {

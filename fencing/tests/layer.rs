@@ -179,7 +179,7 @@ async fn a_failing_store_fails_closed() {
     for reads_work in [false, true] {
         let log: Log = Arc::default();
         let gate = Arc::new(Gate::new(BrokenStore { reads_work }));
-        // No raise can be made: not ready, even when reads work (issue 27 F4).
+        // No raise can be made: not ready, even when reads work.
         assert!(
             !fencing::Admission::ready(&*gate).await,
             "reads_work={reads_work}"

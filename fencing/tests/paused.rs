@@ -2,7 +2,7 @@
 //! of that answer (a VM freeze, cgroup throttling, swap, SIGSTOP) must never deliver the write
 //! once the registration may have expired: two gateways share one PostgreSQL, the old holder's
 //! write is registered through the first, which is then stopped; the new holder's write goes
-//! through the second; the storage's applied order must never go down (issue 27, F1).
+//! through the second; the storage's applied order must never go down.
 //!
 //! How the pause lands exactly between the two: the test holds the resource's mark row
 //! `FOR UPDATE`, so the first gateway's registration (which takes it `FOR SHARE`) waits in the
@@ -361,7 +361,7 @@ async fn paused_after_admission(control: bool) -> Vec<u64> {
 }
 
 /// The same pause as above, made exact: the enforcer's answer is held back in-process. The
-/// control (deadline counted from reading the admission, as before issue 27) must deliver the
+/// control (deadline counted from reading the admission, as it once was) must deliver the
 /// write late; the real layer must not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admission_read_late_is_not_sent_after_its_registration_lapsed() {
@@ -439,7 +439,7 @@ async fn a_request_frame_ready_after_the_deadline_is_not_handed_over() {
 /// A raise whose first look at the mark and whose raise both wait on row locks (other
 /// transactions on the mark row: a vacuum, another gateway's raise) still leaves the exchange its
 /// whole upstream timeout: the permit's deadline counts from the step that made the
-/// registration, not from the first look (a hostile pass saw a 504 for a write the storage
+/// registration, not from the first look (a 504 was once seen for a write the storage
 /// applied, and `admitted-too-late` with no pause at all).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raise_slowed_by_row_locks_keeps_the_whole_exchange() {

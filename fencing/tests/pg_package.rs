@@ -7,9 +7,8 @@
 //! in flight; the SQL verification against `Keyring::verify` over every small mutation of a
 //! token; how `protect` evaluates a resource expression; how a claim is split. Each test makes
 //! its own database and roles and drops them. (Concurrent cases are in
-//! sdk/python/tests/test_pg_fencing.py; attacks on the package in pg_hostile.rs.) Over 500 lines:
-//! one file, because every test shares the scratch database and the installed package
-//! (`Scratch`, in `pg/mod.rs`).
+//! sdk/python/tests/test_pg_fencing.py; attacks on the package in pg_hostile.rs.) Every test
+//! shares the scratch database and the installed package (`Scratch`, in `pg/mod.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -293,7 +292,7 @@ async fn a_sql_raise_waits_for_a_gateways_write_in_flight() {
 }
 
 /// What a tenant plants before or around an install runs nothing as the installing role or the
-/// owner (a hostile pass planted each): a `hashtextextended(text, integer)` in `public`, on the
+/// owner: a `hashtextextended(text, integer)` in `public`, on the
 /// installer's search_path, which the command's own lock call would have resolved to; a
 /// pgcrypto in a schema a tenant may create in (it could replace `hmac`); a `fence_marks` of the
 /// tenant's, with its trigger, which the install would have adopted as the marks. And with the
@@ -510,7 +509,7 @@ async fn protect_reads_a_column_directly_only_when_the_expression_is_that_column
 }
 
 /// A claim in `fencing.token` is split on every run of whitespace and commas, wherever they are
-/// (found by a hostile pass: a leading tab or comma refused a genuine token as malformed), and a
+/// (a leading tab or comma refused a genuine token as malformed), and a
 /// hostile resource name does not make an error as long as itself.
 #[tokio::test]
 async fn a_claim_is_split_on_any_separators_and_refusals_stay_short() {

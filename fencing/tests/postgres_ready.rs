@@ -54,7 +54,7 @@ async fn readiness_follows_whether_a_raise_can_be_made() {
         .await
         .unwrap();
     tokio::spawn(connection);
-    // Each table a raise writes, locked alone (issue 27 F4, hostile pass: a probe of a table
+    // Each table a raise writes, locked alone (a probe of a table
     // of its own said ready while the marks were locked). Reads still answer under EXCLUSIVE.
     for (n, lock) in [
         (

@@ -1,4 +1,4 @@
-//! The fence-gateway binary reloads its key file without a restart (issue 27 F2): SIGHUP never
+//! The fence-gateway binary reloads its key file without a restart: SIGHUP never
 //! ends it (with or without TLS), a key file replaced by rename is in force within a few polls,
 //! and a file that does not load changes nothing and is logged with its reason.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -1,4 +1,4 @@
-//! The token file changing under a running proxy (issue 27 D2, D3): a file caught mid-rewrite
+//! The token file changing under a running proxy: a file caught mid-rewrite
 //! is never taken — no principal gets a wider permission, nobody is locked out — and a caller
 //! whose line is removed or narrowed while its acquire or `/v3` lock waits gets 401 or 403,
 //! never a grant or a lock.
@@ -327,7 +327,7 @@ async fn lock_as(url: &str, token: &str, lease: &str) -> (u16, serde_json::Value
     .await
 }
 
-/// The same rule for a `/v3` lock (found by a hostile pass): alice waits for the lock `m`, which
+/// The same rule for a `/v3` lock: alice waits for the lock `m`, which
 /// she holds under another lease; the token file then changes to `after`. The waiting lock must
 /// end with etcd's `code` while the first is still held — no lock, no fencing token — and its
 /// key must go, leaving the holder's alone.

@@ -305,7 +305,7 @@ async fn livez(s: &mut tokio::net::TcpStream) -> String {
     }
 }
 
-/// Issue 16 item 7: silent, slow-header and idle connections are closed within the configured
+/// Silent, slow-header and idle connections are closed within the configured
 /// timeouts; past the connection limit new ones are not served while existing clients are.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_limits_close_slow_and_idle_connections_and_bound_their_number() {

@@ -7,8 +7,7 @@
 //! create/mod revision zeroed, lease ids replaced by their order of first appearance, a remaining
 //! TTL above 0 by 1 (a second may tick between the two sides), a lease's keys sorted.
 //!
-//! Over 500 lines: the KV and Lease services' tests share the normalisation and the script;
-//! the streaming services are in grpc_services.rs.
+//! The streaming services are in grpc_services.rs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -488,8 +487,8 @@ async fn callers_are_judged_as_v3_json_judges_them() {
     assert_eq!(put_with(&proxy.url, &by_header, "k1").await, ok);
     // etcd's own `token` metadata, as Go's clientv3 sends it.
     assert_eq!(put_with(&proxy.url, &[("token", ACME)], "k2").await, ok);
-    // A credential given twice is refused, whichever comes first (a hostile pass found the
-    // first `token` chosen, and `token` ignored beside `authorization`).
+    // A credential given twice is refused, whichever comes first (the first `token` was once
+    // chosen, and `token` ignored beside `authorization`).
     for twice in [
         [("token", ACME), ("token", READER)],
         [("token", READER), ("token", ACME)],
@@ -631,7 +630,7 @@ async fn foreign_leases_are_unknown_and_a_half_close_is_answered() {
 }
 
 /// A keepalive stream opened before its principal's line was removed renews nothing after the
-/// removal (found by a hostile pass): each renewal is judged against the token file in force,
+/// removal: each renewal is judged against the token file in force,
 /// and the first one refused ends the stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keepalive_stream_renews_nothing_once_its_principal_is_removed() {
@@ -767,7 +766,7 @@ async fn renewals_of_a_confirmed_lease_read_no_marker_and_a_revoked_one_renews_n
     }
     // A lock under a lease the first replica remembers (it granted it) and the other revoked:
     // refused as under an unknown lease, also where its queue key is there already (put without
-    // a lease: no put under the lease happens then; found by a hostile pass).
+    // a lease: no put under the lease happens then).
     use base64::Engine as _;
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     let v3 = |url: &str, path: &str, body: serde_json::Value| {
@@ -815,7 +814,7 @@ async fn renewals_of_a_confirmed_lease_read_no_marker_and_a_revoked_one_renews_n
 
 /// A burst of renewals on one stream, each request its own DATA frame and none waiting for its
 /// answer (Go's clientv3 renewing thousands of one client's leases at once), is read and
-/// answered in full, as etcd answers it (found by a hostile pass: with the requests left unread
+/// answered in full, as etcd answers it (with the requests left unread
 /// while renewals ran, the h2 crate ended the whole connection with ENHANCE_YOUR_CALM once about
 /// 2,000 small frames waited).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -879,7 +878,7 @@ async fn connection_life_after_a_call(
 
 /// A gRPC client keeps its connection for life and may leave it idle (python-etcd3 then fails
 /// its next call if the server closed it), so a connection that carried a call of a caller
-/// let in has no idle deadline; a refused caller's goes idle as any other (helper-2: one
+/// let in has no idle deadline; a refused caller's goes idle as any other (one
 /// refused call pinned a connection slot for ever, at no cost).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_a_let_in_callers_grpc_connection_outlives_the_idle_timeout() {

@@ -13,9 +13,6 @@
 //! id), so that etcd batching events of several revisions into one answer on one side and not
 //! the other changes nothing.
 //!
-//! Over 500 lines: the streaming services' tests share this file's proxy-against-etcd harness
-//! (`etcdctl` runs, the normalisation); they are to split by service (watch; lock and election)
-//! once that harness moves to `common`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -997,8 +994,7 @@ struct CampaignRequest {
 }
 
 /// One answer larger than the per-stream bound — a delete of many large keys with `prev_kv`, in
-/// one revision and unfragmented — reaches a client that reads, as etcd sends it (found by a
-/// hostile pass: it used to end the stream, and every resume again).
+/// one revision and unfragmented — reaches a client that reads, as etcd sends it (it used to end the stream, and every resume again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_answer_larger_than_the_bound_reaches_a_reading_client() {
     let etcd = Etcd::single().await;
@@ -1034,8 +1030,7 @@ async fn one_answer_larger_than_the_bound_reaches_a_reading_client() {
 
 /// The replica's event-stream slots count what holds an etcd watch, and nothing else: a watch
 /// stream with no watch holds none; a waiting lock holds one, and is refused (its key removed)
-/// when there is none; and a waiting lock ends with the drain, not at its deadline (all three
-/// found by a hostile pass).
+/// when there is none; and a waiting lock ends with the drain, not at its deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_calls_hold_slots_and_end_with_the_drain() {
     let etcd = Etcd::single().await;
@@ -1591,7 +1586,7 @@ async fn a_failed_shared_watch_ends_every_members_stream() {
 /// Streams cut off for not reading give back what waited for them at once, even while their
 /// clients hold them open unread: a tenant that stalls many members of one shared watch and
 /// floods it cannot use up the replica's bound on waiting answers and so get another client's
-/// stream — one reading, only a little behind — cut off (a hostile pass did, before).
+/// stream — one reading, only a little behind — cut off (it could, before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_streams_held_open_hold_no_memory() {
     const STALLED: usize = 60;

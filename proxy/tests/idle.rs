@@ -1,5 +1,5 @@
 //! The proxy's connection to etcd survives idleness under etcd's default keepalive
-//! enforcement (issue 16 item 5): an idle minute re-opens neither the holder watch nor a
+//! enforcement: an idle minute re-opens neither the holder watch nor a
 //! keepalive stream, as etcd's own `grpc_server_started_total` counts them.
 //!
 //! A minute because that is what was asked of it; with the old 2 s pings etcd dropped the

@@ -376,8 +376,8 @@ async fn a_disconnected_acquire_leaves_no_grant_and_a_retry_only_fenced_ones() {
         200
     );
     // Once the first attempt's own pre-fence is over it finds its client gone — but the grant
-    // was handed out by the retry, so it must not be withdrawn (a hostile pass saw the retry's
-    // 201 grant revoked a moment later, renew then 410).
+    // was handed out by the retry, so it must not be withdrawn (the retry's 201 grant was once
+    // revoked a moment later, renew then 410).
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(
         renew(&proxy, "job", &str_field(&grant, "secret")).await.0,

@@ -1,5 +1,4 @@
-//! The lease-proxy binary reloads its key file without a restart, beside fence-gateway
-//! (issue 27 F2): SIGHUP never ends it (without `--auth-tokens` or TLS too), and the rotation
+//! The lease-proxy binary reloads its key file without a restart, beside fence-gateway: SIGHUP never ends it (without `--auth-tokens` or TLS too), and the rotation
 //! procedure of docs/OPERATIONS.md runs on live binaries with no restart and no refused grant,
 //! on a key file made and rotated by `fence-gateway keys generate | add | promote | remove`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

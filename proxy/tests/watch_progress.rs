@@ -178,7 +178,7 @@ async fn progress_ids_never_pass_an_event_and_a_compacted_event_is_still_410() {
 
 /// A resume from `R` watches from `R + 1`; compacted at `R + 1`, etcd has dropped that revision's
 /// deletions and cannot say whether any ended a grant (here an unrelated write made it): the
-/// resume is refused, failing closed (helper-20: a grant ended at the compaction revision was
+/// resume is refused, failing closed (a grant ended at the compaction revision was
 /// otherwise lost without a word). Compacted at `R` it resumes.
 #[tokio::test]
 async fn a_resume_from_just_before_the_compaction_is_refused() {

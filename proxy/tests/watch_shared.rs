@@ -277,7 +277,7 @@ async fn streams_lose_nothing_across_the_shared_watchs_reconnect() {
 
 /// etcd compacting at revision C drops C's deletions from what a watch from C sends (it accepts
 /// the watch): a resume point just before C is gone — 410 on the replica whose ring holds C
-/// and on a fresh one alike — and C itself resumes (helper-20's finding).
+/// and on a fresh one alike — and C itself resumes.
 #[tokio::test]
 async fn a_resume_point_before_a_compacted_revisions_deletions_is_gone_on_every_replica() {
     let etcd = Etcd::single().await;

@@ -1,4 +1,4 @@
-//! pgfencebench: what fencing inside PostgreSQL costs a writer (issue 30). The same write
+//! pgfencebench: what fencing inside PostgreSQL costs a writer. The same write
 //! transaction — a prepared `UPDATE … SET qty = qty + 1 WHERE aisle = $1`, committed, three round
 //! trips — runs in the same run, interleaved round by round (the order rotates), each worker on
 //! its own connection and its own aisle (a holder writing what it holds):

@@ -1,4 +1,4 @@
-//! Background hostile `/v3` traffic (issue 17): the seeded generator of the `/v3` issue
+//! Background hostile `/v3` traffic: the seeded generator of the `/v3` issue
 //! ([`lease_proxy_testkit::v3_hostile`]) aimed at the proxies while the nemesis works, and
 //! whatever it does must change nothing outside its namespace.
 //!

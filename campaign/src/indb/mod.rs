@@ -1,4 +1,4 @@
-//! The in-database deployment (issue 30, `--marks in-database`): the protected storage is a
+//! The in-database deployment (`--marks in-database`): the protected storage is a
 //! private PostgreSQL ([`Postgres`]) fenced inside itself, and no gateway is anywhere. A table
 //! protected with fencing's trigger (`fencing.protect`) is written by SQL clients, each write a
 //! transaction of its own that presents the holder's signed token (`SET LOCAL fencing.token`,

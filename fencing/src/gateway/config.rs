@@ -1,8 +1,6 @@
 //! fence-gateway's configuration: flags, `FENCE_GATEWAY_*` environment variables and an optional
 //! TOML file, in that order of precedence, validated before anything starts.
 //!
-//! (Over 500 lines: one documented field per flag, then their validation; the flags read best in
-//! one place.)
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -240,18 +238,16 @@ impl crate::cli::Layered for GatewayConfig {
 #[serde(rename_all = "kebab-case")]
 pub enum NegativeControl {
     /// A write's permit ends, as complete, with the caller's request: when the answer's headers
-    /// reach the caller, or the caller goes away while the storage is still working (the
-    /// defect of issue 14, item 1b).
+    /// reach the caller, or the caller goes away while the storage is still working.
     ReleaseWithCaller,
     /// On PostgreSQL, writes in flight are known only to the gateway that admitted them (the
     /// marks are shared, in-flight writes are not): another gateway raises over them, as when
-    /// a dead session's lock vanished (issue 14, item 3).
+    /// a dead session's lock vanished.
     LocalGate,
     /// A write's exchange deadline counts from when the gateway reads its admission, not from
     /// before its registration in a shared store, and an admission's answer that a pause made
     /// late is taken (as when it wins the race with the step's timer): a gateway paused
-    /// between the two delivers the write after its registration may have lapsed (issue 27,
-    /// F1).
+    /// between the two delivers the write after its registration may have lapsed.
     DeadlineFromAdmission,
 }
 

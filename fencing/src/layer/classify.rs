@@ -15,8 +15,6 @@
 //!
 //! Both accept only resource names of the proxy's grammar ([`is_resource`]), and refuse a read
 //! that carries a body, which a lenient storage might treat as a write.
-//!
-//! (Over 500 lines: more than 340 are its unit tests of canonical paths.)
 
 use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, Method, Request};

@@ -121,8 +121,8 @@ struct FeedRefusal {
 
 /// Which of the feed's resources a caller may see: a `/v1` resource under one of its read
 /// prefixes; a `/v3` lock's fencing domain (`lock/` + hex of `{principal}/{name}`) only its own
-/// principal's — its hex starts with no read prefix a tenant could choose (helper-22: `read:lo`
-/// showed every tenant's lock domains). With authentication off, everything.
+/// principal's — its hex starts with no read prefix a tenant could choose (`read:lo`
+/// once showed every tenant's lock domains). With authentication off, everything.
 struct Visible<'a> {
     readable: Vec<&'a str>,
     /// The caller's lock domains' common start; `None`: authentication is off.

@@ -1,7 +1,5 @@
 //! Group commit: independent transactions that arrive together share one raft proposal.
 //!
-//! (Over 500 lines with its tests — 366 of code: the batcher and the tests of how it splits and fails batches stay together.)
-//!
 //! Every create-if-absent (an acquire, with or without a session) and every compare-and-delete
 //! of a session grant is a small transaction of its own. Submitted here, it waits in a queue;
 //! one batcher task takes what has queued — up to `--batch-max` transactions, after lingering

@@ -1,7 +1,5 @@
 //! The proxy's use of etcd: a handful of calls, each bounded by a timeout, plus the long-lived
 //! streams (keepalive, watch) in the submodules.
-//!
-//! (Over 500 lines: some twenty small calls over the one failover rule, `bounded`; split by kind of call, that rule would be read far from most of its uses.)
 
 mod batch;
 mod create;

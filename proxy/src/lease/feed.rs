@@ -1,8 +1,5 @@
 //! The event feed of `GET /v1/watch`: one etcd watch per replica for any number of streams.
 //!
-//! (Over 500 lines with its unit tests: the ring, the tail that fills it and the cursors that read
-//! it are one mechanism, and its invariants read best in one place.)
-//!
 //! The replica's *tail* is one [`Watch`] of the ownership events, read by a tracked task into a
 //! ring of the last [`RETAINED`] events and progress marks (at most [`RETAINED_BYTES`] of
 //! them). Every stream is a cursor in that ring: it reads at its own pace, so a slow reader

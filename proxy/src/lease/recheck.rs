@@ -1,4 +1,4 @@
-//! The caller's right to acquire, judged again while an acquire is under way (issue 27 D2).
+//! The caller's right to acquire, judged again while an acquire is under way.
 //!
 //! A request is authorised when it arrives, but an acquire can take a while before its create
 //! transaction — it waits in line (`wait_ms`), or its body or the etcd calls before the

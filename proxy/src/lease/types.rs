@@ -128,7 +128,7 @@ pub(crate) struct Holding {
 
 /// What is answered about a grant whose lease has `remaining` seconds left (etcd's word). At
 /// most the grant's TTL: a new etcd leader extends every lease by its election timeout
-/// (helper-21 saw 14 s left of a 10 s grant), and the extra time is not promised to a holder
+/// (14 s left of a 10 s grant has been seen), and the extra time is not promised to a holder
 /// (nor shown as more than a full bar).
 pub(super) fn holding(
     resource: String,

@@ -1,7 +1,5 @@
 //! Reading `/v3` request bodies the way etcd's gateway reads them — or refusing them.
 //!
-//! (Over 500 lines with its tests — 408 of code: one reader of Go's JSON rules, whose tests pin each rule next to it.)
-//!
 //! etcd's gateway decodes a body with Go's `encoding/json` `Decoder` and `jsonpb`: it reads the
 //! first JSON value and ignores whatever follows it; every object becomes a Go map, where a
 //! repeated key silently keeps its last value; invalid UTF-8 and lone UTF-16 surrogate escapes

@@ -1,8 +1,6 @@
 //! The typed `/v3` requests, decoded from JSON as etcd's gateway (grpc-gateway 1.9 with the
 //! `jsonpb` of golang/protobuf 1.3, as in Debian's etcd 3.4.23) decodes them — or refused.
 //!
-//! (Over 500 lines with its tests — 515 of code: every request message of the etcd API, one decoder each, under one set of decoding rules.)
-//!
 //! What etcd accepts, and so what is accepted here:
 //! - each field under its proto name (`range_end`) or its JSON name (`rangeEnd`); unknown
 //!   fields are ignored; `null` is the same as an absent field; a `null` body is an empty one;

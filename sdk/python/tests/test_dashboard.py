@@ -5,7 +5,7 @@ Leases are taken and released through the API with httpx while the page shows th
 front of the proxy drops the page's event stream to see it resume. ``UI_SCREENSHOT=path`` saves
 the screenshot of a busy page there (docs/ui.png is one); by default it goes to the work dir.
 
-Just over 500 lines: one browser serves every case, so they stay in one module.
+One browser serves every case.
 """
 
 import contextlib
@@ -317,7 +317,7 @@ def test_resyncs_and_many_rows_keep_the_pages_reads_bounded(proxy: str, etcd: Et
         open_page(browser, f"{relay.url}/ui?prefix={prefix}")
         shown(browser, lambda d: all(row(d, r) is not None for r in grants), 5, "not listed")
         # Three times: the stream drops, etcd compacts past where it was, so its resume is 410
-        # and the page lists again (helper-21: each resync started one more refresh loop).
+        # and the page lists again (each resync once started one more refresh loop).
         for round in range(3):
             resync(browser, relay, proxy, etcd, f"{prefix}gone-{round}", round + 1)
             shown(browser, listed_again, 10, "not listed again")
@@ -424,7 +424,7 @@ def test_with_authentication_the_page_asks_for_a_token_and_shows_only_its_princi
         release(url, "bob-dock", bob_next, tenants["bob"])
         release(url, "alice-dock", alice_next, tenants["alice"])
         # The token stops working (revoked); the next principal to sign in on this tab sees
-        # nothing of alice's (helper-21: her events stayed on bob's page).
+        # nothing of alice's (her events once stayed on bob's page).
         browser.execute_script("sessionStorage.setItem('lease-proxy.token', 'revoked')")
         browser.find_element(By.CSS_SELECTOR, "#filter button[type=submit]").click()
         WebDriverWait(browser, 10).until(lambda d: d.find_element(By.ID, "auth").is_displayed())

@@ -21,9 +21,8 @@ Needs etcd on PATH (as conftest's), Debian's ``/usr/bin/node`` (or ``$NODE_BIN``
 client installed by ``scripts/python-tests.sh`` (``npm ci`` into ``target/npm-etcd3``, or
 ``$NPM_ETCD3_DIR``). ``COMPAT_DUMP_DIR=dir`` writes both sides' normalised answers there.
 
-Over 500 lines: both clients share the stack, the labels and the namespace audit, and one
-module keeps them in one pytest process; python-etcd3's cases are one function, as npm's are
-one script.
+Both clients share the stack, the labels and the namespace audit in one pytest process;
+python-etcd3's cases are one function, as npm's are one script.
 """
 
 from __future__ import annotations

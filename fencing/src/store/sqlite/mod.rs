@@ -9,9 +9,6 @@
 //! generation). Once a check fails the store refuses everything until restarted, writing nothing
 //! more — not even the lock file's record, so the restart is refused too — since its marks are no
 //! longer the ones it admitted by.
-//!
-//! (Over 500 lines: more than 300 are its unit tests; the store and the checks that its file is
-//! still the one it admitted by are one piece.)
 
 mod lockfile;
 mod open;

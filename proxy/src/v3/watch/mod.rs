@@ -1,8 +1,6 @@
 //! `Watch`: etcd's bidirectional watch stream, confined to the caller's namespace: the pump of
 //! one client stream here, its requests and answers' keys in [`request`], its bounded outbox in
-//! [`outbox`], the etcd watches shared between streams in [`hub`]. (Over 500 lines: the pump's
-//! ordering of creates, cancels and progress across its own etcd stream and the hubs reads best
-//! in one place.)
+//! [`outbox`], the etcd watches shared between streams in [`hub`].
 //!
 //! A watch "from now" (no start revision, fragments or progress notifications) is a member of
 //! the replica's shared etcd watch of its range ([`hub`]): any number of clients watching one
