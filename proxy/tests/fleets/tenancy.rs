@@ -318,7 +318,7 @@ async fn concurrent_joins_never_take_a_fleet_past_its_member_bound() {
     } = replicas("fleet-bound", |_| {}).await;
     make_fleet(&r1.url, "fb", &names("fb", 10), json!({})).await;
     let join = |i: usize| {
-        let url = if i % 2 == 0 {
+        let url = if i.is_multiple_of(2) {
             r1.url.clone()
         } else {
             r2.url.clone()
