@@ -278,7 +278,7 @@ fn over_n_lines(line: &str) -> bool {
 }
 
 /// Every source and document a reader meets, outside build output and vendored packages.
-fn readable_files(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
+fn readable_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let entry = entry.unwrap();
         let path = entry.path();
@@ -288,7 +288,7 @@ fn readable_files(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
                 || ["target", "node_modules", "venv", "dist", "__pycache__"]
                     .contains(&name.as_str());
             if !skip {
-                readable_files(root, &path, out);
+                readable_files(&path, out);
             }
         } else if ["rs", "md", "py", "go", "ts", "sh", "sql"]
             .iter()
@@ -312,7 +312,7 @@ fn comments_and_docs_cite_no_tracker_history() {
         "examples", "model", "scripts",
     ] {
         if root.join(dir).is_dir() {
-            readable_files(&root, &root.join(dir), &mut files);
+            readable_files(&root.join(dir), &mut files);
         }
     }
     files.push(root.join("README.md"));

@@ -2,7 +2,8 @@
 //! death, balance at rest, stickiness on join and leave, drain and evict, a rejoin within the
 //! TTL, a replica killed mid-rebalance, the churn budget (here); the end-to-end safety property
 //! with a paused member writing through fence-gateway (`fleets/safety.rs`); hostile input
-//! (`fleets/hostile.rs`); 10,000 resources over 200 members (`fleets/scale.rs`).
+//! (`fleets/hostile.rs`); 10,000 resources over 200 members (`fleets/scale.rs`); tenants,
+//! budgets and bounds (`fleets/tenancy.rs`).
 //!
 //! The tests share one etcd (each under a prefix of its own) and never sleep for a lease to
 //! expire: a death is a session lease revoked in etcd or a heartbeat stopped, then polled for.
@@ -15,6 +16,8 @@ mod hostile;
 mod safety;
 #[path = "fleets/scale.rs"]
 mod scale;
+#[path = "fleets/tenancy.rs"]
+mod tenancy;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -34,7 +34,7 @@ pub(crate) const FLEET_BODY_BYTES: usize = 1024 * 1024;
 #[serde(deny_unknown_fields)]
 pub(super) struct SpecBody {
     /// The resources the fleet shares: each in the resource grammar, none twice, at most
-    /// 10,000 of at most 640 KiB together.
+    /// 10,000 of at most 512 KiB together.
     #[schema(max_items = 10_000)]
     resources: Vec<String>,
     /// How long a member has to release a resource moved away from it before the service
@@ -88,14 +88,26 @@ pub(super) struct AssignmentQuery {
     wait_ms: Option<u64>,
 }
 
-/// The judgement of `caller` for every resource of a fleet: `acquire` on each (403 naming the
-/// first it may not), audited.
+/// Whose resource names a refusal may show.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Names {
+    /// The caller's own: the body it sent lists them, so the refusal names the first it may
+    /// not act on.
+    Shown,
+    /// The fleet's, as stored: a caller that may not act on them learns none of them (nor,
+    /// from the answer, anything else of the fleet), only that it may not.
+    Kept,
+}
+
+/// The judgement of `caller` for every resource of a fleet: `op` on each (403 otherwise),
+/// audited with the first it may not.
 fn gate<'a>(
     app: &'a AppState,
     headers: &'a HeaderMap,
     caller: &'a Caller,
     fleet: &'a str,
     op: Op,
+    names: Names,
 ) -> impl Fn(&[String]) -> Result<()> + Sync + 'a {
     move |resources: &[String]| {
         let Some(principal) = caller else {
@@ -110,10 +122,14 @@ fn gate<'a>(
             resource: Some(denied.clone()),
             ..Event::new("authz", "forbidden", headers)
         });
+        let target = match names {
+            Names::Shown => format!("`{denied}`, a resource of fleet `{fleet}`"),
+            Names::Kept => format!("every resource of fleet `{fleet}`"),
+        };
         Err(Error::Forbidden {
             principal: principal.name.clone(),
             op: op.as_str(),
-            target: format!("`{denied}`, a resource of fleet `{fleet}`"),
+            target,
         })
     }
 }
@@ -134,6 +150,7 @@ fn gate<'a>(
         (status = 409, description = "The fleet changed meanwhile, again and again"),
         (status = 413, description = "The body is over 1 MiB"),
         (status = 415, description = "The body is not JSON"),
+        (status = 429, description = "Over a quota", headers(("Retry-After" = u64, description = "Seconds to wait"))),
     ),
 )]
 pub(super) async fn put(
@@ -153,7 +170,10 @@ pub(super) async fn put(
         max_moves: req.max_moves,
     };
     change.checked()?;
-    gate(&app, &headers, &caller, &fleet, Op::Acquire)(&change.resources)?;
+    gate(&app, &headers, &caller, &fleet, Op::Acquire, Names::Shown)(&change.resources)?;
+    // Each write of a spec makes every replica decide the fleet again: it costs the
+    // principal's acquire rate, as a join does.
+    super::leases::take_rate(&app, &headers, &caller, &fleet)?;
     let written = app
         .fleets
         .put(&fleet, &change, authz::name(&caller))
@@ -180,8 +200,15 @@ pub(super) async fn get(
     State(app): State<Arc<AppState>>,
     on: OnFleet<Reading>,
 ) -> Result<Response> {
-    let view = app.fleets.view(&on.fleet).await?;
-    gate(&app, &on.by.headers, &on.by.caller, &on.fleet, Op::Read)(&view.resources)?;
+    let gate = gate(
+        &app,
+        &on.by.headers,
+        &on.by.caller,
+        &on.fleet,
+        Op::Read,
+        Names::Kept,
+    );
+    let view = app.fleets.view(&on.fleet, &gate).await?;
     Ok(Json(view).into_response())
 }
 
@@ -205,7 +232,7 @@ pub(super) async fn delete(
 ) -> Result<StatusCode> {
     let (fleet, caller, headers) = (on.fleet, on.by.caller, on.by.headers);
     let principal = authz::name(&caller);
-    let gate = gate(&app, &headers, &caller, &fleet, Op::Acquire);
+    let gate = gate(&app, &headers, &caller, &fleet, Op::Acquire, Names::Kept);
     app.fleets
         .delete(&fleet, principal.as_deref(), &gate)
         .await?;
@@ -257,7 +284,7 @@ pub(super) async fn join(
         principal: authz::name(&caller),
         received,
     };
-    let gate = gate(&app, &headers, &caller, &fleet, Op::Acquire);
+    let gate = gate(&app, &headers, &caller, &fleet, Op::Acquire, Names::Kept);
     let joined: Joined = app.fleets.join(&fleet, join, &gate).await?;
     audit(&app, &headers, &caller, "fleet-join", &fleet);
     let location = format!("/v1/fleets/{fleet}/members/{}", joined.member);
@@ -318,7 +345,7 @@ pub(super) async fn member(
         (Some(_), false) => Some(app.watch_slots.take(principal.as_deref())?),
         _ => None,
     };
-    let gate = gate(&app, &headers, &caller, &on.fleet, Op::Acquire);
+    let gate = gate(&app, &headers, &caller, &on.fleet, Op::Acquire, Names::Kept);
     let asked = Asked {
         gate: &gate,
         member: &on.member,
@@ -376,7 +403,7 @@ pub(super) async fn drain(
     let (caller, headers) = (on.by.caller, on.by.headers);
     let DrainBody {} = body::optional_json(&headers, body, app.body).await?;
     let principal = authz::name(&caller);
-    let gate = gate(&app, &headers, &caller, &on.fleet, Op::Acquire);
+    let gate = gate(&app, &headers, &caller, &on.fleet, Op::Acquire, Names::Kept);
     let secret = match headers.get(crate::headers::SECRET_HEADER) {
         Some(_) => Some(body::secret(&headers)?),
         None => None,
@@ -385,6 +412,7 @@ pub(super) async fn drain(
         Some(secret) => Drainer::Member {
             secret,
             principal: principal.as_deref(),
+            gate: &gate,
         },
         None => Drainer::Operator(&gate),
     };
@@ -417,7 +445,7 @@ pub(super) async fn evict(
     on: OnMember<Acquiring>,
 ) -> Result<StatusCode> {
     let (caller, headers) = (on.by.caller, on.by.headers);
-    let gate = gate(&app, &headers, &caller, &on.fleet, Op::Acquire);
+    let gate = gate(&app, &headers, &caller, &on.fleet, Op::Acquire, Names::Kept);
     app.fleets.evict(&on.fleet, &on.member, &gate).await?;
     audit(&app, &headers, &caller, "fleet-evict", &on.fleet);
     Ok(StatusCode::NO_CONTENT)

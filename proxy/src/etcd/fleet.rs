@@ -91,6 +91,24 @@ impl Etcd {
         }
     }
 
+    /// How many keys under `prefix` were created at or before `revision` (and are still
+    /// there), linearizably. etcd filters by create revision only the keys it returns, never a
+    /// count, so the keys are read (without values) and counted here.
+    pub(crate) async fn count_created(&self, prefix: &str, revision: i64) -> Result<usize> {
+        let end = prefix_end(prefix.as_bytes());
+        let options = GetOptions::new()
+            .with_range(end)
+            .with_keys_only()
+            .with_max_create_revision(revision);
+        let resp = self
+            .bounded("range", |c| {
+                let options = options.clone();
+                async move { c.kv_client().get(prefix, Some(options)).await }
+            })
+            .await?;
+        Ok(resp.kvs().len())
+    }
+
     /// The current values of `keys` (`None`: absent), in their order: transactions of at most
     /// etcd's 128 reads each, linearizable each, sent together.
     pub(crate) async fn get_many(&self, keys: &[String]) -> Result<Vec<Option<KeyValue>>> {
@@ -160,6 +178,9 @@ pub(crate) struct Guarded<'a> {
     pub(crate) lease: i64,
     /// Keys that must not have changed since the decision read them.
     pub(crate) guards: &'a [Unchanged<'a>],
+    /// The held quota of the session's principal, when one applies: its index key is written
+    /// with the grant, only if the principal's range is as counted.
+    pub(crate) quota: Option<super::Quota<'a>>,
 }
 
 impl GroupCommit {
@@ -203,20 +224,27 @@ impl GroupCommit {
             compares.clear();
         }
         compares.extend(c.guards.iter().map(Unchanged::compare));
-        let put = TxnOp::put(c.key, c.value, Some(PutOptions::new().with_lease(c.lease)));
-        let txn = Txn::new().when(compares).and_then(vec![put]);
-        let bytes = c.key.len() * 2
+        let on_lease = || Some(PutOptions::new().with_lease(c.lease));
+        let mut puts = vec![TxnOp::put(c.key, c.value, on_lease())];
+        let mut keys = vec![c.key.as_bytes().to_vec()];
+        let mut bytes = c.key.len() * 2
             + c.value.len()
             + c.guards.iter().map(|g| g.key.len() + 16).sum::<usize>()
             + 64;
-        let committed = self
-            .commit(
-                "txn_create_guarded",
-                vec![c.key.as_bytes().to_vec()],
-                txn,
-                bytes,
-            )
-            .await?;
+        if let Some(q) = c.quota {
+            // As an acquire's (`create.rs`): every key of the range last written at or before
+            // the count, and the range among the batch's keys, so that no two creates of one
+            // principal share a batch (whose compares all see the state before it).
+            puts.push(TxnOp::put(q.key, Vec::new(), on_lease()));
+            compares.push(
+                Compare::mod_revision(q.range, CompareOp::Less, q.revision.saturating_add(1))
+                    .with_range(q.range_end),
+            );
+            keys.push(q.range.to_vec());
+            bytes += q.key.len() + q.range.len() * 2;
+        }
+        let txn = Txn::new().when(compares).and_then(puts);
+        let committed = self.commit("txn_create_guarded", keys, txn, bytes).await?;
         Ok(committed.succeeded.then_some(committed.revision))
     }
 }

@@ -69,7 +69,8 @@ pub(crate) struct Standing {
     pub(crate) state: State,
 }
 
-/// Who asks for a drain.
+/// Who asks for a drain. Either is judged for the fleet's resources first, so that a caller
+/// who may not act on them learns nothing of the fleet's members.
 pub(crate) enum Drainer<'a> {
     /// The member itself, with its session's secret.
     Member {
@@ -77,9 +78,19 @@ pub(crate) enum Drainer<'a> {
         secret: &'a str,
         /// The caller (`None` with authentication off).
         principal: Option<&'a str>,
+        /// Judges the caller for the fleet's resources.
+        gate: Gate<'a>,
     },
     /// An operator, judged for the fleet's resources.
     Operator(Gate<'a>),
+}
+
+impl Drainer<'_> {
+    fn gate(&self) -> Gate<'_> {
+        match self {
+            Drainer::Member { gate, .. } | Drainer::Operator(gate) => *gate,
+        }
+    }
 }
 
 /// A fleet's name: the resource grammar.
@@ -142,13 +153,22 @@ impl Fleets {
                 joined_at: crate::lease::unix_millis(),
             };
             let written = self.write_member(&snap, &join.member, old, &record).await;
-            match written {
-                Ok(true) => {}
-                Ok(false) | Err(_) => {
+            let revision = match written {
+                Ok(Some(revision)) => revision,
+                Ok(None) | Err(_) => {
                     // Lost to a concurrent write (or unknown): this session is nobody's.
                     let _ = self.inner.leases.end_session(opened.session_id).await;
                     written?;
                     continue;
+                }
+            };
+            if old.is_none() {
+                let within = self.within_bound(fleet, revision).await;
+                if !matches!(within, Ok(true)) {
+                    // Its record goes with its session.
+                    let _ = self.inner.leases.end_session(opened.session_id).await;
+                    within?;
+                    return Err(Error::FleetFull(MAX_MEMBERS));
                 }
             }
             if let Some(old) = old {
@@ -171,15 +191,25 @@ impl Fleets {
         Err(Error::FleetChanged)
     }
 
+    /// Whether a new member written at `revision` is among the first [`MAX_MEMBERS`] of the
+    /// fleet. Concurrent joins each counted fewer members than the bound before writing, and
+    /// all may have written: each then counts the members created up to its own write, so that
+    /// those past the bound (and only they) leave again.
+    async fn within_bound(&self, fleet: &str, revision: i64) -> Result<bool> {
+        let members = self.inner.layout.fleet_member(fleet, "");
+        let created = self.inner.etcd.count_created(&members, revision).await?;
+        Ok(created <= MAX_MEMBERS)
+    }
+
     /// Writes `record` as `name`'s, if the member's record (`old`, or none) and the spec are as
-    /// read; whether it did.
+    /// read; the revision it was written at, or `None` if it was not.
     async fn write_member(
         &self,
         snap: &Snapshot,
         name: &str,
         old: Option<&Read<MemberRecord>>,
         record: &MemberRecord,
-    ) -> Result<bool> {
+    ) -> Result<Option<i64>> {
         let key = self.inner.layout.fleet_member(&snap.fleet, name);
         let spec_key = self.inner.layout.fleet_spec(&snap.fleet);
         let guards = [
@@ -197,7 +227,7 @@ impl Fleets {
             .commit
             .put_if(&key, &encode(record), record.session, &guards)
             .await?;
-        Ok(written.is_some())
+        Ok(written)
     }
 
     /// Sets `member`'s state to `state` (on its own lease), once `by` is judged; the snapshot
@@ -211,12 +241,14 @@ impl Fleets {
     ) -> Result<(Snapshot, MemberRecord)> {
         for _ in 0..ATTEMPTS {
             let snap = self.snapshot(fleet).await?.ok_or(Error::NoFleet)?;
+            // Before anything tells whether the member exists.
+            by.gate()(&snap.spec.record.resources)?;
             let old = snap.members.get(member).ok_or(Error::NoMember)?;
-            match by {
-                Drainer::Member { secret, principal } => {
-                    prove(&self.inner.leases, old.record.session, secret, *principal).await?;
-                }
-                Drainer::Operator(gate) => gate(&snap.spec.record.resources)?,
+            if let Drainer::Member {
+                secret, principal, ..
+            } = by
+            {
+                prove(&self.inner.leases, old.record.session, secret, *principal).await?;
             }
             // An evicted member stays evicted until its session ends (or it joins again).
             let state = if old.record.state == State::Evicted {
@@ -228,7 +260,12 @@ impl Fleets {
                 state,
                 ..old.record.clone()
             };
-            if record == old.record || self.write_member(&snap, member, Some(old), &record).await? {
+            if record == old.record
+                || self
+                    .write_member(&snap, member, Some(old), &record)
+                    .await?
+                    .is_some()
+            {
                 return Ok((snap, record));
             }
         }
@@ -258,10 +295,7 @@ impl Fleets {
         let owned = self.owned(&snap, snap.watched()).await?;
         for (resource, o) in owned {
             if o.held.holder == Holder::Member(member.to_owned()) && o.lease == record.session {
-                self.inner
-                    .leases
-                    .revoke_assigned(&resource, o.held.revision, o.lease)
-                    .await?;
+                o.revoke(&self.inner.leases, &resource).await?;
             }
         }
         tracing::info!(%fleet, %member, "fleet member evicted");

@@ -62,6 +62,22 @@ pub(crate) struct Owned {
     pub(crate) held: assign::Held,
     /// The lease it lives on (a member's session, for the fleet's own grants).
     pub(crate) lease: i64,
+    /// The principal its record names: a revocation deletes its held-quota index key too.
+    pub(crate) principal: Option<String>,
+}
+
+impl Owned {
+    /// Ends this grant, if it is still the one read.
+    async fn revoke(&self, leases: &Leases, resource: &str) -> Result<bool> {
+        leases
+            .revoke_assigned(
+                resource,
+                self.held.revision,
+                self.lease,
+                self.principal.as_deref(),
+            )
+            .await
+    }
 }
 
 impl Fleets {
@@ -116,15 +132,16 @@ impl Fleets {
         let mut owned = std::collections::BTreeMap::new();
         for ((resource, key), kv) in resources.into_iter().zip(&keys).zip(found) {
             let Some(kv) = kv else { continue };
-            let holder = match HolderRecord::decode(key, kv.value()) {
+            let (holder, principal) = match HolderRecord::decode(key, kv.value()) {
                 Ok(record) if record.fleet.as_deref() == Some(snap.fleet.as_str()) => {
-                    match snap.member_on(record.lease_id) {
+                    let holder = match snap.member_on(record.lease_id) {
                         Some(name) => assign::Holder::Member(name.to_owned()),
                         None => assign::Holder::Orphan,
-                    }
+                    };
+                    (holder, record.principal)
                 }
                 // Not the fleet's (or unreadable): never touched.
-                _ => assign::Holder::Foreign,
+                _ => (assign::Holder::Foreign, None),
             };
             owned.insert(
                 resource,
@@ -134,6 +151,7 @@ impl Fleets {
                         revision: kv.create_revision(),
                     },
                     lease: kv.lease(),
+                    principal,
                 },
             );
         }

@@ -134,19 +134,17 @@ impl Fleets {
         let revokes: Vec<_> = plan
             .revokes
             .iter()
-            .map(|revoke| {
-                let lease = owned.get(&revoke.resource).map_or(0, |o| o.lease);
-                self.revoke_one(revoke, lease)
-            })
+            .map(|revoke| self.revoke_one(revoke, owned.get(&revoke.resource)))
             .collect();
         all(revokes).await
     }
 
-    async fn revoke_one(&self, revoke: &assign::Revoke, lease: i64) -> bool {
+    async fn revoke_one(&self, revoke: &assign::Revoke, owned: Option<&Owned>) -> bool {
+        let (lease, principal) = owned.map_or((0, None), |o| (o.lease, o.principal.as_deref()));
         let ended = self
             .inner
             .leases
-            .revoke_assigned(&revoke.resource, revoke.revision, lease)
+            .revoke_assigned(&revoke.resource, revoke.revision, lease, principal)
             .await;
         match ended {
             Ok(_) => {
@@ -162,16 +160,40 @@ impl Fleets {
 
     /// Makes the plan's grants, each guarded by the member's record, the spec and the
     /// assignment as the decision read (or wrote) them; whether every grant got an answer.
+    ///
+    /// The grants to the members of a principal under a held quota are made one after the
+    /// other: each counts the principal's grants and is refused if another of its grants was
+    /// made since, so made at once all but one would be refused.
     async fn grant(&self, snap: &Snapshot, plan: &Plan, assignment_revision: i64) -> bool {
-        let grants: Vec<_> = plan
-            .grants
-            .iter()
-            .filter_map(|grant| {
-                let member = snap.members.get(&grant.member)?;
-                Some(self.grant_one(snap, grant, member, assignment_revision))
-            })
+        let mut free = Vec::new();
+        let mut counted: BTreeMap<&str, Vec<(&assign::Grant, &Read<MemberRecord>)>> =
+            BTreeMap::new();
+        for grant in &plan.grants {
+            let Some(member) = snap.members.get(&grant.member) else {
+                continue;
+            };
+            match member.record.principal.as_deref() {
+                Some(p) if self.inner.leases.held_quota_applies(Some(p)) => {
+                    counted.entry(p).or_default().push((grant, member));
+                }
+                _ => free.push((grant, member)),
+            }
+        }
+        let one = |(grant, member)| self.grant_one(snap, grant, member, assignment_revision);
+        let mut chains: Vec<futures::future::BoxFuture<'_, bool>> = free
+            .into_iter()
+            .map(|g| -> futures::future::BoxFuture<'_, bool> { Box::pin(one(g)) })
             .collect();
-        all(grants).await
+        for grants in counted.into_values() {
+            chains.push(Box::pin(async move {
+                let mut ok = true;
+                for g in grants {
+                    ok &= one(g).await;
+                }
+                ok
+            }));
+        }
+        all(chains).await
     }
 
     async fn grant_one(

@@ -22,9 +22,11 @@ use crate::{Error, Result};
 
 /// Most resources in one fleet.
 pub(crate) const MAX_RESOURCES: usize = 10_000;
-/// Most bytes of resource names in one fleet: the spec and the assignment each carry every
-/// name once and must stay well under etcd's 1.5 MiB request limit.
-pub(crate) const MAX_NAME_BYTES: usize = 640 * 1024;
+/// Most bytes of resource names in one fleet. The assignment carries every name once in its
+/// members' lists and once more in its deadlines while that resource is handed off (up to
+/// every resource at once), besides every member's name, and must stay under etcd's 1.5 MiB
+/// request limit even then (tested below, worst case).
+pub(crate) const MAX_NAME_BYTES: usize = 512 * 1024;
 /// Most members of one fleet.
 pub(crate) const MAX_MEMBERS: usize = 1_000;
 /// Largest member weight.
@@ -63,6 +65,14 @@ impl SpecRecord {
     pub(crate) fn max_moves(&self) -> usize {
         self.max_moves
             .unwrap_or_else(|| default_max_moves(self.resources.len()))
+    }
+
+    /// Whether `other` asks for the same as this one (whenever either was written).
+    pub(crate) fn same_as(&self, other: &Self) -> bool {
+        self.resources == other.resources
+            && self.drain_ms == other.drain_ms
+            && self.max_moves == other.max_moves
+            && self.principal == other.principal
     }
 
     /// The spec as the decision reads it.
@@ -252,6 +262,35 @@ mod tests {
         assert_eq!(
             encode(&AssignmentRecord::default()),
             br#"{"members":{}}"#.to_vec()
+        );
+    }
+
+    #[test]
+    fn the_largest_assignment_fits_in_one_etcd_request() {
+        // etcd's default `--max-request-bytes`; the put also carries its key and two compares.
+        const ETCD_MAX_REQUEST_BYTES: usize = 1536 * 1024;
+        const KEY_AND_COMPARES: usize = 4 * 1024;
+        // Every resource named at the longest the byte budget allows, handed off at once (its
+        // deadline far off), to members of the longest names, each assigned some.
+        let long = MAX_NAME_BYTES / MAX_RESOURCES;
+        let resources: Vec<String> = (0..MAX_RESOURCES).map(|i| format!("{i:0long$}")).collect();
+        assert!(resources.iter().map(String::len).sum::<usize>() <= MAX_NAME_BYTES);
+        let member = |m: usize| format!("{m:0200}");
+        let assignment = Assignment {
+            targets: resources
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (r.clone(), member(i % MAX_MEMBERS)))
+                .collect(),
+            deadlines: resources
+                .iter()
+                .map(|r| (r.clone(), 9_999_999_999_999))
+                .collect(),
+        };
+        let bytes = encode(&AssignmentRecord::of(&assignment)).len();
+        assert!(
+            bytes + KEY_AND_COMPARES <= ETCD_MAX_REQUEST_BYTES,
+            "the largest assignment is {bytes} bytes"
         );
     }
 

@@ -101,6 +101,17 @@ impl SpecChange {
     }
 }
 
+/// The answer for `record`, written at `revision`.
+fn written(fleet: &str, record: &SpecRecord, revision: i64) -> Written {
+    Written {
+        fleet: fleet.to_owned(),
+        max_moves: record.max_moves(),
+        drain_ms: record.drain_ms,
+        resources: record.resources.clone(),
+        revision,
+    }
+}
+
 /// A name as an error message shows it: quoted, and cut to 64 characters.
 fn shown(name: &str) -> String {
     let cut: String = name.chars().take(64).collect();
@@ -128,16 +139,20 @@ impl Fleets {
         let key = self.inner.layout.fleet_spec(fleet);
         for _ in 0..ATTEMPTS {
             let current = self.inner.etcd.get(&key).await?;
-            if let Some(kv) = &current {
-                let record: SpecRecord =
-                    serde_json::from_slice(kv.value()).map_err(|e| Error::CorruptRecord {
-                        key: key.clone(),
-                        reason: e.to_string(),
-                    })?;
-                if principal.is_some() && record.principal != principal {
-                    return Err(Error::OtherPrincipalsFleet);
+            let stored = match &current {
+                Some(kv) => {
+                    let record: SpecRecord =
+                        serde_json::from_slice(kv.value()).map_err(|e| Error::CorruptRecord {
+                            key: key.clone(),
+                            reason: e.to_string(),
+                        })?;
+                    if principal.is_some() && record.principal != principal {
+                        return Err(Error::OtherPrincipalsFleet);
+                    }
+                    Some(record)
                 }
-            }
+                None => None,
+            };
             let record = SpecRecord {
                 resources: resources.clone(),
                 drain_ms: change.drain_ms.unwrap_or(DEFAULT_DRAIN_MS),
@@ -145,6 +160,13 @@ impl Fleets {
                 principal: principal.clone(),
                 changed_at: crate::lease::unix_millis(),
             };
+            if let Some((kv, stored)) = current.as_ref().zip(stored.as_ref()) {
+                if stored.same_as(&record) {
+                    // Nothing to change: nothing written, so a client repeating its spec
+                    // neither grows etcd's history nor makes every replica decide again.
+                    return Ok(written(fleet, stored, kv.mod_revision()));
+                }
+            }
             let guard = Unchanged {
                 key: &key,
                 mod_revision: current.as_ref().map_or(0, |kv| kv.mod_revision()),
@@ -156,13 +178,7 @@ impl Fleets {
                 .await?;
             if let Some(revision) = written {
                 tracing::info!(%fleet, resources = resources.len(), "fleet spec written");
-                return Ok(Written {
-                    fleet: fleet.to_owned(),
-                    max_moves: record.max_moves(),
-                    drain_ms: record.drain_ms,
-                    resources: record.resources,
-                    revision,
-                });
+                return Ok(self::written(fleet, &record, revision));
             }
         }
         Err(Error::FleetChanged)
@@ -181,10 +197,12 @@ impl Fleets {
             let Some(snap) = self.snapshot(fleet).await? else {
                 return Ok(());
             };
+            // Judged first: a caller that may not act on the fleet's resources learns nothing
+            // of it, not even whose it is.
+            gate(&snap.spec.record.resources)?;
             if principal.is_some() && snap.spec.record.principal.as_deref() != principal {
                 return Err(Error::OtherPrincipalsFleet);
             }
-            gate(&snap.spec.record.resources)?;
             let guard = Unchanged {
                 key: &self.inner.layout.fleet_spec(fleet),
                 mod_revision: snap.spec.mod_revision,
@@ -203,10 +221,7 @@ impl Fleets {
                 if matches!(o.held.holder, assign::Holder::Foreign) {
                     continue;
                 }
-                self.inner
-                    .leases
-                    .revoke_assigned(&resource, o.held.revision, o.lease)
-                    .await?;
+                o.revoke(&self.inner.leases, &resource).await?;
             }
             tracing::info!(%fleet, "fleet ended");
             return Ok(());

@@ -117,9 +117,11 @@ pub(crate) struct Asked<'a> {
 }
 
 impl Fleets {
-    /// `fleet` as it stands. [`Error::NoFleet`] if there is none.
-    pub(crate) async fn view(&self, fleet: &str) -> Result<FleetView> {
+    /// `fleet` as it stands. [`Error::NoFleet`] if there is none; `gate` judges the caller for
+    /// its resources before their grants are read.
+    pub(crate) async fn view(&self, fleet: &str, gate: Gate<'_>) -> Result<FleetView> {
         let snap = self.snapshot(fleet).await?.ok_or(Error::NoFleet)?;
+        gate(&snap.spec.record.resources)?;
         let owned = self.owned(&snap, snap.watched()).await?;
         let targets = snap.assignment.record.to_assignment().targets;
         let mut members: BTreeMap<&str, MemberSummary> = snap
@@ -172,23 +174,29 @@ impl Fleets {
     /// its revision passes `asked.after` (at the latest when `asked.wait` ends, as it stands).
     pub(crate) async fn member_view(&self, fleet: &str, asked: &Asked<'_>) -> Result<MemberView> {
         let deadline = Instant::now() + asked.wait;
+        // Subscribed before the first read: a change after it wakes the wait. That read is the
+        // request's own; after a wake-up the waiters of the fleet share one.
+        let mut waiter = self.inner.signals.subscribe(fleet);
+        let snap = self.snapshot(fleet).await?.ok_or(Error::NoFleet)?;
+        let mut view = self.member_view_of(&snap, asked).await?;
         loop {
-            // Subscribed before the read: a change after it wakes the wait.
-            let mut changed = self.inner.signals.subscribe(fleet);
-            let view = self.member_view_now(fleet, asked).await?;
             if asked.after.is_none_or(|after| view.revision > after) || Instant::now() >= deadline {
                 return Ok(view);
             }
             tokio::select! {
                 () = self.inner.stopping.cancelled() => return Ok(view),
                 () = tokio::time::sleep_until(deadline) => return Ok(view),
-                _ = changed.changed() => {}
+                () = waiter.changed() => {}
             }
+            let snap = waiter.reading(|| self.snapshot(fleet)).await?;
+            view = self
+                .member_view_of(snap.as_deref().ok_or(Error::NoFleet)?, asked)
+                .await?;
         }
     }
 
-    async fn member_view_now(&self, fleet: &str, asked: &Asked<'_>) -> Result<MemberView> {
-        let snap = self.snapshot(fleet).await?.ok_or(Error::NoFleet)?;
+    async fn member_view_of(&self, snap: &Snapshot, asked: &Asked<'_>) -> Result<MemberView> {
+        let fleet = snap.fleet.as_str();
         (asked.gate)(&snap.spec.record.resources)?;
         let member = snap.members.get(asked.member).ok_or(Error::NoMember)?;
         let session = member.record.session;
@@ -201,7 +209,7 @@ impl Fleets {
             .unwrap_or_default();
         let moving: Vec<String> = assignment.deadlines.keys().cloned().collect();
         let owned = self
-            .owned(&snap, assigned.iter().chain(&moving).cloned())
+            .owned(snap, assigned.iter().chain(&moving).cloned())
             .await?;
         let mine = |r: &str| -> Option<&Owned> {
             owned
@@ -237,7 +245,7 @@ impl Fleets {
             fleet: fleet.to_owned(),
             member: asked.member.to_owned(),
             state: member.record.state,
-            revision: view_revision(&snap, asked.member, &owned),
+            revision: view_revision(snap, asked.member, &owned),
             held,
             releasing,
         })

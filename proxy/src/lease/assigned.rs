@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use super::session::SessionRecord;
 use super::{unix_millis, HolderRecord, Leases};
-use crate::etcd::{Guarded, Unchanged};
+use crate::etcd::{prefix_end, Guarded, Quota, Unchanged};
 use crate::{Error, Result};
 
 /// A grant the service makes on a member's session.
@@ -47,11 +47,39 @@ pub(crate) struct Assigned {
 }
 
 impl Leases {
+    /// Whether `principal`'s grants count against a held quota (`--quota-held`): then the
+    /// fleet's grants to its members are made one at a time, each counted first.
+    pub(crate) fn held_quota_applies(&self, principal: Option<&str>) -> bool {
+        self.limits.quota_held.is_some() && principal.is_some()
+    }
+
     /// Grants `g.resource` on the session, if nobody holds it and the guards hold, then
     /// pre-fences it (withdrawing it if that fails, as every grant). `None`: not granted,
-    /// nothing written. [`Error::SessionLost`] if the session has ended.
+    /// nothing written — also when the session's principal holds its `--quota-held` already:
+    /// a fleet's grant counts as any other, so that a fleet is no way around the quota.
+    /// [`Error::SessionLost`] if the session has ended.
     pub(crate) async fn grant_assigned(&self, g: OnSession<'_>) -> Result<Option<Assigned>> {
         let session = self.session_record(g.session).await?;
+        let principal = session.principal.as_deref();
+        let index = self.index_key(principal, g.resource);
+        let range = principal.map(|p| self.layout.principal(p).into_bytes());
+        let range_end = range.as_deref().map(prefix_end);
+        let quota = match (self.limits.quota_held, &index, &range, &range_end) {
+            (Some(max), Some(key), Some(range), Some(range_end)) => {
+                let (held, revision) = self.etcd.count(range, range_end).await?;
+                if u64::try_from(held).unwrap_or(0) >= max {
+                    tracing::debug!(resource = %g.resource, fleet = %g.fleet, "a fleet grant waits for room in its principal's held quota");
+                    return Ok(None);
+                }
+                Some(Quota {
+                    key,
+                    range,
+                    range_end,
+                    revision,
+                })
+            }
+            _ => None,
+        };
         let record = HolderRecord {
             // The member's name: the session's holder.
             holder: session.holder.clone(),
@@ -74,6 +102,7 @@ impl Leases {
                 value: &value,
                 lease: g.session,
                 guards: g.guards,
+                quota,
             })
             .await;
         let revision = match created {
@@ -81,13 +110,13 @@ impl Leases {
             Ok(None) => return Ok(None),
             Err(e) => {
                 // Perhaps created: deleted if it is exactly this record.
-                self.forget_value(key, value, None, session.ttl_seconds);
+                self.forget_value(key, value, index, session.ttl_seconds);
                 return Err(e);
             }
         };
         let signed = self.token(g.resource, revision);
         if let Err(e) = self.prefence(g.resource, &signed.fencing_token).await {
-            self.withdraw(g.resource, g.session, revision, true, None)
+            self.withdraw(g.resource, g.session, revision, true, principal)
                 .await;
             return Err(e);
         }
@@ -101,23 +130,26 @@ impl Leases {
     /// still that one: a fleet's revocation at a hand-off's deadline, of an evicted member's
     /// grant, or of one that left the fleet. Written as a release (its marker goes with the
     /// delete), so the event stream says `released`: the service released it on the holder's
-    /// behalf. Whether this call ended it.
+    /// behalf; the held quota's index key of its `principal` goes with it. Whether this call
+    /// ended it.
     pub(crate) async fn revoke_assigned(
         &self,
         resource: &str,
         revision: i64,
         lease: i64,
+        principal: Option<&str>,
     ) -> Result<bool> {
         self.holders.releasing(resource, revision);
         // A marker lives on the grant's lease; a grant on no lease (never the fleet's) gets
         // none rather than one that would outlive it.
         let marker = (lease != 0).then(|| self.markers.released(resource, revision, lease));
+        let index = self.index_key(principal, resource);
         let ended = self
             .commit
             .delete_if_created(
                 &self.key(resource),
                 revision,
-                None,
+                index.as_deref(),
                 marker.as_ref().map(|m| m.put()),
             )
             .await;
