@@ -37,7 +37,14 @@ const FRONT_DEBTS: &[(&str, &str)] = &[("api", "v3"), ("grpc", "api")];
 const LAYERS: &[(&str, &[&str])] = &[
     (
         "leaves",
-        &["error", "headers", "keys", "metrics", "audit", "negative_control"],
+        &[
+            "error",
+            "headers",
+            "keys",
+            "metrics",
+            "audit",
+            "negative_control",
+        ],
     ),
     ("calls", &["etcd", "upstream", "forward", "prefence"]),
     ("domain", &["lease", "fleet", "etcdapi"]),
