@@ -3,10 +3,7 @@
 //! build) and switched on by `LEASE_PROXY_NEGATIVE_CONTROL` naming one. The campaign must catch
 //! each; a control it cannot catch proves nothing about the checker.
 
-use std::collections::BTreeMap;
 use std::sync::OnceLock;
-
-use crate::fleet::assign::{Grant, Held, Holder, Plan};
 
 /// The variable that names the control to switch on.
 const VARIABLE: &str = "LEASE_PROXY_NEGATIVE_CONTROL";
@@ -43,26 +40,4 @@ fn active() -> Option<NegativeControl> {
 /// Whether a fleet grants what another member holds, overwriting its ownership key.
 pub(crate) fn no_revoke_before_grant() -> bool {
     active() == Some(NegativeControl::NoRevokeBeforeGrant)
-}
-
-/// Under [`no_revoke_before_grant`]: `plan` with a grant of every resource its assignment
-/// targets at a member while another of the fleet's members holds it — no hand-off, no
-/// deadline, no release first.
-pub(crate) fn grant_what_is_held(mut plan: Plan, holdings: &BTreeMap<String, Held>) -> Plan {
-    if !no_revoke_before_grant() {
-        return plan;
-    }
-    for (resource, member) in &plan.assignment.targets {
-        let held_by_another = holdings
-            .get(resource)
-            .is_some_and(|h| matches!(&h.holder, Holder::Member(m) if m != member));
-        if held_by_another {
-            plan.grants.push(Grant {
-                resource: resource.clone(),
-                member: member.clone(),
-            });
-        }
-    }
-    plan.grants.sort();
-    plan
 }

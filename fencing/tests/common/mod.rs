@@ -262,7 +262,9 @@ impl GatewayProcess {
             addr,
             url: format!("http://{addr}"),
         };
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        // Generous: on PostgreSQL a start waits its turn for the schema lock behind the other
+        // test processes' gateways, and the machine may be busy compiling.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         while tokio::time::Instant::now() < deadline {
             if let Ok(r) = reqwest::get(format!("{}/readyz", gw.url)).await {
                 if r.status() == 200 {

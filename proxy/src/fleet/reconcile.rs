@@ -62,7 +62,7 @@ impl Fleets {
             now_ms: crate::lease::unix_millis(),
         });
         #[cfg(feature = "negative-controls")]
-        let plan = crate::negative_control::grant_what_is_held(plan, &holdings);
+        let plan = grant_what_is_held(plan, &holdings);
         let assignment_revision = if plan.assignment == current {
             snap.assignment.mod_revision
         } else {
@@ -252,4 +252,28 @@ async fn all(tasks: Vec<impl std::future::Future<Output = bool>>) -> bool {
         .buffer_unordered(IN_FLIGHT)
         .fold(true, |ok, one| async move { ok && one })
         .await
+}
+
+/// Under the negative control `no-revoke-before-grant` (`crate::negative_control`): `plan`
+/// with a grant of every resource its assignment targets at a member while another of the
+/// fleet's members holds it — no hand-off, no deadline, no release first.
+#[cfg(feature = "negative-controls")]
+fn grant_what_is_held(mut plan: Plan, holdings: &BTreeMap<String, assign::Held>) -> Plan {
+    use assign::{Grant, Holder};
+    if !crate::negative_control::no_revoke_before_grant() {
+        return plan;
+    }
+    for (resource, member) in &plan.assignment.targets {
+        let held_by_another = holdings
+            .get(resource)
+            .is_some_and(|h| matches!(&h.holder, Holder::Member(m) if m != member));
+        if held_by_another {
+            plan.grants.push(Grant {
+                resource: resource.clone(),
+                member: member.clone(),
+            });
+        }
+    }
+    plan.grants.sort();
+    plan
 }
