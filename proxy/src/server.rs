@@ -238,14 +238,16 @@ pub async fn run(
             hubs: Default::default(),
         },
     ));
-    let v3 = crate::v3::V3::new(
-        etcd_core,
+    let judge = crate::auth::Judge::new(auth.clone(), metrics.clone(), audit.clone());
+    let v3 = Arc::new(crate::v3::V3::new(
+        etcd_core.clone(),
+        judge.clone(),
         etcd.clone(),
         crate::v3::Settings {
             max_body: config.max_body_bytes,
             body_deadline: config.header_read_timeout,
         },
-    );
+    ));
     let layout = config.layout();
     let holders = Holders::start(
         &etcd,
@@ -311,7 +313,6 @@ pub async fn run(
     let state = Arc::new(AppState {
         upstream: upstream(&config.upstream, &config, &metrics)?,
         max_forward_bytes: config.max_forward_bytes,
-        v3,
         leases,
         fleets,
         etcd,
@@ -331,10 +332,17 @@ pub async fn run(
             .filter(|_| auth.is_some())
             .map(crate::api::AcquireRate::new),
         auth,
+        judge: judge.clone(),
         audit,
     });
     // etcd's gRPC API beside the HTTP routes, on the same listener(s).
-    let app = crate::grpc::front(state.clone(), api::router(state.clone()));
+    let app = crate::grpc::front(
+        etcd_core,
+        judge,
+        state.etcd.clone(),
+        config.max_body_bytes,
+        api::router(state.clone(), crate::v3::router(v3)),
+    );
 
     tracing::info!(listen = %listener.local_addr()?, https = tls.is_some(), endpoints = ?config.etcd_endpoints, "lease-proxy serving");
     let result = fencing::serve::until_shutdown(

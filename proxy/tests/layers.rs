@@ -14,6 +14,8 @@
 //!
 //! `forward` serves no route of its own: it is the call that carries a holder's write to the
 //! upstream, which the `/v1` forward route makes — so it sits with the calls, not the fronts.
+//! What the fronts share sits below them: the judgement of who calls in `auth`
+//! (`auth::Judge`), the core in `etcdapi`; `server` wires each front to them.
 //!
 //! Every `.rs` file under `proxy/src` is read for the paths it names: `use crate::x…`, grouped
 //! `use crate::{x, y::z}`, inline `crate::x::…` (in attributes' strings too, such as
@@ -27,11 +29,6 @@ use std::path::{Path, PathBuf};
 
 /// The layer whose modules may not import one another (see the table above).
 const FRONTS: &str = "fronts";
-
-/// Front-to-front imports that remain, as `(importer, imported)`: each is a debt, listed so
-/// that no new one creeps in. The test fails on one not listed here, and on a listed one that
-/// is gone (so the list only shrinks).
-const FRONT_DEBTS: &[(&str, &str)] = &[("api", "v3"), ("grpc", "api")];
 
 /// The layers, lowest first (see the table above).
 const LAYERS: &[(&str, &[&str])] = &[
@@ -222,33 +219,15 @@ fn root_names(lib: &str) -> BTreeMap<String, String> {
     names
 }
 
-/// Every import from a lower layer into a higher one, or from a front into another front not
-/// in [`FRONT_DEBTS`], as a message a line; and every debt no longer owed.
+/// Every import from a lower layer into a higher one, or from a front into another front, as a
+/// message a line.
 fn upward_imports() -> Vec<String> {
-    let (mut problems, owed) = imports_against(FRONT_DEBTS);
-    for debt in FRONT_DEBTS {
-        if !owed.contains(debt) {
-            problems.push(format!(
-                "`{}` no longer imports `{}`: remove the pair from FRONT_DEBTS",
-                debt.0, debt.1
-            ));
-        }
-    }
-    problems
-}
-
-/// The forbidden imports of `proxy/src`, front-to-front ones in `debts` excepted; and the
-/// debts that were met.
-fn imports_against(
-    debts: &[(&'static str, &'static str)],
-) -> (Vec<String>, Vec<(&'static str, &'static str)>) {
     let src = src();
     let roots = root_names(&std::fs::read_to_string(src.join("lib.rs")).unwrap());
     let mut files = Vec::new();
     rs_files(&src, &mut files);
     files.sort();
     let mut problems = Vec::new();
-    let mut owed = Vec::new();
     for file in files {
         let relative = file.strip_prefix(&src).unwrap();
         let module = module_path(relative);
@@ -280,17 +259,13 @@ fn imports_against(
                     "{shown}:{line}: `{own}` ({own_name}) imports `{target}` ({layer_name}): a lower layer may not import a higher one"
                 ));
             } else if layer == own_layer && own_name == FRONTS {
-                match debts.iter().find(|(a, b)| *a == own && *b == target) {
-                    Some(debt) if !owed.contains(debt) => owed.push(*debt),
-                    Some(_) => {}
-                    None => problems.push(format!(
-                        "{shown}:{line}: `{own}` imports `{target}`: a front never imports another front"
-                    )),
-                }
+                problems.push(format!(
+                    "{shown}:{line}: `{own}` imports `{target}`: a front never imports another front"
+                ));
             }
         }
     }
-    (problems, owed)
+    problems
 }
 
 #[test]

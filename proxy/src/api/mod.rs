@@ -28,7 +28,6 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 pub(crate) use crate::lease::WatchSlots;
-pub(crate) use authz::unauthenticated;
 pub(crate) use body::BodyLimits;
 pub(crate) use rate::AcquireRate;
 pub(crate) use ui::Ui;
@@ -53,10 +52,10 @@ pub(crate) struct AppState {
     pub(crate) upstream: Option<crate::upstream::Upstream>,
     /// Largest forwarded request body.
     pub(crate) max_forward_bytes: usize,
-    /// etcd's JSON API, namespaced.
-    pub(crate) v3: crate::v3::V3,
     /// The token table, when `--auth-tokens` is given; `None`: anyone may call.
     pub(crate) auth: Option<Arc<crate::auth::Auth>>,
+    /// Judges who calls against `auth`, counting and auditing each verdict.
+    pub(crate) judge: crate::auth::Judge,
     /// Acquires a second per principal on this replica (`--quota-acquire-rate`).
     pub(crate) acquire_rate: Option<AcquireRate>,
     /// The audit log (a no-op without `--audit-log`).
@@ -76,25 +75,21 @@ pub(crate) struct AppState {
     pub(crate) openapi: std::sync::OnceLock<Option<String>>,
 }
 
-/// The router with every route and the cross-cutting layers.
-pub(crate) fn router(state: Arc<AppState>) -> Router {
+/// The router with every route — `/v1`'s and `others` (the `/v3` JSON gateway's, which have
+/// their own state and are left out of the OpenAPI document: their shapes are etcd's gateway's)
+/// — and the cross-cutting layers.
+pub(crate) fn router(state: Arc<AppState>, others: Router) -> Router {
     let (router, _) = routes().split_for_parts();
-    // The etcd-compatible gateway: served, and left out of the OpenAPI document (its shapes are
-    // etcd's gateway's).
     let router = router
-        .route("/v3/{*method}", any(v3))
-        .route("/v3beta/{*method}", any(v3))
-        .route("/v3alpha/{*method}", any(v3))
-        .route("/version", any(etcd_version))
-        .route("/health", any(etcd_health))
-        // The dashboard: HTML, served and left out of the document too.
+        // The dashboard: HTML, served and left out of the document.
         .route("/ui", axum::routing::get(ui::page))
         .route("/ui/", axum::routing::get(ui::page))
         .route("/ui/enforcer", axum::routing::get(ui::enforcer))
         .route("/ui/{file}", axum::routing::get(ui::file))
         .fallback(|| async { Error::NoRoute })
         .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })
-        .with_state(state);
+        .with_state(state)
+        .merge(others);
     fencing::serve::with_request_ids(router).layer(CatchPanicLayer::custom(panic_response))
 }
 
@@ -145,51 +140,6 @@ fn routes() -> OpenApiRouter<Arc<AppState>> {
 /// The OpenAPI document of [`router`]'s documented routes, with this proxy's limits.
 fn document(limits: crate::lease::Limits) -> serde_json::Result<serde_json::Value> {
     openapi::finish(routes().into_openapi(), limits)
-}
-
-async fn v3(
-    axum::extract::State(app): axum::extract::State<Arc<AppState>>,
-    req: axum::http::Request<axum::body::Body>,
-) -> Response {
-    let caller = match etcd_caller(&app, req.headers(), req.extensions()) {
-        Ok(caller) => caller,
-        Err(e) => return crate::v3::refusal(e),
-    };
-    app.v3.handle(req, caller).await
-}
-
-/// Whom an etcd-compatible request — the `/v3` JSON gateway or etcd's gRPC API — is served
-/// for, and its right judged again while it waits (a `/v3` lock): with `--auth-tokens`, its
-/// principal if it has the `v3` permission (a refusal, counted and audited, otherwise); no
-/// principal and nothing to judge again with authentication off. One judgement for both fronts.
-pub(crate) fn etcd_caller(
-    app: &Arc<AppState>,
-    headers: &axum::http::HeaderMap,
-    extensions: &axum::http::Extensions,
-) -> Result<crate::etcdapi::Authorised, Error> {
-    let peer = authz::Peer::of(extensions);
-    let (op, target) = (crate::auth::Op::V3, authz::Target::All);
-    let caller = authz::authorize(app, headers, &peer, op, target)?;
-    Ok(crate::etcdapi::Authorised {
-        recheck: authz::recheck(app, headers, &peer, &caller, op, target),
-        principal: caller.map(|p| p.name.clone()),
-    })
-}
-
-/// etcd's `GET /version`, for gateway clients that discover the API path from it.
-async fn etcd_version(
-    axum::extract::State(app): axum::extract::State<Arc<AppState>>,
-    method: axum::http::Method,
-) -> Response {
-    app.v3.version(&method).await
-}
-
-/// etcd's `GET /health`.
-async fn etcd_health(
-    axum::extract::State(app): axum::extract::State<Arc<AppState>>,
-    method: axum::http::Method,
-) -> Response {
-    app.v3.health(&method).await
 }
 
 /// A panic is a bug; the client still gets a problem+json 500 and the process keeps serving.

@@ -10,6 +10,7 @@
 //! before its create transaction and whenever a reload happens while it waits
 //! ([`Auth::changes`], `lease::Recheck`).
 
+mod judge;
 mod table;
 
 use std::path::{Path, PathBuf};
@@ -20,6 +21,7 @@ use fencing::tls::PeerCertificate;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub(crate) use judge::{Judge, Peer, Target};
 pub(crate) use table::{Op, Principal, Table};
 
 use serde::{Deserialize, Serialize};

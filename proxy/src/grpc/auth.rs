@@ -17,7 +17,6 @@ use tonic::{Request, Response};
 
 use super::manual::{unary, Answer, HttpRequest, HttpResponse, Methods};
 use super::{status, Front};
-use crate::api::unauthenticated;
 use crate::auth::Op;
 use crate::etcdapi::{Code, Status};
 
@@ -47,7 +46,7 @@ impl Front {
         self,
         req: Request<PbAuthenticateRequest>,
     ) -> Answer<PbAuthenticateResponse> {
-        let Some(auth) = &self.app.auth else {
+        let Some(auth) = self.judge.auth() else {
             return Err(status(Status::new(
                 Code::FailedPrecondition,
                 "etcdserver: authentication is not enabled",
@@ -61,10 +60,10 @@ impl Front {
         // without the etcd API's permission is let in, as etcd lets in a user without roles:
         // its calls are then refused `permission denied`, which says what is missing.
         if principal.is_none_or(|p| p.name != name) {
-            unauthenticated(&self.app, metadata.as_ref(), Op::V3, None);
+            self.judge.unauthenticated(metadata.as_ref(), Op::V3, None);
             return Err(status(Status::invalid(AUTH_FAILED)));
         }
-        let header = self.app.etcd.header().await.map_err(|e| status(e.into()))?;
+        let header = self.etcd.header().await.map_err(|e| status(e.into()))?;
         Ok(Response::new(PbAuthenticateResponse {
             header: Some(header.into()),
             token: password,
@@ -72,10 +71,10 @@ impl Front {
     }
 
     async fn auth_status(self, _: Request<AuthStatusRequest>) -> Answer<AuthStatusResponse> {
-        let header = self.app.etcd.header().await.map_err(|e| status(e.into()))?;
+        let header = self.etcd.header().await.map_err(|e| status(e.into()))?;
         Ok(Response::new(AuthStatusResponse {
             header: Some(header.into()),
-            enabled: self.app.auth.is_some(),
+            enabled: self.judge.auth().is_some(),
             auth_revision: 0,
         }))
     }

@@ -65,7 +65,7 @@ impl PbClusterService for Front {
 
     async fn member_list(&self, req: Request<PbMemberListRequest>) -> Answer<PbMemberListResponse> {
         self.caller(&req)?;
-        let header = self.app.etcd.header().await.map_err(Status::from);
+        let header = self.etcd.header().await.map_err(Status::from);
         let header = header.map_err(status)?;
         Ok(Response::new(PbMemberListResponse {
             members: vec![member(header.member_id, &req)],
@@ -91,7 +91,6 @@ impl PbMaintenanceService for Front {
             return cluster_wide();
         }
         let answer = self
-            .app
             .etcd
             .bounded("grpc_alarm_list", |c| async move {
                 c.maintenance_client()
@@ -106,7 +105,6 @@ impl PbMaintenanceService for Front {
     async fn status(&self, req: Request<PbStatusRequest>) -> Answer<PbStatusResponse> {
         self.caller(&req)?;
         let answer = self
-            .app
             .etcd
             .bounded("grpc_status", |c| async move {
                 c.maintenance_client().status().await

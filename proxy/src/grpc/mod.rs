@@ -6,7 +6,8 @@
 //! messages, the core checks, confines (namespace both ways, leases per principal) and calls
 //! etcd under `--etcd-timeout`, and its [`Status`] becomes a `tonic::Status` in one place
 //! ([`status`]) — the codes and messages etcd gives, which Go clients match by text. Callers are
-//! judged as `/v3` JSON judges them ([`crate::api::etcd_caller`]), before any service runs.
+//! judged by the one judge of etcd callers ([`crate::auth::Judge::etcd_caller`]), as the `/v3`
+//! JSON gateway's are, before any service runs.
 //!
 //! One file per etcd service, as etcd's `v3rpc` has them: `kv.rs`, `lease.rs`, `cluster.rs`
 //! (Cluster and Maintenance, what clients call at connect time), `watch.rs`, `lock.rs`, `auth.rs`
@@ -41,15 +42,19 @@ use fencing::serve::LongLived;
 use futures::future::{BoxFuture, FutureExt};
 use tonic::service::Routes;
 
-use crate::api::{etcd_caller, AppState};
+use crate::auth::Judge;
+use crate::etcd::Etcd;
 use crate::etcdapi::{
     Authorised, Caller, Code, Service, Status, Written, PERMISSION_DENIED, USER_EMPTY,
 };
 
-/// The etcd services, each holding the proxy's state.
+/// The etcd services, each holding what the gRPC front needs: the core, the judge of callers,
+/// and etcd (for the header of the answers the core does not make).
 #[derive(Clone)]
 struct Front {
-    app: Arc<AppState>,
+    core: Arc<Service>,
+    judge: Judge,
+    etcd: Etcd,
 }
 
 /// A gRPC call judged before it reaches a service, carried in its extensions.
@@ -66,7 +71,7 @@ struct Judged {
 impl Front {
     /// The core every service calls.
     fn core(&self) -> &Service {
-        self.app.v3.core()
+        &self.core
     }
 
     /// The caller of `req`, as `/v3` JSON builds it; refused if [`front`] did not judge it
@@ -102,10 +107,17 @@ fn fencing_metadata<T>(
     Ok(())
 }
 
-/// `http` with etcd's gRPC services beside it on the same listener.
-pub(crate) fn front(app: Arc<AppState>, http: Router) -> Router {
-    let limit = app.body.bytes;
-    let services = Front { app: app.clone() };
+/// `http` with etcd's gRPC services over `core` beside it on the same listener: callers judged
+/// by `judge`, messages of at most `limit` bytes.
+pub(crate) fn front(
+    core: Arc<Service>,
+    judge: Judge,
+    etcd: Etcd,
+    limit: usize,
+    http: Router,
+) -> Router {
+    let services = Front { core, judge, etcd };
+    let front = services.clone();
     let grpc = Routes::new(PbKvServer::new(services.clone()).max_decoding_message_size(limit))
         .add_service(PbLeaseServer::new(services.clone()).max_decoding_message_size(limit))
         .add_service(PbClusterServer::new(services.clone()).max_decoding_message_size(limit))
@@ -118,13 +130,13 @@ pub(crate) fn front(app: Arc<AppState>, http: Router) -> Router {
         .add_service(manual::served::<auth::AuthService>(services.clone(), limit))
         .add_service(PbMaintenanceServer::new(services).max_decoding_message_size(limit))
         .prepare();
-    Router::new().fallback_service(Dispatch { app, http, grpc })
+    Router::new().fallback_service(Dispatch { front, http, grpc })
 }
 
 /// Routes each request to gRPC or HTTP.
 #[derive(Clone)]
 struct Dispatch {
-    app: Arc<AppState>,
+    front: Front,
     http: Router,
     grpc: Routes,
 }
@@ -164,13 +176,13 @@ impl tower::Service<Request<Body>> for Dispatch {
             let http = self.http.clone();
             return Box::pin(async move { http.oneshot(req).await });
         }
-        let (app, grpc) = (self.app.clone(), self.grpc.clone());
+        let (front, grpc) = (self.front.clone(), self.grpc.clone());
         let method = observe::method(req.uri().path());
         let span = observe::span(method);
         let started = tokio::time::Instant::now();
         let call = async move {
-            let answer = serve(&app, grpc, req).await;
-            let metrics = app.etcd.metrics().clone();
+            let answer = serve(&front.judge, grpc, req).await;
+            let metrics = front.etcd.metrics().clone();
             Ok(observe::observed(
                 answer,
                 metrics,
@@ -187,12 +199,12 @@ impl tower::Service<Request<Body>> for Dispatch {
 /// A call of a caller let in marks its connection [`LongLived`]: no idle deadline, as etcd sets
 /// none, for as long as the caller would still be let in (a refused caller's connection goes
 /// idle as any other, and so does a removed principal's once the token file is reloaded).
-async fn serve(app: &Arc<AppState>, grpc: Routes, req: Request<Body>) -> Response {
+async fn serve(judge: &Judge, grpc: Routes, req: Request<Body>) -> Response {
     // Authenticate is how a caller gets its credentials: served for anyone.
     if req.uri().path() == auth::AUTHENTICATE {
         return call(grpc, req, Authorised::default()).await;
     }
-    match etcd_caller(app, &credentials(&req), req.extensions()) {
+    match judge.etcd_caller(&credentials(&req), req.extensions()) {
         Ok(who) => {
             let mark = long_lived(&who);
             let mut answer = call(grpc, req, who).await;

@@ -21,24 +21,21 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{HeaderValue, Method, Request, StatusCode};
 use axum::response::Response;
+use axum::routing::any;
+use axum::Router;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use crate::auth::Judge;
 use crate::etcd::Etcd;
 use crate::etcdapi::request::{DeleteRange, LeaseGrant, Lock, Put, Range, TimeToLive, Txn};
 use crate::etcdapi::{Authorised, Caller, Code, Service, Status};
 use json::{JsonError, Reader, Value};
 use request::Message;
 use status::{json as json_response, plain};
-
-/// A request refused before it reached the `/v3` API (authentication, authorisation), in etcd's
-/// shape.
-pub(crate) fn refusal(e: crate::Error) -> Response {
-    Status::from(e).response()
-}
 
 /// What the gateway is configured with, beyond the core's settings.
 #[derive(Debug, Clone)]
@@ -54,6 +51,8 @@ pub(crate) struct Settings {
 pub(crate) struct V3 {
     /// The typed, confined service every etcd front calls.
     core: Arc<Service>,
+    /// Judges who calls, as for every etcd front.
+    judge: Judge,
     /// etcd itself, for relaying `/version` and `/health`.
     etcd: Etcd,
     max_body: usize,
@@ -61,6 +60,25 @@ pub(crate) struct V3 {
     body_deadline: std::time::Duration,
     /// For relaying `/version` and `/health`.
     http: Client<HttpConnector, Full<Bytes>>,
+}
+
+/// The gateway's routes: `/v3`, `/v3beta` and `/v3alpha` (refused as etcd 3.4 refuses it), and
+/// etcd's `/version` and `/health`, for gateway clients that discover the API path from them.
+pub(crate) fn router(gateway: Arc<V3>) -> Router {
+    let call = |g: Arc<V3>| move |req: Request<Body>| async move { g.handle(req).await };
+    let (version, health) = (gateway.clone(), gateway.clone());
+    Router::new()
+        .route("/v3/{*method}", any(call(gateway.clone())))
+        .route("/v3beta/{*method}", any(call(gateway.clone())))
+        .route("/v3alpha/{*method}", any(call(gateway)))
+        .route(
+            "/version",
+            any(move |method: Method| async move { version.version(&method).await }),
+        )
+        .route(
+            "/health",
+            any(move |method: Method| async move { health.health(&method).await }),
+        )
 }
 
 /// A `/v3` method the proxy serves.
@@ -173,10 +191,12 @@ fn ok(v: &serde_json::Value) -> Response {
 }
 
 impl V3 {
-    /// Serves `/v3` over `core` as `settings` say (its body limits).
-    pub(crate) fn new(core: Arc<Service>, etcd: Etcd, settings: Settings) -> Self {
+    /// Serves `/v3` over `core` for the callers `judge` lets in, as `settings` say (its body
+    /// limits).
+    pub(crate) fn new(core: Arc<Service>, judge: Judge, etcd: Etcd, settings: Settings) -> Self {
         Self {
             core,
+            judge,
             etcd,
             max_body: settings.max_body,
             body_deadline: settings.body_deadline,
@@ -184,15 +204,19 @@ impl V3 {
         }
     }
 
-    /// The typed, confined core, for the gRPC front.
-    pub(crate) fn core(&self) -> &Arc<Service> {
-        &self.core
+    /// Handles any request under `/v3`, `/v3beta` (etcd 3.4's alias) or `/v3alpha` (which etcd
+    /// 3.4 no longer serves): its caller judged first (a refusal in etcd's shape), then served
+    /// for the caller it was authorised as (its namespace; its right judged again while a lock
+    /// waits).
+    async fn handle(&self, req: Request<Body>) -> Response {
+        let who = match self.judge.etcd_caller(req.headers(), req.extensions()) {
+            Ok(who) => who,
+            Err(e) => return Status::from(e).response(),
+        };
+        self.serve(req, who).await
     }
 
-    /// Handles any request under `/v3`, `/v3beta` (etcd 3.4's alias) or `/v3alpha` (which etcd
-    /// 3.4 no longer serves), for the caller `who` was authorised as (its namespace; its right
-    /// judged again while a lock waits).
-    pub(crate) async fn handle(&self, req: Request<Body>, who: Authorised) -> Response {
+    async fn serve(&self, req: Request<Body>, who: Authorised) -> Response {
         let path = req.uri().path();
         let Some(method) = path
             .strip_prefix("/v3/")
