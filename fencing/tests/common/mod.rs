@@ -257,15 +257,18 @@ impl GatewayProcess {
             .unwrap();
         // Owned from here on, so a failed start is still killed (by Drop).
         let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
-        let gw = Self {
+        let mut gw = Self {
             child,
             addr,
             url: format!("http://{addr}"),
         };
-        // Generous: on PostgreSQL a start waits its turn for the schema lock behind the other
-        // test processes' gateways, and the machine may be busy compiling.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while tokio::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = gw.child.try_wait() {
+                panic!(
+                    "fence-gateway exited ({status}) before it was ready: GATEWAY_LOG=1 shows why"
+                );
+            }
             if let Ok(r) = reqwest::get(format!("{}/readyz", gw.url)).await {
                 if r.status() == 200 {
                     return gw;
