@@ -12,8 +12,10 @@ use fencing::openapi::{ProblemType, Problems};
 use serde_json::{json, Value};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::OpenApi;
+use utoipa::PartialSchema;
 
 use super::problem::Kind;
+use super::schemas::ResourceName;
 use super::AppState;
 use crate::lease::Limits;
 
@@ -198,11 +200,23 @@ fn configured(doc: &mut Value, limits: Limits) {
     }
     let max_wait = u64::try_from(limits.max_wait.as_millis()).unwrap_or(u64::MAX);
     schemas["AcquireBody"]["properties"]["wait_ms"]["maximum"] = max_wait.into();
+    // A fleet's resources are resource names, none twice.
+    let resources = &mut schemas["SpecBody"]["properties"]["resources"];
+    resources["items"] = serde_json::to_value(<ResourceName as PartialSchema>::schema())
+        .unwrap_or_else(|_| json!({"type": "string"}));
+    resources["uniqueItems"] = true.into();
     // What the derive cannot say: an acquire names a TTL, or the session it lives on.
     schemas["AcquireBody"]["anyOf"] = json!([
         {"required": ["ttl_seconds"], "properties": {"ttl_seconds": {"type": "integer"}}},
         {"required": ["session"], "properties": {"session": {"type": "string"}}},
     ]);
+    // A member's long poll waits at most `--max-wait` too.
+    let member = &mut doc["paths"]["/v1/fleets/{fleet}/members/{member}"]["get"]["parameters"];
+    if let Some(parameters) = member.as_array_mut() {
+        for parameter in parameters.iter_mut().filter(|p| p["name"] == "wait_ms") {
+            parameter["schema"]["maximum"] = max_wait.into();
+        }
+    }
 }
 
 /// This document, as served.
