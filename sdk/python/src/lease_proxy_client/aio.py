@@ -36,7 +36,7 @@ from .errors import LeaseProxyError, Lost, SessionLost, TransportError
 from .models import Event, Grant, Holding, Renewal, SessionGrant
 from .protocol import Answer, Cert, EXPIRED, RELEASED, REVOKED, SESSION_LOST, Call, Verify
 from .sse import Item, Watch
-from .testmode import FAILED_RENEWAL, LATE_RENEWAL, LOSS, Faults, TestMode
+from .testmode import FAILED_RENEWAL, LATE_RENEWAL, LOSS, TOKEN_REFUSAL, Faults, TestMode, injected_refusal
 from .views import LeaseView, SessionView
 
 
@@ -409,6 +409,8 @@ class AsyncLease(LeaseView[AsyncLostEvent]):
         """As :meth:`Lease.forward <lease_proxy_client.Lease.forward>`."""
         if self.lost.is_set():
             raise Lost(f"{self.resource}: lease lost ({self.lost_reason})")
+        if self._client._faults.fires(TOKEN_REFUSAL, self.resource):
+            return injected_refusal(self.resource)  # the test mode's refusal, nothing sent
         sent_headers = dict(headers or {})
         sent_headers[protocol.SECRET_HEADER] = self.secret
         try:

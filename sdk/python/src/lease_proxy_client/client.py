@@ -18,7 +18,7 @@ from .loss_watch import LossWatch
 from .models import Event, Grant, Holding, Renewal, SessionGrant
 from .protocol import Answer, Cert, EXPIRED, REVOKED, RELEASED, SESSION_LOST, Call, Verify
 from .sse import Item, Watch
-from .testmode import FAILED_RENEWAL, LATE_RENEWAL, LOSS, Faults, TestMode
+from .testmode import FAILED_RENEWAL, LATE_RENEWAL, LOSS, TOKEN_REFUSAL, Faults, TestMode, injected_refusal
 from .views import LeaseView, SessionView
 
 USER_AGENT = "lease-proxy-client-python/0.1"
@@ -378,9 +378,13 @@ class Lease(LeaseView[LostEvent]):
     ) -> httpx.Response:
         """Sends a request to the proxy's upstream as the holder (the proxy adds the fencing
         token) and returns the upstream's answer. Raises :class:`~lease_proxy_client.Lost`
-        without sending when the lease is lost, or when the proxy answers that it is."""
+        without sending when the lease is lost, or when the proxy answers that it is. Under the
+        test mode, a token refusal it injects is answered, without sending, as fence-gateway's
+        409 ``stale-fencing-token`` (``injected`` set in the problem)."""
         if self.lost.is_set():
             raise Lost(f"{self.resource}: lease lost ({self.lost_reason})")
+        if self._client._faults.fires(TOKEN_REFUSAL, self.resource):
+            return injected_refusal(self.resource)  # the test mode's refusal, nothing sent
         sent_headers = dict(headers or {})
         sent_headers[protocol.SECRET_HEADER] = self.secret
         try:
