@@ -351,11 +351,14 @@ class _AsyncRenewer:
         self._late = False
         if not faults.fires(LOSS, self._call.path):
             return False
+        # Marked before the release is sent: the client's event stream may tell of the grant's
+        # end (and fire the guard) before the release's answer arrives.
+        if self._liveness.reason is None:
+            self._liveness.injected = True
         try:  # as if refused: the grant has ended at the proxy when its holder learns it
             await self._client._timed(self._end)
         except Exception:  # unreachable, or the client closed under it: it ends at its TTL
             pass
-        self._liveness.injected = True
         self._liveness.fire(REVOKED)
         return True
 
