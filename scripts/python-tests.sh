@@ -9,7 +9,8 @@
 # protobuf and tenacity it still works with, for the differential test of third-party etcd
 # clients), installs the npm etcd3 client's pinned tree (sdk/python/tests/npm-etcd3's
 # package-lock.json, `npm ci` into target/npm-etcd3, again only when the lock file changed; node
-# and npm from ensure_node), runs pytest.
+# and npm from ensure_node), runs pytest. The binaries are built unless LEASE_PROXY_BIN names ones
+# already built (then FENCE_GATEWAY_BIN, WAREHOUSE_BIN and DEV_PKI_BIN are read too).
 # Arguments are passed to pytest (e.g. `-k session`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,11 +21,13 @@ ensure_python
 ensure_browser
 ensure_node
 
-echo "==> building lease-proxy, fence-gateway, the warehouse example and dev-pki"
-cargo build --locked -q -p lease-proxy --bin lease-proxy
-cargo build --locked -q -p fencing --bin fence-gateway
-cargo build --locked -q -p lease-proxy-examples --bin warehouse --bin dev-pki
 bin="${CARGO_TARGET_DIR:-$PWD/target}/debug"
+if [ -z "${LEASE_PROXY_BIN:-}" ]; then
+  echo "==> building lease-proxy, fence-gateway, the warehouse example and dev-pki"
+  cargo build --locked -q -p lease-proxy --bin lease-proxy
+  cargo build --locked -q -p fencing --bin fence-gateway
+  cargo build --locked -q -p lease-proxy-examples --bin warehouse --bin dev-pki
+fi
 
 venv=target/venv
 if [ ! -x "$venv/bin/python" ]; then
@@ -50,6 +53,6 @@ if ! cmp -s "$lock" "$npm_dir/package-lock.json" || [ ! -f "$npm_dir/node_module
 fi
 
 echo "==> pytest"
-LEASE_PROXY_BIN="$bin/lease-proxy" FENCE_GATEWAY_BIN="$bin/fence-gateway" WAREHOUSE_BIN="$bin/warehouse" \
-  DEV_PKI_BIN="$bin/dev-pki" NPM_ETCD3_DIR="$npm_dir" \
+LEASE_PROXY_BIN="${LEASE_PROXY_BIN:-$bin/lease-proxy}" FENCE_GATEWAY_BIN="${FENCE_GATEWAY_BIN:-$bin/fence-gateway}" \
+  WAREHOUSE_BIN="${WAREHOUSE_BIN:-$bin/warehouse}" DEV_PKI_BIN="${DEV_PKI_BIN:-$bin/dev-pki}" NPM_ETCD3_DIR="$npm_dir" \
   "$venv/bin/python" -m pytest -ra -p no:cacheprovider sdk/python/tests "$@"

@@ -10,7 +10,9 @@
 #
 # Binaries: LEASE_PROXY_BIN, FENCE_GATEWAY_BIN, WAREHOUSE_BIN, else target/debug (built here).
 # The TypeScript runner is compiled by scripts/typescript-tests.sh (TS_BUILD_ONLY=1), the Go one
-# by `go build`; NODE names the node to run it with (default /usr/bin/node).
+# by `go build`; NODE names the node to run it with (default /usr/bin/node). The Python runner
+# runs in the virtual environment target/venv (made here, with the SDK installed, if missing).
+# Rust has no runner yet: its column says `hook`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=write
@@ -23,6 +25,7 @@ source scripts/deps.sh
 ensure_deps
 ensure_go
 ensure_node
+ensure_python
 
 bin="${CARGO_TARGET_DIR:-$PWD/target}/debug"
 if [ -z "${LEASE_PROXY_BIN:-}" ]; then
@@ -41,6 +44,11 @@ echo "==> building the runners"
 (cd sdk/go && GOPROXY=off GOFLAGS=-mod=readonly /usr/bin/go build -o "$out/scenario-go" ./examples/scenario)
 TS_BUILD_ONLY=1 scripts/typescript-tests.sh >/dev/null
 node="${NODE:-/usr/bin/node}"
+venv=target/venv
+if ! "$venv/bin/python" -c 'import lease_proxy_client' 2>/dev/null; then
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "httpx==0.28.1" -e sdk/python
+fi
 
 work=$(mktemp -d -t sdk-scenario-XXXXXX)
 pids=()
@@ -79,10 +87,9 @@ up "http://$proxy/readyz"
 runners=(
   "go|$out/scenario-go"
   "typescript|$node $PWD/target/ts-sdk/build/examples/scenario.js"
-  # Hook, Rust: once the Rust SDK's fleet API is on main, a runner printing the same lines —
+  "python|$PWD/$venv/bin/python $PWD/sdk/python/examples/scenario.py"
+  # Hook, Rust: a runner printing the same lines (the Rust SDK has the fleet API) —
   #   "rust|cargo run -q --locked -p lease-proxy-client --example scenario --"
-  # Hook, Python: likewise once the Python SDK's fleet API is on main —
-  #   "python|$venv/bin/python sdk/python/examples/scenario.py"
 )
 status=0
 for entry in "${runners[@]}"; do

@@ -25,6 +25,13 @@ type JoinOptions struct {
 	// Poll is how long one long poll of the assignment waits for a change (default 20 s; a
 	// proxy whose --max-wait is shorter refuses it, and the member polls with its maximum).
 	Poll time.Duration
+	// Rejoin says whether a member whose session ended (its TTL passed without a keepalive,
+	// its etcd lease revoked: the service answers 404 no-member, or its keepalives are
+	// refused) joins again under the same name with a new session (true) — its old leases are
+	// lost, and what it is granted under the new session arrives on Assignments (static
+	// membership: within the TTL, what it still held comes back to it first, under new
+	// tokens) — or ends, Err reporting the loss (false, the default).
+	Rejoin bool
 }
 
 // Member is this process in a fleet (DESIGN §5.5): a session the service grants the fleet's
@@ -33,21 +40,31 @@ type JoinOptions struct {
 // ReasonHandedOff — its context cancelled at once — and must be released (Serve does it when
 // the work returns; past the fleet's drain deadline the service revokes it).
 type Member struct {
-	c       *Client
-	fleet   string
-	name    string
-	session *Session
-	poll    time.Duration
+	c     *Client
+	fleet string
+	name  string
+	opts  JoinOptions
+	poll  time.Duration
 
-	mu     sync.Mutex
-	leases map[string]*Lease
-	state  string
+	mu      sync.Mutex
+	session *Session
+	leases  map[string]*Lease
+	state   string
 	// revision is the assignment's last applied (applied: one was).
 	revision uint64
 	applied  bool
+	// rejoins counts the sessions opened after the first (Rejoin).
+	rejoins int
+	// stopped: Leave was called, or the member ended; no rejoin follows.
+	stopped bool
+	// final is why a rejoining member ended when no session says it (a join refused).
+	final error
 
 	delivery delivery
 	ended    chan struct{}
+	// quit is cancelled by Leave: it stops a rejoin's retries.
+	quit       context.Context
+	cancelQuit context.CancelFunc
 }
 
 // JoinFleet joins fleet and starts following the member's assignment.
@@ -68,6 +85,20 @@ func (c *Client) JoinFleet(ctx context.Context, fleet string, opts *JoinOptions)
 	if o.Poll <= 0 {
 		o.Poll = 20 * time.Second
 	}
+	s, err := c.openMember(ctx, fleet, &o)
+	if err != nil {
+		return nil, err
+	}
+	m := &Member{c: c, fleet: fleet, name: o.Member, opts: o, session: s, poll: o.Poll,
+		leases: map[string]*Lease{}, ended: make(chan struct{})}
+	m.quit, m.cancelQuit = context.WithCancel(context.Background())
+	m.delivery.start()
+	go m.run()
+	return m, nil
+}
+
+// openMember is one join (POST /v1/fleets/{fleet}/members): the member's session, kept alive.
+func (c *Client) openMember(ctx context.Context, fleet string, o *JoinOptions) (*Session, error) {
 	body := map[string]any{"member": o.Member, "ttl_seconds": wholeSeconds(o.TTL)}
 	if o.Weight > 0 {
 		body["weight"] = o.Weight
@@ -82,14 +113,7 @@ func (c *Client) JoinFleet(ctx context.Context, fleet string, opts *JoinOptions)
 		return nil, err
 	}
 	s.holder = o.Member
-	if s, err = c.keepSession(s, sent, t, o.SafetyMargin); err != nil {
-		return nil, err
-	}
-	m := &Member{c: c, fleet: fleet, name: o.Member, session: s, poll: o.Poll,
-		leases: map[string]*Lease{}, ended: make(chan struct{})}
-	m.delivery.start()
-	go m.run()
-	return m, nil
+	return c.keepSession(s, sent, t, o.SafetyMargin)
 }
 
 // Fleet is the fleet's name.
@@ -98,8 +122,20 @@ func (m *Member) Fleet() string { return m.fleet }
 // Name is the member's name.
 func (m *Member) Name() string { return m.name }
 
-// Session is the member's session: its loss (or Leave) loses every assignment.
-func (m *Member) Session() *Session { return m.session }
+// Session is the member's session now: its loss (or Leave) loses every assignment. With
+// Rejoin, a rejoin replaces it.
+func (m *Member) Session() *Session {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.session
+}
+
+// Rejoins is how many times the member joined again after its session ended (Rejoin).
+func (m *Member) Rejoins() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.rejoins
+}
 
 // State is the member's state as last read: "active", "draining" or "evicted" ("" before
 // the first read).
@@ -110,14 +146,28 @@ func (m *Member) State() string {
 }
 
 // Assignments delivers each resource granted to the member, as a *Lease, once. It is closed
-// when the member ends (left, evicted, replaced, or its session lost).
+// when the member ends (left, evicted, replaced, or its session lost without Rejoin). After a
+// rejoin, the grants of the new session arrive on it too.
 func (m *Member) Assignments() <-chan *Lease { return m.delivery.out }
 
 // Err is nil while the member follows its assignment, then why it stopped: its session's
 // *LostError (matching ErrLost and ErrSessionLost), whose Unwrap is what ended it — the
 // service's 404 no-member when the session ended under it, the eviction, a refusal —
-// or ReasonReleased after Leave.
-func (m *Member) Err() error { return m.session.Err() }
+// or ReasonReleased after Leave. With Rejoin, a lost session is nil here while the member joins
+// again; a refused rejoin ends the member with a *LostError (ReasonRevoked) wrapping the
+// refusal.
+func (m *Member) Err() error {
+	m.mu.Lock()
+	s, final, stopped := m.session, m.final, m.stopped
+	m.mu.Unlock()
+	if final != nil {
+		return final
+	}
+	if err := s.Err(); err != nil && (stopped || !m.opts.Rejoin) {
+		return err
+	}
+	return nil
+}
 
 // Serve runs fn for each assignment, in a goroutine of its own, with a context cancelled when
 // the resource is handed off or lost (or ctx is done), and releases the resource when fn
@@ -155,13 +205,18 @@ func (m *Member) Serve(ctx context.Context, fn func(ctx context.Context, l *Leas
 // (202); the assignments are then lost with ReasonHandedOff one by one.
 func (m *Member) Drain(ctx context.Context) error {
 	_, err := m.c.do(ctx, call{method: http.MethodPost, path: m.memberPath() + "/drain",
-		header: secretHeader(m.session.secret)})
+		header: secretHeader(m.Session().secret)})
 	return err
 }
 
 // Leave ends the member: its session is closed, which ends every grant under it.
 func (m *Member) Leave(ctx context.Context) error {
-	err := m.session.Close(ctx)
+	m.mu.Lock()
+	m.stopped = true
+	s := m.session
+	m.mu.Unlock()
+	m.cancelQuit()
+	err := s.Close(ctx)
 	<-m.ended
 	return err
 }
@@ -208,9 +263,17 @@ func shorterPoll(err error, current time.Duration) (time.Duration, bool) {
 func (m *Member) run() {
 	defer close(m.ended)
 	defer m.delivery.stop()
+	defer m.cancelQuit()
 	backoff := firstRetryPause
-	for m.session.Err() == nil {
-		v, err := m.readView()
+	for {
+		s := m.Session()
+		if s.Err() != nil {
+			if !m.rejoin(s, s.Err()) {
+				return
+			}
+			continue
+		}
+		v, err := m.readView(s)
 		received := time.Now()
 		if err == nil {
 			backoff = firstRetryPause
@@ -220,20 +283,18 @@ func (m *Member) run() {
 				// it would bring back grants handed off or revoked since. Asked again after a
 				// pause, so that a server answering so at once is not polled in a tight loop.
 				m.c.logf("leaseproxy: fleet %s: an assignment of revision %d after %d: ignored", m.fleet, v.revision, last)
-				if !sleepCtx(m.session.Context(), firstRetryPause) {
-					return
-				}
+				sleepCtx(s.Context(), firstRetryPause)
 			case applied && v.revision == last:
 				// The wait ended without a change.
 			default:
-				if m.apply(v, received) {
+				if m.apply(s, v, received) {
 					return
 				}
 			}
 			continue
 		}
-		if m.session.Err() != nil {
-			return
+		if s.Err() != nil {
+			continue // lost meanwhile: ended, or rejoined above
 		}
 		if shorter, ok := shorterPoll(err, m.pollWait()); ok {
 			m.c.logf("leaseproxy: fleet %s: the proxy waits at most %s: polling with that", m.fleet, shorter)
@@ -244,13 +305,68 @@ func (m *Member) run() {
 		}
 		if refused(err) {
 			// Not a member any more (evicted, replaced, or its session ended): its grants are
-			// gone or going.
-			m.end(err)
+			// gone or going. A session that ended is joined again with Rejoin.
+			if m.opts.Rejoin && noMember(err) {
+				m.lose(s, err)
+				continue
+			}
+			m.end(s, err)
 			return
 		}
 		m.c.logf("leaseproxy: fleet %s: reading the assignment: %v (retrying)", m.fleet, err)
-		if !sleepCtx(m.session.Context(), backoff) {
-			return
+		sleepCtx(s.Context(), backoff)
+		if backoff *= 2; backoff > maxRetryPause {
+			backoff = maxRetryPause
+		}
+	}
+}
+
+// noMember reports whether err is the service's 404 no-member: the member's session ended.
+func noMember(err error) bool {
+	var pe *ProblemError
+	return errors.As(err, &pe) && pe.Status == http.StatusNotFound && pe.Slug() == "no-member"
+}
+
+// rejoin joins again after s, the member's session, was lost for why: true once a new session
+// is installed, false when the member ends instead (no Rejoin, left, evicted, a join refused).
+// Transient failures are retried until Leave.
+func (m *Member) rejoin(s *Session, why error) bool {
+	m.mu.Lock()
+	stopped := m.stopped
+	m.mu.Unlock()
+	if !m.opts.Rejoin || stopped {
+		return false
+	}
+	m.c.logf("leaseproxy: fleet %s: member %s lost its session (%v): joining again", m.fleet, m.name, why)
+	backoff := firstRetryPause
+	for {
+		ctx, cancel := context.WithTimeout(m.quit, m.c.opts.Timeout)
+		next, err := m.c.openMember(ctx, m.fleet, &m.opts)
+		cancel()
+		if err == nil {
+			m.mu.Lock()
+			if m.stopped {
+				m.mu.Unlock()
+				_ = next.Close(context.Background())
+				return false
+			}
+			m.session, m.leases, m.revision, m.applied = next, map[string]*Lease{}, 0, false
+			m.rejoins++
+			m.mu.Unlock()
+			return true
+		}
+		if m.quit.Err() != nil {
+			return false
+		}
+		if refused(err) {
+			m.c.logf("leaseproxy: fleet %s: joining again as %s: %v", m.fleet, m.name, err)
+			m.mu.Lock()
+			m.final, m.stopped = &LostError{Reason: ReasonRevoked, Err: err}, true
+			m.mu.Unlock()
+			return false
+		}
+		if !sleepCtx(m.quit, backoff) {
+			return false
 		}
 		if backoff *= 2; backoff > maxRetryPause {
 			backoff = maxRetryPause
@@ -258,10 +374,19 @@ func (m *Member) run() {
 	}
 }
 
-// end stops the member for err: its session (and so every assignment) is lost, and closed.
-func (m *Member) end(err error) {
-	m.session.live.lose(&LostError{Reason: ReasonRevoked, Err: err})
-	go func() { _ = m.session.Close(context.Background()) }()
+// lose: s, the member's session, ended on the service (err says so): it and every assignment
+// under it are lost, and it is closed.
+func (m *Member) lose(s *Session, err error) {
+	s.live.lose(&LostError{Reason: ReasonRevoked, Err: err})
+	go func() { _ = s.Close(context.Background()) }()
+}
+
+// end stops the member for err: s, its session (and so every assignment), is lost, and closed.
+func (m *Member) end(s *Session, err error) {
+	m.mu.Lock()
+	m.stopped = true
+	m.mu.Unlock()
+	m.lose(s, err)
 }
 
 // lastApplied is the revision of the assignment last applied, and whether one was.
@@ -273,7 +398,7 @@ func (m *Member) lastApplied() (uint64, bool) {
 
 // readView is one long poll of the member's assignment: answered once it changes past the last
 // revision applied, or after m.poll.
-func (m *Member) readView() (*memberView, error) {
+func (m *Member) readView(s *Session) (*memberView, error) {
 	m.mu.Lock()
 	poll := m.poll
 	q := url.Values{"wait_ms": {strconv.FormatInt(poll.Milliseconds(), 10)}}
@@ -281,8 +406,8 @@ func (m *Member) readView() (*memberView, error) {
 		q.Set("after", strconv.FormatUint(m.revision, 10))
 	}
 	m.mu.Unlock()
-	a, err := m.c.do(m.session.Context(), call{method: http.MethodGet, path: m.memberPath(), query: q,
-		header: secretHeader(m.session.secret), timeout: poll + m.c.opts.Timeout})
+	a, err := m.c.do(s.Context(), call{method: http.MethodGet, path: m.memberPath(), query: q,
+		header: secretHeader(s.secret), timeout: poll + m.c.opts.Timeout})
 	if err != nil {
 		return nil, err
 	}
@@ -293,9 +418,9 @@ func (m *Member) readView() (*memberView, error) {
 	// A fleet grant lives on the member's session: one under another lease is not this
 	// member's, and a view listing it is not believed at all.
 	for _, h := range v.held {
-		if h.leaseID != m.session.id {
+		if h.leaseID != s.id {
 			return nil, protocolErr(a.status, "fleet assignment: %s held under lease %s, not the member's session %s",
-				h.resource, h.leaseID, m.session.id)
+				h.resource, h.leaseID, s.id)
 		}
 	}
 	return v, nil

@@ -120,7 +120,7 @@ func (l *Lease) ReleaseBy() (by time.Time, ok bool) {
 // with its ReleaseBy) — or released at once if it was never delivered —; one in neither is lost
 // (ReasonRevoked). Returns whether the member has ended
 // (evicted).
-func (m *Member) apply(v *memberView, received time.Time) bool {
+func (m *Member) apply(s *Session, v *memberView, received time.Time) bool {
 	m.mu.Lock()
 	m.state, m.revision, m.applied = v.state, v.revision, true
 	seen := map[string]bool{}
@@ -132,7 +132,7 @@ func (m *Member) apply(v *memberView, received time.Time) bool {
 		if l := m.leases[h.resource]; l != nil && l.Token() == h.token {
 			continue
 		}
-		if l, err := m.grantOf(h); err != nil {
+		if l, err := m.grantOf(s, h); err != nil {
 			m.c.logf("leaseproxy: fleet %s: %v", m.fleet, err)
 		} else {
 			fresh = append(fresh, l)
@@ -164,16 +164,16 @@ func (m *Member) apply(v *memberView, received time.Time) bool {
 		m.leases[l.Resource()] = l
 	}
 	m.mu.Unlock()
-	m.settle(fresh, handedOff, gone, undelivered)
+	m.settle(s, fresh, handedOff, gone, undelivered)
 	if v.state == "evicted" {
-		m.end(errors.New("the member was evicted from the fleet"))
+		m.end(s, errors.New("the member was evicted from the fleet"))
 		return true
 	}
 	return false
 }
 
 // settle acts on what apply decided, outside the member's lock.
-func (m *Member) settle(fresh, handedOff, gone []*Lease, undelivered []string) {
+func (m *Member) settle(s *Session, fresh, handedOff, gone []*Lease, undelivered []string) {
 	for _, l := range gone {
 		l.live.lose(&LostError{Reason: ReasonRevoked, Err: errors.New("no longer assigned to this member")})
 	}
@@ -185,7 +185,7 @@ func (m *Member) settle(fresh, handedOff, gone []*Lease, undelivered []string) {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), m.c.opts.Timeout)
 			defer cancel()
-			_ = m.c.Release(ctx, r, m.session.secret)
+			_ = m.c.Release(ctx, r, s.secret)
 		}()
 	}
 	for _, l := range fresh {
@@ -193,15 +193,15 @@ func (m *Member) settle(fresh, handedOff, gone []*Lease, undelivered []string) {
 	}
 }
 
-// grantOf is the lease of a held grant: it lives on the member's session, proven by the
+// grantOf is the lease of a held grant: it lives on s, the member's session, proven by the
 // session's secret (the service grants it so).
-func (m *Member) grantOf(h heldGrant) (*Lease, error) {
-	g := &Grant{Resource: h.resource, Holder: m.name, LeaseID: h.leaseID, Secret: m.session.secret,
-		Token: h.token, FencingToken: h.fencingToken, Session: m.session.id}
+func (m *Member) grantOf(s *Session, h heldGrant) (*Lease, error) {
+	g := &Grant{Resource: h.resource, Holder: m.name, LeaseID: h.leaseID, Secret: s.secret,
+		Token: h.token, FencingToken: h.fencingToken, Session: s.id}
 	if err := checkGrant(200, g, h.resource); err != nil {
 		return nil, err
 	}
-	l := m.c.newLease(g, m.session.live.under(g.Resource, g.Token))
+	l := m.c.newLease(g, s.live.under(g.Resource, g.Token))
 	l.member = m
 	return l, nil
 }

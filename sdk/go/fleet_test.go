@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -310,5 +311,135 @@ func TestAMemberJoiningAgainUnderItsNameGetsBackWhatItHeld(t *testing.T) {
 	}
 	if old.Session().ID() == again.Session().ID() {
 		t.Fatal("the same session")
+	}
+}
+
+// keepalivesCut is a transport that, once cut, refuses every call on a session — its
+// keepalives, and the close the SDK sends when it gives the session up — as a partition
+// between the member and the proxy would, and passes the fleet's calls.
+type keepalivesCut struct {
+	cut  atomic.Bool
+	next http.RoundTripper
+}
+
+func (k *keepalivesCut) RoundTrip(r *http.Request) (*http.Response, error) {
+	if k.cut.Load() && strings.HasPrefix(r.URL.Path, "/v1/sessions/") {
+		return nil, errors.New("keepalives cut")
+	}
+	return k.next.RoundTrip(r)
+}
+
+func TestAMemberWhoseSessionEndsJoinsAgainWithRejoin(t *testing.T) {
+	// Rejoin: a member whose session ends joins again under its name with a new session; its
+	// old leases are lost and it is granted again under new tokens. Twice: its etcd lease
+	// revoked (the member record gone with it), then its keepalives cut until the SDK gives the
+	// session up while the service still has it (within the TTL: the rejoin replaces the live
+	// member, and what it held comes back to it, not to the other member).
+	ctx := ctxT(t)
+	fleet := resource(t)
+	aisles := []string{fleet + "-1", fleet + "-2", fleet + "-3", fleet + "-4"}
+	admin := client(t, "", leaseproxy.Options{})
+	if err := admin.PutFleet(ctx, fleet, leaseproxy.FleetSpec{Resources: aisles, Drain: 2 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	cut := &keepalivesCut{next: http.DefaultTransport}
+	m1, err := client(t, "", leaseproxy.Options{HTTPClient: &http.Client{Transport: cut}}).JoinFleet(ctx, fleet,
+		&leaseproxy.JoinOptions{Member: "m1", TTL: 6 * time.Second, SafetyMargin: 2 * time.Second, Poll: 2 * time.Second, Rejoin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m1.Leave(context.Background())
+	s1 := serve(ctx, m1)
+	before := take(t, s1.started, 4, 5*time.Second, "m1's assignments", leaseName)
+	first := m1.Session().ID()
+
+	// Its etcd lease revoked: every lease lost, a new session, granted again.
+	if err := env.etcd.Revoke(first); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range take(t, s1.ended, 4, 5*time.Second, "m1's work cancelled when its session ended", workedName) {
+		if !errors.Is(w.cause, leaseproxy.ErrLost) {
+			t.Fatalf("m1's work on %s ended with %v", w.lease.Resource(), w.cause)
+		}
+	}
+	again := take(t, s1.started, 4, 5*time.Second, "m1's assignments after joining again", leaseName)
+	second := m1.Session().ID()
+	if second == first || m1.Rejoins() != 1 || m1.Err() != nil {
+		t.Fatalf("after the revocation: session %s (was %s), %d rejoins, Err %v", second, first, m1.Rejoins(), m1.Err())
+	}
+	hc := leaseproxy.NewHTTPClient(nil)
+	for i, l := range again {
+		if l.Resource() != before[i].Resource() || l.Token() <= before[i].Token() || l.LeaseID() != second {
+			t.Fatalf("after joining again: %s@%d on %s, was %s@%d", l.Resource(), l.Token(), l.LeaseID(), before[i].Resource(), before[i].Token())
+		}
+		if status, _, err := putCount(t, l.Context(), hc, l.Resource(), "m1", 1); err != nil || status != 200 {
+			t.Fatalf("m1 writes %s after joining again: %d %v", l.Resource(), status, err)
+		}
+		if status, rejection := staleWrite(t, before[i], "m1"); status != 409 || rejection != "stale-fencing-token" {
+			t.Fatalf("m1's token of the lost session for %s: %d %q, want 409 stale-fencing-token", l.Resource(), status, rejection)
+		}
+	}
+
+	// A second member takes half; then m1's keepalives are cut: the SDK gives its session up
+	// before the service's TTL passes, joins again, and gets back what it held.
+	m2, err := client(t, "", leaseproxy.Options{}).JoinFleet(ctx, fleet, &leaseproxy.JoinOptions{Member: "m2", TTL: 10 * time.Second, Poll: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Leave(context.Background())
+	s2 := serve(ctx, m2)
+	take(t, s1.ended, 2, 5*time.Second, "m1's work on the resources moved to m2", workedName)
+	theirs := take(t, s2.started, 2, 5*time.Second, "m2's assignments", leaseName)
+	var kept []*leaseproxy.Lease
+	for _, l := range again {
+		if l.Resource() != theirs[0].Resource() && l.Resource() != theirs[1].Resource() {
+			kept = append(kept, l)
+		}
+	}
+	cut.cut.Store(true)
+	cutAt := time.Now()
+	for _, w := range take(t, s1.ended, 2, 10*time.Second, "m1's work cancelled when it gave its session up", workedName) {
+		if !errors.Is(w.cause, leaseproxy.ErrLost) {
+			t.Fatalf("m1's work on %s ended with %v", w.lease.Resource(), w.cause)
+		}
+	}
+	cut.cut.Store(false)
+	back := take(t, s1.started, 2, 5*time.Second, "what m1 held, granted to its new session", leaseName)
+	if took := time.Since(cutAt); took > 6*time.Second {
+		t.Fatalf("m1 got its resources back %s after its keepalives were cut: past the TTL", took)
+	}
+	third := m1.Session().ID()
+	if third == second || m1.Rejoins() != 2 || m1.Err() != nil {
+		t.Fatalf("after the cut: session %s (was %s), %d rejoins, Err %v", third, second, m1.Rejoins(), m1.Err())
+	}
+	for i, l := range back {
+		if l.Resource() != kept[i].Resource() || l.Token() <= kept[i].Token() || l.LeaseID() != third {
+			t.Fatalf("m1 got back %s@%d on %s, it held %s@%d", l.Resource(), l.Token(), l.LeaseID(), kept[i].Resource(), kept[i].Token())
+		}
+	}
+	// m2 kept its own throughout: static membership gave m1's to nobody else.
+	select {
+	case w := <-s2.ended:
+		t.Fatalf("m2's work on %s ended (%v) while m1 joined again", w.lease.Resource(), w.cause)
+	default:
+	}
+	if m2.Err() != nil {
+		t.Fatalf("m2: %v", m2.Err())
+	}
+
+	// Leave ends it for good: no rejoin after that.
+	if err := m1.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-s1.done:
+		if !errors.Is(err, leaseproxy.ErrLost) {
+			t.Fatalf("m1's Serve returned %v after Leave", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("m1's Serve did not return after Leave")
+	}
+	if m1.Rejoins() != 2 || m1.Err() == nil {
+		t.Fatalf("after Leave: %d rejoins, Err %v", m1.Rejoins(), m1.Err())
 	}
 }

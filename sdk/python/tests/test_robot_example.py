@@ -1,5 +1,6 @@
 """examples/python/robot.py against the warehouse stack: etcd, lease-proxy forwarding to and
-pre-fencing fence-gateway (path mode), the warehouse inventory behind it."""
+pre-fencing fence-gateway (path mode), the warehouse inventory behind it. With ``--aisles`` the
+robot leases aisles itself; by default it joins a fleet, and two robots share its aisles."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import httpx
 import pytest
 
 from conftest import ROOT, Etcd, free_port, stop, take_over, wait_until
+from lease_proxy_client import Client
 
 ROBOT = ROOT / "examples" / "python" / "robot.py"
 
@@ -213,3 +215,47 @@ def test_a_robot_paused_past_its_ttl_stops_on_loss_without_writing(warehouse: di
     seen = robot.finish()
     assert not any(s.startswith(("event write-ok", "event released")) for s in seen[seen.index(line) :]), seen
     assert len(writes_by(warehouse["inventory"], resource)) == before  # nothing written after the pause
+
+
+def test_robots_in_a_fleet_share_its_aisles_and_hand_them_over(warehouse: dict, resource: str) -> None:
+    # The robot's default: it joins a fleet and counts what the service assigns it, writing
+    # straight to fence-gateway with each aisle's token. A long drain deadline: the hand-offs
+    # below are the robots' own releases.
+    aisles = [f"{resource}-1", f"{resource}-2"]
+    with Client(warehouse["proxy"]) as client:
+        client.put_fleet(resource, aisles, drain=20)
+
+    def robot(n: str) -> Robot:
+        return Robot(
+            "--proxy", warehouse["proxy"], "--gateway", warehouse["gateway"], "--fleet", resource,
+            "--name", f"{resource}-{n}", "--ttl", "5", "--count-time", "0.05",
+        )  # fmt: skip
+
+    first = robot("a")
+    first.expect("event joined")
+    held = {first.expect("event acquired").split()[2], first.expect("event acquired").split()[2]}
+    assert held == set(aisles), first.seen
+    first.expect("event write-ok")
+    second = robot("b")
+    moved = first.expect("event lost").split()
+    assert moved[3] == "handed-off", first.seen
+    assert second.expect("event acquired").split()[2] == moved[2]
+    second.expect(f"event write-ok {moved[2]}")
+    # Interrupted, the first robot drains and leaves: its other aisle goes to the second.
+    first.process.send_signal(signal.SIGINT)
+    seen = first.finish()
+    assert seen[-1] == f"event left {resource}", seen
+    # It stopped writing the moved aisle the moment it was handed off.
+    assert f"event write-ok {moved[2]}" not in seen[seen.index(" ".join(moved)) :], seen
+    rest = second.expect("event acquired").split()[2]
+    assert {rest, moved[2]} == set(aisles)
+    second.expect(f"event write-ok {rest}")
+    second.process.send_signal(signal.SIGINT)
+    second.finish()
+    # Each aisle: the first robot's writes, then the second's, under ever larger tokens.
+    log = [w for w in httpx.get(f"{warehouse['inventory']}/log", timeout=10).json() if w["aisle"] in aisles]
+    for aisle in aisles:
+        writes = [w for w in log if w["aisle"] == aisle]
+        revisions = [w["revision"] for w in writes]
+        assert revisions == sorted(revisions), writes
+        assert writes[0]["robot"] == f"{resource}-a" and writes[-1]["robot"] == f"{resource}-b", writes

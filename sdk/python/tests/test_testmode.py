@@ -2,7 +2,8 @@
 grants renewed past their TTL, released, refused while held, taken by the next holder with a
 larger token, expired at their TTL when not renewed, and lost when the test says so (leases,
 sessions, the asyncio client) — and the injected faults, against the fake and once against a real
-proxy. Also an application's own test of its on-lost path, as the README shows it."""
+proxy — the token refusals of ``forward`` and ``admit`` included. Also an application's own tests
+of its on-lost and on-refused paths, as the README shows them."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from typing import List, Tuple
 
 import pytest
 
-from lease_proxy_client import AsyncClient, Client, FakeProxy, Held, Lost, TestMode
-from lease_proxy_client.testmode import FAILED_RENEWAL, LATE_RENEWAL, LOSS, Faults
+from lease_proxy_client import AsyncClient, Client, FakeProxy, Held, InjectedRefusal, Lost, TestMode, admit
+from lease_proxy_client.testmode import FAILED_RENEWAL, LATE_RENEWAL, LOSS, TOKEN_REFUSAL, Faults
 
 TTL = 3  # renewals come about a second in
 WITHIN = 5.0
@@ -179,3 +180,82 @@ def test_an_applications_on_lost_path_runs_without_a_proxy(resource: str) -> Non
         written = len(counts)
         time.sleep(0.2)
         assert 0 < written == len(counts), "written after the loss"
+
+
+class Cursor:
+    """A DB-API cursor that records what it is asked (the database's ``fencing.admit``)."""
+
+    def __init__(self) -> None:
+        self.executed: List[Tuple[str, Tuple[str, str]]] = []
+
+    def execute(self, sql: str, params: Tuple[str, str]) -> None:
+        self.executed.append((sql, params))
+
+    def fetchone(self) -> Tuple[str]:
+        return ("1:7",)
+
+
+def test_an_injected_token_refusal_answers_forward_and_admit_without_sending(resource: str) -> None:
+    fake = FakeProxy()
+    faults: List[Tuple[str, str]] = []
+    with fake_client(fake, token_refusal_rate=1.0, on_fault=lambda kind, path: faults.append((kind, path))) as client:
+        lease = client.acquire(resource, ttl=TTL, holder="refused")
+        # forward: fence-gateway's 409, as a newer holder's mark would give (the fake serves no
+        # forward at all: nothing was sent).
+        response = lease.forward("PUT", f"aisles/{resource}/count", json={"count": 1})
+        assert response.status_code == 409
+        assert response.headers["fencing-rejection"] == "stale-fencing-token"
+        problem = response.json()
+        assert problem["type"].endswith("/stale-fencing-token") and problem["injected"] is True
+        # admit: PostgreSQL's 23F01, without a query.
+        cursor = Cursor()
+        with pytest.raises(InjectedRefusal) as refused:
+            admit(cursor, lease)
+        assert refused.value.sqlstate == "23F01" and cursor.executed == []
+        assert faults == [(TOKEN_REFUSAL, resource), (TOKEN_REFUSAL, resource)]
+        # A refused write loses nothing: the lease is still held.
+        assert not lease.lost.is_set()
+        lease.release()
+    # Without the fault, both are sent.
+    with fake_client(fake, loss_rate=0.0) as client:
+        lease = client.acquire(resource, ttl=TTL, holder="plain")
+        assert lease.forward("PUT", "anything").status_code == 404  # the fake's: it was sent
+        cursor = Cursor()
+        assert admit(cursor, lease) == "1:7" and cursor.executed == [
+            ("SELECT fencing.admit(%s, %s)", (resource, lease.fencing_token))
+        ]
+        lease.release()
+
+    def draws(seed: int) -> List[bool]:
+        dice = Faults(TestMode(token_refusal_rate=0.5, seed=seed))
+        return [dice.fires(TOKEN_REFUSAL, "r") for _ in range(32)]
+
+    assert draws(5) == draws(5) and True in draws(5) and False in draws(5)
+
+
+@pytest.mark.asyncio
+async def test_async_an_injected_token_refusal_answers_forward(resource: str) -> None:
+    async with AsyncClient(test_mode=TestMode(fake=FakeProxy(), token_refusal_rate=1.0)) as client:
+        lease = await client.acquire(resource, ttl=TTL, holder="refused")
+        response = await lease.forward("PUT", f"aisles/{resource}/count", json={"count": 1})
+        assert response.status_code == 409 and response.json()["injected"] is True
+        await lease.release()
+
+
+def write_counts(client: Client, resource: str, counts: List[int]) -> str:
+    """An application's work: writes counts under the lease, stopping once a write is refused
+    (a newer holder has written: this one is not the holder any more)."""
+    with client.lease(resource, ttl=TTL, holder="robot") as lease:
+        for count in range(100):
+            response = lease.forward("PUT", f"aisles/{resource}/count", json={"count": count})
+            if response.status_code == 409:
+                return f"stopped: {response.headers.get('fencing-rejection')}"
+            counts.append(count)
+        return "done"
+
+
+def test_an_applications_on_refused_path_runs_without_a_proxy(resource: str) -> None:
+    counts: List[int] = []
+    with Client(test_mode=TestMode(fake=FakeProxy(), token_refusal_rate=1.0)) as client:
+        assert write_counts(client, resource, counts) == "stopped: stale-fencing-token"
+    assert counts == []

@@ -5,7 +5,7 @@
  * session is lost. The assignment is read by long polls.
  */
 
-import { ProblemError, ProtocolError, SessionLostError, isTransient } from "./errors.js";
+import { LostError, ProblemError, ProtocolError, SessionLostError, isTransient } from "./errors.js";
 import { SECRET_HEADER, segment } from "./http.js";
 import { Lease } from "./lease.js";
 import { Liveness } from "./liveness.js";
@@ -24,6 +24,14 @@ export interface JoinOptions {
   weight?: number;
   /** How long each long poll of the assignment waits for a change (default 10 s; a proxy whose `--max-wait` is shorter refuses it, and the member then polls with its maximum). */
   pollWaitMs?: number;
+  /**
+   * Whether a member whose session ended (its TTL passed without a keepalive, its etcd lease
+   * revoked: the service answers 404 `no-member`, or the keepalives are refused) joins again
+   * under the same name with a new session (`true`) — its old leases lost, the next change
+   * saying `rejoined`; static membership gives back, within the TTL, what it still held, under
+   * new tokens — or ends, `signal.reason` saying why (`false`, the default).
+   */
+  rejoin?: boolean;
 }
 
 /** What changed in a member's assignment. */
@@ -43,6 +51,11 @@ export interface AssignmentChange {
   releasing: Lease[];
   /** Gone without a hand-off (revoked, the member evicted): their signals are aborted. */
   removed: Lease[];
+  /**
+   * The first change under a new session after the old one ended (`rejoin: true`): every lease
+   * of the old one was lost (`session-lost`).
+   */
+  rejoined: boolean;
 }
 
 /** A fleet as `PUT /v1/fleets/{fleet}` sets it. */
@@ -124,23 +137,44 @@ export class FleetMember {
   private readonly path: string;
   /** How long each long poll waits: the option, shortened to the proxy's `--max-wait` when it refuses it. */
   private pollWaitMs: number;
+  private readonly rejoin: boolean;
+  /** With `rejoin`: aborted when the member ends (left, evicted, a join again refused). */
+  private readonly ended_ = new AbortController();
+  /** Left, evicted, or unknown to the service otherwise than by its session's end: no rejoin follows. */
+  private finished = false;
+  private rejoinCount = 0;
 
   /** @internal Made by `Client.joinFleet`. */
   constructor(
     private readonly internals: Internals,
     readonly fleet: string,
     readonly member: string,
-    /** The member's session: its loss ends every lease of the fleet it holds. */
-    readonly session: Session,
+    private session_: Session,
     options: JoinOptions,
+    /** Joins again under the same name (`rejoin`). */
+    private readonly open: () => Promise<Session>,
   ) {
     this.path = `${fleetPath(fleet)}/members/${segment(member)}`;
     this.pollWaitMs = options.pollWaitMs ?? 10_000;
+    this.rejoin = options.rejoin ?? false;
   }
 
-  /** Aborted when the member's session is lost. */
+  /** The member's session now: its loss ends every lease of the fleet it holds. A rejoin replaces it. */
+  get session(): Session {
+    return this.session_;
+  }
+
+  /** How many times the member joined again after its session ended (`rejoin`). */
+  get rejoins(): number {
+    return this.rejoinCount;
+  }
+
+  /**
+   * Aborted when the member ends: its session is lost (without `rejoin`), it is evicted, it
+   * leaves, or (with `rejoin`) joining again is refused.
+   */
   get signal(): AbortSignal {
-    return this.session.signal;
+    return this.rejoin ? this.ended_.signal : this.session_.signal;
   }
 
   /** The leases held and assigned now. */
@@ -157,7 +191,14 @@ export class FleetMember {
    */
   async *assignments(): AsyncGenerator<AssignmentChange> {
     let after: bigint | undefined;
-    for (let attempt = 0; !this.session.isLost(); ) {
+    let rejoined = false;
+    for (let attempt = 0; ; ) {
+      if (this.session.isLost()) {
+        if (!(await this.joinAgain())) return;
+        after = undefined;
+        rejoined = true;
+        continue;
+      }
       let view: MemberView;
       let received: number;
       try {
@@ -165,7 +206,7 @@ export class FleetMember {
         received = performance.now();
         attempt = 0;
       } catch (e) {
-        if (this.session.isLost() || this.ended(e)) return;
+        if (this.session.isLost() || this.ended(e)) continue; // ended, or joined again above
         const shorter = shorterWait(e, this.pollWaitMs);
         if (shorter !== undefined) {
           this.pollWaitMs = shorter;
@@ -185,7 +226,8 @@ export class FleetMember {
       }
       if (after !== undefined && view.revision === after) continue; // the wait ended without a change
       after = view.revision;
-      const change = this.apply(view, received);
+      const change = this.apply(view, received, rejoined);
+      rejoined = false;
       if (view.state === "evicted") this.over("the member was evicted from the fleet");
       yield change;
       if (view.state === "evicted") return;
@@ -221,8 +263,12 @@ export class FleetMember {
    */
   private ended(e: unknown): boolean {
     const gone = e instanceof SessionLostError || (e instanceof ProblemError && (e.status === 403 || e.status === 404));
-    if (gone) this.over(`the fleet no longer knows this member: ${(e as Error).message}`);
-    return gone;
+    if (!gone) return false;
+    const detail = `the fleet no longer knows this member: ${(e as Error).message}`;
+    // Its session ended (404 no-member, 410): with rejoin, the member joins again.
+    if (this.rejoin && (e instanceof SessionLostError || (e as ProblemError).slug === "no-member")) this.loseSession(detail);
+    else this.over(detail);
+    return true;
   }
 
   /**
@@ -231,16 +277,55 @@ export class FleetMember {
    * fleet's members' sessions stay open on the server).
    */
   private over(detail: string): void {
+    this.finished = true;
+    this.loseSession(detail);
+    this.ended_.abort(this.session.signal.reason);
+  }
+
+  private loseSession(detail: string): void {
     this.session.liveness.lose("revoked", detail);
     this.session.close().catch(() => {});
+  }
+
+  /**
+   * After the member's session was lost: with `rejoin` (and unless the member is over), joins
+   * again under its name, retrying transient failures, and installs the new session — true —;
+   * otherwise the member ends — false.
+   */
+  private async joinAgain(): Promise<boolean> {
+    for (let attempt = 0; this.rejoin && !this.finished; ) {
+      try {
+        const next = await this.open();
+        if (this.finished) {
+          await next.close().catch(() => {});
+          break;
+        }
+        this.session_ = next;
+        this.current.clear();
+        this.handedOff.clear();
+        this.rejoinCount++;
+        return true;
+      } catch (e) {
+        if (this.finished) break;
+        if (!isTransient(e)) {
+          this.finished = true;
+          this.ended_.abort(new LostError("revoked", "", `joining ${this.fleet} again as ${this.member}: ${(e as Error).message}`));
+          break;
+        }
+        await sleep(Math.min(100 * 2 ** attempt++, 2000), this.ended_.signal);
+      }
+    }
+    this.finished = true;
+    if (!this.ended_.signal.aborted) this.ended_.abort(this.session.signal.reason);
+    return false;
   }
 
   /**
    * Takes in an assignment that arrived at `received`: the leases added, handed off (with their
    * `releaseBy`) and removed since the last one.
    */
-  private apply(view: MemberView, received: number): AssignmentChange {
-    const change: AssignmentChange = { revision: view.revision, state: view.state, held: [], added: [], releasing: [], removed: [] };
+  private apply(view: MemberView, received: number, rejoined: boolean): AssignmentChange {
+    const change: AssignmentChange = { revision: view.revision, state: view.state, held: [], added: [], releasing: [], removed: [], rejoined };
     const assigned = new Map(view.held.map((h) => [h.resource, h]));
     const moving = view.releasing;
     for (const [resource, lease] of this.current) {
@@ -345,18 +430,27 @@ export class FleetMember {
 
   /** Leaves the fleet: closes the member's session, ending every grant it holds. */
   async leave(): Promise<void> {
-    await this.session.close();
+    this.finished = true;
+    const closing = this.session.close();
+    if (!this.ended_.signal.aborted) this.ended_.abort(this.session.signal.reason);
+    await closing;
   }
 }
 
 /** `POST /v1/fleets/{fleet}/members`: joins, and keeps the member's session alive. */
 export async function join(internals: Internals, keep: KeepSession, fleet: string, options: JoinOptions): Promise<FleetMember> {
+  const open = () => openMember(internals, keep, fleet, options);
+  return new FleetMember(internals, fleet, options.member, await open(), options, open);
+}
+
+/** One join: the member's session, kept alive. */
+async function openMember(internals: Internals, keep: KeepSession, fleet: string, options: JoinOptions): Promise<Session> {
   const body: Record<string, unknown> = { member: options.member, ttl_seconds: options.ttlSeconds };
   if (options.weight !== undefined) body.weight = options.weight;
   const sentAt = performance.now();
   const answer = await internals.transport.call({ method: "POST", path: `${fleetPath(fleet)}/members`, json: body });
   const opened = parseOpened({ ...(answer as object), holder: options.member });
-  return new FleetMember(internals, fleet, options.member, keep(opened, sentAt, `${fleet}/${options.member}`), options);
+  return keep(opened, sentAt, `${fleet}/${options.member}`);
 }
 
 /** How the client keeps a session it did not open itself. */

@@ -3,8 +3,9 @@
  * fence-gateway with their tokens; a second member joining takes some — the first member's
  * work on each is aborted (`handed-off`) and the resource released well within the drain
  * deadline, the new member writes, the old member's late write is refused —; a drain hands off
- * the rest; an evicted member ends; a member whose session ends is told; a join under a live
- * member's name replaces it and gets back what it held; the operator's calls
+ * the rest; an evicted member ends; a member whose session ends is told — or, with `rejoin`,
+ * joins again and gets back what it held —; a join under a live member's name replaces it and
+ * gets back what it held; the operator's calls
  * (a fleet read back, a drain without a secret, no such member, evict, delete); a proxy whose
  * `--max-wait` is shorter than the poll. Against a scripted proxy following the contract
  * (DESIGN §5.5): how assignments become leases, a grant delivered once, no release over a
@@ -241,6 +242,99 @@ describe("against the proxy", () => {
     }
     await again.m.leave();
     await again.running;
+  });
+
+  test("with rejoin, a member whose session ends joins again and gets back what it held", async () => {
+    // Twice: its etcd lease revoked (the member record gone with it), then its session calls
+    // cut (keepalives, and the close sent when the client gives the session up) until the client
+    // gives the session up while the service still has it — within the TTL the rejoin replaces
+    // the live member, and what it held comes back to it, not to the other member.
+    const fleet = unique("rejoining");
+    const aisles = [1, 2, 3, 4].map((n) => `${fleet}-${n}`);
+    await new Client(proxy).putFleet(fleet, { resources: aisles, drainMs: 2000 });
+    let cut = false;
+    const cuttable: typeof fetch = (input, init) =>
+      cut && new URL(String(input instanceof Request ? input.url : input)).pathname.startsWith("/v1/sessions/")
+        ? Promise.reject(new TypeError("session calls cut"))
+        : fetch(input, init);
+    const m1 = await new Client(proxy, { fetch: cuttable, safetyMarginMs: 2000 }).joinFleet(fleet, {
+      member: "m1",
+      ttlSeconds: 6,
+      pollWaitMs: 2000,
+      rejoin: true,
+    });
+    const changes: boolean[] = [];
+    const w1 = worker();
+    const run1 = (async () => {
+      const running: Promise<void>[] = [];
+      for await (const change of m1.assignments()) {
+        changes.push(change.rejoined);
+        for (const lease of change.added) running.push(w1.work(lease, lease.signal).then(() => lease.release().catch(() => {})));
+      }
+      await Promise.all(running);
+    })();
+    const before = byResource(await w1.started.take(4, 5000, "m1's assignments"));
+    const first = m1.session.id;
+
+    // Its etcd lease revoked: every lease lost, a new session, granted again.
+    await etcd.revoke(first);
+    for (const e of await w1.ended.take(4, 5000, "m1's work aborted when its session ended")) {
+      assert.ok(e.reason instanceof LostError, `ended with ${String(e.reason)}`);
+    }
+    const again = byResource(await w1.started.take(4, 5000, "m1's assignments after joining again"));
+    const second = m1.session.id;
+    assert.notEqual(second, first);
+    assert.equal(m1.rejoins, 1);
+    assert.equal(m1.signal.aborted, false, "a member that joined again is still a member");
+    assert.ok(changes.includes(true), "a change says rejoined");
+    for (const [i, lease] of again.entries()) {
+      assert.equal(lease.resource, before[i].resource);
+      assert.ok(lease.token > before[i].token);
+      assert.equal(lease.leaseId, second);
+      assert.equal((await put(lease, lease.resource, "m1")).status, 200);
+      const stale = await fetch(`${gateway}/aisles/${lease.resource}/count`, {
+        method: "PUT",
+        headers: { "fencing-token": before[i].fencingToken, "fencing-resource": lease.resource },
+        body: JSON.stringify({ robot: "m1", count: 2 }),
+      });
+      assert.equal(stale.status, 409, "the lost session's token is refused");
+    }
+
+    // A second member takes half; then m1's session calls are cut.
+    const w2 = worker();
+    const m2 = await new Client(proxy).joinFleet(fleet, { member: "m2", ttlSeconds: 10, pollWaitMs: 2000 });
+    const run2 = m2.run(w2.work);
+    await w1.ended.take(2, 5000, "m1's work on the resources moved to m2");
+    const theirs = (await w2.started.take(2, 5000, "m2's assignments")).map((l) => l.resource);
+    const kept = again.filter((l) => !theirs.includes(l.resource));
+    cut = true;
+    const cutAt = performance.now();
+    for (const e of await w1.ended.take(2, 10_000, "m1's work aborted when it gave its session up")) {
+      assert.ok(e.reason instanceof LostError, `ended with ${String(e.reason)}`);
+    }
+    cut = false;
+    const back = byResource(await w1.started.take(2, 5000, "what m1 held, granted to its new session"));
+    const took = performance.now() - cutAt;
+    assert.ok(took < 6000, `m1 got its resources back ${took} ms after the cut: past the TTL`);
+    const third = m1.session.id;
+    assert.notEqual(third, second);
+    assert.equal(m1.rejoins, 2);
+    for (const [i, lease] of back.entries()) {
+      assert.equal(lease.resource, kept[i].resource);
+      assert.ok(lease.token > kept[i].token);
+      assert.equal(lease.leaseId, third);
+    }
+    // m2 kept its own throughout: static membership gave m1's to nobody else.
+    await assert.rejects(w2.ended.take(1, 100, "m2's work"), /0 of 1/);
+    assert.equal(m2.signal.aborted, false);
+
+    // Leave ends it for good: no rejoin after that.
+    await m1.leave();
+    await run1;
+    assert.equal(m1.signal.aborted, true);
+    assert.equal(m1.rejoins, 2);
+    await m2.leave();
+    await run2;
   });
 
   test("a member polls within the proxy's --max-wait", async () => {

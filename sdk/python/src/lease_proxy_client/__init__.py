@@ -14,7 +14,17 @@ asyncio: :class:`AsyncClient`, the same calls awaited (``async with client.lease
 
 from .aio import AsyncClient, AsyncEventStream, AsyncLease, AsyncSession
 from .client import Client, EventStream, Lease, Session
-from .errors import Compacted, Held, LeaseProxyError, Lost, Problem, ProtocolError, SessionLost, TransportError
+from .errors import (
+    Compacted,
+    Held,
+    InjectedRefusal,
+    LeaseProxyError,
+    Lost,
+    Problem,
+    ProtocolError,
+    SessionLost,
+    TransportError,
+)
 from .fleet import AssignmentChange, Member, Releasing
 from .models import Event, FleetMember, FleetView, Grant, Holding, Renewal, SessionGrant
 from .propagation import FencingAuth, admit, fencing_headers
@@ -37,6 +47,7 @@ __all__ = [
     "Grant",
     "Held",
     "Holding",
+    "InjectedRefusal",
     "Lease",
     "LeaseProxyError",
     "Lost",

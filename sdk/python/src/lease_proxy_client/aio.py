@@ -36,7 +36,7 @@ from .errors import LeaseProxyError, Lost, SessionLost, TransportError
 from .models import Event, Grant, Holding, Renewal, SessionGrant
 from .protocol import Answer, Cert, EXPIRED, RELEASED, REVOKED, SESSION_LOST, Call, Verify
 from .sse import Item, Watch
-from .testmode import FAILED_RENEWAL, LATE_RENEWAL, LOSS, Faults, TestMode
+from .testmode import FAILED_RENEWAL, LATE_RENEWAL, LOSS, TOKEN_REFUSAL, Faults, TestMode, injected_refusal
 from .views import LeaseView, SessionView
 
 
@@ -351,11 +351,14 @@ class _AsyncRenewer:
         self._late = False
         if not faults.fires(LOSS, self._call.path):
             return False
+        # Marked before the release is sent: the client's event stream may tell of the grant's
+        # end (and fire the guard) before the release's answer arrives.
+        if self._liveness.reason is None:
+            self._liveness.injected = True
         try:  # as if refused: the grant has ended at the proxy when its holder learns it
             await self._client._timed(self._end)
         except Exception:  # unreachable, or the client closed under it: it ends at its TTL
             pass
-        self._liveness.injected = True
         self._liveness.fire(REVOKED)
         return True
 
@@ -409,6 +412,8 @@ class AsyncLease(LeaseView[AsyncLostEvent]):
         """As :meth:`Lease.forward <lease_proxy_client.Lease.forward>`."""
         if self.lost.is_set():
             raise Lost(f"{self.resource}: lease lost ({self.lost_reason})")
+        if self._client._faults.fires(TOKEN_REFUSAL, self.resource):
+            return injected_refusal(self.resource)  # the test mode's refusal, nothing sent
         sent_headers = dict(headers or {})
         sent_headers[protocol.SECRET_HEADER] = self.secret
         try:

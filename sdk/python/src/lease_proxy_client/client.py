@@ -18,7 +18,7 @@ from .loss_watch import LossWatch
 from .models import Event, Grant, Holding, Renewal, SessionGrant
 from .protocol import Answer, Cert, EXPIRED, REVOKED, RELEASED, SESSION_LOST, Call, Verify
 from .sse import Item, Watch
-from .testmode import FAILED_RENEWAL, LATE_RENEWAL, LOSS, Faults, TestMode
+from .testmode import FAILED_RENEWAL, LATE_RENEWAL, LOSS, TOKEN_REFUSAL, Faults, TestMode, injected_refusal
 from .views import LeaseView, SessionView
 
 USER_AGENT = "lease-proxy-client-python/0.1"
@@ -307,11 +307,14 @@ class _Renewer:
         self._late = False
         if not faults.fires(LOSS, self._call.path):
             return False
+        # Marked before the release is sent: the client's event stream may tell of the grant's
+        # end (and fire the guard) before the release's answer arrives.
+        if self._liveness.reason is None:
+            self._liveness.injected = True
         try:  # as if refused: the grant has ended at the proxy when its holder learns it
             self._client._timed(self._end)
         except Exception:  # unreachable, or the client closed under it: it ends at its TTL
             pass
-        self._liveness.injected = True
         self._liveness.fire(REVOKED)
         return True
 
@@ -378,9 +381,13 @@ class Lease(LeaseView[LostEvent]):
     ) -> httpx.Response:
         """Sends a request to the proxy's upstream as the holder (the proxy adds the fencing
         token) and returns the upstream's answer. Raises :class:`~lease_proxy_client.Lost`
-        without sending when the lease is lost, or when the proxy answers that it is."""
+        without sending when the lease is lost, or when the proxy answers that it is. Under the
+        test mode, a token refusal it injects is answered, without sending, as fence-gateway's
+        409 ``stale-fencing-token`` (``injected`` set in the problem)."""
         if self.lost.is_set():
             raise Lost(f"{self.resource}: lease lost ({self.lost_reason})")
+        if self._client._faults.fires(TOKEN_REFUSAL, self.resource):
+            return injected_refusal(self.resource)  # the test mode's refusal, nothing sent
         sent_headers = dict(headers or {})
         sent_headers[protocol.SECRET_HEADER] = self.secret
         try:

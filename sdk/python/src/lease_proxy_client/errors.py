@@ -70,5 +70,14 @@ class ProtocolError(LeaseProxyError):
         self.problem = problem
 
 
+class InjectedRefusal(LeaseProxyError):
+    """A stale-token refusal injected by the client's test mode (``token_refusal_rate``) into
+    :func:`~lease_proxy_client.admit`, nothing sent: what PostgreSQL's ``fencing.admit`` raises
+    for a token below the resource's mark, SQLSTATE :attr:`sqlstate` ``23F01``."""
+
+    #: The SQLSTATE of a stale token, as the driver's error carries it (psycopg: ``e.sqlstate``).
+    sqlstate = "23F01"
+
+
 class TransportError(LeaseProxyError):
     """The proxy could not be reached or did not answer in time (the ``httpx`` error is the cause)."""

@@ -10,7 +10,8 @@ from typing import Any, Dict, Generator
 
 import httpx
 
-from .errors import Lost
+from .errors import InjectedRefusal, Lost
+from .testmode import TOKEN_REFUSAL
 from .views import LeaseView
 
 FENCING_TOKEN = "Fencing-Token"
@@ -50,8 +51,13 @@ def admit(target: Any, lease: LeaseView[Any]) -> str:
     transaction — and returns what it answers (``era:revision``): the transaction's writes then
     commit only if no newer token was admitted for the resource. A stale token raises the
     driver's error with SQLSTATE 23F01 (psycopg: ``e.sqlstate``). A lost lease raises
-    :class:`~lease_proxy_client.Lost` without a query."""
+    :class:`~lease_proxy_client.Lost` without a query. Under the client's test mode, a token
+    refusal it injects raises :class:`~lease_proxy_client.InjectedRefusal` (``sqlstate``
+    ``23F01``) without a query."""
     headers = fencing_headers(lease)
+    faults = getattr(getattr(lease, "_client", None), "_faults", None)
+    if faults is not None and faults.fires(TOKEN_REFUSAL, lease.resource):
+        raise InjectedRefusal(f"injected by the client's test mode: a newer holder of {lease.resource} has written")
     cursor = target if hasattr(target, "fetchone") else target.cursor()
     cursor.execute(ADMIT_SQL, (headers[FENCING_RESOURCE], headers[FENCING_TOKEN]))
     row = cursor.fetchone()

@@ -2,8 +2,10 @@
 
 A client made with ``test_mode=TestMode(...)`` injects faults at set rates — a lease (or
 session) lost when a renewal is due, a renewal sent late, a renewal attempt failed without being
-sent — so that the application's on-lost paths run. Faults reach the application exactly as real
-ones do (``lost`` set, ``lost_reason``), marked by ``lost_injected``.
+sent, a write's fencing token refused as stale — so that the application's on-lost and
+on-refused paths run. Losses reach the application exactly as real ones do (``lost`` set,
+``lost_reason``), marked by ``lost_injected``; a refusal as fence-gateway's 409 or PostgreSQL's
+23F01 does, marked ``injected``.
 
 With ``TestMode(fake=FakeProxy())`` the client needs no proxy at all: :class:`FakeProxy` is an
 in-memory lease-proxy behind the client's HTTP transport, so the SDK's own acquire, renewal,
@@ -34,15 +36,21 @@ LOSS = "loss"
 LATE_RENEWAL = "late-renewal"
 #: A renewal attempt failed without being sent (retried as a transport failure is).
 FAILED_RENEWAL = "failed-renewal"
+#: A write's fencing token refused as stale without being sent: ``Lease.forward`` answers
+#: fence-gateway's 409 ``stale-fencing-token``, :func:`~lease_proxy_client.admit` raises
+#: :class:`~lease_proxy_client.errors.InjectedRefusal` (SQLSTATE 23F01).
+TOKEN_REFUSAL = "token-refusal"
 
 
 @dataclass(frozen=True)
 class TestMode:
     """The rates (0 to 1) at which each chance fires: ``loss_rate`` and ``late_renewal_rate``
-    per renewal due, ``failed_renewal_rate`` per renewal attempt. ``seed`` repeats a run's
-    draws; ``on_fault(kind, path)`` is told of each fault (``kind`` one of :data:`LOSS`,
-    :data:`LATE_RENEWAL`, :data:`FAILED_RENEWAL`; ``path`` the guard's renewal path,
-    ``/v1/leases/{resource}/renew`` or ``/v1/sessions/{id}/keepalive``). ``fake``, when set, is
+    per renewal due, ``failed_renewal_rate`` per renewal attempt, ``token_refusal_rate`` per
+    ``Lease.forward`` or :func:`~lease_proxy_client.admit`. ``seed`` repeats a run's draws;
+    ``on_fault(kind, path)`` is told of each fault (``kind`` one of :data:`LOSS`,
+    :data:`LATE_RENEWAL`, :data:`FAILED_RENEWAL`, :data:`TOKEN_REFUSAL`; ``path`` the guard's
+    renewal path, ``/v1/leases/{resource}/renew`` or ``/v1/sessions/{id}/keepalive``, or for a
+    token refusal the resource). ``fake``, when set, is
     the :class:`FakeProxy` the client talks to instead of its ``base_url`` (several clients may
     share one)."""
 
@@ -54,6 +62,7 @@ class TestMode:
     seed: Optional[int] = None
     on_fault: Optional[Callable[[str, str], None]] = None
     fake: Optional["FakeProxy"] = field(default=None, compare=False)
+    token_refusal_rate: float = 0.0
 
 
 class Faults:
@@ -76,6 +85,7 @@ class Faults:
             LOSS: mode.loss_rate,
             LATE_RENEWAL: mode.late_renewal_rate,
             FAILED_RENEWAL: mode.failed_renewal_rate,
+            TOKEN_REFUSAL: mode.token_refusal_rate,
         }[kind]
         if rate <= 0.0:
             return False
@@ -89,6 +99,17 @@ class Faults:
         """How late a late renewal goes: up to ``lifetime`` seconds."""
         with self._lock:
             return self._rng.uniform(0.0, lifetime)
+
+
+def injected_refusal(resource: str) -> httpx.Response:
+    """fence-gateway's answer to a write whose token is below the resource's mark, as the test
+    mode injects it (``injected`` set in the problem)."""
+    body = dict(
+        type=PROBLEM_PREFIX + "stale-fencing-token", title="Conflict", status=409,
+        detail=f"injected by the client's test mode: a newer holder of {resource} has written", injected=True,
+    )  # fmt: skip
+    headers = {"content-type": "application/problem+json", "fencing-rejection": "stale-fencing-token"}
+    return httpx.Response(409, json=body, headers=headers)
 
 
 @dataclass
