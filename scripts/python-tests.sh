@@ -22,7 +22,7 @@ ensure_node
 
 echo "==> building lease-proxy, fence-gateway, the warehouse example and dev-pki"
 cargo build --locked -q -p lease-proxy --bin lease-proxy
-cargo build --locked -q -p fencing --bin fence-gateway
+cargo build --locked -q -p fencing --features server --bin fence-gateway
 cargo build --locked -q -p lease-proxy-examples --bin warehouse --bin dev-pki
 bin="${CARGO_TARGET_DIR:-$PWD/target}/debug"
 

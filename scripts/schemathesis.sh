@@ -24,7 +24,7 @@ seed=()
 
 echo "==> building lease-proxy, fence-gateway and the warehouse inventory"
 cargo build --locked -q -p lease-proxy --bin lease-proxy
-cargo build --locked -q -p fencing --bin fence-gateway
+cargo build --locked -q -p fencing --features server --bin fence-gateway
 cargo build --locked -q -p lease-proxy-examples --bin warehouse
 bin="${CARGO_TARGET_DIR:-$PWD/target}/debug"
 

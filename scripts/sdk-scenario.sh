@@ -28,7 +28,7 @@ bin="${CARGO_TARGET_DIR:-$PWD/target}/debug"
 if [ -z "${LEASE_PROXY_BIN:-}" ]; then
   echo "==> building lease-proxy, fence-gateway and the warehouse example"
   cargo build --locked -q -p lease-proxy --bin lease-proxy
-  cargo build --locked -q -p fencing --bin fence-gateway
+  cargo build --locked -q -p fencing --features server --bin fence-gateway
   cargo build --locked -q -p lease-proxy-examples --bin warehouse
 fi
 export LEASE_PROXY_BIN="${LEASE_PROXY_BIN:-$bin/lease-proxy}" FENCE_GATEWAY_BIN="${FENCE_GATEWAY_BIN:-$bin/fence-gateway}" \
