@@ -14,7 +14,7 @@ source scripts/deps.sh
 ensure_deps
 OUT=${OUT:-bench-results}
 mkdir -p "$OUT"
-cargo build --release --locked -p lease-proxy -p fencing -p lease-proxy-benches
+cargo build --release --locked -p lease-proxy -p fencing --features fencing/server -p lease-proxy-benches
 target/release/leasebench --json "$OUT/leasebench.json" --chart "$OUT/leasebench.svg" | tee "$OUT/leasebench.md"
 target/release/leasebench --op acquire,session-acquire --concurrency 1,64,256 \
     --unbatched --unbatched-in-flight 64 --json "$OUT/group-commit.json" | tee "$OUT/group-commit.md"

@@ -22,7 +22,8 @@ case "$profile" in
   release) bin=target/release/campaign ;;
   *) echo "CAMPAIGN_PROFILE is dev or release" >&2; exit 64 ;;
 esac
-cargo build --profile "$profile" -p lease-proxy -p fencing -p lease-proxy-campaign --bins
+cargo build --profile "$profile" -p lease-proxy -p fencing --features fencing/server \
+  -p lease-proxy-campaign --bins
 # The proxy's own negative controls live in a build of their own, never in the binaries above.
 cargo build --profile "$profile" -p lease-proxy --features negative-controls \
   --bin lease-proxy-controls

@@ -205,6 +205,22 @@ as_postgres() {
 
 # A PostgreSQL server on 127.0.0.1:5432 with the role and database the tests use
 # (FENCING_TEST_POSTGRES, default postgres://lease_proxy:lease_proxy@127.0.0.1:5432/lease_proxy_test).
+# The debug binaries the SDK, API and scenario scripts start — lease-proxy, fence-gateway, the
+# warehouse example and dev-pki — built in one cargo invocation (one feature resolution: the
+# crates they share are built once), unless LEASE_PROXY_BIN names them already built: then
+# FENCE_GATEWAY_BIN, WAREHOUSE_BIN and DEV_PKI_BIN are taken as given too (scripts/test.sh passes
+# the ones its test build made). Exports the four *_BIN variables.
+ensure_binaries() {
+  local bin="${CARGO_TARGET_DIR:-$PWD/target}/debug"
+  if [ -z "${LEASE_PROXY_BIN:-}" ]; then
+    echo "==> building lease-proxy, fence-gateway, the warehouse example and dev-pki"
+    cargo build --locked -q -p lease-proxy -p fencing -p lease-proxy-examples --features fencing/server --bin lease-proxy --bin fence-gateway --bin warehouse --bin dev-pki
+  fi
+  export LEASE_PROXY_BIN="${LEASE_PROXY_BIN:-$bin/lease-proxy}" \
+    FENCE_GATEWAY_BIN="${FENCE_GATEWAY_BIN:-$bin/fence-gateway}" \
+    WAREHOUSE_BIN="${WAREHOUSE_BIN:-$bin/warehouse}" DEV_PKI_BIN="${DEV_PKI_BIN:-$bin/dev-pki}"
+}
+
 ensure_postgres() {
   ensure_with check_postgres_deps
   [ "${DEPS_DRY_RUN:-0}" = 1 ] && return 0

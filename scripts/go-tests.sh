@@ -13,16 +13,8 @@ ensure_deps
 ensure_postgres
 ensure_go
 
-bin="${CARGO_TARGET_DIR:-$PWD/target}/debug"
-if [ -z "${LEASE_PROXY_BIN:-}" ]; then
-  echo "==> building lease-proxy, fence-gateway, the warehouse example and dev-pki"
-  cargo build --locked -q -p lease-proxy --bin lease-proxy
-  cargo build --locked -q -p fencing --bin fence-gateway
-  cargo build --locked -q -p lease-proxy-examples --bin warehouse --bin dev-pki
-fi
-export LEASE_PROXY_BIN="${LEASE_PROXY_BIN:-$bin/lease-proxy}" FENCE_GATEWAY_BIN="${FENCE_GATEWAY_BIN:-$bin/fence-gateway}" \
-  WAREHOUSE_BIN="${WAREHOUSE_BIN:-$bin/warehouse}" DEV_PKI_BIN="${DEV_PKI_BIN:-$bin/dev-pki}" \
-  GOPROXY=off GOFLAGS=-mod=readonly
+ensure_binaries
+export GOPROXY=off GOFLAGS=-mod=readonly
 
 echo "==> gofmt, go vet"
 unformatted=$(/usr/bin/gofmt -l sdk/go)

@@ -21,13 +21,7 @@ ensure_python
 ensure_browser
 ensure_node
 
-bin="${CARGO_TARGET_DIR:-$PWD/target}/debug"
-if [ -z "${LEASE_PROXY_BIN:-}" ]; then
-  echo "==> building lease-proxy, fence-gateway, the warehouse example and dev-pki"
-  cargo build --locked -q -p lease-proxy --bin lease-proxy
-  cargo build --locked -q -p fencing --bin fence-gateway
-  cargo build --locked -q -p lease-proxy-examples --bin warehouse --bin dev-pki
-fi
+ensure_binaries
 
 venv=target/venv
 if [ ! -x "$venv/bin/python" ]; then
@@ -53,6 +47,5 @@ if ! cmp -s "$lock" "$npm_dir/package-lock.json" || [ ! -f "$npm_dir/node_module
 fi
 
 echo "==> pytest"
-LEASE_PROXY_BIN="${LEASE_PROXY_BIN:-$bin/lease-proxy}" FENCE_GATEWAY_BIN="${FENCE_GATEWAY_BIN:-$bin/fence-gateway}" \
-  WAREHOUSE_BIN="${WAREHOUSE_BIN:-$bin/warehouse}" DEV_PKI_BIN="${DEV_PKI_BIN:-$bin/dev-pki}" NPM_ETCD3_DIR="$npm_dir" \
+NPM_ETCD3_DIR="$npm_dir" \
   "$venv/bin/python" -m pytest -ra -p no:cacheprovider sdk/python/tests "$@"

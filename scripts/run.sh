@@ -27,7 +27,7 @@ done
 
 ensure_deps
 echo "==> building"
-cargo build --locked -q -p lease-proxy -p fencing -p lease-proxy-examples
+cargo build --locked -q -p lease-proxy -p fencing --features fencing/server -p lease-proxy-examples
 bin=target/debug
 
 work=$(mktemp -d -t lease-proxy-demo-XXXXXX)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Property-based tests of the HTTP APIs against their own OpenAPI documents, with schemathesis:
-# builds lease-proxy, fence-gateway and the warehouse inventory, starts etcd, the inventory,
+# builds lease-proxy, fence-gateway and the warehouse inventory (scripts/deps.sh ensure_binaries:
+# unless LEASE_PROXY_BIN and the others name them built), starts etcd, the inventory,
 # fence-gateway in front of it and lease-proxy forwarding to the gateway (free loopback ports, a
 # temporary directory), then runs schemathesis on each binary's /openapi.json — every phase:
 # examples, coverage, fuzzing, and stateful sequences along the documents' links (acquire →
@@ -22,11 +23,7 @@ examples="${SCHEMATHESIS_EXAMPLES:-25}"
 seed=()
 [ -n "${SCHEMATHESIS_SEED:-}" ] && seed=(--seed "$SCHEMATHESIS_SEED")
 
-echo "==> building lease-proxy, fence-gateway and the warehouse inventory"
-cargo build --locked -q -p lease-proxy --bin lease-proxy
-cargo build --locked -q -p fencing --bin fence-gateway
-cargo build --locked -q -p lease-proxy-examples --bin warehouse
-bin="${CARGO_TARGET_DIR:-$PWD/target}/debug"
+ensure_binaries
 
 venv=target/venv
 if [ ! -x "$venv/bin/python" ]; then
@@ -74,15 +71,15 @@ proxy="http://127.0.0.1:$proxy_port"
 gateway="http://127.0.0.1:$gateway_port"
 echo "==> starting lease-proxy on $proxy (forwarding to and pre-fencing fence-gateway on $gateway)"
 # A short --max-wait keeps the waiting acquires schemathesis sends short.
-"$bin/lease-proxy" --listen "127.0.0.1:$proxy_port" --etcd-endpoints "$etcd_url" --data-dir "$work/proxy" \
+"$LEASE_PROXY_BIN" --listen "127.0.0.1:$proxy_port" --etcd-endpoints "$etcd_url" --data-dir "$work/proxy" \
   --upstream "$gateway" --prefence-url "$gateway" --max-wait 1s >"$work/proxy.log" 2>&1 &
 pids+=($!)
 wait_for "$proxy/readyz"
 echo "==> starting the warehouse inventory behind fence-gateway"
-"$bin/warehouse" inventory --listen "127.0.0.1:$inventory_port" --db "sqlite:$work/inventory.db" \
+"$WAREHOUSE_BIN" inventory --listen "127.0.0.1:$inventory_port" --db "sqlite:$work/inventory.db" \
   >"$work/inventory.log" 2>&1 &
 pids+=($!)
-"$bin/fence-gateway" --listen "127.0.0.1:$gateway_port" --upstream "http://127.0.0.1:$inventory_port" \
+"$FENCE_GATEWAY_BIN" --listen "127.0.0.1:$gateway_port" --upstream "http://127.0.0.1:$inventory_port" \
   --store "sqlite:$work/marks.db" --key-file "$work/proxy/dev-fencing.key" --resource-path '/aisles/{resource}' \
   >"$work/gateway.log" 2>&1 &
 pids+=($!)

@@ -8,7 +8,8 @@
 #   scripts/sdk-scenario.sh --check   run, and fail unless every SDK printed the same sequence
 #                                     and the table in docs/SDKS.md is what the runs give
 #
-# Binaries: LEASE_PROXY_BIN, FENCE_GATEWAY_BIN, WAREHOUSE_BIN, else target/debug (built here).
+# Binaries: LEASE_PROXY_BIN, FENCE_GATEWAY_BIN, WAREHOUSE_BIN, else built here (scripts/deps.sh
+# ensure_binaries).
 # The TypeScript runner is compiled by scripts/typescript-tests.sh (TS_BUILD_ONLY=1), the Go one
 # by `go build`; NODE names the node to run it with (default /usr/bin/node). The Python runner
 # runs in the virtual environment target/venv (made here, with the SDK installed, if missing).
@@ -27,15 +28,7 @@ ensure_go
 ensure_node
 ensure_python
 
-bin="${CARGO_TARGET_DIR:-$PWD/target}/debug"
-if [ -z "${LEASE_PROXY_BIN:-}" ]; then
-  echo "==> building lease-proxy, fence-gateway and the warehouse example"
-  cargo build --locked -q -p lease-proxy --bin lease-proxy
-  cargo build --locked -q -p fencing --bin fence-gateway
-  cargo build --locked -q -p lease-proxy-examples --bin warehouse
-fi
-export LEASE_PROXY_BIN="${LEASE_PROXY_BIN:-$bin/lease-proxy}" FENCE_GATEWAY_BIN="${FENCE_GATEWAY_BIN:-$bin/fence-gateway}" \
-  WAREHOUSE_BIN="${WAREHOUSE_BIN:-$bin/warehouse}"
+ensure_binaries
 
 out="$PWD/target/sdk-scenario"
 rm -rf "$out"

@@ -30,8 +30,11 @@ phase "cargo fmt --check"
 cargo fmt --all --check
 phase "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
-phase "the fencing library alone (no sqlite, postgres or server features)"
+phase "the fencing library alone, and with each store or metrics but no server"
 cargo clippy -p fencing --lib --no-default-features --locked -- -D warnings
+for feature in sqlite postgres metrics; do
+  cargo clippy -p fencing --lib --no-default-features --features "$feature" --locked -- -D warnings
+done
 if cargo nextest --version >/dev/null 2>&1; then
   # Several test processes at once (.config/nextest.toml): the suite mostly waits on etcd.
   phase "cargo nextest run"

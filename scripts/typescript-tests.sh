@@ -26,13 +26,7 @@ node="${NODE:-/usr/bin/node}"
   exit 1
 }
 
-bin="${CARGO_TARGET_DIR:-$PWD/target}/debug"
-if [ -z "${LEASE_PROXY_BIN:-}" ]; then
-  echo "==> building lease-proxy, fence-gateway, the warehouse example and dev-pki"
-  cargo build --locked -q -p lease-proxy --bin lease-proxy
-  cargo build --locked -q -p fencing --bin fence-gateway
-  cargo build --locked -q -p lease-proxy-examples --bin warehouse --bin dev-pki
-fi
+ensure_binaries
 
 dir="$PWD/target/ts-sdk"
 lock=sdk/typescript/package-lock.json
@@ -57,9 +51,7 @@ for t in "${@:-}"; do
 done
 [ ${#tests[@]} -gt 0 ] || tests=("$dir"/build/test/*.test.js)
 
-export REPO_ROOT="$PWD" \
-  LEASE_PROXY_BIN="${LEASE_PROXY_BIN:-$bin/lease-proxy}" FENCE_GATEWAY_BIN="${FENCE_GATEWAY_BIN:-$bin/fence-gateway}" \
-  WAREHOUSE_BIN="${WAREHOUSE_BIN:-$bin/warehouse}" DEV_PKI_BIN="${DEV_PKI_BIN:-$bin/dev-pki}"
+export REPO_ROOT="$PWD"
 echo "==> node --test ($("$node" --version))"
 # Two files at a time (Node 18.19 and later; before, one at a time: slower, the same tests).
 concurrency=()

@@ -9,10 +9,12 @@
 //! [`Keyring::verify`]), so storage can reject forged tokens and tokens minted for another
 //! resource, whatever number they carry.
 //!
-//! Cargo features: the library alone (`default-features = false`) is tokens, the [`Gate`], the
+//! Cargo features: the library alone (the default; no features) is tokens, the [`Gate`], the
 //! tower [`FencingLayer`] and the memory store; `sqlite` and `postgres` add those stores;
-//! `server` (default) adds fence-gateway and the serving, CLI and telemetry plumbing the
-//! binaries share.
+//! `metrics` adds the mark store's latency histogram (`store::Timed`) through the OpenTelemetry
+//! API (a no-op until the application installs a meter provider; `postgres` brings it, for the
+//! shared gate's timings); `server` adds fence-gateway and the serving, CLI and telemetry
+//! plumbing the binaries share (`cargo build -p fencing --features server --bin fence-gateway`).
 #![forbid(unsafe_code)]
 
 pub mod admission;

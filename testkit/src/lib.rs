@@ -482,6 +482,21 @@ impl Drop for Etcd {
     }
 }
 
+/// The package of a workspace binary and the cargo features it requires (its Cargo.toml's
+/// `required-features`, comma-separated), so that cargo can build it on its own; `None` for a
+/// name that is not one of [`workspace_binary`]'s.
+pub fn binary_package(name: &str) -> Option<(&'static str, &'static str)> {
+    match name {
+        "lease-proxy" => Some(("lease-proxy", "")),
+        // fencing's default features are the library alone: without `server` cargo skips the
+        // binary, or refuses to build it by name.
+        "fence-gateway" => Some(("fencing", "server")),
+        // Built only with the negative controls (never in a release build).
+        "fence-gateway-control" => Some(("fencing", "server,negative-controls")),
+        _ => None,
+    }
+}
+
 /// A binary of this workspace (`lease-proxy`, `fence-gateway`, …) built with the same profile
 /// as the running executable: looked up next to it (or next to its parent, for test
 /// executables in `deps/`), and built with cargo when missing.
@@ -493,12 +508,8 @@ pub fn workspace_binary(name: &str) -> PathBuf {
     }
     let path = dir.join(name);
     if !path.exists() {
-        let (package, features) = match name {
-            "lease-proxy" => ("lease-proxy", ""),
-            "fence-gateway" => ("fencing", ""),
-            // Built only with the negative controls (never in a release build).
-            "fence-gateway-control" => ("fencing", "negative-controls"),
-            other => panic!("unknown workspace binary `{other}`"),
+        let Some((package, features)) = binary_package(name) else {
+            panic!("unknown workspace binary `{name}`")
         };
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut build = Command::new(cargo);

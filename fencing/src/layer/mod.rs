@@ -46,7 +46,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::Body;
+use axum_core::body::Body;
 use futures::future::BoxFuture;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::Body as _;

@@ -1,4 +1,4 @@
-use axum::body::Body;
+use axum_core::body::Body;
 use http::{header, HeaderValue, Response, StatusCode};
 
 use crate::error::GateError;

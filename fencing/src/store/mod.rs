@@ -12,10 +12,12 @@ mod postgres;
 mod readiness;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+#[cfg(feature = "metrics")]
 mod timed;
 
 pub use memory::MemoryStore;
-#[cfg(feature = "postgres")]
+// For the in-database package's commands (`indb`), which only `server` builds.
+#[cfg(all(feature = "postgres", feature = "server"))]
 pub(crate) use postgres::marks::{stamp_statement, Stamp};
 #[cfg(all(test, feature = "postgres"))]
 pub(crate) use postgres::PROBE_RESOURCE;
@@ -25,6 +27,7 @@ pub(crate) use readiness::Readiness;
 pub use readiness::PROBE_TTL;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
+#[cfg(feature = "metrics")]
 pub use timed::{StoreLatency, Timed, DURATION_BUCKETS};
 
 use futures::future::BoxFuture;

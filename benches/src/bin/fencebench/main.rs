@@ -8,8 +8,8 @@
 //! - `raise`: every write presents a higher token (check and durable raise, an fsync each).
 //!
 //! Each backend is its own process (`fencebench upstream`, `fencebench bare`, the
-//! `fence-gateway` built next to this binary): `cargo build --release -p fencing -p
-//! lease-proxy-benches && target/release/fencebench`.
+//! `fence-gateway` built next to this binary): `cargo build --release -p fencing --features
+//! fencing/server -p lease-proxy-benches && target/release/fencebench`.
 
 use std::path::PathBuf;
 use std::process::Command;
