@@ -28,7 +28,7 @@ done
 ensure_deps
 echo "==> building"
 cargo build --locked -q -p lease-proxy -p fencing --features fencing/server -p lease-proxy-examples
-bin=target/debug
+bin="${CARGO_TARGET_DIR:-target}/debug"
 
 work=$(mktemp -d -t lease-proxy-demo-XXXXXX)
 pids=()

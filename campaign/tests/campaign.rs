@@ -8,9 +8,10 @@
 //! no pre-fence; locks taken with etcd's Mutex recipe over gRPC never exchanged for a token (their
 //! writes unfenced); a fleet granting what another member still holds (no revoke before grant,
 //! the proxy built with its `negative-controls` feature). Then the gateways paused
-//! mid-admission, in their own fault mix: one real run, and its control until caught. Runs are
-//! sequential: they share the machine's two cores. The catch rates over many seeds are the
-//! published campaign's (`scripts/campaign.sh`).
+//! mid-admission, in their own fault mix: one real run, and its control until caught. Each is a
+//! test of its own, so the test runner runs them beside the rest of the suite (two at a time at
+//! most: they share the one PostgreSQL, `.config/nextest.toml`). The catch rates over many seeds
+//! are the published campaign's (`scripts/campaign.sh`), run on a quiet machine.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
@@ -72,7 +73,7 @@ fn with_fleet(control: Control, seconds: u64, seed: u64) -> Settings {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn bounded_campaign_and_negative_controls() {
+async fn the_deployment_shows_no_violation_under_every_fault() {
     let seed = 1;
     let r = run_once(&with_fleet(Control::None, 30, seed))
         .await
@@ -115,18 +116,50 @@ async fn bounded_campaign_and_negative_controls() {
         r.lock_writes_acknowledged
     );
     fleet_ran(&r);
-    let controls: [(Control, &[u64]); 7] = [
-        (Control::NoFencing, &[11, 12, 13]),
-        (Control::MemoryMarks, &[21, 22, 23]),
-        (Control::ForgetInFlight, &[31, 32, 33]),
-        (Control::ReleaseWithCaller, &[41, 42, 43]),
-        (Control::LocalGate, &[51, 52, 53]),
-        (Control::NoPrefence, &[61, 62, 63]),
-        (Control::UnexchangedLocks, &[91, 92, 93]),
-    ];
-    for (control, seeds) in controls {
-        caught(control, seeds, |c, seed| settings(c, 25, seed)).await;
-    }
+}
+
+/// A negative control's test: its 25 s runs, seeds tried in turn until one catches it.
+async fn control(control: Control, seeds: &[u64]) {
+    caught(control, seeds, |c, seed| settings(c, 25, seed)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn control_no_fencing_is_caught() {
+    control(Control::NoFencing, &[11, 12, 13]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn control_memory_marks_is_caught() {
+    control(Control::MemoryMarks, &[21, 22, 23]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn control_forget_in_flight_is_caught() {
+    control(Control::ForgetInFlight, &[31, 32, 33]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn control_release_with_caller_is_caught() {
+    control(Control::ReleaseWithCaller, &[41, 42, 43]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn control_local_gate_is_caught() {
+    control(Control::LocalGate, &[51, 52, 53]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn control_no_prefence_is_caught() {
+    control(Control::NoPrefence, &[61, 62, 63]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn control_unexchanged_locks_is_caught() {
+    control(Control::UnexchangedLocks, &[91, 92, 93]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn control_no_revoke_before_grant_is_caught() {
     caught(Control::NoRevokeBeforeGrant, &[101, 102, 103], |c, seed| {
         with_fleet(c, 15, seed)
     })
@@ -137,7 +170,6 @@ async fn bounded_campaign_and_negative_controls() {
         "lease-proxy-controls",
         "negative-controls"
     )));
-    paused_admissions().await;
 }
 
 /// The fleet's members were given resources, wrote them, met every kind of member event, and
@@ -169,13 +201,17 @@ fn fleet_ran(r: &Report) {
 }
 
 /// Gateways paused mid-admission, in their own fault mix on gateways whose registrations last
-/// 4 s: the real gateways show no violation with pauses that landed; the control (the
-/// exchange's clock started at reading the admission) is caught.
-async fn paused_admissions() {
-    let paused = |control, seed| Settings {
+/// 4 s.
+fn paused(control: Control, seed: u64) -> Settings {
+    Settings {
         faults: Faults::PausedAdmissions,
         ..settings(control, 25, seed)
-    };
+    }
+}
+
+/// The real gateways show no violation with pauses that landed mid-admission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gateways_paused_mid_admission_show_no_violation() {
     let r = run_once(&paused(Control::None, 71)).await.unwrap();
     let landed = r
         .fault_log
@@ -191,6 +227,11 @@ async fn paused_admissions() {
         landed >= 2,
         "seed 71: only {landed} pauses landed mid-admission"
     );
+}
+
+/// The control (the exchange's clock started at reading the admission) is caught.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn control_deadline_from_admission_is_caught() {
     caught(Control::DeadlineFromAdmission, &[81, 82, 83], paused).await;
 }
 

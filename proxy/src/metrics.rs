@@ -9,6 +9,11 @@ use opentelemetry::metrics::{Counter, Histogram, Meter};
 use opentelemetry::KeyValue;
 use tokio::time::Instant;
 
+/// The outcomes of a fleet decision.
+pub(crate) const FLEET_DECISIONS: [&str; 4] = ["settled", "unsettled", "raced", "failed"];
+/// Why the fleet service ends a member's grant.
+pub(crate) const FLEET_REVOCATIONS: [&str; 4] = ["deadline", "evicted", "removed", "orphan"];
+
 /// Every instrument the proxy records into.
 #[derive(Debug)]
 pub(crate) struct Metrics {
@@ -64,6 +69,19 @@ pub(crate) struct Metrics {
     /// gRPC watch streams ended to keep their answers within a budget, by `budget`: `stream`,
     /// `principal`, `replica`, `too_large` (`lease_proxy_grpc_watch_cut_off_total`).
     watch_cut_off: Counter<u64>,
+    /// Fleet decisions this replica made, by `outcome`: `settled` (every action answered),
+    /// `unsettled` (one did not: decided again soon), `raced` (another replica wrote the
+    /// assignment first) or `failed` (etcd could not be read or written)
+    /// (`lease_proxy_fleet_decisions_total`).
+    fleet_decisions: Counter<u64>,
+    /// Hand-offs begun by assignments this replica wrote (`lease_proxy_fleet_handoffs_total`).
+    pub(crate) fleet_handoffs: Counter<u64>,
+    /// Grants the fleet service made here (`lease_proxy_fleet_grants_total`; also counted in
+    /// `lease_proxy_grants_total`).
+    pub(crate) fleet_grants: Counter<u64>,
+    /// Members' grants the fleet service ended here, by `reason`: `deadline`, `evicted`,
+    /// `removed`, `orphan` (`lease_proxy_fleet_revocations_total`).
+    fleet_revocations: Counter<u64>,
 }
 
 impl Metrics {
@@ -171,6 +189,22 @@ impl Metrics {
                 "lease_proxy.grpc.watch.cut_off",
                 "gRPC watch streams ended to keep their answers within a budget, by budget.",
             ),
+            fleet_decisions: counter(
+                "lease_proxy.fleet.decisions",
+                "Fleet decisions made by this replica, by outcome.",
+            ),
+            fleet_handoffs: counter(
+                "lease_proxy.fleet.handoffs",
+                "Hand-offs begun by fleet assignments this replica wrote.",
+            ),
+            fleet_grants: counter(
+                "lease_proxy.fleet.grants",
+                "Resources granted to fleet members by this replica.",
+            ),
+            fleet_revocations: counter(
+                "lease_proxy.fleet.revocations",
+                "Fleet members' grants ended by this replica's fleet service, by reason.",
+            ),
             exporter,
         };
         metrics.start_at_zero();
@@ -187,6 +221,8 @@ impl Metrics {
             &self.audit_dropped,
             &self.batch_splits,
             &self.sessions_opened,
+            &self.fleet_handoffs,
+            &self.fleet_grants,
         ] {
             counter.add(0, &[]);
         }
@@ -208,11 +244,27 @@ impl Metrics {
         for b in ["stream", "principal", "replica", "too_large"] {
             self.watch_cut_off.add(0, &[KeyValue::new("budget", b)]);
         }
+        for o in FLEET_DECISIONS {
+            self.fleet_decisions.add(0, &outcome(o));
+        }
+        for r in FLEET_REVOCATIONS {
+            self.fleet_revocations.add(0, &reason(r));
+        }
         for o in ["authenticated", "unauthenticated", "forbidden"] {
             for route in ["acquire", "read", "forward", "v3"] {
                 self.auth_request(o, route, 0);
             }
         }
+    }
+
+    /// Counts a fleet decision that came to `outcome` (one of [`FLEET_DECISIONS`]).
+    pub(crate) fn fleet_decision(&self, outcome: &'static str) {
+        self.fleet_decisions.add(1, &self::outcome(outcome));
+    }
+
+    /// Counts a fleet grant ended for `reason` (one of [`FLEET_REVOCATIONS`]).
+    pub(crate) fn fleet_revocation(&self, reason: &'static str) {
+        self.fleet_revocations.add(1, &self::reason(reason));
     }
 
     /// Counts an event stream that went to read its own etcd watch, for `reason`.

@@ -295,11 +295,15 @@ pub async fn run(
         stopping.clone(),
     );
     let fleets = crate::fleet::Fleets::start(
-        leases.clone(),
-        etcd.clone(),
-        commit_for_fleets,
-        layout.clone(),
-        entitlement(auth.clone()),
+        crate::fleet::Parts {
+            leases: leases.clone(),
+            etcd: etcd.clone(),
+            commit: commit_for_fleets,
+            layout: layout.clone(),
+            entitled: entitlement(auth.clone()),
+            audit: audit.clone(),
+            metrics: metrics.clone(),
+        },
         &tracker,
         stopping.clone(),
     );

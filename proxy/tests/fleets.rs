@@ -261,7 +261,14 @@ async fn a_drained_member_hands_everything_off_and_an_evicted_one_loses_it_at_on
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_that_never_releases_is_revoked_at_its_deadline() {
-    let r = replicas("fleet-deadline", |_| {}).await;
+    // Each replica audits to a file of its own.
+    let logs = tempfile::tempdir().unwrap();
+    let replica = std::sync::atomic::AtomicUsize::new(0);
+    let r = replicas("fleet-deadline", |c| {
+        let n = replica.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        c.audit_log = Some(logs.path().join(format!("audit-{n}.jsonl")));
+    })
+    .await;
     let resources = names("dl", 10);
     make_fleet(&r.r1.url, "dl", &resources, json!({"drain_ms": 800})).await;
     let a = joined(&r.r1.url, "dl", "a", 30).await;
@@ -313,6 +320,72 @@ async fn a_holder_that_never_releases_is_revoked_at_its_deadline() {
         }
     }
     assert_eq!(ended, vec!["released"; 5], "a's ends");
+    // The service's own actions are audited and counted, once each across the replicas: a's
+    // ten grants and b's five, and the five revocations at the deadline, each of a grant of a.
+    let lines = lease_proxy_testkit::poll::eventually(
+        Duration::from_secs(5),
+        "the fleet's audit lines",
+        || async {
+            let lines = audit_lines(logs.path());
+            let kind = |k: &str| lines.iter().filter(|l| l["event"] == k).count();
+            match (kind("fleet-grant"), kind("fleet-revoke")) {
+                (15, 5) => lease_proxy_testkit::poll::Probe::Done(lines),
+                seen => lease_proxy_testkit::poll::Probe::Not(format!("{seen:?}")),
+            }
+        },
+    )
+    .await
+    .0;
+    let of = |event: &str, member: &str| -> Vec<String> {
+        lines
+            .iter()
+            .filter(|l| l["event"] == event && l["member"] == member && l["fleet"] == "dl")
+            .map(|l| str_field(l, "token"))
+            .collect()
+    };
+    let (a_grants, b_grants, a_revoked) = (
+        of("fleet-grant", "a"),
+        of("fleet-grant", "b"),
+        of("fleet-revoke", "a"),
+    );
+    assert_eq!(
+        (a_grants.len(), b_grants.len(), a_revoked.len()),
+        (10, 5, 5)
+    );
+    assert!(
+        a_revoked.iter().all(|t| a_grants.contains(t)),
+        "revoked {a_revoked:?}, granted {a_grants:?}"
+    );
+    assert!(lines
+        .iter()
+        .filter(|l| l["event"] == "fleet-revoke")
+        .all(|l| l["outcome"] == "deadline" && l["session"] == a.session.as_str()));
+    let mut counted = [0.0; 3];
+    for url in [&r.r1.url, &r.r2.url] {
+        let text = metrics_text(url).await;
+        counted[0] += metric(&text, "lease_proxy_fleet_grants_total", &[]);
+        counted[1] += metric(
+            &text,
+            "lease_proxy_fleet_revocations_total",
+            &["reason=\"deadline\""],
+        );
+        counted[2] += metric(&text, "lease_proxy_fleet_handoffs_total", &[]);
+    }
+    assert_eq!(
+        counted,
+        [15.0, 5.0, 5.0],
+        "grants, deadline revocations, hand-offs"
+    );
+}
+
+/// Every line of the audit logs in `dir`.
+fn audit_lines(dir: &std::path::Path) -> Vec<serde_json::Value> {
+    let mut lines = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        lines.extend(text.lines().map(|l| serde_json::from_str(l).unwrap()));
+    }
+    lines
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

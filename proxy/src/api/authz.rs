@@ -9,7 +9,7 @@ use std::sync::Arc;
 use axum::http::HeaderMap;
 
 use super::AppState;
-use crate::audit::Event;
+use crate::audit::{Event, Kind};
 use crate::auth::{Op, Principal};
 pub(super) use crate::auth::{Peer, Target};
 use crate::lease::Recheck;
@@ -66,7 +66,7 @@ pub(super) fn audit_refusal(
             principal: name(caller),
             op: Some(op.as_str()),
             resource: Some(resource.to_owned()),
-            ..Event::new("quota", quota, headers)
+            ..Event::new(Kind::Quota, quota, headers)
         });
     }
     if matches!(error, Error::OtherPrincipal) {
@@ -74,7 +74,7 @@ pub(super) fn audit_refusal(
             principal: name(caller),
             op: Some(op.as_str()),
             resource: Some(resource.to_owned()),
-            ..Event::new("authz", "other-principal", headers)
+            ..Event::new(Kind::Authz, "other-principal", headers)
         });
     }
 }
@@ -93,7 +93,7 @@ pub(super) fn audit_session_refusal(
         app.audit.record(Event {
             principal: name(caller),
             session: Some(id.to_string()),
-            ..Event::new("session", why, headers)
+            ..Event::new(Kind::Session, why, headers)
         });
     }
 }

@@ -17,7 +17,7 @@ use super::authz::{self, Caller};
 use super::preamble::{Acquiring, OnFleet, OnMember, Reading, Received};
 use super::schemas::ResourceName;
 use super::{body, AppState};
-use crate::audit::Event;
+use crate::audit::{Event, Kind};
 use crate::auth::Op;
 use crate::fleet::{
     Asked, Drainer, FleetView, Join, Joined, MemberView, SpecChange, Standing, Written,
@@ -120,7 +120,7 @@ fn gate<'a>(
             principal: Some(principal.name.clone()),
             op: Some(op.as_str()),
             resource: Some(denied.clone()),
-            ..Event::new("authz", "forbidden", headers)
+            ..Event::new(Kind::Authz, "forbidden", headers)
         });
         let target = match names {
             Names::Shown => format!("`{denied}`, a resource of fleet `{fleet}`"),
@@ -178,7 +178,7 @@ pub(super) async fn put(
         .fleets
         .put(&fleet, &change, authz::name(&caller))
         .await?;
-    audit(&app, &headers, &caller, "fleet-put", &fleet);
+    audit(&app, &headers, &caller, Kind::FleetPut, (&fleet, None));
     Ok(Json(written).into_response())
 }
 
@@ -236,7 +236,7 @@ pub(super) async fn delete(
     app.fleets
         .delete(&fleet, principal.as_deref(), &gate)
         .await?;
-    audit(&app, &headers, &caller, "fleet-delete", &fleet);
+    audit(&app, &headers, &caller, Kind::FleetDelete, (&fleet, None));
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -286,7 +286,13 @@ pub(super) async fn join(
     };
     let gate = gate(&app, &headers, &caller, &fleet, Op::Acquire, Names::Kept);
     let joined: Joined = app.fleets.join(&fleet, join, &gate).await?;
-    audit(&app, &headers, &caller, "fleet-join", &fleet);
+    audit(
+        &app,
+        &headers,
+        &caller,
+        Kind::FleetJoin,
+        (&fleet, Some(&joined.member)),
+    );
     let location = format!("/v1/fleets/{fleet}/members/{}", joined.member);
     Ok(super::leases::created(joined, &location))
 }
@@ -417,7 +423,13 @@ pub(super) async fn drain(
         None => Drainer::Operator(&gate),
     };
     let standing: Standing = app.fleets.drain(&on.fleet, &on.member, by).await?;
-    audit(&app, &headers, &caller, "fleet-drain", &on.fleet);
+    audit(
+        &app,
+        &headers,
+        &caller,
+        Kind::FleetDrain,
+        (&on.fleet, Some(&on.member)),
+    );
     Ok((StatusCode::ACCEPTED, Json(standing)).into_response())
 }
 
@@ -447,14 +459,28 @@ pub(super) async fn evict(
     let (caller, headers) = (on.by.caller, on.by.headers);
     let gate = gate(&app, &headers, &caller, &on.fleet, Op::Acquire, Names::Kept);
     app.fleets.evict(&on.fleet, &on.member, &gate).await?;
-    audit(&app, &headers, &caller, "fleet-evict", &on.fleet);
+    audit(
+        &app,
+        &headers,
+        &caller,
+        Kind::FleetEvict,
+        (&on.fleet, Some(&on.member)),
+    );
     Ok(StatusCode::NO_CONTENT)
 }
 
-fn audit(app: &AppState, headers: &HeaderMap, caller: &Caller, event: &'static str, fleet: &str) {
+/// Audits a fleet request that succeeded; `member` names the member it was about, if any.
+fn audit(
+    app: &AppState,
+    headers: &HeaderMap,
+    caller: &Caller,
+    event: Kind,
+    (fleet, member): (&str, Option<&str>),
+) {
     app.audit.record(Event {
         principal: authz::name(caller),
-        resource: Some(fleet.to_owned()),
+        fleet: Some(fleet.to_owned()),
+        member: member.map(str::to_owned),
         ..Event::new(event, "ok", headers)
     });
 }
@@ -468,7 +494,7 @@ fn audit_refusal(
 ) {
     app.audit.record(Event {
         principal: authz::name(caller),
-        resource: Some(fleet.to_owned()),
-        ..Event::new("fleet", why, headers)
+        fleet: Some(fleet.to_owned()),
+        ..Event::new(Kind::Fleet, why, headers)
     });
 }

@@ -15,7 +15,7 @@ use super::authz::{self, Caller, Target};
 use super::preamble::{Acquiring, AsHolder, Authorized, OnResource, Reading, Received};
 use super::schemas::{ResourceName, ResourcePrefix};
 use super::{body, AppState};
-use crate::audit::Event;
+use crate::audit::{Event, Kind};
 use crate::auth::Op;
 use crate::lease::{list_prefixes, session, validate, Acquire, Grant, Holding, Page, Renewal};
 use crate::{Error, Result};
@@ -184,7 +184,7 @@ pub(super) async fn acquire(
         principal: authz::name(&caller),
         resource: Some(resource),
         token: Some(grant.token.clone()),
-        ..Event::new("grant", "ok", &headers)
+        ..Event::new(Kind::Grant, "ok", &headers)
     });
     let location = format!("/v1/leases/{}", grant.resource);
     Ok(created(grant, &location))
@@ -255,7 +255,7 @@ pub(super) async fn renew(
             app.audit.record(Event {
                 principal: principal.clone(),
                 resource: Some(on.resource.clone()),
-                ..Event::new("renew", e.slug(), &on.headers)
+                ..Event::new(Kind::Renew, e.slug(), &on.headers)
             });
         })?;
     Ok(Json(renewal).into_response())
@@ -291,7 +291,7 @@ pub(super) async fn release(
             principal,
             resource: Some(on.resource),
             token: Some(token),
-            ..Event::new("release", "ok", &on.headers)
+            ..Event::new(Kind::Release, "ok", &on.headers)
         });
     }
     Ok(StatusCode::NO_CONTENT)

@@ -14,7 +14,7 @@ use super::authz;
 use super::preamble::{Acquiring, AsSessionHolder, Authorized, OnSession, Reading, Received};
 use super::schemas::SessionId;
 use super::{body, AppState};
-use crate::audit::Event;
+use crate::audit::{Event, Kind};
 use crate::auth::Op;
 use crate::lease::session::{Heartbeat, Opened, SessionView};
 use crate::lease::validate;
@@ -88,7 +88,7 @@ pub(super) async fn open(
         .await?;
     app.audit.record(Event {
         principal,
-        ..Event::new("session-open", "ok", &headers)
+        ..Event::new(Kind::SessionOpen, "ok", &headers)
     });
     let location = format!("/v1/sessions/{}", opened.session_id);
     Ok(super::leases::created(opened, &location))
@@ -156,7 +156,7 @@ pub(super) async fn close(
         .await?;
     app.audit.record(Event {
         principal,
-        ..Event::new("session-close", "ok", &headers)
+        ..Event::new(Kind::SessionClose, "ok", &headers)
     });
     Ok(StatusCode::NO_CONTENT)
 }

@@ -12,7 +12,7 @@ use axum::http::{Extensions, HeaderMap};
 use fencing::tls::PeerCertificate;
 
 use super::{Auth, Op, Principal, Unauthenticated};
-use crate::audit::{Audit, Event};
+use crate::audit::{Audit, Event, Kind};
 use crate::etcdapi::Authorised;
 use crate::lease::Recheck;
 use crate::metrics::Metrics;
@@ -186,7 +186,7 @@ impl Judge {
                 principal: Some(principal.name.clone()),
                 op: Some(op.as_str()),
                 resource: target.resource(),
-                ..Event::new("authz", "forbidden", headers)
+                ..Event::new(Kind::Authz, "forbidden", headers)
             });
             return Err(Error::Forbidden {
                 principal: principal.name.clone(),
@@ -209,7 +209,7 @@ impl Judge {
         self.audit.record(Event {
             op: Some(op.as_str()),
             resource,
-            ..Event::new("authz", "unauthenticated", headers)
+            ..Event::new(Kind::Authz, "unauthenticated", headers)
         });
     }
 }

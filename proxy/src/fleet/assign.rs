@@ -143,6 +143,18 @@ pub(crate) enum Why {
     Orphan,
 }
 
+impl Why {
+    /// Its name in the audit log and the metrics.
+    pub(crate) fn slug(self) -> &'static str {
+        match self {
+            Why::Deadline => "deadline",
+            Why::Evicted => "evicted",
+            Why::Removed => "removed",
+            Why::Orphan => "orphan",
+        }
+    }
+}
+
 /// A grant to end: the one created at `revision`, not whatever holds the resource later.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Revoke {

@@ -14,7 +14,7 @@
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::assign::{Holder, State};
+use super::assign::{Holder, Revoke, State, Why};
 use super::records::{encode, MemberRecord, Read, Snapshot, MAX_MEMBERS, MAX_WEIGHT};
 use super::spec::{Gate, ATTEMPTS};
 use super::Fleets;
@@ -295,7 +295,15 @@ impl Fleets {
         let owned = self.owned(&snap, snap.watched()).await?;
         for (resource, o) in owned {
             if o.held.holder == Holder::Member(member.to_owned()) && o.lease == record.session {
-                o.revoke(&self.inner.leases, &resource).await?;
+                if o.revoke(&self.inner.leases, &resource).await? {
+                    let revoke = Revoke {
+                        resource,
+                        revision: o.held.revision,
+                        why: Why::Evicted,
+                    };
+                    let principal = o.principal.as_deref();
+                    self.revoked(fleet, (Some(member), o.lease), &revoke, principal);
+                }
             }
         }
         tracing::info!(%fleet, %member, "fleet member evicted");

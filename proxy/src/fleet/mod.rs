@@ -26,9 +26,11 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::audit::Audit;
 use crate::etcd::{Etcd, GroupCommit};
 use crate::keys::Layout;
 use crate::lease::{HolderRecord, Leases};
+use crate::metrics::Metrics;
 use crate::Result;
 
 pub(crate) use members::{check_fleet, check_member, Drainer, Join, Joined, Standing};
@@ -38,6 +40,24 @@ pub(crate) use views::{Asked, FleetView, MemberView};
 /// Whether a principal (`None`: a member joined without authentication) may acquire every
 /// one of the resources: the token file's judgement, asked whenever a fleet decides.
 pub(crate) type Entitlement = Arc<dyn Fn(Option<&str>, &[String]) -> bool + Send + Sync>;
+
+/// What the fleet service works with, from the replica.
+pub(crate) struct Parts {
+    /// Grants and revocations go through the lease service (tokens, pre-fencing, quotas).
+    pub(crate) leases: Leases,
+    /// Reads of the fleets' keys.
+    pub(crate) etcd: Etcd,
+    /// Writes of the fleets' keys.
+    pub(crate) commit: GroupCommit,
+    /// Where the keys are.
+    pub(crate) layout: Layout,
+    /// Who may hold a fleet's resources.
+    pub(crate) entitled: Entitlement,
+    /// The service's own grants and revocations are audited (`fleet-grant`, `fleet-revoke`).
+    pub(crate) audit: Audit,
+    /// And counted (`lease_proxy_fleet_*`).
+    pub(crate) metrics: Arc<Metrics>,
+}
 
 /// The fleet service of this replica. Cheap to clone.
 #[derive(Clone)]
@@ -51,6 +71,8 @@ struct Inner {
     commit: GroupCommit,
     layout: Layout,
     entitled: Entitlement,
+    audit: Audit,
+    metrics: Arc<Metrics>,
     signals: signals::Signals,
     stopping: CancellationToken,
 }
@@ -82,15 +104,16 @@ impl Owned {
 
 impl Fleets {
     /// The service, its decisions driven on `tracker` until `stopping` fires.
-    pub(crate) fn start(
-        leases: Leases,
-        etcd: Etcd,
-        commit: GroupCommit,
-        layout: Layout,
-        entitled: Entitlement,
-        tracker: &TaskTracker,
-        stopping: CancellationToken,
-    ) -> Self {
+    pub(crate) fn start(parts: Parts, tracker: &TaskTracker, stopping: CancellationToken) -> Self {
+        let Parts {
+            leases,
+            etcd,
+            commit,
+            layout,
+            entitled,
+            audit,
+            metrics,
+        } = parts;
         let fleets = Self {
             inner: Arc::new(Inner {
                 leases,
@@ -98,6 +121,8 @@ impl Fleets {
                 commit,
                 layout,
                 entitled,
+                audit,
+                metrics,
                 signals: signals::Signals::default(),
                 stopping,
             }),

@@ -17,6 +17,7 @@ use futures::StreamExt as _;
 use super::assign::{self, Input, Plan};
 use super::records::{encode, AssignmentRecord, MemberRecord, Read, Snapshot};
 use super::{Fleets, Owned};
+use crate::audit::{Event, Kind};
 use crate::etcd::Unchanged;
 use crate::lease::{is_session_gone, OnSession};
 use crate::Result;
@@ -41,8 +42,22 @@ pub(super) enum Pass {
 }
 
 impl Fleets {
-    /// Decides for `fleet` and acts on the decision.
+    /// Decides for `fleet` and acts on the decision; counted by outcome.
     pub(super) async fn reconcile(&self, fleet: &str) -> Result<Pass> {
+        let pass = self.decide_and_act(fleet).await;
+        let outcome = match &pass {
+            Ok(Pass::Done { complete: true, .. } | Pass::Gone) => "settled",
+            Ok(Pass::Done {
+                complete: false, ..
+            }) => "unsettled",
+            Ok(Pass::Raced) => "raced",
+            Err(_) => "failed",
+        };
+        self.inner.metrics.fleet_decision(outcome);
+        pass
+    }
+
+    async fn decide_and_act(&self, fleet: &str) -> Result<Pass> {
         let Some(snap) = self.snapshot(fleet).await? else {
             return Ok(Pass::Gone);
         };
@@ -67,11 +82,17 @@ impl Fleets {
             snap.assignment.mod_revision
         } else {
             match self.write_assignment(&snap, &plan).await? {
-                Some(revision) => revision,
+                Some(revision) => {
+                    let begun = (plan.assignment.deadlines.keys())
+                        .filter(|r| !current.deadlines.contains_key(*r))
+                        .count();
+                    self.inner.metrics.fleet_handoffs.add(begun as u64, &[]);
+                    revision
+                }
                 None => return Ok(Pass::Raced),
             }
         };
-        let revoked = self.revoke(&plan, &owned).await;
+        let revoked = self.revoke(&snap, &plan, &owned).await;
         let granted = self.grant(&snap, &plan, assignment_revision).await;
         Ok(Pass::Done {
             resources: spec.resources,
@@ -130,16 +151,21 @@ impl Fleets {
 
     /// Ends the grants the plan revokes (each only if it is still the one decided on); whether
     /// every revocation got an answer.
-    async fn revoke(&self, plan: &Plan, owned: &BTreeMap<String, Owned>) -> bool {
+    async fn revoke(&self, snap: &Snapshot, plan: &Plan, owned: &BTreeMap<String, Owned>) -> bool {
         let revokes: Vec<_> = plan
             .revokes
             .iter()
-            .map(|revoke| self.revoke_one(revoke, owned.get(&revoke.resource)))
+            .map(|revoke| self.revoke_one(snap, revoke, owned.get(&revoke.resource)))
             .collect();
         all(revokes).await
     }
 
-    async fn revoke_one(&self, revoke: &assign::Revoke, owned: Option<&Owned>) -> bool {
+    async fn revoke_one(
+        &self,
+        snap: &Snapshot,
+        revoke: &assign::Revoke,
+        owned: Option<&Owned>,
+    ) -> bool {
         let (lease, principal) = owned.map_or((0, None), |o| (o.lease, o.principal.as_deref()));
         let ended = self
             .inner
@@ -147,8 +173,14 @@ impl Fleets {
             .revoke_assigned(&revoke.resource, revoke.revision, lease, principal)
             .await;
         match ended {
-            Ok(_) => {
-                tracing::info!(resource = %revoke.resource, why = ?revoke.why, "fleet revoked a grant");
+            Ok(ended) => {
+                if ended {
+                    let member = owned.and_then(|o| match &o.held.holder {
+                        assign::Holder::Member(m) => Some(m.as_str()),
+                        _ => None,
+                    });
+                    self.revoked(&snap.fleet, (member, lease), revoke, principal);
+                }
                 true
             }
             Err(e) => {
@@ -156,6 +188,29 @@ impl Fleets {
                 false
             }
         }
+    }
+
+    /// Counts and audits a grant this replica's fleet service ended: `holder` is its member
+    /// (if still one) and lease.
+    pub(super) fn revoked(
+        &self,
+        fleet: &str,
+        (member, lease): (Option<&str>, i64),
+        revoke: &assign::Revoke,
+        principal: Option<&str>,
+    ) {
+        let why = revoke.why.slug();
+        tracing::info!(%fleet, resource = %revoke.resource, why, "fleet revoked a grant");
+        self.inner.metrics.fleet_revocation(why);
+        self.inner.audit.record(Event {
+            principal: principal.map(str::to_owned),
+            resource: Some(revoke.resource.clone()),
+            token: Some(revoke.revision.to_string()),
+            session: (lease != 0).then(|| lease.to_string()),
+            fleet: Some(fleet.to_owned()),
+            member: member.map(str::to_owned),
+            ..Event::unrequested(Kind::FleetRevoke, why)
+        });
     }
 
     /// Makes the plan's grants, each guarded by the member's record, the spec and the
@@ -234,7 +289,22 @@ impl Fleets {
             })
             .await;
         match granted {
-            Ok(_) => true,
+            Ok(Some(assigned)) => {
+                self.inner.metrics.fleet_grants.add(1, &[]);
+                self.inner.audit.record(Event {
+                    principal: member.record.principal.clone(),
+                    resource: Some(grant.resource.clone()),
+                    token: Some(assigned.revision.to_string()),
+                    session: Some(member.record.session.to_string()),
+                    fleet: Some(snap.fleet.clone()),
+                    member: Some(grant.member.clone()),
+                    ..Event::unrequested(Kind::FleetGrant, "ok")
+                });
+                true
+            }
+            // Another replica granted it first, or the guards changed: the watch brings the
+            // next decision.
+            Ok(None) => true,
             // The member's session ended meanwhile: its record goes with it, and the watch
             // brings the next decision.
             Err(e) if is_session_gone(&e) => true,

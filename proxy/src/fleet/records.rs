@@ -179,7 +179,7 @@ impl Snapshot {
             record: AssignmentRecord::default(),
             mod_revision: 0,
         };
-        let mut members = BTreeMap::new();
+        let mut members = Vec::new();
         for kv in &listed.kvs {
             let key = String::from_utf8_lossy(kv.key());
             if key == spec_key {
@@ -188,9 +188,7 @@ impl Snapshot {
                 assignment = read(&key, kv)?;
             } else if let Some(name) = key.strip_prefix(&members_prefix) {
                 match read::<MemberRecord>(&key, kv) {
-                    Ok(member) => {
-                        members.insert(name.to_owned(), member);
-                    }
+                    Ok(member) => members.push((name.to_owned(), kv.create_revision(), member)),
                     Err(e) => tracing::warn!(error = %e, "a fleet member record is unreadable"),
                 }
             }
@@ -199,7 +197,7 @@ impl Snapshot {
             fleet: fleet.to_owned(),
             revision: listed.revision,
             spec,
-            members,
+            members: first_members(members),
             assignment,
         }))
     }
@@ -222,6 +220,23 @@ impl Snapshot {
             .find(|(_, m)| m.record.session == session)
             .map(|(name, _)| name.as_str())
     }
+}
+
+/// The members that count: the first [`MAX_MEMBERS`] created (`(name, create revision,
+/// record)`). Joins that raced past the bound wrote records of their own before they could
+/// count them; until those leave again they are nobody's members — no decision assigns them
+/// anything, no view shows them — so a refused join never holds a resource, even briefly.
+fn first_members(
+    mut members: Vec<(String, i64, Read<MemberRecord>)>,
+) -> BTreeMap<String, Read<MemberRecord>> {
+    if members.len() > MAX_MEMBERS {
+        members.sort_by_key(|(_, created, _)| *created);
+        members.truncate(MAX_MEMBERS);
+    }
+    members
+        .into_iter()
+        .map(|(name, _, member)| (name, member))
+        .collect()
 }
 
 fn read<T: serde::de::DeserializeOwned>(key: &str, kv: &KeyValue) -> Result<Read<T>> {
@@ -292,6 +307,33 @@ mod tests {
             bytes + KEY_AND_COMPARES <= ETCD_MAX_REQUEST_BYTES,
             "the largest assignment is {bytes} bytes"
         );
+    }
+
+    #[test]
+    fn members_past_the_bound_by_creation_do_not_count() {
+        let member = |i: usize| {
+            let read = Read {
+                record: MemberRecord {
+                    principal: None,
+                    session: i as i64,
+                    weight: 1,
+                    state: State::Active,
+                    joined_at: 0,
+                },
+                mod_revision: 1,
+            };
+            // Names in the opposite order of creation: the bound goes by creation.
+            (format!("m{:04}", MAX_MEMBERS + 5 - i), 100 + i as i64, read)
+        };
+        let at_bound: Vec<_> = (0..MAX_MEMBERS).map(member).collect();
+        assert_eq!(first_members(at_bound).len(), MAX_MEMBERS);
+        let past: Vec<_> = (0..MAX_MEMBERS + 3).map(member).collect();
+        let counted = first_members(past);
+        assert_eq!(counted.len(), MAX_MEMBERS);
+        for late in MAX_MEMBERS..MAX_MEMBERS + 3 {
+            assert!(!counted.contains_key(&member(late).0), "{late} counted");
+        }
+        assert!(counted.contains_key(&member(0).0));
     }
 
     #[test]

@@ -3,9 +3,10 @@
 //! A waiter subscribes before it reads, so no change falls between its read and its wait.
 //!
 //! Every waiter of a fleet is woken by each change, and each must read the fleet again; the
-//! waiters share that reading: the first to look reads the fleet's keys once for every waiter
-//! woken by the same bumps (a thousand members each polling would otherwise read the fleet's
-//! every record a thousand times per change, on one replica, starving its other callers).
+//! waiters share that reading: the first to look reads the fleet's keys and its resources'
+//! grants once for every waiter woken by the same bumps (a thousand members each polling would
+//! otherwise read the fleet's every record and their grants a thousand times per change, on one
+//! replica, starving its other callers). A reading costs what one decision's reading does.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -13,11 +14,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::watch;
 
-use super::records::Snapshot;
+use super::views::Reading;
 use crate::Result;
 
 /// The fleet as last read for its waiters: after which bump, and what was read.
-type Shared = Arc<tokio::sync::Mutex<Option<(u64, Option<Arc<Snapshot>>)>>>;
+type Shared = Arc<tokio::sync::Mutex<Option<(u64, Option<Arc<Reading>>)>>>;
 
 struct Fleet {
     bumps: watch::Sender<u64>,
@@ -46,10 +47,10 @@ impl Waiter {
 
     /// The fleet read after every change this waiter has been woken by: the reading another
     /// waiter made since, or one made now by `read` (and shared).
-    pub(super) async fn reading<F, Fut>(&mut self, read: F) -> Result<Option<Arc<Snapshot>>>
+    pub(super) async fn reading<F, Fut>(&mut self, read: F) -> Result<Option<Arc<Reading>>>
     where
         F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<Option<Snapshot>>>,
+        Fut: Future<Output = Result<Option<Reading>>>,
     {
         let seen = *self.bumps.borrow_and_update();
         let mut slot = self.shared.lock().await;

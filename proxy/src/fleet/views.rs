@@ -116,7 +116,22 @@ pub(crate) struct Asked<'a> {
     pub(crate) wait: Duration,
 }
 
+/// A fleet read for its waiters: its keys, and the grants of every resource it watches.
+pub(super) struct Reading {
+    snap: Snapshot,
+    owned: BTreeMap<String, Owned>,
+}
+
 impl Fleets {
+    /// `fleet` and its grants, for the waiters woken by a change; `None` if it has gone.
+    async fn reading(&self, fleet: &str) -> Result<Option<Reading>> {
+        let Some(snap) = self.snapshot(fleet).await? else {
+            return Ok(None);
+        };
+        let owned = self.owned(&snap, snap.watched()).await?;
+        Ok(Some(Reading { snap, owned }))
+    }
+
     /// `fleet` as it stands. [`Error::NoFleet`] if there is none; `gate` judges the caller for
     /// its resources before their grants are read.
     pub(crate) async fn view(&self, fleet: &str, gate: Gate<'_>) -> Result<FleetView> {
@@ -178,7 +193,8 @@ impl Fleets {
         // request's own; after a wake-up the waiters of the fleet share one.
         let mut waiter = self.inner.signals.subscribe(fleet);
         let snap = self.snapshot(fleet).await?.ok_or(Error::NoFleet)?;
-        let mut view = self.member_view_of(&snap, asked).await?;
+        let mut proven = None;
+        let mut view = self.member_view_of(&snap, None, asked, &mut proven).await?;
         loop {
             if asked.after.is_none_or(|after| view.revision > after) || Instant::now() >= deadline {
                 return Ok(view);
@@ -188,19 +204,33 @@ impl Fleets {
                 () = tokio::time::sleep_until(deadline) => return Ok(view),
                 () = waiter.changed() => {}
             }
-            let snap = waiter.reading(|| self.snapshot(fleet)).await?;
+            let reading = waiter.reading(|| self.reading(fleet)).await?;
+            let reading = reading.as_deref().ok_or(Error::NoFleet)?;
             view = self
-                .member_view_of(snap.as_deref().ok_or(Error::NoFleet)?, asked)
+                .member_view_of(&reading.snap, Some(&reading.owned), asked, &mut proven)
                 .await?;
         }
     }
 
-    async fn member_view_of(&self, snap: &Snapshot, asked: &Asked<'_>) -> Result<MemberView> {
+    /// The view of `asked.member` in `snap`, with the grants `shared` read for every waiter
+    /// (else read here, of its own resources only). The secret is proved once per session:
+    /// `proven` keeps the session it proved (a session that ends takes the member's record with
+    /// it, and a new session is proved again).
+    async fn member_view_of(
+        &self,
+        snap: &Snapshot,
+        shared: Option<&BTreeMap<String, Owned>>,
+        asked: &Asked<'_>,
+        proven: &mut Option<i64>,
+    ) -> Result<MemberView> {
         let fleet = snap.fleet.as_str();
         (asked.gate)(&snap.spec.record.resources)?;
         let member = snap.members.get(asked.member).ok_or(Error::NoMember)?;
         let session = member.record.session;
-        prove(&self.inner.leases, session, asked.secret, asked.principal).await?;
+        if *proven != Some(session) {
+            prove(&self.inner.leases, session, asked.secret, asked.principal).await?;
+            *proven = Some(session);
+        }
         let assignment = &snap.assignment.record;
         let assigned: Vec<String> = assignment
             .members
@@ -208,9 +238,16 @@ impl Fleets {
             .cloned()
             .unwrap_or_default();
         let moving: Vec<String> = assignment.deadlines.keys().cloned().collect();
-        let owned = self
-            .owned(snap, assigned.iter().chain(&moving).cloned())
-            .await?;
+        let read;
+        let owned = match shared {
+            Some(owned) => owned,
+            None => {
+                read = self
+                    .owned(snap, assigned.iter().chain(&moving).cloned())
+                    .await?;
+                &read
+            }
+        };
         let mine = |r: &str| -> Option<&Owned> {
             owned
                 .get(r)
@@ -245,7 +282,7 @@ impl Fleets {
             fleet: fleet.to_owned(),
             member: asked.member.to_owned(),
             state: member.record.state,
-            revision: view_revision(snap, asked.member, &owned),
+            revision: view_revision(snap, asked.member, assigned.iter().chain(&moving), owned),
             held,
             releasing,
         })
@@ -255,10 +292,15 @@ impl Fleets {
 /// A member view's revision: the latest of its assignment's, its record's and its grants'
 /// create revisions — each change of what the view shows moves one of them (a release moves
 /// the assignment, whose deadline then goes).
-fn view_revision(snap: &Snapshot, member: &str, owned: &BTreeMap<String, Owned>) -> i64 {
+fn view_revision<'a>(
+    snap: &Snapshot,
+    member: &str,
+    shown: impl Iterator<Item = &'a String>,
+    owned: &BTreeMap<String, Owned>,
+) -> i64 {
     let record = snap.members.get(member).map_or(0, |m| m.mod_revision);
-    owned
-        .values()
+    shown
+        .filter_map(|r| owned.get(r))
         .filter(|o| o.held.holder == Holder::Member(member.to_owned()))
         .map(|o| o.held.revision)
         .chain([snap.assignment.mod_revision, record])

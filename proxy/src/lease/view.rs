@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::HolderRecord;
-use crate::audit::{Audit, Event};
+use crate::audit::{Audit, Event, Kind};
 use crate::etcd::{prefix_end, reopening, Etcd};
 use crate::metrics::Metrics;
 
@@ -177,7 +177,7 @@ impl Holders {
             principal,
             resource: Some(resource.to_owned()),
             token: Some(create_revision.to_string()),
-            ..Event::unrequested("expire", "ok")
+            ..Event::unrequested(Kind::Expire, "ok")
         });
     }
 }
