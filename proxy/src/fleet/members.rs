@@ -294,16 +294,16 @@ impl Fleets {
         let (snap, record) = self.restate(fleet, member, State::Evicted, &by).await?;
         let owned = self.owned(&snap, snap.watched()).await?;
         for (resource, o) in owned {
-            if o.held.holder == Holder::Member(member.to_owned()) && o.lease == record.session {
-                if o.revoke(&self.inner.leases, &resource).await? {
-                    let revoke = Revoke {
-                        resource,
-                        revision: o.held.revision,
-                        why: Why::Evicted,
-                    };
-                    let principal = o.principal.as_deref();
-                    self.revoked(fleet, (Some(member), o.lease), &revoke, principal);
-                }
+            let theirs =
+                o.held.holder == Holder::Member(member.to_owned()) && o.lease == record.session;
+            if theirs && o.revoke(&self.inner.leases, &resource).await? {
+                let revoke = Revoke {
+                    resource,
+                    revision: o.held.revision,
+                    why: Why::Evicted,
+                };
+                let principal = o.principal.as_deref();
+                self.revoked(fleet, (Some(member), o.lease), &revoke, principal);
             }
         }
         tracing::info!(%fleet, %member, "fleet member evicted");
