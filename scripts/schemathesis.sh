@@ -25,7 +25,9 @@ seed=()
 
 ensure_binaries
 
-venv=target/venv
+# A virtual environment of its own: the Python SDK's tests install theirs into target/venv, and the
+# two may run at once (scripts/test.sh).
+venv=target/venv-schemathesis
 if [ ! -x "$venv/bin/python" ]; then
   echo "==> creating $venv"
   python3 -m venv "$venv"

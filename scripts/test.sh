@@ -19,20 +19,62 @@ phase() {
   return 0
 }
 trap 'phase ""; printf "%s\n" "==> phase times" "${phase_times[@]}"' EXIT
+# Jobs run beside a phase in the foreground: each job's output goes to its log under
+# target/test-logs and is printed once `await_beside` has waited for it; its time joins the
+# phase times. The machine has two cores and most tests wait on etcd, PostgreSQL and timers, so
+# a compile or a suite beside them costs less wall time than one after them.
+logs="${CARGO_TARGET_DIR:-$PWD/target}/test-logs"
+beside_pids=()
+beside_names=()
+beside() {
+  local name=$1
+  shift
+  mkdir -p "$logs"
+  (
+    started=$(date +%s)
+    status=0
+    "$@" || status=$?
+    echo "==> $name: exit $status after $(($(date +%s) - started))s"
+    exit "$status"
+  ) >"$logs/$name.log" 2>&1 &
+  beside_pids+=($!)
+  beside_names+=("$name")
+}
+await_beside() {
+  local i failed=0
+  for i in "${!beside_pids[@]}"; do
+    wait "${beside_pids[$i]}" || failed=1
+    echo "==> beside: ${beside_names[$i]} (its output)"
+    cat "$logs/${beside_names[$i]}.log"
+    phase_times+=("$(tail -n 1 "$logs/${beside_names[$i]}.log" | sed -n 's/^==> \(.*\): exit \(.*\) after \(.*\)$/\3  (beside) \1, exit \2/p')")
+  done
+  beside_pids=()
+  beside_names=()
+  return "$failed"
+}
 phase "installing what is missing (scripts/deps.sh)"
 source scripts/deps.sh
 ensure_deps
 ensure_postgres
 ensure_python
 ensure_node
+# Installed here, not by the suites that need them, which may run at once (apt takes one lock).
+ensure_browser
+ensure_go
 
 phase "cargo fmt --check"
 cargo fmt --all --check
-phase "the fencing library alone, and with each store or metrics but no server"
-cargo clippy -p fencing --lib --no-default-features --locked -- -D warnings
-for feature in sqlite postgres metrics; do
-  cargo clippy -p fencing --lib --no-default-features --features "$feature" --locked -- -D warnings
-done
+# The fencing library alone, and with each store or metrics but no server: lints only, in a
+# target directory of their own (nothing of a check is shared with the test build, and a cargo
+# beside the test run would otherwise wait for its lock).
+fencing_alone() {
+  local dir="${CARGO_TARGET_DIR:-$PWD/target}/fencing-alone"
+  CARGO_TARGET_DIR="$dir" cargo clippy -p fencing --lib --no-default-features --locked -- -D warnings
+  for feature in sqlite postgres metrics; do
+    CARGO_TARGET_DIR="$dir" cargo clippy -p fencing --lib --no-default-features --features "$feature" \
+      --locked -- -D warnings
+  done
+}
 if cargo nextest --version >/dev/null 2>&1; then
   # Clippy's lints (-D warnings) in the test build itself: cargo compiles the workspace's own
   # crates with clippy-driver in place of rustc (as `cargo clippy` does for its check), so one
@@ -44,27 +86,32 @@ if cargo nextest --version >/dev/null 2>&1; then
   }
   export RUSTC_WORKSPACE_WRAPPER="$clippy_driver"
   export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
-  # Several test processes at once (.config/nextest.toml): the suite mostly waits on etcd.
-  phase "cargo nextest run (the workspace compiled through clippy)"
-  cargo nextest run --workspace --locked
-  phase "the benchmarks linted, doc tests"
+  phase "cargo nextest build (the workspace compiled through clippy), the benchmarks linted"
+  cargo nextest run --workspace --locked --no-run
   cargo test --workspace --locked --benches --no-run
-  cargo test --workspace --locked --doc
+  # Several test processes at once (.config/nextest.toml): the suite mostly waits on etcd.
+  phase "cargo nextest run, with the fencing library's lints and the doc tests beside it"
+  beside "fencing library lints, doc tests" bash -c "$(declare -f fencing_alone); fencing_alone && cargo test --workspace --locked --doc"
+  nextest_status=0
+  cargo nextest run --workspace --locked || nextest_status=$?
+  await_beside
+  [ "$nextest_status" -eq 0 ] || exit "$nextest_status"
   # The SDK and API tests below start the binaries this build made.
   bin="${CARGO_TARGET_DIR:-$PWD/target}/debug"
   export LEASE_PROXY_BIN="$bin/lease-proxy" FENCE_GATEWAY_BIN="$bin/fence-gateway" \
     WAREHOUSE_BIN="$bin/warehouse" DEV_PKI_BIN="$bin/dev-pki"
 else
+  phase "the fencing library alone, and with each store or metrics but no server"
+  fencing_alone
   phase "cargo clippy"
   cargo clippy --workspace --all-targets --locked -- -D warnings
   phase "cargo test"
   cargo test --workspace --locked
 fi
-phase "Python SDK (pytest)"
-scripts/python-tests.sh
-phase "TypeScript SDK (node --test)"
-scripts/typescript-tests.sh
-phase "schemathesis"
-scripts/schemathesis.sh
-phase "Go SDK (go test)"
-scripts/go-tests.sh
+phase "Python SDK (pytest), with TypeScript, schemathesis and Go beside it"
+beside "TypeScript SDK, schemathesis, Go SDK" bash -c \
+  "scripts/typescript-tests.sh && scripts/schemathesis.sh && scripts/go-tests.sh"
+python_status=0
+scripts/python-tests.sh || python_status=$?
+await_beside
+[ "$python_status" -eq 0 ] || exit "$python_status"
