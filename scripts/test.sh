@@ -89,6 +89,10 @@ if cargo nextest --version >/dev/null 2>&1; then
   phase "cargo nextest build (the workspace compiled through clippy), the benchmarks linted"
   cargo nextest run --workspace --locked --no-run
   cargo test --workspace --locked --benches --no-run
+  # The proxy with its negative controls, for the campaign's control test: built here, as that
+  # test's harness asks for it (testkit::feature_binary), rather than by the test itself while
+  # the suite runs around it.
+  cargo build --locked -q -p lease-proxy --bin lease-proxy-controls --features negative-controls
   # Several test processes at once (.config/nextest.toml): the suite mostly waits on etcd.
   phase "cargo nextest run, with the fencing library's lints and the doc tests beside it"
   beside "fencing library lints, doc tests" bash -c "$(declare -f fencing_alone); fencing_alone && cargo test --workspace --locked --doc"
