@@ -199,7 +199,9 @@ fn every_script_builds_fence_gateway_with_the_features_it_requires() {
             }
         }
     }
-    assert!(builds >= 8, "only {builds} builds of fencing found");
+    // The scripts that start the binaries build them through one function
+    // (scripts/deps.sh `ensure_binaries`): seven builds in all today.
+    assert!(builds >= 7, "only {builds} builds of fencing found");
     assert!(
         wrong.is_empty(),
         "builds without the features their binary requires:\n{}",
