@@ -122,17 +122,19 @@ async fn two_enforcers_sharing_postgres_keep_order() {
 /// their own writes (each trusts its cached mark), and storage sees tokens out of order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_local_gates_on_one_database_reorder() {
-    let mut total = 0;
-    for _ in 0..3 {
+    // A race, so rounds until the first reordering (usually the first round; a loaded machine
+    // applies fewer writes per round and may need more), at most 20.
+    for round in 1..=20 {
         let (applied, violations) =
             two_enforcers(|store| Gate::new(store).with_write_grace(STORAGE_GRACE)).await;
-        eprintln!("local gates: {applied} writes applied, {violations} out of order");
-        total += violations;
+        eprintln!(
+            "local gates, round {round}: {applied} writes applied, {violations} out of order"
+        );
+        if violations > 0 {
+            return;
+        }
     }
-    assert!(
-        total > 0,
-        "the scenario did not catch per-process gates sharing a database"
-    );
+    panic!("the scenario did not catch per-process gates sharing a database in 20 rounds");
 }
 
 struct GatewayProcess(Child);
