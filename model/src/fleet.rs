@@ -191,12 +191,10 @@ pub struct State {
     pub changes: u8,
     /// Members.
     pub members: Vec<Standing>,
-    /// The assignment in etcd, with its version.
+    /// The assignment in etcd.
     pub targets: Vec<Option<u8>>,
     /// Its deadlines.
     pub deadlines: Vec<Option<u8>>,
-    /// Its version (compare-and-set).
-    pub version: u8,
     /// Ownership keys: (member, revision).
     pub holders: Vec<Option<(u8, u8)>>,
     /// etcd's revision.
@@ -295,7 +293,6 @@ impl Model for Fleet {
             members: vec![Standing::Absent; self.members as usize],
             targets: vec![None; r],
             deadlines: vec![None; r],
-            version: 0,
             holders: vec![None; r],
             rev: 0,
             work: vec![None; self.replicas as usize],
@@ -390,10 +387,12 @@ impl Model for Fleet {
                     s.holders.iter().map(|h| h.map(|(m, _)| m)).collect();
                 let mut plan = self.decide(&self.input(&s, &holders));
                 // Replicas race: each writes what it decided (the same bytes from the same
-                // state), and carries out its plan from what it read.
+                // state), and carries out its plan from what it read. Nothing counts the
+                // writes: a decision that changes nothing (a grant to a member whose process
+                // died, refused until its session lapses, planned again) leaves the state as it
+                // was, so deciding again and again is one state, not one per decision.
                 s.targets = plan.targets.clone();
                 s.deadlines = plan.deadlines.clone();
-                s.version = s.version.wrapping_add(1);
                 // The revocations name the grant read (its revision).
                 plan.revokes = plan
                     .revokes
