@@ -9,12 +9,14 @@
 //! moves twice for one membership change. Liveness (fair scheduling, the changes over): with an
 //! eligible member alive, every resource ends up held by one.
 //!
-//! The decision is the server's own (`proxy/src/fleet/assign.rs`, `next`, pure): [`next`] maps
-//! this state to its `Input` through the door `lease_proxy::fleet_model` and its `Plan` back.
+//! The decision is the server's own (`proxy/src/fleet/assign.rs`, `next`, pure), called through
+//! the door `lease_proxy::fleet_model`: the model builds the door's `Input` from its state (members
+//! as the service [`sees`] them, deadlines in the door's unit, here ticks) and carries out its
+//! `Plan` as it comes.
 
 use std::fmt::Write as _;
 
-use lease_proxy::fleet_model as door;
+use lease_proxy::fleet_model::{self as door, Plan};
 use stateright::{Model, Property};
 
 /// A member's standing.
@@ -32,69 +34,14 @@ pub enum Standing {
     Dead(u8),
 }
 
-/// What the decision reads (as `assign::Input`): members' standing, the assignment last
-/// written, the holders, and the time.
-#[derive(Debug, Clone, Copy)]
-pub struct Input<'a> {
-    /// Each member's standing.
-    pub members: &'a [Standing],
-    /// Resource → assigned member.
-    pub targets: &'a [Option<u8>],
-    /// Resource → the deadline of its hand-off.
-    pub deadlines: &'a [Option<u8>],
-    /// Resource → the member whose grant holds it.
-    pub holders: &'a [Option<u8>],
-    /// How long a holder has to release a resource moved away from it.
-    pub drain: u8,
-    /// Now.
-    pub now: u8,
-}
-
-/// What to do next (as `assign::Plan`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Plan {
-    /// The assignment to write.
-    pub targets: Vec<Option<u8>>,
-    /// Its hand-off deadlines.
-    pub deadlines: Vec<Option<u8>>,
-    /// (resource, member): free resources to grant.
-    pub grants: Vec<(u8, u8)>,
-    /// (resource, holder): grants to end.
-    pub revokes: Vec<(u8, u8)>,
-}
-
-/// The decision: the server's own (`proxy/src/fleet/assign.rs`, `next`), through the door
-/// `lease_proxy::fleet_model`. A member whose process died is still a member to the service
-/// until its session lapses: it cannot tell a dead process from a slow one.
-pub fn next(input: &Input<'_>) -> Plan {
-    let members: Vec<door::Standing> = input
-        .members
-        .iter()
-        .map(|standing| match standing {
-            Standing::Absent => door::Standing::Absent,
-            Standing::Active | Standing::Dead(_) => door::Standing::Active,
-            Standing::Draining => door::Standing::Draining,
-            Standing::Evicted => door::Standing::Evicted,
-        })
-        .collect();
-    let deadlines: Vec<Option<u64>> = input.deadlines.iter().map(|d| d.map(u64::from)).collect();
-    let plan = door::next(&door::Input {
-        members: &members,
-        targets: input.targets,
-        deadlines: &deadlines,
-        holders: input.holders,
-        drain: input.drain.into(),
-        now: input.now.into(),
-    });
-    Plan {
-        targets: plan.targets,
-        deadlines: plan
-            .deadlines
-            .iter()
-            .map(|d| d.map(|d| u8::try_from(d).unwrap_or(u8::MAX)))
-            .collect(),
-        grants: plan.grants,
-        revokes: plan.revokes,
+/// A member's standing as the service sees it: a member whose process died is still a member
+/// to it until its session lapses (it cannot tell a dead process from a slow one).
+pub fn sees(standing: Standing) -> door::Standing {
+    match standing {
+        Standing::Absent => door::Standing::Absent,
+        Standing::Active | Standing::Dead(_) => door::Standing::Active,
+        Standing::Draining => door::Standing::Draining,
+        Standing::Evicted => door::Standing::Evicted,
     }
 }
 
@@ -145,23 +92,34 @@ impl Fleet {
         self.settle_from + 2 * self.drain + 1
     }
 
-    fn decide(&self, input: &Input<'_>) -> Plan {
-        let mut plan = next(input);
+    /// The server's decision (`proxy/src/fleet/assign.rs`, `next`, through the door) on `s`
+    /// with these targets and holders.
+    fn next(&self, s: &State, targets: &[Option<u8>], holders: &[Option<u8>]) -> Plan {
+        let members: Vec<door::Standing> = s.members.iter().copied().map(sees).collect();
+        door::next(&door::Input {
+            members: &members,
+            targets,
+            deadlines: &s.deadlines,
+            holders,
+            drain: self.drain.into(),
+            now: s.now.into(),
+        })
+    }
+
+    /// What a replica reading `s` decides.
+    fn decide(&self, s: &State) -> Plan {
+        let holders: Vec<Option<u8>> = s.holders.iter().map(|h| h.map(|(m, _)| m)).collect();
+        let mut plan = self.next(s, &s.targets, &holders);
         if self.mutation == Some(Mutation::NotSticky) {
-            let active: Vec<u8> = (0..input.members.len() as u8)
-                .filter(|&m| input.members[m as usize] == Standing::Active)
+            let active: Vec<u8> = (0..s.members.len() as u8)
+                .filter(|&m| s.members[m as usize] == Standing::Active)
                 .collect();
             if !active.is_empty() {
-                let offset = input.now as usize;
-                let dealt: Vec<Option<u8>> = (0..input.targets.len())
+                let offset = s.now as usize;
+                let dealt: Vec<Option<u8>> = (0..s.targets.len())
                     .map(|r| Some(active[(r + offset) % active.len()]))
                     .collect();
-                plan = next(&Input {
-                    targets: &dealt,
-                    holders: &vec![None; dealt.len()],
-                    ..*input
-                });
-                let holders = input.holders;
+                plan = self.next(s, &dealt, &vec![None; dealt.len()]);
                 plan.grants.retain(|&(r, _)| holders[r as usize].is_none());
                 for r in 0..dealt.len() {
                     if let Some(h) = holders[r] {
@@ -191,12 +149,10 @@ pub struct State {
     pub changes: u8,
     /// Members.
     pub members: Vec<Standing>,
-    /// The assignment in etcd, with its version.
+    /// The assignment in etcd.
     pub targets: Vec<Option<u8>>,
-    /// Its deadlines.
-    pub deadlines: Vec<Option<u8>>,
-    /// Its version (compare-and-set).
-    pub version: u8,
+    /// Its deadlines (ticks, in the door's unit).
+    pub deadlines: Vec<Option<u64>>,
     /// Ownership keys: (member, revision).
     pub holders: Vec<Option<(u8, u8)>>,
     /// etcd's revision.
@@ -235,17 +191,6 @@ pub enum Action {
 }
 
 impl Fleet {
-    fn input<'a>(&self, s: &'a State, holders: &'a [Option<u8>]) -> Input<'a> {
-        Input {
-            members: &s.members,
-            targets: &s.targets,
-            deadlines: &s.deadlines,
-            holders,
-            drain: self.drain,
-            now: s.now,
-        }
-    }
-
     /// A membership change: the moves count again.
     fn changed(&self, s: &mut State) {
         s.changes -= 1;
@@ -295,7 +240,6 @@ impl Model for Fleet {
             members: vec![Standing::Absent; self.members as usize],
             targets: vec![None; r],
             deadlines: vec![None; r],
-            version: 0,
             holders: vec![None; r],
             rev: 0,
             work: vec![None; self.replicas as usize],
@@ -327,9 +271,7 @@ impl Model for Fleet {
         for replica in 0..self.replicas {
             match &s.work[replica as usize] {
                 None => {
-                    let holders: Vec<Option<u8>> =
-                        s.holders.iter().map(|h| h.map(|(m, _)| m)).collect();
-                    let plan = self.decide(&self.input(s, &holders));
+                    let plan = self.decide(s);
                     let idle = plan.grants.is_empty()
                         && plan.revokes.is_empty()
                         && plan.targets == s.targets
@@ -386,14 +328,14 @@ impl Model for Fleet {
                 self.end_session(&mut s, m);
             }
             Action::Decide(replica) => {
-                let holders: Vec<Option<u8>> =
-                    s.holders.iter().map(|h| h.map(|(m, _)| m)).collect();
-                let mut plan = self.decide(&self.input(&s, &holders));
+                let mut plan = self.decide(&s);
                 // Replicas race: each writes what it decided (the same bytes from the same
-                // state), and carries out its plan from what it read.
+                // state), and carries out its plan from what it read. Nothing counts the
+                // writes: a decision that changes nothing (a grant to a member whose process
+                // died, refused until its session lapses, planned again) leaves the state as it
+                // was, so deciding again and again is one state, not one per decision.
                 s.targets = plan.targets.clone();
                 s.deadlines = plan.deadlines.clone();
-                s.version = s.version.wrapping_add(1);
                 // The revocations name the grant read (its revision).
                 plan.revokes = plan
                     .revokes
