@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use crate::error::{self, Error, Result};
 use crate::loss_watch::LossWatch;
 use crate::model::{Grant, Heartbeat, Holding, Opened, Page, Renewal};
+use crate::test_mode::{Fault, Faults, TestMode};
 
 /// The header carrying a grant's or a session's secret.
 pub(crate) const LEASE_SECRET: &str = "lease-secret";
@@ -92,6 +93,7 @@ struct Inner {
     timeout: Duration,
     losses: Arc<LossWatch>,
     safety_margin: Option<Duration>,
+    faults: Option<Faults>,
 }
 
 /// Sets up a [`Client`]: TLS trust and identity, bearer token, timeout, user agent.
@@ -105,6 +107,7 @@ pub struct ClientBuilder {
     user_agent: String,
     loss_watch: bool,
     safety_margin: Option<Duration>,
+    test_mode: Option<TestMode>,
 }
 
 impl ClientBuilder {
@@ -122,6 +125,16 @@ impl ClientBuilder {
     /// resources (with `--auth-tokens` it needs `read` on them; refused, renewals alone tell).
     pub fn loss_watch(mut self, enabled: bool) -> Self {
         self.loss_watch = enabled;
+        self
+    }
+
+    /// For an application's own tests: inject faults at the rates of `mode` ([`TestMode`]) —
+    /// guards lost at a renewal due, renewals sent late or failed unsent, fencing tokens
+    /// refused unsent — through this client's own renewal, loss and fencing code, so the
+    /// application's on-lost and on-refused paths run. An injected loss reaches the guard as a
+    /// real one does ([`crate::Lease::lost_injected`] tells them apart). Never in production.
+    pub fn test_mode(mut self, mode: TestMode) -> Self {
+        self.test_mode = Some(mode);
         self
     }
 
@@ -203,6 +216,7 @@ impl ClientBuilder {
                 timeout: self.timeout,
                 losses: LossWatch::new(self.loss_watch),
                 safety_margin: self.safety_margin,
+                faults: self.test_mode.map(Faults::new),
             }),
         })
     }
@@ -235,12 +249,30 @@ impl Client {
             user_agent: concat!("lease-proxy-client/", env!("CARGO_PKG_VERSION")).to_owned(),
             loss_watch: true,
             safety_margin: None,
+            test_mode: None,
         }
     }
 
     /// The safety margin set on the builder (None: the default of `upkeep::deadline_after`).
     pub(crate) fn safety_margin(&self) -> Option<Duration> {
         self.inner.safety_margin
+    }
+
+    /// Whether the test mode injects `fault` at this chance, for `resource` (never without a
+    /// test mode).
+    pub(crate) fn injects(&self, fault: Fault, resource: &str) -> bool {
+        self.inner
+            .faults
+            .as_ref()
+            .is_some_and(|faults| faults.fires(fault, resource))
+    }
+
+    /// How late the test mode sends a late renewal of a guard granted `lifetime`.
+    pub(crate) fn late_by(&self, lifetime: Duration) -> Duration {
+        self.inner
+            .faults
+            .as_ref()
+            .map_or(Duration::ZERO, |faults| faults.late_by(lifetime))
     }
 
     /// A client of the proxy at `base_url` with the defaults.

@@ -3,7 +3,7 @@
 use serde::Deserialize;
 
 /// Every problem type URI of the proxy starts with this.
-const PROBLEM_BASE: &str = "https://lease-proxy.dev/problems/";
+pub(crate) const PROBLEM_BASE: &str = "https://lease-proxy.dev/problems/";
 
 /// What can go wrong talking to lease-proxy.
 #[derive(Debug, thiserror::Error)]

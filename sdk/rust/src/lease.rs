@@ -12,6 +12,7 @@ use crate::fleet::Grip;
 use crate::liveness::LostReason;
 use crate::loss_watch::Registration;
 use crate::renewal::Target;
+use crate::test_mode::{self, Fault};
 use crate::upkeep::{lifetime, Upkeep};
 use crate::{AcquireOptions, Client, Error, Grant, Result};
 
@@ -154,16 +155,30 @@ impl Lease {
         self.upkeep.lost_reason().await
     }
 
+    /// Whether the lease is lost and the client's test mode caused it
+    /// ([`crate::ClientBuilder::test_mode`]; for a lease under a session, the session's loss).
+    /// `false` while it is held, and for every real loss.
+    pub fn lost_injected(&self) -> bool {
+        self.upkeep.liveness().injected()
+    }
+
     /// Sends a request through the proxy's forward route to its upstream, which receives it
     /// with this grant's fencing token. [`Error::Lost`] without sending when the lease is lost.
-    /// The answer is the upstream's, whatever its status.
+    /// The answer is the upstream's, whatever its status (under the test mode, an injected
+    /// token refusal is fence-gateway's 409, nothing sent: [`crate::Fault::TokenRefusal`]).
     pub async fn forward(
         &self,
         method: Method,
         path: &str,
         body: Option<Bytes>,
     ) -> Result<reqwest::Response> {
-        let mut req = self.forward_request(method, path)?;
+        if self.is_lost() {
+            return Err(Error::Lost);
+        }
+        if self.client.injects(Fault::TokenRefusal, self.resource()) {
+            return Ok(test_mode::refusal_response(self.resource()));
+        }
+        let mut req = self.forward_request_unchecked(method, path);
         if let Some(body) = body {
             req = req.body(body);
         }
@@ -171,14 +186,28 @@ impl Lease {
     }
 
     /// The request [`Lease::forward`] sends, to add headers or a JSON body to before sending it
-    /// ([`Client::forward_request`]). [`Error::Lost`] when the lease is lost.
+    /// ([`Client::forward_request`]). [`Error::Lost`] when the lease is lost (under the test
+    /// mode, an injected token refusal is fence-gateway's 409 problem as an [`Error::Problem`]).
     pub fn forward_request(&self, method: Method, path: &str) -> Result<reqwest::RequestBuilder> {
+        self.refuse_unless_held()?;
+        Ok(self.forward_request_unchecked(method, path))
+    }
+
+    fn forward_request_unchecked(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        self.client
+            .forward_request(&self.grant.resource, &self.grant.secret, method, path)
+    }
+
+    /// [`Error::Lost`] when the lease is lost; under the test mode, at the rate set, the token
+    /// refused as stale ([`crate::Fault::TokenRefusal`]). For what sends the token.
+    pub(crate) fn refuse_unless_held(&self) -> Result<()> {
         if self.is_lost() {
             return Err(Error::Lost);
         }
-        Ok(self
-            .client
-            .forward_request(&self.grant.resource, &self.grant.secret, method, path))
+        if self.client.injects(Fault::TokenRefusal, self.resource()) {
+            return Err(test_mode::refusal_error(self.resource()));
+        }
+        Ok(())
     }
 
     /// Stops renewing, marks the lease lost ([`LostReason::Released`]) and releases it.

@@ -72,6 +72,7 @@ mod propagation;
 mod renewal;
 mod session;
 mod sse;
+mod test_mode;
 mod upkeep;
 mod watch;
 
@@ -86,4 +87,5 @@ pub use liveness::LostReason;
 pub use model::{AcquireOptions, Grant, Holding, Renewal, SessionAcquireOptions};
 pub use propagation::{FENCING_RESOURCE, FENCING_TOKEN, X_FENCING_TOKEN};
 pub use session::Session;
+pub use test_mode::{Fault, TestMode};
 pub use watch::{Event, EventKind, EventStream};

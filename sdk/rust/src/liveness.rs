@@ -38,6 +38,8 @@ pub(crate) struct Liveness {
 struct State {
     deadline: Instant,
     reason: Option<LostReason>,
+    /// The client's test mode caused the loss.
+    injected: bool,
 }
 
 impl Liveness {
@@ -48,6 +50,7 @@ impl Liveness {
             state: Mutex::new(State {
                 deadline,
                 reason: None,
+                injected: false,
             }),
             parent: None,
         })
@@ -60,6 +63,7 @@ impl Liveness {
             state: Mutex::new(State {
                 deadline: session.deadline(),
                 reason: None,
+                injected: false,
             }),
             parent: Some(session.clone()),
         })
@@ -93,11 +97,37 @@ impl Liveness {
 
     /// Marks it lost for `reason`, unless it already was (the first reason stays).
     pub(crate) fn lose(&self, reason: LostReason) {
+        self.lose_as(reason, false);
+    }
+
+    /// Marks it lost for `reason` by the client's test mode, unless it already was.
+    pub(crate) fn lose_injected(&self, reason: LostReason) {
+        self.lose_as(reason, true);
+    }
+
+    fn lose_as(&self, reason: LostReason, injected: bool) {
         let mut state = self.state();
         if state.reason.is_none() && !self.lost.is_cancelled() {
             state.reason = Some(reason);
+            state.injected = injected;
         }
         self.lost.cancel();
+    }
+
+    /// Whether it is lost and the client's test mode caused it (for a lease lost with its
+    /// session, the session's loss).
+    pub(crate) fn injected(&self) -> bool {
+        if !self.check() {
+            return false;
+        }
+        let (reason, injected) = {
+            let state = self.state();
+            (state.reason, state.injected)
+        };
+        match (reason, &self.parent) {
+            (None, Some(session)) => session.injected(),
+            _ => injected,
+        }
     }
 
     /// Whether it is lost, reading the clock: past the deadline it is lost now, even if the
@@ -195,6 +225,27 @@ mod tests {
         a.lose(LostReason::Released);
         assert_eq!(a.reason(), Some(LostReason::SessionLost));
         assert_eq!(b.reason(), Some(LostReason::Released));
+        assert!(!session.injected() && !a.injected() && !b.injected());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_injected_loss_is_told_apart_and_reaches_the_sessions_leases() {
+        let session = Liveness::new(Instant::now() + Duration::from_secs(10));
+        let a = Liveness::under(&session);
+        let b = Liveness::under(&session);
+        b.lose(LostReason::Released);
+        assert!(!session.injected(), "held: nothing injected");
+        session.lose_injected(LostReason::Revoked);
+        session.lose(LostReason::Expired);
+        assert_eq!(session.reason(), Some(LostReason::Revoked));
+        assert!(session.injected());
+        assert_eq!(a.reason(), Some(LostReason::SessionLost));
+        assert!(a.injected(), "lost with its session");
+        assert!(!b.injected(), "released before");
+        let lease = Liveness::new(Instant::now() + Duration::from_secs(10));
+        lease.lose(LostReason::Revoked);
+        lease.lose_injected(LostReason::Revoked);
+        assert!(!lease.injected(), "the first loss stays");
     }
 
     #[tokio::test(start_paused = true)]

@@ -16,11 +16,11 @@ pub const X_FENCING_TOKEN: HeaderName = HeaderName::from_static("x-fencing-token
 
 impl Lease {
     /// `Fencing-Token` and `Fencing-Resource` of this grant. [`Error::Lost`] when the lease is
-    /// lost (its deadline read from the clock).
+    /// lost (its deadline read from the clock). Under the client's test mode, an injected token
+    /// refusal ([`crate::Fault::TokenRefusal`]) is fence-gateway's 409 `stale-fencing-token`
+    /// problem as an [`Error::Problem`].
     pub fn fencing_headers(&self) -> Result<HeaderMap> {
-        if self.is_lost() {
-            return Err(Error::Lost);
-        }
+        self.refuse_unless_held()?;
         let value = |v: &str| {
             HeaderValue::from_str(v)
                 .map_err(|e| Error::Protocol(format!("not a header value: {v:?}: {e}")))
@@ -34,7 +34,8 @@ impl Lease {
     /// `request` carrying this grant's `Fencing-Token` and `Fencing-Resource` (any
     /// `X-Fencing-Token` it had is dropped), e.g.
     /// `lease.fence(http.put(url).json(&body))?.send().await`. [`Error::Lost`] when the lease
-    /// is lost, so nothing is sent; a request that does not build is its [`Error::Http`].
+    /// is lost, so nothing is sent (nor when the test mode refuses the token, as
+    /// [`Lease::fencing_headers`] says); a request that does not build is its [`Error::Http`].
     pub fn fence(&self, request: reqwest::RequestBuilder) -> Result<reqwest::RequestBuilder> {
         let headers = self.fencing_headers()?;
         let (client, built) = request.build_split();

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::liveness::{Liveness, LostReason};
+use crate::test_mode::Fault;
 use crate::upkeep::{deadline_after, lifetime};
 use crate::{Client, Error, Result};
 
@@ -21,11 +22,31 @@ const MAX_RETRY_PAUSE: Duration = Duration::from_secs(1);
 pub(crate) const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(100);
 
 /// What is kept alive.
+#[derive(Clone)]
 pub(crate) enum Target {
     /// A grant, renewed by `POST /v1/leases/{resource}/renew`.
     Grant { resource: String, secret: String },
     /// A session, renewed by `POST /v1/sessions/{id}/keepalive`.
     Session { id: String, secret: String },
+}
+
+impl Target {
+    /// The resource, or the session's id.
+    fn name(&self) -> &str {
+        match self {
+            Target::Grant { resource, .. } => resource,
+            Target::Session { id, .. } => id,
+        }
+    }
+
+    /// Releases the grant (closes the session) on the proxy. A failure is left alone: the
+    /// grant then ends at its TTL, as nothing renews it any more.
+    async fn end(self, client: Client) {
+        let _ended = match &self {
+            Target::Grant { resource, secret } => client.release(resource, secret).await,
+            Target::Session { id, secret } => client.close(id, secret).await,
+        };
+    }
 }
 
 /// The background renewal of one grant or session.
@@ -52,6 +73,13 @@ impl Renewer {
 
     /// One renewal: the lifetime it grants ([`lifetime`]), or why not.
     async fn renew(&self) -> Result<Duration> {
+        if self
+            .client
+            .injects(Fault::FailedRenewal, self.target.name())
+        {
+            // As if the proxy were unreachable: nothing is sent, and it is retried.
+            return Err(Error::Timeout);
+        }
         let (ttl_seconds, expires_in_ms) = match &self.target {
             Target::Grant { resource, secret } => self
                 .client
@@ -80,6 +108,9 @@ impl Renewer {
                 last = Instant::now();
                 continue;
             }
+            if self.injected_at_due(granted_for).await {
+                return;
+            }
             let mut pause = FIRST_RETRY_PAUSE;
             loop {
                 let sent = Instant::now();
@@ -106,6 +137,26 @@ impl Renewer {
                 }
             }
         }
+    }
+}
+
+impl Renewer {
+    /// The test mode's chances at a renewal due: the guard lost (`true`: renew no more), or
+    /// the renewal sent late (waited for here, while the deadline timer runs on).
+    async fn injected_at_due(&self, granted_for: Duration) -> bool {
+        let name = self.target.name();
+        if self.client.injects(Fault::Loss, name) {
+            // Lost first, as if the renewal had been refused, then ended on the proxy from a
+            // task of its own: the deadline timer's `select!` drops this one once it is lost,
+            // and the event stream may tell of the release before its answer arrives.
+            self.liveness.lose_injected(LostReason::Revoked);
+            tokio::spawn(self.target.clone().end(self.client.clone()));
+            return true;
+        }
+        if self.client.injects(Fault::LateRenewal, name) {
+            tokio::time::sleep(self.client.late_by(granted_for)).await;
+        }
+        false
     }
 }
 

@@ -116,6 +116,12 @@ impl Session {
         self.upkeep.lost_reason().await
     }
 
+    /// Whether the session is lost and the client's test mode caused it
+    /// ([`crate::ClientBuilder::test_mode`]): `false` while it is held, and for a real loss.
+    pub fn lost_injected(&self) -> bool {
+        self.upkeep.liveness().injected()
+    }
+
     /// Acquires `resource` under this session. [`Error::SessionLost`] when the session is lost
     /// (without asking the proxy if it already knows).
     pub async fn acquire(&self, resource: &str, opts: SessionAcquireOptions) -> Result<Lease> {
