@@ -13,7 +13,8 @@
 # The TypeScript runner is compiled by scripts/typescript-tests.sh (TS_BUILD_ONLY=1), the Go one
 # by `go build`; NODE names the node to run it with (default /usr/bin/node). The Python runner
 # runs in the virtual environment target/venv (made here, with the SDK installed, if missing).
-# Rust has no runner yet: its column says `hook`.
+# The Rust runner is the SDK's example `scenario`, built by cargo (into CARGO_TARGET_DIR, default
+# target/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=write
@@ -35,6 +36,8 @@ rm -rf "$out"
 mkdir -p "$out"
 echo "==> building the runners"
 (cd sdk/go && GOPROXY=off GOFLAGS=-mod=readonly /usr/bin/go build -o "$out/scenario-go" ./examples/scenario)
+cargo build -q --locked -p lease-proxy-client --example scenario
+rust_runner="${CARGO_TARGET_DIR:-$PWD/target}/debug/examples/scenario"
 TS_BUILD_ONLY=1 scripts/typescript-tests.sh >/dev/null
 node="${NODE:-/usr/bin/node}"
 venv=target/venv
@@ -81,8 +84,7 @@ runners=(
   "go|$out/scenario-go"
   "typescript|$node $PWD/target/ts-sdk/build/examples/scenario.js"
   "python|$PWD/$venv/bin/python $PWD/sdk/python/examples/scenario.py"
-  # Hook, Rust: a runner printing the same lines (the Rust SDK has the fleet API) —
-  #   "rust|cargo run -q --locked -p lease-proxy-client --example scenario --"
+  "rust|$rust_runner"
 )
 status=0
 for entry in "${runners[@]}"; do
