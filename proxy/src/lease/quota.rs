@@ -13,7 +13,7 @@
 
 use super::{Acquire, Leases};
 use crate::etcd::{prefix_end, Counted, Quota};
-use crate::{Error, Result};
+use crate::{Error, QuotaKind, Result};
 
 /// How long a client refused by the held quota is told to wait: a grant ends when its holder
 /// releases it or stops renewing, which the proxy cannot predict.
@@ -78,7 +78,7 @@ impl Leases {
             }));
         }
         Err(Error::QuotaExceeded {
-            quota: "held",
+            quota: QuotaKind::Held,
             retry_after: HELD_RETRY_AFTER_SECS,
         })
     }
