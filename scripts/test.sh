@@ -93,6 +93,8 @@ if cargo nextest --version >/dev/null 2>&1; then
   # test's harness asks for it (testkit::feature_binary), rather than by the test itself while
   # the suite runs around it.
   cargo build --locked -q -p lease-proxy --bin lease-proxy-controls --features negative-controls
+  # Named, so that the test does not ask cargo again (and wait for the doc tests' lock).
+  export LEASE_PROXY_CONTROLS_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/lease-proxy-controls"
   # Several test processes at once (.config/nextest.toml): the suite mostly waits on etcd.
   phase "cargo nextest run, with the fencing library's lints and the doc tests beside it"
   beside "fencing library lints, doc tests" bash -c "$(declare -f fencing_alone); fencing_alone && cargo test --workspace --locked --doc"

@@ -44,8 +44,8 @@ pub enum Error {
     Forbidden {
         /// Who asked.
         principal: String,
-        /// The operation (`acquire`, `read`, `forward`, `v3`).
-        op: &'static str,
+        /// The operation.
+        op: Op,
         /// The resource, or what else was asked for.
         target: String,
     },
@@ -56,8 +56,8 @@ pub enum Error {
     /// The principal is over one of its quotas (`--quota-held`, `--quota-acquire-rate`).
     #[error("over the {quota} quota of this principal; retry in {retry_after} s")]
     QuotaExceeded {
-        /// Which quota: `held` or `rate`.
-        quota: &'static str,
+        /// Which quota.
+        quota: QuotaKind,
         /// Whole seconds until trying again makes sense (`Retry-After`).
         retry_after: u64,
     },
@@ -95,8 +95,8 @@ pub enum Error {
     /// so that nobody tells a session they cannot prove from one that does not exist.
     #[error("{SESSION_LOST}")]
     SessionNotProven {
-        /// For the audit log: `other-principal` or `wrong-secret`.
-        why: &'static str,
+        /// For the audit log.
+        why: ProofFailure,
     },
     /// No such session (it has ended, or never existed), on an inspection.
     #[error("no such session: it has ended or never existed")]
@@ -163,6 +163,85 @@ pub enum Error {
 /// is not the caller's to prove, it is the same answer.
 const SESSION_LOST: &str =
     "the session has ended or does not exist, or the Lease-Secret does not prove it";
+
+/// What a permission allows (the token file's operations).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Acquire a resource, and renew or release one's own grants of it.
+    Acquire,
+    /// See who holds a resource (`GET` and the list).
+    Read,
+    /// Forward writes as the holder of one's own grant.
+    Forward,
+    /// The etcd-compatible `/v3` API.
+    V3,
+}
+
+impl Op {
+    /// The name used in the token file, in metrics labels and in audit lines.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Acquire => "acquire",
+            Op::Read => "read",
+            Op::Forward => "forward",
+            Op::V3 => "v3",
+        }
+    }
+}
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which of a principal's quotas refused it (`--quota-held`, `--quota-acquire-rate`,
+/// `--quota-watch-streams`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaKind {
+    /// The grants it holds at once.
+    Held,
+    /// Its acquires per second.
+    Rate,
+    /// The event streams it has open on this replica.
+    WatchStreams,
+}
+
+impl QuotaKind {
+    /// The name in problem bodies (`quota`), metrics labels and audit lines.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QuotaKind::Held => "held",
+            QuotaKind::Rate => "rate",
+            QuotaKind::WatchStreams => "watch-streams",
+        }
+    }
+}
+
+impl std::fmt::Display for QuotaKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a request did not prove the session it named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProofFailure {
+    /// The session is another principal's (whatever the secret).
+    OtherPrincipal,
+    /// The secret is not the session's.
+    WrongSecret,
+}
+
+impl ProofFailure {
+    /// The outcome in audit lines.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProofFailure::OtherPrincipal => "other-principal",
+            ProofFailure::WrongSecret => "wrong-secret",
+        }
+    }
+}
 
 impl From<etcd_client::Error> for Error {
     fn from(e: etcd_client::Error) -> Self {

@@ -28,7 +28,7 @@ mod v3;
 
 pub use auth::CertPrincipal;
 pub use config::{Config, ConfigError, LogFormat};
-pub use error::{Conflict, Error, Result};
+pub use error::{Conflict, Error, Op, ProofFailure, QuotaKind, Result};
 pub use fencing::problem::PROBLEM_BASE;
 #[cfg(feature = "model")]
 #[doc(hidden)]

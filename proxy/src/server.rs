@@ -279,18 +279,20 @@ pub async fn run(
     );
     let commit_for_fleets = commit.clone();
     let leases = Leases::new(
-        etcd.clone(),
-        commit,
-        keepalive,
-        holders,
-        keys,
-        layout.clone(),
-        config.idempotency_window,
-        config.era,
-        limits,
-        prefence(&config, &metrics)?,
-        config.lease_spares,
-        metrics.clone(),
+        crate::lease::Parts {
+            etcd: etcd.clone(),
+            commit,
+            keepalive,
+            holders,
+            keys,
+            layout: layout.clone(),
+            idempotency_window: config.idempotency_window,
+            era: config.era,
+            limits,
+            prefence: prefence(&config, &metrics)?,
+            spares: config.lease_spares,
+            metrics: metrics.clone(),
+        },
         tracker.clone(),
         stopping.clone(),
     );

@@ -12,19 +12,37 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
 
-/// Gap between two waiters' requests, so their arrival order is well defined.
-const GAP: Duration = Duration::from_millis(40);
+/// How many waiters stand in `resource`'s line, as etcd has it.
+async fn in_line(etcd: &Etcd, resource: &str) -> i64 {
+    etcd.client()
+        .await
+        .get(
+            format!("/lease-proxy/waiters/{resource}/"),
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_count_only(),
+            ),
+        )
+        .await
+        .unwrap()
+        .count()
+}
 
-/// Sends `n` waiting acquires for `resource`, one every [`GAP`], alternating between `urls`;
-/// each grant is reported on the channel with the waiter's number and the URL it came through.
+/// Sends `n` waiting acquires for `resource`, alternating between `urls`, each once the one
+/// before it stands in line in etcd (so their arrival order is the order they were sent, however
+/// slowly a loaded machine serves them); each grant is reported on the channel with the
+/// waiter's number and the URL it came through.
 async fn line_up(
+    etcd: &Etcd,
     urls: &[String],
     resource: &str,
     n: usize,
     first: usize,
 ) -> mpsc::UnboundedReceiver<(usize, String, u16, Value)> {
     let (tx, rx) = mpsc::unbounded_channel();
-    for i in first..first + n {
+    let before = in_line(etcd, resource).await;
+    for (k, i) in (first..first + n).enumerate() {
         let url = urls[i % urls.len()].clone();
         let tx = tx.clone();
         let resource = resource.to_owned();
@@ -33,10 +51,15 @@ async fn line_up(
                 acquire_waiting(&url, &resource, &format!("waiter-{i}"), 30, 60_000).await;
             let _ = tx.send((i, url, status, body));
         });
-        tokio::time::sleep(GAP).await;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while in_line(etcd, resource).await < before + k as i64 + 1 {
+            assert!(
+                Instant::now() < deadline,
+                "waiter {i} is not in line after 20 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
-    // Let the last one reach its place in line.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     rx
 }
 
@@ -47,7 +70,7 @@ async fn fifty_waiters_across_two_replicas_are_served_in_arrival_order() {
     let b = a.replica(etcd.endpoints(), |_| {}).await;
     let (status, holder) = acquire(&a, "printer", "first", 30).await;
     assert_eq!(status, 201);
-    let mut granted = line_up(&[a.url.clone(), b.url.clone()], "printer", 50, 0).await;
+    let mut granted = line_up(&etcd, &[a.url.clone(), b.url.clone()], "printer", 50, 0).await;
     assert_eq!(
         release(&a, "printer", &str_field(&holder, "secret"))
             .await
@@ -90,7 +113,7 @@ async fn a_release_wakes_one_waiter() {
     let a = Proxy::start(etcd.endpoints(), |c| c.lease_spares = 0).await;
     let b = a.replica(etcd.endpoints(), |c| c.lease_spares = 0).await;
     let (_, holder) = acquire(&a, "scanner", "first", 30).await;
-    let mut granted = line_up(&[a.url.clone(), b.url.clone()], "scanner", 40, 0).await;
+    let mut granted = line_up(&etcd, &[a.url.clone(), b.url.clone()], "scanner", 40, 0).await;
     let mut secret = str_field(&holder, "secret");
     let mut through = a.url.clone();
     let mut writes = Vec::new();
@@ -135,8 +158,15 @@ async fn a_waiter_that_leaves_does_not_hold_up_the_line() {
         let url = b.url.clone();
         tokio::spawn(async move { acquire_waiting(&url, "kiln", "leaver", 30, 60_000).await })
     };
-    tokio::time::sleep(GAP).await;
-    let mut granted = line_up(&[a.url.clone(), b.url.clone()], "kiln", 8, 1).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while in_line(&etcd, "kiln").await < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the leaver is not in line after 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut granted = line_up(&etcd, &[a.url.clone(), b.url.clone()], "kiln", 8, 1).await;
     leaving.abort();
     let _ = leaving.await;
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -211,7 +241,7 @@ async fn a_dead_replicas_waiters_lapse() {
         )
         .await
         .unwrap();
-    let mut granted = line_up(std::slice::from_ref(&a.url), "lathe", 1, 0).await;
+    let mut granted = line_up(&etcd, std::slice::from_ref(&a.url), "lathe", 1, 0).await;
     let released = Instant::now();
     assert_eq!(
         release(&a, "lathe", &str_field(&holder, "secret")).await.0,

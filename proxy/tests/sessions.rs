@@ -573,6 +573,23 @@ async fn a_get_answers_the_current_holders_ttl_when_the_view_names_an_earlier_ho
     let long = session(&proxy, "robot-long", 60).await;
     let short = session(&other, "robot-short", 3).await;
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // The short session is kept alive every second, however long the rounds take on a loaded
+    // machine: its TTL stays 3 s, distinct from the long session's 60.
+    let keeper = {
+        let (url, (id, secret), done) = (other.url.clone(), short.clone(), done.clone());
+        tokio::spawn(async move {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let (status, body) = send(
+                    http()
+                        .post(format!("{url}/v1/sessions/{id}/keepalive"))
+                        .header("lease-secret", &secret),
+                )
+                .await;
+                assert_eq!(status, 200, "the short session's keepalive: {body}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    };
     let readers: Vec<_> = (0..4)
         .map(|_| {
             let (url, done) = (proxy.url.clone(), done.clone());
@@ -625,6 +642,7 @@ async fn a_get_answers_the_current_holders_ttl_when_the_view_names_an_earlier_ho
         short_seen += reader.await.unwrap();
     }
     assert!(short_seen > 0, "no reader saw a short grant");
+    keeper.await.unwrap();
     other.stop().await;
     proxy.stop().await;
 }

@@ -115,7 +115,10 @@ impl Side {
     /// Remembers the value of `field` of the answer as `var` for later requests.
     fn capture(&mut self, var: &str, text: &str, field: &str) {
         let v: Value = serde_json::from_str(text).unwrap();
-        let value = v[field].as_str().unwrap().to_owned();
+        let value = v[field]
+            .as_str()
+            .unwrap_or_else(|| panic!("no {field} in {text}"))
+            .to_owned();
         self.vars.insert(var.to_owned(), value);
     }
 }
@@ -500,15 +503,15 @@ async fn same_requests_same_answers_as_real_etcd() {
     for (i, (method, path, body, capture)) in script.iter().enumerate() {
         let (s1, t1) = etcd.send(method, path, body).await;
         let (s2, t2) = ours.send(method, path, body).await;
-        if let Some((var, field)) = capture {
-            etcd.capture(var, &t1, field);
-            ours.capture(var, &t2, field);
-        }
         let (n1, n2) = (etcd.normalised(s1, &t1), ours.normalised(s2, &t2));
         assert_eq!(
             n1, n2,
             "step {i}: {method} {path} {body}\n etcd: {t1}\nproxy: {t2}"
         );
+        if let Some((var, field)) = capture {
+            etcd.capture(var, &t1, field);
+            ours.capture(var, &t2, field);
+        }
     }
 }
 

@@ -21,6 +21,12 @@ pub type Table = [(&'static str, &'static [&'static str])];
 /// `fencing/src`, before each file): modules in no layer, imports of a higher layer, and loops
 /// between modules.
 pub fn problems(src: &Path, shown: &str, layers: &Table) -> Vec<String> {
+    problems_apart(src, shown, layers, &[])
+}
+
+/// As [`problems`], and the modules of each layer named in `apart` never import one another at
+/// all (a crate's fronts, each a thin shell over what sits below them).
+pub fn problems_apart(src: &Path, shown: &str, layers: &Table, apart: &[&str]) -> Vec<String> {
     let roots = root_names(&read(&src.join("lib.rs")));
     let mut files = Vec::new();
     rs_files(src, &mut files);
@@ -51,6 +57,10 @@ pub fn problems(src: &Path, shown: &str, layers: &Table) -> Vec<String> {
             if layer > own_layer {
                 problems.push(format!(
                     "{at}:{line}: `{own}` ({own_name}) imports `{target}` ({layer_name}): a lower layer may not import a higher one"
+                ));
+            } else if layer == own_layer && apart.contains(&own_name) {
+                problems.push(format!(
+                    "{at}:{line}: `{own}` imports `{target}`: the modules of {own_name} never import one another"
                 ));
             }
             edges
@@ -422,6 +432,31 @@ mod tests {
             .map(|(_, n)| n)
             .collect();
         assert_eq!(names, ["a", "e"]);
+    }
+
+    #[test]
+    fn modules_kept_apart_may_not_import_one_another() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = [
+            ("lib.rs", "mod base;\nmod one;\nmod two;\n"),
+            ("base.rs", ""),
+            ("one.rs", "use crate::base;\nuse crate::two::X;\n"),
+            ("two.rs", "use crate::base;\n"),
+        ];
+        for (name, text) in files {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        let table: &Table = &[
+            ("base", &["base"]),
+            ("fronts", &["one", "two"]),
+            ("root", &["lib"]),
+        ];
+        assert!(problems(dir.path(), "src", table).is_empty());
+        let apart = problems_apart(dir.path(), "src", table, &["fronts"]);
+        assert_eq!(
+            apart,
+            ["src/one.rs:2: `one` imports `two`: the modules of fronts never import one another"]
+        );
     }
 
     #[test]

@@ -534,8 +534,19 @@ pub fn workspace_binary(name: &str) -> PathBuf {
 /// the proxy with `negative-controls`), built for the profile of the running executable, next
 /// to it. Cargo is asked every time — it does nothing when the binary is fresh — so a test never
 /// runs one older than the sources; the feature's library build sits beside the ordinary one,
-/// and the ordinary binaries are left as they are.
+/// and the ordinary binaries are left as they are. A test command that built it already names
+/// it in `{NAME}_BIN` (`LEASE_PROXY_CONTROLS_BIN`): cargo is then not asked, so the test does
+/// not wait for the build directory's lock while other cargo commands run beside it.
 pub fn feature_binary(package: &str, name: &str, feature: &str) -> PathBuf {
+    let named = format!("{}_BIN", name.to_uppercase().replace('-', "_"));
+    if let Some(path) = std::env::var_os(&named).map(PathBuf::from) {
+        assert!(
+            path.exists(),
+            "{named} names {}, which does not exist",
+            path.display()
+        );
+        return path;
+    }
     let exe = std::env::current_exe().expect("current executable");
     let mut dir = exe.parent().expect("executable directory").to_owned();
     if dir.ends_with("deps") {

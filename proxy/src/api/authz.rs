@@ -61,12 +61,12 @@ pub(super) fn audit_refusal(
     error: &Error,
 ) {
     if let Error::QuotaExceeded { quota, .. } = error {
-        app.etcd.metrics().quota_refusal(quota);
+        app.etcd.metrics().quota_refusal(quota.as_str());
         app.audit.record(Event {
             principal: name(caller),
             op: Some(op.as_str()),
             resource: Some(resource.to_owned()),
-            ..Event::new(Kind::Quota, quota, headers)
+            ..Event::new(Kind::Quota, quota.as_str(), headers)
         });
     }
     if matches!(error, Error::OtherPrincipal) {
@@ -93,7 +93,7 @@ pub(super) fn audit_session_refusal(
         app.audit.record(Event {
             principal: name(caller),
             session: Some(id.to_string()),
-            ..Event::new(Kind::Session, why, headers)
+            ..Event::new(Kind::Session, why.as_str(), headers)
         });
     }
 }

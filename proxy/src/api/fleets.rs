@@ -128,7 +128,7 @@ fn gate<'a>(
         };
         Err(Error::Forbidden {
             principal: principal.name.clone(),
-            op: op.as_str(),
+            op,
             target,
         })
     }

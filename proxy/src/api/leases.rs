@@ -18,7 +18,7 @@ use super::{body, AppState};
 use crate::audit::{Event, Kind};
 use crate::auth::Op;
 use crate::lease::{list_prefixes, session, validate, Acquire, Grant, Holding, Page, Renewal};
-use crate::{Error, Result};
+use crate::{Error, QuotaKind, Result};
 
 /// Default and largest page size of a listing.
 const DEFAULT_LIMIT: usize = 100;
@@ -202,7 +202,7 @@ pub(super) fn take_rate(
     };
     rate.take(&principal.name).map_err(|retry_after| {
         let e = Error::QuotaExceeded {
-            quota: "rate",
+            quota: QuotaKind::Rate,
             retry_after,
         };
         authz::audit_refusal(app, headers, caller, Op::Acquire, resource, &e);

@@ -161,7 +161,7 @@ impl IntoResponse for Error {
                 retry_after: secs,
             } => {
                 retry_after = Some(*secs);
-                Some(serde_json::json!({ "quota": quota }))
+                Some(serde_json::json!({ "quota": quota.as_str() }))
             }
             Error::Etcd(_)
             | Error::EtcdBatch(_)

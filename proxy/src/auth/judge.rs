@@ -190,7 +190,7 @@ impl Judge {
             });
             return Err(Error::Forbidden {
                 principal: principal.name.clone(),
-                op: op.as_str(),
+                op,
                 target: match target {
                     Target::Resource(r) => format!("`{r}`"),
                     Target::Some => "any resource".to_owned(),

@@ -15,30 +15,9 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-/// What a permission allows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Op {
-    /// Acquire a resource, and renew or release one's own grants of it.
-    Acquire,
-    /// See who holds a resource (`GET` and the list).
-    Read,
-    /// Forward writes as the holder of one's own grant.
-    Forward,
-    /// The etcd-compatible `/v3` API.
-    V3,
-}
+pub(crate) use crate::error::Op;
 
 impl Op {
-    /// The name used in the token file, in metrics labels and in audit lines.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Op::Acquire => "acquire",
-            Op::Read => "read",
-            Op::Forward => "forward",
-            Op::V3 => "v3",
-        }
-    }
-
     fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "acquire" => Op::Acquire,

@@ -9,6 +9,20 @@ use crate::etcd::ETCD_MIN_TTL;
 impl Config {
     /// Checks the settings make sense together.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_addresses()?;
+        self.validate_tls()?;
+        self.validate_bounds()?;
+        self.validate_quotas()?;
+        if let Some(path) = &self.auth_tokens {
+            // Parsed here so a bad file stops the binary with 64 before anything starts; the
+            // server loads it again (and from then on on every reload).
+            crate::auth::Table::load(path).map_err(ConfigError)?;
+        }
+        self.validate_v3()
+    }
+
+    /// The TTL bounds, and every address and URL: etcd's, the upstream's, the pre-fence's.
+    fn validate_addresses(&self) -> Result<(), ConfigError> {
         let fail = |m: String| Err(ConfigError(m));
         if self.min_ttl < ETCD_MIN_TTL {
             return fail(format!(
@@ -67,7 +81,12 @@ impl Config {
                 "--prefence-database-schema: `{schema}` is not a lowercase SQL identifier"
             ));
         }
-        self.validate_tls()?;
+        Ok(())
+    }
+
+    /// Prefixes, counts, sizes and durations within their ranges.
+    fn validate_bounds(&self) -> Result<(), ConfigError> {
+        let fail = |m: String| Err(ConfigError(m));
         if self.etcd_prefix.is_empty() || !self.etcd_prefix.ends_with('/') {
             return fail("--etcd-prefix must be non-empty and end with `/`".into());
         }
@@ -129,6 +148,12 @@ impl Config {
         if self.etcd_timeout < Duration::from_millis(100) {
             return fail("--etcd-timeout must be at least 100ms".into());
         }
+        Ok(())
+    }
+
+    /// The per-principal quotas: only with authentication, and within their ranges.
+    fn validate_quotas(&self) -> Result<(), ConfigError> {
+        let fail = |m: String| Err(ConfigError(m));
         if self.auth_tokens.is_none()
             && (self.quota_held.is_some()
                 || self.quota_acquire_rate.is_some()
@@ -155,12 +180,7 @@ impl Config {
                 return fail("--quota-acquire-rate must be a number above 0 (at most 1e6)".into());
             }
         }
-        if let Some(path) = &self.auth_tokens {
-            // Parsed here so a bad file stops the binary with 64 before anything starts; the
-            // server loads it again (and from then on on every reload).
-            crate::auth::Table::load(path).map_err(ConfigError)?;
-        }
-        self.validate_v3()
+        Ok(())
     }
 
     /// The TLS and etcd credential settings go together and their files load (so that a bad

@@ -7,7 +7,7 @@ use etcd_client::{
 };
 
 use super::batch::{GroupCommit, ETCD_MAX_TXN_OPS};
-use super::{prefix_end, Etcd};
+use super::{prefix_end, Etcd, Page};
 use crate::{Error, Result};
 
 /// A key that must not have changed since it was read: its mod revision then (0: absent).
@@ -43,7 +43,11 @@ impl Etcd {
         let mut at = 0;
         let mut kvs = Vec::new();
         loop {
-            let (mut got, more, revision) = self.range_at(&start, &end, page, at).await?;
+            let Page {
+                kvs: mut got,
+                more,
+                revision,
+            } = self.range_at(&start, &end, page, at).await?;
             at = revision;
             let last = got.last().map(|kv| kv.key().to_vec());
             kvs.append(&mut got);

@@ -63,6 +63,32 @@ pub(crate) fn client_kv(client: &Client) -> etcd_client::KvClient {
     client.kv_client().max_decoding_message_size(MAX_KV_ANSWER)
 }
 
+/// A lease etcd granted.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Granted {
+    pub(crate) id: i64,
+    /// The TTL etcd granted, in seconds (it may raise a short one).
+    pub(crate) ttl: i64,
+}
+
+/// How many keys a range holds, read at `revision`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Counted {
+    pub(crate) count: i64,
+    pub(crate) revision: i64,
+}
+
+/// One page of a range read.
+#[derive(Debug)]
+pub(crate) struct Page {
+    /// The keys, in key order.
+    pub(crate) kvs: Vec<KeyValue>,
+    /// Whether more keys follow the last one.
+    pub(crate) more: bool,
+    /// The revision read at.
+    pub(crate) revision: i64,
+}
+
 /// A cheap-to-clone handle on the etcd cluster with a per-call deadline.
 ///
 /// One client per endpoint, one of them *pinned* at a time (as etcd's own clientv3 does). A call
@@ -399,15 +425,18 @@ impl Etcd {
         }
     }
 
-    /// Grants a lease of `ttl` seconds; returns its id and the TTL etcd actually granted.
-    pub(crate) async fn grant(&self, ttl: u64) -> Result<(i64, i64)> {
+    /// Grants a lease of `ttl` seconds.
+    pub(crate) async fn grant(&self, ttl: u64) -> Result<Granted> {
         let ttl = i64::try_from(ttl).unwrap_or(i64::MAX);
         let resp = self
             .bounded("grant", |c| async move {
                 c.lease_client().grant(ttl, None).await
             })
             .await?;
-        Ok((resp.id(), resp.ttl()))
+        Ok(Granted {
+            id: resp.id(),
+            ttl: resp.ttl(),
+        })
     }
 
     /// Revokes a lease, deleting every key attached to it. A lease that is already gone is not
@@ -500,8 +529,8 @@ impl Etcd {
             })
     }
 
-    /// How many keys lie in `start..end`, and the revision of that count (a linearizable read).
-    pub(crate) async fn count(&self, start: &[u8], end: &[u8]) -> Result<(i64, i64)> {
+    /// How many keys lie in `start..end` (a linearizable read).
+    pub(crate) async fn count(&self, start: &[u8], end: &[u8]) -> Result<Counted> {
         let options = GetOptions::new().with_range(end).with_count_only();
         let resp = self
             .bounded("count", |c| {
@@ -516,7 +545,10 @@ impl Etcd {
                 key: String::new(),
                 reason: "etcd answered without a header".into(),
             })?;
-        Ok((resp.count(), revision))
+        Ok(Counted {
+            count: resp.count(),
+            revision,
+        })
     }
 
     /// Puts `value` at `key`, attached to `lease`.
@@ -628,15 +660,14 @@ impl Etcd {
         Ok(resp.take_kvs().into_iter().next())
     }
 
-    /// Keys in `[start, end)` at `revision` (0: the latest), at most `limit`; also whether more
-    /// follow and the revision read at.
+    /// Keys in `[start, end)` at `revision` (0: the latest), at most `limit`.
     pub(crate) async fn range_at(
         &self,
         start: &[u8],
         end: &[u8],
         limit: i64,
         revision: i64,
-    ) -> Result<(Vec<KeyValue>, bool, i64)> {
+    ) -> Result<Page> {
         let mut resp = self
             .bounded("range", |c| async move {
                 let options = GetOptions::new()
@@ -647,25 +678,16 @@ impl Etcd {
             })
             .await?;
         let at = resp.header().map(|h| h.revision()).unwrap_or(revision);
-        let more = resp.more();
-        Ok((resp.take_kvs(), more, at))
+        Ok(Page {
+            more: resp.more(),
+            kvs: resp.take_kvs(),
+            revision: at,
+        })
     }
 
-    /// Keys in `[start, end)` in key order, at most `limit`; the flag tells whether more follow.
-    pub(crate) async fn range(
-        &self,
-        start: &[u8],
-        end: &[u8],
-        limit: i64,
-    ) -> Result<(Vec<KeyValue>, bool)> {
-        let mut resp = self
-            .bounded("range", |c| async move {
-                let options = GetOptions::new().with_range(end).with_limit(limit);
-                c.kv_client().get(start, Some(options)).await
-            })
-            .await?;
-        let more = resp.more();
-        Ok((resp.take_kvs(), more))
+    /// Keys in `[start, end)` in key order, at most `limit`, at the latest revision.
+    pub(crate) async fn range(&self, start: &[u8], end: &[u8], limit: i64) -> Result<Page> {
+        self.range_at(start, end, limit, 0).await
     }
 }
 

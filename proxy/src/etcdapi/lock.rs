@@ -18,19 +18,19 @@ use std::time::Duration;
 use super::request::Lock;
 use super::service::{Caller, Service};
 use super::status::{Code, Status, EMPTY_KEY, LEASE_NOT_FOUND};
-
-/// Go's `concurrency.ErrElectionNotLeader`, which etcd's election service answers untyped.
-pub(super) const NOT_LEADER: &str = "election: not leader";
 use crate::etcd::{prefix_end, Etcd, Header};
 use crate::lease::Recheck;
 use etcd_client::proto::{
-    PbKeyValue, PbLockResponse, PbResponseHeader, PbTxnOpResponse, PbUnlockResponse,
+    PbKeyValue, PbLockResponse, PbResponseHeader, PbTxnOpResponse, PbTxnResponse, PbUnlockResponse,
 };
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     WatchOptions,
 };
 use fencing::Token;
+
+/// Go's `concurrency.ErrElectionNotLeader`, which etcd's election service answers untyped.
+pub(super) const NOT_LEADER: &str = "election: not leader";
 
 /// `{namespace}{name}/`: the prefix of a lock's (or an election's) queue.
 pub(super) fn queue_prefix(s: &Caller, name: &[u8]) -> Vec<u8> {
@@ -277,6 +277,52 @@ pub(super) struct Queued {
     pub(super) header: PbResponseHeader,
 }
 
+/// What the joining transaction found. It is `[put, range(oldest)]` when it created the key,
+/// `[range(the key), range(oldest)]` when the key was there already (an earlier call with the
+/// same lease).
+#[derive(Debug, PartialEq)]
+struct Joined {
+    /// Whether this call created the key.
+    created: bool,
+    /// The key's create revision: the fencing token's value.
+    mine: i64,
+    /// The create revision of the oldest key under the prefix.
+    oldest: Option<i64>,
+    /// The key's value, when it was there already.
+    existing: Option<Vec<u8>>,
+    /// The transaction's header.
+    header: PbResponseHeader,
+}
+
+impl Joined {
+    fn decode(resp: PbTxnResponse) -> Result<Self, Status> {
+        let first_kv = |r: Option<&PbRangeResponse>| r.and_then(|r| r.kvs.first()).cloned();
+        let ranges: Vec<_> = resp
+            .responses
+            .iter()
+            .filter_map(|op| match &op.response {
+                Some(PbTxnOpResponse::ResponseRange(r)) => Some(r),
+                _ => None,
+            })
+            .collect();
+        let header = resp.header.ok_or_else(no_header)?;
+        let oldest = first_kv(ranges.last().copied()).map(|kv| kv.create_revision);
+        let (mine, existing) = if resp.succeeded {
+            (header.revision, None)
+        } else {
+            let kv = first_kv(ranges.first().copied()).ok_or_else(no_header)?;
+            (kv.create_revision, Some(kv.value))
+        };
+        Ok(Self {
+            created: resp.succeeded,
+            mine,
+            oldest,
+            existing,
+            header,
+        })
+    }
+}
+
 impl Service {
     /// Joins the queue of `name` with `lease` — the key `{name}/{lease in hex}`, holding
     /// `value` (an election's; a lock's is empty) — and waits until it is the oldest key under
@@ -336,83 +382,75 @@ impl Service {
             })
             .await
             .map_err(|e| untyped(e.into()))?;
-        let ranges: Vec<_> = resp
-            .0
-            .responses
-            .iter()
-            .filter_map(|op| match &op.response {
-                Some(PbTxnOpResponse::ResponseRange(r)) => Some(r),
-                _ => None,
-            })
-            .collect();
         if !resp.0.succeeded && !self.leases.owned(lease, s).await? {
             return Err(Status::new(Code::Unknown, LEASE_NOT_FOUND));
         }
-        let mine = if resp.0.succeeded {
-            resp.0.header.as_ref().map(|h| h.revision)
-        } else {
-            ranges
-                .first()
-                .and_then(|r| r.kvs.first())
-                .map(|kv| kv.create_revision)
-        }
-        .ok_or_else(no_header)?;
-        let oldest = ranges
-            .last()
-            .and_then(|r| r.kvs.first())
-            .map(|kv| kv.create_revision);
-        let mut header = resp.0.header.ok_or_else(no_header)?;
+        let Joined {
+            created,
+            mine,
+            oldest,
+            existing,
+            mut header,
+        } = Joined::decode(resp.0)?;
         // A campaign again with the same lease and another value proclaims it (Go's Campaign).
-        let existing = ranges
-            .first()
-            .and_then(|r| r.kvs.first())
-            .map(|kv| &kv.value);
-        if let (false, Some(value), Some(existing)) = (resp.0.succeeded, value, existing) {
-            if existing.as_slice() != value {
+        if let (Some(value), Some(existing)) = (value, existing) {
+            if existing != value {
                 header = self
                     .replace(&key, mine, value, lease)
                     .await
                     .map_err(untyped)?;
             }
         }
-
         if oldest.is_some_and(|oldest| oldest != mine) {
-            let mut abandoned = Abandoned {
-                etcd: self.etcd.clone(),
-                key: key.clone(),
-                create_revision: mine,
-                armed: resp.0.succeeded,
-            };
-            // The caller's right to the lock is judged again whenever the token file may have
-            // changed and before the lock is its: a principal removed or narrowed while it
-            // waits gets no lock and no token, and its key goes (`abandoned`).
-            // A waiter holds an etcd watch while it waits: one of the replica's event-stream
-            // slots (refused, it leaves: its key goes), and it ends when the proxy drains.
-            let _slot = self.streams.slots.take(s.owner.as_deref())?;
-            let stopping = &self.streams.stopping;
-            let mut recheck = s.recheck.clone();
-            loop {
-                let (older, at) = last_before(&self.etcd, &prefix, mine - 1).await?;
-                let Some(older) = older else {
-                    header = at.into();
-                    break;
-                };
-                tokio::select! {
-                    () = deleted_after(&self.etcd, older, at.revision, self.etcd.timeout()) => {}
-                    () = Recheck::changed_or_never(&mut recheck) => s.still_authorised()?,
-                    () = stopping.cancelled() => return Err(crate::Error::ShuttingDown.into()),
-                }
-            }
-            s.still_authorised()?;
-            // The lease may have lapsed while waiting, taking the key with it.
-            let still = self.etcd.get_bytes(&key).await.map_err(Status::from)?;
-            if still.is_none_or(|kv| kv.create_revision() != mine) {
-                return Err(Status::new(Code::Unknown, LEASE_NOT_FOUND));
-            }
-            abandoned.armed = false;
+            header = self.wait_for_front(s, &prefix, &key, mine, created).await?;
         }
-
         Ok(Queued { key, mine, header })
+    }
+
+    /// Waits until the key `key`, created at `mine`, is the oldest under `prefix`: the header of
+    /// the read that found it so. `created`: this call made the key, and takes it away if the
+    /// wait ends without the lock.
+    async fn wait_for_front(
+        &self,
+        s: &Caller,
+        prefix: &[u8],
+        key: &[u8],
+        mine: i64,
+        created: bool,
+    ) -> Result<PbResponseHeader, Status> {
+        let mut abandoned = Abandoned {
+            etcd: self.etcd.clone(),
+            key: key.to_vec(),
+            create_revision: mine,
+            armed: created,
+        };
+        // The caller's right to the lock is judged again whenever the token file may have
+        // changed and before the lock is its: a principal removed or narrowed while it
+        // waits gets no lock and no token, and its key goes (`abandoned`).
+        // A waiter holds an etcd watch while it waits: one of the replica's event-stream
+        // slots (refused, it leaves: its key goes), and it ends when the proxy drains.
+        let _slot = self.streams.slots.take(s.owner.as_deref())?;
+        let stopping = &self.streams.stopping;
+        let mut recheck = s.recheck.clone();
+        let header = loop {
+            let (older, at) = last_before(&self.etcd, prefix, mine - 1).await?;
+            let Some(older) = older else {
+                break at.into();
+            };
+            tokio::select! {
+                () = deleted_after(&self.etcd, older, at.revision, self.etcd.timeout()) => {}
+                () = Recheck::changed_or_never(&mut recheck) => s.still_authorised()?,
+                () = stopping.cancelled() => return Err(crate::Error::ShuttingDown.into()),
+            }
+        };
+        s.still_authorised()?;
+        // The lease may have lapsed while waiting, taking the key with it.
+        let still = self.etcd.get_bytes(key).await.map_err(Status::from)?;
+        if still.is_none_or(|kv| kv.create_revision() != mine) {
+            return Err(Status::new(Code::Unknown, LEASE_NOT_FOUND));
+        }
+        abandoned.armed = false;
+        Ok(header)
     }
 
     /// Puts `value` in `key` if it is still the incarnation created at `mine`; the header.
@@ -445,5 +483,68 @@ impl Service {
             return Err(Status::new(Code::Unknown, NOT_LEADER));
         }
         resp.0.header.ok_or_else(no_header)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use etcd_client::proto::{PbPutResponse, PbResponseOp};
+
+    fn range(create_revision: i64, value: &[u8]) -> PbResponseOp {
+        PbResponseOp {
+            response: Some(PbTxnOpResponse::ResponseRange(PbRangeResponse {
+                kvs: vec![PbKeyValue {
+                    create_revision,
+                    value: value.to_vec(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })),
+        }
+    }
+
+    fn txn(succeeded: bool, responses: Vec<PbResponseOp>) -> PbTxnResponse {
+        PbTxnResponse {
+            header: Some(PbResponseHeader {
+                revision: 40,
+                ..Default::default()
+            }),
+            succeeded,
+            responses,
+        }
+    }
+
+    #[test]
+    fn a_created_key_is_the_transactions_revision() {
+        let put = PbResponseOp {
+            response: Some(PbTxnOpResponse::ResponsePut(PbPutResponse::default())),
+        };
+        let joined = Joined::decode(txn(true, vec![put, range(12, b"older")])).unwrap();
+        assert!(joined.created);
+        assert_eq!((joined.mine, joined.oldest), (40, Some(12)));
+        assert_eq!(joined.existing, None);
+    }
+
+    #[test]
+    fn a_key_found_again_is_its_own_create_revision_and_value() {
+        let joined = Joined::decode(txn(false, vec![range(30, b"mine"), range(12, b"")])).unwrap();
+        assert!(!joined.created);
+        assert_eq!((joined.mine, joined.oldest), (30, Some(12)));
+        assert_eq!(joined.existing.as_deref(), Some(&b"mine"[..]));
+        // At the front: the oldest key is its own.
+        let front = Joined::decode(txn(false, vec![range(30, b""), range(30, b"")])).unwrap();
+        assert_eq!(front.oldest, Some(front.mine));
+    }
+
+    #[test]
+    fn an_answer_without_the_key_or_a_header_is_refused() {
+        let empty = PbResponseOp {
+            response: Some(PbTxnOpResponse::ResponseRange(PbRangeResponse::default())),
+        };
+        assert!(Joined::decode(txn(false, vec![empty, range(12, b"")])).is_err());
+        let mut headless = txn(true, vec![range(12, b"")]);
+        headless.header = None;
+        assert!(Joined::decode(headless).is_err());
     }
 }

@@ -50,7 +50,7 @@ pub(super) fn start(fleets: Fleets, tracker: &TaskTracker) {
     tracker.spawn(async move {
         reopening(cancel, || watch(&watching, &seen)).await;
     });
-    let changes = fleets.inner.leases.holder_changes();
+    let changes = fleets.inner.parts.leases.holder_changes();
     let driver = Driver {
         fleets,
         tracker: tracker.clone(),
@@ -64,8 +64,8 @@ pub(super) fn start(fleets: Fleets, tracker: &TaskTracker) {
 
 /// Lists the fleets, then follows the watch of their keys until it fails; whether it delivered.
 async fn watch(fleets: &Fleets, seen: &mpsc::UnboundedSender<Seen>) -> bool {
-    let prefix = fleets.inner.layout.fleets().to_owned();
-    let (keys, revision) = match fleets.inner.etcd.list_keys(&prefix).await {
+    let prefix = fleets.inner.parts.layout.fleets().to_owned();
+    let (keys, revision) = match fleets.inner.parts.etcd.list_keys(&prefix).await {
         Ok(listed) => listed,
         Err(e) => {
             tracing::warn!(error = %e, "cannot list the fleets");

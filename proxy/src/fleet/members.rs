@@ -157,7 +157,7 @@ impl Fleets {
                 Ok(Some(revision)) => revision,
                 Ok(None) | Err(_) => {
                     // Lost to a concurrent write (or unknown): this session is nobody's.
-                    let _ = self.inner.leases.end_session(opened.session_id).await;
+                    let _ = self.inner.parts.leases.end_session(opened.session_id).await;
                     written?;
                     continue;
                 }
@@ -166,7 +166,7 @@ impl Fleets {
                 let within = self.within_bound(fleet, revision).await;
                 if !matches!(within, Ok(true)) {
                     // Its record goes with its session.
-                    let _ = self.inner.leases.end_session(opened.session_id).await;
+                    let _ = self.inner.parts.leases.end_session(opened.session_id).await;
                     within?;
                     return Err(Error::FleetFull(MAX_MEMBERS));
                 }
@@ -174,7 +174,11 @@ impl Fleets {
             if let Some(old) = old {
                 // Its grants end with it; the assignment still names the member, so they are
                 // granted to the new session before anyone else is considered.
-                self.inner.leases.end_session(old.record.session).await?;
+                self.inner
+                    .parts
+                    .leases
+                    .end_session(old.record.session)
+                    .await?;
                 tracing::info!(%fleet, member = %join.member, "fleet member rejoined on a new session");
             } else {
                 tracing::info!(%fleet, member = %join.member, "fleet member joined");
@@ -196,8 +200,13 @@ impl Fleets {
     /// all may have written: each then counts the members created up to its own write, so that
     /// those past the bound (and only they) leave again.
     async fn within_bound(&self, fleet: &str, revision: i64) -> Result<bool> {
-        let members = self.inner.layout.fleet_member(fleet, "");
-        let created = self.inner.etcd.count_created(&members, revision).await?;
+        let members = self.inner.parts.layout.fleet_member(fleet, "");
+        let created = self
+            .inner
+            .parts
+            .etcd
+            .count_created(&members, revision)
+            .await?;
         Ok(created <= MAX_MEMBERS)
     }
 
@@ -210,8 +219,8 @@ impl Fleets {
         old: Option<&Read<MemberRecord>>,
         record: &MemberRecord,
     ) -> Result<Option<i64>> {
-        let key = self.inner.layout.fleet_member(&snap.fleet, name);
-        let spec_key = self.inner.layout.fleet_spec(&snap.fleet);
+        let key = self.inner.parts.layout.fleet_member(&snap.fleet, name);
+        let spec_key = self.inner.parts.layout.fleet_spec(&snap.fleet);
         let guards = [
             Unchanged {
                 key: &key,
@@ -248,7 +257,13 @@ impl Fleets {
                 secret, principal, ..
             } = by
             {
-                prove(&self.inner.leases, old.record.session, secret, *principal).await?;
+                prove(
+                    &self.inner.parts.leases,
+                    old.record.session,
+                    secret,
+                    *principal,
+                )
+                .await?;
             }
             // An evicted member stays evicted until its session ends (or it joins again).
             let state = if old.record.state == State::Evicted {
@@ -296,7 +311,7 @@ impl Fleets {
         for (resource, o) in owned {
             let theirs =
                 o.held.holder == Holder::Member(member.to_owned()) && o.lease == record.session;
-            if theirs && o.revoke(&self.inner.leases, &resource).await? {
+            if theirs && o.revoke(&self.inner.parts.leases, &resource).await? {
                 let revoke = Revoke {
                     resource,
                     revision: o.held.revision,

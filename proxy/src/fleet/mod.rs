@@ -66,13 +66,7 @@ pub(crate) struct Fleets {
 }
 
 struct Inner {
-    leases: Leases,
-    etcd: Etcd,
-    commit: GroupCommit,
-    layout: Layout,
-    entitled: Entitlement,
-    audit: Audit,
-    metrics: Arc<Metrics>,
+    parts: Parts,
     signals: signals::Signals,
     stopping: CancellationToken,
 }
@@ -105,24 +99,9 @@ impl Owned {
 impl Fleets {
     /// The service, its decisions driven on `tracker` until `stopping` fires.
     pub(crate) fn start(parts: Parts, tracker: &TaskTracker, stopping: CancellationToken) -> Self {
-        let Parts {
-            leases,
-            etcd,
-            commit,
-            layout,
-            entitled,
-            audit,
-            metrics,
-        } = parts;
         let fleets = Self {
             inner: Arc::new(Inner {
-                leases,
-                etcd,
-                commit,
-                layout,
-                entitled,
-                audit,
-                metrics,
+                parts,
                 signals: signals::Signals::default(),
                 stopping,
             }),
@@ -136,9 +115,9 @@ impl Fleets {
         let listed = self
             .inner
             .etcd
-            .list(&self.inner.layout.fleet(fleet), 1_000)
+            .list(&self.inner.parts.layout.fleet(fleet), 1_000)
             .await?;
-        records::Snapshot::decode(&self.inner.layout, fleet, listed)
+        records::Snapshot::decode(&self.inner.parts.layout, fleet, listed)
     }
 
     /// The current grants of `resources`, each classified for `snap`'s fleet: its own on a
@@ -151,9 +130,9 @@ impl Fleets {
         let resources: Vec<String> = resources.into_iter().collect();
         let keys: Vec<String> = resources
             .iter()
-            .map(|r| self.inner.layout.holder(r))
+            .map(|r| self.inner.parts.layout.holder(r))
             .collect();
-        let found = self.inner.etcd.get_many(&keys).await?;
+        let found = self.inner.parts.etcd.get_many(&keys).await?;
         let mut owned = std::collections::BTreeMap::new();
         for ((resource, key), kv) in resources.into_iter().zip(&keys).zip(found) {
             let Some(kv) = kv else { continue };

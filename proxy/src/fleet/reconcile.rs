@@ -53,7 +53,7 @@ impl Fleets {
             Ok(Pass::Raced) => "raced",
             Err(_) => "failed",
         };
-        self.inner.metrics.fleet_decision(outcome);
+        self.inner.parts.metrics.fleet_decision(outcome);
         pass
     }
 
@@ -86,7 +86,11 @@ impl Fleets {
                     let begun = (plan.assignment.deadlines.keys())
                         .filter(|r| !current.deadlines.contains_key(*r))
                         .count();
-                    self.inner.metrics.fleet_handoffs.add(begun as u64, &[]);
+                    self.inner
+                        .parts
+                        .metrics
+                        .fleet_handoffs
+                        .add(begun as u64, &[]);
                     revision
                 }
                 None => return Ok(Pass::Raced),
@@ -112,7 +116,7 @@ impl Fleets {
                 let principal = m.record.principal.as_deref();
                 let entitled = *judged
                     .entry(principal)
-                    .or_insert_with(|| (self.inner.entitled)(principal, resources));
+                    .or_insert_with(|| (self.inner.parts.entitled)(principal, resources));
                 assign::Member {
                     name: name.clone(),
                     weight: m.record.weight,
@@ -126,7 +130,7 @@ impl Fleets {
     /// Writes the plan's assignment if the one read (and the spec) are unchanged; its revision,
     /// or `None` if another write came first.
     async fn write_assignment(&self, snap: &Snapshot, plan: &Plan) -> Result<Option<i64>> {
-        let layout = &self.inner.layout;
+        let layout = &self.inner.parts.layout;
         let (key, spec_key) = (
             layout.fleet_assignment(&snap.fleet),
             layout.fleet_spec(&snap.fleet),
@@ -142,7 +146,12 @@ impl Fleets {
                 mod_revision: snap.spec.mod_revision,
             },
         ];
-        let written = self.inner.commit.put_if(&key, &value, 0, &guards).await?;
+        let written = self
+            .inner
+            .parts
+            .commit
+            .put_if(&key, &value, 0, &guards)
+            .await?;
         if written.is_some() {
             tracing::debug!(fleet = %snap.fleet, bytes = value.len(), "fleet assignment written");
         }
@@ -201,8 +210,8 @@ impl Fleets {
     ) {
         let why = revoke.why.slug();
         tracing::info!(%fleet, resource = %revoke.resource, why, "fleet revoked a grant");
-        self.inner.metrics.fleet_revocation(why);
-        self.inner.audit.record(Event {
+        self.inner.parts.metrics.fleet_revocation(why);
+        self.inner.parts.audit.record(Event {
             principal: principal.map(str::to_owned),
             resource: Some(revoke.resource.clone()),
             token: Some(revoke.revision.to_string()),
@@ -228,7 +237,7 @@ impl Fleets {
                 continue;
             };
             match member.record.principal.as_deref() {
-                Some(p) if self.inner.leases.held_quota_applies(Some(p)) => {
+                Some(p) if self.inner.parts.leases.held_quota_applies(Some(p)) => {
                     counted.entry(p).or_default().push((grant, member));
                 }
                 _ => free.push((grant, member)),
@@ -258,7 +267,7 @@ impl Fleets {
         member: &Read<MemberRecord>,
         assignment_revision: i64,
     ) -> bool {
-        let layout = &self.inner.layout;
+        let layout = &self.inner.parts.layout;
         let (member_key, assignment_key, spec_key) = (
             layout.fleet_member(&snap.fleet, &grant.member),
             layout.fleet_assignment(&snap.fleet),
@@ -290,8 +299,8 @@ impl Fleets {
             .await;
         match granted {
             Ok(Some(assigned)) => {
-                self.inner.metrics.fleet_grants.add(1, &[]);
-                self.inner.audit.record(Event {
+                self.inner.parts.metrics.fleet_grants.add(1, &[]);
+                self.inner.parts.audit.record(Event {
                     principal: member.record.principal.clone(),
                     resource: Some(grant.resource.clone()),
                     token: Some(assigned.revision.to_string()),

@@ -136,9 +136,9 @@ impl Fleets {
         principal: Option<String>,
     ) -> Result<Written> {
         let resources: Vec<String> = change.checked()?.into_iter().collect();
-        let key = self.inner.layout.fleet_spec(fleet);
+        let key = self.inner.parts.layout.fleet_spec(fleet);
         for _ in 0..ATTEMPTS {
-            let current = self.inner.etcd.get(&key).await?;
+            let current = self.inner.parts.etcd.get(&key).await?;
             let stored = match &current {
                 Some(kv) => {
                     let record: SpecRecord =
@@ -204,13 +204,13 @@ impl Fleets {
                 return Err(Error::OtherPrincipalsFleet);
             }
             let guard = Unchanged {
-                key: &self.inner.layout.fleet_spec(fleet),
+                key: &self.inner.parts.layout.fleet_spec(fleet),
                 mod_revision: snap.spec.mod_revision,
             };
             if !self
                 .inner
                 .etcd
-                .delete_prefix_if(&self.inner.layout.fleet(fleet), guard)
+                .delete_prefix_if(&self.inner.parts.layout.fleet(fleet), guard)
                 .await?
             {
                 continue;
@@ -221,7 +221,7 @@ impl Fleets {
                 if matches!(o.held.holder, assign::Holder::Foreign) {
                     continue;
                 }
-                o.revoke(&self.inner.leases, &resource).await?;
+                o.revoke(&self.inner.parts.leases, &resource).await?;
             }
             tracing::info!(%fleet, "fleet ended");
             return Ok(());

@@ -228,7 +228,13 @@ impl Fleets {
         let member = snap.members.get(asked.member).ok_or(Error::NoMember)?;
         let session = member.record.session;
         if *proven != Some(session) {
-            prove(&self.inner.leases, session, asked.secret, asked.principal).await?;
+            prove(
+                &self.inner.parts.leases,
+                session,
+                asked.secret,
+                asked.principal,
+            )
+            .await?;
             *proven = Some(session);
         }
         let assignment = &snap.assignment.record;
@@ -257,7 +263,8 @@ impl Fleets {
             .iter()
             .filter_map(|r| {
                 let o = mine(r)?;
-                let (token, fencing_token) = self.inner.leases.signed_token(r, o.held.revision);
+                let (token, fencing_token) =
+                    self.inner.parts.leases.signed_token(r, o.held.revision);
                 Some(HeldGrant {
                     resource: r.clone(),
                     lease_id: o.lease,

@@ -427,7 +427,7 @@ mod tests {
         }
         let forbidden = crate::Error::Forbidden {
             principal: "reader".into(),
-            op: "v3",
+            op: crate::error::Op::V3,
             target: "the /v3 API".into(),
         };
         assert_eq!(answer(forbidden), denied);

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use super::session::SessionRecord;
 use super::{unix_millis, HolderRecord, Leases};
-use crate::etcd::{prefix_end, Guarded, Quota, Unchanged};
+use crate::etcd::{prefix_end, Counted, Guarded, Quota, Unchanged};
 use crate::{Error, Result};
 
 /// A grant the service makes on a member's session.
@@ -66,7 +66,10 @@ impl Leases {
         let range_end = range.as_deref().map(prefix_end);
         let quota = match (self.limits.quota_held, &index, &range, &range_end) {
             (Some(max), Some(key), Some(range), Some(range_end)) => {
-                let (held, revision) = self.etcd.count(range, range_end).await?;
+                let Counted {
+                    count: held,
+                    revision,
+                } = self.etcd.count(range, range_end).await?;
                 if u64::try_from(held).unwrap_or(0) >= max {
                     tracing::debug!(resource = %g.resource, fleet = %g.fleet, "a fleet grant waits for room in its principal's held quota");
                     return Ok(None);

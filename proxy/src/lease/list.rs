@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use super::types::holding;
 use super::{validate, HolderRecord, Holding, Leases};
-use crate::etcd::prefix_end;
+use crate::etcd::{prefix_end, Page};
 use crate::{Error, Result};
 
 /// One page of a listing.
@@ -93,7 +93,11 @@ impl Leases {
                 continue; // wholly before the cursor
             }
             let wanted = i64::try_from(limit - leases.len()).unwrap_or(i64::MAX);
-            let (kvs, more_here) = self.etcd.range(&start, &end, wanted).await?;
+            let Page {
+                kvs,
+                more: more_here,
+                ..
+            } = self.etcd.range(&start, &end, wanted).await?;
             // One range read per prefix, no look-up per lease (a page of 1,000 made 1,000 TTL
             // look-ups): every key read is held, since etcd deletes a lease's keys in the same
             // step that ends the lease. The remaining lifetime is reported from the record as

@@ -103,27 +103,52 @@ struct Signed {
     fencing_token: String,
 }
 
+/// What the lease service is assembled from.
+pub(crate) struct Parts {
+    /// Reads, grants and keepalives of etcd leases.
+    pub(crate) etcd: Etcd,
+    /// Writes of ownership keys, batched.
+    pub(crate) commit: GroupCommit,
+    /// The shared keepalive streams.
+    pub(crate) keepalive: KeepAlive,
+    /// This replica's view of the holders.
+    pub(crate) holders: Holders,
+    /// The signing keys of fencing tokens.
+    pub(crate) keys: Keys,
+    /// Where the keys are.
+    pub(crate) layout: Layout,
+    /// How long an `Idempotency-Key` is remembered.
+    pub(crate) idempotency_window: Duration,
+    /// The token era.
+    pub(crate) era: u64,
+    /// TTL, wait and quota bounds.
+    pub(crate) limits: Limits,
+    /// The enforcer pre-fenced before a grant is answered.
+    pub(crate) prefence: Prefence,
+    /// How many etcd leases are kept for reuse.
+    pub(crate) spares: usize,
+    /// Where what happens is counted.
+    pub(crate) metrics: Arc<Metrics>,
+}
+
 impl Leases {
     /// Assembles the service. `stopping` fires when the proxy starts draining; waiting acquires
-    /// then give up at once. Up to `spares` leases are kept for reuse; what happens is counted in `metrics`. Acquire attempts run on
-    /// `tracker`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        etcd: Etcd,
-        commit: GroupCommit,
-        keepalive: KeepAlive,
-        holders: Holders,
-        keys: Keys,
-        layout: Layout,
-        idempotency_window: Duration,
-        era: u64,
-        limits: Limits,
-        prefence: Prefence,
-        spares: usize,
-        metrics: Arc<Metrics>,
-        tracker: TaskTracker,
-        stopping: CancellationToken,
-    ) -> Self {
+    /// then give up at once. Acquire attempts run on `tracker`.
+    pub(crate) fn new(parts: Parts, tracker: TaskTracker, stopping: CancellationToken) -> Self {
+        let Parts {
+            etcd,
+            commit,
+            keepalive,
+            holders,
+            keys,
+            layout,
+            idempotency_window,
+            era,
+            limits,
+            prefence,
+            spares,
+            metrics,
+        } = parts;
         let waiters_prefix = layout.waiters().to_owned();
         let feed = Feed::new(etcd.clone(), &layout, tracker.clone(), stopping.clone());
         let markers = marker::EndMarkers::new(&layout);

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::etcd::{Etcd, KeepAlive};
+use crate::etcd::{Etcd, Granted, KeepAlive};
 use crate::Result;
 
 /// TTL of the lease the queue entries of a replica live on, in seconds: the longest a dead
@@ -115,7 +115,7 @@ impl WaitQueue {
             }
         }
         let granting = Instant::now();
-        let (id, ttl) = self.etcd.grant(QUEUE_TTL).await?;
+        let Granted { id, ttl } = self.etcd.grant(QUEUE_TTL).await?;
         let ttl = u64::try_from(ttl).unwrap_or(QUEUE_TTL);
         *current = Some((id, granting + Duration::from_secs(ttl)));
         Ok(id)

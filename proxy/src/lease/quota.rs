@@ -12,8 +12,8 @@
 //! fails, it counts again, and is refused.
 
 use super::{Acquire, Leases};
-use crate::etcd::{prefix_end, Quota};
-use crate::{Error, Result};
+use crate::etcd::{prefix_end, Counted, Quota};
+use crate::{Error, QuotaKind, Result};
 
 /// How long a client refused by the held quota is told to wait: a grant ends when its holder
 /// releases it or stops renewing, which the proxy cannot predict.
@@ -51,7 +51,10 @@ impl Leases {
         };
         let range = self.layout.principal(principal).into_bytes();
         let range_end = prefix_end(&range);
-        let (held, revision) = self.etcd.count(&range, &range_end).await?;
+        let Counted {
+            count: held,
+            revision,
+        } = self.etcd.count(&range, &range_end).await?;
         let key = self.layout.principal_grant(principal, &req.resource);
         if u64::try_from(held).unwrap_or(0) < max {
             return Ok(Some(Counted {
@@ -75,7 +78,7 @@ impl Leases {
             }));
         }
         Err(Error::QuotaExceeded {
-            quota: "held",
+            quota: QuotaKind::Held,
             retry_after: HELD_RETRY_AFTER_SECS,
         })
     }

@@ -39,7 +39,7 @@ impl Window {
             }
         }
         let granting = Instant::now();
-        let (id, _) = etcd.grant(self.ttl).await?;
+        let id = etcd.grant(self.ttl).await?.id;
         *current = Some(WindowLease {
             id,
             granted: granting,

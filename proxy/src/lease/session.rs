@@ -32,7 +32,7 @@ use tokio::time::Instant;
 
 use super::record::i64_string;
 use super::{secret, unix_millis, Leases};
-use crate::{Error, Result};
+use crate::{Error, ProofFailure, Result};
 
 /// Most session records cached per replica; past it the cache starts again empty.
 const CACHED_SESSIONS: usize = 100_000;
@@ -235,16 +235,20 @@ impl Leases {
         };
         // The principal first: another principal's session is not proven by any secret.
         let why = if principal.is_some_and(|p| record.principal.as_deref() != Some(p)) {
-            "other-principal"
+            ProofFailure::OtherPrincipal
         } else if !secret::matches(secret, &record.secret_hash) {
-            "wrong-secret"
+            ProofFailure::WrongSecret
         } else {
             return Ok(record);
         };
         if cached {
             self.etcd.get(&key).await?;
         }
-        tracing::info!(session = id, why, "session not proven; answered as ended");
+        tracing::info!(
+            session = id,
+            why = why.as_str(),
+            "session not proven; answered as ended"
+        );
         Err(Error::SessionNotProven { why })
     }
 

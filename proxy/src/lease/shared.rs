@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Leases;
+use crate::etcd::Granted;
 use crate::Result;
 
 /// A spare granted or renewed less than this long ago is handed out without a keepalive: its
@@ -81,7 +82,7 @@ impl Leases {
             }
         }
         let granting = Instant::now();
-        let (id, granted) = self.etcd.grant(ttl).await?;
+        let Granted { id, ttl: granted } = self.etcd.grant(ttl).await?;
         Ok(GrantLease {
             id,
             ttl: u64::try_from(granted).unwrap_or(ttl),
@@ -106,7 +107,7 @@ impl Leases {
             });
             for (granted, granting) in futures::future::join_all(grants).await {
                 match granted {
-                    Ok((id, granted)) => {
+                    Ok(Granted { id, ttl: granted }) => {
                         let kept = u64::try_from(granted).ok() == Some(ttl)
                             && !this.stopping.is_cancelled()
                             && this

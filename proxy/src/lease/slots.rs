@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::{Error, Result};
+use crate::{Error, QuotaKind, Result};
 
 /// What a refused stream is told to wait, in seconds: a slot comes back as soon as a stream
 /// ends, and a refusal costs the proxy nothing but the answer.
@@ -85,7 +85,7 @@ impl WatchSlots {
                 let n = taken.entry(principal.to_owned()).or_default();
                 if *n >= most {
                     return Err(Error::QuotaExceeded {
-                        quota: "watch-streams",
+                        quota: QuotaKind::WatchStreams,
                         retry_after: RETRY_AFTER,
                     });
                 }
@@ -116,7 +116,7 @@ mod tests {
 
     fn refusal(r: Result<Slot>) -> &'static str {
         match r {
-            Err(Error::QuotaExceeded { quota, .. }) => quota,
+            Err(Error::QuotaExceeded { quota, .. }) => quota.as_str(),
             Err(Error::TooManyWatches(_)) => "full",
             Err(_) => "other",
             Ok(_) => "granted",

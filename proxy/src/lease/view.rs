@@ -21,7 +21,7 @@ use tokio_util::task::TaskTracker;
 
 use super::HolderRecord;
 use crate::audit::{Audit, Event, Kind};
-use crate::etcd::{prefix_end, reopening, Etcd};
+use crate::etcd::{prefix_end, reopening, Etcd, Page};
 use crate::metrics::Metrics;
 
 const CHANNEL: usize = 4096;
@@ -235,7 +235,11 @@ async fn list(etcd: &Etcd, prefix: &str, holders: &Holders) -> crate::Result<i64
     let mut at_revision = 0;
     let mut fresh: Vec<(String, Seen)> = Vec::new();
     loop {
-        let (kvs, more, revision) = etcd.range_at(&start, &end, PAGE, at_revision).await?;
+        let Page {
+            kvs,
+            more,
+            revision,
+        } = etcd.range_at(&start, &end, PAGE, at_revision).await?;
         at_revision = revision;
         for kv in &kvs {
             if let Some(resource) = kv

@@ -22,7 +22,7 @@ export interface JoinOptions {
   ttlSeconds: number;
   /** Its share's weight, 1 to 1000. */
   weight?: number;
-  /** How long each long poll of the assignment waits for a change (default 10 s; a proxy whose `--max-wait` is shorter refuses it, and the member then polls with its maximum). */
+  /** How long each long poll of the assignment waits for a change (default 20 s; a proxy whose `--max-wait` is shorter refuses it, and the member then polls with its maximum). */
   pollWaitMs?: number;
   /**
    * Whether a member whose session ended (its TTL passed without a keepalive, its etcd lease
@@ -155,7 +155,7 @@ export class FleetMember {
     private readonly open: () => Promise<Session>,
   ) {
     this.path = `${fleetPath(fleet)}/members/${segment(member)}`;
-    this.pollWaitMs = options.pollWaitMs ?? 10_000;
+    this.pollWaitMs = options.pollWaitMs ?? 20_000;
     this.rejoin = options.rejoin ?? false;
   }
 
