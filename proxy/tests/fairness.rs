@@ -45,10 +45,10 @@ async fn line_up(
     for (k, i) in (first..first + n).enumerate() {
         let url = urls[i % urls.len()].clone();
         let tx = tx.clone();
-        let resource = resource.to_owned();
+        let wanted = resource.to_owned();
         tokio::spawn(async move {
             let (status, body) =
-                acquire_waiting(&url, &resource, &format!("waiter-{i}"), 30, 60_000).await;
+                acquire_waiting(&url, &wanted, &format!("waiter-{i}"), 30, 60_000).await;
             let _ = tx.send((i, url, status, body));
         });
         let deadline = Instant::now() + Duration::from_secs(20);

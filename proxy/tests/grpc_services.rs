@@ -16,11 +16,17 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "grpc_services/election.rs"]
 mod election;
+#[path = "grpc_services/etcdctl.rs"]
 mod etcdctl;
+#[path = "grpc_services/lock.rs"]
 mod lock;
+#[path = "grpc_services/principals.rs"]
 mod principals;
+#[path = "grpc_services/streams.rs"]
 mod streams;
+#[path = "grpc_services/watch.rs"]
 mod watch;
 
 use std::time::Duration;

@@ -7,7 +7,7 @@ use etcd_client::{
 };
 
 use super::batch::{GroupCommit, ETCD_MAX_TXN_OPS};
-use super::{prefix_end, Etcd, Page};
+use super::{prefix_end, Etcd, RangePage};
 use crate::{Error, Result};
 
 /// A key that must not have changed since it was read: its mod revision then (0: absent).
@@ -43,7 +43,7 @@ impl Etcd {
         let mut at = 0;
         let mut kvs = Vec::new();
         loop {
-            let Page {
+            let RangePage {
                 kvs: mut got,
                 more,
                 revision,

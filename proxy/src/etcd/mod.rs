@@ -73,14 +73,14 @@ pub(crate) struct Granted {
 
 /// How many keys a range holds, read at `revision`.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Counted {
+pub(crate) struct RangeCount {
     pub(crate) count: i64,
     pub(crate) revision: i64,
 }
 
 /// One page of a range read.
 #[derive(Debug)]
-pub(crate) struct Page {
+pub(crate) struct RangePage {
     /// The keys, in key order.
     pub(crate) kvs: Vec<KeyValue>,
     /// Whether more keys follow the last one.
@@ -530,7 +530,7 @@ impl Etcd {
     }
 
     /// How many keys lie in `start..end` (a linearizable read).
-    pub(crate) async fn count(&self, start: &[u8], end: &[u8]) -> Result<Counted> {
+    pub(crate) async fn count(&self, start: &[u8], end: &[u8]) -> Result<RangeCount> {
         let options = GetOptions::new().with_range(end).with_count_only();
         let resp = self
             .bounded("count", |c| {
@@ -545,7 +545,7 @@ impl Etcd {
                 key: String::new(),
                 reason: "etcd answered without a header".into(),
             })?;
-        Ok(Counted {
+        Ok(RangeCount {
             count: resp.count(),
             revision,
         })
@@ -667,7 +667,7 @@ impl Etcd {
         end: &[u8],
         limit: i64,
         revision: i64,
-    ) -> Result<Page> {
+    ) -> Result<RangePage> {
         let mut resp = self
             .bounded("range", |c| async move {
                 let options = GetOptions::new()
@@ -678,7 +678,7 @@ impl Etcd {
             })
             .await?;
         let at = resp.header().map(|h| h.revision()).unwrap_or(revision);
-        Ok(Page {
+        Ok(RangePage {
             more: resp.more(),
             kvs: resp.take_kvs(),
             revision: at,
@@ -686,7 +686,7 @@ impl Etcd {
     }
 
     /// Keys in `[start, end)` in key order, at most `limit`, at the latest revision.
-    pub(crate) async fn range(&self, start: &[u8], end: &[u8], limit: i64) -> Result<Page> {
+    pub(crate) async fn range(&self, start: &[u8], end: &[u8], limit: i64) -> Result<RangePage> {
         self.range_at(start, end, limit, 0).await
     }
 }

@@ -24,7 +24,7 @@ use super::remembered::{Misses, Remembered};
 use super::request::{LeaseGrant, TimeToLive};
 use super::service::{Caller, Service};
 use super::status::{Code, Status, LEASE_NOT_FOUND};
-use crate::etcd::{prefix_end, Etcd, Header, Page};
+use crate::etcd::{prefix_end, Etcd, Header, RangePage};
 
 /// The marker keys of `/v3` leases.
 pub(crate) struct Markers {
@@ -160,7 +160,7 @@ impl Markers {
         let mut ids = HashSet::new();
         let mut from = start.to_vec();
         loop {
-            let Page { kvs, more, .. } = self.etcd.range(&from, &end, 1000).await?;
+            let RangePage { kvs, more, .. } = self.etcd.range(&from, &end, 1000).await?;
             ids.extend(kvs.iter().filter(|kv| s.owns(kv.value())).filter_map(|kv| {
                 let id = kv.key().strip_prefix(start)?;
                 std::str::from_utf8(id).ok()?.parse::<i64>().ok()

@@ -21,7 +21,8 @@ use super::status::{Code, Status, EMPTY_KEY, LEASE_NOT_FOUND};
 use crate::etcd::{prefix_end, Etcd, Header};
 use crate::lease::Recheck;
 use etcd_client::proto::{
-    PbKeyValue, PbLockResponse, PbResponseHeader, PbTxnOpResponse, PbTxnResponse, PbUnlockResponse,
+    PbKeyValue, PbLockResponse, PbRangeResponse, PbResponseHeader, PbTxnOpResponse, PbTxnResponse,
+    PbUnlockResponse,
 };
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,

@@ -79,6 +79,7 @@ async fn watch(fleets: &Fleets, seen: &mpsc::UnboundedSender<Seen>) -> bool {
         .with_start_revision(revision + 1);
     fleets
         .inner
+        .parts
         .etcd
         .follow(&prefix, options, "fleet", |resp| {
             for event in resp.events() {

@@ -137,6 +137,7 @@ impl Fleets {
             }
             let opened = self
                 .inner
+                .parts
                 .leases
                 .open_session(
                     join.member.clone(),
@@ -233,6 +234,7 @@ impl Fleets {
         ];
         let written = self
             .inner
+            .parts
             .commit
             .put_if(&key, &encode(record), record.session, &guards)
             .await?;

@@ -114,6 +114,7 @@ impl Fleets {
     async fn snapshot(&self, fleet: &str) -> Result<Option<records::Snapshot>> {
         let listed = self
             .inner
+            .parts
             .etcd
             .list(&self.inner.parts.layout.fleet(fleet), 1_000)
             .await?;

@@ -178,6 +178,7 @@ impl Fleets {
         let (lease, principal) = owned.map_or((0, None), |o| (o.lease, o.principal.as_deref()));
         let ended = self
             .inner
+            .parts
             .leases
             .revoke_assigned(&revoke.resource, revoke.revision, lease, principal)
             .await;
@@ -289,6 +290,7 @@ impl Fleets {
         ];
         let granted = self
             .inner
+            .parts
             .leases
             .grant_assigned(OnSession {
                 resource: &grant.resource,

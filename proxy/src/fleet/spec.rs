@@ -173,6 +173,7 @@ impl Fleets {
             };
             let written = self
                 .inner
+                .parts
                 .commit
                 .put_if(&key, &encode(&record), 0, &[guard])
                 .await?;
@@ -209,6 +210,7 @@ impl Fleets {
             };
             if !self
                 .inner
+                .parts
                 .etcd
                 .delete_prefix_if(&self.inner.parts.layout.fleet(fleet), guard)
                 .await?

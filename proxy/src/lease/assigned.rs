@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use super::session::SessionRecord;
 use super::{unix_millis, HolderRecord, Leases};
-use crate::etcd::{prefix_end, Counted, Guarded, Quota, Unchanged};
+use crate::etcd::{prefix_end, Guarded, Quota, RangeCount, Unchanged};
 use crate::{Error, Result};
 
 /// A grant the service makes on a member's session.
@@ -66,7 +66,7 @@ impl Leases {
         let range_end = range.as_deref().map(prefix_end);
         let quota = match (self.limits.quota_held, &index, &range, &range_end) {
             (Some(max), Some(key), Some(range), Some(range_end)) => {
-                let Counted {
+                let RangeCount {
                     count: held,
                     revision,
                 } = self.etcd.count(range, range_end).await?;

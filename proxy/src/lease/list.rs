@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use super::types::holding;
 use super::{validate, HolderRecord, Holding, Leases};
-use crate::etcd::{prefix_end, Page};
+use crate::etcd::{prefix_end, RangePage};
 use crate::{Error, Result};
 
 /// One page of a listing.
@@ -93,7 +93,7 @@ impl Leases {
                 continue; // wholly before the cursor
             }
             let wanted = i64::try_from(limit - leases.len()).unwrap_or(i64::MAX);
-            let Page {
+            let RangePage {
                 kvs,
                 more: more_here,
                 ..

@@ -12,7 +12,7 @@
 //! fails, it counts again, and is refused.
 
 use super::{Acquire, Leases};
-use crate::etcd::{prefix_end, Counted, Quota};
+use crate::etcd::{prefix_end, Quota, RangeCount};
 use crate::{Error, QuotaKind, Result};
 
 /// How long a client refused by the held quota is told to wait: a grant ends when its holder
@@ -51,7 +51,7 @@ impl Leases {
         };
         let range = self.layout.principal(principal).into_bytes();
         let range_end = prefix_end(&range);
-        let Counted {
+        let RangeCount {
             count: held,
             revision,
         } = self.etcd.count(&range, &range_end).await?;

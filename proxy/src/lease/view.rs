@@ -21,7 +21,7 @@ use tokio_util::task::TaskTracker;
 
 use super::HolderRecord;
 use crate::audit::{Audit, Event, Kind};
-use crate::etcd::{prefix_end, reopening, Etcd, Page};
+use crate::etcd::{prefix_end, reopening, Etcd, RangePage};
 use crate::metrics::Metrics;
 
 const CHANNEL: usize = 4096;
@@ -235,7 +235,7 @@ async fn list(etcd: &Etcd, prefix: &str, holders: &Holders) -> crate::Result<i64
     let mut at_revision = 0;
     let mut fresh: Vec<(String, Seen)> = Vec::new();
     loop {
-        let Page {
+        let RangePage {
             kvs,
             more,
             revision,
