@@ -363,19 +363,31 @@ fn belief(md: &mut String, runs: &[Report]) {
         .map(|b| &b.stop_by.acted_until_refused_ms)
         .filter(|p| p.n > 0)
         .collect();
-    let _ = writeln!(
-        md,
-        "\nA paused holder acted for at most {:.0} ms (p99 {:.0} ms, worst run; {} overlaps) \
-         before its writes were refused.",
-        refused.iter().map(|p| p.max_ms).fold(0.0, f64::max),
-        refused.iter().map(|p| p.p99_ms).fold(0.0, f64::max),
-        refused.iter().map(|p| p.n).sum::<usize>(),
-    );
-    for l in beliefs
+    let n: usize = refused.iter().map(|p| p.n).sum();
+    if n == 0 {
+        let _ = writeln!(
+            md,
+            "\nNo older holder had a write refused while a newer one held."
+        );
+    } else {
+        let _ = writeln!(
+            md,
+            "\nAn older holder (paused, or stuck in a write) acted for at most {:.0} ms while a \
+             newer one held before its writes were refused (p99 {:.0} ms, worst run; {n} \
+             overlaps).",
+            refused.iter().map(|p| p.max_ms).fold(0.0, f64::max),
+            refused.iter().map(|p| p.p99_ms).fold(0.0, f64::max),
+        );
+    }
+    let mut longest: Vec<&crate::belief::Longest> = beliefs
         .iter()
         .flat_map(|b| b.stop_by.longest.iter())
-        .take(3)
-    {
-        let _ = writeln!(md, "- {l}");
+        .collect();
+    longest.sort_by(|a, b| b.ms.total_cmp(&a.ms));
+    if !longest.is_empty() {
+        let _ = writeln!(md, "\nLongest overlaps (under the SDK's stop-by):\n");
+        for l in longest.iter().take(3) {
+            let _ = writeln!(md, "- {:.0} ms: {}", l.ms, l.between);
+        }
     }
 }

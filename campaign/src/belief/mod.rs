@@ -24,7 +24,9 @@ mod record;
 mod verdict;
 
 pub use record::Beliefs;
-pub use verdict::{judge, verdict, BeliefReport, OlderWrites, ResourceOverlap, Summary, LATE};
+pub use verdict::{
+    judge, verdict, BeliefReport, Longest, OlderWrites, ResourceOverlap, Summary, LATE,
+};
 
 /// How far a client's simulated clock rate strays from the host's, at most (±): within the
 /// tenth of the lifetime the SDK keeps as its default safety margin.

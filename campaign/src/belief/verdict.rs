@@ -58,8 +58,18 @@ pub struct Summary {
     pub acted_until_refused_ms: Percentiles,
     /// What ended the belief intervals.
     pub ended: BTreeMap<String, usize>,
-    /// The longest overlaps, described (at most three).
-    pub longest: Vec<String>,
+    /// The longest overlaps (at most three).
+    pub longest: Vec<Longest>,
+}
+
+/// One of the longest overlaps.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Longest {
+    /// How long, in milliseconds.
+    pub ms: f64,
+    /// Who and what: the resource, the older holder (its token, what ended its belief) and the
+    /// newer one.
+    pub between: String,
 }
 
 /// One resource's overlaps.
@@ -166,17 +176,17 @@ pub fn verdict(intervals: &[Interval], events: &[Event], applied: &[Applied]) ->
     summary.longest = longest
         .iter()
         .take(3)
-        .map(|o| {
-            format!(
-                "{}: {} (token {}, ended {:?}) and {} (token {}) for {:.0} ms",
+        .map(|o| Longest {
+            ms: o.to.duration_since(o.from).as_secs_f64() * 1e3,
+            between: format!(
+                "{}: {} (token {}, ended {:?}) and {} (token {})",
                 o.older.resource,
                 o.older.client,
                 o.older.token,
                 o.older.ended,
                 o.newer.client,
                 o.newer.token,
-                o.to.duration_since(o.from).as_secs_f64() * 1e3
-            )
+            ),
         })
         .collect();
     summary.overlap_ms = Percentiles::of(lengths);
@@ -360,7 +370,12 @@ mod tests {
         assert_eq!(r.count, 2);
         assert!(close(r.sum_ms, 500.0) && close(r.max_ms, 400.0), "{r:?}");
         assert!(close(v.per_resource["s"].sum_ms, 25.0));
-        assert!(v.longest[0].starts_with("r: a (token 5"), "{:?}", v.longest);
+        assert!(
+            v.longest[0].between.starts_with("r: a (token 5"),
+            "{:?}",
+            v.longest
+        );
+        assert!(close(v.longest[0].ms, 400.0));
     }
 
     #[test]
