@@ -33,6 +33,7 @@ data_files() {
   echo campaign/data/deployment.json
   [ -f campaign/data/sessions.json ] && echo campaign/data/sessions.json
   [ -f campaign/data/grpc-mutex.json ] && echo campaign/data/grpc-mutex.json
+  [ -f campaign/data/belief.json ] && echo campaign/data/belief.json
   for control in no-fencing memory-marks forget-in-flight release-with-caller local-gate no-prefence unexchanged-locks; do
     [ -f "campaign/data/control-$control.json" ] && echo "campaign/data/control-$control.json"
   done
@@ -94,6 +95,9 @@ case "${1:-render}" in
     # Every fifth client locks with etcd's Mutex recipe over gRPC: the deployment
     # with them, measured on its own (10 runs, as the controls).
     measure grpc-mutex --runs "$control_runs" --duration 30s --seed 1100 || status=1
+    # The deployment once more, for its belief verdict (every run reports it; these runs were
+    # the first to).
+    measure belief --runs "$control_runs" --duration 30s --seed 16000 || status=1
     seed=2000
     for control in no-fencing memory-marks forget-in-flight release-with-caller local-gate no-prefence unexchanged-locks; do
       measure "control-$control" --runs "$control_runs" --duration 30s --seed "$seed" \

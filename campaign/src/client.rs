@@ -33,6 +33,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::belief::{Beliefs, Granted, Signal};
 use crate::history::{outcome, Event, History, Kind, Outcome};
 use crate::plan::stream;
 
@@ -78,6 +79,8 @@ pub struct Env {
     /// The [`Control::UnexchangedLocks`](crate::cluster::Control) control: the [`mutex`]
     /// clients write straight to the storage, and client pauses go for them.
     pub unexchanged_locks: bool,
+    /// What the leasing clients' leases told them: their holds, for the belief verdict.
+    pub beliefs: Arc<Beliefs>,
 }
 
 /// Every `MUTEX_EVERY`-th client (from the fifth) locks with etcd's Mutex recipe over gRPC
@@ -176,6 +179,10 @@ pub struct Handle {
     in_session: bool,
     /// Locks with etcd's Mutex recipe over gRPC ([`mutex`]).
     mutex: bool,
+    /// Its open hold in [`Env::beliefs`], if any.
+    belief: Mutex<Option<usize>>,
+    /// Its simulated clock's rate, relative to the host's ([`crate::belief::SKEW`]).
+    rate: f64,
 }
 
 impl Handle {
@@ -224,6 +231,17 @@ impl Handle {
             *h = r;
         }
     }
+
+    /// Its open hold's id in [`Env::beliefs`].
+    fn belief(&self) -> Option<usize> {
+        self.belief.lock().ok().and_then(|b| *b)
+    }
+
+    fn set_belief(&self, id: Option<usize>) {
+        if let Ok(mut b) = self.belief.lock() {
+            *b = id;
+        }
+    }
 }
 
 /// The running clients.
@@ -258,6 +276,11 @@ impl Clients {
             stalling: std::sync::atomic::AtomicBool::new(false),
             in_session: index % 2 == 1,
             mutex: index % MUTEX_EVERY == MUTEX_EVERY - 1,
+            belief: Mutex::new(None),
+            // Its own stream: the client's other draws stay as they were.
+            rate: 1.0
+                + stream(self.env.seed, "clock-skew", index)
+                    .random_range(-crate::belief::SKEW..=crate::belief::SKEW),
         });
         let rng = stream(self.env.seed, "client", index);
         let task = if handle.mutex {
@@ -279,6 +302,9 @@ impl Clients {
             running.swap_remove(i)
         };
         task.abort();
+        self.env
+            .beliefs
+            .end(handle.belief(), Signal::Killed, Instant::now());
         self.spawn();
         Some((handle.name.clone(), handle.holding()))
     }
@@ -302,6 +328,9 @@ impl Clients {
             running.swap_remove(i).1
         };
         task.abort();
+        self.env
+            .beliefs
+            .end(handle.belief(), Signal::Killed, Instant::now());
         self.spawn();
         Some((handle.name.clone(), handle.holding()))
     }
@@ -437,6 +466,10 @@ async fn run(me: Arc<Handle>, env: Env, mut rng: StdRng) {
         me.set_holding(Some(grant.resource.clone()));
         let lost = hold(&me, &env, &http, &grant, &mut rng).await;
         me.set_holding(None);
+        // Released, or walked away from: either way it no longer believes it holds.
+        env.beliefs
+            .end(me.belief(), Signal::Released, Instant::now());
+        me.set_belief(None);
         if !lost && rng.random_bool(0.9) {
             let proxy = pick(&mut rng, &env.proxies);
             let req = http
@@ -624,18 +657,26 @@ async fn acquire(
     if let Some(n) = counter {
         n.fetch_add(1, Ordering::AcqRel);
     }
+    let sent = Instant::now();
     let (result, body) = call(me, env, Kind::Acquire, &resource, None, req, next_op(env)).await;
     if let Some(n) = counter {
         n.fetch_sub(1, Ordering::AcqRel);
     }
     let session_lost = result == Outcome::Fail(410);
     let grant = body.filter(|_| result == Outcome::Ok).and_then(|body| {
-        Some(Grant {
+        let grant = Grant {
             secret: body["secret"].as_str()?.to_owned(),
             fencing_token: body["fencing_token"].as_str()?.to_owned(),
             revision: body["token"].as_str()?.parse().ok()?,
             resource,
-        })
+        };
+        let wait = Duration::from_millis(ACQUIRE_WAIT_MS);
+        if let Some(granted) = Granted::answered(sent, &body, wait) {
+            let (name, r) = (&me.name, &grant.resource);
+            let id = env.beliefs.open(name, r, grant.revision, me.rate, granted);
+            me.set_belief(id);
+        }
+        Some(grant)
     });
     (grant, session_lost)
 }
@@ -652,6 +693,9 @@ async fn hold(
     let mut zombie = false;
     let writes = rng.random_range(10..30);
     for _ in 0..writes {
+        // Where a program checks its lease before acting: a pause below stops it after the
+        // check, before the write (the process-pause hazard).
+        let decided = Instant::now();
         if let Some(d) = me.take_pause() {
             tokio::time::sleep(d).await;
             // The worst case for the zombie: it wakes once its resource has a newer holder (if
@@ -669,7 +713,8 @@ async fn hold(
             let req = http
                 .post(format!("{proxy}/v1/leases/{}/renew", grant.resource))
                 .header("lease-secret", &grant.secret);
-            match call(
+            let sent = Instant::now();
+            let (result, body) = call(
                 me,
                 env,
                 Kind::Renew,
@@ -678,11 +723,19 @@ async fn hold(
                 req,
                 next_op(env),
             )
-            .await
-            .0
-            {
-                Outcome::Ok => renewed = Instant::now(),
-                Outcome::Fail(_) => return true,
+            .await;
+            match result {
+                Outcome::Ok => {
+                    renewed = Instant::now();
+                    let granted = body.and_then(|b| Granted::answered(sent, &b, Duration::ZERO));
+                    if let Some(granted) = granted {
+                        env.beliefs.renewed(me.belief(), granted);
+                    }
+                }
+                Outcome::Fail(_) => {
+                    env.beliefs.end(me.belief(), Signal::Lost, Instant::now());
+                    return true;
+                }
                 Outcome::Indeterminate => {}
             }
         }
@@ -767,7 +820,9 @@ async fn hold(
                 result
             }
         };
+        env.beliefs.acted(me.belief(), decided);
         if let Outcome::Fail(_) = result {
+            env.beliefs.end(me.belief(), Signal::Lost, Instant::now());
             return true;
         }
         tokio::time::sleep(jitter(rng, 2, 12)).await;

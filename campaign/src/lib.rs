@@ -8,11 +8,13 @@
 //! - [`storage`]: the recording storage; [`client`]: the competing clients;
 //! - [`plan`]: a run's fault schedule, drawn from its seed; [`nemesis`]: the faults;
 //! - [`history`] and [`checker`]: what happened and whether it was safe;
+//! - [`belief`]: how long holders believed they held at once, and what their writes met;
 //! - [`fleet`]: members of a fleet the service assigns resources to, and its coverage;
 //! - [`hostile`]: background hostile `/v3` traffic, and what it must not change;
 //! - [`indb`]: the deployment fenced inside PostgreSQL, written by SQL clients;
 //! - [`run`]: one run and its report; [`report`]: many runs as markdown.
 
+pub mod belief;
 pub mod checker;
 pub mod client;
 pub mod cluster;

@@ -215,6 +215,7 @@ pub fn markdown(runs: &[Report]) -> String {
             idle.len(),
         );
     }
+    belief(&mut md, runs);
     fleet_coverage(&mut md, runs);
     let mut classes: BTreeMap<&str, usize> = BTreeMap::new();
     for v in runs.iter().flat_map(|r| r.violations.iter()) {
@@ -301,6 +302,92 @@ fn fleet_coverage(md: &mut String, runs: &[Report]) {
         );
         for e in early.iter().take(5) {
             let _ = writeln!(md, "- {e}");
+        }
+    }
+}
+
+/// The belief verdict, in runs that have one: the overlaps under the SDK's stop-by deadline
+/// and under the two controls.
+fn belief(md: &mut String, runs: &[Report]) {
+    let beliefs: Vec<&crate::belief::BeliefReport> =
+        runs.iter().filter_map(|r| r.belief.as_ref()).collect();
+    if beliefs.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\nBelief: how long two different holders of one resource believed they held at once \
+         (real time on the host; a belief runs from the acquire's answer to the client's own \
+         signal or its stop-by deadline, on its own clock skewed by up to ±{:.0} %, and through \
+         a write decided before that deadline). Measured, not bounded.\n",
+        crate::belief::SKEW * 100.0
+    );
+    let _ = writeln!(
+        md,
+        "| deadline | intervals | overlaps | sum ms | p99 ms (worst run) | max ms | older holder's writes meanwhile: refused / applied before / applied during / lost |"
+    );
+    let _ = writeln!(md, "|---|--:|--:|--:|--:|--:|--:|");
+    type Pick<'a> = &'a dyn Fn(&crate::belief::BeliefReport) -> &crate::belief::Summary;
+    let late = format!(
+        "control: TTL + {} s, no margin",
+        crate::belief::LATE.as_secs()
+    );
+    let rows: [(&str, Pick); 3] = [
+        ("the SDK's stop-by", &|b| &b.stop_by),
+        (&late, &|b| &b.late_deadline),
+        ("control: none", &|b| &b.no_deadline),
+    ];
+    for (name, pick) in rows {
+        let all: Vec<&crate::belief::Summary> = beliefs.iter().map(|b| pick(b)).collect();
+        let n =
+            |f: &dyn Fn(&crate::belief::Summary) -> usize| all.iter().map(|s| f(s)).sum::<usize>();
+        let worst = |f: &dyn Fn(&crate::belief::Summary) -> f64| {
+            all.iter().map(|s| f(s)).fold(0.0, f64::max)
+        };
+        let _ = writeln!(
+            md,
+            "| {name} | {} | {} | {:.0} | {:.0} | {:.0} | {} / {} / {} / {} |",
+            n(&|s| s.intervals),
+            n(&|s| s.overlaps),
+            all.iter().map(|s| s.sum_ms).sum::<f64>(),
+            worst(&|s| s.overlap_ms.p99_ms),
+            worst(&|s| s.overlap_ms.max_ms),
+            n(&|s| s.older_writes.refused),
+            n(&|s| s.older_writes.applied_before),
+            n(&|s| s.older_writes.applied_during),
+            n(&|s| s.older_writes.lost_in_flight),
+        );
+    }
+    let refused: Vec<&crate::run::Percentiles> = beliefs
+        .iter()
+        .map(|b| &b.stop_by.acted_until_refused_ms)
+        .filter(|p| p.n > 0)
+        .collect();
+    let n: usize = refused.iter().map(|p| p.n).sum();
+    if n == 0 {
+        let _ = writeln!(
+            md,
+            "\nNo older holder had a write refused while a newer one held."
+        );
+    } else {
+        let _ = writeln!(
+            md,
+            "\nAn older holder (paused, or stuck in a write) acted for at most {:.0} ms while a \
+             newer one held before its writes were refused (p99 {:.0} ms, worst run; {n} \
+             overlaps).",
+            refused.iter().map(|p| p.max_ms).fold(0.0, f64::max),
+            refused.iter().map(|p| p.p99_ms).fold(0.0, f64::max),
+        );
+    }
+    let mut longest: Vec<&crate::belief::Longest> = beliefs
+        .iter()
+        .flat_map(|b| b.stop_by.longest.iter())
+        .collect();
+    longest.sort_by(|a, b| b.ms.total_cmp(&a.ms));
+    if !longest.is_empty() {
+        let _ = writeln!(md, "\nLongest overlaps (under the SDK's stop-by):\n");
+        for l in longest.iter().take(3) {
+            let _ = writeln!(md, "- {:.0} ms: {}", l.ms, l.between);
         }
     }
 }

@@ -209,6 +209,10 @@ pub struct Report {
     /// The fleet's members and coverage, in a run with a fleet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fleet: Option<crate::fleet::FleetReport>,
+    /// How long the leasing clients believed they held at once ([`crate::belief`]); measured,
+    /// not bounded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub belief: Option<crate::belief::BeliefReport>,
 }
 
 fn default_marks() -> Marks {
@@ -232,6 +236,7 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
     let idle_since = Instant::now();
     let history = Arc::new(History::default());
     let env_ops = Arc::new(AtomicU64::new(1));
+    let beliefs = Arc::new(crate::belief::Beliefs::default());
     let env = Env {
         proxies: cluster.proxy_urls(),
         direct: cluster.direct_urls(),
@@ -257,6 +262,7 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
             .collect(),
         storage: cluster.storage.url().to_owned(),
         unexchanged_locks: settings.control == Control::UnexchangedLocks,
+        beliefs: beliefs.clone(),
     };
     // Hostile /v3 traffic through the proxies' client relays (faults reach it too), aimed at
     // the live /v1 holders' leases; sentinels planted outside the namespace first.
@@ -306,6 +312,7 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
         None
     };
     clients.stop();
+    let holds = beliefs.finish();
     let fleet = fleet.map(fleet::Running::stop);
     stop_hostile.cancel();
     let hostile_stats = hostile_traffic.await.unwrap_or_default();
@@ -375,6 +382,7 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
         violations.extend(handovers);
         report
     });
+    let belief = crate::belief::judge(&holds, &events, &applied);
     let mut report = report(
         settings,
         shape.gateways(),
@@ -392,6 +400,7 @@ pub async fn run_once(settings: &Settings) -> anyhow::Result<Report> {
         },
     );
     report.fleet = fleet;
+    report.belief = Some(belief);
     Ok(report)
 }
 
@@ -521,6 +530,7 @@ pub(crate) fn report(settings: &Settings, gateways: usize, seen: Observed) -> Re
         idle,
         hostile,
         fleet: None,
+        belief: None,
     }
 }
 

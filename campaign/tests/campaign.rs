@@ -116,6 +116,39 @@ async fn the_deployment_shows_no_violation_under_every_fault() {
         r.lock_writes_acknowledged
     );
     fleet_ran(&r);
+    belief_measured(&r);
+}
+
+/// The belief verdict is there, and sees what the stop-by deadline does: its controls (a
+/// deadline past the lease's end, none) overlap at least as much, on the same holds. Measured,
+/// not bounded: no figure is asserted but that the measure exists and moves.
+fn belief_measured(r: &Report) {
+    let b = r.belief.as_ref().expect("the run has a belief verdict");
+    let s = &b.stop_by;
+    eprintln!(
+        "seed {}: belief: {} intervals, {} overlaps, sum {:.0} ms, max {:.0} ms, p99 {:.0} ms, \
+         acted until refused {:?}, older writes {:?}, ended {:?}, longest {:?}; \
+         controls: late deadline {} overlaps {:.0} ms, none {} overlaps {:.0} ms",
+        r.seed,
+        s.intervals,
+        s.overlaps,
+        s.sum_ms,
+        s.overlap_ms.max_ms,
+        s.overlap_ms.p99_ms,
+        s.acted_until_refused_ms,
+        s.older_writes,
+        s.ended,
+        s.longest,
+        b.late_deadline.overlaps,
+        b.late_deadline.sum_ms,
+        b.no_deadline.overlaps,
+        b.no_deadline.sum_ms,
+    );
+    assert!(s.intervals > 0, "no belief interval: {b:?}");
+    assert!(
+        b.late_deadline.sum_ms >= s.sum_ms && b.no_deadline.sum_ms >= b.late_deadline.sum_ms,
+        "a later deadline overlapped less: {b:?}"
+    );
 }
 
 /// A negative control's test: its 25 s runs, seeds tried in turn until one catches it.

@@ -88,4 +88,5 @@ pub use model::{AcquireOptions, Grant, Holding, Renewal, SessionAcquireOptions};
 pub use propagation::{FENCING_RESOURCE, FENCING_TOKEN, X_FENCING_TOKEN};
 pub use session::Session;
 pub use test_mode::{Fault, TestMode};
+pub use upkeep::stop_by;
 pub use watch::{Event, EventKind, EventStream};

@@ -47,6 +47,27 @@ pub(crate) fn deadline_after(
     sent.checked_add(lifetime - margin).unwrap_or(sent)
 }
 
+/// The stop-by deadline a guard ([`crate::Lease`], [`crate::Session`]) moves to when the
+/// acquire, renewal or keepalive sent at `sent` (the monotonic instant read just before
+/// sending) is answered with `ttl_seconds` and `expires_in_ms`: `sent` plus what the answer
+/// grants ([`lifetime`]; `wait` is the wait the acquire allowed, zero for a renewal) less the
+/// safety margin (`None`: the default, as [`crate::ClientBuilder::safety_margin`] unset).
+/// For programs that call the API without the guard and for tools that judge what a guard
+/// would have believed: the same instant, computed once.
+pub fn stop_by(
+    sent: Instant,
+    ttl_seconds: u64,
+    expires_in_ms: u64,
+    wait: Duration,
+    safety_margin: Option<Duration>,
+) -> Instant {
+    deadline_after(
+        sent,
+        lifetime(ttl_seconds, expires_in_ms, wait),
+        safety_margin,
+    )
+}
+
 /// The least default safety margin.
 const MIN_SAFETY_MARGIN: Duration = Duration::from_millis(100);
 
@@ -158,6 +179,25 @@ mod tests {
         tokio::time::advance(Duration::from_millis(1)).await;
         assert!(upkeep.is_lost());
         assert_eq!(upkeep.lost_reason().await, LostReason::Expired);
+    }
+
+    #[test]
+    fn stop_by_is_the_deadline_a_guard_moves_to() {
+        let ms = Duration::from_millis;
+        let sent = Instant::now();
+        for (ttl, expires, wait, margin) in [
+            (3, 2900, Duration::ZERO, None),
+            (3, 7000, ms(5000), None),
+            (3, 2900, Duration::ZERO, Some(ms(1000))),
+            (0, 2900, Duration::ZERO, None),
+        ] {
+            let guard = Upkeep::granted(sent, lifetime(ttl, expires, wait), margin);
+            assert_eq!(stop_by(sent, ttl, expires, wait, margin), guard.deadline());
+        }
+        assert_eq!(
+            stop_by(sent, 3, 2900, Duration::ZERO, None),
+            sent + ms(2610)
+        );
     }
 
     #[test]
