@@ -735,3 +735,40 @@ async fn a_remembered_verdict_is_gone_once_sync_keys_removes_its_key() {
     assert_eq!(remembered(&scratch, "aisle-2").await, 0);
     assert_eq!(admit(&app, "aisle-2", &by_k2).await, Err("28F03".into()));
 }
+
+/// A verdict reached under a key that `pg sync-keys` has replaced since is never remembered: a
+/// REPEATABLE READ transaction whose snapshot predates the sync still sees the old secret, and
+/// its first admit of a token signed with it must not leave a verdict that later transactions
+/// would trust under the new secret. The key row it verified under is gone: locking it (the
+/// admit's own lock, and the verdict's foreign key check) fails with PostgreSQL's 40001.
+#[tokio::test]
+async fn a_verdict_from_a_snapshot_older_than_the_keys_is_not_remembered() {
+    let scratch = Scratch::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (old_path, old) = key_file(dir.path(), "old", &["k1"]);
+    let (new_path, _) = key_file(dir.path(), "new", &["k1"]);
+    let installed = scratch.install(&[]);
+    assert!(installed.status.success(), "{}", pg::text(&installed));
+    scratch.sync_keys(&old_path);
+    // The mark at 0:5 without an admit (which would remember the token).
+    let owner = pg::connect(&scratch.url()).await;
+    owner
+        .batch_execute(&format!(
+            "SET ROLE {}; INSERT INTO fencing.fence_marks VALUES
+                 ('aisle-1', '\\x00000000000000000000000000000005')",
+            scratch.role("owner")
+        ))
+        .await
+        .unwrap();
+    let token = old.mint("aisle-1", Token::new(0, 5));
+    let app = pg::connect(&scratch.url_as(&scratch.role("app"))).await;
+    app.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
+        .await
+        .unwrap();
+    scratch.sync_keys(&new_path);
+    let answer = admit(&app, "aisle-1", &token).await;
+    let _ = app.batch_execute("COMMIT").await;
+    assert_eq!(answer, Err("40001".into()));
+    assert_eq!(remembered(&scratch, "aisle-1").await, 0);
+    assert_eq!(admit(&app, "aisle-1", &token).await, Err("28F03".into()));
+}
