@@ -561,3 +561,214 @@ async fn an_install_names_the_tables_to_protect_again() {
         "{said}"
     );
 }
+
+/// The SQLSTATE of what `sql` did as the client `db`: `None` if it succeeded.
+async fn refusal(db: &tokio_postgres::Client, sql: &str) -> Option<String> {
+    db.batch_execute(sql).await.err().map(|e| {
+        e.code()
+            .map_or_else(|| e.to_string(), |c| c.code().to_owned())
+    })
+}
+
+/// What `fencing.admit(resource, wire)` answers as the client `db`: the token admitted, or the
+/// SQLSTATE of the refusal (autocommit).
+async fn admit(db: &tokio_postgres::Client, resource: &str, wire: &str) -> Result<String, String> {
+    db.query_one("SELECT fencing.admit($1, $2)", &[&resource, &wire])
+        .await
+        .map(|r| r.get(0))
+        .map_err(|e| {
+            e.code()
+                .map_or_else(|| e.to_string(), |c| c.code().to_owned())
+        })
+}
+
+/// The remembered verdicts of `resource`, counted as the installing role.
+async fn remembered(scratch: &Scratch, resource: &str) -> i64 {
+    let db = pg::connect(&scratch.url()).await;
+    db.batch_execute(&format!("SET ROLE {}", scratch.role("owner")))
+        .await
+        .unwrap();
+    db.query_one(
+        "SELECT count(*) FROM fencing.verdicts WHERE resource = $1",
+        &[&resource],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// A remembered verdict (`fencing.verdicts`: a token that verified once is not verified again)
+/// cannot be planted: a writer and a gateway role can neither write the table nor call the
+/// functions that do; a writer's own `sha256` and `textsend` first on its search_path (made so
+/// that a forged token's digest is a remembered one's) are never called by the package; a
+/// forged token in the claim of a trigger-mode transaction is verified, and refused.
+#[tokio::test]
+async fn a_remembered_verdict_cannot_be_planted() {
+    let scratch = Scratch::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (keys_path, keys) = key_file(dir.path(), "k1", &["k1"]);
+    let installed = scratch.install(&[]);
+    assert!(installed.status.success(), "{}", pg::text(&installed));
+    scratch.sync_keys(&keys_path);
+    // A key of the same id that the database does not have: well-formed, forged tokens.
+    let (_, forger) = key_file(dir.path(), "forged", &["k1"]);
+    let valid = keys.mint("aisle-1", Token::new(0, 5));
+    let forged = forger.mint("aisle-1", Token::new(0, 5));
+    let app = pg::connect(&scratch.url_as(&scratch.role("app"))).await;
+    let gw = pg::connect(&scratch.url_as(&scratch.role("gw"))).await;
+    assert_eq!(admit(&app, "aisle-1", &valid).await.as_deref(), Ok("0:5"));
+    assert_eq!(remembered(&scratch, "aisle-1").await, 1);
+
+    for db in [&app, &gw] {
+        for sql in [
+            "INSERT INTO fencing.verdicts SELECT 'aisle-2', digest, kid, token, shown FROM fencing.verdicts",
+            "INSERT INTO fencing.verdicts VALUES ('aisle-2', sha256('x'), 'k1', '\\x00000000000000000000000000000005', '0:5')",
+            "UPDATE fencing.verdicts SET resource = 'aisle-2'",
+            "DELETE FROM fencing.verdicts",
+            "TRUNCATE fencing.verdicts",
+            "SELECT * FROM fencing._verified('aisle-2', 'v1.k1.0.5.x.y')",
+            "SELECT fencing._recall('aisle-1', 'v1.k1.0.5.x.y')",
+        ] {
+            assert_eq!(refusal(db, sql).await.as_deref(), Some("42501"), "{sql}");
+        }
+    }
+    assert_eq!(remembered(&scratch, "aisle-2").await, 0);
+
+    // The writer's own digest functions, first on its search_path: the forged token's digest
+    // would be the valid one's.
+    let planted = format!(
+        "CREATE FUNCTION public.sha256(bytea) RETURNS bytea LANGUAGE sql AS
+             $$ SELECT pg_catalog.sha256(pg_catalog.textsend('{valid}'::text)) $$;
+         CREATE FUNCTION public.textsend(text) RETURNS bytea LANGUAGE sql AS
+             $$ SELECT pg_catalog.textsend('{valid}'::text) $$;
+         SET search_path = public, pg_catalog;"
+    );
+    assert_eq!(refusal(&app, &planted).await, None);
+    assert_eq!(admit(&app, "aisle-1", &forged).await, Err("28F03".into()));
+    for claim in [forged.clone(), format!("{forged} {valid}")] {
+        let sql = format!(
+            "BEGIN; SET LOCAL fencing.token = '{claim}'; SELECT fencing.admit_presented('aisle-1')"
+        );
+        assert_eq!(
+            refusal(&app, &sql).await.as_deref(),
+            Some("28F03"),
+            "{claim}"
+        );
+        app.batch_execute("ROLLBACK").await.unwrap();
+    }
+    assert_eq!(remembered(&scratch, "aisle-1").await, 1);
+}
+
+/// A remembered verdict admits only the very token that verified, for the resource it verified
+/// for: the same token for another resource, and the same token with another key's id (both
+/// keys in force), are verified in full and refused, in either mode.
+#[tokio::test]
+async fn a_remembered_verdict_is_not_reused_for_another_resource_or_key() {
+    let scratch = Scratch::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (keys_path, keys) = key_file(dir.path(), "k12", &["k1", "k2"]);
+    let installed = scratch.install(&[]);
+    assert!(installed.status.success(), "{}", pg::text(&installed));
+    scratch.sync_keys(&keys_path);
+    let app = pg::connect(&scratch.url_as(&scratch.role("app"))).await;
+    let valid = keys.mint("aisle-1", Token::new(0, 5));
+    for _ in 0..2 {
+        assert_eq!(admit(&app, "aisle-1", &valid).await.as_deref(), Ok("0:5"));
+    }
+    assert_eq!(remembered(&scratch, "aisle-1").await, 1);
+
+    assert_eq!(admit(&app, "aisle-2", &valid).await, Err("28F04".into()));
+    let sql = format!(
+        "BEGIN; SET LOCAL fencing.token = '{valid}'; SELECT fencing.admit_presented('aisle-2')"
+    );
+    assert_eq!(refusal(&app, &sql).await.as_deref(), Some("28F04"));
+    app.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(remembered(&scratch, "aisle-2").await, 0);
+
+    let other_key = pg::with_segment(&valid, 1, "k2");
+    assert_eq!(
+        admit(&app, "aisle-1", &other_key).await,
+        Err("28F03".into())
+    );
+    let sql = format!(
+        "BEGIN; SET LOCAL fencing.token = '{other_key}'; SELECT fencing.admit_presented('aisle-1')"
+    );
+    assert_eq!(refusal(&app, &sql).await.as_deref(), Some("28F03"));
+    app.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(remembered(&scratch, "aisle-1").await, 1);
+}
+
+/// `pg sync-keys` takes the remembered verdicts of every key it removes or replaces with it: a
+/// token remembered under a key the file no longer has is refused as unknown, one remembered
+/// under a key whose secret changed as forged; a key kept as it was verifies again.
+#[tokio::test]
+async fn a_remembered_verdict_is_gone_once_sync_keys_removes_its_key() {
+    let scratch = Scratch::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (k1_path, k1) = key_file(dir.path(), "k1", &["k1"]);
+    let (k2_only, k2) = key_file(dir.path(), "k2", &["k2"]);
+    let both = dir.path().join("k12");
+    std::fs::write(
+        &both,
+        std::fs::read_to_string(&k1_path).unwrap() + &std::fs::read_to_string(&k2_only).unwrap(),
+    )
+    .unwrap();
+    let installed = scratch.install(&[]);
+    assert!(installed.status.success(), "{}", pg::text(&installed));
+    scratch.sync_keys(&both);
+    let app = pg::connect(&scratch.url_as(&scratch.role("app"))).await;
+    let by_k1 = k1.mint("aisle-1", Token::new(0, 5));
+    let by_k2 = k2.mint("aisle-2", Token::new(0, 5));
+    for (resource, wire) in [("aisle-1", &by_k1), ("aisle-2", &by_k2)] {
+        assert_eq!(admit(&app, resource, wire).await.as_deref(), Ok("0:5"));
+        assert_eq!(remembered(&scratch, resource).await, 1);
+    }
+
+    scratch.sync_keys(&k2_only);
+    assert_eq!(remembered(&scratch, "aisle-1").await, 0);
+    assert_eq!(admit(&app, "aisle-1", &by_k1).await, Err("28F02".into()));
+    assert_eq!(admit(&app, "aisle-2", &by_k2).await.as_deref(), Ok("0:5"));
+
+    // k2 again, with another secret.
+    let (k2_new, _) = key_file(dir.path(), "k2-new", &["k2"]);
+    scratch.sync_keys(&k2_new);
+    assert_eq!(remembered(&scratch, "aisle-2").await, 0);
+    assert_eq!(admit(&app, "aisle-2", &by_k2).await, Err("28F03".into()));
+}
+
+/// A verdict reached under a key that `pg sync-keys` has replaced since is never remembered: a
+/// REPEATABLE READ transaction whose snapshot predates the sync still sees the old secret, and
+/// its first admit of a token signed with it must not leave a verdict that later transactions
+/// would trust under the new secret. The key row it verified under is gone: locking it (the
+/// admit's own lock, and the verdict's foreign key check) fails with PostgreSQL's 40001.
+#[tokio::test]
+async fn a_verdict_from_a_snapshot_older_than_the_keys_is_not_remembered() {
+    let scratch = Scratch::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (old_path, old) = key_file(dir.path(), "old", &["k1"]);
+    let (new_path, _) = key_file(dir.path(), "new", &["k1"]);
+    let installed = scratch.install(&[]);
+    assert!(installed.status.success(), "{}", pg::text(&installed));
+    scratch.sync_keys(&old_path);
+    // The mark at 0:5 without an admit (which would remember the token).
+    let owner = pg::connect(&scratch.url()).await;
+    owner
+        .batch_execute(&format!(
+            "SET ROLE {}; INSERT INTO fencing.fence_marks VALUES
+                 ('aisle-1', '\\x00000000000000000000000000000005')",
+            scratch.role("owner")
+        ))
+        .await
+        .unwrap();
+    let token = old.mint("aisle-1", Token::new(0, 5));
+    let app = pg::connect(&scratch.url_as(&scratch.role("app"))).await;
+    app.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
+        .await
+        .unwrap();
+    scratch.sync_keys(&new_path);
+    let answer = admit(&app, "aisle-1", &token).await;
+    let _ = app.batch_execute("COMMIT").await;
+    assert_eq!(answer, Err("40001".into()));
+    assert_eq!(remembered(&scratch, "aisle-1").await, 0);
+    assert_eq!(admit(&app, "aisle-1", &token).await, Err("28F03".into()));
+}

@@ -95,7 +95,7 @@ async fn sql_clients_are_fenced_as_the_gateway_fences() {
 
     let first = scratch.install(&[]);
     assert!(first.status.success(), "{}", text(&first));
-    assert!(text(&first).contains("version 0 -> 1"), "{}", text(&first));
+    assert!(text(&first).contains("version 0 -> 2"), "{}", text(&first));
     let again = scratch.install(&[]);
     assert!(again.status.success(), "{}", text(&again));
     assert!(text(&again).contains("renewed"), "{}", text(&again));
@@ -384,7 +384,8 @@ async fn the_install_trusts_nothing_a_tenant_planted() {
     );
 }
 
-/// The SQL verification (`_verify`) gives every token the verdict `Keyring::verify` gives it:
+/// The SQL verification (`_verify`), and what an admit remembers of it (`_verified`, asked
+/// again for a valid token), give every token the verdict `Keyring::verify` gives it:
 /// valid tokens at the edges of the numbers, and every one-character change, deletion and
 /// insertion of a valid token, with characters from each class the parsers treat apart.
 #[tokio::test]
@@ -443,7 +444,14 @@ async fn sql_verification_agrees_with_the_keyring_on_every_mutation() {
     }
     wires.push(format!("{valid}{}", "A".repeat(300)));
 
+    // `_verified` (the verdicts an admit remembers): verifying and remembering, then, for a
+    // valid token, recalling; only the tokens that verify are remembered.
+    let remembering = db
+        .prepare("SELECT code FROM fencing._verified($1, $2)")
+        .await
+        .unwrap();
     let mut refused = 0;
+    let mut valid = std::collections::BTreeSet::new();
     for wire in &wires {
         let expected = match keys.verify(resource, wire) {
             Ok(_) => None,
@@ -454,18 +462,31 @@ async fn sql_verification_agrees_with_the_keyring_on_every_mutation() {
             Err(e) => panic!("{e}"),
         };
         refused += usize::from(expected.is_some());
-        let got: Option<String> = db
-            .query_one(&verdict, &[&resource, wire])
-            .await
-            .unwrap()
-            .get(0);
-        assert_eq!(got.as_deref(), expected, "{wire}");
+        if expected.is_none() {
+            valid.insert(wire.clone());
+        }
+        // A refusal is never remembered: asking again would verify again, as the first did.
+        let asks = if expected.is_none() { 2 } else { 1 };
+        for statement in std::iter::once(&verdict).chain(std::iter::repeat_n(&remembering, asks)) {
+            let got: Option<String> = db
+                .query_one(statement, &[&resource, wire])
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(got.as_deref(), expected, "{wire}");
+        }
     }
     assert!(
         refused > wires.len() / 2 && refused < wires.len(),
         "{refused} of {}",
         wires.len()
     );
+    let remembered: i64 = db
+        .query_one("SELECT count(*) FROM fencing.verdicts", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(usize::try_from(remembered).unwrap(), valid.len());
 }
 
 /// `protect` reads a bare column straight from the row only when the expression means that

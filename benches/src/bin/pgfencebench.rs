@@ -3,12 +3,16 @@
 //! trips — runs in the same run, interleaved round by round (the order rotates), each worker on
 //! its own connection and its own aisle (a holder writing what it holds):
 //! - `unfenced`: `BEGIN`, the update, `COMMIT`;
+//! - `temporal`: Temporal's hand-written fence (its SQL persistence's `readLockShard`): `BEGIN`,
+//!   a prepared `SELECT range_id FROM shards WHERE … FOR SHARE` whose answer the application
+//!   compares with the range it owns, the update, `COMMIT` (one round trip more, no signature);
 //! - `admit`: `BEGIN; SELECT fencing.admit(aisle, token)` in one message, the update, `COMMIT`;
 //! - `trigger`: `BEGIN; SET LOCAL fencing.token = …` in one message, the update of a protected
 //!   table (`fencing.protect`, the ORM mode: the row trigger verifies the token), `COMMIT`.
 //!
 //! The mark raise (once per new holder: admit with a higher token, committed) is measured on its
-//! own against an admit of the current token, and a server-side breakdown of an admit's parts.
+//! own against an admit of the current token, and a server-side breakdown of an admit's parts
+//! (an admit of a token it remembers as verified, and one it verifies: `_verify`).
 //!
 //! It makes a scratch database on `--database-url` (a role that may create databases), installs
 //! the package there with a fresh key file, and drops it at the end:
@@ -38,7 +42,7 @@ struct Args {
     )]
     database_url: String,
     /// Transactions in flight (one connection each), comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,64")]
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
     concurrency: Vec<usize>,
     /// Transactions per side per cell.
     #[arg(long, default_value_t = 2000)]
@@ -96,21 +100,26 @@ async fn connect(url: &str) -> anyhow::Result<Client> {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Side {
     Unfenced,
+    Temporal,
     Admit,
     Trigger,
 }
 
-const SIDES: [Side; 3] = [Side::Unfenced, Side::Admit, Side::Trigger];
+const SIDES: [Side; 4] = [Side::Unfenced, Side::Temporal, Side::Admit, Side::Trigger];
 
 impl Side {
     fn name(self) -> &'static str {
         match self {
             Side::Unfenced => "unfenced",
+            Side::Temporal => "temporal",
             Side::Admit => "admit",
             Side::Trigger => "trigger",
         }
     }
 }
+
+/// The range id every worker owns in `shards` (Temporal's side compares with it).
+const RANGE_ID: i64 = 1;
 
 /// Each worker's connection, aisle and token, and its prepared updates.
 struct Worker {
@@ -119,6 +128,8 @@ struct Worker {
     token: String,
     /// `UPDATE stock …` (unprotected) and `UPDATE guarded …` (protected).
     update: [tokio_postgres::Statement; 2],
+    /// Temporal's `SELECT range_id … FOR SHARE`.
+    read_lock_shard: tokio_postgres::Statement,
 }
 
 /// `ops` transactions on `side` over `workers`, all in flight at once.
@@ -148,11 +159,19 @@ async fn measure(workers: &[Arc<Worker>], side: Side, ops: usize) -> anyhow::Res
 async fn transaction(w: &Worker, side: Side) -> anyhow::Result<()> {
     // Tokens and aisles are the bench's own (url-safe and alphanumeric): quoted as literals.
     let begin = match side {
-        Side::Unfenced => "BEGIN".to_owned(),
+        Side::Unfenced | Side::Temporal => "BEGIN".to_owned(),
         Side::Admit => format!("BEGIN; SELECT fencing.admit('{}', '{}')", w.aisle, w.token),
         Side::Trigger => format!("BEGIN; SET LOCAL fencing.token = '{}'", w.token),
     };
     w.client.batch_execute(&begin).await?;
+    if side == Side::Temporal {
+        let range_id: i64 = w
+            .client
+            .query_one(&w.read_lock_shard, &[&w.aisle])
+            .await?
+            .get(0);
+        anyhow::ensure!(range_id == RANGE_ID, "shard ownership lost");
+    }
     let update = &w.update[usize::from(side == Side::Trigger)];
     w.client.execute(update, &[&w.aisle]).await?;
     w.client.batch_execute("COMMIT").await?;
@@ -177,6 +196,7 @@ async fn breakdown(db: &Client, w: &Worker) -> anyhow::Result<Vec<(String, f64)>
         "string_to_array(t, '.')",
         "fencing.hmac(b, b, 'sha256')",
         "fencing._verify(r, t)",
+        "fencing._recall(r, t)",
         "fencing.admit(r, t)",
     ];
     let mut out = Vec::new();
@@ -271,7 +291,9 @@ async fn run(args: &Args, scratch: &Scratch) -> anyhow::Result<()> {
          INSERT INTO stock SELECT 'aisle-' || i, 0 FROM generate_series(0, {most} - 1) AS i;
          CREATE TABLE guarded (LIKE stock INCLUDING ALL);
          INSERT INTO guarded SELECT * FROM stock;
-         SELECT fencing.protect('guarded', 'aisle');"
+         SELECT fencing.protect('guarded', 'aisle');
+         CREATE TABLE shards(aisle text PRIMARY KEY, range_id bigint NOT NULL);
+         INSERT INTO shards SELECT aisle, {RANGE_ID} FROM stock;"
     ))
     .await?;
     let mut workers = Vec::new();
@@ -290,55 +312,64 @@ async fn run(args: &Args, scratch: &Scratch) -> anyhow::Result<()> {
                 .prepare("UPDATE guarded SET qty = qty + 1 WHERE aisle = $1")
                 .await?,
         ];
+        let read_lock_shard = client
+            .prepare("SELECT range_id FROM shards WHERE aisle = $1 FOR SHARE")
+            .await?;
         workers.push(Arc::new(Worker {
             client,
             aisle,
             token,
             update,
+            read_lock_shard,
         }));
     }
 
     let mut rows = Vec::new();
     let mut md = String::from(
-        "| in flight | round | unfenced p50 / p99 ms | admit p50 / p99 ms | trigger p50 / p99 ms | unfenced tx/s | admit tx/s | trigger tx/s | admit p50 / tx/s ratio | trigger p50 / tx/s ratio |\n|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+        "| in flight | round | unfenced p50 / p99 ms | temporal p50 / p99 ms | admit p50 / p99 ms | trigger p50 / p99 ms | unfenced tx/s | temporal tx/s | admit tx/s | trigger tx/s | admit / temporal: p50, tx/s | trigger / temporal: p50, tx/s |\n|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
     );
     for &n in &args.concurrency {
         let cell = &workers[..n.max(1).min(workers.len())];
         for round in 0..args.rounds {
-            let mut got = [Run::default(); 3];
+            let mut got = [Run::default(); 4];
             for k in 0..SIDES.len() {
                 let i = (k + round) % SIDES.len();
                 got[i] = measure(cell, SIDES[i], args.ops).await?;
             }
-            let [plain, admit, trigger] = got;
-            let p50 = |r: &Run| ms(r.p50) / ms(plain.p50).max(1e-9);
-            let tput = |r: &Run| r.per_sec / plain.per_sec.max(1e-9);
+            let [plain, temporal, admit, trigger] = got;
+            let p50 = |r: &Run, of: &Run| ms(r.p50) / ms(of.p50).max(1e-9);
+            let tput = |r: &Run, of: &Run| r.per_sec / of.per_sec.max(1e-9);
+            let pair = |r: &Run| format!("{:.3} / {:.3}", ms(r.p50), ms(r.p99));
             md.push_str(&format!(
-                "| {n} | {round} | {:.3} / {:.3} | {:.3} / {:.3} | {:.3} / {:.3} | {:.0} | {:.0} | {:.0} | {:.2} / {:.2} | {:.2} / {:.2} |\n",
-                ms(plain.p50),
-                ms(plain.p99),
-                ms(admit.p50),
-                ms(admit.p99),
-                ms(trigger.p50),
-                ms(trigger.p99),
+                "| {n} | {round} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} / {:.2} | {:.2} / {:.2} |\n",
+                pair(&plain),
+                pair(&temporal),
+                pair(&admit),
+                pair(&trigger),
                 plain.per_sec,
+                temporal.per_sec,
                 admit.per_sec,
                 trigger.per_sec,
-                p50(&admit),
-                tput(&admit),
-                p50(&trigger),
-                tput(&trigger),
+                p50(&admit, &temporal),
+                tput(&admit, &temporal),
+                p50(&trigger, &temporal),
+                tput(&trigger, &temporal),
             ));
             rows.push(json!({
                 "in_flight": n,
                 "round": round,
                 Side::Unfenced.name(): plain.json(),
+                Side::Temporal.name(): temporal.json(),
                 Side::Admit.name(): admit.json(),
                 Side::Trigger.name(): trigger.json(),
-                "admit_p50_ratio": p50(&admit),
-                "admit_throughput_ratio": tput(&admit),
-                "trigger_p50_ratio": p50(&trigger),
-                "trigger_throughput_ratio": tput(&trigger),
+                "admit_p50_ratio": p50(&admit, &plain),
+                "admit_throughput_ratio": tput(&admit, &plain),
+                "trigger_p50_ratio": p50(&trigger, &plain),
+                "trigger_throughput_ratio": tput(&trigger, &plain),
+                "admit_temporal_p50_ratio": p50(&admit, &temporal),
+                "admit_temporal_throughput_ratio": tput(&admit, &temporal),
+                "trigger_temporal_p50_ratio": p50(&trigger, &temporal),
+                "trigger_temporal_throughput_ratio": tput(&trigger, &temporal),
             }));
         }
     }
@@ -364,6 +395,7 @@ async fn run(args: &Args, scratch: &Scratch) -> anyhow::Result<()> {
         let report = json!({
             "transactions": {
                 "unfenced": "BEGIN | UPDATE stock SET qty = qty + 1 WHERE aisle = $1 | COMMIT",
+                "temporal": "BEGIN | SELECT range_id FROM shards WHERE aisle = $1 FOR SHARE (compared) | UPDATE stock … | COMMIT",
                 "admit": "BEGIN; SELECT fencing.admit(aisle, token) | UPDATE stock … | COMMIT",
                 "trigger": "BEGIN; SET LOCAL fencing.token = token | UPDATE guarded … (protected) | COMMIT",
             },

@@ -42,10 +42,13 @@ use tokio_postgres::Transaction;
 use session::{begin, connect, in_slices};
 
 /// The package version this binary installs.
-pub const PACKAGE_VERSION: i32 = 1;
+pub const PACKAGE_VERSION: i32 = 2;
 
 /// Each version's migration, applied once, in order, as the owner role.
-const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("sql/v1.sql"))];
+const MIGRATIONS: &[(i32, &str)] = &[
+    (1, include_str!("sql/v1.sql")),
+    (2, include_str!("sql/v2.sql")),
+];
 /// Replaced on every install.
 const FUNCTIONS: &str = include_str!("sql/functions.sql");
 const PROTECT: &str = include_str!("sql/protect.sql");

@@ -18,8 +18,8 @@ pub struct Uninstalled {
 }
 
 /// Removes the package's functions (and with them the triggers of protected tables, which
-/// needs `force` if there are any, and its event trigger), its keys, settings and version
-/// table. The marks and registrations stay, stamped as the package's: fence-gateways may share
+/// needs `force` if there are any, and its event trigger), its keys, remembered verdicts,
+/// settings and version table. The marks and registrations stay, stamped as the package's: fence-gateways may share
 /// them, and a mark must never go down.
 ///
 /// Dropping waits for the transactions that admitted with the package (they read its keys) and
@@ -62,10 +62,11 @@ pub async fn uninstall(
 }
 
 async fn drop_package(tx: &Transaction<'_>, schema: &str) -> Result<(), PackageError> {
-    // The keys and settings first: from then on no admit starts, and the drops below wait only
-    // for the transactions already under way.
+    // The keys, settings and remembered verdicts first: from then on no admit starts (one of a
+    // remembered token reads only the verdicts), and the drops below wait only for the
+    // transactions already under way.
     tx.batch_execute(&format!(
-        "LOCK TABLE {schema}.keys, {schema}.settings IN ACCESS EXCLUSIVE MODE"
+        "LOCK TABLE {schema}.keys, {schema}.settings, {schema}.verdicts IN ACCESS EXCLUSIVE MODE"
     ))
     .await
     .map_err(db)?;
@@ -87,14 +88,15 @@ async fn drop_package(tx: &Transaction<'_>, schema: &str) -> Result<(), PackageE
             .map_err(db)?;
     }
     tx.batch_execute(&format!(
-        "DROP TABLE {schema}.keys, {schema}.settings, {schema}.package_version"
+        "DROP TABLE {schema}.verdicts, {schema}.keys, {schema}.settings, {schema}.package_version"
     ))
     .await
     .map_err(db)
 }
 
 /// Replaces the package's verification keys with the key file's, whole, in one transaction:
-/// a key id no longer in the file stops verifying at its commit. The file is parsed exactly as
+/// a key id no longer in the file stops verifying at its commit, and every remembered verdict
+/// goes with the key rows (each token is verified again under the keys now in force). The file is parsed exactly as
 /// the proxy and the gateway parse it, before the database is contacted, so a malformed file
 /// changes nothing. Stamps the package's marks with the keys' tags (as fence-gateway stamps its
 /// own), so that gateways recognise them as this deployment's wherever they are. Returns the key

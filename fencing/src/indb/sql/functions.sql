@@ -171,6 +171,74 @@ BEGIN
 END
 $$;
 
+-- Remembered verdicts (the `verdicts` table, v2.sql). A token that verified once for a resource
+-- is not verified again: its holder's next transactions look it up by the SHA-256 of the wire
+-- text's exact bytes and the resource, which only a token that verified for that very resource
+-- can match (a row is written only below, after `_verify` accepted it, by the owner). A token
+-- never verified, forged, altered or presented for another resource finds no row and costs the
+-- full verification, as before. `pg sync-keys` deletes every key row, and with them every
+-- remembered verdict (ON DELETE CASCADE). These two helpers have no `SET search_path` (a SET
+-- clause costs a save and restore on every call, and this is the path every transaction
+-- takes): they are called only by `admit` and `admit_presented`, whose search_path is fixed,
+-- name every table by its schema, and no writer may call them (grants.sql).
+
+-- The fast path of a holder writing again: if `wire` is remembered as verified for `resource`,
+-- its token is the mark, and no lower-token gateway write is live, takes the mark row
+-- `FOR SHARE` (as `_order` does at the mark) and returns the token as `era:revision`; else
+-- NULL, having locked nothing (the caller then takes the general path). A raise open on the row
+-- makes the lock wait, and then the moved mark no longer matches: NULL.
+CREATE OR REPLACE FUNCTION @schema@._recall(resource text, wire text) RETURNS text
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    shown text;
+BEGIN
+    IF current_setting('max_prepared_transactions') <> '0' THEN
+        PERFORM @schema@._unpreparable();
+    END IF;
+    SELECT v.shown INTO shown
+        FROM @schema@.verdicts AS v
+        JOIN @schema@.fence_marks AS m ON m.resource = v.resource AND m.mark = v.token
+        WHERE v.resource = _recall.resource AND v.digest = sha256(textsend(_recall.wire))
+          AND NOT EXISTS (SELECT FROM @schema@.fence_inflight AS f
+              WHERE f.resource = v.resource AND f.token < v.token
+                AND f.expires_at > clock_timestamp())
+        FOR SHARE OF m;
+    RETURN shown;
+END
+$$;
+
+-- `_verify`, remembering what verifies: the same verdict for every input. A remembered token
+-- is returned without verifying; otherwise the key row the token names is locked `FOR SHARE`
+-- first — so the secret `_verify` then reads is the one in force until this transaction ends
+-- (a `pg sync-keys` deleting it waits, and its cascade then deletes the verdict; one that
+-- committed before makes the lock find nothing in READ COMMITTED, and fail with 40001 in
+-- REPEATABLE READ or SERIALIZABLE) — and a valid token is remembered under that key.
+CREATE OR REPLACE FUNCTION @schema@._verified(
+    resource text, wire text, OUT token bytea, OUT code text, OUT reason text)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    wire_digest bytea := sha256(textsend(wire));
+    wire_kid text := split_part(wire, '.', 2);
+    locked boolean;
+BEGIN
+    SELECT v.token INTO token FROM @schema@.verdicts AS v
+        WHERE v.resource = _verified.resource AND v.digest = wire_digest;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    PERFORM FROM @schema@.keys AS k WHERE k.kid = wire_kid FOR SHARE;
+    locked := FOUND;
+    SELECT v.token, v.code, v.reason INTO token, code, reason
+        FROM @schema@._verify(resource, wire) AS v;
+    IF code IS NULL AND locked THEN
+        INSERT INTO @schema@.verdicts AS v (resource, digest, kid, token, shown)
+            VALUES (_verified.resource, wire_digest, wire_kid, _verified.token,
+                @schema@._token_text(_verified.token))
+            ON CONFLICT ON CONSTRAINT verdicts_pkey DO NOTHING;
+    END IF;
+END
+$$;
+
 -- Makes the caller's transaction one PostgreSQL refuses to PREPARE (two-phase commit): it
 -- locks a temporary table of the session's, and a transaction that touched the session's
 -- temporary objects cannot be prepared (0A000) — nothing later in the transaction can undo
@@ -286,6 +354,9 @@ BEGIN
                     MESSAGE = format('fencing token %s for resource %s is below its mark',
                         @schema@._token_text(token), quote_literal(resource));
             END IF;
+            -- Tokens below the mark are refused whatever was remembered of them.
+            DELETE FROM @schema@.verdicts AS v
+                WHERE v.resource = _order.resource AND v.token < _order.token;
         END IF;
     END IF;
     LOOP
@@ -319,18 +390,21 @@ CREATE OR REPLACE FUNCTION @schema@.admit(resource text, token text) RETURNS tex
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, @schema@, pg_temp AS $$
 DECLARE
     v record;
-    claim text;
+    claim text := coalesce(current_setting('fencing.token', true), '');
+    shown text := @schema@._recall(resource, token);
 BEGIN
-    v := @schema@._verify(resource, token);
-    IF v.code IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = v.code, MESSAGE = v.reason;
+    IF shown IS NULL THEN
+        v := @schema@._verified(resource, token);
+        IF v.code IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = v.code, MESSAGE = v.reason;
+        END IF;
+        PERFORM @schema@._order(resource, v.token);
+        shown := @schema@._token_text(v.token);
     END IF;
-    PERFORM @schema@._order(resource, v.token);
-    claim := coalesce(current_setting('fencing.token', true), '');
     IF strpos(claim, token) = 0 THEN
         PERFORM set_config('fencing.token', CASE WHEN claim = '' THEN token ELSE claim || ' ' || token END, true);
     END IF;
-    RETURN @schema@._token_text(v.token);
+    RETURN shown;
 END
 $$;
 
@@ -342,11 +416,17 @@ $$;
 CREATE OR REPLACE FUNCTION @schema@.admit_presented(resource text) RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, @schema@, pg_temp AS $$
 DECLARE
-    tokens text[] := array_remove(regexp_split_to_array(
-        coalesce(current_setting('fencing.token', true), ''), '[[:space:],]+'), '');
+    claim text := current_setting('fencing.token', true);
+    tokens text[];
     wire text;
     v record;
 BEGIN
+    -- A claim of one token remembered for this resource: a remembered wire verified, so it
+    -- has no separator, and splitting the claim would give that token alone.
+    IF octet_length(claim) <= 256 AND @schema@._recall(resource, claim) IS NOT NULL THEN
+        RETURN;
+    END IF;
+    tokens := array_remove(regexp_split_to_array(coalesce(claim, ''), '[[:space:],]+'), '');
     IF NOT @schema@._is_resource(resource) THEN
         RAISE EXCEPTION USING ERRCODE = '22F01',
             MESSAGE = format('%s is not a fencing resource name', @schema@._quoted_name(resource));
@@ -357,7 +437,7 @@ BEGIN
             HINT = 'SET LOCAL fencing.token = ''<token>'' in the writing transaction.';
     END IF;
     FOREACH wire IN ARRAY tokens LOOP
-        v := @schema@._verify(resource, wire);
+        v := @schema@._verified(resource, wire);
         CONTINUE WHEN v.code = '28F04';
         IF v.code IS NOT NULL THEN
             RAISE EXCEPTION USING ERRCODE = v.code, MESSAGE = v.reason;

@@ -7,7 +7,8 @@ REVOKE ALL ON ALL TABLES IN SCHEMA @schema@ FROM PUBLIC;
 REVOKE ALL ON FUNCTION
     @schema@._be8(numeric), @schema@._token_text(bytea), @schema@._is_resource(text),
     @schema@._quoted_name(text), @schema@._unpreparable(),
-    @schema@._verify(text, text), @schema@._order(text, bytea),
+    @schema@._verify(text, text), @schema@._recall(text, text), @schema@._verified(text, text),
+    @schema@._order(text, bytea),
     @schema@.admit(text, text), @schema@.admit_presented(text), @schema@.mark(text),
     @schema@.replace_keys(text[], bytea[]), @schema@.key_ids(),
     @schema@.protect(regclass, text), @schema@.unprotect(regclass),
