@@ -772,3 +772,49 @@ async fn a_verdict_from_a_snapshot_older_than_the_keys_is_not_remembered() {
     assert_eq!(remembered(&scratch, "aisle-1").await, 0);
     assert_eq!(admit(&app, "aisle-1", &token).await, Err("28F03".into()));
 }
+
+/// A caller's collation decides nothing: `Orders` and `orders` are two resources even when the
+/// name is passed under a case-insensitive (nondeterministic) collation, so a token remembered
+/// for one is not admitted for the other, and neither one's mark is read for the other.
+#[tokio::test]
+async fn a_callers_collation_does_not_make_two_resources_one() {
+    let scratch = Scratch::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (keys_path, keys) = key_file(dir.path(), "k1", &["k1"]);
+    let installed = scratch.install(&[]);
+    assert!(installed.status.success(), "{}", pg::text(&installed));
+    scratch.sync_keys(&keys_path);
+    let app = pg::connect(&scratch.url_as(&scratch.role("app"))).await;
+    let upper = keys.mint("Orders", Token::new(0, 5));
+    assert_eq!(admit(&app, "Orders", &upper).await.as_deref(), Ok("0:5"));
+    assert_eq!(remembered(&scratch, "Orders").await, 1);
+    let lower = keys.mint("orders", Token::new(0, 9));
+    assert_eq!(admit(&app, "orders", &lower).await.as_deref(), Ok("0:9"));
+    app.batch_execute(
+        "CREATE COLLATION pg_temp.ci (provider = icu, locale = 'und-u-ks-level2', \
+         deterministic = false)",
+    )
+    .await
+    .unwrap();
+    let refused = app
+        .query_one(
+            "SELECT fencing.admit('orders' COLLATE pg_temp.ci, $1)",
+            &[&upper],
+        )
+        .await
+        .map(|r| r.get::<_, String>(0))
+        .map_err(|e| e.code().map(|c| c.code().to_owned()));
+    assert_eq!(refused, Err(Some("28F04".into())));
+    let sql = format!(
+        "BEGIN; SET LOCAL fencing.token = '{upper}'; \
+         SELECT fencing.admit_presented('orders' COLLATE pg_temp.ci)"
+    );
+    assert_eq!(refusal(&app, &sql).await.as_deref(), Some("28F04"));
+    app.batch_execute("ROLLBACK").await.unwrap();
+    let mark: Option<String> = app
+        .query_one("SELECT fencing.mark('orders' COLLATE pg_temp.ci)", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(mark.as_deref(), Some("0:9"));
+}

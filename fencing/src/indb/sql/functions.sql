@@ -391,17 +391,20 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, @schema
 DECLARE
     v record;
     claim text := coalesce(current_setting('fencing.token', true), '');
-    shown text := @schema@._recall(resource, token);
+    -- Every name and token compared under the database's default collation, never the
+    -- caller's: a nondeterministic collation on an argument (case- or punctuation-insensitive)
+    -- would otherwise make one resource's verdict and mark match another's.
+    shown text := @schema@._recall(resource COLLATE "default", token COLLATE "default");
 BEGIN
     IF shown IS NULL THEN
-        v := @schema@._verified(resource, token);
+        v := @schema@._verified(resource COLLATE "default", token COLLATE "default");
         IF v.code IS NOT NULL THEN
             RAISE EXCEPTION USING ERRCODE = v.code, MESSAGE = v.reason;
         END IF;
-        PERFORM @schema@._order(resource, v.token);
+        PERFORM @schema@._order(resource COLLATE "default", v.token);
         shown := @schema@._token_text(v.token);
     END IF;
-    IF strpos(claim, token) = 0 THEN
+    IF strpos(claim COLLATE "default", token COLLATE "default") = 0 THEN
         PERFORM set_config('fencing.token', CASE WHEN claim = '' THEN token ELSE claim || ' ' || token END, true);
     END IF;
     RETURN shown;
@@ -423,11 +426,13 @@ DECLARE
 BEGIN
     -- A claim of one token remembered for this resource: a remembered wire verified, so it
     -- has no separator, and splitting the claim would give that token alone.
-    IF octet_length(claim) <= 256 AND @schema@._recall(resource, claim) IS NOT NULL THEN
+    -- Compared under the database's default collation, never the caller's (see admit).
+    IF octet_length(claim) <= 256
+        AND @schema@._recall(resource COLLATE "default", claim COLLATE "default") IS NOT NULL THEN
         RETURN;
     END IF;
-    tokens := array_remove(regexp_split_to_array(coalesce(claim, ''), '[[:space:],]+'), '');
-    IF NOT @schema@._is_resource(resource) THEN
+    tokens := array_remove(regexp_split_to_array(coalesce(claim, '') COLLATE "default", '[[:space:],]+'), '');
+    IF NOT @schema@._is_resource(resource COLLATE "default") THEN
         RAISE EXCEPTION USING ERRCODE = '22F01',
             MESSAGE = format('%s is not a fencing resource name', @schema@._quoted_name(resource));
     END IF;
@@ -437,12 +442,12 @@ BEGIN
             HINT = 'SET LOCAL fencing.token = ''<token>'' in the writing transaction.';
     END IF;
     FOREACH wire IN ARRAY tokens LOOP
-        v := @schema@._verified(resource, wire);
+        v := @schema@._verified(resource COLLATE "default", wire COLLATE "default");
         CONTINUE WHEN v.code = '28F04';
         IF v.code IS NOT NULL THEN
             RAISE EXCEPTION USING ERRCODE = v.code, MESSAGE = v.reason;
         END IF;
-        PERFORM @schema@._order(resource, v.token);
+        PERFORM @schema@._order(resource COLLATE "default", v.token);
         RETURN;
     END LOOP;
     RAISE EXCEPTION USING ERRCODE = '28F04',
@@ -453,7 +458,8 @@ $$;
 -- The mark of `resource` as `era:revision`, NULL if it has none.
 CREATE OR REPLACE FUNCTION @schema@.mark(resource text) RETURNS text
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, @schema@, pg_temp AS $$
-    SELECT @schema@._token_text(m.mark) FROM @schema@.fence_marks AS m WHERE m.resource = mark.resource
+    SELECT @schema@._token_text(m.mark) FROM @schema@.fence_marks AS m
+        WHERE m.resource = (mark.resource COLLATE "default")
 $$;
 
 -- Replaces the verification keys whole (pg sync-keys): the first key is the file's signing key.
