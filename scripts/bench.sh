@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Reproduces docs/BENCHMARKS.md: builds release binaries, then runs leasebench (every operation,
+# Reproduces docs/BENCHMARKS.md: builds release binaries, then runs leasebench against the peers
+# a user would pick instead (etcd's grpc-proxy, etcd's JSON gateway, a bare pass-through: the
+# first table, printed by scripts/peers-table.py), then leasebench again (every operation,
 # then sessions and group commit, then sustained renewal of 1k/10k/100k held leases and of
 # 100k resources under 1,000 sessions, then the cost of HTTPS and bearer tokens, then etcd's gRPC
 # API through the proxy and straight to etcd with 1,000 gRPC watchers, then acquires with and
 # without 1,000 idle /v1/watch streams),
 # fencebench, pgfencebench (fencing inside PostgreSQL) and the criterion
 # micro-benchmarks, writing tables, JSON and SVG charts to ${OUT:-bench-results}/.
-# Needs etcd on PATH (Debian: etcd-server); takes about 50 minutes on 2 cores. The proxy's CPU
+# Needs etcd on PATH (Debian: etcd-server); takes about 60 minutes on 2 cores. The proxy's CPU
 # profiles (flame graphs) are scripts/profile.sh's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +17,10 @@ ensure_deps
 OUT=${OUT:-bench-results}
 mkdir -p "$OUT"
 cargo build --release --locked -p lease-proxy -p fencing --features fencing/server -p lease-proxy-benches
+target/release/leasebench --peers \
+    --op grpc-put,grpc-range,grpc-keepalive,grpc-keepalive-shared,grpc-lock,acquire,renew \
+    --concurrency 1,64 --rounds 2 --round-deadline 25s --json "$OUT/peers.json" | tee "$OUT/peers.md"
+python3 scripts/peers-table.py "$OUT/peers.json" peers | tee "$OUT/peers-table.md"
 target/release/leasebench --json "$OUT/leasebench.json" --chart "$OUT/leasebench.svg" | tee "$OUT/leasebench.md"
 target/release/leasebench --op acquire,session-acquire --concurrency 1,64,256 \
     --unbatched --unbatched-in-flight 64 --json "$OUT/group-commit.json" | tee "$OUT/group-commit.md"

@@ -124,6 +124,7 @@ mod tests {
             p50: Duration::from_millis(2),
             p99: Duration::from_millis(9),
             max: Duration::from_millis(9),
+            cut: false,
         };
         let rows: Vec<Row> = [1usize, 8, 64]
             .iter()

@@ -77,8 +77,9 @@ fn cells(row: &Row) -> String {
     let mut s = format!("| {} | {} | {} |", row.op, row.in_flight, row.round);
     for (_, run) in &row.runs {
         s.push_str(&format!(
-            " {:.0} | {:.2} / {:.2} |",
+            " {:.0}{} | {:.2} / {:.2} |",
             run.per_sec,
+            if run.cut { " (cut)" } else { "" },
             ms(run.p50),
             ms(run.p99)
         ));
@@ -184,6 +185,7 @@ mod tests {
             p50: Duration::from_millis(p50_ms),
             p99: Duration::from_millis(p50_ms * 2),
             max: Duration::from_millis(p50_ms * 3),
+            cut: false,
         }
     }
 

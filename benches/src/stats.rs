@@ -17,6 +17,9 @@ pub struct Run {
     pub p99: Duration,
     /// Slowest operation.
     pub max: Duration,
+    /// Whether the loop was cut at a deadline before all its operations were done: `ops` and
+    /// `per_sec` are what it did by then.
+    pub cut: bool,
 }
 
 impl Run {
@@ -33,18 +36,23 @@ impl Run {
             p50: at(0.50),
             p99: at(0.99),
             max: latencies.last().copied().unwrap_or_default(),
+            cut: false,
         }
     }
 
     /// The summary as JSON (latencies in milliseconds).
     pub fn json(&self) -> serde_json::Value {
-        json!({
+        let mut run = json!({
             "ops": self.ops,
             "ops_per_sec": self.per_sec,
             "p50_ms": ms(self.p50),
             "p99_ms": ms(self.p99),
             "max_ms": ms(self.max),
-        })
+        });
+        if self.cut {
+            run["cut_at_deadline"] = json!(true);
+        }
+        run
     }
 }
 

@@ -176,6 +176,53 @@ fn leasebench_measures_grpc_through_the_proxy_and_straight_to_etcd() {
 }
 
 #[test]
+fn leasebench_measures_the_peers_and_cuts_a_round_at_its_deadline() {
+    let exe = Path::new(env!("CARGO_BIN_EXE_leasebench"));
+    ensure_binaries();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("lb.json");
+    let status = Command::new(exe)
+        .args(["--peers", "--op", "grpc-put,grpc-keepalive,renew"])
+        .args(["--ops", "20", "--concurrency", "1", "--rounds", "1"])
+        .args(["--held", "10", "--round-deadline", "3s"])
+        .arg("--json")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let doc = json(&out);
+    let rows = doc["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    for row in rows {
+        let grpc = row["op"].as_str().unwrap().starts_with("grpc");
+        let sides: &[&str] = if grpc {
+            &["grpc-proxy", "pass-through", "proxy", "etcd"]
+        } else {
+            &["etcd gateway", "proxy /v3", "proxy", "etcd"]
+        };
+        for side in sides {
+            let run = &row["backends"][side];
+            // grpc-proxy answers a second keepalive on a stream only when its own lessor next
+            // renews the lease (every TTL/3, 20 s here): that loop is cut at the deadline.
+            if row["op"] == "grpc-keepalive" && *side == "grpc-proxy" {
+                assert_eq!(run["cut_at_deadline"], true, "{row}");
+                continue;
+            }
+            assert!(run["ops"].as_u64().unwrap() >= 20, "{side}: {row}");
+            assert!(run.get("cut_at_deadline").is_none(), "{side}: {row}");
+        }
+        // Each serving process's own CPU time and etcd's.
+        let cpu = &row["cpu_ms_per_op"];
+        assert!(cpu["proxy"]["side"].as_f64().is_some(), "{row}");
+        assert!(cpu["etcd"]["etcd"].as_f64().is_some(), "{row}");
+        if grpc {
+            assert!(cpu["grpc-proxy"]["side"].as_f64().is_some(), "{row}");
+            assert!(cpu["pass-through"]["side"].as_f64().is_some(), "{row}");
+        }
+    }
+}
+
+#[test]
 fn leasebench_takes_a_fleet_and_the_naive_members_through_every_event() {
     let exe = Path::new(env!("CARGO_BIN_EXE_leasebench"));
     ensure_binaries();

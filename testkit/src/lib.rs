@@ -447,6 +447,15 @@ impl Etcd {
         None
     }
 
+    /// The process id of member `i`, while it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.members
+            .get(i)?
+            .child
+            .as_ref()
+            .map(std::process::Child::id)
+    }
+
     /// SIGKILLs member `i` (it can be started again with [`Etcd::restart`]).
     pub fn kill(&mut self, i: usize) {
         if let Some(mut child) = self.members[i].child.take() {

@@ -13,6 +13,20 @@ pub(crate) struct Sample {
     machine: f64,
     own: f64,
     proxies: f64,
+    /// The measured side's own process (a proxy, a peer), if it has one.
+    side: Option<f64>,
+    /// etcd, if its pid is known.
+    etcd: Option<f64>,
+}
+
+/// The processes a sample reads apart from the machine and leasebench.
+pub(crate) struct Pids<'a> {
+    /// The proxies started here.
+    pub(crate) proxies: &'a [u32],
+    /// The measured side's own process.
+    pub(crate) side: Option<u32>,
+    /// etcd.
+    pub(crate) etcd: Option<u32>,
 }
 
 /// Busy seconds of the whole machine (user, nice, system, irq, softirq, steal).
@@ -44,12 +58,19 @@ fn process(pid: &str) -> Option<f64> {
     Some((utime + stime) / TICKS_PER_SEC)
 }
 
-/// Busy seconds now, counting `proxies` (pids) as the proxies'.
-pub(crate) fn sample(proxies: &[u32]) -> Option<Sample> {
+/// Busy seconds now, of the machine, leasebench and each of `pids`.
+pub(crate) fn sample(pids: &Pids<'_>) -> Option<Sample> {
+    let of = |pid: Option<u32>| pid.and_then(|p| process(&p.to_string()));
     Some(Sample {
         machine: machine()?,
         own: process("self")?,
-        proxies: proxies.iter().filter_map(|p| process(&p.to_string())).sum(),
+        proxies: pids
+            .proxies
+            .iter()
+            .filter_map(|p| process(&p.to_string()))
+            .sum(),
+        side: of(pids.side),
+        etcd: of(pids.etcd),
     })
 }
 
@@ -59,12 +80,19 @@ pub(crate) fn per_op(before: Sample, after: Sample, ops: usize) -> BTreeMap<&'st
     let machine = after.machine - before.machine;
     let own = after.own - before.own;
     let proxies = after.proxies - before.proxies;
-    BTreeMap::from([
+    let mut out = BTreeMap::from([
         ("machine", per(machine)),
         ("leasebench", per(own)),
         ("proxies", per(proxies)),
         ("etcd_and_rest", per((machine - own - proxies).max(0.0))),
-    ])
+    ]);
+    if let (Some(b), Some(a)) = (before.side, after.side) {
+        out.insert("side", per(a - b));
+    }
+    if let (Some(b), Some(a)) = (before.etcd, after.etcd) {
+        out.insert("etcd", per(a - b));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -73,23 +101,36 @@ mod tests {
 
     #[test]
     fn reads_this_process_and_the_machine() {
-        let s = sample(&[std::process::id()]);
+        let me = std::process::id();
+        let pids = Pids {
+            proxies: &[me],
+            side: Some(me),
+            etcd: None,
+        };
+        let s = sample(&pids);
         if cfg!(target_os = "linux") {
             let s = s.unwrap_or_default();
             assert!(s.machine > 0.0 && s.own >= 0.0 && s.proxies >= 0.0);
+            assert!(s.side.is_some() && s.etcd.is_none());
         }
         let a = Sample {
             machine: 1.0,
             own: 0.1,
             proxies: 0.2,
+            side: Some(0.5),
+            etcd: None,
         };
         let b = Sample {
             machine: 2.0,
             own: 0.3,
             proxies: 0.6,
+            side: Some(0.7),
+            etcd: None,
         };
         let p = per_op(a, b, 100);
         assert!((p["machine"] - 10.0).abs() < 1e-9);
         assert!((p["etcd_and_rest"] - 4.0).abs() < 1e-9);
+        assert!((p["side"] - 2.0).abs() < 1e-9);
+        assert!(!p.contains_key("etcd"));
     }
 }

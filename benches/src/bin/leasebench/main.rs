@@ -24,11 +24,13 @@ mod backend;
 mod cpu;
 mod etcd_watch;
 mod fleet;
+mod gateway;
 mod grpc;
 mod grpc_watch;
 mod held;
 mod http;
 mod ops;
+mod peers;
 mod raw;
 mod sessions;
 mod settle;
@@ -59,6 +61,8 @@ const SETUP_TTL: u64 = 3600;
 #[derive(Parser)]
 #[command(about = "Lease throughput through lease-proxy vs raw etcd, side by side")]
 struct Args {
+    #[command(subcommand)]
+    role: Option<Role>,
     /// etcd client URL (the one the proxy uses); starts its own etcd and proxy when absent.
     #[arg(long, requires = "proxy")]
     etcd: Option<String>,
@@ -184,6 +188,35 @@ struct Args {
     /// The fleet members' TTL, seconds (a death is noticed after it).
     #[arg(long, default_value_t = 10)]
     fleet_ttl: u64,
+
+    /// Also measure the peers a user would pick instead (see `peers`): etcd's grpc-proxy and a
+    /// bare pass-through beside the proxy for the gRPC operations, etcd's JSON gateway and the
+    /// proxy's `/v3` beside `/v1` for the HTTP ones; the peer is each table's first column.
+    #[arg(long, conflicts_with_all = ["etcd", "proxy"])]
+    peers: bool,
+
+    /// The `etcd` binary whose `grpc-proxy` `--peers` starts.
+    #[arg(long, default_value = "etcd")]
+    etcd_bin: PathBuf,
+
+    /// Most time a side's timed loop may take in one round: a loop still running then is cut,
+    /// its row marked "(cut)" and figured over what it did by then (a peer that answers slowly
+    /// cannot hang the run).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    round_deadline: Duration,
+}
+
+/// Helper processes leasebench starts from its own binary.
+#[derive(clap::Subcommand)]
+enum Role {
+    /// The bare pass-through (see `peers`): forwards every request to `upstream` over HTTP/2.
+    #[command(hide = true)]
+    PassThrough {
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        #[arg(long)]
+        upstream: String,
+    },
 }
 
 /// `RESOURCESxMEMBERS`.
@@ -201,7 +234,11 @@ fn parse_fleet(s: &str) -> Result<(usize, usize), String> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    lease_proxy_benches::until_interrupted(run(Args::parse())).await
+    let args = Args::parse();
+    if let Some(Role::PassThrough { listen, upstream }) = &args.role {
+        return peers::serve_pass_through(*listen, upstream).await;
+    }
+    lease_proxy_benches::until_interrupted(run(args)).await
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
@@ -211,8 +248,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if !args.fleet.is_empty() {
         return run_fleet(&args).await;
     }
+    ops::set_deadline(args.round_deadline);
     let mut stack = Stack::new()?;
     let mut _etcd = None;
+    let mut etcd_pid = None;
     let mut unbatched = None;
     let mut proxy_pids = Vec::new();
     let (etcd_url, proxy_url, proxy_pid) = match (&args.etcd, &args.proxy) {
@@ -250,6 +289,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 unbatched = Some(Arc::new(http::Proxy::new(&p)));
                 proxy_pids.push(spawned.pid);
             }
+            etcd_pid = etcd.pid(0);
             _etcd = Some(etcd);
             (url, proxy, Some(spawned.pid))
         }
@@ -274,13 +314,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
         rounds: args.rounds,
         ops: args.ops,
         proxy_pids,
+        etcd_pid,
     };
     let mut columns = setup(&args, raw.clone(), proxy.clone(), h2c, unbatched).await?;
+    columns.proxy_pid = proxy_pid;
     if args.op.iter().any(|op| op.is_grpc()) {
         columns.grpc = Some((
             Arc::new(grpc::Grpc::connect(&etcd_url, grpc::ETCD_PREFIX).await?),
             Arc::new(grpc::Grpc::connect(&proxy_url, "").await?),
         ));
+    }
+    if args.peers {
+        columns.peers = Some(Peers::start(&args, &mut stack, &etcd_url, &proxy_url).await?);
     }
     let v1_watch = match args.v1_watchers {
         Some(n) => Some(v1_watch::open(n, &etcd_url, &proxy_url, proxy_pid).await?),
@@ -402,6 +447,8 @@ async fn setup(
         unbatched,
         unbatched_in_flight: args.unbatched_in_flight,
         grpc: None,
+        proxy_pid: None,
+        peers: None,
     })
 }
 
@@ -500,6 +547,7 @@ async fn run_secure(args: &Args) -> anyhow::Result<()> {
         rounds: args.rounds,
         ops: args.ops,
         proxy_pids: vec![plain_proc.pid, secure_proc.pid],
+        etcd_pid: etcd.pid(0),
     };
     let progress = ProgressBar::new(u64::try_from(sides::count(&tables, &cells))?);
     let rows = sides::run(&tables, &cells, &progress).await?;
@@ -574,11 +622,68 @@ struct Columns {
     unbatched: Option<Arc<http::Proxy>>,
     unbatched_in_flight: Option<usize>,
     grpc: Option<(Arc<grpc::Grpc>, Arc<grpc::Grpc>)>,
+    /// The proxy's pid, when started here.
+    proxy_pid: Option<u32>,
+    /// The peers, with `--peers`.
+    peers: Option<Peers>,
+}
+
+/// What `--peers` measures beside the proxy (see `peers`).
+struct Peers {
+    /// etcd's grpc-proxy, namespaced, and its pid.
+    grpc_proxy: (Arc<grpc::Grpc>, u32),
+    /// The bare pass-through to etcd, and its pid.
+    pass_through: (Arc<grpc::Grpc>, u32),
+    /// etcd's JSON gateway on its client port.
+    gateway: Arc<gateway::Gateway>,
+    gateway_held: Arc<Vec<gateway::GatewayHeld>>,
+    /// The proxy's `/v3` JSON gateway.
+    v3: Arc<gateway::Gateway>,
+    v3_held: Arc<Vec<gateway::GatewayHeld>>,
+}
+
+impl Peers {
+    /// Starts grpc-proxy and the pass-through on `etcd_url`'s etcd, and takes the held leases
+    /// the JSON gateways' `renew` and `get` need.
+    async fn start(
+        args: &Args,
+        stack: &mut Stack,
+        etcd_url: &str,
+        proxy_url: &str,
+    ) -> anyhow::Result<Self> {
+        let (gp_url, gp) = peers::grpc_proxy(stack, &args.etcd_bin, etcd_url).await?;
+        let (pt_url, pt) = peers::pass_through(stack, etcd_url).await?;
+        let gateway = Arc::new(gateway::Gateway::new(etcd_url, "/leasebench-gateway/"));
+        let v3 = Arc::new(gateway::Gateway::new(proxy_url, ""));
+        let holds = args.op.iter().any(|op| op.needs_held());
+        let names = |side: &str| -> Vec<String> {
+            (0..if holds { args.held } else { 0 })
+                .map(|i| format!("lb-held-{side}-{}-{i}", std::process::id()))
+                .collect()
+        };
+        let gateway_held = Arc::new(ops::acquire_all(&gateway, names("g"), 600, 64).await?);
+        let v3_held = Arc::new(ops::acquire_all(&v3, names("v"), 600, 64).await?);
+        Ok(Self {
+            grpc_proxy: (Arc::new(grpc::Grpc::connect(&gp_url, "").await?), gp.pid),
+            pass_through: (
+                Arc::new(grpc::Grpc::connect(&pt_url, peers::PASS_THROUGH_PREFIX).await?),
+                pt.pid,
+            ),
+            gateway,
+            gateway_held,
+            v3,
+            v3_held,
+        })
+    }
 }
 
 impl Columns {
     /// Gives back what [`setup`] took; the tables (which share the held sets) must be gone.
     async fn teardown(self) -> anyhow::Result<()> {
+        if let Some(p) = self.peers {
+            ops::release_all(&p.gateway, take(p.gateway_held)?, 64).await?;
+            ops::release_all(&p.v3, take(p.v3_held)?, 64).await?;
+        }
         ops::release_all(&self.raw, take(self.raw_held)?, 64).await?;
         ops::release_all(&self.proxy, take(self.proxy_held)?, 64).await?;
         sessions::close_all(&self.proxy, &self.sessions, 64).await
@@ -603,9 +708,40 @@ impl Columns {
                     async move { grpc::measure(&g, op, c, n, &tag).await }
                 })
             };
+            let proxy = side("proxy", proxy)
+                .probed(&self.proxy)
+                .process(self.proxy_pid);
+            let sides = match &self.peers {
+                // The peer first: every ratio is over it.
+                Some(p) => vec![
+                    side("grpc-proxy", &p.grpc_proxy.0).process(Some(p.grpc_proxy.1)),
+                    side("pass-through", &p.pass_through.0).process(Some(p.pass_through.1)),
+                    proxy,
+                    side("etcd", etcd),
+                ],
+                None => vec![side("etcd", etcd), proxy],
+            };
             return Table {
                 op: op.name(),
-                sides: vec![side("etcd", etcd), side("proxy", proxy).probed(&self.proxy)],
+                sides,
+            };
+        }
+        if let (
+            Some(p),
+            Op::Acquire | Op::Contended | Op::Release | Op::Cycle | Op::Renew | Op::Get,
+        ) = (&self.peers, op)
+        {
+            // The JSON gateway first: every ratio is over it; raw etcd's gRPC last, as context.
+            return Table {
+                op: op.name(),
+                sides: vec![
+                    Side::op("etcd gateway", &p.gateway, op, &p.gateway_held, renewals),
+                    Side::op("proxy /v3", &p.v3, op, &p.v3_held, renewals).process(self.proxy_pid),
+                    Side::op("proxy", &self.proxy, op, &self.proxy_held, renewals)
+                        .probed(&self.proxy)
+                        .process(self.proxy_pid),
+                    Side::op("etcd", &self.raw, op, &self.raw_held, renewals),
+                ],
             };
         }
         let single =
@@ -635,7 +771,11 @@ impl Columns {
                 Op::SessionKeepalive => heartbeat(name, p),
                 _ => single(name, p),
             };
-            side.probed(p)
+            // The unbatched proxy is a process of its own, not counted as this side's.
+            let pid = self.proxy_pid.filter(|_| {
+                Arc::ptr_eq(p, &self.proxy) || self.h2c.as_ref().is_some_and(|h| Arc::ptr_eq(p, h))
+            });
+            side.probed(p).process(pid)
         };
         let raw_op = match op {
             Op::SessionAcquire => Op::Acquire,

@@ -12,7 +12,7 @@
 //! `grpc-keepalive-shared`, `grpc-lock`) in `grpc`.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
@@ -96,8 +96,18 @@ impl Op {
     }
 }
 
+/// How long a timed loop may run (`--round-deadline`); none: until its operations are done.
+static DEADLINE: OnceLock<Duration> = OnceLock::new();
+
+/// Cuts every timed loop from now on at `deadline` after its start.
+pub(crate) fn set_deadline(deadline: Duration) {
+    let _ = DEADLINE.set(deadline);
+}
+
 /// Runs `ops` operations on `in_flight` workers; `f(worker, i)` is one operation. The clock
-/// starts once etcd is settled (`settle`).
+/// starts once etcd is settled (`settle`). With a deadline set ([`set_deadline`]) the loop
+/// stops there, the operations under way dropped: the run counts those done by then, over the
+/// time until then, and says it was cut.
 pub(crate) async fn closed_loop<F, Fut>(in_flight: usize, ops: usize, f: F) -> anyhow::Result<Run>
 where
     F: Fn(usize, usize) -> Fut + Send + Sync + 'static,
@@ -107,6 +117,7 @@ where
     let per_worker = ops.div_ceil(in_flight.max(1));
     crate::settle::etcd().await?;
     let started = Instant::now();
+    let deadline = DEADLINE.get().map(|d| started + *d);
     let workers: Vec<_> = (0..in_flight.max(1))
         .map(|w| {
             let f = f.clone();
@@ -114,18 +125,33 @@ where
                 let mut latencies = Vec::with_capacity(per_worker);
                 for i in 0..per_worker {
                     let t = Instant::now();
-                    f(w, i).await?;
+                    match deadline {
+                        Some(d) => match tokio::time::timeout_at(d, f(w, i)).await {
+                            Ok(done) => done?,
+                            Err(_) => return Ok::<_, anyhow::Error>((latencies, true)),
+                        },
+                        None => f(w, i).await?,
+                    }
                     latencies.push(t.elapsed());
                 }
-                Ok::<_, anyhow::Error>(latencies)
+                Ok((latencies, false))
             })
         })
         .collect();
     let mut latencies = Vec::with_capacity(ops);
+    let mut cut = false;
     for w in futures::future::join_all(workers).await {
-        latencies.extend(w.map_err(|e| anyhow!("worker: {e}"))??);
+        let (done, w_cut) = w.map_err(|e| anyhow!("worker: {e}"))??;
+        latencies.extend(done);
+        cut |= w_cut;
     }
-    Ok(Run::from_latencies(latencies, started.elapsed()))
+    let elapsed = match (cut, deadline) {
+        (true, Some(d)) => d - started,
+        _ => started.elapsed(),
+    };
+    let mut run = Run::from_latencies(latencies, elapsed);
+    run.cut = cut;
+    Ok(run)
 }
 
 /// Acquires `names` on `in_flight` workers, untimed.

@@ -30,6 +30,9 @@ pub(crate) struct Side {
     measure: Arc<Measure>,
     /// The proxy whose etcd request counters are read before and after each run.
     probe: Option<Arc<Proxy>>,
+    /// The process serving this side (a proxy, a peer), whose CPU time per operation is
+    /// reported as the side's own.
+    pid: Option<u32>,
 }
 
 impl Side {
@@ -43,7 +46,14 @@ impl Side {
             name: name.to_owned(),
             measure: Arc::new(move |c, n, tag| Box::pin(measure(c, n, tag))),
             probe: None,
+            pid: None,
         }
+    }
+
+    /// Also reports the CPU time per operation of process `pid` (`None`: nothing more).
+    pub(crate) fn process(mut self, pid: Option<u32>) -> Self {
+        self.pid = pid;
+        self
     }
 
     /// Also records, per run, the etcd requests `proxy` made (from its `/metrics`).
@@ -87,6 +97,8 @@ pub(crate) struct Cells<'a> {
     pub(crate) ops: usize,
     /// Pids of the proxies started here, whose CPU time is reported apart.
     pub(crate) proxy_pids: Vec<u32>,
+    /// etcd's pid, when started here: its CPU time per operation is reported apart.
+    pub(crate) etcd_pid: Option<u32>,
 }
 
 /// A measured row and, per probed side, the etcd requests its proxy made during its run.
@@ -95,7 +107,8 @@ pub(crate) struct Measured {
     pub(crate) row: Row,
     /// Side name → etcd operation → requests (and `batched`: transactions sent in batches).
     pub(crate) etcd: BTreeMap<String, BTreeMap<String, f64>>,
-    /// Side name → consumer → CPU milliseconds per operation.
+    /// Side name → consumer → CPU milliseconds per operation (`side`: the side's own process,
+    /// `etcd`: etcd's, where known).
     pub(crate) cpu: BTreeMap<String, BTreeMap<&'static str, f64>>,
 }
 
@@ -170,9 +183,14 @@ pub(crate) async fn run(
                         Some(p) => Some(p.etcd_counters().await?),
                         None => None,
                     };
-                    let cpu_before = cpu::sample(&cells.proxy_pids);
+                    let pids = cpu::Pids {
+                        proxies: &cells.proxy_pids,
+                        side: side.pid,
+                        etcd: cells.etcd_pid,
+                    };
+                    let cpu_before = cpu::sample(&pids);
                     let run = (side.measure)(in_flight, cells.ops, tag).await?;
-                    if let (Some(b), Some(a)) = (cpu_before, cpu::sample(&cells.proxy_pids)) {
+                    if let (Some(b), Some(a)) = (cpu_before, cpu::sample(&pids)) {
                         cpu.insert(side.name.clone(), cpu::per_op(b, a, run.ops));
                     }
                     runs[i] = Some(run);
