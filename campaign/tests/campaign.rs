@@ -119,9 +119,10 @@ async fn the_deployment_shows_no_violation_under_every_fault() {
     belief_measured(&r);
 }
 
-/// The belief verdict is there, and sees what the stop-by deadline does: its controls (a
-/// deadline past the lease's end, none) overlap at least as much, on the same holds. Measured,
-/// not bounded: no figure is asserted but that the measure exists and moves.
+/// The belief verdict is there, with its controls (a deadline past the lease's end, none)
+/// judged on the same holds. Measured, not bounded: no figure is asserted. (Not even that a
+/// control overlaps at least as much: a belief the stop-by deadline ends can be stretched by a
+/// write decided before it and answered after a loss the controls end at.)
 fn belief_measured(r: &Report) {
     let b = r.belief.as_ref().expect("the run has a belief verdict");
     let s = &b.stop_by;
@@ -146,8 +147,8 @@ fn belief_measured(r: &Report) {
     );
     assert!(s.intervals > 0, "no belief interval: {b:?}");
     assert!(
-        b.late_deadline.sum_ms >= s.sum_ms && b.no_deadline.sum_ms >= b.late_deadline.sum_ms,
-        "a later deadline overlapped less: {b:?}"
+        b.late_deadline.intervals == s.intervals && b.no_deadline.intervals == s.intervals,
+        "the controls judged other holds: {b:?}"
     );
 }
 
