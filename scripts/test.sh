@@ -18,7 +18,19 @@ phase() {
   [[ -n "$1" ]] && echo "==> $1"
   return 0
 }
-trap 'phase ""; printf "%s\n" "==> phase times" "${phase_times[@]}"' EXIT
+# What failed is printed again at the very end, after the phase times: a reader of the log's
+# last lines (CI's summary) sees why, not the output of the jobs that ran beside it.
+failed_logs=()
+on_exit() {
+  phase ""
+  printf "%s\n" "==> phase times" "${phase_times[@]}"
+  local log
+  for log in "${failed_logs[@]}"; do
+    echo "==> failed: the last lines of $log"
+    tail -n 60 "$log"
+  done
+}
+trap on_exit EXIT
 # Jobs run beside a phase in the foreground: each job's output goes to its log under
 # target/test-logs and is printed once `await_beside` has waited for it; its time joins the
 # phase times. The machine has two cores and most tests wait on etcd, PostgreSQL and timers, so
@@ -43,7 +55,7 @@ beside() {
 await_beside() {
   local i failed=0
   for i in "${!beside_pids[@]}"; do
-    wait "${beside_pids[$i]}" || failed=1
+    wait "${beside_pids[$i]}" || { failed=1; failed_logs+=("$logs/${beside_names[$i]}.log"); }
     echo "==> beside: ${beside_names[$i]} (its output)"
     cat "$logs/${beside_names[$i]}.log"
     phase_times+=("$(tail -n 1 "$logs/${beside_names[$i]}.log" | sed -n 's/^==> \(.*\): exit \(.*\) after \(.*\)$/\3  (beside) \1, exit \2/p')")
@@ -99,7 +111,8 @@ if cargo nextest --version >/dev/null 2>&1; then
   phase "cargo nextest run, with the fencing library's lints and the doc tests beside it"
   beside "fencing library lints, doc tests" bash -c "$(declare -f fencing_alone); fencing_alone && cargo test --workspace --locked --doc"
   nextest_status=0
-  cargo nextest run --workspace --locked || nextest_status=$?
+  cargo nextest run --workspace --locked 2>&1 | tee "$logs/nextest.log" || nextest_status=$?
+  [ "$nextest_status" -eq 0 ] || failed_logs+=("$logs/nextest.log")
   await_beside
   [ "$nextest_status" -eq 0 ] || exit "$nextest_status"
   # The SDK and API tests below start the binaries this build made.
@@ -118,6 +131,7 @@ phase "Python SDK (pytest), with TypeScript, schemathesis and Go beside it"
 beside "TypeScript SDK, schemathesis, Go SDK" bash -c \
   "scripts/typescript-tests.sh && scripts/schemathesis.sh && scripts/go-tests.sh"
 python_status=0
-scripts/python-tests.sh || python_status=$?
+scripts/python-tests.sh 2>&1 | tee "$logs/python.log" || python_status=$?
+[ "$python_status" -eq 0 ] || failed_logs+=("$logs/python.log")
 await_beside
 [ "$python_status" -eq 0 ] || exit "$python_status"

@@ -9,6 +9,27 @@ use anyhow::{anyhow, Context};
 
 pub use lease_proxy_testkit::{free_port, workspace_binary, Etcd};
 
+/// Serves `app` on `listen` the way both project binaries do (the fencing library's server:
+/// its limits, graceful drain), until the process is killed: the in-process helpers a
+/// benchmark starts as a role of its own binary (a storage stand-in, a pass-through).
+pub async fn serve_forever(listen: std::net::SocketAddr, app: axum::Router) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    fencing::serve::until_shutdown(
+        listener,
+        app,
+        std::future::pending(),
+        &std::sync::atomic::AtomicBool::new(false),
+        tokio_util::sync::CancellationToken::new(),
+        fencing::serve::Drain {
+            delay: Duration::ZERO,
+            deadline: Duration::from_secs(1),
+        },
+        fencing::serve::Limits::default(),
+    )
+    .await?;
+    Ok(())
+}
+
 /// Child processes owned by a benchmark, killed on drop, with a scratch directory.
 pub struct Stack {
     children: Vec<Child>,

@@ -196,7 +196,7 @@ impl std::fmt::Display for Op {
 }
 
 /// Which of a principal's quotas refused it (`--quota-held`, `--quota-acquire-rate`,
-/// `--quota-watch-streams`).
+/// `--quota-watch-streams`, `--quota-fleets`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QuotaKind {
     /// The grants it holds at once.
@@ -205,6 +205,8 @@ pub enum QuotaKind {
     Rate,
     /// The event streams it has open on this replica.
     WatchStreams,
+    /// The fleets it has made.
+    Fleets,
 }
 
 impl QuotaKind {
@@ -214,6 +216,7 @@ impl QuotaKind {
             QuotaKind::Held => "held",
             QuotaKind::Rate => "rate",
             QuotaKind::WatchStreams => "watch-streams",
+            QuotaKind::Fleets => "fleets",
         }
     }
 }

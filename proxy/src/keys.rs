@@ -13,6 +13,7 @@ pub(crate) struct Layout {
     principals: String,
     ended: String,
     fleets: String,
+    fleet_owners: String,
 }
 
 impl Layout {
@@ -27,6 +28,7 @@ impl Layout {
             principals: format!("{prefix}principals/"),
             ended: format!("{prefix}ended/"),
             fleets: format!("{prefix}fleets/"),
+            fleet_owners: format!("{prefix}fleet-owners/"),
         }
     }
 
@@ -106,6 +108,18 @@ impl Layout {
         format!("{}{fleet}/members/{member}", self.fleets)
     }
 
+    /// `{prefix}fleet-owners/{principal}/`: the fleets one principal made, a key each (the
+    /// fleet quota's range).
+    pub(crate) fn fleet_owners(&self, principal: &str) -> String {
+        format!("{}{principal}/", self.fleet_owners)
+    }
+
+    /// `{prefix}fleet-owners/{principal}/{fleet}`: written with the fleet's spec when the
+    /// principal makes it, deleted with the fleet's keys.
+    pub(crate) fn fleet_owner(&self, principal: &str, fleet: &str) -> String {
+        format!("{}{principal}/{fleet}", self.fleet_owners)
+    }
+
     /// `{prefix}readyz`: the key `/readyz` reads.
     pub(crate) fn readiness(&self) -> String {
         format!("{}readyz", self.prefix)
@@ -136,6 +150,7 @@ mod tests {
             l.waiters().to_owned(),
             l.idempotency("r"),
             l.principal_grant("alice", "r"),
+            l.fleet_owner("alice", "f"),
             l.released(),
             l.closed(),
             l.readiness(),

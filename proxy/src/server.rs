@@ -305,6 +305,7 @@ pub async fn run(
             entitled: entitlement(auth.clone()),
             audit: audit.clone(),
             metrics: metrics.clone(),
+            quota: config.fleets_per_principal(),
         },
         &tracker,
         stopping.clone(),

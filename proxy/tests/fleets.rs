@@ -495,3 +495,104 @@ async fn never_more_hand_offs_in_flight_than_the_budget() {
     );
     drop(a);
 }
+
+/// The resources a view lists as both held and to release, by member (`view` is a member's
+/// own view, or the fleet's).
+fn held_and_releasing(view: &serde_json::Value) -> Vec<String> {
+    let own = [view.clone()];
+    let members = view["members"].as_array().map_or(&own[..], Vec::as_slice);
+    let name = |r: &serde_json::Value| r["resource"].as_str().or(r.as_str()).map(str::to_owned);
+    let mut both = Vec::new();
+    for m in members {
+        let held: Vec<String> = m["held"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(name)
+            .collect();
+        for r in m["releasing"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(name)
+        {
+            if held.contains(&r) {
+                both.push(format!("{} {r}", m["member"]));
+            }
+        }
+    }
+    both
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn views_and_decisions_read_one_state_of_etcd() {
+    // A member joins and leaves again and again, through both replicas, while the views are
+    // read without a pause. Each reading is one revision of etcd: a view never shows a grant
+    // made after the assignment it shows (the resource would be listed as held and as to
+    // release, and the member would release what it was just granted), and a decision never
+    // takes a new member's grant for an orphan's (and revokes it).
+    let logs = tempfile::tempdir().unwrap();
+    let replica = std::sync::atomic::AtomicUsize::new(0);
+    let r = replicas("fleet-onestate", |c| {
+        let n = replica.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        c.audit_log = Some(logs.path().join(format!("audit-{n}.jsonl")));
+    })
+    .await;
+    let resources = names("os", 150);
+    make_fleet(&r.r1.url, "os", &resources, json!({"drain_ms": 2_000})).await;
+    let a = joined(&r.r1.url, "os", "a", 30).await;
+    let b = joined(&r.r2.url, "os", "b", 30).await;
+    let mut tasks = vec![a.cooperate(None), b.cooperate(None)];
+    rested(&r.r1.url, "os", &[("a", 75), ("b", 75)], SETTLE).await;
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let watch = |url: String, member: Option<Member>| {
+        let (seen, reads) = (seen.clone(), reads.clone());
+        tokio::spawn(async move {
+            loop {
+                let (status, view) = match &member {
+                    Some(m) => m.view().await,
+                    None => fleet_view(&url, "os").await,
+                };
+                if status == 200 {
+                    reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let both = held_and_releasing(&view);
+                    if !both.is_empty() {
+                        seen.lock().unwrap().push(format!("{both:?} in {view}"));
+                    }
+                }
+            }
+        })
+    };
+    tasks.push(watch(r.r1.url.clone(), None));
+    tasks.push(watch(r.r2.url.clone(), None));
+    for round in 0..4 {
+        let url = [&r.r1.url, &r.r2.url][round % 2];
+        let c = joined(url, "os", "c", 30).await;
+        let mut helpers = vec![c.cooperate(None)];
+        helpers.extend((0..6).map(|_| watch(String::new(), Some(c.clone()))));
+        rested(url, "os", &[("a", 50), ("b", 50), ("c", 50)], SETTLE).await;
+        c.leave().await;
+        helpers.iter().for_each(tokio::task::JoinHandle::abort);
+        rested(url, "os", &[("a", 75), ("b", 75)], SETTLE).await;
+    }
+    for t in tasks {
+        t.abort();
+    }
+    assert!(reads.load(std::sync::atomic::Ordering::Relaxed) > 100);
+    let seen = seen.lock().unwrap();
+    assert!(
+        seen.is_empty(),
+        "{} views list a grant as held and to release: {}",
+        seen.len(),
+        seen[0]
+    );
+    let orphans: Vec<serde_json::Value> = audit_lines(logs.path())
+        .into_iter()
+        .filter(|l| l["event"] == "fleet-revoke" && l["outcome"] == "orphan")
+        .collect();
+    assert!(
+        orphans.is_empty(),
+        "grants revoked as an orphan's: {orphans:?}"
+    );
+}

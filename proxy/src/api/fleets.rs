@@ -150,7 +150,7 @@ fn gate<'a>(
         (status = 409, description = "The fleet changed meanwhile, again and again"),
         (status = 413, description = "The body is over 1 MiB"),
         (status = 415, description = "The body is not JSON"),
-        (status = 429, description = "Over a quota", headers(("Retry-After" = u64, description = "Seconds to wait"))),
+        (status = 429, description = "Over a quota: the acquire rate, or `--quota-fleets` for a new fleet", headers(("Retry-After" = u64, description = "Seconds to wait"))),
     ),
 )]
 pub(super) async fn put(
@@ -177,7 +177,8 @@ pub(super) async fn put(
     let written = app
         .fleets
         .put(&fleet, &change, authz::name(&caller))
-        .await?;
+        .await
+        .inspect_err(|e| authz::audit_refusal(&app, &headers, &caller, Op::Acquire, &fleet, e))?;
     audit(&app, &headers, &caller, Kind::FleetPut, (&fleet, None));
     Ok(Json(written).into_response())
 }

@@ -16,6 +16,9 @@ mod validate;
 
 pub use fencing::cli::LogFormat;
 
+/// The fleets one principal may have made, when `--quota-fleets` is not given.
+pub(crate) const DEFAULT_QUOTA_FLEETS: usize = 64;
+
 /// lease-proxy's configuration.
 #[derive(Debug, Clone, Parser, Serialize, Deserialize)]
 #[command(
@@ -147,6 +150,14 @@ pub struct Config {
     /// `quota-exceeded`. Without authentication all callers are one principal with every slot.
     #[arg(long, env = "LEASE_PROXY_QUOTA_WATCH_STREAMS")]
     pub quota_watch_streams: Option<usize>,
+
+    /// Most fleets one principal may have made at once, across every replica (needs
+    /// `--auth-tokens`; default 64): every fleet is decided by every replica, so a principal that
+    /// made fleets without end would take the replicas' time from everyone else's. Its next
+    /// `PUT` of a new fleet is answered 429 `quota-exceeded`; ending one makes room. Without
+    /// authentication all callers are one principal, with no bound.
+    #[arg(long, env = "LEASE_PROXY_QUOTA_FLEETS")]
+    pub quota_fleets: Option<usize>,
 
     /// Longest life of one ownership event stream, ±10 % (clients resume where it ended, with
     /// `Last-Event-ID`): bounds how long a client that stopped reading — paused, or gone without
@@ -443,6 +454,13 @@ impl Config {
             self.quota_watch_streams
                 .unwrap_or((self.max_watch_streams / 4).max(1)),
         )
+    }
+
+    /// The fleets one principal may have made (`--quota-fleets` or its default); `None`
+    /// without authentication.
+    pub(crate) fn fleets_per_principal(&self) -> Option<usize> {
+        self.auth_tokens.as_ref()?;
+        Some(self.quota_fleets.unwrap_or(DEFAULT_QUOTA_FLEETS))
     }
 
     pub(crate) fn v3_namespace_or_default(&self) -> String {

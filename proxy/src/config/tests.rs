@@ -214,6 +214,24 @@ fn the_watch_share_needs_authentication_and_fits_the_replica() {
 }
 
 #[test]
+fn the_fleet_quota_needs_authentication_and_room_for_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens");
+    std::fs::write(&path, format!("alice {} read:*\n", "ab".repeat(32))).unwrap();
+    let with = |quota: Option<usize>, auth: bool| {
+        let mut c = Config::parse_from(["lease-proxy"]);
+        c.quota_fleets = quota;
+        c.auth_tokens = auth.then(|| path.clone());
+        c.validate().map(|()| c.fleets_per_principal())
+    };
+    assert!(with(Some(2), false).is_err());
+    assert!(with(Some(0), true).is_err());
+    assert_eq!(with(Some(2), true).unwrap(), Some(2));
+    assert_eq!(with(None, true).unwrap(), Some(DEFAULT_QUOTA_FLEETS));
+    assert_eq!(with(None, false).unwrap(), None);
+}
+
+#[test]
 fn the_v3_namespace_is_disjoint_from_the_proxys_keys() {
     let with = |ns: &str| {
         let mut c = Config::parse_from(["lease-proxy"]);

@@ -157,13 +157,17 @@ impl Config {
         if self.auth_tokens.is_none()
             && (self.quota_held.is_some()
                 || self.quota_acquire_rate.is_some()
-                || self.quota_watch_streams.is_some())
+                || self.quota_watch_streams.is_some()
+                || self.quota_fleets.is_some())
         {
             return fail(
-                "--quota-held, --quota-acquire-rate and --quota-watch-streams are per principal \
-                 and need --auth-tokens"
+                "--quota-held, --quota-acquire-rate, --quota-watch-streams and --quota-fleets \
+                 are per principal and need --auth-tokens"
                     .into(),
             );
+        }
+        if self.quota_fleets == Some(0) {
+            return fail("--quota-fleets must be at least 1".into());
         }
         if let Some(share) = self.quota_watch_streams {
             if share == 0 || share > self.max_watch_streams {

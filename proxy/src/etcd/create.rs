@@ -4,6 +4,7 @@
 use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
 
 use super::batch::GroupCommit;
+use super::Etcd;
 use crate::{Error, Result};
 
 /// The outcome of a create-if-absent transaction.
@@ -38,6 +39,62 @@ pub(crate) struct Quota<'a> {
     pub(crate) range_end: &'a [u8],
     /// The revision at which the range was counted.
     pub(crate) revision: i64,
+}
+
+impl Quota<'_> {
+    /// Every key of the range (none is fine) last written at or before the count.
+    pub(crate) fn compare(&self) -> Compare {
+        Compare::mod_revision(self.range, CompareOp::Less, self.revision.saturating_add(1))
+            .with_range(self.range_end)
+    }
+}
+
+/// A quota's range counted at a revision, and the key one more would write in it: what a
+/// [`Quota`] guard borrows.
+#[derive(Debug, Clone)]
+pub(crate) struct Counted {
+    /// How many keys the range held.
+    pub(crate) count: i64,
+    key: String,
+    range: Vec<u8>,
+    range_end: Vec<u8>,
+    revision: i64,
+}
+
+impl Counted {
+    /// The transaction guard.
+    pub(crate) fn guard(&self) -> Quota<'_> {
+        Quota {
+            key: &self.key,
+            range: &self.range,
+            range_end: &self.range_end,
+            revision: self.revision,
+        }
+    }
+
+    /// The same, with a guard that passes only while the range is empty.
+    pub(crate) fn only_if_empty(self) -> Self {
+        Self {
+            revision: 0,
+            ..self
+        }
+    }
+}
+
+impl Etcd {
+    /// Counts the keys under `range` (a prefix), for writing `key` in it under a [`Quota`].
+    pub(crate) async fn count_quota(&self, range: String, key: String) -> Result<Counted> {
+        let range = range.into_bytes();
+        let range_end = super::prefix_end(&range);
+        let super::RangeCount { count, revision } = self.count(&range, &range_end).await?;
+        Ok(Counted {
+            count,
+            key,
+            range,
+            range_end,
+            revision,
+        })
+    }
 }
 
 /// A key put on a lease within a transaction of its own key's: beside a created key, so at the
@@ -107,11 +164,7 @@ impl GroupCommit {
                 Vec::new(),
                 Some(PutOptions::new().with_lease(lease)),
             ));
-            // Every key of the range (none is fine) last written at or before the count.
-            compares.push(
-                Compare::mod_revision(q.range, CompareOp::Less, q.revision.saturating_add(1))
-                    .with_range(q.range_end),
-            );
+            compares.push(q.compare());
             keys.push(q.range.to_vec());
             bytes += q.key.len() + q.range.len() * 2;
         }

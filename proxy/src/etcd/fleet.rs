@@ -7,6 +7,7 @@ use etcd_client::{
 };
 
 use super::batch::{GroupCommit, ETCD_MAX_TXN_OPS};
+use super::create::Quota;
 use super::{prefix_end, Etcd, RangePage};
 use crate::{Error, Result};
 
@@ -113,14 +114,20 @@ impl Etcd {
         Ok(resp.kvs().len())
     }
 
-    /// The current values of `keys` (`None`: absent), in their order: transactions of at most
-    /// etcd's 128 reads each, linearizable each, sent together.
-    pub(crate) async fn get_many(&self, keys: &[String]) -> Result<Vec<Option<KeyValue>>> {
+    /// The values of `keys` at `revision` (`None`: absent), in their order: transactions of at
+    /// most etcd's 128 reads each, sent together. Read at the revision another read was made
+    /// at, they and it are one state of etcd.
+    pub(crate) async fn get_many(
+        &self,
+        keys: &[String],
+        revision: i64,
+    ) -> Result<Vec<Option<KeyValue>>> {
+        let at = &GetOptions::new().with_revision(revision);
         let reads = keys.chunks(ETCD_MAX_TXN_OPS).map(|chunk| async move {
             let txn = Txn::new().and_then(
                 chunk
                     .iter()
-                    .map(|k| TxnOp::get(k.as_str(), None))
+                    .map(|k| TxnOp::get(k.as_str(), Some(at.clone())))
                     .collect::<Vec<_>>(),
             );
             let resp = self
@@ -147,19 +154,21 @@ impl Etcd {
         Ok(found)
     }
 
-    /// Deletes every key under `prefix` if `guard` is unchanged; whether it did.
+    /// Deletes every key under `prefix`, and `also` (if any), if `guard` is unchanged; whether
+    /// it did.
     pub(crate) async fn delete_prefix_if(
         &self,
         prefix: &str,
+        also: Option<&str>,
         guard: Unchanged<'_>,
     ) -> Result<bool> {
         let end = prefix_end(prefix.as_bytes());
-        let txn = Txn::new()
-            .when(vec![guard.compare()])
-            .and_then(vec![TxnOp::delete(
-                prefix,
-                Some(etcd_client::DeleteOptions::new().with_range(end)),
-            )]);
+        let mut deletes = vec![TxnOp::delete(
+            prefix,
+            Some(etcd_client::DeleteOptions::new().with_range(end)),
+        )];
+        deletes.extend(also.map(|key| TxnOp::delete(key, None)));
+        let txn = Txn::new().when(vec![guard.compare()]).and_then(deletes);
         let resp = self
             .bounded_once("txn_delete_prefix", |c| {
                 let txn = txn.clone();
@@ -197,20 +206,36 @@ impl GroupCommit {
         lease: i64,
         guards: &[Unchanged<'_>],
     ) -> Result<Option<i64>> {
-        let txn = Txn::new()
-            .when(guards.iter().map(Unchanged::compare).collect::<Vec<_>>())
-            .and_then(vec![TxnOp::put(
-                key,
-                value,
-                Some(PutOptions::new().with_lease(lease)),
-            )]);
-        let bytes = key.len() * 2
+        self.put_if_counted(key, value, lease, guards, None).await
+    }
+
+    /// [`GroupCommit::put_if`], and with a `quota` its index key too, only if its range is as
+    /// counted (as an acquire's, `create.rs`): of concurrent puts counted with room for one,
+    /// one succeeds.
+    pub(crate) async fn put_if_counted(
+        &self,
+        key: &str,
+        value: &[u8],
+        lease: i64,
+        guards: &[Unchanged<'_>],
+        quota: Option<Quota<'_>>,
+    ) -> Result<Option<i64>> {
+        let on_lease = || Some(PutOptions::new().with_lease(lease));
+        let mut compares: Vec<Compare> = guards.iter().map(Unchanged::compare).collect();
+        let mut puts = vec![TxnOp::put(key, value, on_lease())];
+        let mut keys = vec![key.as_bytes().to_vec()];
+        let mut bytes = key.len() * 2
             + value.len()
             + guards.iter().map(|g| g.key.len() + 16).sum::<usize>()
             + 64;
-        let committed = self
-            .commit("txn_put_if", vec![key.as_bytes().to_vec()], txn, bytes)
-            .await?;
+        if let Some(q) = quota {
+            puts.push(TxnOp::put(q.key, Vec::new(), on_lease()));
+            compares.push(q.compare());
+            keys.push(q.range.to_vec());
+            bytes += q.key.len() + q.range.len() * 2;
+        }
+        let txn = Txn::new().when(compares).and_then(puts);
+        let committed = self.commit("txn_put_if", keys, txn, bytes).await?;
         Ok(committed.succeeded.then_some(committed.revision))
     }
 
@@ -240,10 +265,7 @@ impl GroupCommit {
             // the count, and the range among the batch's keys, so that no two creates of one
             // principal share a batch (whose compares all see the state before it).
             puts.push(TxnOp::put(q.key, Vec::new(), on_lease()));
-            compares.push(
-                Compare::mod_revision(q.range, CompareOp::Less, q.revision.saturating_add(1))
-                    .with_range(q.range_end),
-            );
+            compares.push(q.compare());
             keys.push(q.range.to_vec());
             bytes += q.key.len() + q.range.len() * 2;
         }

@@ -9,7 +9,7 @@ mod keepalive;
 mod rewatch;
 
 pub(crate) use batch::{Batching, GroupCommit, ETCD_MAX_TXN_OPS};
-pub(crate) use create::{Companion, Create, Creation, Quota};
+pub(crate) use create::{Companion, Counted, Create, Creation, Quota};
 pub(crate) use deletions::{Deleted, Deletions};
 pub(crate) use fleet::{Guarded, Listed, Unchanged};
 pub(crate) use keepalive::KeepAlive;

@@ -57,6 +57,8 @@ pub(crate) struct Parts {
     pub(crate) audit: Audit,
     /// And counted (`lease_proxy_fleet_*`).
     pub(crate) metrics: Arc<Metrics>,
+    /// The fleets one principal may have made (`--quota-fleets`; `None`: no bound).
+    pub(crate) quota: Option<usize>,
 }
 
 /// The fleet service of this replica. Cheap to clone.
@@ -121,8 +123,13 @@ impl Fleets {
         records::Snapshot::decode(&self.inner.parts.layout, fleet, listed)
     }
 
-    /// The current grants of `resources`, each classified for `snap`'s fleet: its own on a
-    /// member's session, its own on a session no member has any more, or another's.
+    /// The grants of `resources` when `snap` was read, each classified for `snap`'s fleet: its
+    /// own on a member's session, its own on a session no member has any more, or another's.
+    ///
+    /// Read at the snapshot's revision, not now: a grant made since, on the session of a member
+    /// the snapshot does not have yet (or has on its old session), would read as an orphan's
+    /// and be revoked; and a view whose assignment still hands a resource over while its grant
+    /// to the new holder is already read would list that grant as both held and to release.
     async fn owned(
         &self,
         snap: &records::Snapshot,
@@ -133,7 +140,7 @@ impl Fleets {
             .iter()
             .map(|r| self.inner.parts.layout.holder(r))
             .collect();
-        let found = self.inner.parts.etcd.get_many(&keys).await?;
+        let found = self.inner.parts.etcd.get_many(&keys, snap.revision).await?;
         let mut owned = std::collections::BTreeMap::new();
         for ((resource, key), kv) in resources.into_iter().zip(&keys).zip(found) {
             let Some(kv) = kv else { continue };

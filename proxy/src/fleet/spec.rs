@@ -5,6 +5,10 @@
 //! it deletes every key of the fleet in one guarded delete — after which no grant can be made
 //! under it, since each compares the member's record, the spec and the assignment — and only
 //! then releases the fleet's grants, read after the delete so none made just before escapes.
+//!
+//! With authentication, a principal makes at most `--quota-fleets` fleets: each it makes
+//! writes an index key `{prefix}fleet-owners/{principal}/{fleet}` with its spec, counted as the
+//! held quota counts grants (`lease::quota`), and the fleet's end deletes it with the rest.
 
 use std::collections::BTreeSet;
 
@@ -14,12 +18,16 @@ use super::records::{
     encode, SpecRecord, DEFAULT_DRAIN_MS, MAX_DRAIN_MS, MAX_NAME_BYTES, MAX_RESOURCES,
 };
 use super::{assign, Fleets};
-use crate::etcd::Unchanged;
+use crate::etcd::{Counted, Unchanged};
 use crate::lease::{i64_string, validate};
-use crate::{Error, Result};
+use crate::{Error, QuotaKind, Result};
 
 /// How many times a request reads again after losing a compare to a concurrent write.
 pub(super) const ATTEMPTS: usize = 5;
+
+/// How long a principal refused by the fleet quota is told to wait: a fleet ends when its
+/// maker ends it, which the proxy cannot predict.
+const FLEETS_RETRY_AFTER_SECS: u64 = 60;
 
 /// A spec as a request gives it.
 #[derive(Debug, Clone)]
@@ -171,11 +179,21 @@ impl Fleets {
                 key: &key,
                 mod_revision: current.as_ref().map_or(0, |kv| kv.mod_revision()),
             };
+            let counted = match (&current, &principal) {
+                (None, Some(principal)) => self.count_fleets(principal, fleet).await?,
+                _ => None,
+            };
             let written = self
                 .inner
                 .parts
                 .commit
-                .put_if(&key, &encode(&record), 0, &[guard])
+                .put_if_counted(
+                    &key,
+                    &encode(&record),
+                    0,
+                    &[guard],
+                    counted.as_ref().map(Counted::guard),
+                )
                 .await?;
             if let Some(revision) = written {
                 tracing::info!(%fleet, resources = resources.len(), "fleet spec written");
@@ -183,6 +201,32 @@ impl Fleets {
             }
         }
         Err(Error::FleetChanged)
+    }
+
+    /// Counts the fleets `principal` has made, for making `fleet` under its quota: `None` when
+    /// no quota applies, [`Error::QuotaExceeded`] when it has made its quota already. The
+    /// spec is then written with its index key, only if no other was written since the count.
+    async fn count_fleets(&self, principal: &str, fleet: &str) -> Result<Option<Counted>> {
+        let Some(max) = self.inner.parts.quota else {
+            return Ok(None);
+        };
+        let layout = &self.inner.parts.layout;
+        let counted = self
+            .inner
+            .parts
+            .etcd
+            .count_quota(
+                layout.fleet_owners(principal),
+                layout.fleet_owner(principal, fleet),
+            )
+            .await?;
+        if usize::try_from(counted.count).unwrap_or(usize::MAX) >= max {
+            return Err(Error::QuotaExceeded {
+                quota: QuotaKind::Fleets,
+                retry_after: FLEETS_RETRY_AFTER_SECS,
+            });
+        }
+        Ok(Some(counted))
     }
 
     /// Ends `fleet`: its keys go, then its grants are released. Idempotent (no such fleet: done).
@@ -208,11 +252,14 @@ impl Fleets {
                 key: &self.inner.parts.layout.fleet_spec(fleet),
                 mod_revision: snap.spec.mod_revision,
             };
+            let layout = &self.inner.parts.layout;
+            let owner =
+                (snap.spec.record.principal.as_deref()).map(|p| layout.fleet_owner(p, fleet));
             if !self
                 .inner
                 .parts
                 .etcd
-                .delete_prefix_if(&self.inner.parts.layout.fleet(fleet), guard)
+                .delete_prefix_if(&layout.fleet(fleet), owner.as_deref(), guard)
                 .await?
             {
                 continue;

@@ -9,10 +9,9 @@ use fencing::Keyring;
 use tokio::sync::oneshot;
 use tracing::Instrument as _;
 
-use super::quota::Counted;
 use super::shared::GrantLease;
 use super::{expires_in_ms, secret, unix_millis, Acquire, Grant, HolderRecord, Leases, Recheck};
-use crate::etcd::{Companion, Create, Creation};
+use crate::etcd::{Companion, Counted, Create, Creation};
 use crate::{Conflict, Error, Result};
 
 /// What one acquire attempt came to.

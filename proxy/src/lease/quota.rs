@@ -12,32 +12,12 @@
 //! fails, it counts again, and is refused.
 
 use super::{Acquire, Leases};
-use crate::etcd::{prefix_end, Quota, RangeCount};
+use crate::etcd::Counted;
 use crate::{Error, QuotaKind, Result};
 
 /// How long a client refused by the held quota is told to wait: a grant ends when its holder
 /// releases it or stops renewing, which the proxy cannot predict.
 const HELD_RETRY_AFTER_SECS: u64 = 1;
-
-/// The principal's index range and this grant's key in it, counted at a revision.
-pub(super) struct Counted {
-    key: String,
-    range: Vec<u8>,
-    range_end: Vec<u8>,
-    revision: i64,
-}
-
-impl Counted {
-    /// The transaction guard.
-    pub(super) fn guard(&self) -> Quota<'_> {
-        Quota {
-            key: &self.key,
-            range: &self.range,
-            range_end: &self.range_end,
-            revision: self.revision,
-        }
-    }
-}
 
 impl Leases {
     /// Counts the grants `req`'s principal holds. `None` when no held quota applies (no quota,
@@ -49,20 +29,15 @@ impl Leases {
         let (Some(max), Some(principal)) = (self.limits.quota_held, &req.principal) else {
             return Ok(None);
         };
-        let range = self.layout.principal(principal).into_bytes();
-        let range_end = prefix_end(&range);
-        let RangeCount {
-            count: held,
-            revision,
-        } = self.etcd.count(&range, &range_end).await?;
-        let key = self.layout.principal_grant(principal, &req.resource);
-        if u64::try_from(held).unwrap_or(0) < max {
-            return Ok(Some(Counted {
-                key,
-                range,
-                range_end,
-                revision,
-            }));
+        let counted = self
+            .etcd
+            .count_quota(
+                self.layout.principal(principal),
+                self.layout.principal_grant(principal, &req.resource),
+            )
+            .await?;
+        if u64::try_from(counted.count).unwrap_or(0) < max {
+            return Ok(Some(counted));
         }
         let replay = req.idempotency_key.is_some()
             && self.current(&req.resource).await?.is_some_and(|current| {
@@ -70,12 +45,7 @@ impl Leases {
                 record.holder == req.holder && record.principal.as_ref() == Some(principal)
             });
         if replay {
-            return Ok(Some(Counted {
-                key,
-                range,
-                range_end,
-                revision: 0,
-            }));
+            return Ok(Some(counted.only_if_empty()));
         }
         Err(Error::QuotaExceeded {
             quota: QuotaKind::Held,

@@ -170,12 +170,16 @@ async fn a_spec_whose_assignment_could_outgrow_one_etcd_request_is_refused() {
 
 /// The held-quota index keys of `principal` under `prefix`.
 async fn index_keys(etcd: &Etcd, prefix: &str, principal: &str) -> usize {
+    keys_under(etcd, &format!("{prefix}principals/{principal}/")).await
+}
+
+/// How many keys lie under `prefix`.
+async fn keys_under(etcd: &Etcd, prefix: &str) -> usize {
     let mut client = etcd.client().await;
     let options = etcd_client::GetOptions::new()
         .with_prefix()
         .with_keys_only();
-    let key = format!("{prefix}principals/{principal}/");
-    client.get(key, Some(options)).await.unwrap().kvs().len()
+    client.get(prefix, Some(options)).await.unwrap().kvs().len()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -357,33 +361,17 @@ async fn concurrent_joins_never_take_a_fleet_past_its_member_bound() {
 
 /// A replica's count of etcd requests of kind `op`.
 async fn etcd_requests(url: &str, op: &str) -> u64 {
-    let text = http()
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let line = format!("lease_proxy_etcd_request_duration_seconds_count{{op=\"{op}\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(line.as_str()))
-        .map_or(0, |n| n.trim().parse().unwrap())
+    let op = format!("op=\"{op}\"");
+    metric(
+        &metrics_text(url).await,
+        "lease_proxy_etcd_request_duration_seconds_count",
+        &[&op],
+    ) as u64
 }
 
 /// The replica's open event streams and long polls.
 async fn streams(url: &str) -> u64 {
-    let text = http()
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("lease_proxy_watch_streams "))
-        .map_or(0, |n| n.trim().parse().unwrap())
+    metric(&metrics_text(url).await, "lease_proxy_watch_streams", &[]) as u64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -453,4 +441,91 @@ async fn the_long_polls_of_one_fleet_share_each_reading_of_it() {
     for w in waiting {
         w.abort();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_principal_makes_at_most_its_quota_of_fleets() {
+    let dir = tempfile::tempdir().unwrap();
+    let perms = "acquire:fq-,read:fq-";
+    let tokens = tokens(
+        &dir,
+        &[("alice", "alice-token", perms), ("bob", "bob-token", perms)],
+    );
+    let Replicas { etcd, r1, r2 } = replicas("fleet-fquota", |c| {
+        c.auth_tokens = Some(tokens.clone());
+        c.quota_fleets = Some(3);
+    })
+    .await;
+    let spec = json!({"resources": ["fq-1", "fq-2"]});
+    let owned = || keys_under(&etcd, "/fleet-fquota/fleet-owners/alice/");
+    // Eight made at once through both replicas: never more than three.
+    let puts = (0..8).map(|i| {
+        let (url, spec) = ([&r1.url, &r2.url][i % 2].clone(), spec.clone());
+        async move { put_as(&url, &format!("fq-a{i}"), "alice-token", &spec).await }
+    });
+    let answers = futures::future::join_all(puts).await;
+    let made = answers.iter().filter(|(s, _)| *s == 200).count();
+    assert!(
+        answers
+            .iter()
+            .all(|(s, b)| *s == 200 || (*s == 429 && b["quota"] == "fleets") || *s == 409),
+        "{answers:?}"
+    );
+    assert!((1..=3).contains(&made), "{made} made: {answers:?}");
+    assert_eq!(owned().await, made);
+    // One at a time, up to the quota, and no further.
+    for i in made..3 {
+        let (status, body) = put_as(&r1.url, &format!("fq-b{i}"), "alice-token", &spec).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, body) = put_as(&r2.url, "fq-over", "alice-token", &spec).await;
+    assert_eq!(
+        (status, slug(&body), &body["quota"]),
+        (429, "quota-exceeded", &json!("fleets")),
+        "{body}"
+    );
+    let (status, _) = call(
+        "GET",
+        &format!("{}/v1/fleets/fq-over", r1.url),
+        "alice-token",
+        None,
+    )
+    .await;
+    assert_eq!(status, 404, "a refused fleet is not made");
+    assert_eq!(owned().await, 3);
+    let mut refusals = 0.0;
+    for url in [&r1.url, &r2.url] {
+        let text = metrics_text(url).await;
+        refusals += metric(
+            &text,
+            "lease_proxy_quota_refusals_total",
+            &["quota=\"fleets\""],
+        );
+    }
+    assert!(refusals >= 1.0, "{refusals} refusals counted");
+    // A fleet it made may still change; another principal has a quota of its own.
+    let made_one = answers
+        .iter()
+        .enumerate()
+        .find(|(_, (s, _))| *s == 200)
+        .map(|(i, _)| format!("fq-a{i}"))
+        .unwrap();
+    let changed = json!({"resources": ["fq-1", "fq-2", "fq-3"]});
+    let (status, body) = put_as(&r1.url, &made_one, "alice-token", &changed).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = put_as(&r1.url, "fq-bob", "bob-token", &spec).await;
+    assert_eq!(status, 200, "{body}");
+    // Ending one makes room for one.
+    let (status, _) = call(
+        "DELETE",
+        &format!("{}/v1/fleets/{made_one}", r2.url),
+        "alice-token",
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    assert_eq!(owned().await, 2);
+    let (status, body) = put_as(&r2.url, "fq-over", "alice-token", &spec).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(owned().await, 3);
 }

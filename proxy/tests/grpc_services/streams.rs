@@ -2,18 +2,9 @@
 
 use super::*;
 
-/// etcd's own count of its watchers (`etcd_debugging_mvcc_watcher_total`).
+/// etcd's own count of its watchers.
 async fn etcd_watchers(etcd: &Etcd) -> i64 {
-    let text = reqwest::get(format!("{}/metrics", etcd.endpoint(0)))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("etcd_debugging_mvcc_watcher_total "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .expect("etcd reports its watchers") as i64
+    etcd_metric(etcd, "etcd_debugging_mvcc_watcher_total").await as i64
 }
 
 /// Waits up to 10 s for etcd's watcher count to be `want` (the count moves as etcd processes

@@ -26,7 +26,7 @@ use fencing::{KeyId, Keyring, Token};
 use indicatif::{ProgressBar, ProgressStyle};
 use lease_proxy_benches::chart;
 use lease_proxy_benches::report::{self, Row};
-use lease_proxy_benches::stack::{self, free_port, Stack};
+use lease_proxy_benches::stack::{self, free_port, serve_forever, Stack};
 use lease_proxy_benches::stats::{ms, Run};
 use serde_json::json;
 use tokio::time::Instant;
@@ -82,7 +82,9 @@ enum Role {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     match &args.role {
-        Some(Role::Upstream { listen }) => serve(*listen, Router::new().fallback(storage)).await,
+        Some(Role::Upstream { listen }) => {
+            serve_forever(*listen, Router::new().fallback(storage)).await
+        }
         Some(Role::Bare { listen, upstream }) => {
             let forwarder = Forwarder::new(
                 upstream.parse()?,
@@ -95,7 +97,7 @@ async fn main() -> anyhow::Result<()> {
                     async move { Ok::<_, std::convert::Infallible>(forwarder.forward(req).await) }
                 },
             ));
-            serve(*listen, app).await
+            serve_forever(*listen, app).await
         }
         None => lease_proxy_benches::until_interrupted(bench(&args)).await,
     }
@@ -105,25 +107,6 @@ async fn main() -> anyhow::Result<()> {
 async fn storage(body: axum::body::Bytes) -> http::StatusCode {
     std::hint::black_box(body);
     http::StatusCode::NO_CONTENT
-}
-
-/// Serves `app` the way both project binaries do, until killed.
-async fn serve(listen: std::net::SocketAddr, app: Router) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(listen).await?;
-    fencing::serve::until_shutdown(
-        listener,
-        app,
-        std::future::pending(),
-        &std::sync::atomic::AtomicBool::new(false),
-        tokio_util::sync::CancellationToken::new(),
-        fencing::serve::Drain {
-            delay: Duration::ZERO,
-            deadline: Duration::from_secs(1),
-        },
-        fencing::serve::Limits::default(),
-    )
-    .await?;
-    Ok(())
 }
 
 const BACKENDS: [&str; 3] = ["bare", "direct", "gateway"];

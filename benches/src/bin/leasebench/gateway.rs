@@ -32,10 +32,7 @@ impl Gateway {
     /// A client of the gateway at `base` (a pool of HTTP/1.1 connections); keys get `prefix`.
     pub(crate) fn new(base: &str, prefix: &str) -> Self {
         Self {
-            http: reqwest::Client::builder()
-                .pool_max_idle_per_host(1024)
-                .build()
-                .unwrap_or_default(),
+            http: crate::http::pooled(),
             base: base.trim_end_matches('/').to_owned(),
             prefix: prefix.to_owned(),
         }

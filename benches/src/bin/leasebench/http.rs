@@ -22,14 +22,20 @@ pub(crate) struct ProxyHeld {
     secret: String,
 }
 
+/// An HTTP/1.1 client keeping up to 1,024 idle connections: one per request in flight, however
+/// many a round sends.
+pub(crate) fn pooled() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(1024)
+        .build()
+        .unwrap_or_default()
+}
+
 impl Proxy {
     /// A client for the proxy at `base` over HTTP/1.1.
     pub(crate) fn new(base: &str) -> Self {
         Self {
-            http: reqwest::Client::builder()
-                .pool_max_idle_per_host(1024)
-                .build()
-                .unwrap_or_default(),
+            http: pooled(),
             base: base.trim_end_matches('/').to_owned(),
             bearer: None,
         }

@@ -110,21 +110,7 @@ pub(crate) async fn serve_pass_through(listen: SocketAddr, upstream: &str) -> an
         let (client, authority) = (client.clone(), authority.clone());
         async move { Ok::<_, Infallible>(forward(&client, &authority, req).await) }
     }));
-    let listener = tokio::net::TcpListener::bind(listen).await?;
-    fencing::serve::until_shutdown(
-        listener,
-        app,
-        std::future::pending(),
-        &std::sync::atomic::AtomicBool::new(false),
-        tokio_util::sync::CancellationToken::new(),
-        fencing::serve::Drain {
-            delay: Duration::ZERO,
-            deadline: Duration::from_secs(1),
-        },
-        fencing::serve::Limits::default(),
-    )
-    .await?;
-    Ok(())
+    lease_proxy_benches::stack::serve_forever(listen, app).await
 }
 
 /// One request to the upstream at `authority`, as it came; 502 when the upstream fails it.
