@@ -147,20 +147,78 @@ fn entitlement(auth: Option<Arc<Auth>>) -> crate::fleet::Entitlement {
     }
 }
 
+/// The replica's tasks: `background` ones (etcd's connection, keepalives, group commit, the
+/// audit writer, reloads) stop after the drain; `stopping` tells request-bound work (waits,
+/// streams, fleet decisions) the drain has begun.
+struct Tasks {
+    tracker: TaskTracker,
+    background: CancellationToken,
+    stopping: CancellationToken,
+}
+
+/// What every part of the replica is built on: etcd, the keys, who may do what, the audit.
+struct Base {
+    etcd: Etcd,
+    keepalive: KeepAlive,
+    keys: Keys,
+    auth: Option<Arc<Auth>>,
+    tls: Option<Arc<fencing::tls::ServerTls>>,
+    metrics: Arc<Metrics>,
+    audit: Audit,
+}
+
 /// Serves the proxy on `listener` until `shutdown` resolves, then drains and returns.
 pub async fn run(
     listener: TcpListener,
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
-    let keys = load_keys(&config)?;
-    let tracker = TaskTracker::new();
-    let background = CancellationToken::new();
+    let tasks = Tasks {
+        tracker: TaskTracker::new(),
+        background: CancellationToken::new(),
+        stopping: CancellationToken::new(),
+    };
     // However `run` returns (a failed start included), the background tasks are told to stop.
-    let _stop_background = background.clone().drop_guard();
+    let _stop_background = tasks.background.clone().drop_guard();
+    let base = connect(&config, &tasks).await?;
+    let tls = base.tls.clone();
+    let (state, app) = assemble(&config, base, &tasks)?;
+    tracing::info!(listen = %listener.local_addr()?, https = tls.is_some(), endpoints = ?config.etcd_endpoints, "lease-proxy serving");
+    let result = fencing::serve::until_shutdown(
+        fencing::serve::Listener { tcp: listener, tls },
+        app,
+        shutdown,
+        &state.draining,
+        tasks.stopping.clone(),
+        fencing::serve::Drain {
+            delay: config.shutdown_delay,
+            deadline: config.drain_timeout,
+        },
+        fencing::serve::Limits {
+            max_connections: config.max_client_connections,
+            header_read_timeout: config.header_read_timeout,
+            idle_timeout: config.idle_timeout,
+            write_timeout: config.client_write_timeout,
+        },
+    )
+    .await;
+    tasks.stopping.cancel();
+    state.leases.revoke_spares().await;
+    tasks.background.cancel();
+    tasks.tracker.close();
+    tasks.tracker.wait().await;
+    tracing::info!("stopped");
+    result.map_err(StartError::Serve)
+}
+
+/// Loads the keys, the token file and the certificates (each watched for reloads), dials etcd
+/// and starts the keepalive streams and the audit writer.
+async fn connect(config: &Config, tasks: &Tasks) -> Result<Base, StartError> {
+    let (tracker, background) = (&tasks.tracker, &tasks.background);
+    let keys = load_keys(config)?;
     // Watched from the start, so SIGHUP (whose default action ends the process) is handled
     // from here on, while etcd is still being dialled too.
-    keys.watch(&tracker, background.clone());
+    keys.watch(tracker, background.clone());
     let auth = match &config.auth_tokens {
         Some(path) => Some(Arc::new(
             Auth::load(path, config.tls_client_principal).map_err(StartError::Auth)?,
@@ -183,28 +241,21 @@ pub async fn run(
         config.etcd_timeout,
         metrics.clone(),
         &access,
-        &tracker,
+        tracker,
         background.clone(),
     )
     .await?;
-    let stopping = CancellationToken::new();
     if let Some(tls) = &tls {
-        tls.watch(&tracker, background.clone());
+        tls.watch(tracker, background.clone());
     }
-
-    let keepalive = KeepAlive::start(
-        &etcd,
-        config.keepalive_streams,
-        &tracker,
-        background.clone(),
-    );
+    let keepalive = KeepAlive::start(&etcd, config.keepalive_streams, tracker, background.clone());
     if let Some(auth) = &auth {
-        auth.watch(&tracker, background.clone());
+        auth.watch(tracker, background.clone());
     }
     // The writer outlives the drain (cancelled with the other background tasks), so the
     // events of requests finishing during it are written.
     let audit = match &config.audit_log {
-        Some(path) => Audit::start(path, metrics.clone(), &tracker, background.clone())
+        Some(path) => Audit::start(path, metrics.clone(), tracker, background.clone())
             .await
             .map_err(|source| StartError::AuditLog {
                 path: path.clone(),
@@ -212,118 +263,62 @@ pub async fn run(
             })?,
         None => Audit::off(metrics.clone()),
     };
+    Ok(Base {
+        etcd,
+        keepalive,
+        keys,
+        auth,
+        tls,
+        metrics,
+        audit,
+    })
+}
+
+/// The services on `base` — etcd's API, the lease and fleet services — and the routes that
+/// serve them: the HTTP API and `/v3`, with etcd's gRPC API beside them.
+fn assemble(
+    config: &Config,
+    base: Base,
+    tasks: &Tasks,
+) -> Result<(Arc<AppState>, axum::Router), StartError> {
     let watch_slots = Arc::new(crate::api::WatchSlots::new(
         config.max_watch_streams,
         config.watch_streams_per_principal(),
     ));
-    let etcd_core = Arc::new(crate::etcdapi::Service::new(
-        etcd.clone(),
-        keepalive.clone(),
-        keys.clone(),
-        crate::etcdapi::Settings {
-            lease_markers: config.v3_lease_markers(),
-            era: config.era,
-            namespace: config.v3_namespace_or_default(),
-            limits: crate::etcdapi::Limits {
-                keepalive_ids: config.v3_max_keepalive_ids,
-                txn_ops: config.v3_max_txn_ops,
-                txn_depth: config.v3_max_txn_depth,
-            },
-        },
-        crate::etcdapi::Streams {
-            slots: watch_slots.clone(),
-            stopping: stopping.clone(),
-            max_duration: config.v3_watch_max_duration,
-            budgets: Arc::new(crate::etcdapi::WatchBudgets::new(metrics.clone())),
-            hubs: Default::default(),
-        },
-    ));
-    let judge = crate::auth::Judge::new(auth.clone(), metrics.clone(), audit.clone());
-    let v3 = Arc::new(crate::v3::V3::new(
-        etcd_core.clone(),
-        judge.clone(),
-        etcd.clone(),
-        crate::v3::Settings {
-            max_body: config.max_body_bytes,
-            body_deadline: config.header_read_timeout,
-        },
-    ));
-    let layout = config.layout();
-    let holders = Holders::start(
-        &etcd,
-        layout.holders().to_owned(),
-        audit.clone(),
-        metrics.clone(),
-        &tracker,
-        background.clone(),
-    );
-    let limits = Limits {
-        min_ttl: config.min_ttl,
-        max_ttl: config.max_ttl,
-        max_wait: config.max_wait,
-        // Quotas are per principal: without authentication there is none (the config refuses
-        // the flags without --auth-tokens).
-        quota_held: config.quota_held.filter(|_| auth.is_some()),
-    };
-    // Stopped with the background tasks, after the drain: requests still being served keep
-    // their batches.
-    let commit = GroupCommit::start(
-        &etcd,
-        Batching {
-            max: config.batch_max,
-            linger: config.batch_linger,
-            in_flight: config.batch_in_flight,
-        },
-        &tracker,
-        background.clone(),
-    );
-    let commit_for_fleets = commit.clone();
-    let leases = Leases::new(
-        crate::lease::Parts {
-            etcd: etcd.clone(),
-            commit,
-            keepalive,
-            holders,
-            keys,
-            layout: layout.clone(),
-            idempotency_window: config.idempotency_window,
-            era: config.era,
-            limits,
-            prefence: prefence(&config, &metrics)?,
-            spares: config.lease_spares,
-            metrics: metrics.clone(),
-        },
-        tracker.clone(),
-        stopping.clone(),
-    );
-    let fleets = crate::fleet::Fleets::start(
-        crate::fleet::Parts {
-            leases: leases.clone(),
-            etcd: etcd.clone(),
-            commit: commit_for_fleets,
-            layout: layout.clone(),
-            entitled: entitlement(auth.clone()),
-            audit: audit.clone(),
-            metrics: metrics.clone(),
-            quota: config.fleets_per_principal(),
-        },
-        &tracker,
-        stopping.clone(),
-    );
     let slots = watch_slots.clone();
-    metrics
+    base.metrics
         .meter()
         .u64_observable_gauge("lease_proxy.watch.streams")
         .with_description("Ownership event streams (GET /v1/watch) open on this replica.")
         .with_callback(move |o| o.observe(slots.open() as u64, &[]))
         .build();
+    let etcd_core = etcd_api(config, &base, watch_slots.clone(), tasks);
+    let judge =
+        crate::auth::Judge::new(base.auth.clone(), base.metrics.clone(), base.audit.clone());
+    let v3 = Arc::new(crate::v3::V3::new(
+        etcd_core.clone(),
+        judge.clone(),
+        base.etcd.clone(),
+        crate::v3::Settings {
+            max_body: config.max_body_bytes,
+            body_deadline: config.header_read_timeout,
+        },
+    ));
+    let (leases, fleets) = services(config, &base, tasks)?;
+    let Base {
+        etcd,
+        auth,
+        metrics,
+        audit,
+        ..
+    } = base;
     let state = Arc::new(AppState {
-        upstream: upstream(&config.upstream, &config, &metrics)?,
+        upstream: upstream(&config.upstream, config, &metrics)?,
         max_forward_bytes: config.max_forward_bytes,
         leases,
         fleets,
         etcd,
-        readiness_key: layout.readiness(),
+        readiness_key: config.layout().readiness(),
         body: crate::api::BodyLimits {
             bytes: config.max_body_bytes,
             deadline: config.header_read_timeout,
@@ -333,7 +328,7 @@ pub async fn run(
         watch_max_duration: config.watch_max_duration,
         watch_write_timeout: config.client_write_timeout,
         openapi: std::sync::OnceLock::new(),
-        ui: crate::api::Ui::new(upstream(&config.ui_gateway, &config, &metrics)?),
+        ui: crate::api::Ui::new(upstream(&config.ui_gateway, config, &metrics)?),
         acquire_rate: config
             .quota_acquire_rate
             .filter(|_| auth.is_some())
@@ -350,31 +345,107 @@ pub async fn run(
         config.max_body_bytes,
         api::router(state.clone(), crate::v3::router(v3)),
     );
+    Ok((state, app))
+}
 
-    tracing::info!(listen = %listener.local_addr()?, https = tls.is_some(), endpoints = ?config.etcd_endpoints, "lease-proxy serving");
-    let result = fencing::serve::until_shutdown(
-        fencing::serve::Listener { tcp: listener, tls },
-        app,
-        shutdown,
-        &state.draining,
-        stopping.clone(),
-        fencing::serve::Drain {
-            delay: config.shutdown_delay,
-            deadline: config.drain_timeout,
+/// etcd's own API, namespaced per tenant: what `/v3` and the gRPC front serve.
+fn etcd_api(
+    config: &Config,
+    base: &Base,
+    slots: Arc<crate::api::WatchSlots>,
+    tasks: &Tasks,
+) -> Arc<crate::etcdapi::Service> {
+    Arc::new(crate::etcdapi::Service::new(
+        base.etcd.clone(),
+        base.keepalive.clone(),
+        base.keys.clone(),
+        crate::etcdapi::Settings {
+            lease_markers: config.v3_lease_markers(),
+            era: config.era,
+            namespace: config.v3_namespace_or_default(),
+            limits: crate::etcdapi::Limits {
+                keepalive_ids: config.v3_max_keepalive_ids,
+                txn_ops: config.v3_max_txn_ops,
+                txn_depth: config.v3_max_txn_depth,
+            },
         },
-        fencing::serve::Limits {
-            max_connections: config.max_client_connections,
-            header_read_timeout: config.header_read_timeout,
-            idle_timeout: config.idle_timeout,
-            write_timeout: config.client_write_timeout,
+        crate::etcdapi::Streams {
+            slots,
+            stopping: tasks.stopping.clone(),
+            max_duration: config.v3_watch_max_duration,
+            budgets: Arc::new(crate::etcdapi::WatchBudgets::new(base.metrics.clone())),
+            hubs: Default::default(),
         },
-    )
-    .await;
-    stopping.cancel();
-    state.leases.revoke_spares().await;
-    background.cancel();
-    tracker.close();
-    tracker.wait().await;
-    tracing::info!("stopped");
-    result.map_err(StartError::Serve)
+    ))
+}
+
+/// The lease service and the fleet service on it, their writes through one group commit.
+fn services(
+    config: &Config,
+    base: &Base,
+    tasks: &Tasks,
+) -> Result<(Leases, crate::fleet::Fleets), StartError> {
+    let (tracker, background) = (&tasks.tracker, &tasks.background);
+    let layout = config.layout();
+    let holders = Holders::start(
+        &base.etcd,
+        layout.holders().to_owned(),
+        base.audit.clone(),
+        base.metrics.clone(),
+        tracker,
+        background.clone(),
+    );
+    let limits = Limits {
+        min_ttl: config.min_ttl,
+        max_ttl: config.max_ttl,
+        max_wait: config.max_wait,
+        // Quotas are per principal: without authentication there is none (the config refuses
+        // the flags without --auth-tokens).
+        quota_held: config.quota_held.filter(|_| base.auth.is_some()),
+    };
+    // Stopped with the background tasks, after the drain: requests still being served keep
+    // their batches.
+    let commit = GroupCommit::start(
+        &base.etcd,
+        Batching {
+            max: config.batch_max,
+            linger: config.batch_linger,
+            in_flight: config.batch_in_flight,
+        },
+        tracker,
+        background.clone(),
+    );
+    let leases = Leases::new(
+        crate::lease::Parts {
+            etcd: base.etcd.clone(),
+            commit: commit.clone(),
+            keepalive: base.keepalive.clone(),
+            holders,
+            keys: base.keys.clone(),
+            layout: layout.clone(),
+            idempotency_window: config.idempotency_window,
+            era: config.era,
+            limits,
+            prefence: prefence(config, &base.metrics)?,
+            spares: config.lease_spares,
+            metrics: base.metrics.clone(),
+        },
+        tracker.clone(),
+        tasks.stopping.clone(),
+    );
+    let fleets = crate::fleet::Fleets::start(
+        crate::fleet::Parts {
+            leases: leases.clone(),
+            etcd: base.etcd.clone(),
+            commit,
+            layout,
+            entitled: entitlement(base.auth.clone()),
+            audit: base.audit.clone(),
+            metrics: base.metrics.clone(),
+            quota: config.fleets_per_principal(),
+        },
+        tracker,
+        tasks.stopping.clone(),
+    );
+    Ok((leases, fleets))
 }

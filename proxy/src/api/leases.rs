@@ -150,16 +150,7 @@ pub(super) async fn acquire(
     )?;
     let session = req.session.as_deref().map(session::parse_id).transpose()?;
     let principal = authz::name(&caller);
-    let session_ttl = match session {
-        Some(id) => Some(
-            app.leases
-                .verify_session(id, &body::secret(&headers)?, principal.as_deref())
-                .await
-                .inspect_err(|e| authz::audit_session_refusal(&app, &headers, &caller, id, e))?
-                .ttl_seconds,
-        ),
-        None => None,
-    };
+    let session_ttl = session_ttl(&app, &headers, &caller, session).await?;
     let ttl_seconds = validate::grant_ttl(fields.ttl_seconds, session_ttl)?;
     take_rate(&app, &headers, &caller, &resource)?;
     let grant = app
@@ -188,6 +179,25 @@ pub(super) async fn acquire(
     });
     let location = format!("/v1/leases/{}", grant.resource);
     Ok(created(grant, &location))
+}
+
+/// The TTL of the session an acquire names, proved by the request's secret (none: `None`).
+async fn session_ttl(
+    app: &AppState,
+    headers: &HeaderMap,
+    caller: &Caller,
+    session: Option<i64>,
+) -> Result<Option<u64>> {
+    let Some(id) = session else {
+        return Ok(None);
+    };
+    let principal = authz::name(caller);
+    let verified = app
+        .leases
+        .verify_session(id, &body::secret(headers)?, principal.as_deref())
+        .await
+        .inspect_err(|e| authz::audit_session_refusal(app, headers, caller, id, e))?;
+    Ok(Some(verified.ttl_seconds))
 }
 
 /// One acquire from the principal's rate (`--quota-acquire-rate`), or the quota's 429.

@@ -178,40 +178,7 @@ impl GroupCommit {
         if committed.succeeded {
             return Ok(Create::Created(committed.revision));
         }
-        let mut found = committed.responses.into_iter().map(|op| match op {
-            TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
-            _ => None,
-        });
-        let kv = found.next().flatten();
-        let companion = match c.companion {
-            Some(_) => found.next().flatten().map(Box::new),
-            None => None,
-        };
-        let session_alive = match c.session_key {
-            Some(_) => found.next().flatten().is_some(),
-            None => true,
-        };
-        let Some(kv) = kv else {
-            if !session_alive {
-                return Ok(Create::NoSession);
-            }
-            if c.quota.is_some() {
-                // The key is absent, so the quota's compare is the one that failed.
-                return Ok(Create::Crowded);
-            }
-            // The key vanished between the compare and the read inside one transaction:
-            // impossible, since a transaction is atomic; treat it as an etcd fault.
-            return Err(Error::CorruptRecord {
-                key: c.key.to_owned(),
-                reason: "transaction failed its compare but read no key".to_owned(),
-            });
-        };
-        // An attempt retried after a failure that looked undelivered finds its own key (on a
-        // session's lease, only its own record is its own).
-        if kv.lease() == lease && (c.session_key.is_none() || kv.value() == c.value) {
-            return Ok(Create::Created(kv.create_revision()));
-        }
-        Ok(Create::Exists(Box::new(kv), companion))
+        refused(&c, committed.responses)
     }
 
     /// Writes `marker` (a key on a lease: `lease::marker`'s end markers) on its lease if `alive_while` — a key that lives exactly as long as the
@@ -294,6 +261,45 @@ impl GroupCommit {
         let bytes = keys.iter().map(Vec::len).sum::<usize>() * 2 + guard_bytes + marker_bytes + 32;
         Ok(self.commit("txn_delete", keys, txn, bytes).await?.succeeded)
     }
+}
+
+/// What a create refused by its compares read instead (`responses`, the failure branch's gets:
+/// the key, the companion if any, the session key if any).
+fn refused(c: &Creation<'_>, responses: Vec<TxnOpResponse>) -> Result<Create> {
+    let mut found = responses.into_iter().map(|op| match op {
+        TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
+        _ => None,
+    });
+    let kv = found.next().flatten();
+    let companion = match c.companion {
+        Some(_) => found.next().flatten().map(Box::new),
+        None => None,
+    };
+    let session_alive = match c.session_key {
+        Some(_) => found.next().flatten().is_some(),
+        None => true,
+    };
+    let Some(kv) = kv else {
+        if !session_alive {
+            return Ok(Create::NoSession);
+        }
+        if c.quota.is_some() {
+            // The key is absent, so the quota's compare is the one that failed.
+            return Ok(Create::Crowded);
+        }
+        // The key vanished between the compare and the read inside one transaction:
+        // impossible, since a transaction is atomic; treat it as an etcd fault.
+        return Err(Error::CorruptRecord {
+            key: c.key.to_owned(),
+            reason: "transaction failed its compare but read no key".to_owned(),
+        });
+    };
+    // An attempt retried after a failure that looked undelivered finds its own key (on a
+    // session's lease, only its own record is its own).
+    if kv.lease() == c.lease && (c.session_key.is_none() || kv.value() == c.value) {
+        return Ok(Create::Created(kv.create_revision()));
+    }
+    Ok(Create::Exists(Box::new(kv), companion))
 }
 
 #[cfg(test)]

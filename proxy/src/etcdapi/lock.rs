@@ -324,6 +324,36 @@ impl Joined {
     }
 }
 
+/// etcd's lock service answers every failure but unavailability untyped (gRPC Unknown).
+fn untyped(s: Status) -> Status {
+    if s.code() == Code::Unavailable as i32 {
+        s
+    } else {
+        Status::new(Code::Unknown, s.message().to_owned())
+    }
+}
+
+/// Joins the queue under `prefix` with `key` on `lease` (or finds the key from an earlier call
+/// with the same lease) and reads the oldest key, in one transaction. Safe to repeat: a repeat
+/// finds the key it created.
+fn join_txn(prefix: &[u8], key: &[u8], lease: i64, value: Option<&[u8]>) -> Txn {
+    let owner = oldest(prefix);
+    Txn::new()
+        .when([Compare::create_revision(key.to_vec(), CompareOp::Equal, 0)])
+        .and_then([
+            TxnOp::put(
+                key.to_vec(),
+                value.unwrap_or_default().to_vec(),
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            TxnOp::get(prefix.to_vec(), Some(owner.clone())),
+        ])
+        .or_else([
+            TxnOp::get(key.to_vec(), None),
+            TxnOp::get(prefix.to_vec(), Some(owner)),
+        ])
+}
+
 impl Service {
     /// Joins the queue of `name` with `lease` — the key `{name}/{lease in hex}`, holding
     /// `value` (an election's; a lock's is empty) — and waits until it is the oldest key under
@@ -347,34 +377,10 @@ impl Service {
         if !self.leases.owned_remembered(lease, s).await? {
             return Err(Status::new(Code::Unknown, LEASE_NOT_FOUND));
         }
-        let untyped = |s: Status| {
-            if s.code() == Code::Unavailable as i32 {
-                s
-            } else {
-                Status::new(Code::Unknown, s.message().to_owned())
-            }
-        };
         let prefix = queue_prefix(s, name);
         let mut key = prefix.clone();
         key.extend_from_slice(format!("{lease:x}").as_bytes());
-
-        // Join the queue (or find our key from an earlier call with the same lease) and read the
-        // oldest key, in one transaction. Safe to repeat: a repeat finds the key it created.
-        let owner = oldest(&prefix);
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::put(
-                    key.clone(),
-                    value.unwrap_or_default().to_vec(),
-                    Some(PutOptions::new().with_lease(lease)),
-                ),
-                TxnOp::get(prefix.clone(), Some(owner.clone())),
-            ])
-            .or_else([
-                TxnOp::get(key.clone(), None),
-                TxnOp::get(prefix.clone(), Some(owner)),
-            ]);
+        let txn = join_txn(&prefix, &key, lease, value);
         let resp = self
             .etcd
             .bounded("v3_lock", |c| {

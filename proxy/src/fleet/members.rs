@@ -19,7 +19,7 @@ use super::records::{encode, MemberRecord, Read, Snapshot, MAX_MEMBERS, MAX_WEIG
 use super::spec::{Gate, ATTEMPTS};
 use super::Fleets;
 use crate::etcd::Unchanged;
-use crate::lease::{i64_string, is_session_gone, validate};
+use crate::lease::{i64_string, is_session_gone};
 use crate::{Error, Result};
 
 /// A join, as the request gives it.
@@ -95,18 +95,32 @@ impl Drainer<'_> {
 
 /// A fleet's name: the resource grammar.
 pub(crate) fn check_fleet(name: &str) -> Result<()> {
-    validate::resource(name).map_err(|e| Error::InvalidField {
-        field: "fleet",
-        reason: e.to_string().replace("resource", "fleet"),
+    named("fleet", name)
+}
+
+/// Checks `name` by the resource grammar, its refusal naming `field` (a fleet, a member).
+fn named(field: &'static str, name: &str) -> Result<()> {
+    fencing::check_resource_name(name).map_err(|why| Error::InvalidField {
+        field,
+        reason: why.to_string().replace("resource", field),
     })
+}
+
+/// A member's weight as asked (default 1), within 1 to [`MAX_WEIGHT`].
+fn weight(asked: Option<u64>) -> Result<u32> {
+    match asked {
+        None => Ok(1),
+        Some(w) if (1..=u64::from(MAX_WEIGHT)).contains(&w) => Ok(w as u32),
+        Some(_) => Err(Error::InvalidField {
+            field: "weight",
+            reason: format!("1 to {MAX_WEIGHT}"),
+        }),
+    }
 }
 
 /// A member name: the resource grammar.
 pub(crate) fn check_member(name: &str) -> Result<()> {
-    validate::resource(name).map_err(|e| Error::InvalidField {
-        field: "member",
-        reason: e.to_string().replace("resource", "member"),
-    })
+    named("member", name)
 }
 
 impl Fleets {
@@ -114,16 +128,7 @@ impl Fleets {
     /// fleet's resources.
     pub(crate) async fn join(&self, fleet: &str, join: Join, gate: Gate<'_>) -> Result<Joined> {
         check_member(&join.member)?;
-        let weight = match join.weight {
-            None => 1,
-            Some(w) if (1..=u64::from(MAX_WEIGHT)).contains(&w) => w as u32,
-            Some(_) => {
-                return Err(Error::InvalidField {
-                    field: "weight",
-                    reason: format!("1 to {MAX_WEIGHT}"),
-                })
-            }
-        };
+        let weight = weight(join.weight)?;
         for _ in 0..ATTEMPTS {
             let snap = self.snapshot(fleet).await?.ok_or(Error::NoFleet)?;
             gate(&snap.spec.record.resources)?;
@@ -163,27 +168,8 @@ impl Fleets {
                     continue;
                 }
             };
-            if old.is_none() {
-                let within = self.within_bound(fleet, revision).await;
-                if !matches!(within, Ok(true)) {
-                    // Its record goes with its session.
-                    let _ = self.inner.parts.leases.end_session(opened.session_id).await;
-                    within?;
-                    return Err(Error::FleetFull(MAX_MEMBERS));
-                }
-            }
-            if let Some(old) = old {
-                // Its grants end with it; the assignment still names the member, so they are
-                // granted to the new session before anyone else is considered.
-                self.inner
-                    .parts
-                    .leases
-                    .end_session(old.record.session)
-                    .await?;
-                tracing::info!(%fleet, member = %join.member, "fleet member rejoined on a new session");
-            } else {
-                tracing::info!(%fleet, member = %join.member, "fleet member joined");
-            }
+            self.joined(fleet, &join.member, old, (opened.session_id, revision))
+                .await?;
             return Ok(Joined {
                 fleet: fleet.to_owned(),
                 member: join.member,
@@ -194,6 +180,34 @@ impl Fleets {
             });
         }
         Err(Error::FleetChanged)
+    }
+
+    /// After `member`'s record was written at `revision` with its new session: a new member
+    /// past the fleet's bound leaves again; a member that joined again ends its old session.
+    async fn joined(
+        &self,
+        fleet: &str,
+        member: &str,
+        old: Option<&Read<MemberRecord>>,
+        (session, revision): (i64, i64),
+    ) -> Result<()> {
+        let leases = &self.inner.parts.leases;
+        let Some(old) = old else {
+            let within = self.within_bound(fleet, revision).await;
+            if !matches!(within, Ok(true)) {
+                // Its record goes with its session.
+                let _ = leases.end_session(session).await;
+                within?;
+                return Err(Error::FleetFull(MAX_MEMBERS));
+            }
+            tracing::info!(%fleet, %member, "fleet member joined");
+            return Ok(());
+        };
+        // Its grants end with it; the assignment still names the member, so they are granted
+        // to the new session before anyone else is considered.
+        leases.end_session(old.record.session).await?;
+        tracing::info!(%fleet, %member, "fleet member rejoined on a new session");
+        Ok(())
     }
 
     /// Whether a new member written at `revision` is among the first [`MAX_MEMBERS`] of the

@@ -165,7 +165,11 @@ impl Fleets {
                 resources: resources.clone(),
                 drain_ms: change.drain_ms.unwrap_or(DEFAULT_DRAIN_MS),
                 max_moves: change.max_moves.and_then(|m| usize::try_from(m).ok()),
-                principal: principal.clone(),
+                // A caller without a principal (a replica without authentication) changes the
+                // fleet, never whose it is: its maker still ends it, and its quota's key with it.
+                principal: principal
+                    .clone()
+                    .or_else(|| stored.as_ref().and_then(|s| s.principal.clone())),
                 changed_at: crate::lease::unix_millis(),
             };
             if let Some((kv, stored)) = current.as_ref().zip(stored.as_ref()) {

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::assign::{Holder, State};
 use super::members::prove;
-use super::records::Snapshot;
+use super::records::{AssignmentRecord, Snapshot};
 use super::spec::Gate;
 use super::{Fleets, Owned};
 use crate::lease::i64_string;
@@ -254,12 +254,32 @@ impl Fleets {
                 &read
             }
         };
-        let mine = |r: &str| -> Option<&Owned> {
-            owned
-                .get(r)
-                .filter(|o| o.held.holder == Holder::Member(asked.member.to_owned()))
-        };
-        let held: Vec<HeldGrant> = assigned
+        let (held, releasing) =
+            self.grants_of(asked.member, (&assigned, &moving), assignment, owned);
+        Ok(MemberView {
+            fleet: fleet.to_owned(),
+            member: asked.member.to_owned(),
+            state: member.record.state,
+            revision: view_revision(snap, asked.member, assigned.iter().chain(&moving), owned),
+            held,
+            releasing,
+        })
+    }
+}
+
+impl Fleets {
+    /// What `member` holds of `assigned` (with its tokens) and has to release of `moving` (with
+    /// the time left), as `owned` says.
+    fn grants_of(
+        &self,
+        member: &str,
+        (assigned, moving): (&[String], &[String]),
+        assignment: &AssignmentRecord,
+        owned: &BTreeMap<String, Owned>,
+    ) -> (Vec<HeldGrant>, Vec<Releasing>) {
+        let holder = Holder::Member(member.to_owned());
+        let mine = |r: &str| owned.get(r).filter(|o| o.held.holder == holder);
+        let held = assigned
             .iter()
             .filter_map(|r| {
                 let o = mine(r)?;
@@ -285,14 +305,7 @@ impl Fleets {
                     .map_or(0, |d| d.saturating_sub(now)),
             })
             .collect();
-        Ok(MemberView {
-            fleet: fleet.to_owned(),
-            member: asked.member.to_owned(),
-            state: member.record.state,
-            revision: view_revision(snap, asked.member, assigned.iter().chain(&moving), owned),
-            held,
-            releasing,
-        })
+        (held, releasing)
     }
 }
 

@@ -528,4 +528,27 @@ async fn a_principal_makes_at_most_its_quota_of_fleets() {
     let (status, body) = put_as(&r2.url, "fq-over", "alice-token", &spec).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(owned().await, 3);
+    // A replica without authentication on the same prefix changes a fleet of alice's: the
+    // fleet stays hers, so she still ends it, and its key goes with it.
+    let open = r1
+        .replica(etcd.endpoints(), |c| {
+            c.etcd_prefix = "/fleet-fquota/".into()
+        })
+        .await;
+    let (status, body) = send(
+        http()
+            .put(format!("{}/v1/fleets/fq-over", open.url))
+            .json(&changed),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = call(
+        "DELETE",
+        &format!("{}/v1/fleets/fq-over", r1.url),
+        "alice-token",
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    assert_eq!(owned().await, 2);
 }

@@ -297,6 +297,65 @@ impl Drop for Subscription {
     }
 }
 
+/// The etcd watch of `range`: its key and options.
+fn watch_of(range: &Range) -> (Vec<u8>, WatchOptions) {
+    let Range { key, end, prev_kv } = range.clone();
+    let mut options = WatchOptions::new();
+    if !end.is_empty() {
+        options = options.with_range(end);
+    }
+    if prev_kv {
+        options = options.with_prev_key();
+    }
+    (key, options)
+}
+
+/// What the hub does after an answer of etcd's watch.
+enum Next {
+    /// Reads on.
+    Go,
+    /// Ends: etcd refused to create the watch, and every holder was told.
+    Stop,
+    /// Ends, failing every holder with this.
+    Fail(Status),
+}
+
+/// Hands out `r`, an answer of the hub's etcd watch: its creation, a progress answer (to the
+/// `waiting` askers) or events.
+fn answered(
+    hub: &Hub,
+    created: &watch::Sender<Created>,
+    waiting: &mut Vec<oneshot::Sender<PbResponseHeader>>,
+    r: PbWatchResponse,
+) -> Next {
+    if r.created && !r.canceled {
+        hub.lock().advance(r.header);
+        created.send_replace(Created::Ready);
+    } else if r.created {
+        hub.lock().over = true;
+        created.send_replace(Created::Refused(r));
+        return Next::Stop;
+    } else if r.canceled {
+        let reason = format!("lease-proxy: etcd canceled the watch: {}", r.cancel_reason);
+        return Next::Fail(Status::new(Code::Unavailable, reason));
+    } else if r.events.is_empty() {
+        // A progress answer: everything before it was handed out.
+        let header = {
+            let mut state = hub.lock();
+            state.advance(r.header);
+            state.header
+        };
+        for asker in waiting.drain(..) {
+            if let Some(h) = header {
+                let _ = asker.send(h);
+            }
+        }
+    } else {
+        hub.deliver(r);
+    }
+    Next::Go
+}
+
 /// The hub's task: opens the etcd watch, then hands out what etcd sends until the last holder
 /// goes (the etcd watch is closed with its stream) or etcd fails it.
 async fn run(
@@ -309,14 +368,7 @@ async fn run(
         hub.fail(&status);
         created.send_replace(Created::Failed);
     };
-    let Range { key, end, prev_kv } = hub.range.clone();
-    let mut options = WatchOptions::new();
-    if !end.is_empty() {
-        options = options.with_range(end);
-    }
-    if prev_kv {
-        options = options.with_prev_key();
-    }
+    let (key, options) = watch_of(&hub.range);
     let opened = tokio::select! {
         () = hub.stop.cancelled() => return,
         opened = etcd.open_watch(key, options, "shared gRPC") => opened,
@@ -340,34 +392,11 @@ async fn run(
                 waiting.push(asker);
             }
             message = stream.message() => match message {
-                Ok(Some(r)) => {
-                    let r = r.0;
-                    if r.created && !r.canceled {
-                        hub.lock().advance(r.header);
-                        created.send_replace(Created::Ready);
-                    } else if r.created {
-                        hub.lock().over = true;
-                        created.send_replace(Created::Refused(r));
-                        return;
-                    } else if r.canceled {
-                        let reason = format!("lease-proxy: etcd canceled the watch: {}", r.cancel_reason);
-                        return failed(&hub, Status::new(Code::Unavailable, reason));
-                    } else if r.events.is_empty() {
-                        // A progress answer: everything before it was handed out.
-                        let header = {
-                            let mut state = hub.lock();
-                            state.advance(r.header);
-                            state.header
-                        };
-                        for asker in waiting.drain(..) {
-                            if let Some(h) = header {
-                                let _ = asker.send(h);
-                            }
-                        }
-                    } else {
-                        hub.deliver(r);
-                    }
-                }
+                Ok(Some(r)) => match answered(&hub, &created, &mut waiting, r.0) {
+                    Next::Go => {}
+                    Next::Stop => return,
+                    Next::Fail(status) => return failed(&hub, status),
+                },
                 Ok(None) => {
                     let status = Status::new(Code::Unavailable, "lease-proxy: etcd ended the watch stream");
                     return failed(&hub, status);
