@@ -127,12 +127,6 @@ pub async fn run(
     if let Some(tls) = &tls {
         tls.watch(&tasks, background.clone());
     }
-    let classify = match &config.resource_path {
-        Some(p) => Resources::Path(
-            PathPattern::parse(p).ok_or_else(|| GatewayConfigError("--resource-path".into()))?,
-        ),
-        None => Resources::Header,
-    };
     let shared = Arc::new(Shared {
         fence: fence.clone(),
         draining: AtomicBool::new(false),
@@ -141,35 +135,7 @@ pub async fn run(
         prefence_path: PathPattern::parse(PREFENCE_PATTERN)
             .ok_or_else(|| GatewayConfigError(format!("{PREFENCE_PATTERN}: not a pattern")))?,
     });
-    let max_body = config.max_body_bytes;
-    let proxy = tower::service_fn(move |req: Request<Body>| {
-        let forwarder = forwarder.clone();
-        async move { Ok::<_, Infallible>(forwarder.forward(req).await) }
-    });
-    let layer = FencingLayer::new(fence, classify).with_exchange_deadline(config.upstream_timeout);
-    #[cfg(feature = "negative-controls")]
-    let layer = broken_layer(layer, config.negative_control);
-    let protected = tower::ServiceBuilder::new()
-        .map_request(move |req: Request<Body>| limit_body(req, max_body))
-        .layer(layer)
-        .service(proxy);
-    let (app, _) = routes().split_for_parts();
-    let app = app.with_state(shared.clone()).fallback_service(
-        tower::ServiceBuilder::new()
-            .layer(axum::middleware::from_fn(
-                move |req: Request<Body>, next: axum::middleware::Next| async move {
-                    if oversized(req.headers(), max_body) {
-                        return problem(
-                            StatusCode::PAYLOAD_TOO_LARGE,
-                            "body-too-large",
-                            "request body too large",
-                        );
-                    }
-                    next.run(req).await
-                },
-            ))
-            .service(protected),
-    );
+    let app = app(&config, fence, forwarder, shared.clone())?;
 
     // Credentials in URLs redacted, as `--print-config` shows them.
     tracing::info!(
@@ -201,6 +167,50 @@ pub async fn run(
     tasks.close();
     tasks.wait().await;
     Ok(served?)
+}
+
+/// The gateway's routes, and every other request fenced and forwarded to the upstream.
+fn app(
+    config: &GatewayConfig,
+    fence: Fence<dyn Admission>,
+    forwarder: Forwarder,
+    shared: Arc<Shared>,
+) -> Result<axum::Router, GatewayError> {
+    let classify = match &config.resource_path {
+        Some(p) => Resources::Path(
+            PathPattern::parse(p).ok_or_else(|| GatewayConfigError("--resource-path".into()))?,
+        ),
+        None => Resources::Header,
+    };
+    let max_body = config.max_body_bytes;
+    let proxy = tower::service_fn(move |req: Request<Body>| {
+        let forwarder = forwarder.clone();
+        async move { Ok::<_, Infallible>(forwarder.forward(req).await) }
+    });
+    let layer = FencingLayer::new(fence, classify).with_exchange_deadline(config.upstream_timeout);
+    #[cfg(feature = "negative-controls")]
+    let layer = broken_layer(layer, config.negative_control);
+    let protected = tower::ServiceBuilder::new()
+        .map_request(move |req: Request<Body>| limit_body(req, max_body))
+        .layer(layer)
+        .service(proxy);
+    let (app, _) = routes().split_for_parts();
+    Ok(app.with_state(shared).fallback_service(
+        tower::ServiceBuilder::new()
+            .layer(axum::middleware::from_fn(
+                move |req: Request<Body>, next: axum::middleware::Next| async move {
+                    if oversized(req.headers(), max_body) {
+                        return problem(
+                            StatusCode::PAYLOAD_TOO_LARGE,
+                            "body-too-large",
+                            "request body too large",
+                        );
+                    }
+                    next.run(req).await
+                },
+            ))
+            .service(protected),
+    ))
 }
 
 /// The gateway's own routes, each registered from its handler's `#[utoipa::path]` annotation

@@ -1,12 +1,14 @@
 //! The transactional mode: the fence check and the caller's statements commit together, in
 //! order with the writes that [`SharedGate`](super::SharedGate)s have in flight.
 
+use std::time::Duration;
+
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 use tokio_postgres::Transaction;
 
 use super::gate::{poll_pause, POLL};
-use super::inflight::lower_live;
+use super::inflight::{lower_live, Lower};
 use super::session::bounded;
 use super::{check_and_raise, decode, err, PostgresStore};
 use crate::store::StoreError;
@@ -86,38 +88,22 @@ impl PostgresStore {
                 session.transaction().await.map_err(err)
             })
             .await?;
-            let mark = bounded(deadline, "lock the mark", async {
-                match lock {
-                    Lock::AtMark => {
-                        let share = tx
-                            .prepare_cached(
-                                "SELECT mark FROM fence_marks WHERE resource = $1 FOR SHARE",
-                            )
-                            .await
-                            .map_err(err)?;
-                        let row = tx.query_opt(&share, &[&resource]).await.map_err(err)?;
-                        row.map(|r| decode(r.get::<_, &[u8]>(0))).transpose()
-                    }
-                    Lock::Raise => check_and_raise(&tx, resource, token).await.map(Some),
-                }
-            })
+            let mark = bounded(
+                deadline,
+                "lock the mark",
+                locked_mark(&tx, lock, resource, token),
+            )
             .await?;
             match mark {
                 Some(mark) if token < mark => {
-                    bounded(deadline, "roll back", async {
-                        tx.rollback().await.map_err(err)
-                    })
-                    .await?;
+                    roll_back(deadline, tx).await?;
                     session.done();
                     return Err(FencedError::Stale { token, mark });
                 }
                 Some(mark) if lock == Lock::AtMark && token == mark => {}
                 _ if lock == Lock::AtMark => {
                     // Above the mark, or no mark yet: again, raising.
-                    bounded(deadline, "roll back", async {
-                        tx.rollback().await.map_err(err)
-                    })
-                    .await?;
+                    roll_back(deadline, tx).await?;
                     session.done();
                     lock = Lock::Raise;
                     continue;
@@ -131,24 +117,10 @@ impl PostgresStore {
             .await?;
             if lower.live > 0 {
                 // Keep a raise (lower tokens are refused from now on) and wait the writes out.
-                bounded(deadline, "commit", async { tx.commit().await.map_err(err) }).await?;
+                commit(deadline, tx).await?;
                 session.done();
-                let now = Instant::now();
-                let give_up = *give_up.get_or_insert(now + self.max_wait());
-                if now >= give_up {
-                    return Err(StoreError(format!(
-                        "lower-token writes still in flight after {:?}",
-                        self.max_wait()
-                    ))
-                    .into());
-                }
-                tracing::debug!(
-                    resource,
-                    %token,
-                    lower = lower.live,
-                    "fenced: waiting for lower in-flight writes"
-                );
-                tokio::time::sleep(poll_pause(&mut backoff, lower.next_expiry)).await;
+                self.pause_for_lower(resource, token, &lower, &mut give_up, &mut backoff)
+                    .await?;
                 lock = Lock::AtMark;
                 continue;
             }
@@ -158,19 +130,86 @@ impl PostgresStore {
             };
             return match statements(&tx).await {
                 Ok(value) => {
-                    bounded(deadline, "commit", async { tx.commit().await.map_err(err) }).await?;
+                    commit(deadline, tx).await?;
                     session.done();
                     Ok(value)
                 }
                 Err(e) => {
-                    bounded(deadline, "roll back", async {
-                        tx.rollback().await.map_err(err)
-                    })
-                    .await?;
+                    roll_back(deadline, tx).await?;
                     session.done();
                     Err(FencedError::Statements(e))
                 }
             };
         }
     }
+}
+
+impl PostgresStore {
+    /// Sleeps until the `lower` writes in flight may have ended, or fails once they have been
+    /// waited for longer than the longest wait (counted in `give_up` from the first pause).
+    async fn pause_for_lower(
+        &self,
+        resource: &str,
+        token: Token,
+        lower: &Lower,
+        give_up: &mut Option<Instant>,
+        backoff: &mut crate::backoff::Backoff,
+    ) -> Result<(), StoreError> {
+        let now = Instant::now();
+        let give_up = *give_up.get_or_insert(now + self.max_wait());
+        if now >= give_up {
+            return Err(StoreError(format!(
+                "lower-token writes still in flight after {:?}",
+                self.max_wait()
+            )));
+        }
+        tracing::debug!(
+            resource,
+            %token,
+            lower = lower.live,
+            "fenced: waiting for lower in-flight writes"
+        );
+        tokio::time::sleep(poll_pause(backoff, lower.next_expiry)).await;
+        Ok(())
+    }
+}
+
+/// Locks `resource`'s mark in `tx` as `lock` says: shared, to read it (`None`: no mark yet), or
+/// checked and raised to `token`.
+async fn locked_mark(
+    tx: &deadpool_postgres::Transaction<'_>,
+    lock: Lock,
+    resource: &str,
+    token: Token,
+) -> Result<Option<Token>, StoreError> {
+    match lock {
+        Lock::AtMark => {
+            let share = tx
+                .prepare_cached("SELECT mark FROM fence_marks WHERE resource = $1 FOR SHARE")
+                .await
+                .map_err(err)?;
+            let row = tx.query_opt(&share, &[&resource]).await.map_err(err)?;
+            row.map(|r| decode(r.get::<_, &[u8]>(0))).transpose()
+        }
+        Lock::Raise => check_and_raise(tx, resource, token).await.map(Some),
+    }
+}
+
+/// Rolls `tx` back within `deadline`.
+async fn roll_back(
+    deadline: Duration,
+    tx: deadpool_postgres::Transaction<'_>,
+) -> Result<(), StoreError> {
+    bounded(deadline, "roll back", async {
+        tx.rollback().await.map_err(err)
+    })
+    .await
+}
+
+/// Commits `tx` within `deadline`.
+async fn commit(
+    deadline: Duration,
+    tx: deadpool_postgres::Transaction<'_>,
+) -> Result<(), StoreError> {
+    bounded(deadline, "commit", async { tx.commit().await.map_err(err) }).await
 }

@@ -8,7 +8,7 @@ use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
-use super::inflight::{self, Entry, Polled, Registered};
+use super::inflight::{self, Entry, Lower, Polled, Registered};
 use super::listener::Listener;
 use super::session::bounded;
 use super::PostgresStore;
@@ -216,7 +216,6 @@ impl SharedGate {
         token: Token,
         reply: &mut oneshot::Sender<Result<Permit, GateError>>,
     ) -> Result<Permit, GateError> {
-        let deadline = self.step_deadline;
         // Armed before each look at the database, so that an end between the look and the
         // wait is not missed.
         let wake = self.ended.notified();
@@ -231,12 +230,39 @@ impl SharedGate {
         // Taken before the registration is sent, so that the registration (lengthened by the
         // longest wait if it has to wait) outlasts the wait by a whole lifetime.
         let started = Instant::now();
-        let give_up = started + entry.max_wait;
+        let (lower, registering) = self.register(&entry, started).await?;
+        // From here on every way out ends the registration: a permit that never reached its
+        // caller protected no write, so it ends as complete.
+        let registration = self.permit(entry.id);
         let timing = self.store.timing();
-        // What the permit's deadline counts from: before the step that made the registration
-        // (the raise's, when the first step found the token above the mark), so that it falls
-        // inside the registration however late this process reads the answers, and a slow
-        // first step does not eat into the exchange.
+        if lower.live == 0 {
+            return Ok(registration.with_deadline(timing.permit_deadline(registering, false)));
+        }
+        tracing::debug!(resource, %token, lower = lower.live, "waiting for lower in-flight writes");
+        let waited = self
+            .wait_for_lower(&entry, lower, started + entry.max_wait, reply, wake)
+            .await;
+        match waited {
+            // Lengthened by the longest wait: so is the deadline.
+            Ok(()) => Ok(registration.with_deadline(timing.permit_deadline(registering, true))),
+            Err(e) => {
+                registration.complete();
+                Err(e)
+            }
+        }
+    }
+
+    /// Registers `entry`'s write at the mark (the first step sent at `started`), raising the
+    /// mark first if its token is above it: the lower-token writes in flight, and the instant
+    /// the permit's deadline counts from — before the step that made the registration (the raise's, when the first step found the
+    /// token above the mark), so that it falls inside the registration however late this
+    /// process reads the answers, and a slow first step does not eat into the exchange.
+    async fn register(
+        &self,
+        entry: &Entry<'_>,
+        started: Instant,
+    ) -> Result<(Lower, Instant), GateError> {
+        let deadline = self.step_deadline;
         let mut registering = started;
         let mut registered = self
             .latency
@@ -244,7 +270,7 @@ impl SharedGate {
                 "get",
                 bounded(deadline, "register the write", async {
                     let session = self.store.session().await?;
-                    let registered = inflight::register_at_mark(&session, &entry).await?;
+                    let registered = inflight::register_at_mark(&session, entry).await?;
                     session.done();
                     Ok(registered)
                 }),
@@ -258,47 +284,52 @@ impl SharedGate {
                     "raise",
                     bounded(deadline, "raise the mark", async {
                         let mut session = self.store.session().await?;
-                        let registered = inflight::raise_and_register(&mut session, &entry).await?;
+                        let registered = inflight::raise_and_register(&mut session, entry).await?;
                         session.done();
                         Ok(registered)
                     }),
                 )
                 .await;
         }
-        let lower = match registered {
-            Ok(Registered::Yes { lower }) => lower,
-            Ok(Registered::Stale(mark)) => return Err(GateError::Stale { token, mark }),
+        match registered {
+            Ok(Registered::Yes { lower }) => Ok((lower, registering)),
+            Ok(Registered::Stale(mark)) => Err(GateError::Stale {
+                token: entry.token,
+                mark,
+            }),
             Ok(Registered::NeedsRaise) => {
-                return Err(store_error("the mark changed twice during admission"))
+                Err(store_error("the mark changed twice during admission"))
             }
             Err(e) => {
                 // The registration may have committed without our hearing of it.
                 self.permit(entry.id).complete();
-                return Err(e.into());
+                Err(e.into())
             }
-        };
-        // From here on every way out ends the registration: a permit that never reached its
-        // caller protected no write, so it ends as complete.
-        let registration = self.permit(entry.id);
-        if lower.live == 0 {
-            return Ok(registration.with_deadline(timing.permit_deadline(registering, false)));
         }
-        tracing::debug!(resource, %token, lower = lower.live, "waiting for lower in-flight writes");
+    }
+
+    /// Waits, until `give_up`, for the `lower` writes in flight below `entry`'s token to end
+    /// (woken by `wake`, the ends this gate hears of, or by polling). Ends early if the caller
+    /// goes away or the mark passes the token.
+    async fn wait_for_lower<'g>(
+        &'g self,
+        entry: &Entry<'_>,
+        lower: Lower,
+        give_up: Instant,
+        reply: &mut oneshot::Sender<Result<Permit, GateError>>,
+        mut wake: std::pin::Pin<&mut tokio::sync::futures::Notified<'g>>,
+    ) -> Result<(), GateError> {
         let mut backoff = POLL;
         let mut next_expiry = lower.next_expiry;
         loop {
             tokio::select! {
-                _ = reply.closed() => {
-                    registration.complete();
-                    return Err(store_error("the caller went away"));
-                }
+                _ = reply.closed() => return Err(store_error("the caller went away")),
                 _ = &mut wake => {}
                 _ = tokio::time::sleep(poll_pause(&mut backoff, next_expiry)) => {}
             }
             wake.set(self.ended.notified());
             // Past this, the registration would no longer cover a whole exchange.
             if Instant::now() >= give_up {
-                registration.complete();
                 return Err(store_error(format!(
                     "lower-token writes still in flight after {:?}",
                     entry.max_wait
@@ -308,29 +339,24 @@ impl SharedGate {
                 .latency
                 .time(
                     "wait",
-                    bounded(deadline, "wait for lower writes", async {
+                    bounded(self.step_deadline, "wait for lower writes", async {
                         let session = self.store.session().await?;
-                        let polled = inflight::poll(&session, &entry).await?;
+                        let polled = inflight::poll(&session, entry).await?;
                         session.done();
                         Ok(polled)
                     }),
                 )
                 .await;
             match polled {
-                // Lengthened by the longest wait: so is the deadline.
-                Ok(Polled::Clear) => {
-                    let deadline = timing.permit_deadline(registering, true);
-                    return Ok(registration.with_deadline(deadline));
-                }
+                Ok(Polled::Clear) => return Ok(()),
                 Ok(Polled::Waiting(expiry)) => next_expiry = expiry,
                 Ok(Polled::Overtaken(mark)) => {
-                    registration.complete();
-                    return Err(GateError::Stale { token, mark });
+                    return Err(GateError::Stale {
+                        token: entry.token,
+                        mark,
+                    })
                 }
-                Err(e) => {
-                    registration.complete();
-                    return Err(e.into());
-                }
+                Err(e) => return Err(e.into()),
             }
         }
     }

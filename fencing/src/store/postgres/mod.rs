@@ -127,6 +127,53 @@ impl std::fmt::Debug for PostgresStore {
     }
 }
 
+/// The pool of sessions to `config`'s database: at most `max_connections` (at least 2), each
+/// waited for, made and recycled within `deadline`, and set to give up within it on the
+/// server's side too.
+fn pool(
+    config: &tokio_postgres::Config,
+    max_connections: usize,
+    deadline: Duration,
+) -> Result<Pool, StoreError> {
+    let manager = Manager::from_config(
+        config.clone(),
+        NoTls,
+        ManagerConfig {
+            // A closed connection is noticed by the pool; any other failure closes the
+            // session on our side (see `Session`), so no check query per checkout.
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let ms = deadline.as_millis();
+    // Session settings, so the server gives up on its side too: a lock or statement wait
+    // ends within the deadline even after we stopped listening, and a transaction whose
+    // client vanished (network cut, paused process) releases its row locks.
+    let settings = format!(
+        "SET statement_timeout = {ms}; SET lock_timeout = {ms}; \
+         SET idle_in_transaction_session_timeout = {ms}; \
+         SET default_transaction_isolation = 'read committed'"
+    );
+    Pool::builder(manager)
+        .max_size(max_connections.max(2))
+        .runtime(Runtime::Tokio1)
+        .timeouts(Timeouts {
+            wait: Some(deadline),
+            create: Some(deadline),
+            recycle: Some(deadline),
+        })
+        .post_create(Hook::async_fn(move |client, _| {
+            let settings = settings.clone();
+            Box::pin(async move {
+                client
+                    .batch_execute(&settings)
+                    .await
+                    .map_err(HookError::Backend)
+            })
+        }))
+        .build()
+        .map_err(err)
+}
+
 impl PostgresStore {
     /// Connects to `url` (`postgres://user:password@host:port/db`) with a pool of up to
     /// `max_connections`, creates the tables if needed, and uses the default store deadline
@@ -179,45 +226,8 @@ impl PostgresStore {
         // 0 would mean "no timeout" to PostgreSQL.
         let deadline = deadline.max(Duration::from_millis(1));
         let config: tokio_postgres::Config = url.parse().map_err(err)?;
-        let manager = Manager::from_config(
-            config.clone(),
-            NoTls,
-            ManagerConfig {
-                // A closed connection is noticed by the pool; any other failure closes the
-                // session on our side (see `Session`), so no check query per checkout.
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let ms = deadline.as_millis();
-        // Session settings, so the server gives up on its side too: a lock or statement wait
-        // ends within the deadline even after we stopped listening, and a transaction whose
-        // client vanished (network cut, paused process) releases its row locks.
-        let settings = format!(
-            "SET statement_timeout = {ms}; SET lock_timeout = {ms}; \
-             SET idle_in_transaction_session_timeout = {ms}; \
-             SET default_transaction_isolation = 'read committed'"
-        );
-        let pool = Pool::builder(manager)
-            .max_size(max_connections.max(2))
-            .runtime(Runtime::Tokio1)
-            .timeouts(Timeouts {
-                wait: Some(deadline),
-                create: Some(deadline),
-                recycle: Some(deadline),
-            })
-            .post_create(Hook::async_fn(move |client, _| {
-                let settings = settings.clone();
-                Box::pin(async move {
-                    client
-                        .batch_execute(&settings)
-                        .await
-                        .map_err(HookError::Backend)
-                })
-            }))
-            .build()
-            .map_err(err)?;
         let store = Self {
-            pool,
+            pool: pool(&config, max_connections, deadline)?,
             config,
             deadline,
             max_exchange: crate::admission::DEFAULT_EXCHANGE_DEADLINE,

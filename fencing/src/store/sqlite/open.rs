@@ -122,50 +122,15 @@ fn open_locked(
     era_floor: u64,
 ) -> Result<(Connection, Record, Token, FileState), StoreError> {
     let record = lock.read()?;
-    let meta = match std::fs::symlink_metadata(path) {
-        Ok(meta) => Some(meta),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(StoreError(format!("{}: {e}", path.display()))),
-    };
-    if let Some(links) = meta.as_ref().map(|m| m.nlink()).filter(|n| *n > 1) {
-        return Err(StoreError(format!(
-            "marks file {} has {links} hard links (other names for the same file; see `find / \
-             -samefile {}`): a gateway started on another name would not see this one's lock \
-             file, and two gateways on one file can admit a stale write. Remove the other names \
-             (keep backups as copies, not links)",
-            path.display(),
-            path.display()
-        )));
-    }
-    let exists = meta.is_some();
+    let exists = exists_alone(path)?;
     if let (Some(record), false) = (&record, exists) {
         if era_floor <= record.max_era {
             return Err(refusal(path, lock, "is missing", record.max_era));
         }
     }
-    let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    if !exists {
-        flags |= OpenFlags::SQLITE_OPEN_CREATE;
-    }
-    let mut conn = Connection::open_with_flags(path, flags).map_err(err)?;
-    conn.pragma_update(None, "journal_mode", "WAL")
-        .map_err(err)?;
-    conn.pragma_update(None, "synchronous", "FULL")
-        .map_err(err)?;
-    conn.execute_batch(SCHEMA).map_err(err)?;
+    let mut conn = connect(path, exists)?;
     let held = held(&conn)?;
-    let highest: Option<Vec<u8>> = conn
-        .query_row("SELECT max(mark) FROM fence", [], |row| row.get(0))
-        .map_err(err)?;
-    let file_era = highest
-        .map(|m| decode(&m))
-        .transpose()?
-        .into_iter()
-        .chain(held.as_ref().map(|h| h.floor))
-        .map(|t| t.era)
-        .max()
-        .unwrap_or(0);
-    let known_era = file_era.max(record.as_ref().map_or(0, |r| r.max_era));
+    let known_era = file_era(&conn, held.as_ref())?.max(record.as_ref().map_or(0, |r| r.max_era));
     if let Some(what) = mismatch(record.as_ref(), held.as_ref(), exists) {
         if era_floor <= known_era {
             return Err(refusal(path, lock, &what, known_era));
@@ -206,6 +171,58 @@ fn open_locked(
     lock.write(&record, true)?;
     let file = FileState::of(path).map_err(err)?;
     Ok((conn, record, floor, file))
+}
+
+/// Whether the marks file at `path` exists; an error if it has other names (hard links).
+fn exists_alone(path: &Path) -> Result<bool, StoreError> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(StoreError(format!("{}: {e}", path.display()))),
+    };
+    let links = meta.nlink();
+    if links > 1 {
+        return Err(StoreError(format!(
+            "marks file {} has {links} hard links (other names for the same file; see `find / \
+             -samefile {}`): a gateway started on another name would not see this one's lock \
+             file, and two gateways on one file can admit a stale write. Remove the other names \
+             (keep backups as copies, not links)",
+            path.display(),
+            path.display()
+        )));
+    }
+    Ok(true)
+}
+
+/// The marks file opened (created if it does not `exist`), in WAL mode with full syncs, its
+/// schema in place.
+fn connect(path: &Path, exists: bool) -> Result<Connection, StoreError> {
+    let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    if !exists {
+        flags |= OpenFlags::SQLITE_OPEN_CREATE;
+    }
+    let conn = Connection::open_with_flags(path, flags).map_err(err)?;
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(err)?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(err)?;
+    conn.execute_batch(SCHEMA).map_err(err)?;
+    Ok(conn)
+}
+
+/// The highest era the marks file knows of: its highest mark's, or its floor's.
+fn file_era(conn: &Connection, held: Option<&Held>) -> Result<u64, StoreError> {
+    let highest: Option<Vec<u8>> = conn
+        .query_row("SELECT max(mark) FROM fence", [], |row| row.get(0))
+        .map_err(err)?;
+    Ok(highest
+        .map(|m| decode(&m))
+        .transpose()?
+        .into_iter()
+        .chain(held.map(|h| h.floor))
+        .map(|t| t.era)
+        .max()
+        .unwrap_or(0))
 }
 
 /// The marks file's own id, generation and floor, if it has them.
