@@ -12,6 +12,7 @@ usage: peers-table.py FILE.json [DATA-NAME]
 """
 
 import json
+import math
 import sys
 
 GRPC_TARGET = 1.0  # lease-proxy / grpc-proxy throughput, and no more CPU per operation
@@ -34,6 +35,16 @@ def ops(v):
 
 def us(v):
     return f"{v:,.0f}"
+
+
+def beside(value, target):
+    """`value`, a miss of `target`, with as few decimals (at least 2) as still show it on its
+    side of the target: 0.9996 against 1.0 is 0.9996, never 1.00."""
+    for digits in range(2, 7):
+        shown = round(value, digits)
+        if shown != target and (shown < target) == (value < target):
+            return f"{shown:.{digits}f}"
+    return repr(value)
 
 
 def ratio(v):
@@ -117,10 +128,7 @@ def main():
             misses = []
             target = GRPC_TARGET if limit else HTTP_TARGET
             if per_round and min(per_round) < target:
-                low = f"{min(per_round):.2f}"
-                if float(low) >= target:
-                    low = f"{min(per_round):.3f}"
-                misses.append(f"throughput {low}× < {target}×")
+                misses.append(f"throughput {beside(min(per_round), target)}× < {target}×")
             if limit:
                 pt_cpu = [cpu_of(r, limit, "side") for r in rows]
                 cpu_ratio = [
@@ -138,9 +146,11 @@ def main():
                     if m is not None and t and not cut(r, peer)
                 ]
                 if cpu_vs_peer and max(cpu_vs_peer) > 1.0:
-                    misses.append(f"CPU {max(cpu_vs_peer):.2f}× grpc-proxy's")
+                    misses.append(f"CPU {beside(max(cpu_vs_peer), 1.0)}× grpc-proxy's")
                 if cpu_ratio and max(cpu_ratio) > CPU_TARGET:
-                    misses.append(f"CPU {max(cpu_ratio):.2f}× pass-through's > {CPU_TARGET}×")
+                    misses.append(
+                        f"CPU {beside(max(cpu_ratio), CPU_TARGET)}× pass-through's > {CPU_TARGET}×"
+                    )
             else:
                 line += ["", "", ""]
             line.append("met" if not misses else "missed: " + "; ".join(misses))
