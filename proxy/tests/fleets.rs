@@ -55,6 +55,19 @@ pub async fn replicas(test: &str, tweak: impl Fn(&mut Config)) -> Replicas {
     Replicas { etcd, r1, r2 }
 }
 
+/// Two replicas as [`replicas`] starts them, each auditing to a file of its own in the
+/// directory returned (read with `audit_lines`).
+pub async fn audited_replicas(test: &str) -> (Replicas, tempfile::TempDir) {
+    let logs = tempfile::tempdir().unwrap();
+    let replica = std::sync::atomic::AtomicUsize::new(0);
+    let r = replicas(test, |c| {
+        let n = replica.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        c.audit_log = Some(logs.path().join(format!("audit-{n}.jsonl")));
+    })
+    .await;
+    (r, logs)
+}
+
 /// Ends a member's session in etcd, as its lapse would (no release, no close marker).
 pub async fn die(etcd: &Etcd, member: &Member) {
     let mut client = etcd.client().await;
@@ -261,14 +274,7 @@ async fn a_drained_member_hands_everything_off_and_an_evicted_one_loses_it_at_on
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_that_never_releases_is_revoked_at_its_deadline() {
-    // Each replica audits to a file of its own.
-    let logs = tempfile::tempdir().unwrap();
-    let replica = std::sync::atomic::AtomicUsize::new(0);
-    let r = replicas("fleet-deadline", |c| {
-        let n = replica.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        c.audit_log = Some(logs.path().join(format!("audit-{n}.jsonl")));
-    })
-    .await;
+    let (r, logs) = audited_replicas("fleet-deadline").await;
     let resources = names("dl", 10);
     make_fleet(&r.r1.url, "dl", &resources, json!({"drain_ms": 800})).await;
     let a = joined(&r.r1.url, "dl", "a", 30).await;
@@ -531,19 +537,15 @@ async fn views_and_decisions_read_one_state_of_etcd() {
     // made after the assignment it shows (the resource would be listed as held and as to
     // release, and the member would release what it was just granted), and a decision never
     // takes a new member's grant for an orphan's (and revokes it).
-    let logs = tempfile::tempdir().unwrap();
-    let replica = std::sync::atomic::AtomicUsize::new(0);
-    let r = replicas("fleet-onestate", |c| {
-        let n = replica.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        c.audit_log = Some(logs.path().join(format!("audit-{n}.jsonl")));
-    })
-    .await;
+    let (r, logs) = audited_replicas("fleet-onestate").await;
     let resources = names("os", 150);
-    make_fleet(&r.r1.url, "os", &resources, json!({"drain_ms": 2_000})).await;
+    // Every hand-off of a join at once: one round, however loaded the machine.
+    let spec = json!({"drain_ms": 2_000, "max_moves": 150});
+    make_fleet(&r.r1.url, "os", &resources, spec).await;
     let a = joined(&r.r1.url, "os", "a", 30).await;
     let b = joined(&r.r2.url, "os", "b", 30).await;
     let mut tasks = vec![a.cooperate(None), b.cooperate(None)];
-    rested(&r.r1.url, "os", &[("a", 75), ("b", 75)], SETTLE).await;
+    rested(&r.r1.url, "os", &[("a", 75), ("b", 75)], 2 * SETTLE).await;
     let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let watch = |url: String, member: Option<Member>| {
@@ -571,10 +573,10 @@ async fn views_and_decisions_read_one_state_of_etcd() {
         let c = joined(url, "os", "c", 30).await;
         let mut helpers = vec![c.cooperate(None)];
         helpers.extend((0..6).map(|_| watch(String::new(), Some(c.clone()))));
-        rested(url, "os", &[("a", 50), ("b", 50), ("c", 50)], SETTLE).await;
+        rested(url, "os", &[("a", 50), ("b", 50), ("c", 50)], 2 * SETTLE).await;
         c.leave().await;
         helpers.iter().for_each(tokio::task::JoinHandle::abort);
-        rested(url, "os", &[("a", 75), ("b", 75)], SETTLE).await;
+        rested(url, "os", &[("a", 75), ("b", 75)], 2 * SETTLE).await;
     }
     for t in tasks {
         t.abort();

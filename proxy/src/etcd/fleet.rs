@@ -196,6 +196,15 @@ pub(crate) struct Guarded<'a> {
     pub(crate) quota: Option<super::Quota<'a>>,
 }
 
+/// One guarded put (see [`GroupCommit::put_when`]).
+struct Put<'a> {
+    key: &'a str,
+    value: &'a [u8],
+    lease: i64,
+    guards: &'a [Unchanged<'a>],
+    quota: Option<Quota<'a>>,
+}
+
 impl GroupCommit {
     /// Puts `value` at `key` (on `lease`, 0 for none) if every guard is unchanged; the
     /// revision of the put, or `None` if a guard failed (nothing written).
@@ -220,8 +229,60 @@ impl GroupCommit {
         guards: &[Unchanged<'_>],
         quota: Option<Quota<'_>>,
     ) -> Result<Option<i64>> {
+        let put = Put {
+            key,
+            value,
+            lease,
+            guards,
+            quota,
+        };
+        self.put_when("txn_put_if", put, Vec::new()).await
+    }
+
+    /// The guarded create: the key's create revision (its token) if this call created it,
+    /// `None` if it exists or a guard failed (nothing written). An error leaves the outcome
+    /// unknown: the caller deletes the key if it holds exactly this value.
+    ///
+    /// The guards are compared, never written, so grants under one decision share a batch: etcd
+    /// evaluates every compare of a batch on the state before it.
+    pub(crate) async fn create_guarded(&self, c: Guarded<'_>) -> Result<Option<i64>> {
+        let absent = vec![Compare::create_revision(c.key, CompareOp::Equal, 0)];
+        // Broken on purpose: the grant overwrites whoever holds the key.
+        #[cfg(feature = "negative-controls")]
+        let absent = match crate::negative_control::no_revoke_before_grant() {
+            true => Vec::new(),
+            false => absent,
+        };
+        let put = Put {
+            key: c.key,
+            value: c.value,
+            lease: c.lease,
+            guards: c.guards,
+            quota: c.quota,
+        };
+        self.put_when("txn_create_guarded", put, absent).await
+    }
+
+    /// `put.value` at `put.key` (on its lease) if `compares` and every guard hold; with a
+    /// quota, its index key too (on the same lease), only if the quota's range is as counted —
+    /// the range among the batch's keys, so that no two puts under one principal's quota share
+    /// a batch (whose compares all see the state before it). The batch's revision, or `None`
+    /// if a compare failed (nothing written).
+    async fn put_when(
+        &self,
+        op: &'static str,
+        put: Put<'_>,
+        mut compares: Vec<Compare>,
+    ) -> Result<Option<i64>> {
+        let Put {
+            key,
+            value,
+            lease,
+            guards,
+            quota,
+        } = put;
+        compares.extend(guards.iter().map(Unchanged::compare));
         let on_lease = || Some(PutOptions::new().with_lease(lease));
-        let mut compares: Vec<Compare> = guards.iter().map(Unchanged::compare).collect();
         let mut puts = vec![TxnOp::put(key, value, on_lease())];
         let mut keys = vec![key.as_bytes().to_vec()];
         let mut bytes = key.len() * 2
@@ -235,42 +296,7 @@ impl GroupCommit {
             bytes += q.key.len() + q.range.len() * 2;
         }
         let txn = Txn::new().when(compares).and_then(puts);
-        let committed = self.commit("txn_put_if", keys, txn, bytes).await?;
-        Ok(committed.succeeded.then_some(committed.revision))
-    }
-
-    /// The guarded create: the key's create revision (its token) if this call created it,
-    /// `None` if it exists or a guard failed (nothing written). An error leaves the outcome
-    /// unknown: the caller deletes the key if it holds exactly this value.
-    ///
-    /// The guards are compared, never written, so grants under one decision share a batch: etcd
-    /// evaluates every compare of a batch on the state before it.
-    pub(crate) async fn create_guarded(&self, c: Guarded<'_>) -> Result<Option<i64>> {
-        let mut compares = vec![Compare::create_revision(c.key, CompareOp::Equal, 0)];
-        #[cfg(feature = "negative-controls")]
-        if crate::negative_control::no_revoke_before_grant() {
-            // Broken on purpose: the grant overwrites whoever holds the key.
-            compares.clear();
-        }
-        compares.extend(c.guards.iter().map(Unchanged::compare));
-        let on_lease = || Some(PutOptions::new().with_lease(c.lease));
-        let mut puts = vec![TxnOp::put(c.key, c.value, on_lease())];
-        let mut keys = vec![c.key.as_bytes().to_vec()];
-        let mut bytes = c.key.len() * 2
-            + c.value.len()
-            + c.guards.iter().map(|g| g.key.len() + 16).sum::<usize>()
-            + 64;
-        if let Some(q) = c.quota {
-            // As an acquire's (`create.rs`): every key of the range last written at or before
-            // the count, and the range among the batch's keys, so that no two creates of one
-            // principal share a batch (whose compares all see the state before it).
-            puts.push(TxnOp::put(q.key, Vec::new(), on_lease()));
-            compares.push(q.compare());
-            keys.push(q.range.to_vec());
-            bytes += q.key.len() + q.range.len() * 2;
-        }
-        let txn = Txn::new().when(compares).and_then(puts);
-        let committed = self.commit("txn_create_guarded", keys, txn, bytes).await?;
+        let committed = self.commit(op, keys, txn, bytes).await?;
         Ok(committed.succeeded.then_some(committed.revision))
     }
 }
