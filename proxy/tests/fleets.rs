@@ -542,8 +542,9 @@ async fn views_and_decisions_read_one_state_of_etcd() {
     // Every hand-off of a join at once: one round, however loaded the machine.
     let spec = json!({"drain_ms": 2_000, "max_moves": 150});
     make_fleet(&r.r1.url, "os", &resources, spec).await;
-    let a = joined(&r.r1.url, "os", "a", 30).await;
-    let b = joined(&r.r2.url, "os", "b", 30).await;
+    // Sessions that outlive the test however slow the machine: none may lapse.
+    let a = joined(&r.r1.url, "os", "a", 600).await;
+    let b = joined(&r.r2.url, "os", "b", 600).await;
     let mut tasks = vec![a.cooperate(None), b.cooperate(None)];
     rested(&r.r1.url, "os", &[("a", 75), ("b", 75)], 2 * SETTLE).await;
     let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
@@ -570,7 +571,7 @@ async fn views_and_decisions_read_one_state_of_etcd() {
     tasks.push(watch(r.r2.url.clone(), None));
     for round in 0..4 {
         let url = [&r.r1.url, &r.r2.url][round % 2];
-        let c = joined(url, "os", "c", 30).await;
+        let c = joined(url, "os", "c", 600).await;
         let mut helpers = vec![c.cooperate(None)];
         helpers.extend((0..6).map(|_| watch(String::new(), Some(c.clone()))));
         rested(url, "os", &[("a", 50), ("b", 50), ("c", 50)], 2 * SETTLE).await;

@@ -370,13 +370,27 @@ impl SharedGate {
     }
 
     /// Ends registration `id` in the database (see [`inflight::end`]) and wakes local waiters.
+    /// Tried twice: a pooled session whose backend was ended (a restart, an operator's
+    /// `pg_terminate_backend`) fails the first try and is dropped, and the second takes another.
+    /// Ending a registration twice is ending it once.
     async fn end(&self, id: i64, outcome: Outcome) {
-        let ended = bounded(self.store.deadline, "end the write", async {
-            let session = self.store.session().await?;
-            inflight::end(&session, id, outcome, self.store.write_grace).await?;
-            session.done();
-            Ok(())
-        });
+        let attempt = || {
+            bounded(self.store.deadline, "end the write", async {
+                let session = self.store.session().await?;
+                inflight::end(&session, id, outcome, self.store.write_grace).await?;
+                session.done();
+                Ok(())
+            })
+        };
+        let ended = async {
+            match attempt().await {
+                Err(e) => {
+                    tracing::debug!(id, error = %e, "ending a write's registration: trying again");
+                    attempt().await
+                }
+                ended => ended,
+            }
+        };
         match self.latency.time("release", ended).await {
             Ok(()) => self.ended.notify_waiters(),
             Err(e) => tracing::warn!(
