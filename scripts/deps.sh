@@ -130,8 +130,20 @@ apt_install() {
   fi
   type -P apt-get >/dev/null || { echo "missing ${missing[*]} and no apt-get: install them by hand" >&2; exit 1; }
   echo "==> installing: ${missing[*]}"
-  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  one_at_a_time "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  one_at_a_time "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# Runs a command holding a lock that every script sourcing this file shares. scripts/test.sh
+# runs the Python suite beside the TypeScript and Go ones, and each ensures the same packages and
+# the same PostgreSQL role: two apt-gets at once fight over dpkg's lock, and two `ALTER ROLE`s of
+# one role at once fail with "tuple concurrently updated".
+one_at_a_time() {
+  type -P flock >/dev/null || { echo "flock (util-linux) not found" >&2; exit 1; }
+  (
+    flock 9
+    "$@"
+  ) 9>"${TMPDIR:-/tmp}/lease-proxy-deps.lock"
 }
 
 # Runs a check, installs what it found missing, then runs it again: anything still missing after
@@ -203,8 +215,6 @@ as_postgres() {
   fi
 }
 
-# A PostgreSQL server on 127.0.0.1:5432 with the role and database the tests use
-# (FENCING_TEST_POSTGRES, default postgres://lease_proxy:lease_proxy@127.0.0.1:5432/lease_proxy_test).
 # The debug binaries the SDK, API and scenario scripts start — lease-proxy, fence-gateway, the
 # warehouse example and dev-pki — built in one cargo invocation (one feature resolution: the
 # crates they share are built once), unless LEASE_PROXY_BIN names them already built: then
@@ -221,9 +231,15 @@ ensure_binaries() {
     WAREHOUSE_BIN="${WAREHOUSE_BIN:-$bin/warehouse}" DEV_PKI_BIN="${DEV_PKI_BIN:-$bin/dev-pki}"
 }
 
+# A PostgreSQL server on 127.0.0.1:5432 with the role and database the tests use
+# (FENCING_TEST_POSTGRES, default postgres://lease_proxy:lease_proxy@127.0.0.1:5432/lease_proxy_test).
 ensure_postgres() {
   ensure_with check_postgres_deps
   [ "${DEPS_DRY_RUN:-0}" = 1 ] && return 0
+  one_at_a_time postgres_ready
+}
+
+postgres_ready() {
   local sudo=()
   if [ "$(id -u)" -ne 0 ]; then sudo=(sudo); fi
   local cluster
@@ -256,7 +272,11 @@ DO $$ BEGIN
   END IF;
 END $$;
 -- The in-database package's tests create (and drop) their own owner, writer and intruder roles.
-ALTER ROLE lease_proxy CREATEROLE;
+DO $$ BEGIN
+  IF NOT (SELECT rolcreaterole FROM pg_roles WHERE rolname = 'lease_proxy') THEN
+    ALTER ROLE lease_proxy CREATEROLE;
+  END IF;
+END $$;
 SELECT 'CREATE DATABASE lease_proxy_test OWNER lease_proxy'
   WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = 'lease_proxy_test')\gexec
 SQL
