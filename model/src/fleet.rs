@@ -165,6 +165,8 @@ pub struct State {
     pub last: Vec<Option<u8>>,
     /// A grant was made while another lived.
     pub double_grant: bool,
+    /// A grant was made to a member whose process had died (its session not yet lapsed).
+    pub granted_to_dead: bool,
 }
 
 /// One step.
@@ -206,9 +208,10 @@ impl Fleet {
         }
     }
 
+    /// A grant to `m` as etcd takes it: a put on `m`'s session lease, refused once the session
+    /// has ended; a member whose process died still has a live session until it lapses.
     fn grant(&self, s: &mut State, r: usize, m: u8) {
-        let live = !matches!(s.members[m as usize], Standing::Absent | Standing::Dead(_));
-        if !live {
+        if s.members[m as usize] == Standing::Absent {
             return;
         }
         if s.holders[r].is_some() {
@@ -221,6 +224,7 @@ impl Fleet {
         }
         s.rev += 1;
         s.holders[r] = Some((m, s.rev));
+        s.granted_to_dead |= matches!(s.members[m as usize], Standing::Dead(_));
         if s.last[r].is_some_and(|l| l != m) {
             s.moves[r] += 1;
         }
@@ -246,6 +250,7 @@ impl Model for Fleet {
             moves: vec![0; r],
             last: vec![None; r],
             double_grant: false,
+            granted_to_dead: false,
         }]
     }
 
@@ -300,6 +305,8 @@ impl Model for Fleet {
                 s.now += 1;
                 for m in 0..self.members {
                     if s.members[m as usize] == Standing::Dead(s.now) {
+                        // The service sees the member go only now: the change it acts on.
+                        s.moves = vec![0; s.moves.len()];
                         s.members[m as usize] = Standing::Absent;
                         self.end_session(&mut s, m);
                     }
@@ -315,7 +322,8 @@ impl Model for Fleet {
                 self.end_session(&mut s, m);
             }
             Action::Die(m) => {
-                self.changed(&mut s);
+                // Unseen by the service until the session lapses (the moves count again then).
+                s.changes -= 1;
                 s.members[m as usize] = Standing::Dead(s.now + self.drain);
             }
             Action::Drain(m) => {
@@ -331,9 +339,9 @@ impl Model for Fleet {
                 let mut plan = self.decide(&s);
                 // Replicas race: each writes what it decided (the same bytes from the same
                 // state), and carries out its plan from what it read. Nothing counts the
-                // writes: a decision that changes nothing (a grant to a member whose process
-                // died, refused until its session lapses, planned again) leaves the state as it
-                // was, so deciding again and again is one state, not one per decision.
+                // writes: a decision that changes nothing (a grant refused because the resource
+                // is still held, planned again) leaves the state as it was, so deciding again and
+                // again is one state, not one per decision.
                 s.targets = plan.targets.clone();
                 s.deadlines = plan.deadlines.clone();
                 // The revocations name the grant read (its revision).
@@ -393,6 +401,10 @@ impl Model for Fleet {
             Property::sometimes("a resource is handed off", |_, s: &State| {
                 s.moves.contains(&1)
             }),
+            Property::sometimes(
+                "a member whose process died is granted a resource",
+                |_, s: &State| s.granted_to_dead,
+            ),
         ]
     }
 }
