@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,11 +14,12 @@ use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_io_timeout::TimeoutStream;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
@@ -345,21 +347,7 @@ async fn accept(
             },
             () = stop.cancelled() => return Ok(connections),
         };
-        let _ = stream.set_nodelay(true);
-        // A peer that vanished without a FIN or RST (power loss, a cut link) is found out in
-        // about a minute rather than when the kernel gives up retransmitting (~15 min): its
-        // connection, and whatever long stream it held, ends.
-        let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(
-            &socket2::TcpKeepalive::new()
-                .with_time(TCP_KEEPALIVE_IDLE)
-                .with_interval(TCP_KEEPALIVE_INTERVAL)
-                .with_retries(TCP_KEEPALIVE_RETRIES),
-        );
-        // A write that makes no progress for `write_timeout` fails the connection (under TLS
-        // too: the TLS stream writes through this one).
-        let mut stream = TimeoutStream::new(stream);
-        stream.set_write_timeout(Some(limits.write_timeout));
-        let stream = Box::pin(stream);
+        let stream = tuned(stream, limits.write_timeout);
         let connection = Connection {
             builder: builder.clone(),
             go_away: go_away.clone(),
@@ -368,26 +356,28 @@ async fn accept(
         };
         let tls = listener.tls.as_ref().map(|tls| tls.acceptor());
         connections.spawn(async move {
-            match tls {
-                None => connection.serve(TokioIo::new(stream), None).await,
-                // The handshake runs here, in the connection's own task (a slow or silent
-                // client holds its slot, not the accept loop), under the header deadline.
-                Some(acceptor) => {
-                    match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream))
-                        .await
-                    {
-                        Ok(Ok(stream)) => {
-                            let peer = PeerCertificate::of(stream.get_ref().1);
-                            connection.serve(TokioIo::new(stream), peer).await;
-                        }
-                        Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!("TLS handshake timed out"),
-                    }
-                }
-            }
+            connection.serve_accepted(stream, tls).await;
             drop(slot);
         });
     }
+}
+
+/// An accepted stream with its socket options set, and writes that make no progress for
+/// `write_timeout` failing the connection (under TLS too: the TLS stream writes through it).
+fn tuned(stream: TcpStream, write_timeout: Duration) -> Pin<Box<TimeoutStream<TcpStream>>> {
+    let _ = stream.set_nodelay(true);
+    // A peer that vanished without a FIN or RST (power loss, a cut link) is found out in
+    // about a minute rather than when the kernel gives up retransmitting (~15 min): its
+    // connection, and whatever long stream it held, ends.
+    let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(
+        &socket2::TcpKeepalive::new()
+            .with_time(TCP_KEEPALIVE_IDLE)
+            .with_interval(TCP_KEEPALIVE_INTERVAL)
+            .with_retries(TCP_KEEPALIVE_RETRIES),
+    );
+    let mut stream = TimeoutStream::new(stream);
+    stream.set_write_timeout(Some(write_timeout));
+    Box::pin(stream)
 }
 
 /// What serving one accepted connection needs.
@@ -399,6 +389,28 @@ struct Connection {
 }
 
 impl Connection {
+    /// Serves `stream`, after a TLS handshake when `tls` is set.
+    async fn serve_accepted(
+        self,
+        stream: Pin<Box<TimeoutStream<TcpStream>>>,
+        tls: Option<TlsAcceptor>,
+    ) {
+        let Some(acceptor) = tls else {
+            return self.serve(TokioIo::new(stream), None).await;
+        };
+        // The handshake runs in the connection's own task (a slow or silent client holds its
+        // slot, not the accept loop), under the header deadline.
+        let deadline = self.limits.header_read_timeout;
+        match tokio::time::timeout(deadline, acceptor.accept(stream)).await {
+            Ok(Ok(stream)) => {
+                let peer = PeerCertificate::of(stream.get_ref().1);
+                self.serve(TokioIo::new(stream), peer).await;
+            }
+            Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+            Err(_) => tracing::debug!("TLS handshake timed out"),
+        }
+    }
+
     /// Serves HTTP on `io` until the client closes it, it errs, or it stays idle past its
     /// deadline (then it is told to go away first, see [`Limits::idle_timeout`]); every request
     /// carries `peer` (the client certificate) as an extension.

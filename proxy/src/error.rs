@@ -210,6 +210,14 @@ pub enum QuotaKind {
 }
 
 impl QuotaKind {
+    /// Every quota, in the order the docs list them.
+    pub const ALL: [QuotaKind; 4] = [
+        QuotaKind::Held,
+        QuotaKind::Rate,
+        QuotaKind::WatchStreams,
+        QuotaKind::Fleets,
+    ];
+
     /// The name in problem bodies (`quota`), metrics labels and audit lines.
     pub fn as_str(self) -> &'static str {
         match self {

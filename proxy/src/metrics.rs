@@ -9,6 +9,8 @@ use opentelemetry::metrics::{Counter, Histogram, Meter};
 use opentelemetry::KeyValue;
 use tokio::time::Instant;
 
+use crate::error::QuotaKind;
+
 /// The outcomes of a fleet decision.
 pub(crate) const FLEET_DECISIONS: [&str; 4] = ["settled", "unsettled", "raced", "failed"];
 /// Why the fleet service ends a member's grant.
@@ -40,7 +42,7 @@ pub(crate) struct Metrics {
     /// `forbidden`) and `route` (`acquire`, `read`, `forward`, `v3`)
     /// (`lease_proxy_auth_requests_total`).
     pub(crate) auth: Counter<u64>,
-    /// Acquires refused by a per-principal quota, by `quota` (`held`, `rate`)
+    /// Requests refused by a per-principal quota, by `quota` (a [`QuotaKind`])
     /// (`lease_proxy_quota_refusals_total`).
     pub(crate) quota_refusals: Counter<u64>,
     /// `/v1/watch` streams that went to read an etcd watch of their own, by `reason`:
@@ -69,19 +71,26 @@ pub(crate) struct Metrics {
     /// gRPC watch streams ended to keep their answers within a budget, by `budget`: `stream`,
     /// `principal`, `replica`, `too_large` (`lease_proxy_grpc_watch_cut_off_total`).
     watch_cut_off: Counter<u64>,
+    /// The fleet service's counters.
+    pub(crate) fleet: FleetMetrics,
+}
+
+/// What the fleet service counts.
+#[derive(Debug)]
+pub(crate) struct FleetMetrics {
     /// Fleet decisions this replica made, by `outcome`: `settled` (every action answered),
     /// `unsettled` (one did not: decided again soon), `raced` (another replica wrote the
     /// assignment first) or `failed` (etcd could not be read or written)
     /// (`lease_proxy_fleet_decisions_total`).
-    fleet_decisions: Counter<u64>,
+    decisions: Counter<u64>,
     /// Hand-offs begun by assignments this replica wrote (`lease_proxy_fleet_handoffs_total`).
-    pub(crate) fleet_handoffs: Counter<u64>,
+    pub(crate) handoffs: Counter<u64>,
     /// Grants the fleet service made here (`lease_proxy_fleet_grants_total`; also counted in
     /// `lease_proxy_grants_total`).
-    pub(crate) fleet_grants: Counter<u64>,
+    pub(crate) grants: Counter<u64>,
     /// Members' grants the fleet service ended here, by `reason`: `deadline`, `evicted`,
     /// `removed`, `orphan` (`lease_proxy_fleet_revocations_total`).
-    fleet_revocations: Counter<u64>,
+    revocations: Counter<u64>,
 }
 
 impl Metrics {
@@ -89,40 +98,8 @@ impl Metrics {
     pub(crate) fn new() -> Result<Self, fencing::Error> {
         let exporter = fencing::telemetry::Metrics::new("lease-proxy")?;
         let meter = exporter.meter();
-        let counter = |name: &'static str, description: &'static str| {
-            meter
-                .u64_counter(name)
-                .with_description(description)
-                .build()
-        };
-        let keepalive_streams = Arc::new(AtomicI64::new(0));
-        let open = keepalive_streams.clone();
-        meter
-            .i64_observable_gauge("lease_proxy.keepalive.streams")
-            .with_description("Keepalive streams open to etcd.")
-            .with_callback(move |o| o.observe(open.load(Ordering::Relaxed), &[]))
-            .build();
-        let watch_held = Arc::new(AtomicI64::new(0));
-        let watch_held_peak = Arc::new(AtomicI64::new(0));
-        for (name, description, value) in [
-            (
-                "lease_proxy.grpc.watch.held",
-                "Bytes of watch answers held for gRPC clients until written.",
-                watch_held.clone(),
-            ),
-            (
-                "lease_proxy.grpc.watch.held.peak",
-                "The most bytes of watch answers held for gRPC clients at once.",
-                watch_held_peak.clone(),
-            ),
-        ] {
-            meter
-                .i64_observable_gauge(name)
-                .with_unit("By")
-                .with_description(description)
-                .with_callback(move |o| o.observe(value.load(Ordering::Relaxed), &[]))
-                .build();
-        }
+        let counter = |name, description| counter(&meter, name, description);
+        let [keepalive_streams, watch_held, watch_held_peak] = gauges(&meter);
         let metrics = Self {
             grants: counter("lease_proxy.grants", "Leases granted."),
             conflicts: counter(
@@ -146,7 +123,7 @@ impl Metrics {
             ),
             quota_refusals: counter(
                 "lease_proxy.quota.refusals",
-                "Acquires refused by a per-principal quota, by quota.",
+                "Requests refused by a per-principal quota, by quota.",
             ),
             watch_own: counter(
                 "lease_proxy.watch.own",
@@ -156,20 +133,16 @@ impl Metrics {
                 "lease_proxy.audit.dropped",
                 "Audit events dropped because the audit writer's queue was full.",
             ),
-            etcd: meter
-                .f64_histogram("lease_proxy.etcd.request.duration")
-                .with_unit("s")
-                .with_description("Duration of etcd requests, retries included, by operation.")
-                .with_boundaries(DURATION_BUCKETS.to_vec())
-                .build(),
-            grpc: meter
-                .f64_histogram("lease_proxy.grpc.request.duration")
-                .with_unit("s")
-                .with_description(
-                    "Duration of gRPC calls (a stream's whole life), by method and status code.",
-                )
-                .with_boundaries(DURATION_BUCKETS.to_vec())
-                .build(),
+            etcd: duration(
+                &meter,
+                "lease_proxy.etcd.request.duration",
+                "Duration of etcd requests, retries included, by operation.",
+            ),
+            grpc: duration(
+                &meter,
+                "lease_proxy.grpc.request.duration",
+                "Duration of gRPC calls (a stream's whole life), by method and status code.",
+            ),
             batch: meter
                 .u64_histogram("lease_proxy.etcd.batch.size")
                 .with_description(
@@ -189,22 +162,7 @@ impl Metrics {
                 "lease_proxy.grpc.watch.cut_off",
                 "gRPC watch streams ended to keep their answers within a budget, by budget.",
             ),
-            fleet_decisions: counter(
-                "lease_proxy.fleet.decisions",
-                "Fleet decisions made by this replica, by outcome.",
-            ),
-            fleet_handoffs: counter(
-                "lease_proxy.fleet.handoffs",
-                "Hand-offs begun by fleet assignments this replica wrote.",
-            ),
-            fleet_grants: counter(
-                "lease_proxy.fleet.grants",
-                "Resources granted to fleet members by this replica.",
-            ),
-            fleet_revocations: counter(
-                "lease_proxy.fleet.revocations",
-                "Fleet members' grants ended by this replica's fleet service, by reason.",
-            ),
+            fleet: FleetMetrics::new(&meter),
             exporter,
         };
         metrics.start_at_zero();
@@ -221,8 +179,8 @@ impl Metrics {
             &self.audit_dropped,
             &self.batch_splits,
             &self.sessions_opened,
-            &self.fleet_handoffs,
-            &self.fleet_grants,
+            &self.fleet.handoffs,
+            &self.fleet.grants,
         ] {
             counter.add(0, &[]);
         }
@@ -235,8 +193,9 @@ impl Metrics {
         for o in ["2xx", "3xx", "4xx", "5xx", "unreachable", "timeout"] {
             self.forwards.add(0, &outcome(o));
         }
-        for q in ["held", "rate"] {
-            self.quota_refusals.add(0, &[KeyValue::new("quota", q)]);
+        for q in QuotaKind::ALL {
+            self.quota_refusals
+                .add(0, &[KeyValue::new("quota", q.as_str())]);
         }
         for r in ["overtaken", "unreached"] {
             self.watch_own.add(0, &reason(r));
@@ -245,10 +204,10 @@ impl Metrics {
             self.watch_cut_off.add(0, &[KeyValue::new("budget", b)]);
         }
         for o in FLEET_DECISIONS {
-            self.fleet_decisions.add(0, &outcome(o));
+            self.fleet.decisions.add(0, &outcome(o));
         }
         for r in FLEET_REVOCATIONS {
-            self.fleet_revocations.add(0, &reason(r));
+            self.fleet.revocations.add(0, &reason(r));
         }
         for o in ["authenticated", "unauthenticated", "forbidden"] {
             for route in ["acquire", "read", "forward", "v3"] {
@@ -259,12 +218,12 @@ impl Metrics {
 
     /// Counts a fleet decision that came to `outcome` (one of [`FLEET_DECISIONS`]).
     pub(crate) fn fleet_decision(&self, outcome: &'static str) {
-        self.fleet_decisions.add(1, &self::outcome(outcome));
+        self.fleet.decisions.add(1, &self::outcome(outcome));
     }
 
     /// Counts a fleet grant ended for `reason` (one of [`FLEET_REVOCATIONS`]).
     pub(crate) fn fleet_revocation(&self, reason: &'static str) {
-        self.fleet_revocations.add(1, &self::reason(reason));
+        self.fleet.revocations.add(1, &self::reason(reason));
     }
 
     /// Counts an event stream that went to read its own etcd watch, for `reason`.
@@ -278,9 +237,10 @@ impl Metrics {
             .add(1, &[KeyValue::new("budget", budget)]);
     }
 
-    /// Counts an acquire refused by the `quota` (`held`, `rate`) quota.
-    pub(crate) fn quota_refusal(&self, quota: &'static str) {
-        self.quota_refusals.add(1, &[KeyValue::new("quota", quota)]);
+    /// Counts a request refused by the `quota` quota.
+    pub(crate) fn quota_refusal(&self, quota: QuotaKind) {
+        self.quota_refusals
+            .add(1, &[KeyValue::new("quota", quota.as_str())]);
     }
 
     /// Counts `n` requests judged `outcome` on a route of class `route`.
@@ -322,6 +282,88 @@ impl Metrics {
     pub(crate) fn render(&self) -> axum::response::Response {
         fencing::telemetry::render(&self.exporter)
     }
+}
+
+impl FleetMetrics {
+    fn new(meter: &Meter) -> Self {
+        Self {
+            decisions: counter(
+                meter,
+                "lease_proxy.fleet.decisions",
+                "Fleet decisions made by this replica, by outcome.",
+            ),
+            handoffs: counter(
+                meter,
+                "lease_proxy.fleet.handoffs",
+                "Hand-offs begun by fleet assignments this replica wrote.",
+            ),
+            grants: counter(
+                meter,
+                "lease_proxy.fleet.grants",
+                "Resources granted to fleet members by this replica.",
+            ),
+            revocations: counter(
+                meter,
+                "lease_proxy.fleet.revocations",
+                "Fleet members' grants ended by this replica's fleet service, by reason.",
+            ),
+        }
+    }
+}
+
+fn counter(meter: &Meter, name: &'static str, description: &'static str) -> Counter<u64> {
+    meter
+        .u64_counter(name)
+        .with_description(description)
+        .build()
+}
+
+/// A histogram of durations in seconds, in the buckets every service here uses.
+fn duration(meter: &Meter, name: &'static str, description: &'static str) -> Histogram<f64> {
+    meter
+        .f64_histogram(name)
+        .with_unit("s")
+        .with_description(description)
+        .with_boundaries(DURATION_BUCKETS.to_vec())
+        .build()
+}
+
+/// The gauges read from counts kept elsewhere: keepalive streams open to etcd, and the bytes of
+/// watch answers held for gRPC clients (now, and the most at once).
+fn gauges(meter: &Meter) -> [Arc<AtomicI64>; 3] {
+    let values = [(); 3].map(|()| Arc::new(AtomicI64::new(0)));
+    for ((name, unit, description), value) in [
+        (
+            "lease_proxy.keepalive.streams",
+            "",
+            "Keepalive streams open to etcd.",
+        ),
+        (
+            "lease_proxy.grpc.watch.held",
+            "By",
+            "Bytes of watch answers held for gRPC clients until written.",
+        ),
+        (
+            "lease_proxy.grpc.watch.held.peak",
+            "By",
+            "The most bytes of watch answers held for gRPC clients at once.",
+        ),
+    ]
+    .into_iter()
+    .zip(values.clone())
+    {
+        let gauge = meter.i64_observable_gauge(name);
+        let gauge = if unit.is_empty() {
+            gauge
+        } else {
+            gauge.with_unit(unit)
+        };
+        gauge
+            .with_description(description)
+            .with_callback(move |o| o.observe(value.load(Ordering::Relaxed), &[]))
+            .build();
+    }
+    values
 }
 
 /// `[KeyValue("outcome", outcome)]`.

@@ -190,16 +190,8 @@ pub async fn run(
         shutdown,
         &state.draining,
         tasks.stopping.clone(),
-        fencing::serve::Drain {
-            delay: config.shutdown_delay,
-            deadline: config.drain_timeout,
-        },
-        fencing::serve::Limits {
-            max_connections: config.max_client_connections,
-            header_read_timeout: config.header_read_timeout,
-            idle_timeout: config.idle_timeout,
-            write_timeout: config.client_write_timeout,
-        },
+        config.drain(),
+        config.connection_limits(),
     )
     .await;
     tasks.stopping.cancel();

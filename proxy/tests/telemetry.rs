@@ -355,6 +355,15 @@ async fn traces_join_up_and_metrics_count_operations() {
         counter(&after, name, with) - counter(&before, name, with).max(0.0)
     };
     assert_eq!(counter(&before, "lease_proxy_grants_total", &[]), 0.0);
+    // Every quota's refusals are a series from the start, at 0.
+    for quota in ["held", "rate", "watch-streams", "fleets"] {
+        let refusals = counter(
+            &before,
+            "lease_proxy_quota_refusals_total",
+            &[("quota", quota)],
+        );
+        assert_eq!(refusals, 0.0, "{quota}");
+    }
     assert_eq!(delta("lease_proxy_grants_total", &[]), 2.0);
     assert_eq!(delta("lease_proxy_conflicts_total", &[]), 1.0);
     assert_eq!(delta("lease_proxy_releases_total", &[]), 1.0);

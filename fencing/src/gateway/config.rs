@@ -257,6 +257,24 @@ pub enum NegativeControl {
 pub struct GatewayConfigError(pub String);
 
 impl GatewayConfig {
+    /// How the server drains after SIGTERM (`--shutdown-delay`, `--drain-timeout`).
+    pub(crate) fn drain(&self) -> crate::serve::Drain {
+        crate::serve::Drain {
+            delay: self.shutdown_delay,
+            deadline: self.drain_timeout,
+        }
+    }
+
+    /// The bounds on client connections (`--max-client-connections` and the client timeouts).
+    pub(crate) fn connection_limits(&self) -> crate::serve::Limits {
+        crate::serve::Limits {
+            max_connections: self.max_client_connections,
+            header_read_timeout: self.header_read_timeout,
+            idle_timeout: self.idle_timeout,
+            write_timeout: self.client_write_timeout,
+        }
+    }
+
     /// Parses flags and environment and layers the TOML file under them (not validated: see
     /// [`GatewayConfig::validate`]).
     pub fn load() -> Result<Self, clap::Error> {

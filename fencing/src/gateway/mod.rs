@@ -151,16 +151,8 @@ pub async fn run(
         shutdown,
         &shared.draining,
         CancellationToken::new(),
-        crate::serve::Drain {
-            delay: config.shutdown_delay,
-            deadline: config.drain_timeout,
-        },
-        crate::serve::Limits {
-            max_connections: config.max_client_connections,
-            header_read_timeout: config.header_read_timeout,
-            idle_timeout: config.idle_timeout,
-            write_timeout: config.client_write_timeout,
-        },
+        config.drain(),
+        config.connection_limits(),
     )
     .await;
     background.cancel();

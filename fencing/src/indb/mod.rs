@@ -263,14 +263,8 @@ async fn check_roles(
     Ok(())
 }
 
-/// The install's work after its lock (one attempt of it: see `in_slices`).
-async fn install_in(
-    tx: &Transaction<'_>,
-    options: &InstallOptions,
-    me: &str,
-    owner: &str,
-) -> Result<Installed, PackageError> {
-    let schema = options.schema.as_str();
+/// Makes `schema`, owned by `owner`, unless it is there already; refuses one someone else owns.
+async fn owned_schema(tx: &Transaction<'_>, schema: &str, owner: &str) -> Result<(), PackageError> {
     let schema_owner: Option<String> = tx
         .query_opt(
             "SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = $1",
@@ -294,6 +288,18 @@ async fn install_in(
             )))
         }
     }
+    Ok(())
+}
+
+/// The install's work after its lock (one attempt of it: see `in_slices`).
+async fn install_in(
+    tx: &Transaction<'_>,
+    options: &InstallOptions,
+    me: &str,
+    owner: &str,
+) -> Result<Installed, PackageError> {
+    let schema = options.schema.as_str();
+    owned_schema(tx, schema, owner).await?;
     let crypto = adopt::pgcrypto_schema(tx, schema, owner).await?;
     let from = installed_version(tx, schema).await?;
     if from > PACKAGE_VERSION {

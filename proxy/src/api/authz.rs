@@ -61,7 +61,7 @@ pub(super) fn audit_refusal(
     error: &Error,
 ) {
     if let Error::QuotaExceeded { quota, .. } = error {
-        app.etcd.metrics().quota_refusal(quota.as_str());
+        app.etcd.metrics().quota_refusal(*quota);
         app.audit.record(Event {
             principal: name(caller),
             op: Some(op.as_str()),

@@ -396,6 +396,24 @@ impl fencing::cli::Layered for Config {
 pub struct ConfigError(pub String);
 
 impl Config {
+    /// How the server drains after SIGTERM (`--shutdown-delay`, `--drain-timeout`).
+    pub(crate) fn drain(&self) -> fencing::serve::Drain {
+        fencing::serve::Drain {
+            delay: self.shutdown_delay,
+            deadline: self.drain_timeout,
+        }
+    }
+
+    /// The bounds on client connections (`--max-client-connections` and the client timeouts).
+    pub(crate) fn connection_limits(&self) -> fencing::serve::Limits {
+        fencing::serve::Limits {
+            max_connections: self.max_client_connections,
+            header_read_timeout: self.header_read_timeout,
+            idle_timeout: self.idle_timeout,
+            write_timeout: self.client_write_timeout,
+        }
+    }
+
     /// Parses flags and environment, layers the TOML file under them, and validates.
     pub fn load() -> Result<Self, clap::Error> {
         let config: Self = fencing::cli::parse_layered()?;

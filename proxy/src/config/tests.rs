@@ -77,20 +77,24 @@ fn the_dashboards_gateway_is_an_http_url() {
     }
 }
 
+/// The defaults with `tweak` applied: refused, with the error's text.
+fn refused(tweak: &dyn Fn(&mut Config)) -> String {
+    let mut c = Config::parse_from(["lease-proxy"]);
+    tweak(&mut c);
+    c.validate().unwrap_err().to_string()
+}
+
+/// The defaults with `tweak` applied: valid.
+fn ok(tweak: &dyn Fn(&mut Config)) {
+    let mut c = Config::parse_from(["lease-proxy"]);
+    tweak(&mut c);
+    c.validate().unwrap();
+}
+
 #[test]
-fn tls_settings_go_together_and_their_files_load() {
+fn server_tls_settings_go_together_and_their_files_load() {
     let pki = lease_proxy_testkit::pki::Pki::new("config");
     let server = pki.server("server");
-    let refused = |tweak: &dyn Fn(&mut Config)| {
-        let mut c = Config::parse_from(["lease-proxy"]);
-        tweak(&mut c);
-        c.validate().unwrap_err().to_string()
-    };
-    let ok = |tweak: &dyn Fn(&mut Config)| {
-        let mut c = Config::parse_from(["lease-proxy"]);
-        tweak(&mut c);
-        c.validate().unwrap();
-    };
     ok(&|c| {
         c.tls_cert = Some(server.cert.clone());
         c.tls_key = Some(server.key.clone());
@@ -122,8 +126,14 @@ fn tls_settings_go_together_and_their_files_load() {
         c.tls_key = Some(server.key.clone());
     });
     assert!(err.contains("missing"), "{err}");
-    // Client-side files only for https:// URLs; a user needs its password file, which
-    // must hold a password.
+}
+
+/// Client-side files only for https:// URLs; a user needs its password file, which must hold a
+/// password.
+#[test]
+fn client_tls_and_etcd_credentials_go_together() {
+    let pki = lease_proxy_testkit::pki::Pki::new("config-client");
+    let server = pki.server("server");
     let err = refused(&|c| c.etcd_ca = Some(pki.ca().to_owned()));
     assert!(err.contains("https://"), "{err}");
     let err = refused(&|c| {

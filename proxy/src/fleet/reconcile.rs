@@ -89,7 +89,8 @@ impl Fleets {
                     self.inner
                         .parts
                         .metrics
-                        .fleet_handoffs
+                        .fleet
+                        .handoffs
                         .add(begun as u64, &[]);
                     revision
                 }
@@ -301,7 +302,7 @@ impl Fleets {
             .await;
         match granted {
             Ok(Some(assigned)) => {
-                self.inner.parts.metrics.fleet_grants.add(1, &[]);
+                self.inner.parts.metrics.fleet.grants.add(1, &[]);
                 self.inner.parts.audit.record(Event {
                     principal: member.record.principal.clone(),
                     resource: Some(grant.resource.clone()),

@@ -10,7 +10,7 @@ use tokio_postgres::Transaction;
 use super::gate::{poll_pause, POLL};
 use super::inflight::{lower_live, Lower};
 use super::session::bounded;
-use super::{check_and_raise, decode, err, PostgresStore};
+use super::{check_and_raise, err, read_mark, PostgresStore, Read};
 use crate::store::StoreError;
 use crate::Token;
 
@@ -94,21 +94,19 @@ impl PostgresStore {
                 locked_mark(&tx, lock, resource, token),
             )
             .await?;
-            match mark {
-                Some(mark) if token < mark => {
+            match locked(lock, token, mark) {
+                Locked::Go => {}
+                Locked::Stale(mark) => {
                     roll_back(deadline, tx).await?;
                     session.done();
                     return Err(FencedError::Stale { token, mark });
                 }
-                Some(mark) if lock == Lock::AtMark && token == mark => {}
-                _ if lock == Lock::AtMark => {
-                    // Above the mark, or no mark yet: again, raising.
+                Locked::RaiseFirst => {
                     roll_back(deadline, tx).await?;
                     session.done();
                     lock = Lock::Raise;
                     continue;
                 }
-                _ => {}
             }
             // After the lock, on a fresh snapshot: every lower registration is visible.
             let lower = bounded(deadline, "look for lower in-flight writes", async {
@@ -124,10 +122,10 @@ impl PostgresStore {
                 lock = Lock::AtMark;
                 continue;
             }
-            let Some(statements) = statements.take() else {
-                // The statements are taken only here, and this iteration returns.
-                return Err(StoreError("fenced statements already consumed".into()).into());
-            };
+            // The statements are taken only here, and this iteration returns.
+            let statements = statements
+                .take()
+                .ok_or_else(|| StoreError("fenced statements already consumed".into()))?;
             return match statements(&tx).await {
                 Ok(value) => {
                     commit(deadline, tx).await?;
@@ -174,6 +172,28 @@ impl PostgresStore {
     }
 }
 
+/// What an attempt does once the mark row is locked.
+#[derive(Debug, PartialEq, Eq)]
+enum Locked {
+    /// Run the statements (after any lower writes in flight end).
+    Go,
+    /// The token is below the mark: refused.
+    Stale(Token),
+    /// Above the mark, or no mark yet, under a shared lock: again, raising.
+    RaiseFirst,
+}
+
+/// What an attempt holding `lock` does with `token` when the mark is `mark` (`None`: none yet;
+/// under [`Lock::Raise`], the mark it was raised from or to).
+fn locked(lock: Lock, token: Token, mark: Option<Token>) -> Locked {
+    match mark {
+        Some(mark) if token < mark => Locked::Stale(mark),
+        Some(mark) if lock == Lock::AtMark && token == mark => Locked::Go,
+        _ if lock == Lock::AtMark => Locked::RaiseFirst,
+        _ => Locked::Go,
+    }
+}
+
 /// Locks `resource`'s mark in `tx` as `lock` says: shared, to read it (`None`: no mark yet), or
 /// checked and raised to `token`.
 async fn locked_mark(
@@ -183,14 +203,7 @@ async fn locked_mark(
     token: Token,
 ) -> Result<Option<Token>, StoreError> {
     match lock {
-        Lock::AtMark => {
-            let share = tx
-                .prepare_cached("SELECT mark FROM fence_marks WHERE resource = $1 FOR SHARE")
-                .await
-                .map_err(err)?;
-            let row = tx.query_opt(&share, &[&resource]).await.map_err(err)?;
-            row.map(|r| decode(r.get::<_, &[u8]>(0))).transpose()
-        }
+        Lock::AtMark => read_mark(tx, resource, Read::Share).await,
         Lock::Raise => check_and_raise(tx, resource, token).await.map(Some),
     }
 }
@@ -212,4 +225,23 @@ async fn commit(
     tx: deadpool_postgres::Transaction<'_>,
 ) -> Result<(), StoreError> {
     bounded(deadline, "commit", async { tx.commit().await.map_err(err) }).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{locked, Lock, Locked};
+    use crate::Token;
+
+    #[test]
+    fn an_attempt_runs_only_at_the_mark_or_after_raising_to_it() {
+        let (five, six) = (Token::new(1, 5), Token::new(1, 6));
+        for lock in [Lock::AtMark, Lock::Raise] {
+            assert_eq!(locked(lock, five, Some(six)), Locked::Stale(six));
+            assert_eq!(locked(lock, five, Some(five)), Locked::Go);
+        }
+        for mark in [None, Some(five)] {
+            assert_eq!(locked(Lock::AtMark, six, mark), Locked::RaiseFirst);
+            assert_eq!(locked(Lock::Raise, six, mark), Locked::Go);
+        }
+    }
 }

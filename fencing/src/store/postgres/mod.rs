@@ -372,15 +372,26 @@ async fn check_and_raise(
     Ok(mark)
 }
 
-/// The mark of `resource` as `client` sees it now.
+/// How a mark is read.
+#[derive(Clone, Copy)]
+enum Read {
+    /// As the statement's snapshot has it.
+    Plain,
+    /// `FOR SHARE`: the row (if any) locked against raises until the transaction ends.
+    Share,
+}
+
+/// The mark of `resource` as `client` sees it now (`None`: no mark yet).
 async fn read_mark(
     client: &impl GenericClient,
     resource: &str,
+    how: Read,
 ) -> Result<Option<Token>, StoreError> {
-    let read = client
-        .prepare_cached("SELECT mark FROM fence_marks WHERE resource = $1")
-        .await
-        .map_err(err)?;
+    let sql = match how {
+        Read::Plain => "SELECT mark FROM fence_marks WHERE resource = $1",
+        Read::Share => "SELECT mark FROM fence_marks WHERE resource = $1 FOR SHARE",
+    };
+    let read = client.prepare_cached(sql).await.map_err(err)?;
     let row = client.query_opt(&read, &[&resource]).await.map_err(err)?;
     row.map(|r| decode(r.get::<_, &[u8]>(0))).transpose()
 }
@@ -389,7 +400,7 @@ impl HighWaterMarks for PostgresStore {
     fn get<'a>(&'a self, resource: &'a str) -> BoxFuture<'a, Result<Option<Token>, StoreError>> {
         Box::pin(bounded(self.deadline, "read the mark", async move {
             let session = self.session().await?;
-            let mark = read_mark(&*session, resource).await?;
+            let mark = read_mark(&*session, resource, Read::Plain).await?;
             session.done();
             Ok(mark)
         }))
