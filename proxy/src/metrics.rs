@@ -143,13 +143,7 @@ impl Metrics {
                 "lease_proxy.grpc.request.duration",
                 "Duration of gRPC calls (a stream's whole life), by method and status code.",
             ),
-            batch: meter
-                .u64_histogram("lease_proxy.etcd.batch.size")
-                .with_description(
-                    "Transactions per proposal sent by group commit (1: sent alone).",
-                )
-                .with_boundaries(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0])
-                .build(),
+            batch: batch_sizes(&meter),
             batch_splits: counter(
                 "lease_proxy.etcd.batch.splits",
                 "Group-commit batches etcd refused as a whole, their transactions then sent alone.",
@@ -325,6 +319,15 @@ fn duration(meter: &Meter, name: &'static str, description: &'static str) -> His
         .with_unit("s")
         .with_description(description)
         .with_boundaries(DURATION_BUCKETS.to_vec())
+        .build()
+}
+
+/// Transactions per proposal sent by group commit.
+fn batch_sizes(meter: &Meter) -> Histogram<u64> {
+    meter
+        .u64_histogram("lease_proxy.etcd.batch.size")
+        .with_description("Transactions per proposal sent by group commit (1: sent alone).")
+        .with_boundaries(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0])
         .build()
 }
 

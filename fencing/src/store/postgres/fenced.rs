@@ -88,12 +88,7 @@ impl PostgresStore {
                 session.transaction().await.map_err(err)
             })
             .await?;
-            let mark = bounded(
-                deadline,
-                "lock the mark",
-                locked_mark(&tx, lock, resource, token),
-            )
-            .await?;
+            let mark = locked_mark(deadline, &tx, lock, resource, token).await?;
             match locked(lock, token, mark) {
                 Locked::Go => {}
                 Locked::Stale(mark) => {
@@ -194,18 +189,22 @@ fn locked(lock: Lock, token: Token, mark: Option<Token>) -> Locked {
     }
 }
 
-/// Locks `resource`'s mark in `tx` as `lock` says: shared, to read it (`None`: no mark yet), or
-/// checked and raised to `token`.
+/// Locks `resource`'s mark in `tx` as `lock` says, within `deadline`: shared, to read it
+/// (`None`: no mark yet), or checked and raised to `token`.
 async fn locked_mark(
+    deadline: Duration,
     tx: &deadpool_postgres::Transaction<'_>,
     lock: Lock,
     resource: &str,
     token: Token,
 ) -> Result<Option<Token>, StoreError> {
-    match lock {
-        Lock::AtMark => read_mark(tx, resource, Read::Share).await,
-        Lock::Raise => check_and_raise(tx, resource, token).await.map(Some),
-    }
+    bounded(deadline, "lock the mark", async {
+        match lock {
+            Lock::AtMark => read_mark(tx, resource, Read::Share).await,
+            Lock::Raise => check_and_raise(tx, resource, token).await.map(Some),
+        }
+    })
+    .await
 }
 
 /// Rolls `tx` back within `deadline`.
