@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use common::{key_file, GatewayProcess, RecordingStorage};
 use fencing::{Keyring, Token};
+use lease_proxy_testkit::poll::answers;
 
 /// A small tmpfs mounted for the test, unmounted when dropped.
 struct Tmpfs(PathBuf);
@@ -63,20 +64,8 @@ async fn put(gw: &GatewayProcess, keys: &Keyring, resource: &str, revision: u64)
 
 /// Polls `/readyz` until it answers `want`, for at most `within`.
 async fn readyz_becomes(gw: &GatewayProcess, want: u16, within: Duration) {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        let status = reqwest::get(format!("{}/readyz", gw.url))
-            .await
-            .map_or(0, |r| r.status().as_u16());
-        if status == want {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "/readyz still {status}, not {want}, after {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let readyz = format!("{}/readyz", gw.url);
+    answers(&reqwest::Client::new(), &readyz, want, within).await;
 }
 
 /// On a full disk every raise fails, and `/readyz` says so; once there is room again it is

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use fencing::{KeyId, Keyring, Token};
 use lease_proxy_testkit::free_port;
+use lease_proxy_testkit::poll::{eventually, Probe};
 use lease_proxy_testkit::process::Spawned;
-use tokio::time::Instant;
 
 const BIN: &str = env!("CARGO_BIN_EXE_fence-gateway");
 
@@ -76,15 +76,14 @@ impl Gateway {
 
     /// Waits (polling, up to 15 s) until a write signed by `keys` gets `status`.
     async fn until(&self, keys: &Keyring, status: u16, what: &str) {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while self.put(keys).await != status {
-            assert!(
-                Instant::now() < deadline,
-                "{what}: never {status}\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let what = format!("{what}: {status}");
+        eventually(Duration::from_secs(15), &what, || async {
+            match self.put(keys).await {
+                got if got == status => Probe::Done(()),
+                got => Probe::Not(format!("{got}\n{}", self.log())),
+            }
+        })
+        .await;
     }
 }
 

@@ -12,6 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
+use lease_proxy_testkit::poll::until;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
@@ -60,9 +61,9 @@ async fn read_as(url: &str, token: &str) -> u16 {
 /// Probes for `hold`: alice must never acquire outside `a-` (a permission cut short would let
 /// her), and neither alice nor bob may ever be refused as unknown (a half or empty file would).
 async fn probe(url: &str, hold: Duration) {
-    let until = Instant::now() + hold;
+    let end = Instant::now() + hold;
     let mut n = 0;
-    while Instant::now() < until {
+    while Instant::now() < end {
         n += 1;
         let (status, body) = acquire_as(url, ALICE, &format!("ax-{n}"), 0).await;
         assert_eq!(
@@ -76,11 +77,10 @@ async fn probe(url: &str, hold: Duration) {
 
 /// Waits until carol's token is known: the file written last is in force.
 async fn until_known(url: &str, token: &str) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while read_as(url, token).await == 401 {
-        assert!(Instant::now() < deadline, "the whole file was never loaded");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until(PATIENCE, "the whole file loaded", || async {
+        read_as(url, token).await != 401
+    })
+    .await;
 }
 
 /// Rewrites `path` in place (as an editor or `cat >` would, not by rename): `first`, then after
@@ -118,11 +118,10 @@ async fn a_token_file_caught_mid_rewrite_is_never_taken() {
     let (first, rest) = whole.split_at(whole.find("bob").unwrap());
     rewrite_in_two_halves(url, &path, first, rest, Duration::from_millis(1500)).await;
     // Written whole again: carol is gone once it is loaded.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while read_as(url, CAROL).await != 401 {
-        assert!(Instant::now() < deadline, "the rewrite was never loaded");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until(PATIENCE, "the rewrite loaded", || async {
+        read_as(url, CAROL).await == 401
+    })
+    .await;
     probe(url, Duration::ZERO).await;
 
     // Emptied (a rewrite's first step), for longer than two polls: the table is kept.
@@ -188,14 +187,8 @@ async fn keys_under(etcd: &Etcd, prefix: &str) -> Vec<String> {
         .collect()
 }
 
-/// Polls (up to 15 s) until `done` answers true.
-async fn eventually<F: std::future::Future<Output = bool>>(what: &str, done: impl Fn() -> F) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !done().await {
-        assert!(Instant::now() < deadline, "{what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+/// How long a reload or a waiter's move may take to be seen.
+const PATIENCE: Duration = Duration::from_secs(15);
 
 /// bob waits for a resource alice holds; then the token file changes (by rename) to `after`,
 /// and `reloaded` says when it is in force. bob's wait must end with `status` at once — before
@@ -214,13 +207,13 @@ async fn a_waiter_judged_again(after: &str, status: u16, reloaded: impl Fn(Strin
         tokio::spawn(async move { acquire_as(&url, BOB, "a-1", 30_000).await })
     };
     let line_of = "/lease-proxy/waiters/a-1/";
-    eventually("bob never stood in line", || async {
+    until(PATIENCE, "bob never stood in line", || async {
         keys_under(&etcd, line_of).await.len() == 1
     })
     .await;
 
     replace(&path, after);
-    eventually("the new token file was never loaded", || async {
+    until(PATIENCE, "the new token file was never loaded", || async {
         let (s, _) = acquire_as(&url, BOB, "a-1", 0).await;
         reloaded(format!("{s}"))
     })
@@ -239,7 +232,7 @@ async fn a_waiter_judged_again(after: &str, status: u16, reloaded: impl Fn(Strin
     )
     .await;
     assert_eq!(s, 204);
-    eventually("bob's place in line was left behind", || async {
+    until(PATIENCE, "bob's place in line was left behind", || async {
         keys_under(&etcd, line_of).await.is_empty()
     })
     .await;
@@ -304,7 +297,7 @@ async fn an_acquire_whose_principal_was_removed_before_its_create_gets_401() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     // … when his line goes.
     replace(&path, &line("alice", ALICE, "acquire:a-,read:*"));
-    eventually("the new token file was never loaded", || async {
+    until(PATIENCE, "the new token file was never loaded", || async {
         read_as(&url, BOB).await == 401
     })
     .await;
@@ -361,7 +354,7 @@ async fn a_lock_waiter_judged_again(after: &str, status: u16, code: i64) {
         tokio::spawn(async move { lock_as(&url, ALICE, &lease).await })
     };
     let lock_keys = "/lease-proxy/v3/kv/alice/m/";
-    eventually("the second lock never waited", || async {
+    until(PATIENCE, "the second lock never waited", || async {
         keys_under(&etcd, lock_keys).await.len() == 2
     })
     .await;
@@ -372,9 +365,11 @@ async fn a_lock_waiter_judged_again(after: &str, status: u16, code: i64) {
         .expect("the lock still waits, under a table that no longer lets its principal")
         .unwrap();
     assert_eq!((s, body["code"].as_i64()), (status, Some(code)), "{body}");
-    eventually("the refused lock's key was left behind", || async {
-        keys_under(&etcd, lock_keys).await.len() == 1
-    })
+    until(
+        PATIENCE,
+        "the refused lock's key was left behind",
+        || async { keys_under(&etcd, lock_keys).await.len() == 1 },
+    )
     .await;
 }
 

@@ -8,9 +8,13 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use lease_proxy_testkit::poll::until;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
+
+/// How long a waiter may take to stand in line.
+const IN_LINE_WITHIN: Duration = Duration::from_secs(20);
 
 /// How many waiters stand in `resource`'s line, as etcd has it.
 async fn in_line(etcd: &Etcd, resource: &str) -> i64 {
@@ -51,14 +55,11 @@ async fn line_up(
                 acquire_waiting(&url, &wanted, &format!("waiter-{i}"), 30, 60_000).await;
             let _ = tx.send((i, url, status, body));
         });
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while in_line(etcd, resource).await < before + k as i64 + 1 {
-            assert!(
-                Instant::now() < deadline,
-                "waiter {i} is not in line after 20 s"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let want = before + k as i64 + 1;
+        until(IN_LINE_WITHIN, &format!("waiter {i} in line"), || async {
+            in_line(etcd, resource).await >= want
+        })
+        .await;
     }
     rx
 }
@@ -158,14 +159,10 @@ async fn a_waiter_that_leaves_does_not_hold_up_the_line() {
         let url = b.url.clone();
         tokio::spawn(async move { acquire_waiting(&url, "kiln", "leaver", 30, 60_000).await })
     };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while in_line(&etcd, "kiln").await < 1 {
-        assert!(
-            Instant::now() < deadline,
-            "the leaver is not in line after 20 s"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until(IN_LINE_WITHIN, "the leaver in line", || async {
+        in_line(&etcd, "kiln").await >= 1
+    })
+    .await;
     let mut granted = line_up(&etcd, &[a.url.clone(), b.url.clone()], "kiln", 8, 1).await;
     leaving.abort();
     let _ = leaving.await;
@@ -208,20 +205,13 @@ async fn a_waiter_that_leaves_does_not_hold_up_the_line() {
         .filter(|kv| kv.0.starts_with(b"/lease-proxy/holders/kiln"))
         .collect();
     assert!(holders.is_empty(), "{holders:?}");
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        let waiting = snapshot(&etcd)
-            .await
-            .kvs
-            .into_iter()
-            .filter(|kv| kv.0.starts_with(b"/lease-proxy/waiters/kiln/"))
-            .count();
-        if waiting == 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{waiting} queue entries left");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until(Duration::from_secs(2), "no queue entries left", || async {
+        let waiting = snapshot(&etcd).await.kvs.into_iter();
+        !waiting
+            .map(|kv| kv.0)
+            .any(|key| key.starts_with(b"/lease-proxy/waiters/kiln/"))
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

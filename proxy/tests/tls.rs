@@ -14,8 +14,12 @@ use std::time::Duration;
 
 use common::*;
 use lease_proxy_testkit::pki::{Issued, Pki};
+use lease_proxy_testkit::poll::{answers, until};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
+
+/// How long a changed certificate may take to be served.
+const RELOAD_WITHIN: Duration = Duration::from_secs(15);
 
 const ALICE: &str = "alice-7d1c0e9b44";
 
@@ -282,14 +286,10 @@ async fn certificates_reload_without_a_restart() {
     install(&next, &live);
     let second = der_of(&live.cert);
     assert_ne!(first, second);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    while presented(&pki, &addr).await != second {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the new certificate was never served"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until(RELOAD_WITHIN, "the new certificate served", || async {
+        presented(&pki, &addr).await == second
+    })
+    .await;
     assert_eq!(livez(&before, &proxy.url).await, 200);
 
     // A key that does not parse: the reload is refused, the certificate in force stays.
@@ -316,14 +316,10 @@ async fn certificates_reload_without_a_restart() {
     let third = pki.server("third");
     install(&third, &live);
     let third = der_of(&live.cert);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    while presented(&pki, &addr).await != third {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "a good pair after a FIFO was never served"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until(RELOAD_WITHIN, "a good pair after a FIFO served", || async {
+        presented(&pki, &addr).await == third
+    })
+    .await;
     proxy.stop().await;
 }
 
@@ -400,16 +396,8 @@ async fn the_gateway_serves_https_and_takes_pre_fences_only_from_its_principals(
         std::future::pending(),
     ));
     let anonymous = tls_client(&pki, None);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !anonymous
-        .get(format!("{gateway}/readyz"))
-        .send()
-        .await
-        .is_ok_and(|r| r.status() == 200)
-    {
-        assert!(tokio::time::Instant::now() < deadline, "gateway not ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let readyz = format!("{gateway}/readyz");
+    answers(&anonymous, &readyz, 200, Duration::from_secs(10)).await;
 
     let proxy_for = |cert: Issued| {
         let gateway = gateway.clone();

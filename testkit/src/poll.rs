@@ -40,6 +40,45 @@ where
     }
 }
 
+/// Asks `holds` until it answers true, at most `within`; panics naming `what` otherwise.
+/// Answers how long it took.
+pub async fn until<F, Fut>(within: Duration, what: &str, mut holds: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let probe = || {
+        let holds = holds();
+        async move {
+            if holds.await {
+                Probe::Done(())
+            } else {
+                Probe::Not("not yet".into())
+            }
+        }
+    };
+    eventually(within, what, probe).await.1
+}
+
+/// Asks `GET url` through `client` until it answers `want`, at most `within`; panics with the
+/// last answer seen otherwise.
+#[cfg(feature = "http")]
+pub async fn answers(client: &reqwest::Client, url: &str, want: u16, within: Duration) -> Duration {
+    let probe = || {
+        let request = client.get(url).send();
+        async move {
+            match request.await.map(|r| r.status().as_u16()) {
+                Ok(status) if status == want => Probe::Done(()),
+                Ok(status) => Probe::Not(format!("{status}")),
+                Err(e) => Probe::Not(format!("no answer: {e}")),
+            }
+        }
+    };
+    eventually(within, &format!("GET {url} answering {want}"), probe)
+        .await
+        .1
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,6 +99,12 @@ mod tests {
         })
         .await;
         assert_eq!((value, took), (3, EVERY * 2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    #[should_panic(expected = "never true: not within 100ms; last seen: not yet")]
+    async fn a_condition_that_never_holds_fails_naming_it() {
+        until(Duration::from_millis(100), "never true", || async { false }).await;
     }
 
     #[tokio::test(start_paused = true)]

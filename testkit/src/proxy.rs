@@ -10,8 +10,8 @@ use tempfile::TempDir;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-/// How many times, 25 ms apart, a starting proxy's `/readyz` is asked before giving up.
-const READY_ATTEMPTS: u32 = 400;
+/// How long a starting proxy has to answer `/readyz` with 200.
+const READY_WITHIN: Duration = Duration::from_secs(10);
 
 /// A fresh fencing key file (key id `k1`) in `dir`.
 pub fn key_file(dir: &Path) -> PathBuf {
@@ -101,20 +101,9 @@ impl Proxy {
             task: Some(task),
             _dir: dir,
         };
-        proxy.wait_ready(client).await;
+        let readyz = format!("{}/readyz", proxy.url);
+        crate::poll::answers(client, &readyz, 200, READY_WITHIN).await;
         proxy
-    }
-
-    async fn wait_ready(&self, client: &reqwest::Client) {
-        for _ in 0..READY_ATTEMPTS {
-            if let Ok(r) = client.get(format!("{}/readyz", self.url)).send().await {
-                if r.status() == 200 {
-                    return;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("proxy at {} never became ready", self.url);
     }
 
     /// Stops the proxy and waits for its drain to finish.

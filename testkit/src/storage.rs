@@ -9,8 +9,8 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// How many times, 25 ms apart, a starting gateway's `/readyz` is asked before giving up.
-const READY_ATTEMPTS: u32 = 400;
+/// How long a starting gateway has to answer `/readyz` with 200.
+const READY_WITHIN: Duration = Duration::from_secs(10);
 
 /// One request the storage received: the fencing headers the enforcer in front set, and the
 /// body.
@@ -123,14 +123,7 @@ pub async fn start_gateway(upstream: &str, key_file: &Path) -> String {
         config,
         std::future::pending(),
     ));
-    let client = reqwest::Client::new();
-    for _ in 0..READY_ATTEMPTS {
-        if let Ok(r) = client.get(format!("{url}/readyz")).send().await {
-            if r.status() == 200 {
-                return url;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("fence-gateway at {url} never became ready");
+    let readyz = format!("{url}/readyz");
+    crate::poll::answers(&reqwest::Client::new(), &readyz, 200, READY_WITHIN).await;
+    url
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use axum::body::Body;
 use fencing::{KeyId, Keyring, Token};
 use http::{Request, Response};
+use lease_proxy_testkit::poll::{eventually, Probe};
 use rand::Rng;
 use tower::{Service, ServiceExt};
 
@@ -262,21 +263,23 @@ impl GatewayProcess {
             addr,
             url: format!("http://{addr}"),
         };
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while tokio::time::Instant::now() < deadline {
+        let readyz = format!("{}/readyz", gw.url);
+        eventually(Duration::from_secs(10), "fence-gateway ready", || {
             if let Ok(Some(status)) = gw.child.try_wait() {
                 panic!(
                     "fence-gateway exited ({status}) before it was ready: GATEWAY_LOG=1 shows why"
                 );
             }
-            if let Ok(r) = reqwest::get(format!("{}/readyz", gw.url)).await {
-                if r.status() == 200 {
-                    return gw;
+            let asked = reqwest::get(&readyz);
+            async move {
+                match asked.await.map(|r| r.status().as_u16()) {
+                    Ok(200) => Probe::Done(()),
+                    answer => Probe::Not(format!("{answer:?}")),
                 }
             }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("fence-gateway did not become ready");
+        })
+        .await;
+        gw
     }
 }
 

@@ -17,19 +17,8 @@ pub use lease_proxy_testkit::Etcd;
 
 /// Waits (up to 30 s) until `{url}/readyz` answers 200: a binary started by a test is serving.
 pub async fn wait_ready(url: &str) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(r) = http().get(format!("{url}/readyz")).send().await {
-            if r.status() == 200 {
-                return;
-            }
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{url} never became ready"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let readyz = format!("{url}/readyz");
+    lease_proxy_testkit::poll::answers(&http(), &readyz, 200, Duration::from_secs(30)).await;
 }
 
 /// A plain HTTP client for the tests.
