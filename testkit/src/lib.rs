@@ -16,8 +16,9 @@
 //!
 //! [`postgres::PrivatePostgres`] is a PostgreSQL server of a test's own (server settings, a
 //! superuser), beside the shared one the tests use otherwise.
-//! [`poll::eventually`] waits for a condition with a deadline instead of sleeping for it;
-//! [`Etcd::shared`] is one etcd member shared by the tests of a binary that run at once (each
+//! [`poll::eventually`] waits for a condition with a deadline instead of sleeping for it
+//! ([`poll::until`] for a yes-or-no condition; with the feature `http`, `poll::answers` for a URL
+//! answering a status); [`Etcd::shared`] is one etcd member shared by the tests of a binary that run at once (each
 //! isolates itself by key prefix).
 //!
 //! With the feature `proxy`, `proxy::Proxy` runs a lease-proxy in the test's own process, and
