@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, Method};
 use common::*;
+use lease_proxy_testkit::poll::until;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -595,14 +596,11 @@ async fn the_audit_log_has_a_line_per_grant_release_and_refusal() {
     assert_eq!(s, 201);
     let mut client = etcd.client().await;
     client.lease_revoke(lease_id(&doomed)).await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .contains("\"expire\"")
-    {
-        assert!(tokio::time::Instant::now() < deadline, "no expiry audited");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until(Duration::from_secs(10), "the expiry audited", || async {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.contains("\"expire\"")
+    })
+    .await;
     // Stopping drains the writer.
     proxy.stop().await;
 
@@ -779,7 +777,7 @@ fn rewrite_unnoticed(path: &Path, text: &str) {
 }
 
 /// Polls `GET path` on the connection as `token` until it answers `want` (within 10 s).
-async fn until(s: &mut tokio::net::TcpStream, path: &str, token: &str, want: u16) {
+async fn until_on(s: &mut tokio::net::TcpStream, path: &str, token: &str, want: u16) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let got = raw_get(s, path, token).await;
@@ -833,7 +831,7 @@ async fn sighup_and_file_changes_reload_the_tokens_without_dropping_connections(
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(raw_get(&mut conn, path, ALICE).await, 404, "no reload yet");
     lease_proxy_testkit::signal_pid(child.0.id(), "HUP");
-    until(&mut conn, path, DAVE, 404).await;
+    until_on(&mut conn, path, DAVE, 404).await;
     assert_eq!(raw_get(&mut conn, path, ALICE).await, 401, "alice removed");
 
     // A file that does not parse keeps the table in force.
@@ -844,7 +842,7 @@ async fn sighup_and_file_changes_reload_the_tokens_without_dropping_connections(
 
     // A change of the file is noticed without a signal.
     std::fs::write(&tokens, line("alice", ALICE)).unwrap();
-    until(&mut conn, path, ALICE, 404).await;
+    until_on(&mut conn, path, ALICE, 404).await;
     assert_eq!(raw_get(&mut conn, path, DAVE).await, 401, "dave removed");
     // Every answer above came on the one connection opened before the first reload.
     assert!(child.0.id() > 0);

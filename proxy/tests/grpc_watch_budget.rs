@@ -11,6 +11,7 @@ use std::time::Duration;
 use common::authed::*;
 use common::*;
 use etcd_client::{Client, ConnectOptions, WatchOptions};
+use lease_proxy_testkit::poll::{eventually, Probe};
 
 /// One principal's stalled watch streams, each with three watches over a 24 MiB history (one
 /// answer each), against another principal's ordinary stream (two watches of one key, every put
@@ -125,21 +126,22 @@ async fn stalled_history_watches_cut_off_their_own_principal_only() {
     assert_eq!(cut("replica"), 0.0);
     // Every stream gone, everything is given back.
     drop(stalled);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = metrics_text(&proxy.url).await;
-        assert!(
-            text.contains("\nlease_proxy_grpc_watch_held_bytes "),
-            "{text}"
-        );
-        let held = metric(&text, "lease_proxy_grpc_watch_held_bytes", &[]);
-        if held == 0.0 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{held} bytes still held once every stream was gone"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        Duration::from_secs(10),
+        "every held byte given back",
+        || async {
+            let text = metrics_text(&proxy.url).await;
+            assert!(
+                text.contains("\nlease_proxy_grpc_watch_held_bytes "),
+                "{text}"
+            );
+            let held = metric(&text, "lease_proxy_grpc_watch_held_bytes", &[]);
+            if held == 0.0 {
+                Probe::Done(())
+            } else {
+                Probe::Not(format!("{held} bytes held"))
+            }
+        },
+    )
+    .await;
 }

@@ -12,10 +12,10 @@ use std::time::Duration;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use common::*;
+use lease_proxy_testkit::poll::{eventually, Probe};
 use reqwest::Method;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
-use tokio::time::Instant;
 
 const WRITER: &str = "writer-token-4be1c0";
 const ALPHA: &str = "alpha-token-0d97aa";
@@ -426,16 +426,14 @@ async fn one_principal_cannot_take_every_event_stream_slot() {
     assert!(retry_after.is_some(), "503 without Retry-After");
     // A stream alpha closes is a slot alpha may take again.
     drop(hog.pop());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = watch(&proxy, ALPHA).await;
-        if r.status() == 200 {
-            hog.push(r);
-            break;
+    let (again, _) = eventually(Duration::from_secs(10), "alpha's slot back", || async {
+        match watch(&proxy, ALPHA).await {
+            r if r.status() == 200 => Probe::Done(r),
+            r => Probe::Not(r.status().to_string()),
         }
-        assert!(Instant::now() < deadline, "alpha's slot never came back");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
+    hog.push(again);
     let metrics = metrics_text(&proxy.url).await;
     assert!(
         metrics.contains("lease_proxy_quota_refusals_total{quota=\"watch-streams\""),

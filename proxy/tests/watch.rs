@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use common::sse::{Message, Sse};
 use common::*;
+use lease_proxy_testkit::poll::{eventually, Probe};
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -855,16 +856,15 @@ async fn flood(etcd: &Etcd) {
 
 /// Waits up to 20 s for the only stream slot of the proxy at `url` to be free again.
 async fn slot_comes_back(url: &str, failure: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    eventually(Duration::from_secs(20), failure, || async {
         let r = reqwest::get(url).await.unwrap();
-        if r.status() == 200 {
-            return;
+        match r.status().as_u16() {
+            200 => Probe::Done(()),
+            503 => Probe::Not("503".into()),
+            other => panic!("{failure}: {other}"),
         }
-        assert_eq!(r.status(), 503);
-        assert!(Instant::now() < deadline, "{failure}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    })
+    .await;
 }
 
 /// A client that resets its connection right after sending a release: once the release has
