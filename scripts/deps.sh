@@ -137,13 +137,16 @@ apt_install() {
 # Runs a command holding a lock that every script sourcing this file shares. scripts/test.sh
 # runs the Python suite beside the TypeScript and Go ones, and each ensures the same packages and
 # the same PostgreSQL role: two apt-gets at once fight over dpkg's lock, and two `ALTER ROLE`s of
-# one role at once fail with "tuple concurrently updated".
+# one role at once fail with "tuple concurrently updated". The lock file is opened for reading
+# (flock needs no more), so a file root made first does not lock out a user after it.
 one_at_a_time() {
   type -P flock >/dev/null || { echo "flock (util-linux) not found" >&2; exit 1; }
+  local lock="${TMPDIR:-/tmp}/lease-proxy-deps.lock"
+  [ -e "$lock" ] || : >"$lock"
   (
     flock 9
     "$@"
-  ) 9>"${TMPDIR:-/tmp}/lease-proxy-deps.lock"
+  ) 9<"$lock"
 }
 
 # Runs a check, installs what it found missing, then runs it again: anything still missing after
