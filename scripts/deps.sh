@@ -138,14 +138,18 @@ apt_install() {
 # runs the Python suite beside the TypeScript and Go ones, and each ensures the same packages and
 # the same PostgreSQL role: two apt-gets at once fight over dpkg's lock, and two `ALTER ROLE`s of
 # one role at once fail with "tuple concurrently updated". The lock file is opened for reading
-# (flock needs no more), so a file root made first does not lock out a user after it.
+# (flock needs no more), so a file root made first does not lock out a user after it. The command
+# runs without the lock's descriptor: a daemon it starts (the postmaster) would otherwise inherit
+# it and hold the lock for as long as it runs. The wait is bounded, so a holder that never lets go
+# is an error naming the lock rather than a hang.
 one_at_a_time() {
   type -P flock >/dev/null || { echo "flock (util-linux) not found" >&2; exit 1; }
   local lock="${TMPDIR:-/tmp}/lease-proxy-deps.lock"
   [ -e "$lock" ] || : >"$lock"
   (
-    flock 9
-    "$@"
+    local wait="${DEPS_LOCK_WAIT:-900}"
+    flock -w "$wait" 9 || { echo "waited ${wait}s for $lock: whatever holds it (fuser $lock) never let go" >&2; exit 1; }
+    "$@" 9<&-
   ) 9<"$lock"
 }
 

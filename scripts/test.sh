@@ -128,10 +128,13 @@ else
   cargo test --workspace --locked
 fi
 phase "Python SDK (pytest), with TypeScript, schemathesis and Go beside it"
-beside "TypeScript SDK, schemathesis, Go SDK" bash -c \
+# The phase takes about five minutes; one that is stuck ends at this bound (exit 124) and its log
+# is printed, rather than running on until CI's own limit ends everything without saying where.
+sdk_bound=(timeout --kill-after=30 "${SDK_PHASE_BOUND:-1800}")
+beside "TypeScript SDK, schemathesis, Go SDK" "${sdk_bound[@]}" bash -c \
   "scripts/typescript-tests.sh && scripts/schemathesis.sh && scripts/go-tests.sh"
 python_status=0
-scripts/python-tests.sh 2>&1 | tee "$logs/python.log" || python_status=$?
+"${sdk_bound[@]}" scripts/python-tests.sh 2>&1 | tee "$logs/python.log" || python_status=$?
 [ "$python_status" -eq 0 ] || failed_logs+=("$logs/python.log")
 await_beside
 [ "$python_status" -eq 0 ] || exit "$python_status"
