@@ -16,8 +16,9 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{key_file, GatewayProcess, Received, RecordingStorage};
+use common::{key_file, GatewayProcess};
 use fencing::{Keyring, Token};
+use lease_proxy_testkit::recording::{Received, Storage};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -185,14 +186,26 @@ fn reached(r: &Received) -> String {
         .collect();
     read.sort();
     read.dedup();
-    let headers: Vec<_> = r
-        .resources
+    let headers: Vec<String> = r
+        .all("fencing-resource")
         .iter()
-        .map(|v| String::from_utf8_lossy(v))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
         .collect();
     format!(
         " ({} {}: path reads as {read:?}, Fencing-Resource {headers:?})",
         r.method, r.path
+    )
+}
+
+/// Every value of one header.
+type Values = Vec<Vec<u8>>;
+
+/// Every `Fencing-Resource`, `Fencing-Token` and `X-Fencing-Token` value the storage got.
+fn fencing_headers(r: &Received) -> (Values, Values, Values) {
+    (
+        r.all("fencing-resource"),
+        r.all("fencing-token"),
+        r.all("x-fencing-token"),
     )
 }
 
@@ -209,16 +222,17 @@ fn check(keys: &Keyring, expect: Expect, status: u16, got: &[Received]) -> Resul
         }
     };
     let bound = |r: &Received, resource: &str| -> Result<(), String> {
-        if r.resources != [resource.as_bytes()] {
+        let (resources, tokens, legacy) = fencing_headers(r);
+        if resources != [resource.as_bytes()] {
             return Err(format!(
                 "storage got Fencing-Resource {:?}",
-                r.resources
+                resources
                     .iter()
                     .map(|v| String::from_utf8_lossy(v))
                     .collect::<Vec<_>>()
             ));
         }
-        match (r.tokens.as_slice(), r.legacy_tokens.len()) {
+        match (tokens.as_slice(), legacy.len()) {
             ([token], 0)
                 if keys
                     .verify(resource, &String::from_utf8_lossy(token))
@@ -228,8 +242,8 @@ fn check(keys: &Keyring, expect: Expect, status: u16, got: &[Received]) -> Resul
             }
             _ => Err(format!(
                 "storage got {} Fencing-Token and {} X-Fencing-Token, not one token for {resource}",
-                r.tokens.len(),
-                r.legacy_tokens.len()
+                tokens.len(),
+                legacy.len()
             )),
         }
     };
@@ -255,7 +269,8 @@ fn check(keys: &Keyring, expect: Expect, status: u16, got: &[Received]) -> Resul
         Expect::HeaderBound(resource) => bound(one(status == 200)?, resource),
         Expect::Read => {
             let r = one(status == 200)?;
-            if r.resources.is_empty() && r.tokens.is_empty() && r.legacy_tokens.is_empty() {
+            let (resources, tokens, legacy) = fencing_headers(r);
+            if resources.is_empty() && tokens.is_empty() && legacy.is_empty() {
                 Ok(())
             } else {
                 Err("client-sent fencing headers reached the storage on a read".into())
@@ -270,13 +285,13 @@ async fn run_rows(
     rows: &[Row],
     keys: &Keyring,
     gateway: &GatewayProcess,
-    storage: &RecordingStorage,
+    storage: &Storage,
 ) -> (String, Vec<String>) {
     let mut table = String::new();
     let mut failures = Vec::new();
     for row in rows {
         let (status, slug) = send(gateway.addr, &bytes(row)).await;
-        let got = storage.take();
+        let got = storage.log.take();
         let verdict = check(keys, row.expect, status, &got);
         let mut target: String = String::from_utf8_lossy(&row.target)
             .chars()
@@ -658,7 +673,7 @@ async fn table(build: fn(&Keyring) -> Vec<Row>, flags: &[&str]) {
     // The rows mint with the gateway's keys: start from its key file.
     let dir = tempfile::tempdir().unwrap();
     let (key_path, keys) = key_file(dir.path());
-    let storage = RecordingStorage::start().await;
+    let storage = Storage::start().await;
     let gateway = GatewayProcess::start(&storage.url, &key_path, flags).await;
     let rows = build(&keys);
     let (table, failures) = run_rows(&rows, &keys, &gateway, &storage).await;

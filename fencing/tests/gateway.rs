@@ -4,47 +4,25 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::http::HeaderMap;
 use fencing::{KeyId, Keyring, Token};
 use lease_proxy_testkit::free_port;
+use lease_proxy_testkit::recording::Storage;
 
 const BIN: &str = env!("CARGO_BIN_EXE_fence-gateway");
 
-/// What the storage received: (method, path, headers, body).
-type Received = Arc<Mutex<Vec<(String, String, HeaderMap, Bytes)>>>;
-
-async fn storage() -> (String, Received) {
-    let received: Received = Arc::default();
-    let log = received.clone();
-    let app = axum::Router::new().fallback(
-        move |method: http::Method, uri: http::Uri, headers: HeaderMap, body: Bytes| {
-            let log = log.clone();
-            async move {
-                log.lock().unwrap().push((
-                    method.to_string(),
-                    uri.path().to_owned(),
-                    headers,
-                    body.clone(),
-                ));
-                (
-                    [
-                        ("x-storage", "yes"),
-                        ("connection", "x-hop"),
-                        ("x-hop", "1"),
-                    ],
-                    body,
-                )
-            }
-        },
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (url, received)
+/// A storage that answers each request with its body, an end-to-end header and a hop-by-hop
+/// one (which the gateway must not pass on), recording what it received.
+async fn storage() -> Storage {
+    Storage::builder()
+        .echo()
+        .header("x-storage", "yes")
+        .header("connection", "x-hop")
+        .header("x-hop", "1")
+        .start()
+        .await
 }
 
 struct Gateway {
@@ -137,7 +115,10 @@ async fn put(gw: &Gateway, keys: &Keyring, resource: &str, revision: u64) -> u16
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn marks_survive_sigkill() {
     let (dir, key_file, keys) = setup();
-    let (upstream, received) = storage().await;
+    let Storage {
+        url: upstream,
+        log: received,
+    } = storage().await;
     let store = dir.path().join("marks.db");
     let port = free_port();
     let gw = Gateway::start(&upstream, &store, &key_file, port).await;
@@ -148,12 +129,7 @@ async fn marks_survive_sigkill() {
     assert_eq!(put(&gw, &keys, "aisle-1", 9).await, 409);
     assert_eq!(put(&gw, &keys, "aisle-1", 10).await, 200);
     assert_eq!(put(&gw, &keys, "aisle-1", 11).await, 200);
-    let bodies: Vec<Bytes> = received
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|r| r.3.clone())
-        .collect();
+    let bodies: Vec<Bytes> = received.all().into_iter().map(|r| r.body).collect();
     assert_eq!(
         bodies,
         vec!["count from 10", "count from 10", "count from 11"]
@@ -163,7 +139,10 @@ async fn marks_survive_sigkill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prefence_reads_and_headers() {
     let (dir, key_file, keys) = setup();
-    let (upstream, received) = storage().await;
+    let Storage {
+        url: upstream,
+        log: received,
+    } = storage().await;
     let gw = Gateway::start(&upstream, &dir.path().join("m.db"), &key_file, free_port()).await;
     let client = reqwest::Client::new();
 
@@ -192,7 +171,7 @@ async fn prefence_reads_and_headers() {
         .unwrap()
         .ends_with("/stale-fencing-token"));
     assert_eq!(body["mark"]["revision"], "8");
-    let before = received.lock().unwrap().len();
+    let before = received.len();
     assert_eq!(before, 1, "only the first write reached storage");
 
     // Reads pass through without a token; end-to-end headers travel, hop-by-hop ones do not.
@@ -207,24 +186,27 @@ async fn prefence_reads_and_headers() {
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["x-storage"], "yes");
     assert!(resp.headers().get("x-hop").is_none());
-    let last = received.lock().unwrap().last().cloned().unwrap();
+    let last = received.all().last().cloned().unwrap();
     assert_eq!(
-        (last.0.as_str(), last.1.as_str()),
+        (last.method.as_str(), last.path.as_str()),
         ("GET", "/inventory/aisle-2")
     );
-    assert_eq!(last.2["x-end-to-end"], "kept");
-    assert!(last.2.get("x-private").is_none());
-    assert!(last.2.get("fencing-token").is_none());
+    assert_eq!(last.headers["x-end-to-end"], "kept");
+    assert!(last.headers.get("x-private").is_none());
+    assert!(last.headers.get("fencing-token").is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_refused_and_changes_nothing() {
     let (dir, key_file, keys) = setup();
-    let (upstream, received) = storage().await;
+    let Storage {
+        url: upstream,
+        log: received,
+    } = storage().await;
     let store = dir.path().join("m.db");
     let gw = Gateway::start(&upstream, &store, &key_file, free_port()).await;
     assert_eq!(put(&gw, &keys, "bin-1", 50).await, 200);
-    received.lock().unwrap().clear();
+    received.take();
     // A fresh connection per request: after an early refusal of an oversized body the gateway
     // closes the connection, and a pooled client could race to reuse it.
     let client = reqwest::Client::builder()
@@ -329,10 +311,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
         let resp = req.send().await.unwrap();
         assert_eq!(resp.status().as_u16(), want, "{name}");
     }
-    assert!(
-        received.lock().unwrap().is_empty(),
-        "a refused request reached storage"
-    );
+    assert!(received.is_empty(), "a refused request reached storage");
     // The mark did not move: token 50 is still admitted, 49 is not.
     assert_eq!(put(&gw, &keys, "bin-1", 49).await, 409);
     assert_eq!(put(&gw, &keys, "bin-1", 50).await, 200);
@@ -341,7 +320,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_outcomes_and_sigterm_exits_zero() {
     let (dir, key_file, keys) = setup();
-    let (upstream, _received) = storage().await;
+    let upstream = storage().await.url;
     let mut gw = Gateway::start(&upstream, &dir.path().join("m.db"), &key_file, free_port()).await;
     assert_eq!(put(&gw, &keys, "m-1", 3).await, 200);
     assert_eq!(put(&gw, &keys, "m-1", 2).await, 409);
@@ -578,7 +557,10 @@ async fn raw(gw: &Gateway, request: &[u8]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn header_hygiene_protocols_and_limits() {
     let (dir, key_file, keys) = setup();
-    let (upstream, received) = storage().await;
+    let Storage {
+        url: upstream,
+        log: received,
+    } = storage().await;
     let gw = Gateway::start_with(
         &upstream,
         &dir.path().join("m.db"),
@@ -602,10 +584,10 @@ async fn header_hygiene_protocols_and_limits() {
     )
     .await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    let last = received.lock().unwrap().last().cloned().unwrap();
-    assert_eq!(last.2.get_all("fencing-token").iter().count(), 1);
-    assert_eq!(last.2["fencing-token"], token.as_str());
-    assert_eq!(last.2["fencing-resource"], "aisle-5");
+    let last = received.all().last().cloned().unwrap();
+    assert_eq!(last.headers.get_all("fencing-token").iter().count(), 1);
+    assert_eq!(last.headers["fencing-token"], token.as_str());
+    assert_eq!(last.headers["fencing-resource"], "aisle-5");
 
     // Underscore spellings, which CGI/WSGI/Rack/PHP storages read as the same header, are
     // fencing headers too: none reaches the storage.
@@ -620,11 +602,13 @@ async fn header_hygiene_protocols_and_limits() {
     )
     .await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    let last = received.lock().unwrap().last().cloned().unwrap();
+    let last = received.all().last().cloned().unwrap();
     assert!(
-        last.2.keys().all(|k| !k.as_str().contains("fencing_")),
+        last.headers
+            .keys()
+            .all(|k| !k.as_str().contains("fencing_")),
         "{:?}",
-        last.2
+        last.headers
     );
 
     // A read carries no client-sent fencing header to the storage.
@@ -637,11 +621,11 @@ async fn header_hygiene_protocols_and_limits() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
-    let last = received.lock().unwrap().last().cloned().unwrap();
+    let last = received.all().last().cloned().unwrap();
     assert!(
-        last.2.keys().all(|k| !k.as_str().contains("fencing")),
+        last.headers.keys().all(|k| !k.as_str().contains("fencing")),
         "{:?}",
-        last.2
+        last.headers
     );
 
     // h2c (prior knowledge) is served, and forwarded to the HTTP/1.1 storage.
@@ -658,7 +642,7 @@ async fn header_hygiene_protocols_and_limits() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200, "h2c write");
-    assert_eq!(received.lock().unwrap().last().unwrap().3, "over h2");
+    assert_eq!(received.all().last().unwrap().body, "over h2");
 
     // A chunked body over --max-body-bytes (64 KiB here) is refused with 413, not 502.
     let chunk = format!("{:x}\r\n{}\r\n", 40_000, "x".repeat(40_000));
@@ -720,7 +704,10 @@ async fn header_hygiene_protocols_and_limits() {
 async fn silent_idle_and_preface_only_connections_are_closed() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (dir, key_file, keys) = setup();
-    let (upstream, received) = storage().await;
+    let Storage {
+        url: upstream,
+        log: received,
+    } = storage().await;
     let gw = Gateway::start_with(
         &upstream,
         &dir.path().join("m.db"),
@@ -764,7 +751,7 @@ async fn silent_idle_and_preface_only_connections_are_closed() {
     let mut answer = [0u8; 12];
     busy.read_exact(&mut answer).await.unwrap();
     assert_eq!(&answer, b"HTTP/1.1 200", "a busy connection was cut");
-    assert_eq!(received.lock().unwrap().last().unwrap().3, "slow");
+    assert_eq!(received.all().last().unwrap().body, "slow");
 
     let within = Duration::from_secs(5);
     for (name, stream, limit) in [
@@ -782,7 +769,10 @@ async fn silent_idle_and_preface_only_connections_are_closed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_locked_sqlite_store_fails_closed_within_the_store_timeout() {
     let (dir, key_file, keys) = setup();
-    let (upstream, received) = storage().await;
+    let Storage {
+        url: upstream,
+        log: received,
+    } = storage().await;
     let marks = dir.path().join("m.db");
     let gw = Gateway::start_with(
         &upstream,
@@ -811,7 +801,7 @@ async fn a_locked_sqlite_store_fails_closed_within_the_store_timeout() {
         .await
         .unwrap();
     assert!(started.elapsed() < Duration::from_secs(3), "/readyz hung");
-    assert!(received.lock().unwrap().is_empty(), "a write went through");
+    assert!(received.is_empty(), "a write went through");
     locker.execute_batch("ROLLBACK").unwrap();
     // The store recovers.
     let mut status = 0;

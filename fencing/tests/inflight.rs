@@ -12,14 +12,12 @@
 mod common;
 
 use std::process::Command;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::body::Body;
 use common::GatewayProcess as Gateway;
 use fencing::{Keyring, Token};
-use http::{HeaderMap, Request, Response};
-use http_body_util::BodyExt;
+use lease_proxy_testkit::poll::{eventually, Probe};
+use lease_proxy_testkit::recording::{Log, Storage};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -27,50 +25,20 @@ use tokio::net::TcpStream;
 const APPLY: Duration = Duration::from_millis(1000);
 const GRACE: &str = "2500ms";
 
-/// What the storage applied, in order: (resource, revision).
-type Applied = Arc<Mutex<Vec<(String, u64)>>>;
-
-fn revision(headers: &HeaderMap) -> (String, u64) {
-    let resource = headers["fencing-resource"].to_str().unwrap().to_owned();
-    let wire = headers["fencing-token"].to_str().unwrap();
-    (resource, wire.split('.').nth(3).unwrap().parse().unwrap())
-}
-
 /// The storage stand-in. `x-mode` says how it treats a write:
 /// - `slow`: reads the body (to its end, or until it breaks off), takes [`APPLY`], applies
 ///   what it got, answers;
 /// - `early`: answers at once, then reads the body to its end and applies it;
 /// - `fast`: reads the body, applies, answers.
-async fn storage() -> (String, Applied) {
-    let applied: Applied = Arc::default();
-    let log = applied.clone();
-    let app = axum::Router::new().fallback(move |req: Request<Body>| {
-        let log = log.clone();
-        async move {
-            let (parts, body) = req.into_parts();
-            let write = revision(&parts.headers);
-            let mode = parts.headers["x-mode"].to_str().unwrap().to_owned();
-            let early = mode == "early";
-            let apply = async move {
-                let _ = body.collect().await;
-                if mode == "slow" {
-                    tokio::time::sleep(APPLY).await;
-                }
-                log.lock().unwrap().push(write);
-            };
-            // Applied by a task of its own, as a real storage would: a connection closed by
-            // the gateway does not undo work under way.
-            let applying = tokio::spawn(apply);
-            if !early {
-                let _ = applying.await;
-            }
-            Response::new(Body::from("applied"))
-        }
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (url, applied)
+///
+/// Each write is applied by a task of its own, as a real storage would: a connection closed by
+/// the gateway does not undo work under way.
+async fn storage() -> Storage {
+    Storage::builder()
+        .answer("applied")
+        .modes(APPLY)
+        .start()
+        .await
 }
 
 /// Where the marks live, and how many gateways share them.
@@ -101,7 +69,7 @@ enum Fault {
 struct Scene {
     _dir: tempfile::TempDir,
     keys: Keyring,
-    applied: Applied,
+    applied: Log,
     old: Gateway,
     new: Option<Gateway>,
 }
@@ -110,7 +78,10 @@ impl Scene {
     async fn new(store: Store) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let (key_file, keys) = common::key_file(dir.path());
-        let (upstream, applied) = storage().await;
+        let Storage {
+            url: upstream,
+            log: applied,
+        } = storage().await;
         let flags = ["--upstream-timeout", "400ms", "--write-grace", GRACE];
         let start = |store: String| {
             let (upstream, key_file) = (upstream.clone(), key_file.clone());
@@ -237,21 +208,23 @@ impl Scene {
     /// Waits until the storage has applied `n` writes of `resource` (or a deadline passes);
     /// returns their revisions in the order applied.
     async fn applied(&self, resource: &str, n: usize) -> Vec<u64> {
-        for _ in 0..200 {
+        let what = format!("the storage applying {n} writes of {resource}");
+        let (revisions, _) = eventually(Duration::from_secs(5), &what, || async {
             let revisions: Vec<u64> = self
                 .applied
-                .lock()
-                .unwrap()
+                .all()
                 .iter()
-                .filter(|(r, _)| r == resource)
-                .map(|(_, rev)| *rev)
+                .filter(|w| w.resource() == resource)
+                .map(|w| w.revision().unwrap())
                 .collect();
             if revisions.len() >= n {
-                return revisions;
+                Probe::Done(revisions)
+            } else {
+                Probe::Not(format!("{revisions:?}"))
             }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("the storage did not apply {n} writes of {resource}");
+        })
+        .await;
+        revisions
     }
 }
 

@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{key_file, GatewayProcess, RecordingStorage};
+use common::{key_file, GatewayProcess};
 use fencing::{Keyring, Token};
 use lease_proxy_testkit::poll::answers;
+use lease_proxy_testkit::recording::Storage;
 
 /// A small tmpfs mounted for the test, unmounted when dropped.
 struct Tmpfs(PathBuf);
@@ -78,7 +79,7 @@ async fn readyz_is_503_while_the_disk_is_full() {
     let disk = Tmpfs::mount(&dir.path().join("disk"), "2m")
         .expect("cannot mount a tmpfs here: this test needs root with CAP_SYS_ADMIN");
     let (keys_path, keys) = key_file(dir.path());
-    let storage = RecordingStorage::start().await;
+    let storage = Storage::start().await;
     let store = format!("sqlite:{}", disk.0.join("marks.db").display());
     let gw = GatewayProcess::start_with_store(&storage.url, &store, &keys_path, &[]).await;
     assert_eq!(put(&gw, &keys, "aisle-1", 1).await, 200);
@@ -102,15 +103,13 @@ async fn readyz_is_503_while_the_disk_is_full() {
 }
 
 /// What the storage applied, in order: the revision of each token that reached it.
-fn applied(storage: &RecordingStorage) -> Vec<u64> {
+fn applied(storage: &Storage) -> Vec<u64> {
     storage
+        .log
         .take()
         .iter()
         .filter(|r| r.method == "PUT")
-        .map(|r| {
-            let wire = String::from_utf8(r.tokens[0].clone()).unwrap();
-            wire.split('.').nth(3).unwrap().parse().unwrap()
-        })
+        .map(|r| r.revision().unwrap())
         .collect()
 }
 
@@ -133,7 +132,7 @@ async fn put_era(gw: &GatewayProcess, keys: &Keyring, resource: &str, token: Tok
 async fn a_second_gateway_on_the_same_file_fails_to_start() {
     let dir = tempfile::tempdir().unwrap();
     let (keys_path, keys) = key_file(dir.path());
-    let storage = RecordingStorage::start().await;
+    let storage = Storage::start().await;
     let store = format!("sqlite:{}", dir.path().join("marks.db").display());
     let first = GatewayProcess::start_with_store(&storage.url, &store, &keys_path, &[]).await;
     assert_eq!(put(&first, &keys, "aisle-1", 10).await, 200);
@@ -153,7 +152,7 @@ async fn a_second_gateway_on_the_same_file_fails_to_start() {
 async fn a_marks_file_removed_while_running_is_noticed_and_never_lowers_a_mark() {
     let dir = tempfile::tempdir().unwrap();
     let (keys_path, keys) = key_file(dir.path());
-    let storage = RecordingStorage::start().await;
+    let storage = Storage::start().await;
     let path = dir.path().join("marks.db");
     let store = format!("sqlite:{}", path.display());
     let gw = GatewayProcess::start_with_store(&storage.url, &store, &keys_path, &[]).await;
@@ -218,7 +217,7 @@ async fn a_marks_file_removed_while_running_is_noticed_and_never_lowers_a_mark()
 async fn a_restored_older_copy_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let (keys_path, keys) = key_file(dir.path());
-    let storage = RecordingStorage::start().await;
+    let storage = Storage::start().await;
     let path = dir.path().join("marks.db");
     let backup = dir.path().join("backup.db");
     let store = format!("sqlite:{}", path.display());
@@ -274,7 +273,7 @@ fn online_backup(from: &Path, to: &Path) {
 async fn an_older_copy_restored_into_the_running_file_never_lowers_a_mark() {
     let dir = tempfile::tempdir().unwrap();
     let (keys_path, keys) = key_file(dir.path());
-    let storage = RecordingStorage::start().await;
+    let storage = Storage::start().await;
     let path = dir.path().join("marks.db");
     let backup = dir.path().join("backup.db");
     let store = format!("sqlite:{}", path.display());
@@ -311,7 +310,7 @@ async fn an_older_copy_restored_into_the_running_file_never_lowers_a_mark() {
 async fn a_raise_after_a_restore_into_the_running_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let (keys_path, keys) = key_file(dir.path());
-    let storage = RecordingStorage::start().await;
+    let storage = Storage::start().await;
     let path = dir.path().join("marks.db");
     let backup = dir.path().join("backup.db");
     let store = format!("sqlite:{}", path.display());
@@ -337,7 +336,7 @@ async fn a_raise_after_a_restore_into_the_running_file_is_refused() {
 async fn a_second_gateway_through_a_symlink_or_a_hard_link_fails_to_start() {
     let dir = tempfile::tempdir().unwrap();
     let (keys_path, keys) = key_file(dir.path());
-    let storage = RecordingStorage::start().await;
+    let storage = Storage::start().await;
     let path = dir.path().join("a.db");
     let store = format!("sqlite:{}", path.display());
     let first = GatewayProcess::start_with_store(&storage.url, &store, &keys_path, &[]).await;

@@ -23,6 +23,7 @@ use fencing::{Admission, GateError, Keyring, Permit, PostgresStore, SharedGate, 
 use futures::future::BoxFuture;
 use http::{Request, Response};
 use http_body_util::BodyExt;
+use lease_proxy_testkit::recording::Storage;
 use lease_proxy_testkit::signal_pid;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -55,35 +56,12 @@ type Applied = Arc<Mutex<Vec<(String, u64)>>>;
 
 /// A storage that applies each write in a task of its own (`x-mode: slow` after [`APPLY`]),
 /// as a real one would, and records the order of application.
-async fn storage() -> (String, Applied) {
-    let applied: Applied = Arc::default();
-    let log = applied.clone();
-    let app = axum::Router::new().fallback(move |req: Request<Body>| {
-        let log = log.clone();
-        async move {
-            let (parts, body) = req.into_parts();
-            let resource = parts.headers["fencing-resource"]
-                .to_str()
-                .unwrap()
-                .to_owned();
-            let wire = parts.headers["fencing-token"].to_str().unwrap();
-            let revision: u64 = wire.split('.').nth(3).unwrap().parse().unwrap();
-            let slow = parts.headers.get("x-mode").is_some_and(|m| m == "slow");
-            let applying = tokio::spawn(async move {
-                let _ = body.collect().await;
-                if slow {
-                    tokio::time::sleep(APPLY).await;
-                }
-                log.lock().unwrap().push((resource, revision));
-            });
-            let _ = applying.await;
-            Response::new(Body::from("applied"))
-        }
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (url, applied)
+async fn storage() -> Storage {
+    Storage::builder()
+        .answer("applied")
+        .modes(APPLY)
+        .start()
+        .await
 }
 
 async fn write(keys: &Keyring, gateway: &str, resource: &str, revision: u64, mode: &str) -> u16 {
@@ -143,7 +121,10 @@ async fn paused_gateway(control: bool) -> Vec<u64> {
     let dir = tempfile::tempdir().unwrap();
     let (key_file, keys) = common::key_file(dir.path());
     let keys = Arc::new(keys);
-    let (upstream, applied) = storage().await;
+    let Storage {
+        url: upstream,
+        log: applied,
+    } = storage().await;
     let url = common::postgres_url();
     let mut flags = FLAGS.to_vec();
     let mut program = env!("CARGO_BIN_EXE_fence-gateway");
@@ -188,11 +169,11 @@ async fn paused_gateway(control: bool) -> Vec<u64> {
     // Give a late old write every chance to be applied.
     tokio::time::sleep(APPLY * 2).await;
     eprintln!("control {control}: the paused gateway answered {late}");
-    let order = applied.lock().unwrap();
-    order
+    applied
+        .all()
         .iter()
-        .filter(|(r, _)| *r == resource)
-        .map(|(_, rev)| *rev)
+        .filter(|w| w.resource() == resource)
+        .map(|w| w.revision().unwrap())
         .collect()
 }
 

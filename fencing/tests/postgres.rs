@@ -9,7 +9,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{keyring, postgres_url, recording_upstream, reorderings, unique, Log};
@@ -18,6 +18,7 @@ use fencing::store::FencedError;
 use fencing::{
     Admission, Gate, GateError, HighWaterMarks, Permit, PostgresStore, SharedGate, Token,
 };
+use lease_proxy_testkit::recording::Storage;
 use rand::Rng;
 use tower::ServiceBuilder;
 
@@ -157,22 +158,9 @@ async fn two_gateway_binaries_share_marks() {
     )
     .unwrap();
     let keys = fencing::Keyring::load(&key_file).unwrap();
-    // The storage: records the token revision of every write it applies.
-    let applied: Arc<Mutex<Vec<u64>>> = Arc::default();
-    let log = applied.clone();
-    let app = axum::Router::new().fallback(move |headers: http::HeaderMap| {
-        let log = log.clone();
-        async move {
-            let wire = headers["fencing-token"].to_str().unwrap().to_owned();
-            log.lock()
-                .unwrap()
-                .push(wire.split('.').nth(3).unwrap().parse().unwrap());
-            "ok"
-        }
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    // The storage: records every write it applies.
+    let storage = Storage::builder().answer("ok").start().await;
+    let upstream = storage.url.clone();
 
     let mut urls = Vec::new();
     let mut processes = Vec::new();
@@ -242,7 +230,12 @@ async fn two_gateway_binaries_share_marks() {
         statuses.iter().all(|s| *s == 200 || *s == 409),
         "{statuses:?}"
     );
-    let applied = applied.lock().unwrap().clone();
+    let applied: Vec<u64> = storage
+        .log
+        .all()
+        .iter()
+        .map(|w| w.revision().unwrap())
+        .collect();
     assert!(
         applied.windows(2).all(|w| w[0] <= w[1]),
         "storage saw {applied:?}"

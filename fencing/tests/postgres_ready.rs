@@ -9,18 +9,12 @@ use std::time::Duration;
 
 use common::{postgres_url, unique};
 use fencing::{Admission, GateError, PostgresStore, SharedGate, Token};
+use lease_proxy_testkit::poll::until;
 
 /// Polls `gate`'s readiness until it is `want`, for at most `within`.
 async fn readiness_becomes(gate: &SharedGate, want: bool, within: Duration) {
-    let deadline = tokio::time::Instant::now() + within;
-    while gate.ready().await != want {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "readiness still {} after {within:?}",
-            !want
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let what = format!("readiness {want}");
+    until(within, &what, || async { gate.ready().await == want }).await;
 }
 
 /// F4: while another session holds the store's tables locked against writes (reads still

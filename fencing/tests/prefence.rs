@@ -5,14 +5,15 @@
 
 mod common;
 
-use common::{key_file, GatewayProcess, RecordingStorage};
+use common::{key_file, GatewayProcess};
 use fencing::Token;
+use lease_proxy_testkit::recording::Storage;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prefence_refuses_names_outside_the_resource_grammar() {
     let dir = tempfile::tempdir().unwrap();
     let (keys_path, keys) = key_file(dir.path());
-    let storage = RecordingStorage::start().await;
+    let storage = Storage::start().await;
     let gw = GatewayProcess::start(&storage.url, &keys_path, &[]).await;
     let client = reqwest::Client::new();
     let prefence = |segment: &str, resource: &str| {
@@ -47,5 +48,8 @@ async fn prefence_refuses_names_outside_the_resource_grammar() {
         assert_eq!(body["resource"], good);
         assert_eq!(body["mark"]["revision"], "7");
     }
-    assert!(storage.take().is_empty(), "a pre-fence reached the storage");
+    assert!(
+        storage.log.take().is_empty(),
+        "a pre-fence reached the storage"
+    );
 }

@@ -7,10 +7,9 @@ mod common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::http::{HeaderMap, Method};
+use axum::http::Method;
 use common::*;
 use lease_proxy_testkit::poll::until;
 use serde_json::{json, Value};
@@ -208,26 +207,6 @@ impl Matrix {
     }
 }
 
-/// An upstream that records the `Authorization` header of every forwarded request.
-async fn upstream() -> (String, Arc<Mutex<Vec<Option<String>>>>) {
-    let seen: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
-    let log = seen.clone();
-    let app = axum::Router::new().fallback(move |headers: HeaderMap| {
-        let log = log.clone();
-        async move {
-            let auth = headers
-                .get("authorization")
-                .map(|v| v.to_str().unwrap().to_owned());
-            log.lock().unwrap().push(auth);
-            "stored"
-        }
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (url, seen)
-}
-
 fn names(list: &Value) -> Vec<String> {
     list["leases"]
         .as_array()
@@ -258,7 +237,10 @@ async fn permission_matrix() {
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");
     std::fs::write(&tokens, token_file()).unwrap();
-    let (upstream, forwarded) = upstream().await;
+    let Storage {
+        url: upstream,
+        log: forwarded,
+    } = Storage::start().await;
     let proxy = Proxy::start(etcd.endpoints(), |c| {
         c.auth_tokens = Some(tokens.clone());
         c.upstream = Some(upstream.clone());
@@ -357,7 +339,11 @@ async fn permission_matrix() {
             .await;
     }
     assert_eq!(
-        *forwarded.lock().unwrap(),
+        forwarded
+            .all()
+            .iter()
+            .map(|w| w.header("authorization"))
+            .collect::<Vec<_>>(),
         [None],
         "one write forwarded, without the client's bearer token"
     );

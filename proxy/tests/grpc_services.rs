@@ -37,6 +37,7 @@ use common::h2grpc::{self, unary};
 use common::*;
 use etcd_client::proto::{PbLockResponse, PbWatchRequest, PbWatchResponse};
 use etcd_client::{Client, LockOptions, WatchFilterType, WatchOptions, WatchStream};
+use lease_proxy_testkit::poll::until;
 
 /// The Watch method's path.
 const WATCH: &str = "/etcdserverpb.Watch/Watch";

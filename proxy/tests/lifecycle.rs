@@ -13,6 +13,7 @@ use std::time::Duration;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use common::*;
+use lease_proxy_testkit::poll::until;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
@@ -198,7 +199,10 @@ async fn nothing_succeeds_after_a_release() {
     const IN_FLIGHT: usize = 32;
     let etcd = Etcd::single().await;
     for spares in [0, 256] {
-        let (storage, received) = recording_storage().await;
+        let Storage {
+            url: storage,
+            log: received,
+        } = Storage::start().await;
         let one = Proxy::start(etcd.endpoints(), |c| {
             c.lease_spares = spares;
             c.upstream = Some(storage.clone());
@@ -252,7 +256,7 @@ async fn nothing_succeeds_after_a_release() {
             w.unwrap();
         }
         let late = late.load(Ordering::Relaxed);
-        let delivered = received.lock().unwrap().len();
+        let delivered = received.len();
         println!(
             "--lease-spares {spares}: {races} races in {:?}, {late} successes after a 204, \
              {delivered} forwards delivered",
@@ -308,16 +312,13 @@ async fn enforcer(delay: Duration) -> Enforcer {
     }
 }
 
-/// Waits up to 5 s for `resource` to be free in etcd.
-async fn freed(etcd: &Etcd, resource: &str) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        if stored_record(etcd, resource).await.is_none() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
+/// Waits up to 5 s for `resource` to be free in etcd; fails the test saying `why` otherwise.
+async fn freed(etcd: &Etcd, resource: &str, why: &str) {
+    let what = format!("{resource} free in etcd ({why})");
+    until(Duration::from_secs(5), &what, || async {
+        stored_record(etcd, resource).await.is_none()
+    })
+    .await;
 }
 
 /// A client that disconnects while its grant is being pre-fenced left a grant
@@ -347,10 +348,12 @@ async fn a_disconnected_acquire_leaves_no_grant_and_a_retry_only_fenced_ones() {
         stored_record(&etcd, "orphan").await.is_some(),
         "committed, pre-fencing"
     );
-    assert!(
-        freed(&etcd, "orphan").await,
-        "a grant nobody heard of outlived its acquire"
-    );
+    freed(
+        &etcd,
+        "orphan",
+        "a grant nobody heard of outlived its acquire",
+    )
+    .await;
 
     // Gone during the pre-fence, with a key, and retried at once: the retry's grant must have
     // been pre-fenced before it is answered, and must be alive. The first pre-fence is the slow
@@ -411,7 +414,7 @@ async fn a_refused_prefence_withdraws_the_grant() {
             Some("prefence-failed"),
             "{body}"
         );
-        assert!(freed(&etcd, "guarded").await, "enforcer answered {status}");
+        freed(&etcd, "guarded", &format!("enforcer answered {status}")).await;
     }
     fence.status.store(200, Ordering::Relaxed);
     assert_eq!(acquire(&proxy, "guarded", "h", 60).await.0, 201);

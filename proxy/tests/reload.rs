@@ -37,7 +37,7 @@ async fn proxy(etcd: &Etcd, dir: &Path, extra: &[&str]) -> (Spawned, String) {
 
 /// A fence-gateway process (SQLite marks, header mode) in front of a storage answering 200.
 async fn gateway(dir: &Path, keys: &Path) -> (Spawned, String) {
-    let (storage, _) = recording_storage().await;
+    let storage = Storage::start().await.url;
     let port = free_port();
     let mut command = Command::new(lease_proxy_testkit::workspace_binary("fence-gateway"));
     command

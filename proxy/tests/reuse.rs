@@ -15,7 +15,10 @@ use tokio::time::Instant;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_released_lease_is_never_reused_and_its_secret_stays_dead() {
     let etcd = Etcd::single().await;
-    let (storage, received) = recording_storage().await;
+    let Storage {
+        url: storage,
+        log: received,
+    } = Storage::start().await;
     let proxy = Proxy::start(etcd.endpoints(), |c| c.upstream = Some(storage)).await;
 
     // A's lease is revoked on release, never pooled: the next grant gets another lease.
@@ -52,7 +55,7 @@ async fn a_released_lease_is_never_reused_and_its_secret_stays_dead() {
             "forward to {resource} with an ended grant's secret: {body}"
         );
     }
-    assert!(received.lock().unwrap().is_empty());
+    assert!(received.is_empty());
     assert_eq!(release(&proxy, "r2", &secret_a).await.0, 204);
     assert_eq!(snapshot(&etcd).await, before);
     // A forgery on B's lease id is refused (403), never taken for an ended grant.

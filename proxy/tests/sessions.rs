@@ -114,7 +114,10 @@ async fn a_session_holds_many_resources_on_one_lease_and_close_releases_all() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lapsed_session_releases_everything_and_its_grants_are_lost_everywhere() {
     let etcd = Etcd::single().await;
-    let (storage, received) = recording_storage().await;
+    let Storage {
+        url: storage,
+        log: received,
+    } = Storage::start().await;
     let proxy = Proxy::start(etcd.endpoints(), |c| c.upstream = Some(storage.clone())).await;
     let other = proxy
         .replica(etcd.endpoints(), |c| c.upstream = Some(storage.clone()))
@@ -178,11 +181,7 @@ async fn a_lapsed_session_releases_everything_and_its_grants_are_lost_everywhere
             "{resource} forwarded after its session lapsed: {body}"
         );
     }
-    assert_eq!(
-        received.lock().unwrap().len(),
-        1,
-        "only the live grant's write arrived"
-    );
+    assert_eq!(received.len(), 1, "only the live grant's write arrived");
     assert_eq!(session_keepalive(&proxy, &s).await.0, 410);
     other.stop().await;
     proxy.stop().await;

@@ -12,8 +12,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::HeaderMap;
-use axum::routing::{any, post};
+use axum::routing::post;
 use axum::Router;
 use common::*;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -74,22 +73,6 @@ async fn otlp_receiver() -> (String, Spans) {
         .route("/v1/traces", post(traces))
         .with_state(spans.clone());
     (serve(app).await, spans)
-}
-
-/// A storage stand-in that answers 200 and keeps the `traceparent` of every request.
-async fn storage() -> (String, Arc<Mutex<Vec<String>>>) {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let keep = seen.clone();
-    let app = Router::new().fallback(any(move |headers: HeaderMap| {
-        let keep = keep.clone();
-        async move {
-            if let Some(tp) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
-                keep.lock().unwrap().push(tp.to_owned());
-            }
-            "stored"
-        }
-    }));
-    (serve(app).await, seen)
 }
 
 async fn serve(app: Router) -> String {
@@ -218,7 +201,10 @@ async fn traces_join_up_and_metrics_count_operations() {
     let key_file = dir.path().join("fencing.key");
     fencing::Keyring::create_file(&key_file, &fencing::KeyId::parse("t1").unwrap()).unwrap();
     let (otlp, spans) = otlp_receiver().await;
-    let (store_url, traceparents) = storage().await;
+    let Storage {
+        url: store_url,
+        log: traceparents,
+    } = Storage::start().await;
 
     let gw_port = lease_proxy_testkit::free_port();
     let gw_url = format!("http://127.0.0.1:{gw_port}");
@@ -506,11 +492,11 @@ async fn traces_join_up_and_metrics_count_operations() {
     let upstream = has(&write, "fence-gateway", "upstream PUT")
         .unwrap_or_else(|| panic!("no upstream span: {:?}", names(write_trace)));
     let at_storage: Vec<String> = traceparents
-        .lock()
-        .unwrap()
+        .all()
         .iter()
+        .filter_map(|w| w.header("traceparent"))
         .filter(|t| t.contains(write_trace))
-        .cloned()
+        .map(str::to_owned)
         .collect();
     assert_eq!(
         at_storage,
@@ -564,7 +550,10 @@ async fn without_an_endpoint_the_client_trace_passes_through() {
     let dir = tempfile::tempdir().unwrap();
     let key_file = dir.path().join("fencing.key");
     fencing::Keyring::create_file(&key_file, &fencing::KeyId::parse("t1").unwrap()).unwrap();
-    let (store_url, traceparents) = storage().await;
+    let Storage {
+        url: store_url,
+        log: traceparents,
+    } = Storage::start().await;
     let gw_port = lease_proxy_testkit::free_port();
     let gw_url = format!("http://127.0.0.1:{gw_port}");
     let quiet = |mut cmd: Command| {
@@ -600,7 +589,12 @@ async fn without_an_endpoint_the_client_trace_passes_through() {
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(*traceparents.lock().unwrap(), vec![traceparent.to_owned()]);
+    let at_storage: Vec<String> = traceparents
+        .all()
+        .iter()
+        .filter_map(|w| w.header("traceparent").map(str::to_owned))
+        .collect();
+    assert_eq!(at_storage, vec![traceparent.to_owned()]);
 }
 
 /// A collector that accepts connections and never answers must not hold up the exit: SIGTERM

@@ -9,12 +9,13 @@
 mod common;
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use lease_proxy_testkit::pki::{Issued, Pki};
 use lease_proxy_testkit::poll::{answers, until};
+use lease_proxy_testkit::recording::Log;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -323,22 +324,9 @@ async fn certificates_reload_without_a_restart() {
     proxy.stop().await;
 }
 
-/// A storage service over HTTPS that answers 200 and records each request's fencing token.
-async fn https_storage(server: &Issued) -> (String, Arc<Mutex<Vec<String>>>) {
-    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
-    let log = seen.clone();
-    let app = axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
-        let log = log.clone();
-        async move {
-            let token = headers
-                .get(fencing::TOKEN_HEADER)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_owned();
-            log.lock().unwrap().push(token);
-            "stored"
-        }
-    });
+/// A recording storage service over HTTPS.
+async fn https_storage(server: &Issued) -> (String, Log) {
+    let (app, seen) = Storage::builder().router();
     let tls = fencing::tls::ServerTls::load(fencing::tls::ServerFiles {
         cert: server.cert.clone(),
         key: server.key.clone(),
@@ -437,8 +425,8 @@ async fn the_gateway_serves_https_and_takes_pre_fences_only_from_its_principals(
     .await;
     assert_eq!(status, 200);
     assert_eq!(
-        seen.lock().unwrap().as_slice(),
-        [grant["fencing_token"].as_str().unwrap().to_owned()]
+        seen.all().iter().map(|w| w.token()).collect::<Vec<_>>(),
+        [grant["fencing_token"].as_str().unwrap()]
     );
     // The forward route reaches neither the gateway's pre-fence route nor its feed (which
     // names every tenant's resources): the proxy's client certificate, which

@@ -693,7 +693,10 @@ async fn v3_call(base: &str, path: &str, body: String) -> (u16, Value, Option<St
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_token_never_fences_a_v1_resource() {
     let etcd = Etcd::single().await;
-    let (storage, received) = recording_storage().await;
+    let Storage {
+        url: storage,
+        log: received,
+    } = Storage::start().await;
     let dir = tempfile::tempdir().unwrap();
     let key_file = dir.path().join("keys");
     fencing::Keyring::create_file(&key_file, &fencing::KeyId::parse("k1").unwrap()).unwrap();
@@ -765,9 +768,9 @@ async fn a_lock_token_never_fences_a_v1_resource() {
     let (status, text) = direct(domain.clone()).await;
     assert_eq!(status, 200, "{text}");
     assert_eq!(forward(3).await, 200);
-    let seen = received.lock().unwrap().clone();
+    let seen = received.all();
     assert_eq!(
-        seen.iter().map(|(r, _)| r.as_str()).collect::<Vec<_>>(),
+        seen.iter().map(|w| w.resource()).collect::<Vec<_>>(),
         ["aisle-1", "aisle-1", domain.as_str(), "aisle-1"]
     );
 }

@@ -21,8 +21,9 @@
 //! answering a status); [`Etcd::shared`] is one etcd member shared by the tests of a binary that run at once (each
 //! isolates itself by key prefix).
 //!
-//! With the feature `proxy`, `proxy::Proxy` runs a lease-proxy in the test's own process, and
-//! `storage` fence-gateway in front of a storage that records what reaches it.
+//! With the feature `http`, `recording::Storage` is a storage service that records what reaches
+//! it. With the feature `proxy`, `proxy::Proxy` runs a lease-proxy in the test's own process, and
+//! `storage::start_gateway` fence-gateway in front of a storage.
 #![forbid(unsafe_code)]
 #![allow(clippy::expect_used)] // a test helper that cannot start etcd must stop the test loudly
 
@@ -42,6 +43,8 @@ pub mod postgres;
 pub mod process;
 #[cfg(feature = "proxy")]
 pub mod proxy;
+#[cfg(feature = "http")]
+pub mod recording;
 #[cfg(feature = "proxy")]
 pub mod storage;
 pub mod v3_hostile;

@@ -147,64 +147,6 @@ pub fn key_file(dir: &std::path::Path) -> (std::path::PathBuf, Keyring) {
     (path, keys)
 }
 
-/// One request as it reached a [`RecordingStorage`]: method, raw path, raw query, and every
-/// value of the fencing headers (as bytes, in order).
-#[derive(Debug, Clone)]
-pub struct Received {
-    pub method: String,
-    pub path: String,
-    pub query: Option<String>,
-    pub resources: Vec<Vec<u8>>,
-    pub tokens: Vec<Vec<u8>>,
-    pub legacy_tokens: Vec<Vec<u8>>,
-}
-
-/// A storage service on a loopback port that answers 200 `stored` to everything and records
-/// what reached it, without normalising the path.
-pub struct RecordingStorage {
-    pub url: String,
-    pub received: Arc<Mutex<Vec<Received>>>,
-}
-
-impl RecordingStorage {
-    pub async fn start() -> Self {
-        let received: Arc<Mutex<Vec<Received>>> = Arc::default();
-        let log = received.clone();
-        let app = axum::Router::new().fallback(
-            move |method: http::Method, uri: http::Uri, headers: http::HeaderMap| {
-                let log = log.clone();
-                async move {
-                    let all = |name: &str| {
-                        headers
-                            .get_all(name)
-                            .iter()
-                            .map(|v| v.as_bytes().to_vec())
-                            .collect()
-                    };
-                    log.lock().unwrap().push(Received {
-                        method: method.to_string(),
-                        path: uri.path().to_owned(),
-                        query: uri.query().map(str::to_owned),
-                        resources: all("fencing-resource"),
-                        tokens: all("fencing-token"),
-                        legacy_tokens: all("x-fencing-token"),
-                    });
-                    "stored"
-                }
-            },
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        Self { url, received }
-    }
-
-    /// Everything received so far, emptying the record.
-    pub fn take(&self) -> Vec<Received> {
-        std::mem::take(&mut *self.received.lock().unwrap())
-    }
-}
-
 /// A fence-gateway process (the real binary) on a free loopback port with a memory mark store,
 /// killed when dropped.
 pub struct GatewayProcess {

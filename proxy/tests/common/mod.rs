@@ -12,8 +12,9 @@ use std::time::Duration;
 use serde_json::Value;
 
 #[allow(unused_imports)] // each test file uses its part
-pub use lease_proxy_testkit::proxy::{key_file, Proxy};
-pub use lease_proxy_testkit::Etcd;
+pub use lease_proxy_testkit::{
+    proxy::key_file, proxy::Proxy, recording::Storage, storage::start_gateway, Etcd,
+};
 
 /// Waits (up to 30 s) until `{url}/readyz` answers 200: a binary started by a test is serving.
 pub async fn wait_ready(url: &str) {
@@ -141,52 +142,6 @@ pub async fn keys_per_lease(etcd: &Etcd) -> std::collections::BTreeMap<i64, usiz
         }
     }
     per_lease
-}
-
-/// What a test storage service received, per request: the `Fencing-Resource` and
-/// `Fencing-Token` headers the enforcer in front of it set.
-pub type Received = std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>;
-
-/// A storage service that answers 200 to everything and records the fencing headers of each
-/// request.
-pub async fn recording_storage() -> (String, Received) {
-    let received: Received = Default::default();
-    let log = received.clone();
-    let app = axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
-        let log = log.clone();
-        async move {
-            let header = |name: &str| {
-                headers
-                    .get(name)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default()
-                    .to_owned()
-            };
-            log.lock()
-                .unwrap()
-                .push((header("fencing-resource"), header("fencing-token")));
-            "stored"
-        }
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (url, received)
-}
-
-/// fence-gateway in this process, in header mode (the resource of a write is its one
-/// `Fencing-Resource` header), marks in memory, verifying with `key_file`, in front of `upstream`.
-pub async fn start_gateway(upstream: &str, key_file: &std::path::Path) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let config = fencing::gateway::GatewayConfig::new(upstream, "memory", key_file.to_owned());
-    tokio::spawn(fencing::gateway::run(
-        listener,
-        config,
-        std::future::pending(),
-    ));
-    wait_ready(&url).await;
-    url
 }
 
 /// `POST {url}/v1/leases/{resource}` with a `wait_ms`.

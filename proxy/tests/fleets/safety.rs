@@ -63,7 +63,10 @@ async fn a_paused_member_cannot_write_what_it_lost() {
     let etcd = Etcd::shared().await;
     let dir = tempfile::tempdir().unwrap();
     let keys = key_file(dir.path());
-    let (storage, received) = recording_storage().await;
+    let Storage {
+        url: storage,
+        log: received,
+    } = Storage::start().await;
     let gateway = start_gateway(&storage, &keys).await;
     let tweak = |c: &mut lease_proxy::Config| {
         c.etcd_prefix = "/fleet-safety/".into();
@@ -184,9 +187,9 @@ async fn a_paused_member_cannot_write_what_it_lost() {
     );
     // The storage saw, per resource, tokens that never went down.
     let mut last: BTreeMap<String, u64> = BTreeMap::new();
-    for (resource, token) in received.lock().unwrap().iter() {
-        let t = revision(token);
-        let before = last.insert(resource.clone(), t).unwrap_or(0);
+    for write in received.all() {
+        let (resource, t) = (write.resource(), revision(write.token()));
+        let before = last.insert(resource.to_owned(), t).unwrap_or(0);
         assert!(t >= before, "{resource}: token {t} after {before}");
     }
     assert_eq!(last.len(), 2, "{last:?}");

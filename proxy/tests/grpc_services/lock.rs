@@ -120,7 +120,10 @@ async fn lock_token(proxy: &Proxy, key: &[u8]) -> (u16, Option<String>) {
 async fn client_side_lock_holders_exchange_their_key_for_a_token() {
     let etcd = Etcd::single().await;
     let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
-    let (storage, received) = recording_storage().await;
+    let Storage {
+        url: storage,
+        log: received,
+    } = Storage::start().await;
     let gateway = start_gateway(&storage, &proxy.key_file).await;
 
     let doc = lease_proxy_testkit::docs::read("docs/API.md");
@@ -146,10 +149,13 @@ async fn client_side_lock_holders_exchange_their_key_for_a_token() {
         .output()
         .unwrap();
     assert!(out.status.success(), "the example failed: {}", output(out));
-    let writes = received.lock().unwrap().clone();
+    let writes = received.all();
     assert_eq!(writes.len(), 1, "{writes:?}");
-    assert_eq!(writes[0].0, format!("lock/{}", hex::encode("robot-arm")));
-    assert!(!writes[0].1.is_empty());
+    assert_eq!(
+        writes[0].resource(),
+        format!("lock/{}", hex::encode("robot-arm"))
+    );
+    assert!(!writes[0].token().is_empty());
 
     // The holder's key gets the token its Lock got; a waiter's key none.
     let mut c = client(&proxy.url).await;

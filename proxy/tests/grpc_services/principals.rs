@@ -91,16 +91,17 @@ async fn long_calls_hold_slots_and_end_with_the_drain() {
         .await
         .unwrap_err();
     assert!(refused.to_string().contains("maximum of 2"), "{refused}");
-    let mut raw = etcd.client().await;
+    let raw = etcd.client().await;
     let key = format!("/ns/L/{:x}", leases[3]);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while !raw.get(key.as_str(), None).await.unwrap().kvs().is_empty() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the refused waiter's key stayed"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until(
+        Duration::from_secs(5),
+        "the refused waiter's key gone",
+        || {
+            let (mut raw, key) = (raw.clone(), key.clone());
+            async move { raw.get(key, None).await.unwrap().kvs().is_empty() }
+        },
+    )
+    .await;
 
     // The drain ends the waiters at once: the proxy stops well before its drain deadline.
     drop(idle);

@@ -17,7 +17,8 @@ use lease_proxy_client::{
 };
 use lease_proxy_testkit::poll::{eventually, Probe};
 use lease_proxy_testkit::proxy::Proxy;
-use lease_proxy_testkit::storage::{start_gateway, Storage};
+use lease_proxy_testkit::recording::Storage;
+use lease_proxy_testkit::storage::start_gateway;
 use lease_proxy_testkit::Etcd;
 
 /// How long a change may take to arrive (a long poll is woken by the replica's watch).
@@ -188,7 +189,7 @@ async fn a_member_receives_writes_and_hands_off_when_another_joins() {
         ));
     }
     assert!(kept.iter().all(|l| !l.is_lost()));
-    let bodies: Vec<String> = storage.writes().into_iter().map(|w| w.body).collect();
+    let bodies: Vec<String> = storage.received().iter().map(|w| w.text()).collect();
     assert_eq!(bodies, ["1", "1", "1", "1", "2", "2"]);
     let view = client.get_fleet("shelves").await.unwrap().unwrap();
     assert_eq!(view.members.len(), 2);

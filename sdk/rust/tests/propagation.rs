@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::{revoke_in_etcd, Etcd, Proxy};
 use lease_proxy_client::{AcquireOptions, Client, Error};
-use lease_proxy_testkit::storage::{start_gateway, Storage};
+use lease_proxy_testkit::recording::Storage;
+use lease_proxy_testkit::storage::start_gateway;
 
 fn opts(holder: &str, ttl_secs: u64) -> AcquireOptions {
     AcquireOptions::new(holder, Duration::from_secs(ttl_secs))
@@ -55,16 +56,16 @@ async fn fence_carries_the_token_to_the_gateway_which_refuses_the_old_holder() {
     );
     let late = old.fence(http.put(&url).body("late")).unwrap();
     assert_eq!(late.send().await.unwrap().status(), 409);
-    let writes = storage.writes();
-    let seen: Vec<(&str, &str, &str)> = writes
+    let writes = storage.received();
+    let seen: Vec<(&str, &str, String)> = writes
         .iter()
-        .map(|w| (w.resource.as_str(), w.token.as_str(), w.body.as_str()))
+        .map(|w| (w.resource(), w.token(), w.text()))
         .collect();
     assert_eq!(
         seen,
         [
-            ("aisle-1", old.fencing_token(), "old"),
-            ("aisle-1", new.fencing_token(), "new")
+            ("aisle-1", old.fencing_token(), "old".to_owned()),
+            ("aisle-1", new.fencing_token(), "new".to_owned())
         ]
     );
 
@@ -77,5 +78,5 @@ async fn fence_carries_the_token_to_the_gateway_which_refuses_the_old_holder() {
         new.fence(http.put(&url).body("lost")),
         Err(Error::Lost)
     ));
-    assert_eq!(storage.writes().len(), 2);
+    assert_eq!(storage.log.len(), 2);
 }
