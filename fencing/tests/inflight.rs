@@ -25,22 +25,6 @@ use tokio::net::TcpStream;
 const APPLY: Duration = Duration::from_millis(1000);
 const GRACE: &str = "2500ms";
 
-/// The storage stand-in. `x-mode` says how it treats a write:
-/// - `slow`: reads the body (to its end, or until it breaks off), takes [`APPLY`], applies
-///   what it got, answers;
-/// - `early`: answers at once, then reads the body to its end and applies it;
-/// - `fast`: reads the body, applies, answers.
-///
-/// Each write is applied by a task of its own, as a real storage would: a connection closed by
-/// the gateway does not undo work under way.
-async fn storage() -> Storage {
-    Storage::builder()
-        .answer("applied")
-        .modes(APPLY)
-        .start()
-        .await
-}
-
 /// Where the marks live, and how many gateways share them.
 #[derive(Clone, Copy, Debug)]
 enum Store {
@@ -78,10 +62,11 @@ impl Scene {
     async fn new(store: Store) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let (key_file, keys) = common::key_file(dir.path());
-        let Storage {
-            url: upstream,
-            log: applied,
-        } = storage().await;
+        // The storage applies each write in a task of its own, as a real storage would: a
+        // connection the gateway closes does not undo work under way. `x-mode: slow` takes
+        // APPLY before applying, `early` answers first, `fast` neither.
+        let storage = Storage::builder().modes(APPLY).start().await;
+        let (upstream, applied) = (storage.url, storage.log);
         let flags = ["--upstream-timeout", "400ms", "--write-grace", GRACE];
         let start = |store: String| {
             let (upstream, key_file) = (upstream.clone(), key_file.clone());

@@ -54,16 +54,6 @@ const PAUSE: Duration = Duration::from_millis(4400);
 /// What the storage applied, in order: (resource, revision).
 type Applied = Arc<Mutex<Vec<(String, u64)>>>;
 
-/// A storage that applies each write in a task of its own (`x-mode: slow` after [`APPLY`]),
-/// as a real one would, and records the order of application.
-async fn storage() -> Storage {
-    Storage::builder()
-        .answer("applied")
-        .modes(APPLY)
-        .start()
-        .await
-}
-
 async fn write(keys: &Keyring, gateway: &str, resource: &str, revision: u64, mode: &str) -> u16 {
     reqwest::Client::new()
         .put(format!("{gateway}/w/{resource}"))
@@ -121,10 +111,11 @@ async fn paused_gateway(control: bool) -> Vec<u64> {
     let dir = tempfile::tempdir().unwrap();
     let (key_file, keys) = common::key_file(dir.path());
     let keys = Arc::new(keys);
+    // Each write applied in a task of its own (`x-mode: slow` after APPLY), in order.
     let Storage {
         url: upstream,
         log: applied,
-    } = storage().await;
+    } = Storage::builder().modes(APPLY).start().await;
     let url = common::postgres_url();
     let mut flags = FLAGS.to_vec();
     let mut program = env!("CARGO_BIN_EXE_fence-gateway");
