@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use common::*;
+use lease_proxy_testkit::poll::{eventually, Probe};
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -141,9 +142,6 @@ async fn a_leader_kill_mid_batch_never_makes_two_holders_or_a_hidden_grant() {
     etcd.wait_leader(Duration::from_secs(10))
         .await
         .expect("a new leader");
-    // Acquires whose outcome was unknown clean up in the background.
-    tokio::time::sleep(Duration::from_secs(4)).await;
-
     let mut granted: HashMap<String, Vec<&Outcome>> = HashMap::new();
     let mut statuses: BTreeMap<u16, usize> = BTreeMap::new();
     for o in &outcomes {
@@ -165,7 +163,24 @@ async fn a_leader_kill_mid_batch_never_makes_two_holders_or_a_hidden_grant() {
     for (resource, grants) in &granted {
         assert_eq!(grants.len(), 1, "{resource} granted twice: {grants:?}");
     }
-    let keys = snapshot(&etcd).await.kvs;
+    // Acquires whose outcome was unknown clean up in the background: wait until no grant is
+    // left in etcd that no client was told of.
+    let what = format!("grants nobody was told of cleaned up ({statuses:?})");
+    let (keys, _) = eventually(Duration::from_secs(15), &what, || async {
+        let keys = snapshot(&etcd).await.kvs;
+        let untold: Vec<String> = keys
+            .iter()
+            .filter_map(|(key, ..)| key.strip_prefix(b"/lease-proxy/holders/"))
+            .map(|resource| String::from_utf8_lossy(resource).into_owned())
+            .filter(|resource| !granted.contains_key(resource))
+            .collect();
+        if untold.is_empty() {
+            Probe::Done(keys)
+        } else {
+            Probe::Not(format!("held in etcd, no client told: {untold:?}"))
+        }
+    })
+    .await;
     let mut in_etcd = 0;
     for (key, create_revision, _, _, lease) in &keys {
         let Some(resource) = key.strip_prefix(b"/lease-proxy/holders/") else {
