@@ -119,11 +119,6 @@ impl Storage {
     pub fn builder() -> Builder {
         Builder::default()
     }
-
-    /// Every request applied so far, in the order applied.
-    pub fn received(&self) -> Vec<Received> {
-        self.log.all()
-    }
 }
 
 /// How a [`Storage`] answers.
@@ -204,13 +199,12 @@ impl Builder {
 
     async fn serve(&self, req: Request<Body>, log: Log) -> Response<Body> {
         let (parts, body) = req.into_parts();
-        let mode = parts.headers.get("x-mode").cloned();
-        let (slow, early) = match (self.slow, mode.as_ref().map(HeaderValue::as_bytes)) {
+        let mode = parts.headers.get("x-mode").map(HeaderValue::as_bytes);
+        let (slow, early) = match (self.slow, mode) {
             (Some(apply), Some(b"slow")) => (Some(apply), false),
             (Some(_), Some(b"early")) => (None, true),
             _ => (None, false),
         };
-        let echo = self.echo;
         let applying = tokio::spawn(async move {
             let body = body
                 .collect()
@@ -234,7 +228,7 @@ impl Builder {
         } else {
             applying.await.unwrap_or_default()
         };
-        let mut answer = Response::new(if echo {
+        let mut answer = Response::new(if self.echo {
             Body::from(body)
         } else {
             Body::from(self.answer)

@@ -189,7 +189,7 @@ async fn a_member_receives_writes_and_hands_off_when_another_joins() {
         ));
     }
     assert!(kept.iter().all(|l| !l.is_lost()));
-    let bodies: Vec<String> = storage.received().iter().map(|w| w.text()).collect();
+    let bodies: Vec<String> = storage.log.all().iter().map(|w| w.text()).collect();
     assert_eq!(bodies, ["1", "1", "1", "1", "2", "2"]);
     let view = client.get_fleet("shelves").await.unwrap().unwrap();
     assert_eq!(view.members.len(), 2);

@@ -56,7 +56,7 @@ async fn fence_carries_the_token_to_the_gateway_which_refuses_the_old_holder() {
     );
     let late = old.fence(http.put(&url).body("late")).unwrap();
     assert_eq!(late.send().await.unwrap().status(), 409);
-    let writes = storage.received();
+    let writes = storage.log.all();
     let seen: Vec<(&str, &str, String)> = writes
         .iter()
         .map(|w| (w.resource(), w.token(), w.text()))
