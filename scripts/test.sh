@@ -86,6 +86,8 @@ fencing_alone() {
     CARGO_TARGET_DIR="$dir" cargo clippy -p fencing --lib --no-default-features --features "$feature" \
       --locked -- -D warnings
   done
+  # The runtime crate as the library uses it: problem+json, backoff, file reads, no serving.
+  CARGO_TARGET_DIR="$dir" cargo clippy -p lease-proxy-runtime --lib --no-default-features --locked -- -D warnings
 }
 if cargo nextest --version >/dev/null 2>&1; then
   # Clippy's lints (-D warnings) in the test build itself: cargo compiles the workspace's own

@@ -17,6 +17,6 @@ pub async fn until_interrupted<T>(
 ) -> anyhow::Result<T> {
     tokio::select! {
         result = work => result,
-        () = fencing::serve::terminated() => Err(anyhow::anyhow!("interrupted")),
+        () = runtime::serve::terminated() => Err(anyhow::anyhow!("interrupted")),
     }
 }

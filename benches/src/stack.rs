@@ -14,17 +14,17 @@ pub use lease_proxy_testkit::{free_port, workspace_binary, Etcd};
 /// benchmark starts as a role of its own binary (a storage stand-in, a pass-through).
 pub async fn serve_forever(listen: std::net::SocketAddr, app: axum::Router) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen).await?;
-    fencing::serve::until_shutdown(
+    runtime::serve::until_shutdown(
         listener,
         app,
         std::future::pending(),
         &std::sync::atomic::AtomicBool::new(false),
         tokio_util::sync::CancellationToken::new(),
-        fencing::serve::Drain {
+        runtime::serve::Drain {
             delay: Duration::ZERO,
             deadline: Duration::from_secs(1),
         },
-        fencing::serve::Limits::default(),
+        runtime::serve::Limits::default(),
     )
     .await?;
     Ok(())

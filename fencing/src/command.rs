@@ -9,9 +9,9 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::cli::EXIT_CONFIG;
 use crate::keys::file;
 use crate::{Error, KeyId, Keyring};
+use runtime::cli::EXIT_CONFIG;
 
 /// `fence-gateway keys …` as its own command line.
 #[derive(Debug, Parser)]
@@ -76,7 +76,7 @@ pub fn run_if_asked(args: &[OsString]) -> Option<ExitCode> {
     }
     let cli = match KeysCli::try_parse_from(args) {
         Ok(cli) => cli,
-        Err(e) => return Some(crate::cli::config_error_exit(&e)),
+        Err(e) => return Some(runtime::cli::config_error_exit(&e)),
     };
     let Top::Keys(command) = cli.command;
     Some(match keys(command) {
@@ -142,7 +142,7 @@ fn key_id(kid: &str) -> Result<KeyId, Error> {
 }
 
 fn read(path: &Path) -> Result<String, Error> {
-    crate::files::read_config_text(path, 1 << 20).map_err(|source| Error::Io {
+    runtime::files::read_config_text(path, 1 << 20).map_err(|source| Error::Io {
         path: path.to_owned(),
         source,
     })

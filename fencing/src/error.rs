@@ -2,7 +2,7 @@ use std::path::PathBuf;
 
 use crate::Token;
 
-/// Why a key file could not be loaded, telemetry could not be set up, or TLS files are unusable.
+/// Why a key file could not be loaded or changed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -29,21 +29,6 @@ pub enum Error {
     /// A change of the key file that would break it or that names a key it does not hold.
     #[error("key file change refused: {0}")]
     KeyChange(String),
-    /// The metrics or trace pipeline could not be set up or read.
-    #[error("telemetry: {0}")]
-    Telemetry(String),
-    /// A TLS certificate, key or CA file that cannot be read or holds nothing usable.
-    #[error("{path}: {message}")]
-    TlsFile {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong with it.
-        message: String,
-    },
-    /// TLS files that load but do not make a configuration (a key that does not match the
-    /// certificate, a CA that is not one).
-    #[error("TLS configuration: {0}")]
-    Tls(String),
 }
 
 /// Why a presented token is refused. Each variant maps to one HTTP status at the enforcer.

@@ -13,14 +13,12 @@
 //! tower [`FencingLayer`] and the memory store; `sqlite` and `postgres` add those stores;
 //! `metrics` adds the mark store's latency histogram (`store::Timed`) through the OpenTelemetry
 //! API (a no-op until the application installs a meter provider; `postgres` brings it, for the
-//! shared gate's timings); `server` adds fence-gateway and the serving, CLI and telemetry
-//! plumbing the binaries share (`cargo build -p fencing --features server --bin fence-gateway`).
+//! shared gate's timings); `server` adds fence-gateway itself (`gateway`, the in-database package's
+//! `indb`, the key-file `command`s: `cargo build -p fencing --features server --bin
+//! fence-gateway`). What the binaries serve with is the `lease-proxy-runtime` crate's.
 #![forbid(unsafe_code)]
 
 pub mod admission;
-pub mod backoff;
-#[cfg(feature = "server")]
-pub mod cli;
 #[cfg(feature = "server")]
 pub mod command;
 #[cfg(not(feature = "model"))]
@@ -35,7 +33,6 @@ mod decide;
 pub mod decide;
 mod domain;
 mod error;
-pub mod files;
 pub mod gate;
 #[cfg(feature = "server")]
 pub mod gateway;
@@ -43,18 +40,7 @@ pub mod gateway;
 pub mod indb;
 mod keys;
 pub mod layer;
-#[cfg(feature = "server")]
-pub mod openapi;
-pub mod problem;
-#[cfg(feature = "server")]
-pub mod reload;
-#[cfg(feature = "server")]
-pub mod serve;
 pub mod store;
-#[cfg(feature = "server")]
-pub mod telemetry;
-#[cfg(feature = "server")]
-pub mod tls;
 mod token;
 
 pub use admission::{Admission, Outcome, Permit, Release, DEFAULT_WRITE_GRACE};

@@ -4,18 +4,20 @@
 //!
 //! | layer | modules | holds |
 //! |---|---|---|
-//! | leaves | `token`, `domain`, `error`, `backoff`, `files`, `problem`, `reload` | the token, the resource grammar, the error types (the stores' and the gates' too), and the small mechanisms the library and both binaries share: the backoff, bounded file reads, problem+json, reloading on SIGHUP or a settled change |
+//! | leaves | `token`, `domain`, `error` | the token, the resource grammar, and the error types (the stores' and the gates' too) |
 //! | keys | `keys` | signing keys, the signed wire form, the keyring in force and its file's rotation |
 //! | admission | `admission` | the seam between the layer and a gate: `Permit`, `Outcome`, `Admission` |
 //! | decisions | `decide` | the gates' and the layer's decisions as pure functions |
 //! | stores | `store` | the high-water-mark stores, and PostgreSQL's shared gate beside its store |
 //! | gate | `gate` | the in-process ordering gate over any store |
 //! | layer | `layer` | the tower layer |
-//! | plumbing | `telemetry`, `tls`, `openapi`, `serve` | what the binaries serve with (feature `server`): logs, traces and metrics, TLS, the OpenAPI document, serving and draining |
-//! | command line | `cli`, `command` | the binaries' command lines: layered settings, generated completions and man pages, the key-file commands |
+//! | command line | `command` | the key-file commands of fence-gateway's command line |
 //! | package | `indb` | the in-database package: installing it, loading its keys, its `pg` subcommand |
 //! | gateway | `gateway` | fence-gateway |
 //! | root | `lib`, `main`, `bin` | the crate root and the binaries |
+//!
+//! What the binaries serve with (serving, TLS, reloading, telemetry, the command line's
+//! layering) is the runtime crate's, below all of these (`runtime/tests/layers.rs`).
 //!
 //! How the sources are read: `lease_proxy_testkit::layers`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -26,20 +28,14 @@ use lease_proxy_testkit::layers::{self, Table};
 
 /// The layers, lowest first (see the table above).
 const LAYERS: &Table = &[
-    (
-        "leaves",
-        &[
-            "token", "domain", "error", "backoff", "files", "problem", "reload",
-        ],
-    ),
+    ("leaves", &["token", "domain", "error"]),
     ("keys", &["keys"]),
     ("admission", &["admission"]),
     ("decisions", &["decide"]),
     ("stores", &["store"]),
     ("gate", &["gate"]),
     ("layer", &["layer"]),
-    ("plumbing", &["telemetry", "tls", "openapi", "serve"]),
-    ("command line", &["cli", "command"]),
+    ("command line", &["command"]),
     ("package", &["indb"]),
     ("gateway", &["gateway"]),
     ("root", &["lib", "main", "bin"]),

@@ -129,7 +129,7 @@ impl Event {
     pub(crate) fn new(event: Kind, outcome: &'static str, headers: &HeaderMap) -> Self {
         Self {
             request_id: headers
-                .get(fencing::serve::REQUEST_ID_HEADER)
+                .get(runtime::serve::REQUEST_ID_HEADER)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned),
             ..Self::unrequested(event, outcome)

@@ -29,11 +29,11 @@ mod v3;
 pub use auth::CertPrincipal;
 pub use config::{Config, ConfigError, LogFormat};
 pub use error::{Conflict, Error, Op, ProofFailure, QuotaKind, Result};
-pub use fencing::problem::PROBLEM_BASE;
 #[cfg(feature = "model")]
 #[doc(hidden)]
 pub use fleet::model as fleet_model;
 #[cfg(feature = "model")]
 #[doc(hidden)]
 pub use lease::model;
+pub use runtime::problem::PROBLEM_BASE;
 pub use server::{load_keys, run, StartError};

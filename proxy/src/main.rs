@@ -3,8 +3,8 @@
 use std::process::ExitCode;
 
 use clap::CommandFactory;
-use fencing::cli;
 use lease_proxy::Config;
+use runtime::cli;
 
 /// mimalloc, not glibc malloc: allocation was ~14 % of the proxy's CPU under load (BENCHMARKS.md).
 #[global_allocator]
@@ -28,6 +28,6 @@ fn main() -> ExitCode {
     let threads = config.worker_threads;
     cli::run_server("lease-proxy", config.log_format, threads, || async {
         let listener = tokio::net::TcpListener::bind(config.listen).await?;
-        lease_proxy::run(listener, config, fencing::serve::terminated()).await
+        lease_proxy::run(listener, config, runtime::serve::terminated()).await
     })
 }

@@ -4,9 +4,9 @@
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-use fencing::telemetry::DURATION_BUCKETS;
 use opentelemetry::metrics::{Counter, Histogram, Meter};
 use opentelemetry::KeyValue;
+use runtime::DURATION_BUCKETS;
 use tokio::time::Instant;
 
 use crate::error::QuotaKind;
@@ -19,7 +19,7 @@ pub(crate) const FLEET_REVOCATIONS: [&str; 4] = ["deadline", "evicted", "removed
 /// Every instrument the proxy records into.
 #[derive(Debug)]
 pub(crate) struct Metrics {
-    exporter: fencing::telemetry::Metrics,
+    exporter: runtime::telemetry::Metrics,
     /// Leases granted (`lease_proxy_grants_total`).
     pub(crate) grants: Counter<u64>,
     /// Acquires refused because another holder has the resource (`lease_proxy_conflicts_total`).
@@ -95,8 +95,8 @@ pub(crate) struct FleetMetrics {
 
 impl Metrics {
     /// The proxy's instruments on a fresh meter.
-    pub(crate) fn new() -> Result<Self, fencing::Error> {
-        let exporter = fencing::telemetry::Metrics::new("lease-proxy")?;
+    pub(crate) fn new() -> Result<Self, runtime::Error> {
+        let exporter = runtime::telemetry::Metrics::new("lease-proxy")?;
         let meter = exporter.meter();
         let counter = |name, description| counter(&meter, name, description);
         let [keepalive_streams, watch_held, watch_held_peak] = gauges(&meter);
@@ -274,7 +274,7 @@ impl Metrics {
 
     /// The `/metrics` answer.
     pub(crate) fn render(&self) -> axum::response::Response {
-        fencing::telemetry::render(&self.exporter)
+        runtime::telemetry::render(&self.exporter)
     }
 }
 

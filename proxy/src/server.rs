@@ -55,10 +55,10 @@ pub enum StartError {
     },
     /// The metrics could not be set up.
     #[error("metrics: {0}")]
-    Metrics(#[source] fencing::Error),
+    Metrics(#[source] runtime::Error),
     /// A TLS certificate, key or CA file is unusable.
     #[error("TLS: {0}")]
-    Tls(#[source] fencing::Error),
+    Tls(#[source] runtime::Error),
     /// The pre-fence database cannot be used.
     #[error("{0}")]
     Prefence(String),
@@ -162,7 +162,7 @@ struct Base {
     keepalive: KeepAlive,
     keys: Keys,
     auth: Option<Arc<Auth>>,
-    tls: Option<Arc<fencing::tls::ServerTls>>,
+    tls: Option<Arc<runtime::tls::ServerTls>>,
     metrics: Arc<Metrics>,
     audit: Audit,
 }
@@ -184,8 +184,8 @@ pub async fn run(
     let tls = base.tls.clone();
     let (state, app) = assemble(&config, base, &tasks)?;
     tracing::info!(listen = %listener.local_addr()?, https = tls.is_some(), endpoints = ?config.etcd_endpoints, "lease-proxy serving");
-    let result = fencing::serve::until_shutdown(
-        fencing::serve::Listener { tcp: listener, tls },
+    let result = runtime::serve::until_shutdown(
+        runtime::serve::Listener { tcp: listener, tls },
         app,
         shutdown,
         &state.draining,
@@ -219,7 +219,7 @@ async fn connect(config: &Config, tasks: &Tasks) -> Result<Base, StartError> {
     };
     let tls = config
         .server_tls()
-        .map(|files| fencing::tls::ServerTls::load(files).map(Arc::new))
+        .map(|files| runtime::tls::ServerTls::load(files).map(Arc::new))
         .transpose()
         .map_err(StartError::Tls)?;
     let metrics = Arc::new(Metrics::new().map_err(StartError::Metrics)?);

@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use fencing::tls::{ClientFiles, Connector};
 use fencing::TOKEN_HEADER;
 use http::header::HeaderValue;
 use http::{Request, Response, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use runtime::tls::{ClientFiles, Connector};
 use tracing::Instrument as _;
 
 use crate::metrics::Metrics;
@@ -35,13 +35,13 @@ impl Upstream {
         timeout: Duration,
         metrics: Arc<Metrics>,
         tls: &ClientFiles,
-    ) -> std::result::Result<Self, fencing::Error> {
+    ) -> std::result::Result<Self, runtime::Error> {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(timeout));
         Ok(Self {
             client: Client::builder(TokioExecutor::new())
-                .build(fencing::tls::https_connector(connector, tls, &base)?),
+                .build(runtime::tls::https_connector(connector, tls, &base)?),
             base,
             timeout,
             metrics,
@@ -91,7 +91,7 @@ impl Upstream {
     ) -> Result<Response<Body>> {
         let span = tracing::debug_span!("upstream", otel.name = name, otel.kind = "client",);
         async move {
-            fencing::telemetry::propagate(req.headers_mut());
+            runtime::telemetry::propagate(req.headers_mut());
             self.send_now(req).await
         }
         .instrument(span)

@@ -163,7 +163,7 @@ fn manifests_have_what_the_operations_guide_asks_for() {
                 .unwrap_or_else(|| panic!("no {suffix} in seconds"))
         };
         let (delay, drain) = (seconds("_SHUTDOWN_DELAY"), seconds("_DRAIN_TIMEOUT"));
-        let flush = fencing::telemetry::FLUSH_DEADLINE.as_secs();
+        let flush = runtime::telemetry::FLUSH_DEADLINE.as_secs();
         assert!(delay > 0, "endpoints need time to drop the pod");
         assert!(
             grace > delay + drain + flush,

@@ -1,5 +1,5 @@
 //! The documentation stays true to the tree: README's layout table names every module file of
-//! both crates (`proxy/src/**`, `fencing/src/**`) and nothing that is gone, and every relative
+//! the three crates (`proxy/src/**`, `fencing/src/**`, `runtime/src/**`) and nothing that is gone, and every relative
 //! link between the Markdown files resolves — to a file, and to a heading when it names one — and no
 //! comment or document cites the tracker's history (issue numbers, reviewers, long-file notes).
 //!
@@ -19,7 +19,7 @@ fn repo() -> PathBuf {
 }
 
 /// The crates' source folders whose every `.rs` file the layout table must name.
-const CRATE_SOURCES: [&str; 2] = ["proxy/src", "fencing/src"];
+const CRATE_SOURCES: [&str; 3] = ["proxy/src", "fencing/src", "runtime/src"];
 
 /// Every file under `dir` (relative to the repository), recursively.
 fn files_under(root: &Path, dir: &str, out: &mut BTreeSet<String>) {
@@ -308,7 +308,7 @@ fn comments_and_docs_cite_no_tracker_history() {
     let root = repo();
     let mut files = Vec::new();
     for dir in [
-        "proxy", "fencing", "docs", "campaign", "benches", "testkit", "sdk", "leasectl",
+        "proxy", "fencing", "runtime", "docs", "campaign", "benches", "testkit", "sdk", "leasectl",
         "examples", "model", "scripts",
     ] {
         if root.join(dir).is_dir() {

@@ -627,7 +627,7 @@ async fn an_unresponsive_collector_does_not_hold_up_the_exit() {
     assert_eq!(proxy.terminate().await, Some(0));
     let took = signalled.elapsed();
     assert!(
-        took < fencing::telemetry::FLUSH_DEADLINE + Duration::from_secs(3),
+        took < runtime::telemetry::FLUSH_DEADLINE + Duration::from_secs(3),
         "exit took {took:?}"
     );
     assert!(!held.lock().unwrap().is_empty(), "the exporter never tried");

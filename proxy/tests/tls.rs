@@ -196,7 +196,7 @@ async fn client_certificates_name_principals() {
     let proxy = Proxy::start_https(etcd.endpoints(), &as_robot9, |c| {
         serve_tls(c, &server, Some(pki.ca()));
         c.auth_tokens = Some(tokens.clone());
-        c.tls_client_certs = fencing::tls::ClientCerts::Required;
+        c.tls_client_certs = runtime::tls::ClientCerts::Required;
         c.tls_client_principal = lease_proxy::CertPrincipal::Dns;
     })
     .await;
@@ -327,19 +327,19 @@ async fn certificates_reload_without_a_restart() {
 /// A recording storage service over HTTPS.
 async fn https_storage(server: &Issued) -> (String, Log) {
     let (app, seen) = Storage::builder().router();
-    let tls = fencing::tls::ServerTls::load(fencing::tls::ServerFiles {
+    let tls = runtime::tls::ServerTls::load(runtime::tls::ServerFiles {
         cert: server.cert.clone(),
         key: server.key.clone(),
         client_ca: None,
-        client_certs: fencing::tls::ClientCerts::Optional,
+        client_certs: runtime::tls::ClientCerts::Optional,
     })
     .unwrap();
     let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("https://{}", tcp.local_addr().unwrap());
     tokio::spawn(async move {
         let draining = std::sync::atomic::AtomicBool::new(false);
-        let _ = fencing::serve::until_shutdown(
-            fencing::serve::Listener {
+        let _ = runtime::serve::until_shutdown(
+            runtime::serve::Listener {
                 tcp,
                 tls: Some(Arc::new(tls)),
             },
@@ -347,11 +347,11 @@ async fn https_storage(server: &Issued) -> (String, Log) {
             std::future::pending(),
             &draining,
             tokio_util::sync::CancellationToken::new(),
-            fencing::serve::Drain {
+            runtime::serve::Drain {
                 delay: Duration::ZERO,
                 deadline: Duration::from_secs(1),
             },
-            fencing::serve::Limits::default(),
+            runtime::serve::Limits::default(),
         )
         .await;
     });

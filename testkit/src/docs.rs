@@ -147,7 +147,7 @@ pub fn problem_table(section_text: &str) -> BTreeSet<(String, u16)> {
 }
 
 /// The (slug, status) pairs an OpenAPI document lists in its description's problem table (as
-/// `fencing::openapi::finish` writes it).
+/// `runtime::openapi::finish` writes it).
 pub fn document_problems(doc: &Value) -> BTreeSet<(String, u16)> {
     let description = doc["info"]["description"].as_str().unwrap_or_default();
     table_rows(description)

@@ -38,7 +38,7 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let mut shutdown = pin!(fencing::serve::terminated());
+    let mut shutdown = pin!(runtime::serve::terminated());
     let options = AcquireOptions::new(&args.name, Duration::from_secs(args.ttl))
         .wait(Duration::from_secs(30));
     loop {

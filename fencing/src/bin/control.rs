@@ -16,7 +16,7 @@ fn main() -> ExitCode {
     let mut args: Vec<OsString> = std::env::args_os().collect();
     let Some(at) = args.iter().position(|a| a == "--negative-control") else {
         eprintln!("fence-gateway-control: --negative-control is required");
-        return ExitCode::from(fencing::cli::EXIT_CONFIG);
+        return ExitCode::from(runtime::cli::EXIT_CONFIG);
     };
     let named = args
         .get(at + 1)
@@ -26,7 +26,7 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             eprintln!("fence-gateway-control: --negative-control {named}: {e}");
-            return ExitCode::from(fencing::cli::EXIT_CONFIG);
+            return ExitCode::from(runtime::cli::EXIT_CONFIG);
         }
     };
     args.drain(at..(at + 2).min(args.len()));

@@ -170,7 +170,7 @@ pub struct GatewayConfig {
         value_enum,
         default_value = "optional"
     )]
-    pub tls_client_certs: crate::tls::ClientCerts,
+    pub tls_client_certs: runtime::tls::ClientCerts,
 
     /// Principals allowed to pre-fence (`POST /fence/…`), comma-separated: a verified client
     /// certificate must name one (its subject common name or a DNS subject alternative name;
@@ -208,12 +208,12 @@ pub struct GatewayConfig {
         value_enum,
         default_value = "text"
     )]
-    pub log_format: crate::cli::LogFormat,
+    pub log_format: runtime::cli::LogFormat,
 
     /// `--print-config`, `--completions`, `--man`.
     #[command(flatten)]
     #[serde(skip)]
-    pub print: crate::cli::PrintAndExit,
+    pub print: runtime::cli::PrintAndExit,
 
     /// A subcommand instead of serving (`pg …`); none to serve.
     #[command(subcommand)]
@@ -221,7 +221,7 @@ pub struct GatewayConfig {
     pub command: Option<crate::indb::GatewayCommand>,
 }
 
-impl crate::cli::Layered for GatewayConfig {
+impl runtime::cli::Layered for GatewayConfig {
     fn file(&self) -> Option<&std::path::Path> {
         self.config.as_deref()
     }
@@ -258,16 +258,16 @@ pub struct GatewayConfigError(pub String);
 
 impl GatewayConfig {
     /// How the server drains after SIGTERM (`--shutdown-delay`, `--drain-timeout`).
-    pub(crate) fn drain(&self) -> crate::serve::Drain {
-        crate::serve::Drain {
+    pub(crate) fn drain(&self) -> runtime::serve::Drain {
+        runtime::serve::Drain {
             delay: self.shutdown_delay,
             deadline: self.drain_timeout,
         }
     }
 
     /// The bounds on client connections (`--max-client-connections` and the client timeouts).
-    pub(crate) fn connection_limits(&self) -> crate::serve::Limits {
-        crate::serve::Limits {
+    pub(crate) fn connection_limits(&self) -> runtime::serve::Limits {
+        runtime::serve::Limits {
             max_connections: self.max_client_connections,
             header_read_timeout: self.header_read_timeout,
             idle_timeout: self.idle_timeout,
@@ -278,14 +278,14 @@ impl GatewayConfig {
     /// Parses flags and environment and layers the TOML file under them (not validated: see
     /// [`GatewayConfig::validate`]).
     pub fn load() -> Result<Self, clap::Error> {
-        crate::cli::parse_layered()
+        runtime::cli::parse_layered()
     }
 
     /// [`GatewayConfig::load`] from `args` (the program's name first).
     pub fn load_from(
         args: impl IntoIterator<Item = std::ffi::OsString>,
     ) -> Result<Self, clap::Error> {
-        crate::cli::parse_layered_from(args)
+        runtime::cli::parse_layered_from(args)
     }
 
     /// The defaults, with the upstream, the store and the key file.
@@ -300,8 +300,8 @@ impl GatewayConfig {
     /// The effective settings as TOML, credentials in URLs redacted (for `--print-config`).
     pub fn redacted_toml(&self) -> Result<String, GatewayConfigError> {
         let mut shown = self.clone();
-        shown.upstream = shown.upstream.as_deref().map(crate::cli::redact_url);
-        shown.store = crate::cli::redact_url(&shown.store);
+        shown.upstream = shown.upstream.as_deref().map(runtime::cli::redact_url);
+        shown.store = runtime::cli::redact_url(&shown.store);
         toml::to_string(&shown).map_err(|e| GatewayConfigError(e.to_string()))
     }
 
@@ -337,8 +337,8 @@ impl GatewayConfig {
     }
 
     /// The HTTPS server's files, when `--tls-cert` is given.
-    pub fn server_tls(&self) -> Option<crate::tls::ServerFiles> {
-        Some(crate::tls::ServerFiles {
+    pub fn server_tls(&self) -> Option<runtime::tls::ServerFiles> {
+        Some(runtime::tls::ServerFiles {
             cert: self.tls_cert.clone()?,
             key: self.tls_key.clone()?,
             client_ca: self.tls_client_ca.clone(),
@@ -347,8 +347,8 @@ impl GatewayConfig {
     }
 
     /// TLS towards the upstream.
-    pub fn upstream_tls(&self) -> crate::tls::ClientFiles {
-        crate::tls::ClientFiles {
+    pub fn upstream_tls(&self) -> runtime::tls::ClientFiles {
+        runtime::tls::ClientFiles {
             ca: self.upstream_ca.clone(),
             cert: self.upstream_cert.clone(),
             key: self.upstream_key.clone(),
@@ -364,7 +364,7 @@ impl GatewayConfig {
         if self.tls_client_ca.is_some() && self.tls_cert.is_none() {
             return fail("--tls-client-ca needs --tls-cert and --tls-key (HTTPS)");
         }
-        if self.tls_client_certs == crate::tls::ClientCerts::Required
+        if self.tls_client_certs == runtime::tls::ClientCerts::Required
             && self.tls_client_ca.is_none()
         {
             return fail(
@@ -378,7 +378,7 @@ impl GatewayConfig {
             return fail("--fence-principals: empty name");
         }
         if let Some(files) = self.server_tls() {
-            crate::tls::ServerTls::load(files)
+            runtime::tls::ServerTls::load(files)
                 .map_err(|e| GatewayConfigError(format!("TLS: {e}")))?;
         }
         let https = self
@@ -540,7 +540,7 @@ mod tests {
         let mut c = ok.clone();
         c.tls_client_ca = None;
         c.fence_principals.clear();
-        c.tls_client_certs = crate::tls::ClientCerts::Required;
+        c.tls_client_certs = runtime::tls::ClientCerts::Required;
         assert!(refused(c).contains("needs --tls-client-ca"));
         base().check_key_file().unwrap();
         let mut c = base();

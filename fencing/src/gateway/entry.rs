@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::CommandFactory;
 
 use super::GatewayConfig;
-use crate::cli;
+use runtime::cli;
 
 /// Runs fence-gateway with the command line `args` (the program's name first): a subcommand
 /// (`pg …`, `--completions`, `--man`, `--print-config`) or the gateway until SIGTERM, with the
@@ -42,6 +42,6 @@ pub fn main(args: Vec<OsString>, adjust: impl FnOnce(&mut GatewayConfig)) -> Exi
     }
     cli::run_server("fence-gateway", config.log_format, None, || async {
         let listener = tokio::net::TcpListener::bind(config.listen).await?;
-        super::run(listener, config, crate::serve::terminated()).await
+        super::run(listener, config, runtime::serve::terminated()).await
     })
 }

@@ -6,13 +6,13 @@ use axum::body::Body;
 use http::header;
 
 use crate::layer::{problem, strip_hop_by_hop, ExchangeIncomplete};
-use crate::tls::{ClientFiles, Connector};
 use http::Version;
 use http::{Request, Response, StatusCode, Uri};
 use http_body_util::LengthLimitError;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use runtime::tls::{ClientFiles, Connector};
 use tracing::Instrument as _;
 
 /// A forwarder to one upstream base URL: the gateway without its enforcement (the benchmarks'
@@ -27,9 +27,9 @@ pub struct Forwarder {
 impl Forwarder {
     /// A forwarder to `base` (an `http(s)://host:port[/path]` URI), verifying an `https://`
     /// upstream as `tls` says.
-    pub fn new(base: Uri, timeout: Duration, tls: &ClientFiles) -> Result<Self, crate::Error> {
+    pub fn new(base: Uri, timeout: Duration, tls: &ClientFiles) -> Result<Self, runtime::Error> {
         Ok(Self {
-            client: Client::builder(TokioExecutor::new()).build(crate::tls::https_connector(
+            client: Client::builder(TokioExecutor::new()).build(runtime::tls::https_connector(
                 HttpConnector::new(),
                 tls,
                 &base,
@@ -76,7 +76,7 @@ impl Forwarder {
         strip_hop_by_hop(req.headers_mut());
         // The client sets Host from the target URI.
         req.headers_mut().remove(header::HOST);
-        crate::telemetry::propagate(req.headers_mut());
+        runtime::telemetry::propagate(req.headers_mut());
         let mut failed = match tokio::time::timeout(self.timeout, self.client.request(req)).await {
             Ok(Ok(resp)) => {
                 let (mut parts, body) = resp.into_parts();

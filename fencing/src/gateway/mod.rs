@@ -38,9 +38,9 @@ use crate::layer::{
     ByHeader, Classify, Decision, Fence, FencingLayer, Outcomes, PathPattern, Rejection,
 };
 use crate::store::StoreLatency;
-use crate::telemetry::Metrics;
-use crate::tls::PeerCertificate;
 use crate::{Admission, Keys};
+use runtime::telemetry::Metrics;
+use runtime::tls::PeerCertificate;
 
 /// Why the gateway could not start or serve.
 #[derive(Debug, thiserror::Error)]
@@ -54,13 +54,13 @@ pub enum GatewayError {
     Keys(#[from] crate::Error),
     /// The metrics could not be set up.
     #[error("metrics: {0}")]
-    Metrics(#[source] crate::Error),
+    Metrics(#[source] runtime::Error),
     /// The mark store cannot be opened.
     #[error(transparent)]
     Store(#[from] crate::StoreError),
     /// A TLS certificate, key or CA file is unusable.
     #[error("TLS: {0}")]
-    Tls(#[source] crate::Error),
+    Tls(#[source] runtime::Error),
     /// Serving failed.
     #[error("serving: {0}")]
     Io(#[from] std::io::Error),
@@ -121,7 +121,7 @@ pub async fn run(
         .map_err(GatewayError::Tls)?;
     let tls = config
         .server_tls()
-        .map(|files| crate::tls::ServerTls::load(files).map(Arc::new))
+        .map(|files| runtime::tls::ServerTls::load(files).map(Arc::new))
         .transpose()
         .map_err(GatewayError::Tls)?;
     if let Some(tls) = &tls {
@@ -141,13 +141,13 @@ pub async fn run(
     tracing::info!(
         listen = %listener.local_addr()?,
         https = tls.is_some(),
-        upstream = %crate::cli::redact_url(config.upstream()?),
-        store = %crate::cli::redact_url(&config.store),
+        upstream = %runtime::cli::redact_url(config.upstream()?),
+        store = %runtime::cli::redact_url(&config.store),
         "fence-gateway serving"
     );
-    let served = crate::serve::until_shutdown(
-        crate::serve::Listener { tcp: listener, tls },
-        crate::serve::with_request_ids(app),
+    let served = runtime::serve::until_shutdown(
+        runtime::serve::Listener { tcp: listener, tls },
+        runtime::serve::with_request_ids(app),
         shutdown,
         &shared.draining,
         CancellationToken::new(),
@@ -360,7 +360,7 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, &'static str)
     responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain")),
 )]
 async fn scrape(State(shared): State<Arc<Shared>>) -> Response {
-    crate::telemetry::render(&shared.metrics)
+    runtime::telemetry::render(&shared.metrics)
 }
 
 /// What the enforcer decided lately: see [`crate::layer::Recent`].

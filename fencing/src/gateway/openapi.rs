@@ -15,8 +15,8 @@ use utoipa::openapi::OpenApi;
 use utoipa::ToSchema;
 
 use crate::layer::{problem, Rejection};
-use crate::openapi::{ProblemType, Problems};
 use crate::{Token, TokenError};
+use runtime::openapi::{ProblemType, Problems};
 
 /// A pre-fence's answer: the resource's mark, now at least the presented token.
 #[derive(Debug, Serialize, ToSchema)]
@@ -222,7 +222,7 @@ fn problem_types() -> Vec<ProblemType> {
 /// The complete document.
 pub(super) fn finish(doc: &OpenApi) -> serde_json::Result<serde_json::Value> {
     let types = problem_types();
-    crate::openapi::finish(
+    runtime::openapi::finish(
         doc,
         &Problems {
             types: &types,

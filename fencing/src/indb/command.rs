@@ -100,7 +100,7 @@ pub fn run(command: GatewayCommand) -> ExitCode {
             eprintln!("fence-gateway pg: {e}");
             match e {
                 PackageError::Usage(_) | PackageError::Keys(_) => {
-                    ExitCode::from(crate::cli::EXIT_CONFIG)
+                    ExitCode::from(runtime::cli::EXIT_CONFIG)
                 }
                 _ => ExitCode::FAILURE,
             }

@@ -1,5 +1,5 @@
 //! The keyring in force: read from the key file at start and swapped whole when the file is
-//! reloaded (SIGHUP, or a change that has settled; see [`crate::reload`]), so every mint and
+//! reloaded (SIGHUP, or a change that has settled; see [`runtime::reload`]), so every mint and
 //! every verification uses one whole keyring — the old one or the new one, never a mix — and a
 //! file that does not load changes nothing.
 
@@ -93,7 +93,7 @@ impl Keys {
         Ok(ring)
     }
 
-    /// Reloads on SIGHUP and when the key file changes (see [`crate::reload::on_change`]),
+    /// Reloads on SIGHUP and when the key file changes (see [`runtime::reload::on_change`]),
     /// until `cancel`; the task is `tracker`'s. Each outcome is logged: the key ids in force
     /// (never a secret), or why the file was not taken. Without a file, nothing is watched.
     #[cfg(feature = "server")]
@@ -106,7 +106,7 @@ impl Keys {
             return;
         };
         let keys = self.clone();
-        crate::reload::on_change(vec![path.clone()], tracker, cancel, move |why| {
+        runtime::reload::on_change(vec![path.clone()], tracker, cancel, move |why| {
             match keys.reload() {
                 Ok(ring) => {
                     let ids: Vec<&str> = ring.key_ids().map(|k| k.as_str()).collect();

@@ -157,9 +157,9 @@ impl Keyring {
     }
 
     /// Reads and parses a key file (see [`Keyring::parse`]); a file whose last line has no
-    /// newline is refused as possibly cut short ([`crate::files::read_config_text`]).
+    /// newline is refused as possibly cut short ([`runtime::files::read_config_text`]).
     pub fn load(path: &Path) -> Result<Self, Error> {
-        let text = crate::files::read_config_text(path, 1 << 20).map_err(|source| Error::Io {
+        let text = runtime::files::read_config_text(path, 1 << 20).map_err(|source| Error::Io {
             path: path.to_owned(),
             source,
         })?;

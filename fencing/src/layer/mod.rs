@@ -31,12 +31,12 @@ mod recent;
 mod reject;
 
 pub use crate::admission::DEFAULT_EXCHANGE_DEADLINE;
-pub use crate::problem::PROBLEM_BASE;
 pub use classify::{ByHeader, Classify, Decision, PathPattern};
 pub use exchange::{ExchangeDeadline, ExchangeIncomplete};
 pub use headers::strip_hop_by_hop;
 pub use recent::{feed_after, Feed, FeedMark, FeedRefusal, Reason, Recent};
 pub use reject::Rejection;
+pub use runtime::problem::PROBLEM_BASE;
 
 #[doc(hidden)]
 pub use self::token_header as presented_token;
@@ -454,7 +454,7 @@ fn exchange_timeout() -> Response<Body> {
 
 /// A problem+json response.
 pub(crate) fn problem(status: StatusCode, slug: &str, detail: &str) -> Response<Body> {
-    crate::problem::response(
+    runtime::problem::response(
         status,
         slug,
         status.canonical_reason().unwrap_or("Error"),

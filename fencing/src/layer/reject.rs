@@ -114,7 +114,7 @@ impl Rejection {
             }
             _ => None,
         };
-        let mut response: Response<Body> = crate::problem::response(
+        let mut response: Response<Body> = runtime::problem::response(
             status,
             slug,
             status.canonical_reason().unwrap_or("Refused"),

@@ -28,7 +28,7 @@ pub use readiness::PROBE_TTL;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 #[cfg(feature = "metrics")]
-pub use timed::{StoreLatency, Timed, DURATION_BUCKETS};
+pub use timed::{StoreLatency, Timed};
 
 use futures::future::BoxFuture;
 

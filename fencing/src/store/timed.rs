@@ -6,17 +6,12 @@ use std::future::Future;
 use futures::future::BoxFuture;
 use opentelemetry::metrics::{Histogram, Meter};
 use opentelemetry::KeyValue;
+use runtime::DURATION_BUCKETS;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use super::{HighWaterMarks, StoreError};
 use crate::Token;
-
-/// Bucket bounds, in seconds, of every duration histogram: 100 µs to 10 s.
-pub const DURATION_BUCKETS: [f64; 15] = [
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-    10.0,
-];
 
 /// Records how long mark-store calls take.
 #[derive(Clone, Debug)]

@@ -47,7 +47,7 @@ impl Stack {
             c.tls_cert = Some(server.cert.clone());
             c.tls_key = Some(server.key.clone());
             c.tls_client_ca = Some(pki.ca().to_owned());
-            c.tls_client_certs = fencing::tls::ClientCerts::Required;
+            c.tls_client_certs = runtime::tls::ClientCerts::Required;
         };
         Self::launch(tweak, http).await
     }

@@ -90,7 +90,7 @@ pub(crate) fn router(state: Arc<AppState>, others: Router) -> Router {
         .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })
         .with_state(state)
         .merge(others);
-    fencing::serve::with_request_ids(router).layer(CatchPanicLayer::custom(panic_response))
+    runtime::serve::with_request_ids(router).layer(CatchPanicLayer::custom(panic_response))
 }
 
 /// The documented routes, each registered from its handler's `#[utoipa::path]` annotation (its
@@ -151,7 +151,7 @@ fn panic_response(_: Box<dyn Any + Send + 'static>) -> Response {
 /// The problem+json 500 of a bug.
 fn internal_error() -> Response {
     let kind = problem::Kind::Internal;
-    fencing::problem::response(
+    runtime::problem::response(
         kind.status(),
         kind.slug(),
         kind.title(),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use fencing::openapi::{ProblemType, Problems};
+use runtime::openapi::{ProblemType, Problems};
 use serde_json::{json, Value};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::OpenApi;
@@ -132,7 +132,7 @@ pub(super) fn finish(mut doc: OpenApi, limits: Limits) -> serde_json::Result<Val
         })
         .collect();
     let string = |description: &str| json!({"type": "string", "description": description});
-    let mut json = fencing::openapi::finish(
+    let mut json = runtime::openapi::finish(
         &doc,
         &Problems {
             types: &types,

@@ -179,7 +179,7 @@ impl IntoResponse for Error {
             _ => None,
         };
         let mut response: Response =
-            fencing::problem::response(status, slug, title, &self.to_string(), extra);
+            runtime::problem::response(status, slug, title, &self.to_string(), extra);
         let headers = response.headers_mut();
         if let Some(secs) = retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use axum::extract::FromRequestParts;
 use axum::http::{Extensions, HeaderMap};
-use fencing::tls::PeerCertificate;
+use runtime::tls::PeerCertificate;
 
 use super::{Auth, Op, Principal, Unauthenticated};
 use crate::audit::{Audit, Event, Kind};

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use axum::http::{header, HeaderMap};
-use fencing::tls::PeerCertificate;
+use runtime::tls::PeerCertificate;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -223,7 +223,7 @@ impl Auth {
     /// Reloads on SIGHUP and when the file changes, until `cancel`; the task is `tracker`'s.
     pub(crate) fn watch(self: &Arc<Self>, tracker: &TaskTracker, cancel: CancellationToken) {
         let auth = self.clone();
-        fencing::reload::on_change(vec![self.path.clone()], tracker, cancel, move |why| {
+        runtime::reload::on_change(vec![self.path.clone()], tracker, cancel, move |why| {
             auth.reload(why);
         });
     }

@@ -98,7 +98,7 @@ impl Table {
     /// it may be cut short mid-write, and a permission cut short (`acquire:a` of
     /// `acquire:a-`) is a wider one.
     pub(crate) fn load(path: &Path) -> Result<Self, String> {
-        let text = fencing::files::read_config_text(path, MAX_FILE_BYTES)
+        let text = runtime::files::read_config_text(path, MAX_FILE_BYTES)
             .map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?;
         Self::parse(&text).map_err(|e| format!("token file {}: {e}", path.display()))
     }

@@ -5,8 +5,8 @@
 
 use std::process::ExitCode;
 
-use fencing::cli;
 use lease_proxy::Config;
+use runtime::cli;
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -27,7 +27,7 @@ fn main() -> ExitCode {
         threads,
         || async {
             let listener = tokio::net::TcpListener::bind(config.listen).await?;
-            lease_proxy::run(listener, config, fencing::serve::terminated()).await
+            lease_proxy::run(listener, config, runtime::serve::terminated()).await
         },
     )
 }

@@ -14,7 +14,7 @@ use crate::keys::Layout;
 
 mod validate;
 
-pub use fencing::cli::LogFormat;
+pub use runtime::cli::LogFormat;
 
 /// The fleets one principal may have made, when `--quota-fleets` is not given.
 pub(crate) const DEFAULT_QUOTA_FLEETS: usize = 64;
@@ -310,7 +310,7 @@ pub struct Config {
         value_enum,
         default_value = "optional"
     )]
-    pub tls_client_certs: fencing::tls::ClientCerts,
+    pub tls_client_certs: runtime::tls::ClientCerts,
 
     /// Which name of a client certificate is its principal: the subject's common name (`cn`),
     /// or the first DNS subject alternative name that has a `cert` line (`dns`).
@@ -376,10 +376,10 @@ pub struct Config {
     /// `--print-config`, `--completions`, `--man`.
     #[command(flatten)]
     #[serde(skip)]
-    pub print: fencing::cli::PrintAndExit,
+    pub print: runtime::cli::PrintAndExit,
 }
 
-impl fencing::cli::Layered for Config {
+impl runtime::cli::Layered for Config {
     fn file(&self) -> Option<&Path> {
         self.config.as_deref()
     }
@@ -397,16 +397,16 @@ pub struct ConfigError(pub String);
 
 impl Config {
     /// How the server drains after SIGTERM (`--shutdown-delay`, `--drain-timeout`).
-    pub(crate) fn drain(&self) -> fencing::serve::Drain {
-        fencing::serve::Drain {
+    pub(crate) fn drain(&self) -> runtime::serve::Drain {
+        runtime::serve::Drain {
             delay: self.shutdown_delay,
             deadline: self.drain_timeout,
         }
     }
 
     /// The bounds on client connections (`--max-client-connections` and the client timeouts).
-    pub(crate) fn connection_limits(&self) -> fencing::serve::Limits {
-        fencing::serve::Limits {
+    pub(crate) fn connection_limits(&self) -> runtime::serve::Limits {
+        runtime::serve::Limits {
             max_connections: self.max_client_connections,
             header_read_timeout: self.header_read_timeout,
             idle_timeout: self.idle_timeout,
@@ -416,7 +416,7 @@ impl Config {
 
     /// Parses flags and environment, layers the TOML file under them, and validates.
     pub fn load() -> Result<Self, clap::Error> {
-        let config: Self = fencing::cli::parse_layered()?;
+        let config: Self = runtime::cli::parse_layered()?;
         config
             .validate()
             .map_err(|e| Self::command().error(clap::error::ErrorKind::InvalidValue, e))?;
@@ -426,7 +426,7 @@ impl Config {
     /// The effective settings as TOML, credentials in URLs redacted (for `--print-config`).
     pub fn redacted_toml(&self) -> Result<String, ConfigError> {
         let mut shown = self.clone();
-        let redact = fencing::cli::redact_url;
+        let redact = runtime::cli::redact_url;
         shown.etcd_endpoints = shown.etcd_endpoints.iter().map(|e| redact(e)).collect();
         shown.upstream = shown.upstream.as_deref().map(redact);
         shown.prefence_url = shown.prefence_url.as_deref().map(redact);
@@ -436,8 +436,8 @@ impl Config {
     }
 
     /// The HTTPS server's files, when `--tls-cert` is given.
-    pub fn server_tls(&self) -> Option<fencing::tls::ServerFiles> {
-        Some(fencing::tls::ServerFiles {
+    pub fn server_tls(&self) -> Option<runtime::tls::ServerFiles> {
+        Some(runtime::tls::ServerFiles {
             cert: self.tls_cert.clone()?,
             key: self.tls_key.clone()?,
             client_ca: self.tls_client_ca.clone(),
@@ -446,8 +446,8 @@ impl Config {
     }
 
     /// TLS towards the upstream and the pre-fence enforcer.
-    pub fn upstream_tls(&self) -> fencing::tls::ClientFiles {
-        fencing::tls::ClientFiles {
+    pub fn upstream_tls(&self) -> runtime::tls::ClientFiles {
+        runtime::tls::ClientFiles {
             ca: self.upstream_ca.clone(),
             cert: self.upstream_cert.clone(),
             key: self.upstream_key.clone(),
@@ -455,8 +455,8 @@ impl Config {
     }
 
     /// TLS towards etcd.
-    pub fn etcd_tls(&self) -> fencing::tls::ClientFiles {
-        fencing::tls::ClientFiles {
+    pub fn etcd_tls(&self) -> runtime::tls::ClientFiles {
+        runtime::tls::ClientFiles {
             ca: self.etcd_ca.clone(),
             cert: self.etcd_cert.clone(),
             key: self.etcd_key.clone(),

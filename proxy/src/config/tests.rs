@@ -22,14 +22,14 @@ fn file_layers_under_flags() {
     let path = dir.path().join("c.toml");
     std::fs::write(&path, "max_ttl = 120\nera = 7\nmax_wait = \"5s\"\n").unwrap();
     let c = Config::parse_from(["lease-proxy", "--era", "9"]);
-    let layered = fencing::cli::layer_file(&c, &path, |id| id != "era").unwrap();
+    let layered = runtime::cli::layer_file(&c, &path, |id| id != "era").unwrap();
     assert_eq!(layered.max_ttl, 120);
     assert_eq!(layered.era, 9, "a flag beats the file");
     assert_eq!(layered.max_wait, Duration::from_secs(5));
     std::fs::write(&path, "no_such_setting = 1\n").unwrap();
-    assert!(fencing::cli::layer_file(&c, &path, |_| true).is_err());
+    assert!(runtime::cli::layer_file(&c, &path, |_| true).is_err());
     std::fs::write(&path, "print_config = true\n").unwrap();
-    assert!(fencing::cli::layer_file(&c, &path, |_| true).is_err());
+    assert!(runtime::cli::layer_file(&c, &path, |_| true).is_err());
 }
 
 #[test]
@@ -107,7 +107,7 @@ fn server_tls_settings_go_together_and_their_files_load() {
     let err = refused(&|c| {
         c.tls_cert = Some(server.cert.clone());
         c.tls_key = Some(server.key.clone());
-        c.tls_client_certs = fencing::tls::ClientCerts::Required;
+        c.tls_client_certs = runtime::tls::ClientCerts::Required;
     });
     assert!(err.contains("needs --tls-client-ca"), "{err}");
     let mut c = Config::parse_from(["lease-proxy"]);

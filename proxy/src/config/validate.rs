@@ -197,7 +197,7 @@ impl Config {
         if self.tls_client_ca.is_some() && self.tls_cert.is_none() {
             return fail("--tls-client-ca needs --tls-cert and --tls-key (HTTPS)".into());
         }
-        if self.tls_client_certs == fencing::tls::ClientCerts::Required
+        if self.tls_client_certs == runtime::tls::ClientCerts::Required
             && self.tls_client_ca.is_none()
         {
             return fail(
@@ -205,7 +205,7 @@ impl Config {
             );
         }
         if let Some(files) = self.server_tls() {
-            fencing::tls::ServerTls::load(files).map_err(|e| ConfigError(format!("TLS: {e}")))?;
+            runtime::tls::ServerTls::load(files).map_err(|e| ConfigError(format!("TLS: {e}")))?;
         }
         let https = |url: &String| url.starts_with("https://");
         let upstream_https = self.upstream.iter().chain(&self.prefence_url).any(https);
@@ -258,7 +258,7 @@ impl Config {
         let unreadable = |e: &dyn std::fmt::Display| {
             ConfigError(format!("--etcd-password-file {}: {e}", file.display()))
         };
-        let password = fencing::files::read_config_file(file, 64 << 10)
+        let password = runtime::files::read_config_file(file, 64 << 10)
             .map_err(|e| unreadable(&e))
             .and_then(|bytes| String::from_utf8(bytes).map_err(|e| unreadable(&e)))?;
         let password = password.trim();

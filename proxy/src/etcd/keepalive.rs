@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
-use fencing::backoff::Backoff;
+use runtime::backoff::Backoff;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;

@@ -26,7 +26,7 @@ use etcd_client::{
     Client, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget,
 };
 
-use fencing::backoff::Backoff;
+use runtime::backoff::Backoff;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
@@ -186,7 +186,7 @@ impl Access {
     /// presented as `files` say, and etcd's user and password.
     pub(crate) fn new(
         endpoints: &[String],
-        files: &fencing::tls::ClientFiles,
+        files: &runtime::tls::ClientFiles,
         user: Option<(String, String)>,
     ) -> std::result::Result<Self, String> {
         let https = endpoints.iter().any(|e| e.starts_with("https://"));

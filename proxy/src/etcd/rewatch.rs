@@ -6,7 +6,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use etcd_client::{WatchOptions, WatchResponse};
-use fencing::backoff::Backoff;
+use runtime::backoff::Backoff;
 use tokio_util::sync::CancellationToken;
 
 use super::Etcd;

@@ -38,8 +38,8 @@ use axum::Router;
 use etcd_client::proto::{
     PbClusterServer, PbKvServer, PbLeaseServer, PbMaintenanceServer, PbWatchServer,
 };
-use fencing::serve::LongLived;
 use futures::future::{BoxFuture, FutureExt};
+use runtime::serve::LongLived;
 use tonic::service::Routes;
 
 use crate::auth::Judge;

@@ -18,7 +18,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencing::backoff::Backoff;
+use runtime::backoff::Backoff;
 use tokio::time::Instant;
 
 use super::session::SessionRecord;

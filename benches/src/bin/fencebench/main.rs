@@ -89,7 +89,7 @@ async fn main() -> anyhow::Result<()> {
             let forwarder = Forwarder::new(
                 upstream.parse()?,
                 Duration::from_secs(30),
-                &fencing::tls::ClientFiles::default(),
+                &runtime::tls::ClientFiles::default(),
             )?;
             let app = Router::new().fallback_service(tower::service_fn(
                 move |req: http::Request<Body>| {

@@ -5,7 +5,7 @@
 //!   namespace of its own, for the gRPC operations;
 //! - etcd's JSON gateway (`/v3/…` on etcd's own client port, see `gateway`) for the HTTP ones;
 //! - a bare pass-through: leasebench itself (`leasebench pass-through`), serving on the project's
-//!   own listener stack (`fencing::serve`, as lease-proxy does) and forwarding every request as
+//!   own listener stack (`runtime::serve`, as lease-proxy does) and forwarding every request as
 //!   it came, HTTP/2 to etcd, with no checks — what any proxy in front of etcd costs at least.
 //!
 //! What grpc-proxy does with keepalives: its `LeaseKeepAlive` answers a client's request only
@@ -140,7 +140,7 @@ async fn forward(
             let (mut parts, body) = resp.into_parts();
             // A gRPC call's connection is a client's for its whole life, as lease-proxy marks
             // its gRPC calls: no idle deadline.
-            parts.extensions.insert(fencing::serve::LongLived::always());
+            parts.extensions.insert(runtime::serve::LongLived::always());
             Response::from_parts(parts, Body::new(body))
         }
         Err(_) => status(StatusCode::BAD_GATEWAY),

@@ -306,28 +306,28 @@ pub(crate) async fn serve(args: Args) -> Result<std::process::ExitCode, Failure>
         .with_state(db);
     let tcp = tokio::net::TcpListener::bind(&args.listen).await?;
     let tls = match (args.tls_cert, args.tls_key) {
-        (Some(cert), Some(key)) => Some(Arc::new(fencing::tls::ServerTls::load(
-            fencing::tls::ServerFiles {
+        (Some(cert), Some(key)) => Some(Arc::new(runtime::tls::ServerTls::load(
+            runtime::tls::ServerFiles {
                 cert,
                 key,
                 client_ca: None,
-                client_certs: fencing::tls::ClientCerts::Optional,
+                client_certs: runtime::tls::ClientCerts::Optional,
             },
         )?)),
         _ => None,
     };
     let draining = std::sync::atomic::AtomicBool::new(false);
-    fencing::serve::until_shutdown(
-        fencing::serve::Listener { tcp, tls },
+    runtime::serve::until_shutdown(
+        runtime::serve::Listener { tcp, tls },
         app,
-        fencing::serve::terminated(),
+        runtime::serve::terminated(),
         &draining,
         tokio_util::sync::CancellationToken::new(),
-        fencing::serve::Drain {
+        runtime::serve::Drain {
             delay: std::time::Duration::ZERO,
             deadline: std::time::Duration::from_secs(5),
         },
-        fencing::serve::Limits::default(),
+        runtime::serve::Limits::default(),
     )
     .await?;
     Ok(std::process::ExitCode::SUCCESS)

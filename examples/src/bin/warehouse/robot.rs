@@ -102,7 +102,7 @@ impl Access {
 pub(crate) async fn work(args: Args) -> Result<std::process::ExitCode, Failure> {
     let http = args.access.http()?;
     let client = args.access.lease_client(&args.proxy, "warehouse-robot")?;
-    let mut shutdown = pin!(fencing::serve::terminated());
+    let mut shutdown = pin!(runtime::serve::terminated());
     loop {
         let member = tokio::select! {
             joined = join(&client, &args) => joined,

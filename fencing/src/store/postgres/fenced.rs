@@ -146,7 +146,7 @@ impl PostgresStore {
         token: Token,
         lower: &Lower,
         give_up: &mut Option<Instant>,
-        backoff: &mut crate::backoff::Backoff,
+        backoff: &mut runtime::backoff::Backoff,
     ) -> Result<(), StoreError> {
         let now = Instant::now();
         let give_up = *give_up.get_or_insert(now + self.max_wait());

@@ -13,10 +13,10 @@ use super::listener::Listener;
 use super::session::bounded;
 use super::PostgresStore;
 use crate::admission::{Admission, Outcome, Permit, Release};
-use crate::backoff::Backoff;
 use crate::error::GateError;
 use crate::store::{HighWaterMarks, Readiness, StoreError, StoreLatency};
 use crate::Token;
+use runtime::backoff::Backoff;
 
 /// How often at most a gate sweeps expired registrations left behind.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);

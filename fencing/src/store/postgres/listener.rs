@@ -11,7 +11,7 @@ use futures::StreamExt as _;
 use tokio::sync::{oneshot, Notify};
 use tokio_postgres::{AsyncMessage, NoTls};
 
-use crate::backoff::Backoff;
+use runtime::backoff::Backoff;
 
 /// The notification channel.
 pub(super) const CHANNEL: &str = "fence_inflight_ended";

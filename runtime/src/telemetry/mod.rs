@@ -10,7 +10,7 @@ mod metrics;
 mod process;
 mod trace;
 
-pub use metrics::{render, Metrics, DURATION_BUCKETS};
+pub use metrics::{render, Metrics};
 pub use trace::{propagate, server_span};
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -8,8 +8,6 @@ use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::Resource;
 use prometheus::{Encoder as _, TextEncoder};
 
-pub use crate::store::DURATION_BUCKETS;
-
 /// One server's metrics: a meter whose instruments are collected into a Prometheus registry at
 /// each scrape. One per server (not a process-wide global), so servers embedded side by side
 /// count apart.
@@ -88,7 +86,7 @@ mod tests {
         let latency = meter
             .f64_histogram("demo.call.duration")
             .with_unit("s")
-            .with_boundaries(DURATION_BUCKETS.to_vec())
+            .with_boundaries(crate::DURATION_BUCKETS.to_vec())
             .build();
         writes.add(2, &[KeyValue::new("outcome", "ok")]);
         latency.record(0.003, &[]);
