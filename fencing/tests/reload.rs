@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use fencing::{KeyId, Keyring, Token};
 use lease_proxy_testkit::free_port;
+use lease_proxy_testkit::metrics;
 use lease_proxy_testkit::poll::{eventually, Probe};
 use lease_proxy_testkit::process::Spawned;
 
@@ -72,6 +73,18 @@ impl Gateway {
             .unwrap()
             .status()
             .as_u16()
+    }
+
+    /// `fence_reloads_total{file="key-file",outcome}` from its `/metrics`.
+    async fn key_file_reloads(&self, outcome: &str) -> f64 {
+        let text = metrics::scrape(&reqwest::Client::new(), &self.url).await;
+        let outcome = format!(r#"outcome="{outcome}""#);
+        metrics::series(
+            &text,
+            "fence_reloads_total",
+            &[r#"file="key-file""#, &outcome],
+        )
+        .unwrap_or_else(|| panic!("no key-file reloads {outcome} in:\n{text}"))
     }
 
     /// Waits (polling, up to 15 s) until a write signed by `keys` gets `status`.
@@ -140,6 +153,8 @@ async fn the_key_file_is_reloaded_whole_or_not_at_all() {
     let gw = Gateway::start(dir.path(), &path).await;
     assert_eq!(gw.put(&old).await, 200);
     assert_eq!(gw.put(&new).await, 401, "k2 is not a key yet");
+    assert_eq!(gw.key_file_reloads("loaded").await, 0.0);
+    assert_eq!(gw.key_file_reloads("refused").await, 0.0);
 
     // Step 1 of a rotation: k2 added as a verifying line; noticed by polling (no signal).
     replace(&path, &format!("{k1}{k2}"));
@@ -172,4 +187,8 @@ async fn the_key_file_is_reloaded_whole_or_not_at_all() {
     for why in reasons {
         assert!(log.contains(why), "the log does not say {why:?}:\n{log}");
     }
+    // Counted too, so an operator can alert on a refused file: each file was read once (a
+    // change is read once it has held for a poll, or at once on SIGHUP).
+    assert_eq!(gw.key_file_reloads("refused").await, 2.0);
+    assert!(gw.key_file_reloads("loaded").await >= 2.0);
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use opentelemetry::metrics::{Counter, Histogram, Meter};
 use opentelemetry::KeyValue;
+use runtime::reload::Reloads;
 use runtime::DURATION_BUCKETS;
 use tokio::time::Instant;
 
@@ -73,6 +74,9 @@ pub(crate) struct Metrics {
     watch_cut_off: Counter<u64>,
     /// The fleet service's counters.
     pub(crate) fleet: FleetMetrics,
+    /// Files reloaded, by `file` (`key-file`, `tls`, `auth-tokens`) and `outcome` (`loaded`,
+    /// `refused`) (`lease_proxy_reloads_total`).
+    pub(crate) reloads: Reloads,
 }
 
 /// What the fleet service counts.
@@ -157,6 +161,7 @@ impl Metrics {
                 "gRPC watch streams ended to keep their answers within a budget, by budget.",
             ),
             fleet: FleetMetrics::new(&meter),
+            reloads: Reloads::new(&meter, "lease_proxy.reloads"),
             exporter,
         };
         metrics.start_at_zero();

@@ -208,9 +208,10 @@ pub async fn run(
 async fn connect(config: &Config, tasks: &Tasks) -> Result<Base, StartError> {
     let (tracker, background) = (&tasks.tracker, &tasks.background);
     let keys = load_keys(config)?;
+    let metrics = Arc::new(Metrics::new().map_err(StartError::Metrics)?);
     // Watched from the start, so SIGHUP (whose default action ends the process) is handled
     // from here on, while etcd is still being dialled too.
-    keys.watch(tracker, background.clone());
+    keys.watch(&metrics.reloads, tracker, background.clone());
     let auth = match &config.auth_tokens {
         Some(path) => Some(Arc::new(
             Auth::load(path, config.tls_client_principal).map_err(StartError::Auth)?,
@@ -222,7 +223,6 @@ async fn connect(config: &Config, tasks: &Tasks) -> Result<Base, StartError> {
         .map(|files| runtime::tls::ServerTls::load(files).map(Arc::new))
         .transpose()
         .map_err(StartError::Tls)?;
-    let metrics = Arc::new(Metrics::new().map_err(StartError::Metrics)?);
     let access = config
         .etcd_credentials()
         .map_err(|e| e.0)
@@ -238,11 +238,11 @@ async fn connect(config: &Config, tasks: &Tasks) -> Result<Base, StartError> {
     )
     .await?;
     if let Some(tls) = &tls {
-        tls.watch(tracker, background.clone());
+        tls.watch(&metrics.reloads, tracker, background.clone());
     }
     let keepalive = KeepAlive::start(&etcd, config.keepalive_streams, tracker, background.clone());
     if let Some(auth) = &auth {
-        auth.watch(tracker, background.clone());
+        auth.watch(&metrics.reloads, tracker, background.clone());
     }
     // The writer outlives the drain (cancelled with the other background tasks), so the
     // events of requests finishing during it are written.

@@ -12,6 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
+use lease_proxy_testkit::metrics;
 use lease_proxy_testkit::poll::until;
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -127,6 +128,14 @@ async fn a_token_file_caught_mid_rewrite_is_never_taken() {
     // Emptied (a rewrite's first step), for longer than two polls: the table is kept.
     std::fs::File::create(&path).unwrap();
     probe(url, Duration::from_secs(5)).await;
+    // The two files that held still (cut mid-line, then empty) were each read once and
+    // refused, which an operator sees in the counter, not only in the log.
+    until(PATIENCE, "two refused reloads counted", || async {
+        let text = metrics_text(url).await;
+        let labels = [r#"file="auth-tokens""#, r#"outcome="refused""#];
+        metrics::series(&text, "lease_proxy_reloads_total", &labels) == Some(2.0)
+    })
+    .await;
 }
 
 #[test]

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
+use lease_proxy_testkit::metrics;
 use lease_proxy_testkit::pki::{Issued, Pki};
 use lease_proxy_testkit::poll::{answers, until};
 use lease_proxy_testkit::recording::Log;
@@ -255,6 +256,18 @@ fn der_of(path: &Path) -> Vec<u8> {
     rustls_pem_certs(path)[0].to_vec()
 }
 
+/// `lease_proxy_reloads_total{file="tls",outcome}` from the proxy's `/metrics`.
+async fn tls_reloads(client: &reqwest::Client, url: &str, outcome: &str) -> f64 {
+    let text = metrics::scrape(client, url).await;
+    let outcome = format!(r#"outcome="{outcome}""#);
+    metrics::series(
+        &text,
+        "lease_proxy_reloads_total",
+        &[r#"file="tls""#, &outcome],
+    )
+    .unwrap_or_else(|| panic!("no TLS reloads {outcome} in:\n{text}"))
+}
+
 async fn livez(client: &reqwest::Client, url: &str) -> u16 {
     let r = client.get(format!("{url}/livez")).send().await.unwrap();
     r.status().as_u16()
@@ -293,9 +306,17 @@ async fn certificates_reload_without_a_restart() {
     .await;
     assert_eq!(livez(&before, &proxy.url).await, 200);
 
-    // A key that does not parse: the reload is refused, the certificate in force stays.
+    assert_eq!(tls_reloads(&client, &proxy.url, "refused").await, 0.0);
+    let loaded = tls_reloads(&client, &proxy.url, "loaded").await;
+    assert!(loaded >= 1.0, "the new certificate's reload is counted");
+
+    // A key that does not parse: the reload is refused (and counted), the certificate in force
+    // stays.
     std::fs::write(&live.key, "-----BEGIN PRIVATE KEY-----\nbroken\n").unwrap();
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    until(RELOAD_WITHIN, "the broken key refused", || async {
+        tls_reloads(&client, &proxy.url, "refused").await == 1.0
+    })
+    .await;
     assert_eq!(presented(&pki, &addr).await, second);
     assert_eq!(livez(&client, &proxy.url).await, 200);
     // A FIFO nobody writes and an endless device in place of the files: refused without
@@ -309,7 +330,11 @@ async fn certificates_reload_without_a_restart() {
     assert!(fifo.success());
     std::fs::remove_file(&live.key).unwrap();
     std::os::unix::fs::symlink("/dev/zero", &live.key).unwrap();
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // A change is read once it has held for a poll, so the steps above are read as one.
+    until(RELOAD_WITHIN, "the FIFO and the device refused", || async {
+        tls_reloads(&client, &proxy.url, "refused").await == 2.0
+    })
+    .await;
     assert_eq!(presented(&pki, &addr).await, second);
     assert_eq!(livez(&client, &proxy.url).await, 200);
     std::fs::remove_file(&live.cert).unwrap();

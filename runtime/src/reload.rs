@@ -7,10 +7,16 @@
 //! for a poll, never on the poll that caught it half-written. SIGHUP is the operator's explicit
 //! request and reloads at once. Replacing a file by rename (write a temporary file in the same
 //! directory, then `mv` it over) is still the only way to make a change atomic.
+//!
+//! Every reload is counted by file and outcome ([`Reloads`]), so that an operator can alert on
+//! a file that was changed and refused: the service goes on with what it had, and only the log
+//! and the counter say so.
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
+use opentelemetry::metrics::{Counter, Meter};
+use opentelemetry::KeyValue;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -18,17 +24,86 @@ use tokio_util::task::TaskTracker;
 /// How often the files' stamps are looked at.
 pub const POLL: Duration = Duration::from_secs(2);
 
+/// What one reload did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The files were read and are in force.
+    Loaded,
+    /// They could not be taken; what was in force stays.
+    Refused,
+}
+
+impl Outcome {
+    /// The `outcome` label.
+    fn label(self) -> &'static str {
+        match self {
+            Self::Loaded => "loaded",
+            Self::Refused => "refused",
+        }
+    }
+}
+
+/// A server's reloads, by `file` and `outcome` (`loaded`, `refused`): one counter per server,
+/// named by it (`lease_proxy.reloads` is exported as `lease_proxy_reloads_total`).
+#[derive(Debug, Clone)]
+pub struct Reloads(Counter<u64>);
+
+impl Reloads {
+    /// The counter `name` on `meter`.
+    pub fn new(meter: &Meter, name: &'static str) -> Self {
+        Self(
+            meter
+                .u64_counter(name)
+                .with_description("Files reloaded without a restart, by file and outcome.")
+                .build(),
+        )
+    }
+
+    /// The reloads of one kind of file (`tls`, `key-file`, …); both of its series exist from
+    /// now on, at 0.
+    pub fn of(&self, file: &'static str) -> FileReloads {
+        for outcome in [Outcome::Loaded, Outcome::Refused] {
+            self.0.add(0, &FileReloads::labels(file, outcome));
+        }
+        FileReloads {
+            counter: self.0.clone(),
+            file,
+        }
+    }
+}
+
+/// The reloads of one kind of file: what [`on_change`] counts into.
+#[derive(Debug, Clone)]
+pub struct FileReloads {
+    counter: Counter<u64>,
+    file: &'static str,
+}
+
+impl FileReloads {
+    fn labels(file: &'static str, outcome: Outcome) -> [KeyValue; 2] {
+        [
+            KeyValue::new("file", file),
+            KeyValue::new("outcome", outcome.label()),
+        ]
+    }
+
+    fn count(&self, outcome: Outcome) {
+        self.counter.add(1, &Self::labels(self.file, outcome));
+    }
+}
+
 /// Calls `reload` with why (`"SIGHUP"` or `"file changed"`) whenever SIGHUP arrives or one of
 /// `files` has changed and then stayed unchanged for one [`POLL`], until `cancel`; the task is
 /// `tracker`'s. The SIGHUP handler is installed before this returns, so from then on SIGHUP
 /// never terminates the process (that is the signal's default action); if it cannot be
 /// installed, only changes are noticed, and that is logged. `reload` runs on the blocking pool
-/// (it reads files), one call at a time.
+/// (it reads files), one call at a time; what it says it did is counted into `counted`.
 pub fn on_change(
     files: Vec<PathBuf>,
+    counted: FileReloads,
     tracker: &TaskTracker,
     cancel: CancellationToken,
-    reload: impl Fn(&'static str) + Send + Sync + 'static,
+    reload: impl Fn(&'static str) -> Outcome + Send + Sync + 'static,
 ) {
     let reload = std::sync::Arc::new(reload);
     let mut hangup = match signal(SignalKind::hangup()) {
@@ -58,8 +133,12 @@ pub fn on_change(
                 }
             };
             let reload = reload.clone();
-            if let Err(e) = tokio::task::spawn_blocking(move || reload(why)).await {
-                tracing::error!(error = %e, why, "reload failed");
+            match tokio::task::spawn_blocking(move || reload(why)).await {
+                Ok(outcome) => counted.count(outcome),
+                Err(e) => {
+                    counted.count(Outcome::Refused);
+                    tracing::error!(error = %e, why, "reload failed");
+                }
             }
         }
     });
@@ -160,11 +239,16 @@ mod tests {
         let seen: Reads = Arc::default();
         let log = seen.clone();
         let cancel = CancellationToken::new();
+        let meter = opentelemetry::global::meter("reload-tests");
         on_change(
             vec![file.to_owned()],
+            Reloads::new(&meter, "test.reloads").of("f"),
             &TaskTracker::new(),
             cancel.clone(),
-            move |why| log.lock().unwrap().push(why),
+            move |why| {
+                log.lock().unwrap().push(why);
+                Outcome::Loaded
+            },
         );
         (seen, cancel)
     }

@@ -22,6 +22,7 @@ use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::reload::{on_change, Outcome, Reloads};
 use crate::Error;
 
 /// Whether a server asks clients for a certificate.
@@ -97,8 +98,13 @@ impl ServerTls {
     }
 
     /// Reloads on SIGHUP and when a file changes (modification time or length), until
-    /// `cancel`; the task is `tracker`'s.
-    pub fn watch(self: &Arc<Self>, tracker: &TaskTracker, cancel: CancellationToken) {
+    /// `cancel`; the task is `tracker`'s. Each reload is counted as `file="tls"`.
+    pub fn watch(
+        self: &Arc<Self>,
+        reloads: &Reloads,
+        tracker: &TaskTracker,
+        cancel: CancellationToken,
+    ) {
         let tls = self.clone();
         let files = [
             Some(&self.files.cert),
@@ -109,12 +115,17 @@ impl ServerTls {
         .flatten()
         .cloned()
         .collect();
-        crate::reload::on_change(files, tracker, cancel, move |why| match tls.reload() {
-            Ok(()) => {
-                tracing::info!(cert = %tls.files.cert.display(), why, "TLS certificate reloaded")
-            }
-            Err(e) => {
-                tracing::error!(error = %e, why, "TLS certificate NOT reloaded; the previous one stays in force")
+        let counted = reloads.of("tls");
+        on_change(files, counted, tracker, cancel, move |why| {
+            match tls.reload() {
+                Ok(()) => {
+                    tracing::info!(cert = %tls.files.cert.display(), why, "TLS certificate reloaded");
+                    Outcome::Loaded
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, why, "TLS certificate NOT reloaded; the previous one stays in force");
+                    Outcome::Refused
+                }
             }
         });
     }

@@ -36,6 +36,8 @@ use tempfile::TempDir;
 
 pub mod docs;
 pub mod layers;
+#[cfg(feature = "http")]
+pub mod metrics;
 pub mod openapi;
 pub mod pki;
 pub mod poll;

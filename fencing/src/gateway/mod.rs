@@ -39,6 +39,7 @@ use crate::layer::{
 };
 use crate::store::StoreLatency;
 use crate::{Admission, Keys};
+use runtime::reload::Reloads;
 use runtime::telemetry::Metrics;
 use runtime::tls::PeerCertificate;
 
@@ -105,10 +106,11 @@ pub async fn run(
     let background = CancellationToken::new();
     // However `run` returns (a failed start included), the background tasks are told to stop.
     let _stop_background = background.clone().drop_guard();
+    let metrics = Metrics::new("fence-gateway").map_err(GatewayError::Metrics)?;
+    let reloads = Reloads::new(&metrics.meter(), "fence.reloads");
     // Watched from the start, so SIGHUP (whose default action ends the process) is handled
     // from here on, while the store is still being opened too.
-    keys.watch(&tasks, background.clone());
-    let metrics = Metrics::new("fence-gateway").map_err(GatewayError::Metrics)?;
+    keys.watch(&reloads, &tasks, background.clone());
     let latency = StoreLatency::new(&metrics.meter());
     let fence: Fence<dyn Admission> =
         Fence::new(keys.clone(), config.open_admission(latency).await?);
@@ -125,7 +127,7 @@ pub async fn run(
         .transpose()
         .map_err(GatewayError::Tls)?;
     if let Some(tls) = &tls {
-        tls.watch(&tasks, background.clone());
+        tls.watch(&reloads, &tasks, background.clone());
     }
     let shared = Arc::new(Shared {
         fence: fence.clone(),

@@ -94,26 +94,32 @@ impl Keys {
     }
 
     /// Reloads on SIGHUP and when the key file changes (see [`runtime::reload::on_change`]),
-    /// until `cancel`; the task is `tracker`'s. Each outcome is logged: the key ids in force
-    /// (never a secret), or why the file was not taken. Without a file, nothing is watched.
+    /// until `cancel`; the task is `tracker`'s. Each outcome is logged — the key ids in force
+    /// (never a secret), or why the file was not taken — and counted as `file="key-file"`.
+    /// Without a file, nothing is watched.
     #[cfg(feature = "server")]
     pub fn watch(
         &self,
+        reloads: &runtime::reload::Reloads,
         tracker: &tokio_util::task::TaskTracker,
         cancel: tokio_util::sync::CancellationToken,
     ) {
+        use runtime::reload::Outcome;
         let Some(path) = self.inner.path.clone() else {
             return;
         };
         let keys = self.clone();
-        runtime::reload::on_change(vec![path.clone()], tracker, cancel, move |why| {
+        let counted = reloads.of("key-file");
+        runtime::reload::on_change(vec![path.clone()], counted, tracker, cancel, move |why| {
             match keys.reload() {
                 Ok(ring) => {
                     let ids: Vec<&str> = ring.key_ids().map(|k| k.as_str()).collect();
                     tracing::info!(path = %path.display(), signing = %ring.signing_key_id(), keys = ?ids, why, "fencing key file reloaded");
+                    Outcome::Loaded
                 }
                 Err(e) => {
                     tracing::error!(path = %path.display(), error = %e, why, "fencing key file NOT reloaded; the previous keys stay in force");
+                    Outcome::Refused
                 }
             }
         });

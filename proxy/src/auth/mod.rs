@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use axum::http::{header, HeaderMap};
+use runtime::reload::{Outcome, Reloads};
 use runtime::tls::PeerCertificate;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -186,7 +187,7 @@ impl Auth {
     /// is cut) leaves the current table in force, and so does a file without principals while
     /// the current table has some: that is what a file emptied mid-rewrite looks like, and
     /// taking it would lock every principal out.
-    fn reload(&self, why: &'static str) {
+    fn reload(&self, why: &'static str) -> Outcome {
         let loaded = Table::load(&self.path).and_then(|table| {
             if table.len() == 0 && self.current().len() > 0 {
                 Err(format!(
@@ -207,9 +208,11 @@ impl Auth {
                     .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(table);
                 // After the swap: whoever wakes and judges again sees the new table.
                 self.reloaded.send_replace(());
+                Outcome::Loaded
             }
             Err(e) => {
                 tracing::error!(error = %e, why, "token file NOT reloaded; the previous table stays in force");
+                Outcome::Refused
             }
         }
     }
@@ -221,10 +224,21 @@ impl Auth {
     }
 
     /// Reloads on SIGHUP and when the file changes, until `cancel`; the task is `tracker`'s.
-    pub(crate) fn watch(self: &Arc<Self>, tracker: &TaskTracker, cancel: CancellationToken) {
+    /// Each reload is counted as `file="auth-tokens"`.
+    pub(crate) fn watch(
+        self: &Arc<Self>,
+        reloads: &Reloads,
+        tracker: &TaskTracker,
+        cancel: CancellationToken,
+    ) {
         let auth = self.clone();
-        runtime::reload::on_change(vec![self.path.clone()], tracker, cancel, move |why| {
-            auth.reload(why);
-        });
+        let counted = reloads.of("auth-tokens");
+        runtime::reload::on_change(
+            vec![self.path.clone()],
+            counted,
+            tracker,
+            cancel,
+            move |why| auth.reload(why),
+        );
     }
 }

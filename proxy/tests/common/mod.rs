@@ -168,14 +168,7 @@ pub async fn etcd_metric(etcd: &Etcd, name: &str) -> f64 {
 
 /// The Prometheus text of `{base}/metrics` (a proxy's or an etcd member's).
 pub async fn metrics_text(base: &str) -> String {
-    http()
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    lease_proxy_testkit::metrics::scrape(&http(), base).await
 }
 
 /// [`etcd_metric`] over the label sets containing `labels` (e.g. `grpc_method="Watch"`).
