@@ -9,6 +9,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use fencing::{KeyId, Keyring, Token};
 use lease_proxy_testkit::free_port;
+use lease_proxy_testkit::metrics;
 use lease_proxy_testkit::recording::Storage;
 
 const BIN: &str = env!("CARGO_BIN_EXE_fence-gateway");
@@ -331,23 +332,25 @@ async fn metrics_count_outcomes_and_sigterm_exits_zero() {
             .status(),
         200
     );
-    let text = reqwest::get(format!("{}/metrics", gw.url))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics::scrape(&reqwest::Client::new(), &gw.url).await;
     for line in [
         "fence_requests_total{outcome=\"admitted\"} 1",
         "fence_requests_total{outcome=\"stale\"} 1",
         "fence_requests_total{outcome=\"passed\"} 1",
         "# TYPE fence_requests_total counter",
+        // The watched key file's reloads, at 0 from start-up; no TLS, so no TLS series.
+        "fence_reloads_total{file=\"key-file\",outcome=\"loaded\"} 0",
+        "fence_reloads_total{file=\"key-file\",outcome=\"refused\"} 0",
     ] {
         assert!(
             text.lines().any(|l| l == line),
             "missing `{line}` in:\n{text}"
         );
     }
+    assert!(
+        !text.contains(r#"file="tls""#),
+        "TLS reloads without TLS:\n{text}"
+    );
     Command::new("kill")
         .args(["-TERM", &gw.child.id().to_string()])
         .status()

@@ -23,6 +23,7 @@ use fencing::{Admission, GateError, Keyring, Permit, PostgresStore, SharedGate, 
 use futures::future::BoxFuture;
 use http::{Request, Response};
 use http_body_util::BodyExt;
+use lease_proxy_testkit::poll::{eventually, Probe};
 use lease_proxy_testkit::recording::Storage;
 use lease_proxy_testkit::signal_pid;
 use tokio::sync::Notify;
@@ -394,17 +395,17 @@ async fn a_request_frame_ready_after_the_deadline_is_not_handed_over() {
         .body(Body::from_stream(frames))
         .unwrap();
     let _ = service.oneshot(req).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let outcome = loop {
-        if let Some(outcome) = received.lock().unwrap().clone() {
-            break outcome;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the storage never finished reading"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let (outcome, _) = eventually(
+        Duration::from_secs(5),
+        "the storage done reading",
+        || async {
+            match received.lock().unwrap().clone() {
+                Some(outcome) => Probe::Done(outcome),
+                None => Probe::Not("still reading".into()),
+            }
+        },
+    )
+    .await;
     assert!(
         outcome.is_err(),
         "the storage received the whole write ({outcome:?} bytes) past its exchange deadline"

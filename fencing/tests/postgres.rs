@@ -18,6 +18,7 @@ use fencing::store::FencedError;
 use fencing::{
     Admission, Gate, GateError, HighWaterMarks, Permit, PostgresStore, SharedGate, Token,
 };
+use lease_proxy_testkit::metrics;
 use lease_proxy_testkit::recording::Storage;
 use rand::Rng;
 use tower::ServiceBuilder;
@@ -246,24 +247,13 @@ async fn two_gateway_binaries_share_marks() {
     );
     // Each gateway timed its calls to the shared store: reads of the mark and raises.
     for url in &urls {
-        let text = client
-            .get(format!("{url}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = metrics::scrape(&client, url).await;
         for op in ["get", "raise"] {
-            let count = text
-                .lines()
-                .find_map(|l| {
-                    l.strip_prefix(&format!(
-                        "fence_mark_store_duration_seconds_count{{op=\"{op}\"}} "
-                    ))
-                })
-                .unwrap_or_else(|| panic!("no {op} timings at {url}:\n{text}"));
-            assert!(count.parse::<u64>().unwrap() >= 1, "{op}: {count}");
+            let label = format!(r#"op="{op}""#);
+            let count =
+                metrics::series(&text, "fence_mark_store_duration_seconds_count", &[&label])
+                    .unwrap_or_else(|| panic!("no {op} timings at {url}:\n{text}"));
+            assert!(count >= 1.0, "{op}: {count}");
         }
     }
 }
