@@ -1,5 +1,5 @@
 //! The models at deeper bounds than the test command's (not in CI): `cargo run -p
-//! lease-proxy-model --example deep -- [admission|lease|fleet|all|drift-margin]`. Prints each model's state
+//! lease-proxy-model --example deep -- [admission|lease|fleet|all|fleet-wider|drift-margin]`. Prints each model's state
 //! count, depth and time, and any counterexample; exits 1 if a property fails.
 
 use lease_proxy_model::admission::{self, Admission, Enforcer};
@@ -93,6 +93,47 @@ fn main() {
             "fleet, 3 resources, 3 members, 2 replicas, 2 changes",
             &check(model, fleet::describe, false),
         );
+    }
+    if which == "fleet-wider" {
+        // Beyond the table's deeper row: from the test bounds a third replica deciding, a
+        // longer drain, a third change among three members; then the deeper row with a third
+        // change.
+        let wider = [
+            (
+                "fleet, 2 resources, 2 members, 3 replicas, 2 changes",
+                Fleet {
+                    replicas: 3,
+                    ..Fleet::new()
+                },
+            ),
+            (
+                "fleet, 2 resources, 2 members, 2 replicas, 2 changes, drain 2",
+                Fleet {
+                    drain: 2,
+                    ..Fleet::new()
+                },
+            ),
+            (
+                "fleet, 2 resources, 3 members, 2 replicas, 3 changes",
+                Fleet {
+                    members: 3,
+                    changes: 3,
+                    ..Fleet::new()
+                },
+            ),
+            (
+                "fleet, 3 resources, 3 members, 2 replicas, 3 changes",
+                Fleet {
+                    resources: 3,
+                    members: 3,
+                    changes: 3,
+                    ..Fleet::new()
+                },
+            ),
+        ];
+        for (name, model) in wider {
+            ok &= report(name, &check(model, fleet::describe, false));
+        }
     }
     if which == "drift-margin" {
         // Expected to fail: a gateway clock lagging two ticks, the storage taking one — more

@@ -2,8 +2,9 @@
 //! drain, are evicted and rejoin; replicas race to decide and write the next assignment (each
 //! from what it read, maybe stale) and to carry out its grants and revocations; a member told to
 //! hand a resource off releases it, or is revoked at the deadline. Grants are etcd's
-//! create-if-absent on the member's session, revocations a compare-and-delete on the grant's
-//! revision.
+//! create-if-absent on the member's session, guarded as the server guards them (by the member's
+//! record and the assignment as the decision read or wrote them); revocations are a
+//! compare-and-delete on the grant's revision.
 //!
 //! Safety: a resource is never granted while another grant of it lives. Stability: no resource
 //! moves twice for one membership change. Liveness (fair scheduling, the changes over): with an
@@ -48,11 +49,16 @@ pub fn sees(standing: Standing) -> door::Standing {
 /// A change to the protocol or to the decision, which the checker must catch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mutation {
-    /// Grants overwrite the ownership key instead of creating it only if absent: the
-    /// assignment (advice) is taken for the authority.
+    /// Grants overwrite the ownership key instead of creating it only if absent, and the
+    /// decision grants what it assigns even while another member holds it: the assignment
+    /// (advice) is taken for the authority. The campaign's negative control
+    /// `no-revoke-before-grant` makes the same two changes in the server.
     GrantWithoutCreateIfAbsent,
     /// The decision is not sticky: it deals the resources out afresh each time, by order.
     NotSticky,
+    /// A replica's grants are not guarded by the assignment and the member's record it decided
+    /// on: a stale plan grants after another replica's decision or a member's drain.
+    UnguardedGrants,
 }
 
 /// The model's bounds.
@@ -110,6 +116,15 @@ impl Fleet {
     fn decide(&self, s: &State) -> Plan {
         let holders: Vec<Option<u8>> = s.holders.iter().map(|h| h.map(|(m, _)| m)).collect();
         let mut plan = self.next(s, &s.targets, &holders);
+        if self.mutation == Some(Mutation::GrantWithoutCreateIfAbsent) {
+            for (r, target) in plan.targets.iter().enumerate() {
+                if let (Some(m), Some(h)) = (*target, holders[r]) {
+                    if m != h {
+                        plan.grants.push((r as u8, m));
+                    }
+                }
+            }
+        }
         if self.mutation == Some(Mutation::NotSticky) {
             let active: Vec<u8> = (0..s.members.len() as u8)
                 .filter(|&m| s.members[m as usize] == Standing::Active)
@@ -157,8 +172,13 @@ pub struct State {
     pub holders: Vec<Option<(u8, u8)>>,
     /// etcd's revision.
     pub rev: u8,
+    /// The assignment's revision: it moves when a decision writes a different assignment.
+    pub assignment_rev: u8,
+    /// Each member record's revision: it moves when the record is written (join, drain,
+    /// evict) or goes (leave, a lapsed session).
+    pub member_revs: Vec<u8>,
     /// Each replica's plan being carried out: grants and revokes left.
-    pub work: Vec<Option<Plan>>,
+    pub work: Vec<Option<Work>>,
     /// Moves of each resource since the last membership change.
     pub moves: Vec<u8>,
     /// The last holder of each resource.
@@ -167,6 +187,19 @@ pub struct State {
     pub double_grant: bool,
     /// A grant was made to a member whose process had died (its session not yet lapsed).
     pub granted_to_dead: bool,
+}
+
+/// A replica's plan being carried out, with what its grants are guarded by: the revisions of
+/// the assignment and of the member records when it decided
+/// (`proxy/src/fleet/reconcile.rs`, `grant_one`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Work {
+    /// Grants and revokes left.
+    pub plan: Plan,
+    /// The assignment's revision it read or wrote.
+    pub assignment: u8,
+    /// The member records' revisions it read.
+    pub members: Vec<u8>,
 }
 
 /// One step.
@@ -193,10 +226,11 @@ pub enum Action {
 }
 
 impl Fleet {
-    /// A membership change: the moves count again.
-    fn changed(&self, s: &mut State) {
+    /// A membership change to `m`'s record: the moves count again.
+    fn changed(&self, s: &mut State, m: u8) {
         s.changes -= 1;
         s.moves = vec![0; s.moves.len()];
+        s.member_revs[m as usize] += 1;
     }
 
     /// Every grant of member `m` ends (its session closed or lapsed, or it was evicted).
@@ -246,6 +280,8 @@ impl Model for Fleet {
             deadlines: vec![None; r],
             holders: vec![None; r],
             rev: 0,
+            assignment_rev: 0,
+            member_revs: vec![0; self.members as usize],
             work: vec![None; self.replicas as usize],
             moves: vec![0; r],
             last: vec![None; r],
@@ -308,16 +344,17 @@ impl Model for Fleet {
                         // The service sees the member go only now: the change it acts on.
                         s.moves = vec![0; s.moves.len()];
                         s.members[m as usize] = Standing::Absent;
+                        s.member_revs[m as usize] += 1;
                         self.end_session(&mut s, m);
                     }
                 }
             }
             Action::Join(m) => {
-                self.changed(&mut s);
+                self.changed(&mut s, m);
                 s.members[m as usize] = Standing::Active;
             }
             Action::Leave(m) => {
-                self.changed(&mut s);
+                self.changed(&mut s, m);
                 s.members[m as usize] = Standing::Absent;
                 self.end_session(&mut s, m);
             }
@@ -327,11 +364,11 @@ impl Model for Fleet {
                 s.members[m as usize] = Standing::Dead(s.now + self.drain);
             }
             Action::Drain(m) => {
-                self.changed(&mut s);
+                self.changed(&mut s, m);
                 s.members[m as usize] = Standing::Draining;
             }
             Action::Evict(m) => {
-                self.changed(&mut s);
+                self.changed(&mut s, m);
                 s.members[m as usize] = Standing::Evicted;
                 self.end_session(&mut s, m);
             }
@@ -342,6 +379,9 @@ impl Model for Fleet {
                 // writes: a decision that changes nothing (a grant refused because the resource
                 // is still held, planned again) leaves the state as it was, so deciding again and
                 // again is one state, not one per decision.
+                if plan.targets != s.targets || plan.deadlines != s.deadlines {
+                    s.assignment_rev += 1;
+                }
                 s.targets = plan.targets.clone();
                 s.deadlines = plan.deadlines.clone();
                 // The revocations name the grant read (its revision).
@@ -350,19 +390,29 @@ impl Model for Fleet {
                     .iter()
                     .map(|&(r, _)| (r, s.holders[r as usize].map_or(0, |(_, rev)| rev)))
                     .collect();
-                s.work[replica as usize] = Some(plan);
+                s.work[replica as usize] = Some(Work {
+                    plan,
+                    assignment: s.assignment_rev,
+                    members: s.member_revs.clone(),
+                });
             }
             Action::Carry(replica) => {
-                let mut plan = s.work[replica as usize].take()?;
-                if let Some((r, rev)) = plan.revokes.pop() {
+                let mut work = s.work[replica as usize].take()?;
+                if let Some((r, rev)) = work.plan.revokes.pop() {
                     if s.holders[r as usize].is_some_and(|(_, held)| held == rev) {
                         s.holders[r as usize] = None;
                     }
-                } else if let Some((r, m)) = plan.grants.pop() {
-                    self.grant(&mut s, r as usize, m);
+                } else if let Some((r, m)) = work.plan.grants.pop() {
+                    // The guards: refused (nothing written) once the assignment or the
+                    // member's record has changed since the decision.
+                    let guarded = s.assignment_rev == work.assignment
+                        && s.member_revs[m as usize] == work.members[m as usize];
+                    if guarded || self.mutation == Some(Mutation::UnguardedGrants) {
+                        self.grant(&mut s, r as usize, m);
+                    }
                 }
-                if !plan.grants.is_empty() || !plan.revokes.is_empty() {
-                    s.work[replica as usize] = Some(plan);
+                if !work.plan.grants.is_empty() || !work.plan.revokes.is_empty() {
+                    s.work[replica as usize] = Some(work);
                 }
             }
             Action::Release(m, r) => {

@@ -1,5 +1,5 @@
-//! Model 3, fleet hand-off, at the test bounds; and two broken variants the checker must catch
-//! with a readable counterexample.
+//! Model 3, fleet hand-off, at the test bounds; and three broken variants the checker must
+//! catch with a readable counterexample (the stale decision's with a third member and change).
 
 use lease_proxy_model::fleet::{describe, Fleet, Mutation};
 use lease_proxy_model::{check, Checked};
@@ -63,4 +63,22 @@ fn a_decision_that_is_not_sticky_is_found() {
         Mutation::NotSticky,
         "no resource moves twice for one change",
     );
+}
+
+/// Found only past the test bounds: a third member and a third change (3.3 s here).
+#[test]
+fn grants_from_a_stale_decision_are_found() {
+    let checked = run(
+        Fleet {
+            members: 3,
+            changes: 3,
+            mutation: Some(Mutation::UnguardedGrants),
+            ..Fleet::new()
+        },
+        true,
+    );
+    let trace = checked
+        .trace("no resource moves twice for one change")
+        .unwrap_or_else(|| panic!("not caught; found {:?}", checked.violations));
+    println!("{trace}");
 }
