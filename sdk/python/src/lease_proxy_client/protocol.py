@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -293,12 +294,40 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+#: The deepest nesting of arrays and objects an answer may have: the proxy's go three deep.
+MAX_NESTING = 32
+
+_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_BRACKETS = re.compile(rb"[\[\]{}]")
+
+
+def _nested_within(content: bytes, limit: int) -> bool:
+    """Whether ``content`` nests arrays and objects at most ``limit`` deep (brackets inside
+    strings aside), found without recursing: ``json.loads`` would recurse to the interpreter's
+    limit first, and a garbage collection run at that depth fails where no caller can catch it."""
+    if content.count(b"[") + content.count(b"{") <= limit:
+        return True
+    depth = 0
+    for bracket in _BRACKETS.findall(_STRINGS.sub(b"", content)):
+        depth += 1 if bracket in (b"[", b"{") else -1
+        if depth > limit:
+            return False
+    return True
+
+
+def _loads(content: bytes, **options: Any) -> Any:
+    if not _nested_within(content, MAX_NESTING):
+        raise RecursionError("JSON nested too deeply")
+    return json.loads(content, **options)
+
+
 def parse(answer: AnyAnswer, read: Callable[[Mapping[str, Any]], T]) -> T:
     """The one place a 2xx answer is read: its body as a JSON object, given to ``read`` (a
-    model's ``from_json``). Anything malformed (not JSON, not an object, NaN or Infinity, a
-    field missing, null or of the wrong type) raises :class:`ProtocolError`."""
+    model's ``from_json``). Anything malformed (not JSON, not an object, NaN or Infinity, nested
+    deeper than :data:`MAX_NESTING`, a field missing, null or of the wrong type) raises
+    :class:`ProtocolError`."""
     try:
-        body = json.loads(answer.content, parse_constant=_not_finite)
+        body = _loads(answer.content, parse_constant=_not_finite)
         if not isinstance(body, dict):
             raise TypeError(f"the body is not a JSON object but {type(body).__name__}")
         return read(body)
@@ -330,7 +359,7 @@ def error_for(response: AnyAnswer) -> LeaseProxyError:
     """The exception for a non-2xx answer (its body must have been read)."""
     body: Mapping[str, Any] = {}
     try:
-        parsed = json.loads(response.content or b"{}")
+        parsed = _loads(response.content or b"{}")
         if isinstance(parsed, dict):
             body = parsed
     except (ValueError, RecursionError):
