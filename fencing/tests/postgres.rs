@@ -499,8 +499,10 @@ async fn kill_sessions(name: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_session_does_not_end_a_write_in_flight() {
     let name = unique("gw1").replace('-', "_");
+    // A waiting admission gives up one deadline after the registration it waits on expires:
+    // 2 s, not 1, so that a machine busy with the rest of the suite does not end the wait first.
     let (deadline, max_exchange, grace) = (
-        Duration::from_secs(1),
+        Duration::from_secs(2),
         Duration::from_secs(3),
         Duration::from_secs(2),
     );
