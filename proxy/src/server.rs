@@ -377,6 +377,19 @@ fn services(
     base: &Base,
     tasks: &Tasks,
 ) -> Result<(Leases, crate::fleet::Fleets), StartError> {
+    let tracker = &tasks.tracker;
+    let parts = fleet_parts(config, base, tasks)?;
+    let leases = parts.leases.clone();
+    let fleets = crate::fleet::Fleets::start(parts, tracker, tasks.stopping.clone());
+    Ok((leases, fleets))
+}
+
+/// What the fleet service works with, the lease service among it.
+fn fleet_parts(
+    config: &Config,
+    base: &Base,
+    tasks: &Tasks,
+) -> Result<crate::fleet::Parts, StartError> {
     let (tracker, background) = (&tasks.tracker, &tasks.background);
     let layout = config.layout();
     let holders = Holders::start(
@@ -425,19 +438,32 @@ fn services(
         tracker.clone(),
         tasks.stopping.clone(),
     );
-    let fleets = crate::fleet::Fleets::start(
-        crate::fleet::Parts {
-            leases: leases.clone(),
-            etcd: base.etcd.clone(),
-            commit,
-            layout,
-            entitled: entitlement(base.auth.clone()),
-            audit: base.audit.clone(),
-            metrics: base.metrics.clone(),
-            quota: config.fleets_per_principal(),
-        },
-        tracker,
-        tasks.stopping.clone(),
-    );
-    Ok((leases, fleets))
+    Ok(crate::fleet::Parts {
+        leases,
+        etcd: base.etcd.clone(),
+        commit,
+        layout,
+        entitled: entitlement(base.auth.clone()),
+        audit: base.audit.clone(),
+        metrics: base.metrics.clone(),
+        quota: config.fleets_per_principal(),
+    })
+}
+
+/// The fleet service's parts on etcd at `config`'s endpoints, built as [`run`] builds them,
+/// for tests that carry out a fleet's decisions by hand; the tasks behind them stop when the
+/// guard is dropped.
+#[cfg(test)]
+pub(crate) async fn fleet_parts_for_tests(
+    config: &Config,
+) -> (crate::fleet::Parts, tokio_util::sync::DropGuard) {
+    let tasks = Tasks {
+        tracker: TaskTracker::new(),
+        background: CancellationToken::new(),
+        stopping: CancellationToken::new(),
+    };
+    let stop = tasks.background.clone().drop_guard();
+    let base = connect(config, &tasks).await.expect("the replica connects");
+    let parts = fleet_parts(config, &base, &tasks).expect("the services start");
+    (parts, stop)
 }

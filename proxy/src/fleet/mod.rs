@@ -19,6 +19,8 @@ mod reconcile;
 pub(crate) mod records;
 mod signals;
 mod spec;
+#[cfg(test)]
+mod tests;
 mod views;
 
 use std::sync::Arc;
@@ -101,15 +103,20 @@ impl Owned {
 impl Fleets {
     /// The service, its decisions driven on `tracker` until `stopping` fires.
     pub(crate) fn start(parts: Parts, tracker: &TaskTracker, stopping: CancellationToken) -> Self {
-        let fleets = Self {
+        let fleets = Self::undriven(parts, stopping);
+        driver::start(fleets.clone(), tracker);
+        fleets
+    }
+
+    /// The service with no driver: nothing decides but what calls [`Fleets::decide`].
+    fn undriven(parts: Parts, stopping: CancellationToken) -> Self {
+        Self {
             inner: Arc::new(Inner {
                 parts,
                 signals: signals::Signals::default(),
                 stopping,
             }),
-        };
-        driver::start(fleets.clone(), tracker);
-        fleets
+        }
     }
 
     /// The fleet's keys, read at one revision; `None` if there is no such fleet.

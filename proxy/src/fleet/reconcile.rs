@@ -22,8 +22,8 @@ use crate::etcd::Unchanged;
 use crate::lease::{is_session_gone, OnSession};
 use crate::Result;
 
-/// Grants (or revocations) of one decision in flight at once.
-const IN_FLIGHT: usize = 256;
+/// Grants (or revocations) of one decision, or of a fleet's end, in flight at once.
+pub(super) const IN_FLIGHT: usize = 256;
 
 /// What one decision came to.
 #[derive(Debug)]
@@ -39,6 +39,26 @@ pub(super) enum Pass {
         next_deadline: Option<u64>,
         complete: bool,
     },
+}
+
+/// What a decision came to before it is carried out.
+pub(super) enum Decision {
+    /// The fleet does not exist (any more).
+    Gone,
+    /// Another replica wrote the assignment first.
+    Raced,
+    /// Decided, its assignment written.
+    Made(Box<Decided>),
+}
+
+/// A decision to carry out: what it read, what it plans, and the assignment's revision it
+/// read or wrote — every grant is guarded by that and by each member's record as read.
+pub(super) struct Decided {
+    snap: Snapshot,
+    owned: BTreeMap<String, Owned>,
+    pub(super) plan: Plan,
+    resources: BTreeSet<String>,
+    pub(super) assignment_revision: i64,
 }
 
 impl Fleets {
@@ -58,8 +78,18 @@ impl Fleets {
     }
 
     async fn decide_and_act(&self, fleet: &str) -> Result<Pass> {
+        Ok(match self.decide(fleet).await? {
+            Decision::Gone => Pass::Gone,
+            Decision::Raced => Pass::Raced,
+            Decision::Made(decided) => self.act(decided).await,
+        })
+    }
+
+    /// Reads the fleet, decides, and writes the assignment if it changed (with a compare on
+    /// the one read): what [`Fleets::act`] then carries out.
+    pub(super) async fn decide(&self, fleet: &str) -> Result<Decision> {
         let Some(snap) = self.snapshot(fleet).await? else {
-            return Ok(Pass::Gone);
+            return Ok(Decision::Gone);
         };
         let owned = self.owned(&snap, snap.watched()).await?;
         let spec = snap.spec.record.to_spec();
@@ -94,16 +124,35 @@ impl Fleets {
                         .add(begun as u64, &[]);
                     revision
                 }
-                None => return Ok(Pass::Raced),
+                None => return Ok(Decision::Raced),
             }
         };
+        Ok(Decision::Made(Box::new(Decided {
+            snap,
+            owned,
+            plan,
+            resources: spec.resources,
+            assignment_revision,
+        })))
+    }
+
+    /// Carries out a decision: its revocations, then its grants, each refused by etcd if what
+    /// the decision read has changed since — however long ago it was made.
+    pub(super) async fn act(&self, decided: Box<Decided>) -> Pass {
+        let Decided {
+            snap,
+            owned,
+            plan,
+            resources,
+            assignment_revision,
+        } = *decided;
         let revoked = self.revoke(&snap, &plan, &owned).await;
         let granted = self.grant(&snap, &plan, assignment_revision).await;
-        Ok(Pass::Done {
-            resources: spec.resources,
+        Pass::Done {
+            resources,
             next_deadline: plan.next_deadline,
             complete: revoked && granted,
-        })
+        }
     }
 
     /// The members as the decision reads them, each judged once per principal: may it acquire

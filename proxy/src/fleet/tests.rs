@@ -1,0 +1,142 @@
+//! A decision carried out after what it read has changed, against a real etcd: every grant it
+//! makes is refused. The window between a replica's decision and its grants is a few etcd
+//! round trips in a running server, too short for a test to hold open from outside; here the
+//! test decides, changes the fleet, and only then carries the decision out.
+
+use std::collections::BTreeMap;
+
+use clap::Parser as _;
+use lease_proxy_testkit::Etcd as TestEtcd;
+use tokio::time::Instant;
+
+use super::assign::Holder;
+use super::members::{Drainer, Join};
+use super::reconcile::{Decided, Decision};
+use super::spec::SpecChange;
+use super::Fleets;
+use crate::Config;
+
+/// A fleet `f` of `resources` on a fresh etcd, with no driver: nothing decides but the test.
+struct Fixture {
+    fleets: Fleets,
+    _stop: tokio_util::sync::DropGuard,
+    _etcd: TestEtcd,
+    _dir: tempfile::TempDir,
+}
+
+const FLEET: &str = "f";
+
+fn anyone(_: &[String]) -> crate::Result<()> {
+    Ok(())
+}
+
+impl Fixture {
+    async fn new(resources: &[&str]) -> Self {
+        let etcd = TestEtcd::single().await;
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let endpoints = etcd.endpoints().join(",");
+        let data_dir = dir.path().display().to_string();
+        let config = Config::parse_from([
+            "lease-proxy",
+            "--etcd-endpoints",
+            &endpoints,
+            "--data-dir",
+            &data_dir,
+        ]);
+        let (parts, stop) = crate::server::fleet_parts_for_tests(&config).await;
+        let fleets = Fleets::undriven(parts, tokio_util::sync::CancellationToken::new());
+        let spec = SpecChange {
+            resources: resources.iter().map(|r| (*r).to_owned()).collect(),
+            drain_ms: None,
+            max_moves: None,
+        };
+        fleets
+            .put(FLEET, &spec, None)
+            .await
+            .expect("the fleet is made");
+        Self {
+            fleets,
+            _stop: stop,
+            _etcd: etcd,
+            _dir: dir,
+        }
+    }
+
+    async fn join(&self, member: &str) {
+        let join = Join {
+            member: member.to_owned(),
+            ttl_seconds: 60,
+            weight: None,
+            principal: None,
+            received: Instant::now(),
+        };
+        (self.fleets.join(FLEET, join, &anyone).await).expect("the member joins");
+    }
+
+    /// Decides, the assignment written.
+    async fn decide(&self) -> Box<Decided> {
+        match self.fleets.decide(FLEET).await.expect("the fleet is read") {
+            Decision::Made(decided) => decided,
+            Decision::Gone => panic!("the fleet is gone"),
+            Decision::Raced => panic!("raced with nobody"),
+        }
+    }
+
+    /// Who holds each held resource now.
+    async fn holders(&self) -> BTreeMap<String, Holder> {
+        let snap = (self.fleets.snapshot(FLEET).await)
+            .expect("the fleet is read")
+            .expect("the fleet exists");
+        let owned = (self.fleets.owned(&snap, snap.watched()).await).expect("the grants are read");
+        owned.into_iter().map(|(r, o)| (r, o.held.holder)).collect()
+    }
+}
+
+fn planned(decided: &Decided) -> Vec<(String, String)> {
+    (decided.plan.grants.iter())
+        .map(|g| (g.resource.clone(), g.member.clone()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_decided_before_its_member_drained_is_refused() {
+    let fixture = Fixture::new(&["r"]).await;
+    fixture.join("a").await;
+    let stale = fixture.decide().await;
+    assert_eq!(planned(&stale), [("r".to_owned(), "a".to_owned())]);
+    let drained = fixture.fleets.drain(FLEET, "a", Drainer::Operator(&anyone));
+    drained.await.expect("the member drains");
+    fixture.fleets.act(stale).await;
+    assert_eq!(
+        fixture.holders().await,
+        BTreeMap::new(),
+        "a grant decided before its member drained was made after it"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_decided_before_the_assignment_moved_is_refused() {
+    let fixture = Fixture::new(&["r1", "r2"]).await;
+    fixture.join("a").await;
+    let stale = fixture.decide().await;
+    assert_eq!(planned(&stale).len(), 2, "both to the only member");
+    // Another replica decides with the second member in: one resource moves to it.
+    fixture.join("b").await;
+    let current = fixture.decide().await;
+    assert_ne!(current.assignment_revision, stale.assignment_revision);
+    fixture.fleets.act(stale).await;
+    assert_eq!(
+        fixture.holders().await,
+        BTreeMap::new(),
+        "grants of an assignment since rewritten were made"
+    );
+    // The current decision's grants are made: one resource each.
+    fixture.fleets.act(current).await;
+    let holders = fixture.holders().await;
+    let mut members: Vec<_> = holders.values().cloned().collect();
+    members.sort_by_key(|h| format!("{h:?}"));
+    assert_eq!(
+        members,
+        [Holder::Member("a".into()), Holder::Member("b".into())]
+    );
+}
