@@ -12,8 +12,10 @@
 
 use std::collections::BTreeSet;
 
+use futures::StreamExt as _;
 use serde::Serialize;
 
+use super::reconcile::IN_FLIGHT;
 use super::records::{
     encode, SpecRecord, DEFAULT_DRAIN_MS, MAX_DRAIN_MS, MAX_NAME_BYTES, MAX_RESOURCES,
 };
@@ -270,12 +272,19 @@ impl Fleets {
             }
             // Read after the delete: a grant made before it is seen, none can follow it.
             let owned = self.owned(&snap, snap.watched()).await?;
-            for (resource, o) in owned {
-                if matches!(o.held.holder, assign::Holder::Foreign) {
-                    continue;
+            let mut ends = Vec::new();
+            for (resource, o) in &owned {
+                if !matches!(o.held.holder, assign::Holder::Foreign) {
+                    ends.push(o.revoke(&self.inner.parts.leases, resource));
                 }
-                o.revoke(&self.inner.parts.leases, &resource).await?;
             }
+            // All at once (as a decision's revocations are), each tried: the first error, if
+            // any, is the answer, and the grants it left end with their members' sessions.
+            let ended: Vec<Result<bool>> = futures::stream::iter(ends)
+                .buffer_unordered(IN_FLIGHT)
+                .collect()
+                .await;
+            ended.into_iter().collect::<Result<Vec<bool>>>()?;
             tracing::info!(%fleet, "fleet ended");
             return Ok(());
         }

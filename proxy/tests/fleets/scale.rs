@@ -1,6 +1,6 @@
 //! 10,000 resources over 200 members on one etcd: the first assignment, a join and a death
 //! each converge, moving only what they must, and what each costs etcd is measured (on an etcd
-//! of the test's own, so no other test's writes are counted).
+//! of the test's own, so no other test's writes are counted); the fleet's end releases all.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -99,4 +99,14 @@ async fn ten_thousand_resources_over_two_hundred_members() {
     assert!(moved_by_death.values().all(|(from, _)| from == &dead.name));
     let per_member: BTreeMap<String, usize> = counts(&view);
     assert_eq!(per_member.len(), MEMBERS);
+
+    // The fleet ends: every grant is released before the answer.
+    let started = tokio::time::Instant::now();
+    let (status, body) = send(http().delete(format!("{}/v1/fleets/sc", r2.url))).await;
+    assert_eq!(status, 204, "{body}");
+    eprintln!("the end: {:?} for {RESOURCES} grants", started.elapsed());
+    let left = (snapshot(&etcd).await.kvs.iter())
+        .filter(|kv| kv.0.starts_with(b"/lease-proxy/holders/"))
+        .count();
+    assert_eq!(left, 0, "grants outlived their fleet");
 }
