@@ -77,14 +77,10 @@ impl Gateway {
 
     /// `fence_reloads_total{file="key-file",outcome}` from its `/metrics`.
     async fn key_file_reloads(&self, outcome: &str) -> f64 {
-        let text = metrics::scrape(&reqwest::Client::new(), &self.url).await;
         let outcome = format!(r#"outcome="{outcome}""#);
-        metrics::series(
-            &text,
-            "fence_reloads_total",
-            &[r#"file="key-file""#, &outcome],
-        )
-        .unwrap_or_else(|| panic!("no key-file reloads {outcome} in:\n{text}"))
+        let labels = [r#"file="key-file""#, &outcome];
+        let client = reqwest::Client::new();
+        metrics::value(&client, &self.url, "fence_reloads_total", &labels).await
     }
 
     /// Waits (polling, up to 15 s) until a write signed by `keys` gets `status`.

@@ -258,14 +258,9 @@ fn der_of(path: &Path) -> Vec<u8> {
 
 /// `lease_proxy_reloads_total{file="tls",outcome}` from the proxy's `/metrics`.
 async fn tls_reloads(client: &reqwest::Client, url: &str, outcome: &str) -> f64 {
-    let text = metrics::scrape(client, url).await;
     let outcome = format!(r#"outcome="{outcome}""#);
-    metrics::series(
-        &text,
-        "lease_proxy_reloads_total",
-        &[r#"file="tls""#, &outcome],
-    )
-    .unwrap_or_else(|| panic!("no TLS reloads {outcome} in:\n{text}"))
+    let labels = [r#"file="tls""#, &outcome];
+    metrics::value(client, url, "lease_proxy_reloads_total", &labels).await
 }
 
 async fn livez(client: &reqwest::Client, url: &str) -> u16 {

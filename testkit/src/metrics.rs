@@ -30,6 +30,13 @@ pub fn series(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
     found.first()?.rsplit(' ').next()?.parse().ok()
 }
 
+/// The value of the one series of `name` with `labels` at `{base}/metrics` ([`series`]);
+/// panics when there is none, with the text scraped.
+pub async fn value(client: &reqwest::Client, base: &str, name: &str, labels: &[&str]) -> f64 {
+    let text = scrape(client, base).await;
+    series(&text, name, labels).unwrap_or_else(|| panic!("no {name} {labels:?} in:\n{text}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
