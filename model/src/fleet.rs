@@ -233,6 +233,55 @@ impl Fleet {
         s.member_revs[m as usize] += 1;
     }
 
+    /// `replica` decides on `s` and writes the assignment; its plan waits in its work.
+    fn decided(&self, s: &mut State, replica: u8) {
+        let mut plan = self.decide(s);
+        // Replicas race: each writes what it decided (the same bytes from the same state), and
+        // carries out its plan from what it read. Nothing counts the writes: a decision that
+        // changes nothing (a grant refused because the resource is still held, planned again)
+        // leaves the state as it was, so deciding again and again is one state, not one per
+        // decision.
+        if plan.targets != s.targets || plan.deadlines != s.deadlines {
+            s.assignment_rev += 1;
+        }
+        s.targets = plan.targets.clone();
+        s.deadlines = plan.deadlines.clone();
+        // The revocations name the grant read (its revision).
+        plan.revokes = plan
+            .revokes
+            .iter()
+            .map(|&(r, _)| (r, s.holders[r as usize].map_or(0, |(_, rev)| rev)))
+            .collect();
+        s.work[replica as usize] = Some(Work {
+            plan,
+            assignment: s.assignment_rev,
+            members: s.member_revs.clone(),
+        });
+    }
+
+    /// `replica` carries out one step of its plan: a revocation, then the grants; `None` when it
+    /// has nothing to carry out.
+    fn carried(&self, s: &mut State, replica: u8) -> Option<()> {
+        let mut work = s.work[replica as usize].take()?;
+        if let Some((r, rev)) = work.plan.revokes.pop() {
+            if s.holders[r as usize].is_some_and(|(_, held)| held == rev) {
+                s.holders[r as usize] = None;
+            }
+        } else if let Some((r, m)) = work.plan.grants.pop() {
+            // The guards: refused (nothing written) once the assignment or the member's record
+            // has changed since the decision.
+            let guarded = s.assignment_rev == work.assignment
+                && s.member_revs[m as usize] == work.members[m as usize];
+            if guarded || self.mutation == Some(Mutation::UnguardedGrants) {
+                self.grant(s, r as usize, m);
+            }
+        }
+        if !work.plan.grants.is_empty() || !work.plan.revokes.is_empty() {
+            s.work[replica as usize] = Some(work);
+        }
+        Some(())
+    }
+
     /// Every grant of member `m` ends (its session closed or lapsed, or it was evicted).
     fn end_session(&self, s: &mut State, m: u8) {
         for h in s.holders.iter_mut() {
@@ -372,49 +421,8 @@ impl Model for Fleet {
                 s.members[m as usize] = Standing::Evicted;
                 self.end_session(&mut s, m);
             }
-            Action::Decide(replica) => {
-                let mut plan = self.decide(&s);
-                // Replicas race: each writes what it decided (the same bytes from the same
-                // state), and carries out its plan from what it read. Nothing counts the
-                // writes: a decision that changes nothing (a grant refused because the resource
-                // is still held, planned again) leaves the state as it was, so deciding again and
-                // again is one state, not one per decision.
-                if plan.targets != s.targets || plan.deadlines != s.deadlines {
-                    s.assignment_rev += 1;
-                }
-                s.targets = plan.targets.clone();
-                s.deadlines = plan.deadlines.clone();
-                // The revocations name the grant read (its revision).
-                plan.revokes = plan
-                    .revokes
-                    .iter()
-                    .map(|&(r, _)| (r, s.holders[r as usize].map_or(0, |(_, rev)| rev)))
-                    .collect();
-                s.work[replica as usize] = Some(Work {
-                    plan,
-                    assignment: s.assignment_rev,
-                    members: s.member_revs.clone(),
-                });
-            }
-            Action::Carry(replica) => {
-                let mut work = s.work[replica as usize].take()?;
-                if let Some((r, rev)) = work.plan.revokes.pop() {
-                    if s.holders[r as usize].is_some_and(|(_, held)| held == rev) {
-                        s.holders[r as usize] = None;
-                    }
-                } else if let Some((r, m)) = work.plan.grants.pop() {
-                    // The guards: refused (nothing written) once the assignment or the
-                    // member's record has changed since the decision.
-                    let guarded = s.assignment_rev == work.assignment
-                        && s.member_revs[m as usize] == work.members[m as usize];
-                    if guarded || self.mutation == Some(Mutation::UnguardedGrants) {
-                        self.grant(&mut s, r as usize, m);
-                    }
-                }
-                if !work.plan.grants.is_empty() || !work.plan.revokes.is_empty() {
-                    s.work[replica as usize] = Some(work);
-                }
-            }
+            Action::Decide(replica) => self.decided(&mut s, replica),
+            Action::Carry(replica) => self.carried(&mut s, replica)?,
             Action::Release(m, r) => {
                 if s.holders[r as usize].is_some_and(|(h, _)| h == m) {
                     s.holders[r as usize] = None;
