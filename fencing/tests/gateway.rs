@@ -10,6 +10,7 @@ use axum::body::Bytes;
 use fencing::{KeyId, Keyring, Token};
 use lease_proxy_testkit::free_port;
 use lease_proxy_testkit::metrics;
+use lease_proxy_testkit::process::exited;
 use lease_proxy_testkit::recording::Storage;
 
 const BIN: &str = env!("CARGO_BIN_EXE_fence-gateway");
@@ -355,17 +356,12 @@ async fn metrics_count_outcomes_and_sigterm_exits_zero() {
         .args(["-TERM", &gw.child.id().to_string()])
         .status()
         .unwrap();
-    let started = tokio::time::Instant::now();
-    let status = loop {
-        if let Some(status) = gw.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "no exit after SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let status = exited(
+        &mut gw.child,
+        Duration::from_secs(10),
+        "an exit after SIGTERM",
+    )
+    .await;
     assert_eq!(status.code(), Some(0));
 }
 
@@ -417,14 +413,12 @@ async fn sigterm_lets_in_flight_writes_finish() {
         .unwrap();
     assert_eq!(ready.status(), 503, "readyz during the drain");
     assert_eq!(write.await.unwrap(), (200, "stored".to_owned()));
-    let started = tokio::time::Instant::now();
-    let status = loop {
-        if let Some(status) = gw.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(started.elapsed() < Duration::from_secs(10), "no exit");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let status = exited(
+        &mut gw.child,
+        Duration::from_secs(10),
+        "an exit after the drain",
+    )
+    .await;
     assert_eq!(status.code(), Some(0));
 }
 

@@ -12,6 +12,7 @@ use std::time::Duration;
 use axum::http::Method;
 use common::*;
 use lease_proxy_testkit::poll::until;
+use lease_proxy_testkit::process::exit_within;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -657,14 +658,7 @@ fn exit_of(args: &[&std::ffi::OsStr]) -> (Option<i32>, String) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // 400 looks 50 ms apart: 20 s.
-    for _ in 0..400 {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    if child.try_wait().unwrap().is_none() {
+    if exit_within(&mut child, Duration::from_secs(20)).is_none() {
         let _ = child.kill();
         let _ = child.wait();
         return (None, "still running after 20 s".into());

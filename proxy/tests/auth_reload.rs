@@ -14,6 +14,7 @@ use std::time::Duration;
 use common::*;
 use lease_proxy_testkit::metrics;
 use lease_proxy_testkit::poll::until;
+use lease_proxy_testkit::process::exit_within;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
@@ -159,13 +160,7 @@ fn a_token_file_cut_short_stops_the_binary_with_64() {
         .spawn()
         .unwrap();
     // A proxy that took the file serves (etcd is dialled lazily): stopped after 20 s.
-    for _ in 0..400 {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let started = child.try_wait().unwrap().is_none();
+    let started = exit_within(&mut child, Duration::from_secs(20)).is_none();
     if started {
         let _ = child.kill();
     }

@@ -15,6 +15,7 @@ use axum::extract::State;
 use axum::routing::post;
 use axum::Router;
 use common::*;
+use lease_proxy_testkit::process::exited;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use prometheus_parse::{Scrape, Value as Sample};
@@ -96,14 +97,10 @@ impl Running {
     /// SIGTERM, then the exit code (within 20 s).
     async fn terminate(mut self) -> Option<i32> {
         lease_proxy_testkit::signal_pid(self.0.id(), "TERM");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = self.0.try_wait().unwrap() {
-                return status.code();
-            }
-            assert!(Instant::now() < deadline, "no exit after SIGTERM");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let within = Duration::from_secs(20);
+        exited(&mut self.0, within, "an exit after SIGTERM")
+            .await
+            .code()
     }
 }
 

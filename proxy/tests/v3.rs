@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use common::*;
+use lease_proxy_testkit::process::exit_within;
 use serde_json::Value;
 
 /// One side of the comparison: a base URL, and what its lease ids and lock keys were.
@@ -882,14 +883,7 @@ fn a_v3_namespace_over_the_proxys_own_keys_is_refused_at_start() {
             .spawn()
             .unwrap();
         // A proxy that accepted the namespace would go on serving: give it a few seconds.
-        let mut status = None;
-        for _ in 0..100 {
-            status = child.try_wait().unwrap();
-            if status.is_some() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let status = exit_within(&mut child, Duration::from_secs(5));
         if status.is_none() {
             child.kill().unwrap();
             child.wait().unwrap();

@@ -93,3 +93,35 @@ impl Drop for Spawned {
         let _ = child.wait();
     }
 }
+
+/// How often [`exit_within`] looks.
+const LOOK: Duration = Duration::from_millis(20);
+
+/// The exit status of `child`, waiting at most `within` for it (blocking the thread: for
+/// synchronous tests); `None` if it is still running then, for the caller to kill or judge.
+pub fn exit_within(child: &mut Child, within: Duration) -> Option<std::process::ExitStatus> {
+    let looks = within.as_millis() / LOOK.as_millis() + 1;
+    for _ in 0..looks {
+        if let Some(status) = child.try_wait().expect("the child's status") {
+            return Some(status);
+        }
+        std::thread::sleep(LOOK);
+    }
+    child.try_wait().expect("the child's status")
+}
+
+/// The exit status of `child` once it exits, at most `within` (without blocking the runtime);
+/// panics naming `what` otherwise.
+pub async fn exited(child: &mut Child, within: Duration, what: &str) -> std::process::ExitStatus {
+    let probe = || {
+        let status = child.try_wait();
+        async move {
+            match status {
+                Ok(Some(status)) => crate::poll::Probe::Done(status),
+                Ok(None) => crate::poll::Probe::Not("running".into()),
+                Err(e) => crate::poll::Probe::Not(format!("no status: {e}")),
+            }
+        }
+    };
+    crate::poll::eventually(within, what, probe).await.0
+}

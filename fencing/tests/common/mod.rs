@@ -11,6 +11,7 @@ use axum::body::Body;
 use fencing::{KeyId, Keyring, Token};
 use http::{Request, Response};
 use lease_proxy_testkit::poll::{eventually, Probe};
+use lease_proxy_testkit::process::exit_within;
 use rand::Rng;
 use tower::{Service, ServiceExt};
 
@@ -244,17 +245,10 @@ pub fn gateway_refuses(
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if tokio::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("fence-gateway on {store} was expected to refuse to start, and is running");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let Some(status) = exit_within(&mut child, Duration::from_secs(10)) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("fence-gateway on {store} was expected to refuse to start, and is running");
     };
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
