@@ -9,6 +9,7 @@
 //! only of free resources, on the member's session, guarded by the keys the decision read
 //! (`lease::assigned`). The requests — a spec written or ended (`spec.rs`), a join, drain or
 //! evict (`members.rs`), the views (`views.rs`) — act on etcd; the replicas' watch then decides.
+//! `tests.rs` carries a decision out after the fleet changed, on a real etcd.
 
 pub(crate) mod assign;
 mod driver;
