@@ -18,7 +18,7 @@ OUT=${OUT:-bench-results}
 mkdir -p "$OUT"
 cargo build --release --locked -p lease-proxy -p fencing --features fencing/server -p lease-proxy-benches
 target/release/leasebench --peers \
-    --op grpc-put,grpc-range,grpc-keepalive,grpc-keepalive-shared,grpc-lock,acquire,renew \
+    --op grpc-put,grpc-range,grpc-keepalive,grpc-keepalive-shared,grpc-lock,acquire,renew,lock \
     --concurrency 1,64 --rounds 2 --round-deadline 25s --json "$OUT/peers.json" | tee "$OUT/peers.md"
 python3 scripts/peers-table.py "$OUT/peers.json" peers | tee "$OUT/peers-table.md"
 target/release/leasebench --json "$OUT/leasebench.json" --chart "$OUT/leasebench.svg" | tee "$OUT/leasebench.md"

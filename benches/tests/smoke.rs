@@ -182,7 +182,7 @@ fn leasebench_measures_the_peers_and_cuts_a_round_at_its_deadline() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("lb.json");
     let status = Command::new(exe)
-        .args(["--peers", "--op", "grpc-put,grpc-keepalive,renew"])
+        .args(["--peers", "--op", "grpc-put,grpc-keepalive,renew,lock"])
         .args(["--ops", "20", "--concurrency", "1", "--rounds", "1"])
         .args(["--held", "10", "--round-deadline", "3s"])
         .arg("--json")
@@ -192,7 +192,7 @@ fn leasebench_measures_the_peers_and_cuts_a_round_at_its_deadline() {
     assert!(status.success());
     let doc = json(&out);
     let rows = doc["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 3);
+    assert_eq!(rows.len(), 4);
     for row in rows {
         let grpc = row["op"].as_str().unwrap().starts_with("grpc");
         let sides: &[&str] = if grpc {

@@ -129,6 +129,9 @@ impl Columns {
                 sides,
             };
         }
+        if op == Op::Lock {
+            return self.locks();
+        }
         if let (
             Some(p),
             Op::Acquire | Op::Contended | Op::Release | Op::Cycle | Op::Renew | Op::Get,
@@ -222,6 +225,34 @@ impl Columns {
         }
         Table {
             op: op.name(),
+            sides,
+        }
+    }
+
+    /// `lock`'s columns: each side takes and gives back a distinct resource under a session
+    /// per worker (`sessions::measure` with no renewals); with `--peers`, etcd's JSON gateway
+    /// first (its lock service, every ratio over it), then the proxy's `/v3` lock service.
+    fn locks(&self) -> Table {
+        fn side<S: sessions::SessionBackend>(name: &str, backend: &Arc<S>) -> Side {
+            let backend = backend.clone();
+            Side::new(name, move |c, n, tag| {
+                let backend = backend.clone();
+                async move { sessions::measure(&backend, c, n, Some(0), &tag).await }
+            })
+        }
+        let mut sides = Vec::new();
+        if let Some(p) = &self.peers {
+            sides.push(side("etcd gateway", &p.gateway));
+            sides.push(side("proxy /v3", &p.v3).process(self.proxy_pid));
+        }
+        sides.push(
+            side("proxy", &self.proxy)
+                .probed(&self.proxy)
+                .process(self.proxy_pid),
+        );
+        sides.push(side("etcd", &self.raw));
+        Table {
+            op: Op::Lock.name(),
             sides,
         }
     }

@@ -2,7 +2,8 @@
 //! lease-proxy's `/v3` — doing what an application without lease-proxy would do over HTTP:
 //! `POST /v3/lease/grant` then a create-if-absent `POST /v3/kv/txn` to acquire (the lease revoked
 //! when the key exists), `POST /v3/lease/keepalive` to renew, a linearizable `POST /v3/kv/range`
-//! to read, a delete-if-same-revision `POST /v3/kv/txn` then `POST /v3/lease/revoke` to release.
+//! to read, a delete-if-same-revision `POST /v3/kv/txn` then `POST /v3/lease/revoke` to release;
+//! and, for `lock`, etcd's lock service under a lease (`/v3/lock/lock`, `/v3/lock/unlock`).
 //!
 //! Numbers of etcd's int64 fields come as JSON strings (grpc-gateway's encoding); both forms are
 //! read. Keys and values are base64, as the gateway wants them.
@@ -13,6 +14,7 @@ use base64::Engine as _;
 use serde_json::{json, Value};
 
 use crate::backend::Backend;
+use crate::sessions::SessionBackend;
 
 /// A JSON gateway at a base URL; keys get `prefix`.
 pub(crate) struct Gateway {
@@ -54,6 +56,28 @@ impl Gateway {
         serde_json::from_str(&text).with_context(|| format!("/v3/{method} answered {text}"))
     }
 
+    /// A lease of `ttl` seconds.
+    async fn grant(&self, ttl: u64) -> anyhow::Result<i64> {
+        let grant = self
+            .call("lease/grant", json!({"TTL": ttl.to_string()}))
+            .await?;
+        match int(&grant["ID"])? {
+            0 => bail!("lease/grant gave no lease: {grant}"),
+            lease => Ok(lease),
+        }
+    }
+
+    /// Renews `lease`; an error when it is gone.
+    async fn keep(&self, lease: i64) -> anyhow::Result<()> {
+        let answer = self
+            .call("lease/keepalive", json!({"ID": lease.to_string()}))
+            .await?;
+        if int(&answer["result"]["TTL"])? <= 0 {
+            bail!("lease {lease} lost: {answer}");
+        }
+        Ok(())
+    }
+
     async fn revoke(&self, lease: i64) -> anyhow::Result<()> {
         self.call("lease/revoke", json!({"ID": lease.to_string()}))
             .await?;
@@ -76,13 +100,7 @@ impl Backend for Gateway {
     type Held = GatewayHeld;
 
     async fn acquire(&self, resource: String, ttl: u64) -> anyhow::Result<Option<GatewayHeld>> {
-        let grant = self
-            .call("lease/grant", json!({"TTL": ttl.to_string()}))
-            .await?;
-        let lease = int(&grant["ID"])?;
-        if lease == 0 {
-            bail!("lease/grant gave no lease: {grant}");
-        }
+        let lease = self.grant(ttl).await?;
         let key = format!("{}{resource}", self.prefix);
         let k = B64.encode(&key);
         let txn = self
@@ -106,13 +124,7 @@ impl Backend for Gateway {
     }
 
     async fn renew(&self, held: &GatewayHeld) -> anyhow::Result<()> {
-        let answer = self
-            .call("lease/keepalive", json!({"ID": held.lease.to_string()}))
-            .await?;
-        if int(&answer["result"]["TTL"])? <= 0 {
-            bail!("lease {} lost: {answer}", held.lease);
-        }
-        Ok(())
+        self.keep(held.lease).await
     }
 
     async fn read(&self, held: &GatewayHeld) -> anyhow::Result<()> {
@@ -136,6 +148,56 @@ impl Backend for Gateway {
         )
         .await?;
         self.revoke(held.lease).await
+    }
+}
+
+/// A lock held through a gateway's lock service: the key it made.
+pub(crate) struct GatewayLock {
+    key: String,
+}
+
+/// Sessions as an application over a JSON gateway keeps them: a lease, kept alive; a lock
+/// taken under it with `/v3/lock/lock` (which waits while another holds the name) and given
+/// back with `/v3/lock/unlock`.
+impl SessionBackend for Gateway {
+    type Session = i64;
+    type Grant = GatewayLock;
+
+    async fn open(&self, ttl: u64) -> anyhow::Result<i64> {
+        self.grant(ttl).await
+    }
+
+    async fn acquire_in(&self, lease: &i64, resource: &str) -> anyhow::Result<Option<GatewayLock>> {
+        let name = B64.encode(format!("{}{resource}", self.prefix));
+        let locked = self
+            .call(
+                "lock/lock",
+                json!({"name": name, "lease": lease.to_string()}),
+            )
+            .await?;
+        let key = locked["key"]
+            .as_str()
+            .with_context(|| format!("lock/lock answered no key: {locked}"))?;
+        Ok(Some(GatewayLock {
+            key: key.to_owned(),
+        }))
+    }
+
+    async fn renew_in(&self, lease: &i64, _: &GatewayLock) -> anyhow::Result<()> {
+        self.keep(*lease).await
+    }
+
+    async fn release_in(&self, lock: &GatewayLock) -> anyhow::Result<()> {
+        self.call("lock/unlock", json!({"key": lock.key})).await?;
+        Ok(())
+    }
+
+    async fn keepalive(&self, lease: &i64) -> anyhow::Result<()> {
+        self.keep(*lease).await
+    }
+
+    async fn close(&self, lease: &i64) -> anyhow::Result<()> {
+        self.revoke(*lease).await
     }
 }
 

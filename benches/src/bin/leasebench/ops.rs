@@ -7,7 +7,7 @@
 //! - `cycle`: acquire → `renewals` renewals → release, timed as one operation;
 //! - `renew`: round robin over a set of held leases.
 //!
-//! The session operations (`session-acquire`, `session-keepalive`) have their own drivers in
+//! The session operations (`session-acquire`, `session-keepalive`, `lock`) have their own drivers in
 //! `sessions`, the gRPC ones (`grpc-put`, `grpc-range`, `grpc-keepalive`,
 //! `grpc-keepalive-shared`, `grpc-lock`) in `grpc`.
 
@@ -55,6 +55,10 @@ pub(crate) enum Op {
     GrpcKeepaliveShared,
     /// etcd gRPC `Lock` then `Unlock` of a distinct name, under the worker's lease.
     GrpcLock,
+    /// A lock over HTTP: a distinct resource taken and given back under the worker's session
+    /// (`POST` then `DELETE /v1/leases/{r}`; a JSON gateway: `/v3/lock/lock` then
+    /// `/v3/lock/unlock` under the worker's lease; raw etcd: a create then a delete on it).
+    Lock,
 }
 
 impl Op {
@@ -75,6 +79,7 @@ impl Op {
             Op::GrpcKeepalive => "grpc-keepalive",
             Op::GrpcKeepaliveShared => "grpc-keepalive-shared",
             Op::GrpcLock => "grpc-lock",
+            Op::Lock => "lock",
         }
     }
 
@@ -319,7 +324,7 @@ pub(crate) async fn measure<B: Backend>(
             })
             .await
         }
-        Op::SessionAcquire | Op::SessionCycle | Op::SessionKeepalive => {
+        Op::SessionAcquire | Op::SessionCycle | Op::SessionKeepalive | Op::Lock => {
             bail!("{} is measured on sessions, not single leases", op.name())
         }
         Op::GrpcPut
