@@ -15,6 +15,7 @@ use axum::extract::State;
 use axum::routing::post;
 use axum::Router;
 use common::*;
+use lease_proxy_testkit::poll::until;
 use lease_proxy_testkit::process::exited;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
@@ -316,22 +317,21 @@ async fn traces_join_up_and_metrics_count_operations() {
     let mid = scrape(&url).await;
     assert_eq!(gauge(&mid, "lease_proxy_leases_held"), 1.0);
     assert!(gauge(&mid, "lease_proxy_keepalive_streams") >= 1.0);
-    // aisle-7 expires (TTL 2 s, no more renewals); its holder then finds it lost.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let (status, _) = send(
-            http()
-                .post(format!("{url}/v1/leases/aisle-7/renew"))
-                .header("lease-secret", &secret),
-        )
-        .await;
-        if status == 410 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the lease never expired");
-        tokio::time::sleep(Duration::from_secs(3)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // aisle-7 expires (TTL 2 s, no more renewals): the replica sees its key go, and its holder
+    // then finds it lost.
+    until(Duration::from_secs(15), "aisle-7 expired", || async {
+        let text = scrape(&url).await;
+        gauge(&text, "lease_proxy_leases_held") == 0.0
+            && counter(&text, "lease_proxy_expirations_total", &[]) >= 1.0
+    })
+    .await;
+    let (status, body) = send(
+        http()
+            .post(format!("{url}/v1/leases/aisle-7/renew"))
+            .header("lease-secret", &secret),
+    )
+    .await;
+    assert_eq!(status, 410, "a renewal after the expiry: {body}");
 
     let after = scrape(&url).await;
     let delta = |name: &str, with: &[(&str, &str)]| {
