@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use lease_proxy_testkit::poll::{eventually, Probe};
+use lease_proxy_testkit::poll::{eventually, until, Probe};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -165,7 +165,12 @@ async fn a_lapsed_spare_is_never_handed_out() {
         .filter(|l| !before.contains(l))
         .collect();
     assert!(!spares.is_empty(), "the refused acquire's lease is kept");
-    tokio::time::sleep(Duration::from_millis(3500)).await;
+    // Their TTL (2 s) runs out in etcd while the pool still lists them.
+    until(Duration::from_secs(10), "the spares lapsed in etcd", || async {
+        let live = snapshot(&etcd).await.leases;
+        spares.iter().all(|spare| !live.contains(spare))
+    })
+    .await;
     let (status, b) = acquire(&proxy, "short-2", "b", 2).await;
     assert_eq!(status, 201, "{b}");
     assert!(
