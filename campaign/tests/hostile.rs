@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use fencing::{KeyId, Keyring};
 use lease_proxy_campaign::hostile::{plant, traffic, verify, Settings};
+use lease_proxy_testkit::poll::answers;
 use lease_proxy_testkit::{free_port, workspace_binary, Etcd};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -55,16 +56,15 @@ async fn start_proxy(etcd: &Etcd) -> Proxy {
         child,
         _dir: dir,
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(r) = reqwest::get(format!("{}/readyz", proxy.url)).await {
-            if r.status() == 200 {
-                return proxy;
-            }
-        }
-        assert!(tokio::time::Instant::now() < deadline, "proxy never ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let readyz = format!("{}/readyz", proxy.url);
+    answers(
+        &reqwest::Client::new(),
+        &readyz,
+        200,
+        Duration::from_secs(30),
+    )
+    .await;
+    proxy
 }
 
 async fn post(url: String, body: Option<Value>, secret: Option<&str>) -> (u16, Value) {
