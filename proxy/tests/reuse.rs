@@ -166,10 +166,14 @@ async fn a_lapsed_spare_is_never_handed_out() {
         .collect();
     assert!(!spares.is_empty(), "the refused acquire's lease is kept");
     // Their TTL (2 s) runs out in etcd while the pool still lists them.
-    until(Duration::from_secs(10), "the spares lapsed in etcd", || async {
-        let live = snapshot(&etcd).await.leases;
-        spares.iter().all(|spare| !live.contains(spare))
-    })
+    until(
+        Duration::from_secs(10),
+        "the spares lapsed in etcd",
+        || async {
+            let live = snapshot(&etcd).await.leases;
+            spares.iter().all(|spare| !live.contains(spare))
+        },
+    )
     .await;
     let (status, b) = acquire(&proxy, "short-2", "b", 2).await;
     assert_eq!(status, 201, "{b}");
