@@ -273,17 +273,7 @@ fn assemble(
     base: Base,
     tasks: &Tasks,
 ) -> Result<(Arc<AppState>, axum::Router), StartError> {
-    let watch_slots = Arc::new(crate::api::WatchSlots::new(
-        config.max_watch_streams,
-        config.watch_streams_per_principal(),
-    ));
-    let slots = watch_slots.clone();
-    base.metrics
-        .meter()
-        .u64_observable_gauge("lease_proxy.watch.streams")
-        .with_description("Ownership event streams (GET /v1/watch) open on this replica.")
-        .with_callback(move |o| o.observe(slots.open() as u64, &[]))
-        .build();
+    let watch_slots = watch_slots(config, &base.metrics);
     let etcd_core = etcd_api(config, &base, watch_slots.clone(), tasks);
     let judge =
         crate::auth::Judge::new(base.auth.clone(), base.metrics.clone(), base.audit.clone());
@@ -338,6 +328,22 @@ fn assemble(
         api::router(state.clone(), crate::v3::router(v3)),
     );
     Ok((state, app))
+}
+
+/// The replica's event-stream slots, their use a gauge.
+fn watch_slots(config: &Config, metrics: &Metrics) -> Arc<crate::api::WatchSlots> {
+    let watch_slots = Arc::new(crate::api::WatchSlots::new(
+        config.max_watch_streams,
+        config.watch_streams_per_principal(),
+    ));
+    let slots = watch_slots.clone();
+    metrics
+        .meter()
+        .u64_observable_gauge("lease_proxy.watch.streams")
+        .with_description("Ownership event streams (GET /v1/watch) open on this replica.")
+        .with_callback(move |o| o.observe(slots.open() as u64, &[]))
+        .build();
+    watch_slots
 }
 
 /// etcd's own API, namespaced per tenant: what `/v3` and the gRPC front serve.

@@ -103,17 +103,15 @@ fn unique_operation_ids(item: &mut Map<String, Value>) {
     }
 }
 
-fn complete(path: &str, op: &mut Map<String, Value>, problems: &Problems<'_>) {
-    let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) else {
-        return;
-    };
+/// utoipa 5 writes a Link Object's fields in snake case (fixed in utoipa 6): camel case, as
+/// OpenAPI has them.
+fn camel_case_links(responses: &mut Map<String, Value>) {
     for link in responses
         .values_mut()
         .filter_map(|r| r.get_mut("links").and_then(Value::as_object_mut))
         .flat_map(|links| links.values_mut())
         .filter_map(Value::as_object_mut)
     {
-        // utoipa 5 writes a Link Object's fields in snake case (fixed in utoipa 6).
         for (snake, camel) in [
             ("operation_id", "operationId"),
             ("operation_ref", "operationRef"),
@@ -124,6 +122,13 @@ fn complete(path: &str, op: &mut Map<String, Value>, problems: &Problems<'_>) {
             }
         }
     }
+}
+
+fn complete(path: &str, op: &mut Map<String, Value>, problems: &Problems<'_>) {
+    let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) else {
+        return;
+    };
+    camel_case_links(responses);
     if responses.contains_key("default") {
         return;
     }

@@ -48,7 +48,7 @@ use std::time::Duration;
 
 use axum_core::body::Body;
 use futures::future::BoxFuture;
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::Body as _;
 use tower::{Layer, Service};
 use tracing::Instrument as _;
@@ -312,13 +312,7 @@ where
             };
             fence.outcomes.admitted.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(%resource, %token, "write admitted");
-            // Verified: the resource and the token as presented (already checked to be one
-            // well-formed value each).
-            for (name, value) in [(RESOURCE_HEADER, resource.as_str()), (TOKEN_HEADER, &wire)] {
-                if let Ok(value) = HeaderValue::from_str(value) {
-                    parts.headers.insert(name, value);
-                }
-            }
+            set_verified(&mut parts.headers, &resource, &wire);
             // The gate's deadline (a shared gate's registration lapses on a clock this process
             // does not stop) bounds the exchange too.
             let gate_deadline = permit.deadline();
@@ -439,6 +433,16 @@ fn is_read(method: &http::Method) -> bool {
         *method,
         http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
     )
+}
+
+/// Sets the verified resource and token, as presented (each already checked to be one
+/// well-formed value), on the request the storage receives.
+fn set_verified(headers: &mut HeaderMap, resource: &str, wire: &str) {
+    for (name, value) in [(RESOURCE_HEADER, resource), (TOKEN_HEADER, wire)] {
+        if let Ok(value) = HeaderValue::from_str(value) {
+            headers.insert(name, value);
+        }
+    }
 }
 
 /// The answer when a write's exchange did not produce one in time.
