@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use super::reconcile::IN_FLIGHT;
 use super::records::{
-    encode, SpecRecord, DEFAULT_DRAIN_MS, MAX_DRAIN_MS, MAX_NAME_BYTES, MAX_RESOURCES,
+    encode, Snapshot, SpecRecord, DEFAULT_DRAIN_MS, MAX_DRAIN_MS, MAX_NAME_BYTES, MAX_RESOURCES,
 };
 use super::{assign, Fleets};
 use crate::etcd::{Counted, Unchanged};
@@ -254,41 +254,50 @@ impl Fleets {
             if principal.is_some() && snap.spec.record.principal.as_deref() != principal {
                 return Err(Error::OtherPrincipalsFleet);
             }
-            let guard = Unchanged {
-                key: &self.inner.parts.layout.fleet_spec(fleet),
-                mod_revision: snap.spec.mod_revision,
-            };
-            let layout = &self.inner.parts.layout;
-            let owner =
-                (snap.spec.record.principal.as_deref()).map(|p| layout.fleet_owner(p, fleet));
-            if !self
-                .inner
-                .parts
-                .etcd
-                .delete_prefix_if(&layout.fleet(fleet), owner.as_deref(), guard)
-                .await?
-            {
-                continue;
+            if self.end(&snap).await? {
+                tracing::info!(%fleet, "fleet ended");
+                return Ok(());
             }
-            // Read after the delete: a grant made before it is seen, none can follow it.
-            let owned = self.owned(&snap, snap.watched()).await?;
-            let mut ends = Vec::new();
-            for (resource, o) in &owned {
-                if !matches!(o.held.holder, assign::Holder::Foreign) {
-                    ends.push(o.revoke(&self.inner.parts.leases, resource));
-                }
-            }
-            // All at once (as a decision's revocations are), each tried: the first error, if
-            // any, is the answer, and the grants it left end with their members' sessions.
-            let ended: Vec<Result<bool>> = futures::stream::iter(ends)
-                .buffer_unordered(IN_FLIGHT)
-                .collect()
-                .await;
-            ended.into_iter().collect::<Result<Vec<bool>>>()?;
-            tracing::info!(%fleet, "fleet ended");
-            return Ok(());
         }
         Err(Error::FleetChanged)
+    }
+
+    /// Ends the fleet `snap` read, if its spec is still the one read (`false` otherwise): its
+    /// keys go in one guarded delete, then its grants are released.
+    pub(super) async fn end(&self, snap: &Snapshot) -> Result<bool> {
+        let layout = &self.inner.parts.layout;
+        let guard = Unchanged {
+            key: &layout.fleet_spec(&snap.fleet),
+            mod_revision: snap.spec.mod_revision,
+        };
+        let owner =
+            (snap.spec.record.principal.as_deref()).map(|p| layout.fleet_owner(p, &snap.fleet));
+        let deleted = self
+            .inner
+            .parts
+            .etcd
+            .delete_prefix_if(&layout.fleet(&snap.fleet), owner.as_deref(), guard)
+            .await?;
+        if !deleted {
+            return Ok(false);
+        }
+        // Read after the delete, at the latest revision: a grant made since the snapshot (its
+        // guards held until the delete) is seen, and none can follow the delete.
+        let owned = self.owned_at(snap, snap.watched(), 0).await?;
+        let mut ends = Vec::new();
+        for (resource, o) in &owned {
+            if !matches!(o.held.holder, assign::Holder::Foreign) {
+                ends.push(o.revoke(&self.inner.parts.leases, resource));
+            }
+        }
+        // All at once (as a decision's revocations are), each tried: the first error, if any,
+        // is the answer, and the grants it left end with their members' sessions.
+        let ended: Vec<Result<bool>> = futures::stream::iter(ends)
+            .buffer_unordered(IN_FLIGHT)
+            .collect()
+            .await;
+        ended.into_iter().collect::<Result<Vec<bool>>>()?;
+        Ok(true)
     }
 }
 

@@ -82,6 +82,13 @@ impl Fixture {
         }
     }
 
+    /// Whether `resource`'s ownership key exists now (whoever's it is).
+    async fn held(&self, resource: &str) -> bool {
+        let key = self.fleets.inner.parts.layout.holder(resource);
+        let found = (self.fleets.inner.parts.etcd.get(&key).await).expect("the key is read");
+        found.is_some()
+    }
+
     /// Who holds each held resource now.
     async fn holders(&self) -> BTreeMap<String, Holder> {
         let snap = (self.fleets.snapshot(FLEET).await)
@@ -138,5 +145,24 @@ async fn a_grant_decided_before_the_assignment_moved_is_refused() {
     assert_eq!(
         members,
         [Holder::Member("a".into()), Holder::Member("b".into())]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_made_while_the_fleet_ends_is_released_with_it() {
+    let fixture = Fixture::new(&["r"]).await;
+    fixture.join("a").await;
+    let decided = fixture.decide().await;
+    // The end reads the fleet; a replica's grant lands before its delete (every guard of the
+    // grant still holds then).
+    let snap = (fixture.fleets.snapshot(FLEET).await)
+        .expect("the fleet is read")
+        .expect("the fleet exists");
+    fixture.fleets.act(decided).await;
+    assert!(fixture.held("r").await, "granted before the end");
+    assert!(fixture.fleets.end(&snap).await.expect("the fleet ends"));
+    assert!(
+        !fixture.held("r").await,
+        "a grant made while the fleet ended outlived it"
     );
 }
