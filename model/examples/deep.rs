@@ -91,7 +91,15 @@ fn main() {
         };
         ok &= report(
             "fleet, 3 resources, 3 members, 2 replicas, 2 changes",
-            &check(model, fleet::describe, false),
+            &check(model.clone(), fleet::describe, false),
+        );
+        let ending = Fleet {
+            ends: true,
+            ..model
+        };
+        ok &= report(
+            "fleet, 3 resources, 3 members, 2 replicas, 2 changes, then its end",
+            &check(ending, fleet::describe, false),
         );
     }
     if which == "fleet-wider" {

@@ -59,6 +59,9 @@ pub enum Mutation {
     /// A replica's grants are not guarded by the assignment and the member's record it decided
     /// on: a stale plan grants after another replica's decision or a member's drain.
     UnguardedGrants,
+    /// The fleet's end releases the grants as its snapshot read them, before its delete,
+    /// instead of those there after the delete: a grant made in between outlives the fleet.
+    EndReleasesWhatItRead,
 }
 
 /// The model's bounds.
@@ -76,6 +79,8 @@ pub struct Fleet {
     pub settle_from: u8,
     /// The drain deadline and the session TTL.
     pub drain: u8,
+    /// Whether the fleet may be ended (`DELETE /v1/fleets/{fleet}`), once.
+    pub ends: bool,
     /// The broken variant, if any.
     pub mutation: Option<Mutation>,
 }
@@ -90,6 +95,7 @@ impl Fleet {
             changes: 2,
             settle_from: 2,
             drain: 1,
+            ends: false,
             mutation: None,
         }
     }
@@ -187,6 +193,11 @@ pub struct State {
     pub double_grant: bool,
     /// A grant was made to a member whose process had died (its session not yet lapsed).
     pub granted_to_dead: bool,
+    /// The fleet's end has read the fleet (and, as the broken variant releases them, its
+    /// grants) and not yet deleted it.
+    pub ending: Option<Vec<Option<(u8, u8)>>>,
+    /// The fleet's keys are deleted.
+    pub ended: bool,
 }
 
 /// A replica's plan being carried out, with what its grants are guarded by: the revisions of
@@ -223,6 +234,11 @@ pub enum Action {
     Carry(u8),
     /// A live member releases a resource assigned away from it.
     Release(u8, u8),
+    /// The fleet's end reads the fleet (`proxy/src/fleet/spec.rs`, `delete`).
+    EndRead,
+    /// The fleet's end deletes its keys (guarded by the spec read), then releases its grants
+    /// (`spec.rs`, `end`).
+    EndCommit,
 }
 
 impl Fleet {
@@ -282,6 +298,28 @@ impl Fleet {
         Some(())
     }
 
+    /// The fleet's keys go, so every guard a grant compares has moved; then its grants are
+    /// released, each a compare-and-delete on the revision read after the delete (or, broken,
+    /// as the end's snapshot read them).
+    fn ended(&self, s: &mut State) {
+        let read = s.ending.take().unwrap_or_default();
+        s.ended = true;
+        s.assignment_rev += 1;
+        for rev in s.member_revs.iter_mut() {
+            *rev += 1;
+        }
+        let released = if self.mutation == Some(Mutation::EndReleasesWhatItRead) {
+            read
+        } else {
+            s.holders.clone()
+        };
+        for (r, grant) in released.into_iter().enumerate() {
+            if grant.is_some() && s.holders[r] == grant {
+                s.holders[r] = None;
+            }
+        }
+    }
+
     /// Every grant of member `m` ends (its session closed or lapsed, or it was evicted).
     fn end_session(&self, s: &mut State, m: u8) {
         for h in s.holders.iter_mut() {
@@ -336,6 +374,8 @@ impl Model for Fleet {
             last: vec![None; r],
             double_grant: false,
             granted_to_dead: false,
+            ending: None,
+            ended: false,
         }]
     }
 
@@ -343,7 +383,13 @@ impl Model for Fleet {
         if s.now < self.horizon() {
             actions.push(Action::Tick);
         }
-        if s.changes > 0 && s.now < self.settle_from {
+        if self.ends && !s.ended {
+            actions.push(match s.ending {
+                None => Action::EndRead,
+                Some(_) => Action::EndCommit,
+            });
+        }
+        if s.changes > 0 && s.now < self.settle_from && !s.ended {
             for m in 0..self.members {
                 match s.members[m as usize] {
                     Standing::Absent | Standing::Evicted => actions.push(Action::Join(m)),
@@ -360,6 +406,8 @@ impl Model for Fleet {
         }
         for replica in 0..self.replicas {
             match &s.work[replica as usize] {
+                // A replica finds no fleet to decide for.
+                None if s.ended => {}
                 None => {
                     let plan = self.decide(s);
                     let idle = plan.grants.is_empty()
@@ -428,6 +476,8 @@ impl Model for Fleet {
                     s.holders[r as usize] = None;
                 }
             }
+            Action::EndRead => s.ending = Some(s.holders.clone()),
+            Action::EndCommit => self.ended(&mut s),
         }
         Some(s)
     }
@@ -440,6 +490,9 @@ impl Model for Fleet {
             Property::always("no resource moves twice for one change", |_, s: &State| {
                 s.moves.iter().all(|&m| m <= 1)
             }),
+            Property::always("nothing held once the fleet has ended", |_, s: &State| {
+                !s.ended || s.holders.iter().all(Option::is_none)
+            }),
             Property::always(
                 "settled: every resource held by an active member",
                 |m: &Fleet, s: &State| {
@@ -449,6 +502,7 @@ impl Model for Fleet {
                     let anyone = s.members.contains(&Standing::Active);
                     !quiet
                         || !anyone
+                        || s.ended
                         || s.holders.iter().all(|h| {
                             h.is_some_and(|(holder, _)| {
                                 s.members[holder as usize] == Standing::Active

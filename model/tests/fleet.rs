@@ -1,5 +1,6 @@
-//! Model 3, fleet hand-off, at the test bounds; and three broken variants the checker must
-//! catch with a readable counterexample (the stale decision's with a third member and change).
+//! Model 3, fleet hand-off, at the test bounds, with and without the fleet's end; and four
+//! broken variants the checker must catch with a readable counterexample (the stale decision's
+//! with a third member and change).
 
 use lease_proxy_model::fleet::{describe, Fleet, Mutation};
 use lease_proxy_model::{check, Checked};
@@ -79,6 +80,44 @@ fn grants_from_a_stale_decision_are_found() {
     );
     let trace = checked
         .trace("no resource moves twice for one change")
+        .unwrap_or_else(|| panic!("not caught; found {:?}", checked.violations));
+    println!("{trace}");
+}
+
+/// With the fleet's end among the steps: nothing is held once it has ended.
+#[test]
+fn a_fleets_end_releases_every_grant() {
+    let checked = run(
+        Fleet {
+            ends: true,
+            ..Fleet::new()
+        },
+        false,
+    );
+    if let Some((name, trace)) = checked.violations.first() {
+        panic!("{name} violated:\n{trace}");
+    }
+    assert!(
+        checked.unmet.is_empty(),
+        "never reached: {:?}",
+        checked.unmet
+    );
+}
+
+/// The end as the server made it until this was found: it released the grants as its snapshot
+/// read them, so a replica's grant landing between that read and the delete outlived the fleet.
+#[test]
+fn an_end_that_releases_what_it_read_is_found() {
+    let checked = run(
+        Fleet {
+            ends: true,
+            mutation: Some(Mutation::EndReleasesWhatItRead),
+            ..Fleet::new()
+        },
+        true,
+    );
+    let trace = checked
+        .trace("nothing held once the fleet has ended")
         .unwrap_or_else(|| panic!("not caught; found {:?}", checked.violations));
     println!("{trace}");
 }
