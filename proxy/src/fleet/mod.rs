@@ -74,6 +74,8 @@ struct Inner {
     parts: Parts,
     signals: signals::Signals,
     stopping: CancellationToken,
+    /// Owns what must run to its end whoever stops waiting for it (a fleet's end).
+    tracker: TaskTracker,
 }
 
 /// A resource's current grant, as the fleet reads it.
@@ -104,18 +106,19 @@ impl Owned {
 impl Fleets {
     /// The service, its decisions driven on `tracker` until `stopping` fires.
     pub(crate) fn start(parts: Parts, tracker: &TaskTracker, stopping: CancellationToken) -> Self {
-        let fleets = Self::undriven(parts, stopping);
+        let fleets = Self::undriven(parts, tracker, stopping);
         driver::start(fleets.clone(), tracker);
         fleets
     }
 
     /// The service with no driver: nothing decides but what calls [`Fleets::decide`].
-    fn undriven(parts: Parts, stopping: CancellationToken) -> Self {
+    fn undriven(parts: Parts, tracker: &TaskTracker, stopping: CancellationToken) -> Self {
         Self {
             inner: Arc::new(Inner {
                 parts,
                 signals: signals::Signals::default(),
                 stopping,
+                tracker: tracker.clone(),
             }),
         }
     }

@@ -254,7 +254,15 @@ impl Fleets {
             if principal.is_some() && snap.spec.record.principal.as_deref() != principal {
                 return Err(Error::OtherPrincipalsFleet);
             }
-            if self.end(&snap).await? {
+            // In a task of the service's own: once the keys are deleted nothing else releases
+            // the grants, so a caller going away must not stop it half-way.
+            let (this, ended) = (self.clone(), tokio::sync::oneshot::channel());
+            let (answer, answered) = ended;
+            self.inner.tracker.spawn(async move {
+                let _ = answer.send(this.end(&snap).await);
+            });
+            let ended = answered.await.unwrap_or(Err(Error::ShuttingDown));
+            if ended? {
                 tracing::info!(%fleet, "fleet ended");
                 return Ok(());
             }

@@ -5,7 +5,10 @@
 
 use std::collections::BTreeMap;
 
+use std::time::Duration;
+
 use clap::Parser as _;
+use lease_proxy_testkit::poll::until;
 use lease_proxy_testkit::Etcd as TestEtcd;
 use tokio::time::Instant;
 
@@ -44,7 +47,8 @@ impl Fixture {
             &data_dir,
         ]);
         let (parts, stop) = crate::server::fleet_parts_for_tests(&config).await;
-        let fleets = Fleets::undriven(parts, tokio_util::sync::CancellationToken::new());
+        let tracker = tokio_util::task::TaskTracker::new();
+        let fleets = Fleets::undriven(parts, &tracker, tokio_util::sync::CancellationToken::new());
         let spec = SpecChange {
             resources: resources.iter().map(|r| (*r).to_owned()).collect(),
             drain_ms: None,
@@ -87,6 +91,19 @@ impl Fixture {
         let key = self.fleets.inner.parts.layout.holder(resource);
         let found = (self.fleets.inner.parts.etcd.get(&key).await).expect("the key is read");
         found.is_some()
+    }
+
+    /// Whether the fleet exists now.
+    async fn exists(&self) -> bool {
+        let snap = self.fleets.snapshot(FLEET).await;
+        snap.expect("the fleet is read").is_some()
+    }
+
+    /// How many ownership keys there are now.
+    async fn holders_left(&self) -> usize {
+        let parts = &self.fleets.inner.parts;
+        let listed = (parts.etcd.list(parts.layout.holders(), 1_000).await).expect("listed");
+        listed.kvs.len()
     }
 
     /// Who holds each held resource now.
@@ -165,4 +182,37 @@ async fn a_grant_made_while_the_fleet_ends_is_released_with_it() {
         !fixture.held("r").await,
         "a grant made while the fleet ended outlived it"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleets_end_goes_on_when_its_caller_goes_away() {
+    let names: Vec<String> = (0..2_000).map(|i| format!("r{i}")).collect();
+    let resources: Vec<&str> = names.iter().map(String::as_str).collect();
+    let fixture = Fixture::new(&resources).await;
+    fixture.join("a").await;
+    let decided = fixture.decide().await;
+    fixture.fleets.act(decided).await;
+    assert_eq!(fixture.holders_left().await, 2_000);
+    // The caller gives up a moment later each time, until the fleet is gone. After each cut,
+    // either the fleet is still there (the cut came before its delete) or no grant is left
+    // once what was under way has finished: never a fleet gone with grants left behind.
+    let mut patience = Duration::from_millis(1);
+    loop {
+        let ending = fixture.fleets.delete(FLEET, None, &anyone);
+        let cut = tokio::time::timeout(patience, ending).await.is_err();
+        let settled = until(
+            Duration::from_secs(10),
+            "the fleet there, or nothing held",
+            || async { fixture.exists().await || fixture.holders_left().await == 0 },
+        );
+        settled.await;
+        if !cut || !fixture.exists().await {
+            break;
+        }
+        patience += Duration::from_millis(1);
+    }
+    until(Duration::from_secs(10), "every grant released", || async {
+        fixture.holders_left().await == 0
+    })
+    .await;
 }
