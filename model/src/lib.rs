@@ -58,6 +58,21 @@ impl Checked {
             .find(|(name, _)| *name == property)
             .map(|(_, trace)| trace.as_str())
     }
+
+    /// The counterexample of `property`; panics, naming what was found instead, if it held.
+    pub fn counterexample(&self, property: &str) -> &str {
+        self.trace(property)
+            .unwrap_or_else(|| panic!("{property}: not caught; found {:?}", self.violations))
+    }
+
+    /// Panics with the first violated property's counterexample, or with the `sometimes`
+    /// properties never met.
+    pub fn assert_holds(&self) {
+        if let Some((name, trace)) = self.violations.first() {
+            panic!("{name} violated:\n{trace}");
+        }
+        assert!(self.unmet.is_empty(), "never reached: {:?}", self.unmet);
+    }
 }
 
 /// How a model's steps are told.

@@ -15,22 +15,12 @@ fn run(model: Admission, stop_at_failure: bool) -> Checked {
 
 fn holds(model: Admission) {
     let checked = run(model, false);
-    if let Some((name, trace)) = checked.violations.first() {
-        panic!("{name} violated:\n{trace}");
-    }
-    assert!(
-        checked.unmet.is_empty(),
-        "never reached: {:?}",
-        checked.unmet
-    );
+    checked.assert_holds();
 }
 
 fn caught(model: Admission) -> String {
     let checked = run(model, true);
-    let trace = checked
-        .trace(ORDER)
-        .unwrap_or_else(|| panic!("not caught; found {:?}", checked.violations))
-        .to_owned();
+    let trace = checked.counterexample(ORDER).to_owned();
     println!("{trace}");
     trace
 }

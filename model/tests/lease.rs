@@ -14,14 +14,7 @@ fn run(model: Lifecycle, stop_at_failure: bool) -> Checked {
 #[test]
 fn the_lease_lifecycle_keeps_its_invariants() {
     let checked = run(Lifecycle::new(), false);
-    if let Some((name, trace)) = checked.violations.first() {
-        panic!("{name} violated:\n{trace}");
-    }
-    assert!(
-        checked.unmet.is_empty(),
-        "never reached: {:?}",
-        checked.unmet
-    );
+    checked.assert_holds();
 }
 
 fn caught(mutation: Mutation, client: Kind, property: &str) {
@@ -34,9 +27,7 @@ fn caught(mutation: Mutation, client: Kind, property: &str) {
         },
         true,
     );
-    let trace = checked
-        .trace(property)
-        .unwrap_or_else(|| panic!("not caught; found {:?}", checked.violations));
+    let trace = checked.counterexample(property);
     println!("{trace}");
 }
 
