@@ -81,6 +81,8 @@ pub struct Fleet {
     pub drain: u8,
     /// Whether the fleet may be ended (`DELETE /v1/fleets/{fleet}`), once.
     pub ends: bool,
+    /// Whether the replica ending it may die between its delete and its releases.
+    pub end_dies: bool,
     /// The broken variant, if any.
     pub mutation: Option<Mutation>,
 }
@@ -96,6 +98,7 @@ impl Fleet {
             settle_from: 2,
             drain: 1,
             ends: false,
+            end_dies: false,
             mutation: None,
         }
     }
@@ -193,8 +196,8 @@ pub struct State {
     pub double_grant: bool,
     /// A grant was made to a member whose process had died (its session not yet lapsed).
     pub granted_to_dead: bool,
-    /// The fleet's end has read the fleet (and, as the broken variant releases them, its
-    /// grants) and not yet deleted it.
+    /// The fleet's end is under way: what its first read found (the grants, as the broken
+    /// variant releases them), until its releases are done or its replica dies.
     pub ending: Option<Vec<Option<(u8, u8)>>>,
     /// The fleet's keys are deleted.
     pub ended: bool,
@@ -236,9 +239,12 @@ pub enum Action {
     Release(u8, u8),
     /// The fleet's end reads the fleet (`proxy/src/fleet/spec.rs`, `delete`).
     EndRead,
-    /// The fleet's end deletes its keys (guarded by the spec read), then releases its grants
-    /// (`spec.rs`, `end`).
-    EndCommit,
+    /// The fleet's end deletes its keys, guarded by the spec read (`spec.rs`, `end`).
+    EndDelete,
+    /// The fleet's end releases its grants (`end`, after the delete).
+    EndRelease,
+    /// The replica ending the fleet dies after the delete, before the releases.
+    EndDies,
 }
 
 impl Fleet {
@@ -298,16 +304,10 @@ impl Fleet {
         Some(())
     }
 
-    /// The fleet's keys go, so every guard a grant compares has moved; then its grants are
-    /// released, each a compare-and-delete on the revision read after the delete (or, broken,
-    /// as the end's snapshot read them).
-    fn ended(&self, s: &mut State) {
+    /// The fleet's end releases its grants, each a compare-and-delete on the revision read
+    /// after the delete (or, broken, as the end's first read found them).
+    fn released(&self, s: &mut State) {
         let read = s.ending.take().unwrap_or_default();
-        s.ended = true;
-        s.assignment_rev += 1;
-        for rev in s.member_revs.iter_mut() {
-            *rev += 1;
-        }
         let released = if self.mutation == Some(Mutation::EndReleasesWhatItRead) {
             read
         } else {
@@ -383,11 +383,18 @@ impl Model for Fleet {
         if s.now < self.horizon() {
             actions.push(Action::Tick);
         }
-        if self.ends && !s.ended {
-            actions.push(match s.ending {
-                None => Action::EndRead,
-                Some(_) => Action::EndCommit,
-            });
+        if self.ends {
+            match (s.ended, &s.ending) {
+                (false, None) => actions.push(Action::EndRead),
+                (false, Some(_)) => actions.push(Action::EndDelete),
+                (true, Some(_)) => {
+                    actions.push(Action::EndRelease);
+                    if self.end_dies {
+                        actions.push(Action::EndDies);
+                    }
+                }
+                (true, None) => {}
+            }
         }
         if s.changes > 0 && s.now < self.settle_from && !s.ended {
             for m in 0..self.members {
@@ -477,7 +484,16 @@ impl Model for Fleet {
                 }
             }
             Action::EndRead => s.ending = Some(s.holders.clone()),
-            Action::EndCommit => self.ended(&mut s),
+            Action::EndDelete => {
+                // The keys go: every guard a grant compares has moved.
+                s.ended = true;
+                s.assignment_rev += 1;
+                for rev in s.member_revs.iter_mut() {
+                    *rev += 1;
+                }
+            }
+            Action::EndRelease => self.released(&mut s),
+            Action::EndDies => s.ending = None,
         }
         Some(s)
     }
@@ -491,7 +507,8 @@ impl Model for Fleet {
                 s.moves.iter().all(|&m| m <= 1)
             }),
             Property::always("nothing held once the fleet has ended", |_, s: &State| {
-                !s.ended || s.holders.iter().all(Option::is_none)
+                let over = s.ended && s.ending.is_none();
+                !over || s.holders.iter().all(Option::is_none)
             }),
             Property::always(
                 "settled: every resource held by an active member",
