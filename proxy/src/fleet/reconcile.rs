@@ -57,7 +57,6 @@ pub(super) struct Decided {
     snap: Snapshot,
     owned: BTreeMap<String, Owned>,
     pub(super) plan: Plan,
-    resources: BTreeSet<String>,
     pub(super) assignment_revision: i64,
 }
 
@@ -131,7 +130,6 @@ impl Fleets {
             snap,
             owned,
             plan,
-            resources: spec.resources,
             assignment_revision,
         })))
     }
@@ -143,13 +141,12 @@ impl Fleets {
             snap,
             owned,
             plan,
-            resources,
             assignment_revision,
         } = *decided;
         let revoked = self.revoke(&snap, &plan, &owned).await;
         let granted = self.grant(&snap, &plan, assignment_revision).await;
         Pass::Done {
-            resources,
+            resources: snap.spec.record.resources.iter().cloned().collect(),
             next_deadline: plan.next_deadline,
             complete: revoked && granted,
         }

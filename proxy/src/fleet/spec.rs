@@ -14,6 +14,7 @@ use std::collections::BTreeSet;
 
 use futures::StreamExt as _;
 use serde::Serialize;
+use tracing::Instrument as _;
 
 use super::reconcile::IN_FLIGHT;
 use super::records::{
@@ -256,11 +257,16 @@ impl Fleets {
             }
             // In a task of the service's own: once the keys are deleted nothing else releases
             // the grants, so a caller going away must not stop it half-way.
-            let (this, ended) = (self.clone(), tokio::sync::oneshot::channel());
-            let (answer, answered) = ended;
-            self.inner.tracker.spawn(async move {
-                let _ = answer.send(this.end(&snap).await);
-            });
+            // (As an acquire's attempt is, in `lease/attempt.rs`; in the request's span, so its
+            // etcd calls join the request's trace.)
+            let (answer, answered) = tokio::sync::oneshot::channel();
+            let this = self.clone();
+            self.inner.tracker.spawn(
+                async move {
+                    let _ = answer.send(this.end(&snap).await);
+                }
+                .in_current_span(),
+            );
             let ended = answered.await.unwrap_or(Err(Error::ShuttingDown));
             if ended? {
                 tracing::info!(%fleet, "fleet ended");
