@@ -94,11 +94,12 @@ fn main() {
             &check(model.clone(), fleet::describe, false),
         );
         let ending = Fleet {
-            ends: true,
+            deletes: 2,
+            end_dies: true,
             ..model
         };
         ok &= report(
-            "fleet, 3 resources, 3 members, 2 replicas, 2 changes, then its end",
+            "fleet, 3 resources, 3 members, 2 replicas, 2 changes, then 2 DELETEs, one may die",
             &check(ending, fleet::describe, false),
         );
     }

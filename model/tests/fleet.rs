@@ -1,6 +1,6 @@
-//! Model 3, fleet hand-off, at the test bounds, with and without the fleet's end; four broken
+//! Model 3, fleet hand-off, at the test bounds, with and without the fleet's end; six broken
 //! variants the checker must catch with a readable counterexample (the stale decision's with a
-//! third member and change); and the one known defect of today's server it finds.
+//! third member and change), three of them the fleet's end as the server did it before.
 
 use lease_proxy_model::fleet::{describe, Fleet, Mutation};
 use lease_proxy_model::{check, Checked};
@@ -69,11 +69,23 @@ fn grants_from_a_stale_decision_are_found() {
     caught(model, "no resource moves twice for one change");
 }
 
-/// With the fleet's end among the steps: nothing is held once it has ended.
+/// With the fleet's end among the steps, one `DELETE` whose replica may die half-way: nothing
+/// is held once the end is done, and no end is left unfinished.
 #[test]
 fn a_fleets_end_releases_every_grant() {
     let model = Fleet {
-        ends: true,
+        deletes: 1,
+        end_dies: true,
+        ..Fleet::new()
+    };
+    run(model, false).assert_holds();
+}
+
+/// Two `DELETE`s racing: whichever answers first, nothing is held by then.
+#[test]
+fn two_deletes_answer_once_every_grant_is_released() {
+    let model = Fleet {
+        deletes: 2,
         ..Fleet::new()
     };
     run(model, false).assert_holds();
@@ -84,22 +96,37 @@ fn a_fleets_end_releases_every_grant() {
 #[test]
 fn an_end_that_releases_what_it_read_is_found() {
     let model = Fleet {
-        ends: true,
+        deletes: 1,
         ..broken(Mutation::EndReleasesWhatItRead)
     };
-    caught(model, "nothing held once the fleet has ended");
+    caught(model, "nothing held once the fleet's end is done");
 }
 
-/// What today's server does when the replica ending a fleet dies between its delete and its
-/// releases: no replica releases them afterwards (a DELETE finds no fleet), so the grants stay
-/// until their members' sessions end. Known and not fixed yet; this test flips when the fleet
-/// keeps an index of its grants that outlives its keys.
+/// The server before the fleet kept an index of its grants: a `DELETE` that found no fleet
+/// answered at once, while the one that ended it was still releasing.
 #[test]
-fn a_replica_that_dies_ending_a_fleet_leaves_its_grants() {
+fn a_delete_that_answers_a_fleet_gone_at_once_is_found() {
     let model = Fleet {
-        ends: true,
-        end_dies: true,
-        ..Fleet::new()
+        deletes: 2,
+        ..broken(Mutation::DeleteAnswersAFleetGone)
     };
-    caught(model, "nothing held once the fleet has ended");
+    caught(model, "a DELETE answers once nothing is held");
+}
+
+/// The server before the fleet kept an index of its grants: when the replica ending a fleet
+/// died after its delete, nothing said which grants were the fleet's, and they stayed until
+/// their members' sessions ended. (Run to the end: the shortest violation, an end's key left
+/// with nothing held, is found before the one that matters.)
+#[test]
+fn an_end_no_other_replica_finishes_is_found() {
+    let model = Fleet {
+        deletes: 1,
+        end_dies: true,
+        ..broken(Mutation::EndLeftToItsReplica)
+    };
+    let checked = run(model, false);
+    println!(
+        "{}",
+        checked.counterexample("settled: nothing held once the fleet has ended")
+    );
 }

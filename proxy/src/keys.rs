@@ -14,6 +14,8 @@ pub(crate) struct Layout {
     ended: String,
     fleets: String,
     fleet_owners: String,
+    fleet_grants: String,
+    fleets_ending: String,
 }
 
 impl Layout {
@@ -29,6 +31,8 @@ impl Layout {
             ended: format!("{prefix}ended/"),
             fleets: format!("{prefix}fleets/"),
             fleet_owners: format!("{prefix}fleet-owners/"),
+            fleet_grants: format!("{prefix}fleet-grants/"),
+            fleets_ending: format!("{prefix}fleet-ending/"),
         }
     }
 
@@ -120,6 +124,32 @@ impl Layout {
         format!("{}{principal}/{fleet}", self.fleet_owners)
     }
 
+    /// `{prefix}fleet-grants/{fleet}/`: the index of the grants a fleet made, a key each,
+    /// outside the fleet's own keys so that it outlives their delete: what the fleet's end
+    /// releases.
+    pub(crate) fn fleet_grants(&self, fleet: &str) -> String {
+        format!("{}{fleet}/", self.fleet_grants)
+    }
+
+    /// `{prefix}fleet-grants/{fleet}/{resource}`: written on the member's session lease in the
+    /// transaction that grants `resource` (so created at the grant's token), its value the
+    /// principal the grant counts against.
+    pub(crate) fn fleet_grant(&self, fleet: &str, resource: &str) -> String {
+        format!("{}{fleet}/{resource}", self.fleet_grants)
+    }
+
+    /// `{prefix}fleet-ending/`: the fleets whose keys are deleted and whose grants may not all
+    /// be released yet, a key each.
+    pub(crate) fn fleets_ending(&self) -> &str {
+        &self.fleets_ending
+    }
+
+    /// `{prefix}fleet-ending/{fleet}`: written in the transaction that deletes the fleet's keys
+    /// (so modified at the end's revision), deleted once its grants are released.
+    pub(crate) fn fleet_ending(&self, fleet: &str) -> String {
+        format!("{}{fleet}", self.fleets_ending)
+    }
+
     /// `{prefix}readyz`: the key `/readyz` reads.
     pub(crate) fn readiness(&self) -> String {
         format!("{}readyz", self.prefix)
@@ -159,6 +189,8 @@ mod tests {
             l.fleet_spec("f"),
             l.fleet_assignment("f"),
             l.fleet_member("f", "m"),
+            l.fleet_grant("f", "r"),
+            l.fleet_ending("f"),
         ] {
             assert!(key.starts_with("/p/"), "{key}");
         }
@@ -171,5 +203,10 @@ mod tests {
         );
         assert!(l.fleet_spec("a").starts_with(&l.fleet("a")));
         assert!(!l.fleet_spec("a.b").starts_with(&l.fleet("a")));
+        // The index and the end's key outlive the delete of the fleet's keys.
+        assert!(!l.fleet_grant("a", "r").starts_with(l.fleets()));
+        assert!(!l.fleet_ending("a").starts_with(l.fleets()));
+        assert!(l.fleet_grant("a", "r").starts_with(&l.fleet_grants("a")));
+        assert!(!l.fleet_grant("a.b", "r").starts_with(&l.fleet_grants("a")));
     }
 }

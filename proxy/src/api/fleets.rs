@@ -15,7 +15,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::authz::{self, Caller};
 use super::preamble::{Acquiring, OnFleet, OnMember, Reading, Received};
-use super::schemas::ResourceName;
+use super::schemas::{ResourceName, Revision};
 use super::{body, AppState};
 use crate::audit::{Event, Kind};
 use crate::auth::Op;
@@ -80,7 +80,7 @@ pub(super) struct DrainBody {}
 #[into_params(parameter_in = Query)]
 pub(super) struct AssignmentQuery {
     /// Answer once the assignment's `revision` passes this one (a long poll).
-    #[param(pattern = "^[0-9]{1,19}$")]
+    #[param(value_type = Option<Revision>, inline)]
     after: Option<String>,
     /// How long to wait for that, in milliseconds (at most the proxy's `--max-wait`; 0: answer
     /// at once).
@@ -332,10 +332,13 @@ pub(super) async fn member(
         .after
         .as_deref()
         .map(|a| {
-            a.parse::<i64>().map_err(|_| Error::InvalidField {
-                field: "after",
-                reason: "not a revision (a decimal number)".into(),
-            })
+            a.parse::<i64>()
+                .ok()
+                .filter(|r| *r >= 0 && r.to_string() == a)
+                .ok_or_else(|| Error::InvalidField {
+                    field: "after",
+                    reason: "not a revision (a decimal number from 0 that fits in 63 bits)".into(),
+                })
         })
         .transpose()?;
     let max_wait = app.leases.limits().max_wait;

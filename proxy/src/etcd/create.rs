@@ -215,7 +215,7 @@ impl GroupCommit {
         &self,
         key: &str,
         revision: i64,
-        also: Option<&str>,
+        also: &[&str],
         marker: Option<Companion<'_>>,
     ) -> Result<bool> {
         let guard = Compare::create_revision(key, CompareOp::Equal, revision);
@@ -229,7 +229,7 @@ impl GroupCommit {
         &self,
         key: &str,
         value: &[u8],
-        also: Option<&str>,
+        also: &[&str],
     ) -> Result<bool> {
         let guard = Compare::value(key, CompareOp::Equal, value);
         self.delete_when(guard, key, also, None, value.len()).await
@@ -240,14 +240,14 @@ impl GroupCommit {
         &self,
         guard: Compare,
         key: &str,
-        also: Option<&str>,
+        also: &[&str],
         marker: Option<Companion<'_>>,
         guard_bytes: usize,
     ) -> Result<bool> {
         let mut ops = vec![TxnOp::delete(key, None)];
         let mut keys = vec![key.as_bytes().to_vec()];
-        if let Some(also) = also {
-            ops.push(TxnOp::delete(also, None));
+        for also in also {
+            ops.push(TxnOp::delete(*also, None));
             keys.push(also.as_bytes().to_vec());
         }
         let mut marker_bytes = 0;

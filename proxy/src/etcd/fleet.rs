@@ -7,7 +7,7 @@ use etcd_client::{
 };
 
 use super::batch::{GroupCommit, ETCD_MAX_TXN_OPS};
-use super::create::Quota;
+use super::create::{Companion, Quota};
 use super::{prefix_end, Etcd, RangePage};
 use crate::{Error, Result};
 
@@ -154,23 +154,42 @@ impl Etcd {
         Ok(found)
     }
 
-    /// Deletes every key under `prefix`, and `also` (if any), if `guard` is unchanged; whether
-    /// it did.
+    /// Deletes every key under `prefix`, and `also` (if any), and puts `mark` (on no lease),
+    /// if `guard` is unchanged; the revision it did that at, `None` if the guard failed.
     pub(crate) async fn delete_prefix_if(
         &self,
         prefix: &str,
         also: Option<&str>,
+        mark: (&str, &[u8]),
         guard: Unchanged<'_>,
-    ) -> Result<bool> {
+    ) -> Result<Option<i64>> {
         let end = prefix_end(prefix.as_bytes());
-        let mut deletes = vec![TxnOp::delete(
+        let mut ops = vec![TxnOp::delete(
             prefix,
             Some(etcd_client::DeleteOptions::new().with_range(end)),
         )];
-        deletes.extend(also.map(|key| TxnOp::delete(key, None)));
-        let txn = Txn::new().when(vec![guard.compare()]).and_then(deletes);
+        ops.extend(also.map(|key| TxnOp::delete(key, None)));
+        ops.push(TxnOp::put(mark.0, mark.1, None));
+        let txn = Txn::new().when(vec![guard.compare()]).and_then(ops);
         let resp = self
             .bounded_once("txn_delete_prefix", |c| {
+                let txn = txn.clone();
+                async move { c.kv_client().txn(txn).await }
+            })
+            .await?;
+        Ok(resp
+            .succeeded()
+            .then(|| resp.header().map(|h| h.revision()))
+            .flatten())
+    }
+
+    /// Deletes `key` if it is unchanged since read; whether it did.
+    pub(crate) async fn delete_if_unchanged(&self, key: Unchanged<'_>) -> Result<bool> {
+        let txn = Txn::new()
+            .when(vec![key.compare()])
+            .and_then(vec![TxnOp::delete(key.key, None)]);
+        let resp = self
+            .bounded("txn_delete_unchanged", |c| {
                 let txn = txn.clone();
                 async move { c.kv_client().txn(txn).await }
             })
@@ -194,6 +213,8 @@ pub(crate) struct Guarded<'a> {
     /// The held quota of the session's principal, when one applies: its index key is written
     /// with the grant, only if the principal's range is as counted.
     pub(crate) quota: Option<super::Quota<'a>>,
+    /// Written with the grant (the fleet's index of its grants).
+    pub(crate) alongside: Companion<'a>,
 }
 
 /// One guarded put (see [`GroupCommit::put_when`]).
@@ -203,6 +224,7 @@ struct Put<'a> {
     lease: i64,
     guards: &'a [Unchanged<'a>],
     quota: Option<Quota<'a>>,
+    alongside: Option<Companion<'a>>,
 }
 
 impl GroupCommit {
@@ -235,6 +257,7 @@ impl GroupCommit {
             lease,
             guards,
             quota,
+            alongside: None,
         };
         self.put_when("txn_put_if", put, Vec::new()).await
     }
@@ -259,11 +282,13 @@ impl GroupCommit {
             lease: c.lease,
             guards: c.guards,
             quota: c.quota,
+            alongside: Some(c.alongside),
         };
         self.put_when("txn_create_guarded", put, absent).await
     }
 
-    /// `put.value` at `put.key` (on its lease) if `compares` and every guard hold; with a
+    /// `put.value` at `put.key` (on its lease), and `put.alongside`, if `compares` and every
+    /// guard hold; with a
     /// quota, its index key too (on the same lease), only if the quota's range is as counted —
     /// the range among the batch's keys, so that no two puts under one principal's quota share
     /// a batch (whose compares all see the state before it). The batch's revision, or `None`
@@ -280,6 +305,7 @@ impl GroupCommit {
             lease,
             guards,
             quota,
+            alongside,
         } = put;
         compares.extend(guards.iter().map(Unchanged::compare));
         let on_lease = || Some(PutOptions::new().with_lease(lease));
@@ -289,6 +315,12 @@ impl GroupCommit {
             + value.len()
             + guards.iter().map(|g| g.key.len() + 16).sum::<usize>()
             + 64;
+        if let Some(a) = alongside {
+            let options = PutOptions::new().with_lease(a.lease);
+            puts.push(TxnOp::put(a.key, a.value, Some(options)));
+            keys.push(a.key.as_bytes().to_vec());
+            bytes += a.key.len() + a.value.len();
+        }
         if let Some(q) = quota {
             puts.push(TxnOp::put(q.key, Vec::new(), on_lease()));
             compares.push(q.compare());

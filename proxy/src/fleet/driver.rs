@@ -6,6 +6,8 @@
 //! - each fleet's next hand-off deadline, and a resync of every fleet every [`RESYNC`] (what a
 //!   lost event or a token-file reload would otherwise leave undecided).
 //!
+//! Beside it, a task finishes the fleets' ends that a replica began and did not finish.
+//!
 //! A fleet marked while its decision runs is decided once more after it, so a burst of events
 //! costs one more decision, not one per event. Each decision waits a random moment of up to
 //! [`JITTER`] first, so the replicas woken by one event seldom decide at once (when they do,
@@ -33,6 +35,9 @@ const RESYNC: Duration = Duration::from_secs(5);
 const JITTER: Duration = Duration::from_millis(20);
 /// A decision that failed is tried again after this.
 const RETRY: Duration = Duration::from_millis(500);
+/// A fleet's end still unfinished this long after it began is finished by whichever replica
+/// sees it (its own replica has stopped, or stalls); ending 10,000 grants takes under a second.
+const ENDING_GRACE: Duration = Duration::from_secs(10);
 
 /// What the fleet watch reports.
 enum Seen {
@@ -51,6 +56,7 @@ pub(super) fn start(fleets: Fleets, tracker: &TaskTracker) {
         reopening(cancel, || watch(&watching, &seen)).await;
     });
     let changes = fleets.inner.parts.leases.holder_changes();
+    let fleets_for_ends = fleets.clone();
     let driver = Driver {
         fleets,
         tracker: tracker.clone(),
@@ -60,6 +66,23 @@ pub(super) fn start(fleets: Fleets, tracker: &TaskTracker) {
         running: HashSet::new(),
     };
     tracker.spawn(driver.run(events, changes));
+    tracker.spawn(finish_ends(fleets_for_ends));
+}
+
+/// Every [`RESYNC`], finishes the fleets' ends a replica left half-way.
+async fn finish_ends(fleets: Fleets) {
+    let mut every = tokio::time::interval(RESYNC);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let stopping = fleets.inner.stopping.clone();
+    loop {
+        tokio::select! {
+            () = stopping.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        if let Err(e) = fleets.finish_ends(ENDING_GRACE).await {
+            tracing::warn!(error = %e, "cannot finish the fleets' ends; trying again");
+        }
+    }
 }
 
 /// Lists the fleets, then follows the watch of their keys until it fails; whether it delivered.

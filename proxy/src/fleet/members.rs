@@ -327,7 +327,7 @@ impl Fleets {
         for (resource, o) in owned {
             let theirs =
                 o.held.holder == Holder::Member(member.to_owned()) && o.lease == record.session;
-            if theirs && o.revoke(&self.inner.parts.leases, &resource).await? {
+            if theirs && o.revoke(&self.inner.parts.leases, fleet, &resource).await? {
                 let revoke = Revoke {
                     resource,
                     revision: o.held.revision,

@@ -90,11 +90,11 @@ pub(crate) struct Owned {
 }
 
 impl Owned {
-    /// Ends this grant, if it is still the one read.
-    async fn revoke(&self, leases: &Leases, resource: &str) -> Result<bool> {
+    /// Ends this grant of `fleet`, if it is still the one read.
+    async fn revoke(&self, leases: &Leases, fleet: &str, resource: &str) -> Result<bool> {
         leases
             .revoke_assigned(
-                resource,
+                (fleet, resource),
                 self.held.revision,
                 self.lease,
                 self.principal.as_deref(),

@@ -227,7 +227,12 @@ impl Fleets {
             .inner
             .parts
             .leases
-            .revoke_assigned(&revoke.resource, revoke.revision, lease, principal)
+            .revoke_assigned(
+                (&snap.fleet, &revoke.resource),
+                revoke.revision,
+                lease,
+                principal,
+            )
             .await;
         match ended {
             Ok(ended) => {

@@ -4,7 +4,15 @@
 //! one it did not see, and only the principal that made the fleet may change or end it. Ending
 //! it deletes every key of the fleet in one guarded delete — after which no grant can be made
 //! under it, since each compares the member's record, the spec and the assignment — and only
-//! then releases the fleet's grants, read after the delete so none made just before escapes.
+//! then releases the fleet's grants.
+//!
+//! What to release is the fleet's index of its grants, `{prefix}fleet-grants/{fleet}/…`: each
+//! grant writes its key in its own transaction and each end of a grant deletes it, so it names
+//! every grant the fleet made, whatever its spec said when it ended, and it outlives the
+//! delete. The delete also writes `{prefix}fleet-ending/{fleet}`, deleted once the index is
+//! released: a `DELETE` that finds the fleet gone releases what is left before it answers (a
+//! retry, or a second `DELETE` racing the first), and the driver finishes an end that a
+//! stopped replica left half-way.
 //!
 //! With authentication, a principal makes at most `--quota-fleets` fleets: each it makes
 //! writes an index key `{prefix}fleet-owners/{principal}/{fleet}` with its spec, counted as the
@@ -22,7 +30,7 @@ use super::records::{
 };
 use super::{assign, Fleets};
 use crate::etcd::{Counted, Unchanged};
-use crate::lease::{i64_string, validate};
+use crate::lease::{i64_string, unix_millis, validate};
 use crate::{Error, QuotaKind, Result};
 
 /// How many times a request reads again after losing a compare to a concurrent write.
@@ -236,9 +244,9 @@ impl Fleets {
         Ok(Some(counted))
     }
 
-    /// Ends `fleet`: its keys go, then its grants are released. Idempotent (no such fleet: done).
-    /// Only `principal` (the one that made it) may, and `gate` judges the caller for its
-    /// resources.
+    /// Ends `fleet`: its keys go, then its grants are released. Idempotent (no such fleet: its
+    /// grants left by an end that did not finish are released, then done). Only `principal`
+    /// (the one that made it) may, and `gate` judges the caller for its resources.
     pub(crate) async fn delete(
         &self,
         fleet: &str,
@@ -247,7 +255,12 @@ impl Fleets {
     ) -> Result<()> {
         for _ in 0..ATTEMPTS {
             let Some(snap) = self.snapshot(fleet).await? else {
-                return Ok(());
+                // Ended already, perhaps by a request still releasing, or by a replica that
+                // stopped half-way: this answer too waits until the grants are gone.
+                let (this, fleet) = (self.clone(), fleet.to_owned());
+                return self
+                    .unstoppable(async move { this.release_ended(&fleet).await })
+                    .await;
             };
             // Judged first: a caller that may not act on the fleet's resources learns nothing
             // of it, not even whose it is.
@@ -255,20 +268,11 @@ impl Fleets {
             if principal.is_some() && snap.spec.record.principal.as_deref() != principal {
                 return Err(Error::OtherPrincipalsFleet);
             }
-            // In a task of the service's own: once the keys are deleted nothing else releases
-            // the grants, so a caller going away must not stop it half-way.
-            // (As an acquire's attempt is, in `lease/attempt.rs`; in the request's span, so its
-            // etcd calls join the request's trace.)
-            let (answer, answered) = tokio::sync::oneshot::channel();
             let this = self.clone();
-            self.inner.tracker.spawn(
-                async move {
-                    let _ = answer.send(this.end(&snap).await);
-                }
-                .in_current_span(),
-            );
-            let ended = answered.await.unwrap_or(Err(Error::ShuttingDown));
-            if ended? {
+            if self
+                .unstoppable(async move { this.end(&snap).await })
+                .await?
+            {
                 tracing::info!(%fleet, "fleet ended");
                 return Ok(());
             }
@@ -276,9 +280,51 @@ impl Fleets {
         Err(Error::FleetChanged)
     }
 
+    /// Runs `work` in a task of the service's own, and waits for its answer: once a fleet's
+    /// keys are deleted only its index says what to release, so a caller going away must not
+    /// stop that half-way. (As an acquire's attempt is, in `lease/attempt.rs`; in the
+    /// request's span, so its etcd calls join the request's trace.)
+    async fn unstoppable<T: Send + 'static>(
+        &self,
+        work: impl std::future::Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        self.inner.tracker.spawn(
+            async move {
+                let _ = answer.send(work.await);
+            }
+            .in_current_span(),
+        );
+        answered.await.unwrap_or(Err(Error::ShuttingDown))
+    }
+
     /// Ends the fleet `snap` read, if its spec is still the one read (`false` otherwise): its
-    /// keys go in one guarded delete, then its grants are released.
+    /// keys go in one guarded delete that marks the fleet as ending, then its grants are
+    /// released.
     pub(super) async fn end(&self, snap: &Snapshot) -> Result<bool> {
+        if !self.end_keys(snap).await? {
+            return Ok(false);
+        }
+        self.release_ended(&snap.fleet).await?;
+        // A grant made by a replica that kept no index (an earlier version) is one of the
+        // spec's resources: read after the delete, at the latest revision, so none made
+        // before it escapes.
+        let owned = self.owned_at(snap, snap.watched(), 0).await?;
+        let mut ends = Vec::new();
+        for (resource, o) in &owned {
+            if !matches!(o.held.holder, assign::Holder::Foreign) {
+                ends.push(o.revoke(&self.inner.parts.leases, &snap.fleet, resource));
+            }
+        }
+        try_all(ends).await?;
+        Ok(true)
+    }
+
+    /// The first step of [`Fleets::end`]: the fleet's keys deleted if its spec is unchanged,
+    /// and `{prefix}fleet-ending/{fleet}` written in the same revision (its value the Unix ms
+    /// it began at). After it no grant can be made under the fleet: each compares the member's
+    /// record, the spec and the assignment.
+    pub(super) async fn end_keys(&self, snap: &Snapshot) -> Result<bool> {
         let layout = &self.inner.parts.layout;
         let guard = Unchanged {
             key: &layout.fleet_spec(&snap.fleet),
@@ -286,33 +332,106 @@ impl Fleets {
         };
         let owner =
             (snap.spec.record.principal.as_deref()).map(|p| layout.fleet_owner(p, &snap.fleet));
+        let (ending, began) = (layout.fleet_ending(&snap.fleet), unix_millis().to_string());
         let deleted = self
             .inner
             .parts
             .etcd
-            .delete_prefix_if(&layout.fleet(&snap.fleet), owner.as_deref(), guard)
+            .delete_prefix_if(
+                &layout.fleet(&snap.fleet),
+                owner.as_deref(),
+                (&ending, began.as_bytes()),
+                guard,
+            )
             .await?;
-        if !deleted {
-            return Ok(false);
-        }
-        // Read after the delete, at the latest revision: a grant made since the snapshot (its
-        // guards held until the delete) is seen, and none can follow the delete.
-        let owned = self.owned_at(snap, snap.watched(), 0).await?;
+        Ok(deleted.is_some())
+    }
+
+    /// Releases every grant an ended incarnation of `fleet` made: those its index names,
+    /// created before the end's revision (a fleet of the same name made since has its own),
+    /// each only if still that grant; then its end's key goes. Safe to repeat and to run on
+    /// several replicas at once: nothing if `fleet` is not ending.
+    pub(super) async fn release_ended(&self, fleet: &str) -> Result<()> {
+        let (parts, layout) = (&self.inner.parts, &self.inner.parts.layout);
+        let ending = layout.fleet_ending(fleet);
+        let Some(mark) = parts.etcd.get(&ending).await? else {
+            return Ok(());
+        };
+        let ended_at = mark.mod_revision();
+        let index = parts.etcd.list(&layout.fleet_grants(fleet), 1_000).await?;
+        let prefix = layout.fleet_grants(fleet);
         let mut ends = Vec::new();
-        for (resource, o) in &owned {
-            if !matches!(o.held.holder, assign::Holder::Foreign) {
-                ends.push(o.revoke(&self.inner.parts.leases, resource));
+        for kv in &index.kvs {
+            let key = std::str::from_utf8(kv.key()).ok();
+            let resource = key.and_then(|k| k.strip_prefix(&prefix));
+            let (Some(key), Some(resource)) = (key, resource) else {
+                continue;
+            };
+            if kv.create_revision() >= ended_at {
+                continue;
+            }
+            let principal = std::str::from_utf8(kv.value())
+                .ok()
+                .filter(|p| !p.is_empty());
+            ends.push(async move {
+                let (revision, lease) = (kv.create_revision(), kv.lease());
+                let revoked = (parts.leases)
+                    .revoke_assigned((fleet, resource), revision, lease, principal)
+                    .await?;
+                if !revoked {
+                    // Ended already (released, or its session gone): only the index is left.
+                    let unchanged = Unchanged {
+                        key,
+                        mod_revision: kv.mod_revision(),
+                    };
+                    parts.etcd.delete_if_unchanged(unchanged).await?;
+                }
+                Ok(())
+            });
+        }
+        try_all(ends).await?;
+        let unchanged = Unchanged {
+            key: &ending,
+            mod_revision: ended_at,
+        };
+        parts.etcd.delete_if_unchanged(unchanged).await?;
+        tracing::debug!(%fleet, "an ended fleet's grants are released");
+        Ok(())
+    }
+
+    /// Finishes every fleet's end that began more than `grace` ago and has not finished: the
+    /// ones whose replica stopped half-way. The driver calls it now and then.
+    pub(super) async fn finish_ends(&self, grace: std::time::Duration) -> Result<()> {
+        let layout = &self.inner.parts.layout;
+        let listed = (self.inner.parts.etcd)
+            .list(layout.fleets_ending(), 1_000)
+            .await?;
+        let now = u128::from(unix_millis());
+        for kv in &listed.kvs {
+            let began = std::str::from_utf8(kv.value())
+                .ok()
+                .and_then(|v| v.parse::<u128>().ok())
+                .unwrap_or(0);
+            let fleet = std::str::from_utf8(kv.key())
+                .ok()
+                .and_then(|k| k.strip_prefix(layout.fleets_ending()));
+            if let Some(fleet) = fleet.filter(|_| now.saturating_sub(began) >= grace.as_millis()) {
+                tracing::info!(%fleet, "finishing a fleet's end another replica left half-way");
+                self.release_ended(fleet).await?;
             }
         }
-        // All at once (as a decision's revocations are), each tried: the first error, if any,
-        // is the answer, and the grants it left end with their members' sessions.
-        let ended: Vec<Result<bool>> = futures::stream::iter(ends)
-            .buffer_unordered(IN_FLIGHT)
-            .collect()
-            .await;
-        ended.into_iter().collect::<Result<Vec<bool>>>()?;
-        Ok(true)
+        Ok(())
     }
+}
+
+/// Runs `tasks` [`IN_FLIGHT`] at a time, each to its end; the first error, if any. The grants
+/// an error leaves end with their members' sessions, or with the next try.
+async fn try_all<T>(tasks: Vec<impl std::future::Future<Output = Result<T>>>) -> Result<()> {
+    let done: Vec<Result<T>> = futures::stream::iter(tasks)
+        .buffer_unordered(IN_FLIGHT)
+        .collect()
+        .await;
+    done.into_iter().find_map(Result::err).map_or(Ok(()), Err)
 }
 
 #[cfg(test)]

@@ -106,6 +106,43 @@ impl Fixture {
         listed.kvs.len()
     }
 
+    /// The keys of the fleet's index of its grants, and whether its end's key is there.
+    async fn index_left(&self) -> (usize, bool) {
+        let (etcd, layout) = (
+            &self.fleets.inner.parts.etcd,
+            &self.fleets.inner.parts.layout,
+        );
+        let index = (etcd.list(&layout.fleet_grants(FLEET), 1_000).await).expect("listed");
+        let ending = (etcd.get(&layout.fleet_ending(FLEET)).await).expect("read");
+        (index.kvs.len(), ending.is_some())
+    }
+
+    /// The fleet as it is now.
+    async fn snapshot(&self) -> super::records::Snapshot {
+        (self.fleets.snapshot(FLEET).await)
+            .expect("the fleet is read")
+            .expect("the fleet exists")
+    }
+
+    /// Makes (or changes) the fleet to `resources`.
+    async fn put(&self, resources: &[&str]) {
+        let spec = SpecChange {
+            resources: resources.iter().map(|r| (*r).to_owned()).collect(),
+            drain_ms: None,
+            max_moves: None,
+        };
+        (self.fleets.put(FLEET, &spec, None).await).expect("the fleet is written");
+    }
+
+    /// Joins `members`, then decides and carries the decision out.
+    async fn granted(&self, members: &[&str]) {
+        for m in members {
+            self.join(m).await;
+        }
+        let decided = self.decide().await;
+        self.fleets.act(decided).await;
+    }
+
     /// Who holds each held resource now.
     async fn holders(&self) -> BTreeMap<String, Holder> {
         let snap = (self.fleets.snapshot(FLEET).await)
@@ -215,4 +252,108 @@ async fn a_fleets_end_goes_on_when_its_caller_goes_away() {
         fixture.holders_left().await == 0
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_end_whose_replica_stopped_after_the_delete_is_finished() {
+    let fixture = Fixture::new(&["r1", "r2", "r3"]).await;
+    fixture.granted(&["a"]).await;
+    assert_eq!(fixture.index_left().await, (3, false));
+    // The replica ending it stops right after the delete: the keys are gone, the grants not.
+    let snap = fixture.snapshot().await;
+    assert!(fixture.fleets.end_keys(&snap).await.expect("deleted"));
+    assert_eq!(fixture.holders_left().await, 3);
+    assert_eq!(fixture.index_left().await, (3, true));
+    // Another replica leaves an end that began a moment ago to its own replica…
+    let patient = fixture.fleets.finish_ends(Duration::from_secs(3_600));
+    patient.await.expect("the ends are read");
+    assert_eq!(
+        fixture.holders_left().await,
+        3,
+        "a young end was taken over"
+    );
+    // …and finishes one older than its grace.
+    let finished = fixture.fleets.finish_ends(Duration::ZERO);
+    finished.await.expect("the end is finished");
+    assert_eq!(
+        fixture.holders_left().await,
+        0,
+        "grants outlived a half-done end"
+    );
+    assert_eq!(fixture.index_left().await, (0, false));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_that_finds_the_fleet_gone_answers_once_its_grants_are() {
+    let fixture = Fixture::new(&["r1", "r2"]).await;
+    fixture.granted(&["a"]).await;
+    // A first DELETE (or a replica that stopped) deleted the keys and has not released yet.
+    let snap = fixture.snapshot().await;
+    assert!(fixture.fleets.end_keys(&snap).await.expect("deleted"));
+    // A second DELETE, or the first retried: its answer means the grants are gone.
+    (fixture.fleets.delete(FLEET, None, &anyone).await).expect("the fleet ends");
+    assert_eq!(
+        fixture.holders_left().await,
+        0,
+        "a DELETE answered with grants still held"
+    );
+    assert_eq!(fixture.index_left().await, (0, false));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_deletes_at_once_answer_once_every_grant_is_released() {
+    let names: Vec<String> = (0..1_000).map(|i| format!("r{i}")).collect();
+    let resources: Vec<&str> = names.iter().map(String::as_str).collect();
+    let fixture = Fixture::new(&resources).await;
+    fixture.granted(&["a", "b"]).await;
+    assert_eq!(fixture.holders_left().await, 1_000);
+    let first = fixture.fleets.delete(FLEET, None, &anyone);
+    let second = fixture.fleets.delete(FLEET, None, &anyone);
+    tokio::pin!(first, second);
+    // Whichever answers first (the one that lost the delete, most often): nothing is held
+    // by then.
+    let answered = tokio::select! {
+        a = &mut first => a,
+        b = &mut second => b,
+    };
+    answered.expect("the fleet ends");
+    assert_eq!(
+        fixture.holders_left().await,
+        0,
+        "a DELETE answered while the other was still releasing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spec_shrunk_just_before_the_end_leaves_no_grant() {
+    let fixture = Fixture::new(&["r1", "r2", "r3", "r4"]).await;
+    fixture.granted(&["a"]).await;
+    // The spec loses three resources; no replica has revoked their grants yet.
+    fixture.put(&["r1"]).await;
+    (fixture.fleets.delete(FLEET, None, &anyone).await).expect("the fleet ends");
+    assert_eq!(
+        fixture.holders_left().await,
+        0,
+        "grants of resources the spec no longer named outlived the fleet"
+    );
+    assert_eq!(fixture.index_left().await, (0, false));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finishing_an_end_leaves_a_fleet_made_since_under_the_same_name() {
+    let fixture = Fixture::new(&["r1"]).await;
+    fixture.granted(&["a"]).await;
+    let snap = fixture.snapshot().await;
+    assert!(fixture.fleets.end_keys(&snap).await.expect("deleted"));
+    // Made again, with a grant of its own, before the first end is finished.
+    fixture.put(&["r2"]).await;
+    fixture.granted(&["b"]).await;
+    assert!(fixture.held("r1").await && fixture.held("r2").await);
+    (fixture.fleets.release_ended(FLEET).await).expect("the first end finishes");
+    assert!(!fixture.held("r1").await, "the ended fleet's grant is left");
+    assert!(
+        fixture.held("r2").await,
+        "finishing an end released a grant of the fleet made since"
+    );
+    assert_eq!(fixture.index_left().await, (1, false));
 }

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use super::session::SessionRecord;
 use super::{unix_millis, HolderRecord, Leases};
-use crate::etcd::{prefix_end, Guarded, Quota, RangeCount, Unchanged};
+use crate::etcd::{prefix_end, Companion, Guarded, Quota, RangeCount, Unchanged};
 use crate::{Error, Result};
 
 /// A grant the service makes on a member's session.
@@ -98,6 +98,7 @@ impl Leases {
         };
         let value = record.encode();
         let key = self.key(g.resource);
+        let fleet_index = self.layout.fleet_grant(g.fleet, g.resource);
         let created = self
             .commit
             .create_guarded(Guarded {
@@ -106,6 +107,11 @@ impl Leases {
                 lease: g.session,
                 guards: g.guards,
                 quota,
+                alongside: Companion {
+                    key: &fleet_index,
+                    value: principal.unwrap_or_default().as_bytes(),
+                    lease: g.session,
+                },
             })
             .await;
         let revision = match created {
@@ -113,7 +119,8 @@ impl Leases {
             Ok(None) => return Ok(None),
             Err(e) => {
                 // Perhaps created: deleted if it is exactly this record.
-                self.forget_value(key, value, index, session.ttl_seconds);
+                let also = index.into_iter().chain([fleet_index]).collect();
+                self.forget_value(key, value, also, session.ttl_seconds);
                 return Err(e);
             }
         };
@@ -129,15 +136,15 @@ impl Leases {
         Ok(Some(Assigned { revision }))
     }
 
-    /// Ends the grant of `resource` created at `revision` on `lease` (a session's), if it is
-    /// still that one: a fleet's revocation at a hand-off's deadline, of an evicted member's
-    /// grant, or of one that left the fleet. Written as a release (its marker goes with the
-    /// delete), so the event stream says `released`: the service released it on the holder's
-    /// behalf; the held quota's index key of its `principal` goes with it. Whether this call
-    /// ended it.
+    /// Ends `fleet`'s grant of `resource` created at `revision` on `lease` (a session's), if it
+    /// is still that one: a fleet's revocation at a hand-off's deadline, of an evicted member's
+    /// grant, of one that left the fleet, or at the fleet's end. Written as a release (its
+    /// marker goes with the delete), so the event stream says `released`: the service released
+    /// it on the holder's behalf; the held quota's index key of its `principal` and the fleet's
+    /// index key go with it. Whether this call ended it.
     pub(crate) async fn revoke_assigned(
         &self,
-        resource: &str,
+        (fleet, resource): (&str, &str),
         revision: i64,
         lease: i64,
         principal: Option<&str>,
@@ -147,12 +154,18 @@ impl Leases {
         // none rather than one that would outlive it.
         let marker = (lease != 0).then(|| self.markers.released(resource, revision, lease));
         let index = self.index_key(principal, resource);
+        let fleet_index = self.layout.fleet_grant(fleet, resource);
+        let also: Vec<&str> = index
+            .iter()
+            .map(String::as_str)
+            .chain([&*fleet_index])
+            .collect();
         let ended = self
             .commit
             .delete_if_created(
                 &self.key(resource),
                 revision,
-                index.as_deref(),
+                &also,
                 marker.as_ref().map(|m| m.put()),
             )
             .await;
@@ -189,17 +202,11 @@ impl Leases {
         Ok(ended)
     }
 
-    /// Deletes `key` if it holds exactly `value` (and `index`), in the background, for as long
+    /// Deletes `key` if it holds exactly `value` (and `also`), in the background, for as long
     /// as a session of `ttl` seconds could live without a keepalive: the clean-up after a
     /// create on a session's lease whose outcome is unknown (the session's end deletes the key
     /// anyway).
-    pub(super) fn forget_value(
-        &self,
-        key: String,
-        value: Vec<u8>,
-        index: Option<String>,
-        ttl: u64,
-    ) {
+    pub(super) fn forget_value(&self, key: String, value: Vec<u8>, also: Vec<String>, ttl: u64) {
         let this = self.clone();
         let give_up = Instant::now() + Duration::from_secs(ttl.max(1));
         self.tracker.spawn(async move {
@@ -207,7 +214,7 @@ impl Leases {
             loop {
                 match this
                     .commit
-                    .delete_if_value(&key, &value, index.as_deref())
+                    .delete_if_value(&key, &value, &also.iter().map(String::as_str).collect::<Vec<_>>())
                     .await
                 {
                     Ok(_) => return,

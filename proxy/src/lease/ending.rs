@@ -87,7 +87,7 @@ impl Leases {
             let index = self.index_key(principal, resource);
             if let Err(e) = self
                 .commit
-                .delete_if_created(&key, revision, index.as_deref(), None)
+                .delete_if_created(&key, revision, index.as_deref().as_slice(), None)
                 .await
             {
                 // It ends with its session at the latest.
@@ -105,6 +105,6 @@ impl Leases {
     /// if it holds this attempt's record, in the background (the client has its error).
     pub(super) fn forget_unknown(&self, key: String, value: Vec<u8>, req: &Acquire) {
         let index = self.index_key(req.principal.as_deref(), &req.resource);
-        self.forget_value(key, value, index, req.ttl_seconds);
+        self.forget_value(key, value, index.into_iter().collect(), req.ttl_seconds);
     }
 }

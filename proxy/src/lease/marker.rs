@@ -190,13 +190,14 @@ impl Leases {
     ) -> Result<bool> {
         let marker = self.markers.released(resource, revision, record.lease_id);
         let index = self.index_key(record.principal.as_deref(), resource);
+        // A fleet's grant leaves the fleet's index of its grants with it.
+        let fleet_index = (record.fleet.as_deref()).map(|f| self.layout.fleet_grant(f, resource));
+        let also: Vec<&str> = [index.as_deref(), fleet_index.as_deref()]
+            .into_iter()
+            .flatten()
+            .collect();
         self.commit
-            .delete_if_created(
-                &self.key(resource),
-                revision,
-                index.as_deref(),
-                Some(marker.put()),
-            )
+            .delete_if_created(&self.key(resource), revision, &also, Some(marker.put()))
             .await
     }
 

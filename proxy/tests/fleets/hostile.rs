@@ -175,6 +175,20 @@ async fn hostile_requests_are_refused_and_change_nothing() {
     )
     .await;
     refused(status, &body, (400, "invalid-field"));
+    // A revision past 63 bits, signed, or with a leading zero: refused, as the schema says.
+    let view_after = |after: &str| {
+        as_(
+            http().get(format!("{}?after={after}&wait_ms=0", member("m1"))),
+            "bob-token",
+        )
+        .header("lease-secret", secret(&m1))
+    };
+    for after in ["9223372036854775808", "-1", "+1", "01", ""] {
+        let (status, body) = send(view_after(after)).await;
+        refused(status, &body, (400, "invalid-field"));
+    }
+    let (status, body) = send(view_after("9223372036854775807")).await;
+    assert_eq!(status, 200, "the largest revision was refused: {body}");
     assert_eq!(
         state(&etcd).await,
         before,

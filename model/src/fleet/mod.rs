@@ -20,6 +20,10 @@ use std::fmt::Write as _;
 use lease_proxy::fleet_model::{self as door, Plan};
 use stateright::{Model, Property};
 
+mod end;
+
+pub use end::Delete;
+
 /// A member's standing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Standing {
@@ -62,6 +66,12 @@ pub enum Mutation {
     /// The fleet's end releases the grants as its snapshot read them, before its delete,
     /// instead of those there after the delete: a grant made in between outlives the fleet.
     EndReleasesWhatItRead,
+    /// A `DELETE` that finds the fleet gone answers at once, without releasing what an end
+    /// under way (or one whose replica stopped) has not released yet.
+    DeleteAnswersAFleetGone,
+    /// No replica finishes an end another began: an end whose replica dies after its delete
+    /// leaves the fleet's grants held.
+    EndLeftToItsReplica,
 }
 
 /// The model's bounds.
@@ -79,9 +89,9 @@ pub struct Fleet {
     pub settle_from: u8,
     /// The drain deadline and the session TTL.
     pub drain: u8,
-    /// Whether the fleet may be ended (`DELETE /v1/fleets/{fleet}`), once.
-    pub ends: bool,
-    /// Whether the replica ending it may die between its delete and its releases.
+    /// How many `DELETE /v1/fleets/{fleet}` requests race to end the fleet (0: it never ends).
+    pub deletes: u8,
+    /// Whether a replica serving a `DELETE` may die between its delete and its releases.
     pub end_dies: bool,
     /// The broken variant, if any.
     pub mutation: Option<Mutation>,
@@ -97,7 +107,7 @@ impl Fleet {
             changes: 2,
             settle_from: 2,
             drain: 1,
-            ends: false,
+            deletes: 0,
             end_dies: false,
             mutation: None,
         }
@@ -196,11 +206,12 @@ pub struct State {
     pub double_grant: bool,
     /// A grant was made to a member whose process had died (its session not yet lapsed).
     pub granted_to_dead: bool,
-    /// The fleet's end is under way: what its first read found (the grants, as the broken
-    /// variant releases them), until its releases are done or its replica dies.
-    pub ending: Option<Vec<Option<(u8, u8)>>>,
     /// The fleet's keys are deleted.
     pub ended: bool,
+    /// Its end's key (`{prefix}fleet-ending/{fleet}`) is there: the end is not finished.
+    pub ending: bool,
+    /// Each `DELETE` request's progress.
+    pub deletes: Vec<Delete>,
 }
 
 /// A replica's plan being carried out, with what its grants are guarded by: the revisions of
@@ -237,14 +248,18 @@ pub enum Action {
     Carry(u8),
     /// A live member releases a resource assigned away from it.
     Release(u8, u8),
-    /// The fleet's end reads the fleet (`proxy/src/fleet/spec.rs`, `delete`).
-    EndRead,
-    /// The fleet's end deletes its keys, guarded by the spec read (`spec.rs`, `end`).
-    EndDelete,
-    /// The fleet's end releases its grants (`end`, after the delete).
-    EndRelease,
-    /// The replica ending the fleet dies after the delete, before the releases.
-    EndDies,
+    /// A `DELETE` reads the fleet (`proxy/src/fleet/spec.rs`, `delete`).
+    EndRead(u8),
+    /// A `DELETE` that found the fleet deletes its keys and writes its end's key, guarded by
+    /// the spec read (`spec.rs`, `end_keys`); it reads again if the guard fails.
+    EndDelete(u8),
+    /// A `DELETE` releases what the fleet's index names, deletes its end's key (`spec.rs`,
+    /// `release_ended`), and answers.
+    EndRelease(u8),
+    /// The replica serving a `DELETE` dies after its delete, before its releases.
+    EndDies(u8),
+    /// A replica's driver finishes an end that is not finished (`spec.rs`, `finish_ends`).
+    FinishEnd,
 }
 
 impl Fleet {
@@ -304,22 +319,6 @@ impl Fleet {
         Some(())
     }
 
-    /// The fleet's end releases its grants, each a compare-and-delete on the revision read
-    /// after the delete (or, broken, as the end's first read found them).
-    fn released(&self, s: &mut State) {
-        let read = s.ending.take().unwrap_or_default();
-        let released = if self.mutation == Some(Mutation::EndReleasesWhatItRead) {
-            read
-        } else {
-            s.holders.clone()
-        };
-        for (r, grant) in released.into_iter().enumerate() {
-            if grant.is_some() && s.holders[r] == grant {
-                s.holders[r] = None;
-            }
-        }
-    }
-
     /// Every grant of member `m` ends (its session closed or lapsed, or it was evicted).
     fn end_session(&self, s: &mut State, m: u8) {
         for h in s.holders.iter_mut() {
@@ -374,8 +373,9 @@ impl Model for Fleet {
             last: vec![None; r],
             double_grant: false,
             granted_to_dead: false,
-            ending: None,
             ended: false,
+            ending: false,
+            deletes: vec![Delete::Idle; self.deletes as usize],
         }]
     }
 
@@ -383,19 +383,7 @@ impl Model for Fleet {
         if s.now < self.horizon() {
             actions.push(Action::Tick);
         }
-        if self.ends {
-            match (s.ended, &s.ending) {
-                (false, None) => actions.push(Action::EndRead),
-                (false, Some(_)) => actions.push(Action::EndDelete),
-                (true, Some(_)) => {
-                    actions.push(Action::EndRelease);
-                    if self.end_dies {
-                        actions.push(Action::EndDies);
-                    }
-                }
-                (true, None) => {}
-            }
-        }
+        self.end_actions(s, actions);
         if s.changes > 0 && s.now < self.settle_from && !s.ended {
             for m in 0..self.members {
                 match s.members[m as usize] {
@@ -483,17 +471,11 @@ impl Model for Fleet {
                     s.holders[r as usize] = None;
                 }
             }
-            Action::EndRead => s.ending = Some(s.holders.clone()),
-            Action::EndDelete => {
-                // The keys go: every guard a grant compares has moved.
-                s.ended = true;
-                s.assignment_rev += 1;
-                for rev in s.member_revs.iter_mut() {
-                    *rev += 1;
-                }
-            }
-            Action::EndRelease => self.released(&mut s),
-            Action::EndDies => s.ending = None,
+            Action::EndRead(d)
+            | Action::EndDelete(d)
+            | Action::EndRelease(d)
+            | Action::EndDies(d) => self.end_step(&mut s, action, d),
+            Action::FinishEnd => self.release_index(&mut s, None),
         }
         Some(s)
     }
@@ -506,10 +488,33 @@ impl Model for Fleet {
             Property::always("no resource moves twice for one change", |_, s: &State| {
                 s.moves.iter().all(|&m| m <= 1)
             }),
-            Property::always("nothing held once the fleet has ended", |_, s: &State| {
-                let over = s.ended && s.ending.is_none();
-                !over || s.holders.iter().all(Option::is_none)
+            Property::always(
+                "nothing held once the fleet's end is done",
+                |_, s: &State| {
+                    let done = s.ended && !s.ending;
+                    !done || s.holders.iter().all(Option::is_none)
+                },
+            ),
+            Property::always("a DELETE answers once nothing is held", |_, s: &State| {
+                let answered = s.deletes.contains(&Delete::Answered);
+                !answered || s.holders.iter().all(Option::is_none)
             }),
+            Property::always(
+                "settled: nothing held once the fleet has ended",
+                |m: &Fleet, s: &State| {
+                    let mut actions = Vec::new();
+                    m.actions(s, &mut actions);
+                    !actions.is_empty() || !s.ended || s.holders.iter().all(Option::is_none)
+                },
+            ),
+            Property::always(
+                "settled: no end is left unfinished",
+                |m: &Fleet, s: &State| {
+                    let mut actions = Vec::new();
+                    m.actions(s, &mut actions);
+                    !actions.is_empty() || !s.ending
+                },
+            ),
             Property::always(
                 "settled: every resource held by an active member",
                 |m: &Fleet, s: &State| {
