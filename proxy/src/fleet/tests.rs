@@ -357,3 +357,17 @@ async fn finishing_an_end_leaves_a_fleet_made_since_under_the_same_name() {
     );
     assert_eq!(fixture.index_left().await, (1, false));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_revoked_leaves_the_fleets_index_with_it() {
+    let fixture = Fixture::new(&["r1", "r2"]).await;
+    fixture.granted(&["a"]).await;
+    assert_eq!(fixture.index_left().await, (2, false));
+    (fixture.fleets.evict(FLEET, "a", &anyone).await).expect("evicted");
+    assert_eq!(fixture.holders_left().await, 0);
+    assert_eq!(
+        fixture.index_left().await,
+        (0, false),
+        "a revoked grant's index key outlived it"
+    );
+}
