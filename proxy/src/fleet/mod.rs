@@ -26,6 +26,7 @@ mod views;
 
 use std::sync::Arc;
 
+use futures::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -62,6 +63,18 @@ pub(crate) struct Parts {
     pub(crate) metrics: Arc<Metrics>,
     /// The fleets one principal may have made (`--quota-fleets`; `None`: no bound).
     pub(crate) quota: Option<usize>,
+}
+
+/// Grants (or revocations) of one decision, or of a fleet's end, in flight at once.
+const IN_FLIGHT: usize = 256;
+
+/// Runs `tasks` at most [`IN_FLIGHT`] at a time, each to its end; their outcomes, in the order
+/// they finished.
+async fn each<T>(tasks: Vec<impl std::future::Future<Output = T>>) -> Vec<T> {
+    futures::stream::iter(tasks)
+        .buffer_unordered(IN_FLIGHT)
+        .collect()
+        .await
 }
 
 /// The fleet service of this replica. Cheap to clone.

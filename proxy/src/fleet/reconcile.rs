@@ -12,18 +12,13 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use futures::StreamExt as _;
-
 use super::assign::{self, Input, Plan};
 use super::records::{encode, AssignmentRecord, MemberRecord, Read, Snapshot};
-use super::{Fleets, Owned};
+use super::{each, Fleets, Owned};
 use crate::audit::{Event, Kind};
 use crate::etcd::Unchanged;
 use crate::lease::{is_session_gone, OnSession};
 use crate::Result;
-
-/// Grants (or revocations) of one decision, or of a fleet's end, in flight at once.
-pub(super) const IN_FLIGHT: usize = 256;
 
 /// What one decision came to.
 #[derive(Debug)]
@@ -213,7 +208,7 @@ impl Fleets {
             .iter()
             .map(|revoke| self.revoke_one(snap, revoke, owned.get(&revoke.resource)))
             .collect();
-        all(revokes).await
+        each(revokes).await.into_iter().all(|ok| ok)
     }
 
     async fn revoke_one(
@@ -310,7 +305,7 @@ impl Fleets {
                 ok
             }));
         }
-        all(chains).await
+        each(chains).await.into_iter().all(|ok| ok)
     }
 
     async fn grant_one(
@@ -377,14 +372,6 @@ impl Fleets {
             }
         }
     }
-}
-
-/// Runs `tasks` at most [`IN_FLIGHT`] at a time; whether every one succeeded.
-async fn all(tasks: Vec<impl std::future::Future<Output = bool>>) -> bool {
-    futures::stream::iter(tasks)
-        .buffer_unordered(IN_FLIGHT)
-        .fold(true, |ok, one| async move { ok && one })
-        .await
 }
 
 /// Under the negative control `no-revoke-before-grant` (`crate::negative_control`): `plan`

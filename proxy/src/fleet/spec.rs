@@ -20,15 +20,13 @@
 
 use std::collections::BTreeSet;
 
-use futures::StreamExt as _;
 use serde::Serialize;
 use tracing::Instrument as _;
 
-use super::reconcile::IN_FLIGHT;
 use super::records::{
     encode, Snapshot, SpecRecord, DEFAULT_DRAIN_MS, MAX_DRAIN_MS, MAX_NAME_BYTES, MAX_RESOURCES,
 };
-use super::{assign, Fleets};
+use super::{assign, each, Fleets};
 use crate::etcd::{Counted, Unchanged};
 use crate::lease::{i64_string, unix_millis, validate};
 use crate::{Error, QuotaKind, Result};
@@ -316,7 +314,9 @@ impl Fleets {
                 ends.push(o.revoke(&self.inner.parts.leases, &snap.fleet, resource));
             }
         }
-        try_all(ends).await?;
+        // Each tried: the first error, if any, is the answer; what it left ends with the next
+        // try, or with its member's session.
+        each(ends).await.into_iter().collect::<Result<Vec<_>>>()?;
         Ok(true)
     }
 
@@ -389,7 +389,9 @@ impl Fleets {
                 Ok(())
             });
         }
-        try_all(ends).await?;
+        // Each tried: the first error, if any, is the answer; what it left ends with the next
+        // try, or with its member's session.
+        each(ends).await.into_iter().collect::<Result<Vec<_>>>()?;
         let unchanged = Unchanged {
             key: &ending,
             mod_revision: ended_at,
@@ -422,16 +424,6 @@ impl Fleets {
         }
         Ok(())
     }
-}
-
-/// Runs `tasks` [`IN_FLIGHT`] at a time, each to its end; the first error, if any. The grants
-/// an error leaves end with their members' sessions, or with the next try.
-async fn try_all<T>(tasks: Vec<impl std::future::Future<Output = Result<T>>>) -> Result<()> {
-    let done: Vec<Result<T>> = futures::stream::iter(tasks)
-        .buffer_unordered(IN_FLIGHT)
-        .collect()
-        .await;
-    done.into_iter().find_map(Result::err).map_or(Ok(()), Err)
 }
 
 #[cfg(test)]
