@@ -300,31 +300,39 @@ impl Fleets {
     /// keys go in one guarded delete that marks the fleet as ending, then its grants are
     /// released.
     pub(super) async fn end(&self, snap: &Snapshot) -> Result<bool> {
-        if !self.end_keys(snap).await? {
+        let Some(ended_at) = self.end_keys(snap).await? else {
             return Ok(false);
-        }
+        };
         self.release_ended(&snap.fleet).await?;
-        // A grant made by a replica that kept no index (an earlier version) is one of the
-        // spec's resources: read after the delete, at the latest revision, so none made
-        // before it escapes.
+        self.release_unindexed(snap, ended_at).await?;
+        Ok(true)
+    }
+
+    /// Releases the grants of the fleet `snap` read that its index may not name: made by a
+    /// replica of an earlier version, which kept none. Each is one of the spec's resources,
+    /// read after the delete at the latest revision, so none made before it escapes; a grant
+    /// created at or after `ended_at` (the delete's revision) is a fleet's made again under
+    /// the name, and stays.
+    pub(super) async fn release_unindexed(&self, snap: &Snapshot, ended_at: i64) -> Result<()> {
         let owned = self.owned_at(snap, snap.watched(), 0).await?;
         let mut ends = Vec::new();
         for (resource, o) in &owned {
-            if !matches!(o.held.holder, assign::Holder::Foreign) {
+            let ours = !matches!(o.held.holder, assign::Holder::Foreign);
+            if ours && o.held.revision < ended_at {
                 ends.push(o.revoke(&self.inner.parts.leases, &snap.fleet, resource));
             }
         }
         // Each tried: the first error, if any, is the answer; what it left ends with the next
         // try, or with its member's session.
         each(ends).await.into_iter().collect::<Result<Vec<_>>>()?;
-        Ok(true)
+        Ok(())
     }
 
     /// The first step of [`Fleets::end`]: the fleet's keys deleted if its spec is unchanged,
     /// and `{prefix}fleet-ending/{fleet}` written in the same revision (its value the Unix ms
-    /// it began at). After it no grant can be made under the fleet: each compares the member's
-    /// record, the spec and the assignment.
-    pub(super) async fn end_keys(&self, snap: &Snapshot) -> Result<bool> {
+    /// it began at); that revision, `None` if the spec had changed. After it no grant can be
+    /// made under the fleet: each compares the member's record, the spec and the assignment.
+    pub(super) async fn end_keys(&self, snap: &Snapshot) -> Result<Option<i64>> {
         let layout = &self.inner.parts.layout;
         let guard = Unchanged {
             key: &layout.fleet_spec(&snap.fleet),
@@ -333,8 +341,7 @@ impl Fleets {
         let owner =
             (snap.spec.record.principal.as_deref()).map(|p| layout.fleet_owner(p, &snap.fleet));
         let (ending, began) = (layout.fleet_ending(&snap.fleet), unix_millis().to_string());
-        let deleted = self
-            .inner
+        self.inner
             .parts
             .etcd
             .delete_prefix_if(
@@ -343,8 +350,7 @@ impl Fleets {
                 (&ending, began.as_bytes()),
                 guard,
             )
-            .await?;
-        Ok(deleted.is_some())
+            .await
     }
 
     /// Releases every grant an ended incarnation of `fleet` made: those its index names,

@@ -261,7 +261,8 @@ async fn an_end_whose_replica_stopped_after_the_delete_is_finished() {
     assert_eq!(fixture.index_left().await, (3, false));
     // The replica ending it stops right after the delete: the keys are gone, the grants not.
     let snap = fixture.snapshot().await;
-    assert!(fixture.fleets.end_keys(&snap).await.expect("deleted"));
+    let ended = fixture.fleets.end_keys(&snap).await.expect("deleted");
+    assert!(ended.is_some(), "the spec changed");
     assert_eq!(fixture.holders_left().await, 3);
     assert_eq!(fixture.index_left().await, (3, true));
     // Another replica leaves an end that began a moment ago to its own replica…
@@ -289,7 +290,8 @@ async fn a_delete_that_finds_the_fleet_gone_answers_once_its_grants_are() {
     fixture.granted(&["a"]).await;
     // A first DELETE (or a replica that stopped) deleted the keys and has not released yet.
     let snap = fixture.snapshot().await;
-    assert!(fixture.fleets.end_keys(&snap).await.expect("deleted"));
+    let ended = fixture.fleets.end_keys(&snap).await.expect("deleted");
+    assert!(ended.is_some(), "the spec changed");
     // A second DELETE, or the first retried: its answer means the grants are gone.
     (fixture.fleets.delete(FLEET, None, &anyone).await).expect("the fleet ends");
     assert_eq!(
@@ -344,7 +346,8 @@ async fn finishing_an_end_leaves_a_fleet_made_since_under_the_same_name() {
     let fixture = Fixture::new(&["r1"]).await;
     fixture.granted(&["a"]).await;
     let snap = fixture.snapshot().await;
-    assert!(fixture.fleets.end_keys(&snap).await.expect("deleted"));
+    let ended = fixture.fleets.end_keys(&snap).await.expect("deleted");
+    assert!(ended.is_some(), "the spec changed");
     // Made again, with a grant of its own, before the first end is finished.
     fixture.put(&["r2"]).await;
     fixture.granted(&["b"]).await;
@@ -369,5 +372,25 @@ async fn a_grant_revoked_leaves_the_fleets_index_with_it() {
         fixture.index_left().await,
         (0, false),
         "a revoked grant's index key outlived it"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_of_a_fleet_made_again_is_not_taken_for_the_ended_ones() {
+    let fixture = Fixture::new(&["r1"]).await;
+    fixture.granted(&["a"]).await;
+    let snap = fixture.snapshot().await;
+    let ended = fixture.fleets.end_keys(&snap).await.expect("deleted");
+    let ended_at = ended.expect("the spec unchanged");
+    (fixture.fleets.release_ended(FLEET).await).expect("released");
+    // Made again over the same resource, and granted, before the old end's last pass.
+    fixture.put(&["r1"]).await;
+    fixture.granted(&["b"]).await;
+    assert!(fixture.held("r1").await);
+    let last_pass = fixture.fleets.release_unindexed(&snap, ended_at);
+    last_pass.await.expect("the last pass");
+    assert!(
+        fixture.held("r1").await,
+        "an ended fleet's last pass released a grant of the fleet made since"
     );
 }
