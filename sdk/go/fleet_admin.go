@@ -85,7 +85,7 @@ func (c *Client) GetFleet(ctx context.Context, fleet string) (*FleetView, error)
 		MaxMoves: *f.MaxMoves, Revision: *f.Revision, Members: f.Members, Unassigned: f.Unassigned}, nil
 }
 
-// DeleteFleet ends fleet: its members' grants of its resources are released.
+// DeleteFleet ends fleet: every grant it made is released before it returns.
 func (c *Client) DeleteFleet(ctx context.Context, fleet string) error {
 	_, err := c.do(ctx, call{method: http.MethodDelete, path: fleetPath(fleet)})
 	return err

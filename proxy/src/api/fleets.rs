@@ -213,7 +213,7 @@ pub(super) async fn get(
     Ok(Json(view).into_response())
 }
 
-/// Ends a fleet: its members' grants of its resources are released; idempotent.
+/// Ends a fleet: every grant it made is released before the answer; idempotent.
 #[utoipa::path(
     delete,
     path = "/v1/fleets/{fleet}",
@@ -221,7 +221,7 @@ pub(super) async fn get(
     tag = "fleets",
     params(("fleet" = inline(ResourceName), Path, description = "The fleet: the resource grammar")),
     responses(
-        (status = 204, description = "Ended, or there was no such fleet"),
+        (status = 204, description = "Ended, or there was no such fleet: either way every grant the fleet made is released"),
         (status = 400, description = "Invalid fleet"),
         (status = 403, description = "The caller may not acquire one of the resources, or the fleet is another principal's"),
         (status = 409, description = "The fleet changed meanwhile, again and again"),

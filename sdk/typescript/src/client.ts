@@ -214,7 +214,7 @@ export class Client {
     return putFleet(this.internals, fleet, spec);
   }
 
-  /** Ends `fleet`: its members' grants of its resources are released. */
+  /** Ends `fleet`: every grant it made is released before it resolves. */
   async deleteFleet(fleet: string): Promise<void> {
     return deleteFleet(this.internals, fleet);
   }

@@ -87,8 +87,8 @@ class FleetCalls:
         return protocol.parse(protocol.check(answer), FleetView.from_json)
 
     def delete_fleet(self, fleet: str) -> None:
-        """Ends ``fleet``: its members' grants of its resources are released (their sessions
-        stay). Idempotent."""
+        """Ends ``fleet``: every grant it made is released before it returns (the members'
+        sessions stay). Idempotent."""
         self._timed(protocol.Call("DELETE", protocol.fleet_path(fleet)))
 
     def drain_member(self, fleet: str, member: str) -> str:

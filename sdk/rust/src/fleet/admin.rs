@@ -156,8 +156,8 @@ impl Client {
         }
     }
 
-    /// Ends `fleet`: its members' grants of its resources are released (their sessions stay).
-    /// Idempotent.
+    /// Ends `fleet`: every grant it made is released before it returns (the members' sessions
+    /// stay). Idempotent.
     pub async fn delete_fleet(&self, fleet: &str) -> Result<()> {
         self.send(self.request(Method::DELETE, &fleet_path(fleet)))
             .await
