@@ -132,8 +132,8 @@ impl Layout {
     }
 
     /// `{prefix}fleet-grants/{fleet}/{resource}`: written on the member's session lease in the
-    /// transaction that grants `resource` (so created at the grant's token), its value the
-    /// principal the grant counts against.
+    /// transaction that grants `resource` (so its mod revision is the grant's token), its value
+    /// the principal the grant counts against.
     pub(crate) fn fleet_grant(&self, fleet: &str, resource: &str) -> String {
         format!("{}{fleet}/{resource}", self.fleet_grants)
     }

@@ -82,8 +82,9 @@ fn lower_hex(s: &[u8]) -> bool {
 /// `holders/{resource}`, `idempotency/{resource}`, `waiters/{resource}/{hex}-{hex}`, the
 /// sessions `sessions/{id}` (on lease `id`), the `/v3` lease markers `v3/leases/{id}`, each on
 /// its own lease, the release markers of the event stream, `ended/released/{id}` and
-/// `ended/closed/{id}` (on lease `id`), and the fleets' records (see [`fleet_key`]). Sentinels
-/// are not judged here.
+/// `ended/closed/{id}` (on lease `id`), the fleets' records (see [`fleet_key`]), a fleet's
+/// index of its grants `fleet-grants/{fleet}/{resource}` (on the member's session) and its
+/// end's key `fleet-ending/{fleet}` (on no lease). Sentinels are not judged here.
 pub fn foreign_key(key: &[u8], lease: i64) -> Option<String> {
     let shown = || format!("{:?}", String::from_utf8_lossy(key));
     if key.starts_with(NAMESPACE) {
@@ -124,6 +125,13 @@ pub fn foreign_key(key: &[u8], lease: i64) -> Option<String> {
         id.is_some()
     } else if let Some(rest) = own.strip_prefix(b"fleets/".as_slice()) {
         fleet_key(rest, lease)
+    } else if let Some(rest) = own.strip_prefix(b"fleet-grants/".as_slice()) {
+        // {fleet}/{resource}, on the member's session.
+        let mut parts = rest.splitn(2, |b| *b == b'/');
+        let (fleet, r) = (parts.next(), parts.next());
+        fleet.is_some_and(resource) && r.is_some_and(resource) && lease != 0
+    } else if let Some(fleet) = own.strip_prefix(b"fleet-ending/".as_slice()) {
+        resource(fleet) && lease == 0
     } else if let Some(id) = own.strip_prefix(b"sessions/".as_slice()) {
         let id = std::str::from_utf8(id)
             .ok()
@@ -293,6 +301,8 @@ mod tests {
             (b"/lease-proxy/ended/closed/1234", 1234),
             (b"/lease-proxy/fleets/aisles/spec", 0),
             (b"/lease-proxy/fleets/aisles/assignment", 0),
+            (b"/lease-proxy/fleet-grants/aisles/aisle-1", 77),
+            (b"/lease-proxy/fleet-ending/aisles", 0),
             (b"/lease-proxy/fleets/aisles/members/robot-1", 1234),
         ] {
             assert_eq!(foreign_key(key, lease), None, "{key:?}");
@@ -316,6 +326,9 @@ mod tests {
             (b"/lease-proxy/fleets/aisles/other", 0),
             (b"/lease-proxy/fleets/../spec", 0),
             (b"/lease-proxy/fleets/aisles", 0),
+            (b"/lease-proxy/fleet-grants/aisles/aisle-1", 0),
+            (b"/lease-proxy/fleet-grants/aisles", 77),
+            (b"/lease-proxy/fleet-ending/aisles", 77),
             (b"/lease-proxy/other", 0),
             (b"\0x", 0),
         ] {

@@ -354,8 +354,12 @@ impl Fleets {
     }
 
     /// Releases every grant an ended incarnation of `fleet` made: those its index names,
-    /// created before the end's revision (a fleet of the same name made since has its own),
-    /// each only if still that grant; then its end's key goes. Safe to repeat and to run on
+    /// written before the end's revision (a fleet of the same name made since has its own),
+    /// each only if still that grant; then its end's key goes.
+    ///
+    /// An index key's *mod* revision is its grant's token: the grant's transaction puts it, and
+    /// nothing else writes it while that grant lives. Its create revision may be an earlier
+    /// grant's, whose key a withdrawal or a lost answer left behind. Safe to repeat and to run on
     /// several replicas at once: nothing if `fleet` is not ending.
     pub(super) async fn release_ended(&self, fleet: &str) -> Result<()> {
         let (parts, layout) = (&self.inner.parts, &self.inner.parts.layout);
@@ -373,14 +377,14 @@ impl Fleets {
             let (Some(key), Some(resource)) = (key, resource) else {
                 continue;
             };
-            if kv.create_revision() >= ended_at {
+            if kv.mod_revision() >= ended_at {
                 continue;
             }
             let principal = std::str::from_utf8(kv.value())
                 .ok()
                 .filter(|p| !p.is_empty());
             ends.push(async move {
-                let (revision, lease) = (kv.create_revision(), kv.lease());
+                let (revision, lease) = (kv.mod_revision(), kv.lease());
                 let revoked = (parts.leases)
                     .revoke_assigned((fleet, resource), revision, lease, principal)
                     .await?;

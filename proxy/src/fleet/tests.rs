@@ -394,3 +394,27 @@ async fn a_grant_of_a_fleet_made_again_is_not_taken_for_the_ended_ones() {
         "an ended fleet's last pass released a grant of the fleet made since"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_key_left_by_a_withdrawn_grant_still_names_the_next() {
+    let fixture = Fixture::new(&["r"]).await;
+    fixture.granted(&["a"]).await;
+    // The grant is withdrawn as a failed pre-fence withdraws it: its ownership key goes, its
+    // index key stays (its create revision now an ended grant's).
+    let holder = fixture.fleets.inner.parts.layout.holder("r");
+    let mut client = fixture._etcd.client().await;
+    client.delete(holder, None).await.expect("withdrawn");
+    let decided = fixture.decide().await;
+    fixture.fleets.act(decided).await;
+    assert!(fixture.held("r").await, "granted again");
+    // The end as a retried DELETE or another replica's driver runs it: the index alone.
+    let snap = fixture.snapshot().await;
+    let ended = fixture.fleets.end_keys(&snap).await.expect("deleted");
+    assert!(ended.is_some(), "the spec changed");
+    (fixture.fleets.release_ended(FLEET).await).expect("released");
+    assert!(
+        !fixture.held("r").await,
+        "a grant whose index key an earlier grant created outlived the fleet"
+    );
+    assert_eq!(fixture.index_left().await, (0, false));
+}
