@@ -352,6 +352,16 @@ impl Fleet {
     }
 }
 
+impl Fleet {
+    /// Whether nothing is left to do in `s`: the changes are over and every step taken (the
+    /// end states of the bounded graph, which are the fair runs' ends).
+    fn quiet(&self, s: &State) -> bool {
+        let mut actions = Vec::new();
+        self.actions(s, &mut actions);
+        actions.is_empty()
+    }
+}
+
 impl Model for Fleet {
     type State = State;
     type Action = Action;
@@ -502,25 +512,17 @@ impl Model for Fleet {
             Property::always(
                 "settled: nothing held once the fleet has ended",
                 |m: &Fleet, s: &State| {
-                    let mut actions = Vec::new();
-                    m.actions(s, &mut actions);
-                    !actions.is_empty() || !s.ended || s.holders.iter().all(Option::is_none)
+                    !m.quiet(s) || !s.ended || s.holders.iter().all(Option::is_none)
                 },
             ),
             Property::always(
                 "settled: no end is left unfinished",
-                |m: &Fleet, s: &State| {
-                    let mut actions = Vec::new();
-                    m.actions(s, &mut actions);
-                    !actions.is_empty() || !s.ending
-                },
+                |m: &Fleet, s: &State| !m.quiet(s) || !s.ending,
             ),
             Property::always(
                 "settled: every resource held by an active member",
                 |m: &Fleet, s: &State| {
-                    let mut actions = Vec::new();
-                    m.actions(s, &mut actions);
-                    let quiet = actions.is_empty();
+                    let quiet = m.quiet(s);
                     let anyone = s.members.contains(&Standing::Active);
                     !quiet
                         || !anyone
