@@ -76,7 +76,8 @@ impl Layout {
         &self.ended
     }
 
-    /// `{prefix}ended/released/`: release markers, one per lease.
+    /// `{prefix}ended/released/`: release markers, one per lease (and, for a fleet's grants,
+    /// per lease and resource).
     pub(crate) fn released(&self) -> String {
         format!("{}released/", self.ended)
     }

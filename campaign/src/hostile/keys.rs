@@ -113,6 +113,15 @@ pub fn foreign_key(key: &[u8], lease: i64) -> Option<String> {
         .strip_prefix(b"ended/released/".as_slice())
         .or_else(|| own.strip_prefix(b"ended/closed/".as_slice()))
     {
+        // `{lease}`, or for a release of a fleet's grant `{lease}/{resource}`.
+        let released = own.starts_with(b"ended/released/");
+        let (id, r) = match id.iter().position(|b| *b == b'/') {
+            Some(at) if released => (&id[..at], Some(&id[at + 1..])),
+            _ => (id, None),
+        };
+        if r.is_some_and(|r| !resource(r)) {
+            return Some(format!("{} names no resource", shown()));
+        }
         let id = std::str::from_utf8(id)
             .ok()
             .and_then(|s| s.parse::<i64>().ok());
@@ -299,6 +308,7 @@ mod tests {
             (b"/lease-proxy/sessions/1234", 1234),
             (b"/lease-proxy/ended/released/9", 9),
             (b"/lease-proxy/ended/closed/1234", 1234),
+            (b"/lease-proxy/ended/released/9/aisle-1", 9),
             (b"/lease-proxy/fleets/aisles/spec", 0),
             (b"/lease-proxy/fleets/aisles/assignment", 0),
             (b"/lease-proxy/fleet-grants/aisles/aisle-1", 77),
@@ -319,6 +329,9 @@ mod tests {
             (b"/lease-proxy/sessions/x", 0),
             (b"/lease-proxy/ended/released/shard-3", 9),
             (b"/lease-proxy/ended/released/8", 9),
+            (b"/lease-proxy/ended/released/8/aisle-1", 9),
+            (b"/lease-proxy/ended/released/9/../x", 9),
+            (b"/lease-proxy/ended/closed/9/aisle-1", 9),
             (b"/lease-proxy/ended/closed/1234", 99),
             (b"/lease-proxy/ended/other", 0),
             (b"/lease-proxy/fleets/aisles/spec", 9),

@@ -152,7 +152,8 @@ impl Leases {
         self.holders.releasing(resource, revision);
         // A marker lives on the grant's lease; a grant on no lease (never the fleet's) gets
         // none rather than one that would outlive it.
-        let marker = (lease != 0).then(|| self.markers.released(resource, revision, lease));
+        let marker =
+            (lease != 0).then(|| (self.markers).released_in_fleet(resource, revision, lease));
         let index = self.index_key(principal, resource);
         let fleet_index = self.layout.fleet_grant(fleet, resource);
         let also: Vec<&str> = index

@@ -9,6 +9,11 @@
 //!   lease: for a grant with a lease of its own before revoking it (the revoke deletes key and
 //!   marker together), for a session grant in its compare-and-delete transaction (one marker
 //!   key per session, overwritten by each release, gone with the session);
+//! - a release of a fleet's grant (a session grant the fleet service made) writes
+//!   `{prefix}ended/released/{lease}/{resource}` instead: one key per session *and* resource,
+//!   so that the releases of one member's grants, which a fleet's end or a rebalance makes by
+//!   the thousand, need not wait for each other (the group commit never puts two writes of one
+//!   key in a batch). They are bounded by the fleet's resources and gone with the session;
 //! - closing a session writes `{prefix}ended/closed/{session}` on the session's lease before
 //!   revoking it.
 //!
@@ -83,6 +88,16 @@ impl EndMarkers {
     pub(super) fn released(&self, resource: &str, revision: i64, lease: i64) -> Marker {
         Marker {
             key: format!("{}{lease}", self.released),
+            value: grant_name(revision, resource),
+            lease,
+        }
+    }
+
+    /// The marker a release of a fleet's grant writes: as [`EndMarkers::released`], under a
+    /// key of the session's *and* the resource's.
+    pub(super) fn released_in_fleet(&self, resource: &str, revision: i64, lease: i64) -> Marker {
+        Marker {
+            key: format!("{}{lease}/{resource}", self.released),
             value: grant_name(revision, resource),
             lease,
         }
@@ -188,7 +203,12 @@ impl Leases {
         revision: i64,
         record: &HolderRecord,
     ) -> Result<bool> {
-        let marker = self.markers.released(resource, revision, record.lease_id);
+        let marker = match record.fleet {
+            Some(_) => self
+                .markers
+                .released_in_fleet(resource, revision, record.lease_id),
+            None => self.markers.released(resource, revision, record.lease_id),
+        };
         let index = self.index_key(record.principal.as_deref(), resource);
         // A fleet's grant leaves the fleet's index of its grants with it.
         let fleet_index = (record.fleet.as_deref()).map(|f| self.layout.fleet_grant(f, resource));
@@ -290,5 +310,22 @@ mod tests {
             value: closed.value.as_bytes(),
         }]);
         assert!(ends.released("anything", 1, 3));
+    }
+
+    #[test]
+    fn a_fleets_releases_on_one_session_share_a_revision_and_each_is_read() {
+        let m = markers();
+        let (a, b) = (
+            m.released_in_fleet("aisle-1", 42, 7),
+            m.released_in_fleet("aisle-2", 43, 7),
+        );
+        assert_eq!(a.key, "/p/ended/released/7/aisle-1");
+        assert_ne!(a.key, b.key, "one key: the two could not share a batch");
+        let ends = m.read([a, b].iter().map(|w| MarkerEvent {
+            key: w.key.as_bytes(),
+            value: w.value.as_bytes(),
+        }));
+        assert!(ends.released("aisle-1", 42, 7) && ends.released("aisle-2", 43, 7));
+        assert!(!ends.released("aisle-1", 43, 7));
     }
 }
