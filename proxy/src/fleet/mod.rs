@@ -159,23 +159,12 @@ impl Fleets {
         snap: &records::Snapshot,
         resources: impl IntoIterator<Item = String>,
     ) -> Result<std::collections::BTreeMap<String, Owned>> {
-        self.owned_at(snap, resources, snap.revision).await
-    }
-
-    /// The grants of `resources` at etcd revision `revision` (0: now), classified for
-    /// `snap`'s fleet as [`Fleets::owned`] does.
-    async fn owned_at(
-        &self,
-        snap: &records::Snapshot,
-        resources: impl IntoIterator<Item = String>,
-        revision: i64,
-    ) -> Result<std::collections::BTreeMap<String, Owned>> {
         let resources: Vec<String> = resources.into_iter().collect();
         let keys: Vec<String> = resources
             .iter()
             .map(|r| self.inner.parts.layout.holder(r))
             .collect();
-        let found = self.inner.parts.etcd.get_many(&keys, revision).await?;
+        let found = self.inner.parts.etcd.get_many(&keys, snap.revision).await?;
         let mut owned = std::collections::BTreeMap::new();
         for ((resource, key), kv) in resources.into_iter().zip(&keys).zip(found) {
             let Some(kv) = kv else { continue };

@@ -26,7 +26,7 @@ use tracing::Instrument as _;
 use super::records::{
     encode, Snapshot, SpecRecord, DEFAULT_DRAIN_MS, MAX_DRAIN_MS, MAX_NAME_BYTES, MAX_RESOURCES,
 };
-use super::{assign, each, Fleets};
+use super::{each, Fleets};
 use crate::etcd::{Counted, Unchanged};
 use crate::lease::{i64_string, unix_millis, validate};
 use crate::{Error, QuotaKind, Result};
@@ -300,32 +300,11 @@ impl Fleets {
     /// keys go in one guarded delete that marks the fleet as ending, then its grants are
     /// released.
     pub(super) async fn end(&self, snap: &Snapshot) -> Result<bool> {
-        let Some(ended_at) = self.end_keys(snap).await? else {
+        if self.end_keys(snap).await?.is_none() {
             return Ok(false);
-        };
-        self.release_ended(&snap.fleet).await?;
-        self.release_unindexed(snap, ended_at).await?;
-        Ok(true)
-    }
-
-    /// Releases the grants of the fleet `snap` read that its index may not name: made by a
-    /// replica of an earlier version, which kept none. Each is one of the spec's resources,
-    /// read after the delete at the latest revision, so none made before it escapes; a grant
-    /// created at or after `ended_at` (the delete's revision) is a fleet's made again under
-    /// the name, and stays.
-    pub(super) async fn release_unindexed(&self, snap: &Snapshot, ended_at: i64) -> Result<()> {
-        let owned = self.owned_at(snap, snap.watched(), 0).await?;
-        let mut ends = Vec::new();
-        for (resource, o) in &owned {
-            let ours = !matches!(o.held.holder, assign::Holder::Foreign);
-            if ours && o.held.revision < ended_at {
-                ends.push(o.revoke(&self.inner.parts.leases, &snap.fleet, resource));
-            }
         }
-        // Each tried: the first error, if any, is the answer; what it left ends with the next
-        // try, or with its member's session.
-        each(ends).await.into_iter().collect::<Result<Vec<_>>>()?;
-        Ok(())
+        self.release_ended(&snap.fleet).await?;
+        Ok(true)
     }
 
     /// The first step of [`Fleets::end`]: the fleet's keys deleted if its spec is unchanged,

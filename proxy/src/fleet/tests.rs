@@ -376,26 +376,6 @@ async fn a_grant_revoked_leaves_the_fleets_index_with_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_grant_of_a_fleet_made_again_is_not_taken_for_the_ended_ones() {
-    let fixture = Fixture::new(&["r1"]).await;
-    fixture.granted(&["a"]).await;
-    let snap = fixture.snapshot().await;
-    let ended = fixture.fleets.end_keys(&snap).await.expect("deleted");
-    let ended_at = ended.expect("the spec unchanged");
-    (fixture.fleets.release_ended(FLEET).await).expect("released");
-    // Made again over the same resource, and granted, before the old end's last pass.
-    fixture.put(&["r1"]).await;
-    fixture.granted(&["b"]).await;
-    assert!(fixture.held("r1").await);
-    let last_pass = fixture.fleets.release_unindexed(&snap, ended_at);
-    last_pass.await.expect("the last pass");
-    assert!(
-        fixture.held("r1").await,
-        "an ended fleet's last pass released a grant of the fleet made since"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_index_key_left_by_a_withdrawn_grant_still_names_the_next() {
     let fixture = Fixture::new(&["r"]).await;
     fixture.granted(&["a"]).await;

@@ -212,12 +212,9 @@ impl Leases {
         let give_up = Instant::now() + Duration::from_secs(ttl.max(1));
         self.tracker.spawn(async move {
             let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+            let also: Vec<&str> = also.iter().map(String::as_str).collect();
             loop {
-                match this
-                    .commit
-                    .delete_if_value(&key, &value, &also.iter().map(String::as_str).collect::<Vec<_>>())
-                    .await
-                {
+                match this.commit.delete_if_value(&key, &value, &also).await {
                     Ok(_) => return,
                     Err(e) if Instant::now() + backoff.peek() >= give_up => {
                         tracing::warn!(%key, error = %e, "a session grant of unknown outcome may stay until its session ends");
