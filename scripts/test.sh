@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test suite, from a fresh Debian machine: installs what is missing (scripts/deps.sh), then
-# formatting, lints and every test. Integration tests spawn their own etcd on free loopback ports.
+# formatting, lints and every test. Integration tests share one etcd started here for the run, each
+# under a key prefix of its own; those that kill, pause or restart etcd start their own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # A clean build gains nothing from incremental compilation's cache, which doubles the target dir.
@@ -22,6 +23,7 @@ phase() {
 # last lines (CI's summary) sees why, not the output of the jobs that ran beside it.
 failed_logs=()
 on_exit() {
+  stop_run_etcd
   phase ""
   printf "%s\n" "==> phase times" "${phase_times[@]}"
   local log
@@ -63,6 +65,63 @@ await_beside() {
   beside_pids=()
   beside_names=()
   return "$failed"
+}
+# One etcd for the whole run, named to the tests in LEASE_PROXY_TEST_ETCD (testkit's
+# `Etcd::shared` hands it out): the test runner makes a process of each test, so an etcd per
+# process would mean one start per test. Its ports are claimed as testkit claims its own (a lock
+# on $TMPDIR/lease-proxy-test-ports/PORT), below the kernel's ephemeral range.
+run_etcd_pid=""
+run_etcd_dir=""
+claim_port() {
+  local ports="${TMPDIR:-/tmp}/lease-proxy-test-ports" port fd
+  mkdir -p "$ports"
+  for _ in $(seq 200); do
+    port=$((20000 + RANDOM % 12000))
+    exec {fd}>"$ports/$port"
+    if flock -n "$fd" && ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      claimed_port=$port
+      return 0
+    fi
+    exec {fd}>&-
+  done
+  echo "no free loopback port for the run's etcd" >&2
+  return 1
+}
+start_run_etcd() {
+  local client peer url
+  claim_port && client=$claimed_port
+  claim_port && peer=$claimed_port
+  url="http://127.0.0.1:$client"
+  run_etcd_dir=$(mktemp -d "${TMPDIR:-/tmp}/lease-proxy-run-etcd.XXXXXX")
+  "${ETCD_BIN:-etcd}" --name run --data-dir "$run_etcd_dir/data" \
+    --listen-client-urls "$url" --advertise-client-urls "$url" \
+    --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+    --initial-cluster "run=http://127.0.0.1:$peer" --logger zap --log-level warn \
+    >"$run_etcd_dir/log" 2>&1 &
+  run_etcd_pid=$!
+  for _ in $(seq 100); do
+    if curl -fsS "$url/health" 2>/dev/null | grep -q '"health":"true"'; then
+      export LEASE_PROXY_TEST_ETCD="$url"
+      echo "==> the run's etcd: $url"
+      return 0
+    fi
+    sleep 0.1
+  done
+  echo "the run's etcd did not answer within 10 s:" >&2
+  cat "$run_etcd_dir/log" >&2
+  return 1
+}
+stop_run_etcd() {
+  if [[ -n "$run_etcd_pid" ]]; then
+    kill "$run_etcd_pid" 2>/dev/null || true
+    wait "$run_etcd_pid" 2>/dev/null || true
+    run_etcd_pid=""
+    unset LEASE_PROXY_TEST_ETCD
+  fi
+  if [[ -n "$run_etcd_dir" ]]; then
+    rm -rf "$run_etcd_dir"
+    run_etcd_dir=""
+  fi
 }
 phase "installing what is missing (scripts/deps.sh)"
 source scripts/deps.sh
@@ -111,11 +170,13 @@ if cargo nextest --version >/dev/null 2>&1; then
   export LEASE_PROXY_CONTROLS_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/lease-proxy-controls"
   # Several test processes at once (.config/nextest.toml): the suite mostly waits on etcd.
   phase "cargo nextest run, with the fencing library's lints and the doc tests beside it"
+  start_run_etcd
   beside "fencing library lints, doc tests" bash -c "$(declare -f fencing_alone); fencing_alone && cargo test --workspace --locked --doc"
   nextest_status=0
   cargo nextest run --workspace --locked 2>&1 | tee "$logs/nextest.log" || nextest_status=$?
   [ "$nextest_status" -eq 0 ] || failed_logs+=("$logs/nextest.log")
   await_beside
+  stop_run_etcd
   [ "$nextest_status" -eq 0 ] || exit "$nextest_status"
   # The SDK and API tests below start the binaries this build made.
   bin="${CARGO_TARGET_DIR:-$PWD/target}/debug"
@@ -127,6 +188,7 @@ else
   phase "cargo clippy"
   cargo clippy --workspace --all-targets --locked -- -D warnings
   phase "cargo test"
+  start_run_etcd
   cargo test --workspace --locked
 fi
 phase "Python SDK (pytest), with TypeScript, schemathesis and Go beside it"

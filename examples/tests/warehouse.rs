@@ -89,7 +89,7 @@ async fn start_gateway(
 /// The demo's stack: etcd, the inventory, fence-gateway in path mode in front of it, and
 /// lease-proxy forwarding to and pre-fencing the gateway.
 struct Stack {
-    _etcd: Etcd,
+    _etcd: std::sync::Arc<Etcd>,
     _dir: tempfile::TempDir,
     _inventory: Killed,
     inventory: String,
@@ -98,7 +98,7 @@ struct Stack {
 }
 
 async fn start_stack() -> Stack {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let dir = tempfile::tempdir().unwrap();
     let key_file = dir.path().join("keys");
     fencing::Keyring::create_file(&key_file, &fencing::KeyId::parse("k1").unwrap()).unwrap();
@@ -114,6 +114,7 @@ async fn start_stack() -> Stack {
 
     let mut proxy_config = lease_proxy::Config::with_endpoints(etcd.endpoints());
     proxy_config.key_file = Some(key_file.clone());
+    proxy_config.etcd_prefix = lease_proxy_testkit::prefix("warehouse");
     proxy_config.upstream = Some(gateway.clone());
     proxy_config.prefence_url = Some(gateway.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -48,13 +48,14 @@ fn bad_configuration_exits_64() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_and_exits_zero() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let dir = tempfile::tempdir().unwrap();
     let port = lease_proxy_testkit::free_port();
     let url = format!("http://127.0.0.1:{port}");
     let mut child = Command::new(BIN)
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--etcd-endpoints", &etcd.endpoint(0)])
+        .args(["--etcd-prefix", &lease_proxy_testkit::prefix("binary")])
         .arg("--data-dir")
         .arg(dir.path())
         .args(["--drain-timeout", "5s"])
@@ -185,7 +186,7 @@ fn completions_and_man_page() {
 /// new connections while the write goes on; it completes, and the process exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_in_flight_requests_finish() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let dir = tempfile::tempdir().unwrap();
     // An upstream that takes 1.5 s to answer.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -200,6 +201,7 @@ async fn sigterm_lets_in_flight_requests_finish() {
     let mut child = Command::new(BIN)
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--etcd-endpoints", &etcd.endpoint(0)])
+        .args(["--etcd-prefix", &lease_proxy_testkit::prefix("binary")])
         .arg("--data-dir")
         .arg(dir.path())
         .args(["--upstream", &upstream])
@@ -264,6 +266,7 @@ async fn start_binary(etcd: &Etcd, dir: &std::path::Path, extra: &[&str]) -> (Ru
     let child = Command::new(BIN)
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--etcd-endpoints", &etcd.endpoint(0)])
+        .args(["--etcd-prefix", &lease_proxy_testkit::prefix("binary")])
         .arg("--data-dir")
         .arg(dir)
         .args(extra)
@@ -310,7 +313,7 @@ async fn livez(s: &mut tokio::net::TcpStream) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_limits_close_slow_and_idle_connections_and_bound_their_number() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let dir = tempfile::tempdir().unwrap();
     let (_proxy, url) = start_binary(
         &etcd,
@@ -430,7 +433,7 @@ async fn server_limits_close_slow_and_idle_connections_and_bound_their_number() 
 async fn a_connection_whose_reader_takes_nothing_is_closed_at_the_write_deadline() {
     use tokio::io::AsyncWriteExt;
 
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let dir = tempfile::tempdir().unwrap();
     let (_proxy, url) = one_connection_proxy(&etcd, dir.path()).await;
     let address: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
@@ -456,7 +459,7 @@ async fn a_connection_whose_reader_takes_nothing_is_closed_at_the_write_deadline
 async fn an_http2_client_that_opens_no_window_is_closed_at_the_write_deadline() {
     use hyper_util::rt::{TokioExecutor, TokioIo};
 
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let dir = tempfile::tempdir().unwrap();
     let (_proxy, url) = one_connection_proxy(&etcd, dir.path()).await;
     let address = url.trim_start_matches("http://").to_owned();

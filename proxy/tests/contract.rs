@@ -13,8 +13,8 @@ use serde_json::json;
 /// whole number of seconds", and `wait_ms: 6.0` as "expected u64". A fraction is still refused.
 #[tokio::test]
 async fn a_ttl_written_with_a_zero_fraction_is_accepted() {
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |_| {}).await;
     let (status, grant) = send(
         http()
             .post(format!("{}/v1/leases/float-ttl", proxy.url))
@@ -54,8 +54,8 @@ async fn a_ttl_written_with_a_zero_fraction_is_accepted() {
 /// JSON `null`): `null` was refused as "expected struct RenewBody".
 #[tokio::test]
 async fn an_optional_body_may_be_json_null() {
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |_| {}).await;
     let (status, grant) = acquire(&proxy, "null-body", "h", 30).await;
     assert_eq!(status, 201, "{grant}");
     let (status, renewed) = send(
@@ -95,8 +95,8 @@ async fn an_optional_body_may_be_json_null() {
 /// order, so `["robot", 30]` was a valid acquire and `[]` a valid renewal body.
 #[tokio::test]
 async fn an_array_is_not_a_body() {
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |_| {}).await;
     for (path, body) in [
         ("/v1/leases/array-body", json!(["robot", 30])),
         ("/v1/sessions", json!(["robot", 30])),
@@ -118,8 +118,8 @@ async fn an_array_is_not_a_body() {
 /// answered 410 `session-lost`, an invalid request read as a valid one that met a lost session.
 #[tokio::test]
 async fn an_invalid_acquire_is_refused_before_its_session_is_looked_up() {
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |c| {
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |c| {
         c.max_wait = std::time::Duration::from_secs(1);
     })
     .await;

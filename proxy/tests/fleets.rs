@@ -35,12 +35,14 @@ pub struct Replicas {
     pub r1: Proxy,
     /// The other.
     pub r2: Proxy,
+    /// The key prefix of both, the test's own on the shared etcd.
+    pub prefix: String,
 }
 
-/// Two replicas under `/{test}/`, both configured by `tweak`.
+/// Two replicas under a [`lease_proxy_testkit::prefix`] of `test`'s, both configured by `tweak`.
 pub async fn replicas(test: &str, tweak: impl Fn(&mut Config)) -> Replicas {
     let etcd = Etcd::shared().await;
-    let prefix = format!("/{test}/");
+    let prefix = lease_proxy_testkit::prefix(test);
     let r1 = Proxy::start(etcd.endpoints(), |c| {
         c.etcd_prefix = prefix.clone();
         tweak(c);
@@ -52,7 +54,12 @@ pub async fn replicas(test: &str, tweak: impl Fn(&mut Config)) -> Replicas {
             tweak(c);
         })
         .await;
-    Replicas { etcd, r1, r2 }
+    Replicas {
+        etcd,
+        r1,
+        r2,
+        prefix,
+    }
 }
 
 /// Two replicas as [`replicas`] starts them, each auditing to a file of its own in the

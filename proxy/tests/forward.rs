@@ -370,9 +370,9 @@ async fn a_grant_from_one_replica_forwards_and_renews_through_another() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_upstream_and_enforcer() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let dead = format!("http://127.0.0.1:{}", lease_proxy_testkit::free_port());
-    let forwarding = Proxy::start(etcd.endpoints(), |c| c.upstream = Some(dead.clone())).await;
+    let forwarding = Proxy::on(&etcd, |c| c.upstream = Some(dead.clone())).await;
     let (_, grant) = acquire(&forwarding, "r-1", "h", 30).await;
     let (status, body) = send(
         http()
@@ -386,7 +386,7 @@ async fn unreachable_upstream_and_enforcer() {
         format!("{}upstream-unavailable", lease_proxy::PROBLEM_BASE)
     );
     // Pre-fencing an unreachable enforcer withdraws the grant: no holder remains.
-    let fencing = Proxy::start(etcd.endpoints(), |c| c.prefence_url = Some(dead.clone())).await;
+    let fencing = Proxy::on(&etcd, |c| c.prefence_url = Some(dead.clone())).await;
     let (status, body) = acquire(&fencing, "r-2", "h", 30).await;
     assert_eq!(status, 503, "{body}");
     assert_eq!(

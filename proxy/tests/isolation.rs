@@ -108,10 +108,10 @@ fn flat(pages: &[Vec<String>]) -> Vec<String> {
 /// and a hand-made cursor shows nothing outside the caller's prefixes either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_list_and_its_cursors_stay_inside_the_callers_read_prefixes() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let dir = tempfile::tempdir().unwrap();
     let tokens = token_file(&dir);
-    let proxy = Proxy::start(etcd.endpoints(), |c| c.auth_tokens = Some(tokens.clone())).await;
+    let proxy = Proxy::on(&etcd, |c| c.auth_tokens = Some(tokens.clone())).await;
     let held = [
         "a-1", "a-2", "a-3", "ab-1", "b-1", "c-1", "c-2", "d-1", "d-2", "e-1",
     ];
@@ -190,11 +190,11 @@ async fn a_list_and_its_cursors_stay_inside_the_callers_read_prefixes() {
 /// one's own session answers as an absent session too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_is_seen_and_proven_only_by_its_principal() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let dir = tempfile::tempdir().unwrap();
     let tokens = token_file(&dir);
     let log = dir.path().join("audit.jsonl");
-    let proxy = Proxy::start(etcd.endpoints(), |c| {
+    let proxy = Proxy::on(&etcd, |c| {
         c.auth_tokens = Some(tokens.clone());
         c.audit_log = Some(log.clone());
     })
@@ -393,10 +393,10 @@ async fn streams_until_refused(
 /// once the replica is full, 503 `too-many-watches` with `Retry-After`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_principal_cannot_take_every_event_stream_slot() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let dir = tempfile::tempdir().unwrap();
     let tokens = token_file(&dir);
-    let proxy = Proxy::start(etcd.endpoints(), |c| {
+    let proxy = Proxy::on(&etcd, |c| {
         c.auth_tokens = Some(tokens.clone());
         c.max_watch_streams = 8;
     })

@@ -18,11 +18,11 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
-/// The raw record stored for `resource`.
-async fn stored_record(etcd: &Etcd, resource: &str) -> Option<Value> {
+/// The raw record `proxy` stored for `resource`.
+async fn stored_record(etcd: &Etcd, proxy: &Proxy, resource: &str) -> Option<Value> {
     let mut client = etcd.client().await;
     let resp = client
-        .get(format!("/lease-proxy/holders/{resource}"), None)
+        .get(format!("{}holders/{resource}", proxy.prefix), None)
         .await
         .unwrap();
     resp.kvs()
@@ -46,11 +46,11 @@ fn acquire_with_key(
 /// holder and key, so "order-4711" fell to 4,712 offline guesses. The marker is now keyed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stored_idempotency_marker_cannot_be_brute_forced_offline() {
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |_| {}).await;
     let (status, _) = send(acquire_with_key(&proxy, "orders", "alice", "order-4711")).await;
     assert_eq!(status, 201);
-    let record = stored_record(&etcd, "orders").await.unwrap();
+    let record = stored_record(&etcd, &proxy, "orders").await.unwrap();
     let marker = record["idempotency"].as_str().unwrap().to_owned();
     let holder = "alice";
     for n in 0..10_000 {
@@ -73,8 +73,8 @@ async fn the_stored_idempotency_marker_cannot_be_brute_forced_offline() {
 /// secret, at any time. Now a retry is honoured only within the replay window.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_after_the_window_gets_no_secret() {
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |c| {
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |c| {
         c.idempotency_window = Duration::from_secs(2);
     })
     .await;
@@ -125,8 +125,8 @@ async fn a_replay_after_the_window_gets_no_secret() {
 /// window the same key makes a new grant with a new secret.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_grants_never_share_a_secret() {
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |c| {
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |c| {
         c.idempotency_window = Duration::from_secs(2);
     })
     .await;
@@ -162,7 +162,7 @@ async fn two_grants_never_share_a_secret() {
             "{body}"
         );
         assert!(
-            stored_record(&etcd, "boot-r").await.is_none(),
+            stored_record(&etcd, &proxy, "boot-r").await.is_none(),
             "round {round}: a grant nobody holds"
         );
         previous = Some(secret);
@@ -197,13 +197,13 @@ async fn nothing_succeeds_after_a_release() {
         .and_then(|n| n.parse().ok())
         .unwrap_or(1_000);
     const IN_FLIGHT: usize = 32;
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     for spares in [0, 256] {
         let Storage {
             url: storage,
             log: received,
         } = Storage::start().await;
-        let one = Proxy::start(etcd.endpoints(), |c| {
+        let one = Proxy::on(&etcd, |c| {
             c.lease_spares = spares;
             c.upstream = Some(storage.clone());
         })
@@ -313,10 +313,10 @@ async fn enforcer(delay: Duration) -> Enforcer {
 }
 
 /// Waits up to 5 s for `resource` to be free in etcd; fails the test saying `why` otherwise.
-async fn freed(etcd: &Etcd, resource: &str, why: &str) {
+async fn freed(etcd: &Etcd, proxy: &Proxy, resource: &str, why: &str) {
     let what = format!("{resource} free in etcd ({why})");
     until(Duration::from_secs(5), &what, || async {
-        stored_record(etcd, resource).await.is_none()
+        stored_record(etcd, proxy, resource).await.is_none()
     })
     .await;
 }
@@ -326,9 +326,9 @@ async fn freed(etcd: &Etcd, resource: &str, why: &str) {
 /// (or without) its pre-fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disconnected_acquire_leaves_no_grant_and_a_retry_only_fenced_ones() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let fence = enforcer(Duration::from_millis(1500)).await;
-    let proxy = Proxy::start(etcd.endpoints(), |c| {
+    let proxy = Proxy::on(&etcd, |c| {
         c.prefence_url = Some(fence.url.clone());
     })
     .await;
@@ -345,11 +345,12 @@ async fn a_disconnected_acquire_leaves_no_grant_and_a_retry_only_fenced_ones() {
         .await;
     assert!(gone.is_err(), "the client should have given up");
     assert!(
-        stored_record(&etcd, "orphan").await.is_some(),
+        stored_record(&etcd, &proxy, "orphan").await.is_some(),
         "committed, pre-fencing"
     );
     freed(
         &etcd,
+        &proxy,
         "orphan",
         "a grant nobody heard of outlived its acquire",
     )
@@ -388,7 +389,7 @@ async fn a_disconnected_acquire_leaves_no_grant_and_a_retry_only_fenced_ones() {
         "the retried grant was withdrawn after it was answered"
     );
     // One grant for the resource, on one lease carrying one ownership key.
-    let record = stored_record(&etcd, "job").await.unwrap();
+    let record = stored_record(&etcd, &proxy, "job").await.unwrap();
     assert_eq!(
         record["lease_id"].as_str().unwrap(),
         str_field(&grant, "lease_id")
@@ -399,9 +400,9 @@ async fn a_disconnected_acquire_leaves_no_grant_and_a_retry_only_fenced_ones() {
 /// pre-fence that took a 4xx for success fails here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_prefence_withdraws_the_grant() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let fence = enforcer(Duration::ZERO).await;
-    let proxy = Proxy::start(etcd.endpoints(), |c| {
+    let proxy = Proxy::on(&etcd, |c| {
         c.prefence_url = Some(fence.url.clone());
     })
     .await;
@@ -414,7 +415,13 @@ async fn a_refused_prefence_withdraws_the_grant() {
             Some("prefence-failed"),
             "{body}"
         );
-        freed(&etcd, "guarded", &format!("enforcer answered {status}")).await;
+        freed(
+            &etcd,
+            &proxy,
+            "guarded",
+            &format!("enforcer answered {status}"),
+        )
+        .await;
     }
     fence.status.store(200, Ordering::Relaxed);
     assert_eq!(acquire(&proxy, "guarded", "h", 60).await.0, 201);
@@ -425,8 +432,8 @@ async fn a_refused_prefence_withdraws_the_grant() {
 /// that does not exist (as a stale view would after the release on another replica).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_answered_with_ttl_0_is_lost() {
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |_| {}).await;
     let mut client = etcd.client().await;
     let dead = client.lease_grant(30, None).await.unwrap().id();
     client.lease_revoke(dead).await.unwrap();
@@ -441,7 +448,11 @@ async fn a_renewal_answered_with_ttl_0_is_lost() {
         "ttl_seconds": 30,
     });
     client
-        .put("/lease-proxy/holders/ghost", record.to_string(), None)
+        .put(
+            format!("{}holders/ghost", proxy.prefix),
+            record.to_string(),
+            None,
+        )
         .await
         .unwrap();
     // Let the watch-fed view see it, then renew with the matching secret.

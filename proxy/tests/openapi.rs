@@ -49,8 +49,8 @@ async fn probe(base: &str, method: &str, path: &str) -> (u16, String) {
 
 #[tokio::test]
 async fn the_document_is_valid_and_matches_the_router() {
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |_| {}).await;
     let resp = http()
         .get(format!("{}/openapi.json", proxy.url))
         .send()

@@ -143,9 +143,11 @@ async fn grants_raise_the_mark_in_the_database_or_are_withdrawn() {
     let key_file = dir.path().join("keys");
     fencing::Keyring::create_file(&key_file, &fencing::KeyId::parse("k1").unwrap()).unwrap();
     let scratch = Scratch::new(&key_file).await;
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
+    let prefix = lease_proxy_testkit::prefix("prefence-db");
     let writer_url = scratch.writer_url();
     let proxy = Proxy::start_with_keys(etcd.endpoints(), key_file.clone(), |c| {
+        c.etcd_prefix = prefix.clone();
         c.prefence_database_url = Some(writer_url.clone());
         c.forward_timeout = Duration::from_secs(2);
     })
@@ -206,6 +208,7 @@ async fn grants_raise_the_mark_in_the_database_or_are_withdrawn() {
 
     // The database gone (nothing listens there): grants fail closed, quickly.
     let gone = Proxy::start_with_keys(etcd.endpoints(), key_file.clone(), |c| {
+        c.etcd_prefix = prefix.clone();
         c.prefence_database_url = Some("postgres://nobody:x@127.0.0.1:1/none".into());
         c.forward_timeout = Duration::from_secs(2);
     })

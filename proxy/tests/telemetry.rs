@@ -120,6 +120,7 @@ fn proxy_command(port: u16, etcd: &Etcd, key_file: &std::path::Path, upstream: &
     let mut cmd = Command::new(PROXY);
     cmd.args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--etcd-endpoints", &etcd.endpoint(0)])
+        .args(["--etcd-prefix", &lease_proxy_testkit::prefix("telemetry")])
         .arg("--key-file")
         .arg(key_file)
         .args(["--upstream", upstream]);
@@ -194,7 +195,7 @@ fn histogram_count(scrape: &Scrape, name: &str, with: &[(&str, &str)]) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn traces_join_up_and_metrics_count_operations() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let dir = tempfile::tempdir().unwrap();
     let key_file = dir.path().join("fencing.key");
     fencing::Keyring::create_file(&key_file, &fencing::KeyId::parse("t1").unwrap()).unwrap();
@@ -543,7 +544,7 @@ async fn traces_join_up_and_metrics_count_operations() {
 /// storage unchanged through both binaries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_an_endpoint_the_client_trace_passes_through() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let dir = tempfile::tempdir().unwrap();
     let key_file = dir.path().join("fencing.key");
     fencing::Keyring::create_file(&key_file, &fencing::KeyId::parse("t1").unwrap()).unwrap();
@@ -598,7 +599,7 @@ async fn without_an_endpoint_the_client_trace_passes_through() {
 /// still ends the proxy, with status 0, within the drain and the flush deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unresponsive_collector_does_not_hold_up_the_exit() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let dir = tempfile::tempdir().unwrap();
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let otlp = format!("http://{}", silent.local_addr().unwrap());
@@ -614,6 +615,7 @@ async fn an_unresponsive_collector_does_not_hold_up_the_exit() {
     let mut cmd = Command::new(PROXY);
     cmd.args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--etcd-endpoints", &etcd.endpoint(0)])
+        .args(["--etcd-prefix", &lease_proxy_testkit::prefix("telemetry")])
         .arg("--data-dir")
         .arg(dir.path());
     let proxy = spawn(cmd, &otlp, &dir.path().join("proxy.log"));

@@ -139,10 +139,10 @@ async fn populate(proxy: &Proxy, token: &str, name: &str) -> Made {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_principal_sees_and_touches_only_its_own_v3() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let dir = tempfile::tempdir().unwrap();
     let tokens = token_file(&dir);
-    let proxy = Proxy::start(etcd.endpoints(), |c| c.auth_tokens = Some(tokens.clone())).await;
+    let proxy = Proxy::on(&etcd, |c| c.auth_tokens = Some(tokens.clone())).await;
 
     // Both lock the same name at once: separate namespaces, so neither waits for the other.
     let acme = populate(&proxy, ACME, "acme").await;
@@ -336,7 +336,7 @@ fn assert_quota_problem(body: &Value, quota: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_held_quota_counts_grants_across_replicas() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let dir = tempfile::tempdir().unwrap();
     let tokens = token_file(&dir);
     let audit = dir.path().join("audit.jsonl");
@@ -344,7 +344,7 @@ async fn the_held_quota_counts_grants_across_replicas() {
         c.auth_tokens = Some(tokens.clone());
         c.quota_held = Some(2);
     };
-    let proxy = Proxy::start(etcd.endpoints(), |c| {
+    let proxy = Proxy::on(&etcd, |c| {
         quota(c);
         c.audit_log = Some(audit.clone());
     })
@@ -431,10 +431,10 @@ async fn the_held_quota_counts_grants_across_replicas() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_acquire_rate_refuses_with_retry_after_per_principal() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let dir = tempfile::tempdir().unwrap();
     let tokens = token_file(&dir);
-    let proxy = Proxy::start(etcd.endpoints(), |c| {
+    let proxy = Proxy::on(&etcd, |c| {
         c.auth_tokens = Some(tokens.clone());
         c.quota_acquire_rate = Some(0.2);
     })

@@ -18,8 +18,14 @@
 //! superuser), beside the shared one the tests use otherwise.
 //! [`poll::eventually`] waits for a condition with a deadline instead of sleeping for it
 //! ([`poll::until`] for a yes-or-no condition; with the feature `http`, `poll::answers` for a URL
-//! answering a status); [`Etcd::shared`] is one etcd member shared by the tests of a binary that run at once (each
-//! isolates itself by key prefix).
+//! answering a status).
+//!
+//! [`Etcd::shared`] is the etcd a test uses unless it needs one of its own: under the test
+//! command, the one etcd it started for the whole run ([`RUN_ETCD`]); otherwise one member shared
+//! by the tests of a process that run at once. A test on it isolates its keys under a [`prefix`]
+//! of its own (`proxy::Proxy::on` does that), and one that kills, pauses, restarts, compacts or
+//! authenticates etcd, or reads what is not under its prefix (etcd's metrics, every lease),
+//! starts its own with [`Etcd::single`].
 //!
 //! With the feature `http`, `recording::Storage` is a storage service that records what reaches
 //! it. With the feature `proxy`, `proxy::Proxy` runs a lease-proxy in the test's own process, and
@@ -73,7 +79,20 @@ pub struct Etcd {
     security: Option<Security>,
     /// Flags given to every member after the ones set here.
     extra_args: Vec<String>,
-    _dir: TempDir,
+    /// The test command's etcd for the whole run ([`RUN_ETCD`]): not this process's to stop.
+    external: bool,
+    _dir: Option<TempDir>,
+}
+
+/// The environment variable through which the test command names the one etcd it started for
+/// the whole run (its client URL, `http://127.0.0.1:PORT`): [`Etcd::shared`] hands that out
+/// instead of starting one per test process, as the test runner makes a process of each test.
+pub const RUN_ETCD: &str = "LEASE_PROXY_TEST_ETCD";
+
+/// A key prefix (`/{name}-{random}/`) no other test uses, in this process or any other on the
+/// same etcd: the isolation of the tests that share one ([`Etcd::shared`]).
+pub fn prefix(name: &str) -> String {
+    format!("/{name}-{:08x}/", rand::random::<u32>())
 }
 
 /// A member serving clients over TLS, with client certificates required and (once enabled)
@@ -182,8 +201,15 @@ impl Etcd {
     /// One single-member etcd shared by every caller that holds it at the same time: the
     /// tests of one binary running at once use one member (each under a key prefix of its
     /// own); it is killed when the last holder drops it, and the next caller starts another.
+    ///
+    /// Under the test command, the etcd it started for the run ([`RUN_ETCD`]), shared by every
+    /// test process: a test that holds it isolates its keys under a [`prefix`] of its own and
+    /// never kills, pauses or restarts it.
     pub async fn shared() -> std::sync::Arc<Self> {
         use std::sync::{Arc, Mutex, PoisonError, Weak};
+        if let Some(etcd) = Self::of_the_run() {
+            return etcd;
+        }
         static SHARED: Mutex<Weak<Etcd>> = Mutex::new(Weak::new());
         static STARTING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
         let _one = STARTING.lock().await;
@@ -197,6 +223,54 @@ impl Etcd {
         let etcd = Arc::new(Self::single().await);
         *SHARED.lock().unwrap_or_else(PoisonError::into_inner) = Arc::downgrade(&etcd);
         etcd
+    }
+
+    /// The etcd [`RUN_ETCD`] names, if it is set.
+    fn of_the_run() -> Option<std::sync::Arc<Self>> {
+        use std::sync::{Arc, OnceLock};
+        static RUN: OnceLock<Option<Arc<Etcd>>> = OnceLock::new();
+        let run = RUN.get_or_init(|| {
+            let url = std::env::var(RUN_ETCD).ok().filter(|u| !u.is_empty())?;
+            Some(Arc::new(Self::external(&url)))
+        });
+        run.clone()
+    }
+
+    /// The etcd serving clients at `url` (`http://127.0.0.1:PORT`), started by someone else:
+    /// it is not stopped when dropped, and [`Etcd::kill`], [`Etcd::restart`] and
+    /// [`Etcd::signal`] refuse it.
+    fn external(url: &str) -> Self {
+        let port = (url.strip_prefix("http://127.0.0.1:"))
+            .and_then(|p| p.parse::<u16>().ok())
+            .unwrap_or_else(|| panic!("{RUN_ETCD}={url:?} is not http://127.0.0.1:PORT"));
+        Etcd {
+            members: vec![Member {
+                name: "run".to_owned(),
+                client_port: port,
+                peer_port: 0,
+                data_dir: PathBuf::new(),
+                log: PathBuf::new(),
+                child: None,
+            }],
+            cluster_token: String::new(),
+            security: None,
+            extra_args: Vec::new(),
+            external: true,
+            _dir: None,
+        }
+    }
+
+    /// Whether `m` is running, as far as this process knows (the run's etcd always is).
+    fn running(&self, m: &Member) -> bool {
+        self.external || m.child.is_some()
+    }
+
+    /// Refuses to act on the processes of the run's etcd, which every test shares.
+    fn own(&self) {
+        assert!(
+            !self.external,
+            "the run's etcd is shared by every test: start one of the test's own to stop it"
+        );
     }
 
     /// Starts an `n`-member cluster and waits until every member answers and a leader exists.
@@ -242,7 +316,8 @@ impl Etcd {
             cluster_token: format!("t{}", free_port()),
             security,
             extra_args: Vec::new(),
-            _dir: dir,
+            external: false,
+            _dir: Some(dir),
         }
     }
 
@@ -403,7 +478,7 @@ impl Etcd {
         let eps: Vec<String> = self
             .members
             .iter()
-            .filter(|m| m.child.is_some())
+            .filter(|m| self.running(m))
             .map(|m| self.client_url(m.client_port))
             .collect();
         etcd_client::Client::connect(eps, Some(self.connect_options()))
@@ -417,7 +492,7 @@ impl Etcd {
         let mut leader_id = None;
         let mut index = None;
         for (i, m) in self.members.iter().enumerate() {
-            if m.child.is_none() {
+            if !self.running(m) {
                 continue;
             }
             let url = self.client_url(m.client_port);
@@ -464,6 +539,7 @@ impl Etcd {
 
     /// SIGKILLs member `i` (it can be started again with [`Etcd::restart`]).
     pub fn kill(&mut self, i: usize) {
+        self.own();
         if let Some(mut child) = self.members[i].child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -472,6 +548,7 @@ impl Etcd {
 
     /// Starts a killed member again on the same ports and data directory.
     pub async fn restart(&mut self, i: usize) {
+        self.own();
         self.kill(i);
         self.spawn(i);
         self.wait_ready().await;
@@ -479,6 +556,7 @@ impl Etcd {
 
     /// Sends a signal (`"STOP"`, `"CONT"`, …) to member `i`.
     pub fn signal(&self, i: usize, signal: &str) {
+        self.own();
         if let Some(child) = &self.members[i].child {
             let _ = Command::new("kill")
                 .arg(format!("-{signal}"))
@@ -490,6 +568,9 @@ impl Etcd {
 
 impl Drop for Etcd {
     fn drop(&mut self) {
+        if self.external {
+            return;
+        }
         for i in 0..self.members.len() {
             self.signal(i, "CONT");
             self.kill(i);
@@ -620,7 +701,36 @@ pub async fn closed_at(
 
 #[cfg(test)]
 mod tests {
-    use super::{claim, free_port};
+    use super::{claim, free_port, prefix, Etcd};
+
+    /// The run's etcd as the tests see it: the same data as the member it names, still serving
+    /// after a holder dropped it, and never stopped by a test.
+    #[tokio::test]
+    async fn the_runs_etcd_is_used_and_never_stopped_by_a_test() {
+        let member = Etcd::single().await;
+        let mut etcd = Etcd::external(&member.endpoint(0));
+        let mut direct = member.client().await;
+        direct.put("seen", "yes", None).await.expect("put");
+        let got = etcd.client().await.get("seen", None).await.expect("get");
+        assert_eq!(got.kvs()[0].value(), b"yes");
+        assert_eq!(etcd.leader().await, Some(0), "the run's etcd has no leader");
+        let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| etcd.kill(0)));
+        assert!(refused.is_err(), "a test killed the run's etcd");
+        drop(etcd);
+        assert!(
+            member.leader().await.is_some(),
+            "dropping it stopped the etcd"
+        );
+    }
+
+    #[test]
+    fn prefixes_are_distinct() {
+        let prefixes: std::collections::HashSet<String> = (0..1_000).map(|_| prefix("t")).collect();
+        assert_eq!(prefixes.len(), 1_000);
+        assert!(prefixes
+            .iter()
+            .all(|p| p.starts_with("/t-") && p.ends_with('/')));
+    }
 
     /// A claimed port is refused to every later claim while its claimant lives: a second open
     /// of the lock file is a second open file description, refused as another process's would be.

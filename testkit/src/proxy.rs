@@ -28,12 +28,25 @@ pub struct Proxy {
     pub url: String,
     /// The fencing key file it signs with.
     pub key_file: PathBuf,
+    /// Its etcd key prefix (`--etcd-prefix`).
+    pub prefix: String,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), lease_proxy::StartError>>>,
     _dir: TempDir,
 }
 
 impl Proxy {
+    /// Starts a proxy on `etcd` under a key prefix of its own ([`crate::prefix`]), so that
+    /// tests can share one etcd ([`crate::Etcd::shared`]), with test defaults adjusted by `tweak`.
+    pub async fn on(etcd: &crate::Etcd, tweak: impl FnOnce(&mut Config)) -> Self {
+        let prefix = crate::prefix("proxy");
+        Self::start(etcd.endpoints(), |c| {
+            c.etcd_prefix = prefix;
+            tweak(c);
+        })
+        .await
+    }
+
     /// Starts a proxy on `endpoints` with test defaults, adjusted by `tweak`.
     pub async fn start(endpoints: Vec<String>, tweak: impl FnOnce(&mut Config)) -> Self {
         Self::start_https(endpoints, &reqwest::Client::new(), tweak).await
@@ -61,9 +74,14 @@ impl Proxy {
         Self::launch(endpoints, key_file, dir, tweak, &reqwest::Client::new()).await
     }
 
-    /// Starts another replica sharing this proxy's key file.
+    /// Starts another replica sharing this proxy's key file and key prefix.
     pub async fn replica(&self, endpoints: Vec<String>, tweak: impl FnOnce(&mut Config)) -> Self {
-        Self::start_with_keys(endpoints, self.key_file.clone(), tweak).await
+        let prefix = self.prefix.clone();
+        Self::start_with_keys(endpoints, self.key_file.clone(), |c| {
+            c.etcd_prefix = prefix;
+            tweak(c);
+        })
+        .await
     }
 
     async fn launch(
@@ -89,6 +107,7 @@ impl Proxy {
             "http"
         };
         let addr = listener.local_addr().expect("the bound port");
+        let prefix = config.etcd_prefix.clone();
         let url = format!("{scheme}://{addr}");
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(lease_proxy::run(listener, config, async move {
@@ -97,6 +116,7 @@ impl Proxy {
         let proxy = Self {
             url,
             key_file,
+            prefix,
             stop: Some(stop),
             task: Some(task),
             _dir: dir,

@@ -15,7 +15,7 @@ use serde_json::Value;
 use tempfile::TempDir;
 use tokio::process::{Child, Command};
 
-/// etcd and a proxy in front of it, stopped when dropped.
+/// A proxy under a key prefix of its own on the shared etcd, stopped when dropped.
 pub struct Stack {
     pub url: String,
     /// The proxy's signing keys.
@@ -26,21 +26,21 @@ pub struct Stack {
     http: reqwest::Client,
     // Declared before `etcd`: the proxy is dropped (aborted) first.
     _proxy: Proxy,
-    etcd: Etcd,
+    etcd: std::sync::Arc<Etcd>,
 }
 
 impl Stack {
-    /// A fresh etcd and a proxy on a free port.
+    /// A proxy on a free port.
     pub async fn start() -> Self {
         Self::start_with(|_| {}).await
     }
 
-    /// A fresh etcd and a proxy on a free port, its configuration adjusted by `tweak`.
+    /// A proxy on a free port, its configuration adjusted by `tweak`.
     pub async fn start_with(tweak: impl FnOnce(&mut lease_proxy::Config)) -> Self {
         Self::launch(tweak, reqwest::Client::new()).await
     }
 
-    /// A fresh etcd and a proxy serving HTTPS with `server`'s certificate, requiring client
+    /// A proxy serving HTTPS with `server`'s certificate, requiring client
     /// certificates of `pki`; `http` is the test's client of it.
     pub async fn start_tls(pki: &Pki, server: &Issued, http: reqwest::Client) -> Self {
         let tweak = |c: &mut lease_proxy::Config| {
@@ -53,8 +53,13 @@ impl Stack {
     }
 
     async fn launch(tweak: impl FnOnce(&mut lease_proxy::Config), http: reqwest::Client) -> Self {
-        let etcd = Etcd::single().await;
-        let proxy = Proxy::start_https(etcd.endpoints(), &http, tweak).await;
+        let etcd = Etcd::shared().await;
+        let prefix = lease_proxy_testkit::prefix("leasectl");
+        let proxy = Proxy::start_https(etcd.endpoints(), &http, |c| {
+            c.etcd_prefix = prefix;
+            tweak(c);
+        })
+        .await;
         Self {
             url: proxy.url.clone(),
             keys: proxy.keyring(),

@@ -9,13 +9,11 @@ use super::common::fleet::names;
 use super::common::*;
 use super::{replicas, Replicas};
 
-const PREFIX: &str = "/fleet-hostile/";
-
-/// Every key under the test's prefix, with its revisions and value.
-async fn state(etcd: &Etcd) -> Vec<(Vec<u8>, i64, i64, Vec<u8>)> {
+/// Every key under the test's `prefix`, with its revisions and value.
+async fn state(etcd: &Etcd, prefix: &str) -> Vec<(Vec<u8>, i64, i64, Vec<u8>)> {
     let mut client = etcd.client().await;
     let resp = client
-        .get(PREFIX, Some(etcd_client::GetOptions::new().with_prefix()))
+        .get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
         .await
         .unwrap();
     resp.kvs()
@@ -57,7 +55,12 @@ async fn hostile_requests_are_refused_and_change_nothing() {
         .concat(),
     )
     .unwrap();
-    let Replicas { etcd, r1, r2 } = replicas("fleet-hostile", |c| {
+    let Replicas {
+        etcd,
+        r1,
+        r2,
+        prefix,
+    } = replicas("fleet-hostile", |c| {
         c.auth_tokens = Some(tokens.clone());
         c.quota_acquire_rate = Some(2.0);
     })
@@ -72,7 +75,7 @@ async fn hostile_requests_are_refused_and_change_nothing() {
         assert_eq!((status, slug(body)), want, "{body}");
     };
     // A principal making a fleet over resources it may not acquire.
-    let before = state(&etcd).await;
+    let before = state(&etcd, &prefix).await;
     let (status, body) = put("carol-token", json!({"resources": resources})).await;
     refused(status, &body, (403, "forbidden"));
     // Names outside the grammar, twice the same, too many, a body of a million names.
@@ -85,7 +88,11 @@ async fn hostile_requests_are_refused_and_change_nothing() {
     let million = json!({"resources": names("ho", 1_000_000)}).to_string();
     let (status, body) = raw_put(url, "/v1/fleets/ho", "alice-token", million).await;
     refused(status, &body, (413, "body-too-large"));
-    assert_eq!(state(&etcd).await, before, "a refused spec wrote something");
+    assert_eq!(
+        state(&etcd, &prefix).await,
+        before,
+        "a refused spec wrote something"
+    );
 
     // alice makes it; bob may not change or end it.
     let (status, body) = put(
@@ -118,7 +125,7 @@ async fn hostile_requests_are_refused_and_change_nothing() {
     assert_eq!(status, 201, "{m1}");
     let (status, m2) = join_as("alice-token", "m2").await;
     assert_eq!(status, 201, "{m2}");
-    let before = settled(&etcd).await;
+    let before = settled(&etcd, &prefix).await;
     let (status, body) = join_as("alice-token", "m1").await;
     refused(status, &body, (409, "member-taken"));
     // A principal that may not acquire the fleet's resources cannot join it.
@@ -190,7 +197,7 @@ async fn hostile_requests_are_refused_and_change_nothing() {
     let (status, body) = send(view_after("9223372036854775807")).await;
     assert_eq!(status, 200, "the largest revision was refused: {body}");
     assert_eq!(
-        state(&etcd).await,
+        state(&etcd, &prefix).await,
         before,
         "a refused request changed the fleet"
     );
@@ -255,15 +262,15 @@ async fn raw_put(url: &str, path: &str, token: &str, body: String) -> (u16, Valu
 }
 
 /// The state once the fleet has stopped changing (three readings alike, 100 ms apart).
-async fn settled(etcd: &Etcd) -> Vec<(Vec<u8>, i64, i64, Vec<u8>)> {
+async fn settled(etcd: &Etcd, prefix: &str) -> Vec<(Vec<u8>, i64, i64, Vec<u8>)> {
     let (state, _) = lease_proxy_testkit::poll::eventually(
         Duration::from_secs(10),
         "the fleet settles",
         || async move {
-            let first = state(etcd).await;
+            let first = state(etcd, prefix).await;
             for _ in 0..2 {
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                if state(etcd).await != first {
+                if state(etcd, prefix).await != first {
                     return lease_proxy_testkit::poll::Probe::Not("still changing".into());
                 }
             }

@@ -61,6 +61,7 @@ fn group_signal(pid: u32, signal: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_member_cannot_write_what_it_lost() {
     let etcd = Etcd::shared().await;
+    let prefix = lease_proxy_testkit::prefix("fleet-safety");
     let dir = tempfile::tempdir().unwrap();
     let keys = key_file(dir.path());
     let Storage {
@@ -69,7 +70,7 @@ async fn a_paused_member_cannot_write_what_it_lost() {
     } = Storage::start().await;
     let gateway = start_gateway(&storage, &keys).await;
     let tweak = |c: &mut lease_proxy::Config| {
-        c.etcd_prefix = "/fleet-safety/".into();
+        c.etcd_prefix = prefix.clone();
         c.prefence_url = Some(gateway.clone());
     };
     let r1 = Proxy::start_with_keys(etcd.endpoints(), keys.clone(), tweak).await;

@@ -186,7 +186,12 @@ async fn keys_under(etcd: &Etcd, prefix: &str) -> usize {
 async fn a_fleet_is_no_way_around_the_held_quota() {
     let dir = tempfile::tempdir().unwrap();
     let tokens = tokens(&dir, &[("alice", "alice-token", "acquire:qa-,read:qa-")]);
-    let Replicas { etcd, r1, r2 } = replicas("fleet-quota", |c| {
+    let Replicas {
+        etcd,
+        r1,
+        r2,
+        prefix,
+    } = replicas("fleet-quota", |c| {
         c.auth_tokens = Some(tokens.clone());
         c.quota_held = Some(3);
     })
@@ -228,7 +233,7 @@ async fn a_fleet_is_no_way_around_the_held_quota() {
     holding(2).await;
     let (status, body) = acquire("qa-more").await;
     assert_eq!((status, slug(&body)), (429, "quota-exceeded"), "{body}");
-    assert_eq!(index_keys(&etcd, "/fleet-quota/", "alice").await, 3);
+    assert_eq!(index_keys(&etcd, &prefix, "alice").await, 3);
     // The hand-made grant released: the fleet takes the room.
     let lease_secret = str_field(&plain, "secret");
     let release = http().delete(format!("{url}/v1/leases/qa-plain"));
@@ -250,7 +255,7 @@ async fn a_fleet_is_no_way_around_the_held_quota() {
     .await;
     assert_eq!(status, 204);
     eventually(WITHIN, "no index key left", || async {
-        match index_keys(&etcd, "/fleet-quota/", "alice").await {
+        match index_keys(&etcd, &prefix, "alice").await {
             0 => Probe::Done(()),
             n => Probe::Not(format!("{n} left")),
         }
@@ -262,17 +267,19 @@ async fn a_fleet_is_no_way_around_the_held_quota() {
 async fn a_spec_written_again_costs_the_rate_and_unchanged_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let tokens = tokens(&dir, &[("alice", "alice-token", "acquire:sp-,read:sp-")]);
-    let Replicas { etcd, r1, .. } = replicas("fleet-spec-rate", |c| {
+    let Replicas {
+        etcd, r1, prefix, ..
+    } = replicas("fleet-spec-rate", |c| {
         c.auth_tokens = Some(tokens.clone());
         c.quota_acquire_rate = Some(2.0);
     })
     .await;
     let url = &r1.url;
     let spec = json!({"resources": names("sp", 4), "drain_ms": 1000});
-    let spec_key = "/fleet-spec-rate/fleets/sp/spec";
+    let spec_key = format!("{prefix}fleets/sp/spec");
     let mod_revision = || async {
         let mut client = etcd.client().await;
-        let got = client.get(spec_key, None).await.unwrap();
+        let got = client.get(spec_key.as_str(), None).await.unwrap();
         got.kvs()
             .first()
             .map_or(0, etcd_client::KeyValue::mod_revision)
@@ -319,6 +326,7 @@ async fn concurrent_joins_never_take_a_fleet_past_its_member_bound() {
         etcd: _etcd,
         r1,
         r2,
+        ..
     } = replicas("fleet-bound", |_| {}).await;
     make_fleet(&r1.url, "fb", &names("fb", 10), json!({})).await;
     let join = |i: usize| {
@@ -381,6 +389,7 @@ async fn the_long_polls_of_one_fleet_share_each_reading_of_it() {
         etcd: _etcd,
         r1,
         r2,
+        ..
     } = replicas("fleet-waiters", |_| {}).await;
     // One resource each: a woken waiter has a grant to read (a newcomer then gets none, as the
     // fleet is balanced already, and moves none).
@@ -447,13 +456,19 @@ async fn a_principal_makes_at_most_its_quota_of_fleets() {
         &dir,
         &[("alice", "alice-token", perms), ("bob", "bob-token", perms)],
     );
-    let Replicas { etcd, r1, r2 } = replicas("fleet-fquota", |c| {
+    let Replicas {
+        etcd,
+        r1,
+        r2,
+        prefix,
+    } = replicas("fleet-fquota", |c| {
         c.auth_tokens = Some(tokens.clone());
         c.quota_fleets = Some(3);
     })
     .await;
     let spec = json!({"resources": ["fq-1", "fq-2"]});
-    let owned = || keys_under(&etcd, "/fleet-fquota/fleet-owners/alice/");
+    let alices = format!("{prefix}fleet-owners/alice/");
+    let owned = || keys_under(&etcd, &alices);
     // Eight made at once through both replicas: never more than three.
     let puts = (0..8).map(|i| {
         let (url, spec) = ([&r1.url, &r2.url][i % 2].clone(), spec.clone());
@@ -528,7 +543,7 @@ async fn a_principal_makes_at_most_its_quota_of_fleets() {
     // fleet stays hers, so she still ends it, and its key goes with it.
     let open = r1
         .replica(etcd.endpoints(), |c| {
-            c.etcd_prefix = "/fleet-fquota/".into()
+            c.etcd_prefix = prefix.clone();
         })
         .await;
     let (status, body) = send(

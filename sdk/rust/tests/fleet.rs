@@ -27,7 +27,7 @@ const WITHIN: Duration = Duration::from_secs(10);
 /// A proxy on the shared etcd under `/{test}/`, forwarding to `upstream` when given.
 async fn proxy(etcd: &Etcd, test: &str, upstream: Option<String>) -> Proxy {
     Proxy::start(etcd.endpoints(), |c| {
-        c.etcd_prefix = format!("/{test}/");
+        c.etcd_prefix = lease_proxy_testkit::prefix(test);
         c.min_ttl = 2;
         c.upstream = upstream;
     })
@@ -99,7 +99,7 @@ async fn a_member_receives_writes_and_hands_off_when_another_joins() {
     let key_file = lease_proxy_testkit::proxy::key_file(keys.path());
     let gateway = start_gateway(&storage.url, &key_file).await;
     let proxy = Proxy::start_with_keys(etcd.endpoints(), key_file.clone(), |c| {
-        c.etcd_prefix = "/fleet-handoff/".into();
+        c.etcd_prefix = lease_proxy_testkit::prefix("fleet-handoff");
         c.min_ttl = 2;
         c.upstream = Some(gateway.clone());
     })

@@ -29,7 +29,7 @@ fn lost_at(lease: &lease_proxy_client::Lease) -> tokio::task::JoinHandle<Instant
 
 #[tokio::test(flavor = "multi_thread")]
 async fn paused_renewals_lose_the_lease_at_its_deadline_before_anyone_takes_over() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let proxy = start_proxy(&etcd).await;
     let client = Client::new(&proxy.url).unwrap();
     let lease = client.acquire("aisle-1", opts("robot-a", 3)).await.unwrap();
@@ -108,7 +108,7 @@ fn a_guard_frozen_past_its_deadline_is_lost_on_its_first_look() {
     let thread = std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(async {
-            let etcd = Etcd::single().await;
+            let etcd = Etcd::shared().await;
             let proxy = start_proxy(&etcd).await;
             url_tx.send(proxy.url.clone()).unwrap();
             let _ = stop_rx.await;
@@ -144,7 +144,7 @@ fn a_guard_frozen_past_its_deadline_is_lost_on_its_first_look() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lease_revoked_in_etcd_is_lost_at_the_next_renewal() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let proxy = start_proxy(&etcd).await;
     // The renewal's 410, not the loss watch (tests/losses.rs), tells here.
     let client = Client::builder(&proxy.url)
@@ -178,7 +178,7 @@ async fn a_lease_revoked_in_etcd_is_lost_at_the_next_renewal() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn release_frees_the_resource_and_so_does_drop() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let proxy = start_proxy(&etcd).await;
     let client = Client::new(&proxy.url).unwrap();
 
@@ -215,7 +215,7 @@ async fn release_frees_the_resource_and_so_does_drop() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_acquire_waits_for_the_holder_when_asked_to() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let proxy = start_proxy(&etcd).await;
     let client = Client::new(&proxy.url).unwrap();
     let first = client
@@ -248,7 +248,7 @@ async fn an_acquire_waits_for_the_holder_when_asked_to() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_one_shot_calls_speak_the_api() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let proxy = start_proxy(&etcd).await;
     let client = Client::new(&proxy.url).unwrap();
     let meta = serde_json::json!({"zone": "north"});
@@ -305,7 +305,7 @@ async fn the_one_shot_calls_speak_the_api() {
 /// so the loss is still reported before the proxy's lease can end and someone take over.
 #[tokio::test(flavor = "multi_thread")]
 async fn over_a_slow_network_the_loss_is_reported_before_a_takeover() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let proxy = start_proxy(&etcd).await;
     let slow = common::relay(
         common::authority(&proxy.url),
@@ -358,7 +358,7 @@ async fn over_a_slow_network_the_loss_is_reported_before_a_takeover() {
 /// the same `Idempotency-Key` and gets the same grant, not a 409 from its own grant.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_acquire_with_an_idempotency_key_is_retried_after_a_transport_error() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let proxy = start_proxy(&etcd).await;
     let flaky = common::relay(common::authority(&proxy.url), Duration::ZERO, true).await;
     let client = Client::new(&flaky).unwrap();
@@ -440,7 +440,7 @@ async fn echo_upstream() -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn forward_reaches_the_upstream_with_the_fencing_token_until_released() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let upstream = echo_upstream().await;
     let proxy = start_proxy_with(&etcd, &reqwest::Client::new(), |c| {
         c.upstream = Some(upstream.clone())
@@ -478,7 +478,7 @@ async fn forward_reaches_the_upstream_with_the_fencing_token_until_released() {
 #[tokio::test(flavor = "multi_thread")]
 async fn list_follows_the_cursor_past_one_page() {
     use futures::StreamExt;
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let proxy = start_proxy(&etcd).await;
     let client = Client::new(&proxy.url).unwrap();
     let names: Vec<String> = (0..1003).map(|i| format!("bin-{i:04}")).collect();
@@ -506,7 +506,7 @@ async fn list_follows_the_cursor_past_one_page() {
 /// there, instead of being read as another resource (`victim`, `job`).
 #[tokio::test(flavor = "multi_thread")]
 async fn resource_names_are_one_path_segment_and_odd_ones_are_refused() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let proxy = start_proxy(&etcd).await;
     let client = Client::new(&proxy.url).unwrap();
     for (name, other) in [

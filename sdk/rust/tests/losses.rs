@@ -28,7 +28,7 @@ async fn lost_within(lost: CancellationToken, limit: Duration) -> Option<Instant
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_loss_is_told_when_the_proxy_sees_it_not_at_the_next_renewal() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let proxy = start_proxy(&etcd).await;
     let client = Client::new(&proxy.url).unwrap();
 
@@ -118,7 +118,7 @@ async fn a_loss_is_told_when_the_proxy_sees_it_not_at_the_next_renewal() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn without_read_permission_the_renewals_still_tell() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");
     std::fs::write(
@@ -161,7 +161,7 @@ async fn without_read_permission_the_renewals_still_tell() {
 /// (`Expired`) at that deadline while the proxy still holds the lease.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_stop_by_deadline_ends_the_lease_a_safety_margin_before_the_server_would() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let proxy = start_proxy(&etcd).await;
     let ttl = Duration::from_secs(3);
     let plain = Client::new(&proxy.url).unwrap();

@@ -19,12 +19,16 @@ fn opts(holder: &str, ttl_secs: u64) -> AcquireOptions {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn fence_carries_the_token_to_the_gateway_which_refuses_the_old_holder() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let storage = Storage::start().await;
     let keys = tempfile::tempdir().unwrap();
     let key_file = lease_proxy_testkit::proxy::key_file(keys.path());
     let gateway = start_gateway(&storage.url, &key_file).await;
-    let proxy = Proxy::start_with_keys(etcd.endpoints(), key_file, |c| c.min_ttl = 2).await;
+    let proxy = Proxy::start_with_keys(etcd.endpoints(), key_file, |c| {
+        c.min_ttl = 2;
+        c.etcd_prefix = lease_proxy_testkit::prefix("sdk");
+    })
+    .await;
     // No loss watch for the old holder: it must still believe it holds when it writes late.
     let old_client = Client::builder(&proxy.url)
         .loss_watch(false)

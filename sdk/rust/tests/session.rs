@@ -22,7 +22,7 @@ async fn lost_within(token: tokio_util::sync::CancellationToken, limit: Duration
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_session_revoked_in_etcd_loses_its_leases_at_the_next_heartbeat() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let proxy = start_proxy(&etcd).await;
     // The keepalive's 410, not the loss watch (tests/losses.rs), tells here.
     let client = Client::builder(&proxy.url)
@@ -70,7 +70,7 @@ async fn a_session_revoked_in_etcd_loses_its_leases_at_the_next_heartbeat() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_session_without_heartbeats_loses_its_leases_at_its_deadline() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let proxy = start_proxy(&etcd).await;
     let client = Client::new(&proxy.url).unwrap();
     let session = client
@@ -115,7 +115,7 @@ async fn a_session_without_heartbeats_loses_its_leases_at_its_deadline() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn closing_or_dropping_a_session_frees_its_resources() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let proxy = start_proxy(&etcd).await;
     let client = Client::new(&proxy.url).unwrap();
 

@@ -35,7 +35,7 @@ fn recorded(mode: TestMode) -> (TestMode, Told) {
 /// A proxy on the binary's shared etcd, under a key prefix of its own.
 async fn proxy(etcd: &Etcd, prefix: &str) -> common::Proxy {
     start_proxy_with(etcd, &reqwest::Client::new(), |config| {
-        config.etcd_prefix = format!("/test-mode-{prefix}/");
+        config.etcd_prefix = lease_proxy_testkit::prefix(&format!("test-mode-{prefix}"));
     })
     .await
 }

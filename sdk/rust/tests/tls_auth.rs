@@ -15,7 +15,7 @@ const ALICE: &str = "alice-4e1f0c9b7d2a";
 
 #[tokio::test(flavor = "multi_thread")]
 async fn https_with_a_bearer_token_or_a_client_certificate() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let pki = Pki::new("sdk");
     let server = pki.server("proxy");
     let robot7 = pki.client("robot-7", "robot-7", &[]);

@@ -21,7 +21,7 @@ async fn next(stream: &mut EventStream) -> Event {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_watch_reports_changes_in_order_and_resumes_after_an_id() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let proxy = start_proxy(&etcd).await;
     let client = Client::new(&proxy.url).unwrap();
     let mut stream = client.watch("aisle-", None);
@@ -88,7 +88,7 @@ async fn the_watch_reports_changes_in_order_and_resumes_after_an_id() {
 /// its last event id and misses nothing.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_broken_watch_reconnects_and_misses_nothing() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let proxy = start_proxy(&etcd).await;
     let relay = common::Relay::start(common::authority(&proxy.url), Duration::ZERO, false).await;
     let client = Client::new(&proxy.url).unwrap();

@@ -12,8 +12,9 @@ pub use lease_proxy_testkit::Etcd;
 
 pub use lease_proxy_testkit::proxy::Proxy;
 
-/// Starts a proxy on `etcd` with test defaults (shortest TTL 2 s), adjusted by `tweak`;
-/// `ready` is the client used to see it ready (it must trust its certificate under TLS).
+/// Starts a proxy on `etcd` with test defaults (shortest TTL 2 s, a key prefix of its own, so
+/// that tests can share one etcd), adjusted by `tweak`; `ready` is the client used to see it
+/// ready (it must trust its certificate under TLS).
 pub async fn start_proxy_with(
     etcd: &Etcd,
     ready: &reqwest::Client,
@@ -21,6 +22,7 @@ pub async fn start_proxy_with(
 ) -> Proxy {
     Proxy::start_https(etcd.endpoints(), ready, |config| {
         config.min_ttl = 2;
+        config.etcd_prefix = lease_proxy_testkit::prefix("sdk");
         tweak(config);
     })
     .await
