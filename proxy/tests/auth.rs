@@ -234,7 +234,7 @@ fn auth_count(metrics: &str, outcome: &str, route: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permission_matrix() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");
     std::fs::write(&tokens, token_file()).unwrap();
@@ -242,7 +242,7 @@ async fn permission_matrix() {
         url: upstream,
         log: forwarded,
     } = Storage::start().await;
-    let proxy = Proxy::start(etcd.endpoints(), |c| {
+    let proxy = Proxy::on(&etcd, |c| {
         c.auth_tokens = Some(tokens.clone());
         c.upstream = Some(upstream.clone());
     })
@@ -528,12 +528,12 @@ async fn permission_matrix() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_audit_log_has_a_line_per_grant_release_and_refusal() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");
     let log = dir.path().join("audit.jsonl");
     std::fs::write(&tokens, token_file()).unwrap();
-    let proxy = Proxy::start(etcd.endpoints(), |c| {
+    let proxy = Proxy::on(&etcd, |c| {
         c.auth_tokens = Some(tokens.clone());
         c.audit_log = Some(log.clone());
     })
@@ -774,7 +774,7 @@ async fn until_on(s: &mut tokio::net::TcpStream, path: &str, token: &str, want: 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_and_file_changes_reload_the_tokens_without_dropping_connections() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");
     let line = |name: &str, token: &str| format!("{name} {} read:*\n", sha256_hex(token));
@@ -789,6 +789,7 @@ async fn sighup_and_file_changes_reload_the_tokens_without_dropping_connections(
         Command::new(BIN)
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--etcd-endpoints", &etcd.endpoint(0)])
+            .args(["--etcd-prefix", &lease_proxy_testkit::prefix("auth")])
             .arg("--data-dir")
             .arg(dir.path())
             .arg("--auth-tokens")

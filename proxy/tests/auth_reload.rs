@@ -98,11 +98,11 @@ async fn rewrite_in_two_halves(url: &str, path: &Path, first: &str, rest: &str, 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_file_caught_mid_rewrite_is_never_taken() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tokens");
     std::fs::write(&path, tokens()).unwrap();
-    let proxy = Proxy::start(etcd.endpoints(), |c| c.auth_tokens = Some(path.clone())).await;
+    let proxy = Proxy::on(&etcd, |c| c.auth_tokens = Some(path.clone())).await;
     let url = &proxy.url;
     probe(url, Duration::ZERO).await;
 
@@ -198,11 +198,11 @@ const PATIENCE: Duration = Duration::from_secs(15);
 /// and `reloaded` says when it is in force. bob's wait must end with `status` at once — before
 /// alice lets go — and once she has, nobody holds the resource and nobody stands in its line.
 async fn a_waiter_judged_again(after: &str, status: u16, reloaded: impl Fn(String) -> bool) {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tokens");
     std::fs::write(&path, tokens()).unwrap();
-    let proxy = Proxy::start(etcd.endpoints(), |c| c.auth_tokens = Some(path.clone())).await;
+    let proxy = Proxy::on(&etcd, |c| c.auth_tokens = Some(path.clone())).await;
     let url = proxy.url.clone();
     let (s, held) = acquire_as(&url, ALICE, "a-1", 0).await;
     assert_eq!(s, 201, "{held}");
@@ -210,7 +210,7 @@ async fn a_waiter_judged_again(after: &str, status: u16, reloaded: impl Fn(Strin
         let url = url.clone();
         tokio::spawn(async move { acquire_as(&url, BOB, "a-1", 30_000).await })
     };
-    let line_of = "/lease-proxy/waiters/a-1/";
+    let line_of = &format!("{}waiters/a-1/", proxy.prefix);
     until(PATIENCE, "bob never stood in line", || async {
         keys_under(&etcd, line_of).await.len() == 1
     })
@@ -240,7 +240,9 @@ async fn a_waiter_judged_again(after: &str, status: u16, reloaded: impl Fn(Strin
         keys_under(&etcd, line_of).await.is_empty()
     })
     .await;
-    assert!(keys_under(&etcd, "/lease-proxy/holders/").await.is_empty());
+    assert!(keys_under(&etcd, &format!("{}holders/", proxy.prefix))
+        .await
+        .is_empty());
     let (s, body) = send(
         http()
             .get(format!("{url}/v1/leases/a-1"))
@@ -268,11 +270,11 @@ async fn a_waiting_acquire_of_a_narrowed_principal_ends_with_403() {
 /// (without a wait, so no wake-up is involved).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_whose_principal_was_removed_before_its_create_gets_401() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tokens");
     std::fs::write(&path, tokens()).unwrap();
-    let proxy = Proxy::start(etcd.endpoints(), |c| {
+    let proxy = Proxy::on(&etcd, |c| {
         c.auth_tokens = Some(path.clone());
         c.header_read_timeout = Duration::from_secs(30);
     })
@@ -310,7 +312,9 @@ async fn an_acquire_whose_principal_was_removed_before_its_create_gets_401() {
     drop(body_tx);
     let (s, body) = pending.await.unwrap();
     assert_eq!(s, 401, "{body}");
-    assert!(keys_under(&etcd, "/lease-proxy/holders/").await.is_empty());
+    assert!(keys_under(&etcd, &format!("{}holders/", proxy.prefix))
+        .await
+        .is_empty());
 }
 
 /// `POST /v3/lock/lock` as `token`, under `lease`, for the lock named `m`.
@@ -329,7 +333,7 @@ async fn lock_as(url: &str, token: &str, lease: &str) -> (u16, serde_json::Value
 /// end with etcd's `code` while the first is still held — no lock, no fencing token — and its
 /// key must go, leaving the holder's alone.
 async fn a_lock_waiter_judged_again(after: &str, status: u16, code: i64) {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tokens");
     std::fs::write(
@@ -337,7 +341,7 @@ async fn a_lock_waiter_judged_again(after: &str, status: u16, code: i64) {
         line("alice", ALICE, "v3:*") + &line("bob", BOB, "read:*"),
     )
     .unwrap();
-    let proxy = Proxy::start(etcd.endpoints(), |c| c.auth_tokens = Some(path.clone())).await;
+    let proxy = Proxy::on(&etcd, |c| c.auth_tokens = Some(path.clone())).await;
     let url = proxy.url.clone();
     let mut leases = Vec::new();
     for _ in 0..2 {
@@ -357,7 +361,7 @@ async fn a_lock_waiter_judged_again(after: &str, status: u16, code: i64) {
         let (url, lease) = (url.clone(), leases[1].clone());
         tokio::spawn(async move { lock_as(&url, ALICE, &lease).await })
     };
-    let lock_keys = "/lease-proxy/v3/kv/alice/m/";
+    let lock_keys = &format!("{}v3/kv/alice/m/", proxy.prefix);
     until(PATIENCE, "the second lock never waited", || async {
         keys_under(&etcd, lock_keys).await.len() == 2
     })

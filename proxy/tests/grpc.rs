@@ -318,8 +318,8 @@ async fn keys_stay_inside_the_namespace() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn member_list_names_the_proxy_and_status_answers() {
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |_| {}).await;
     let mut c = client(&proxy.url).await;
     let members = c.member_list().await.unwrap();
     let urls: Vec<&str> = members
@@ -517,7 +517,7 @@ async fn callers_are_judged_as_v3_json_judges_them() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_is_served_over_tls_too() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let pki = lease_proxy_testkit::pki::Pki::new("grpc");
     let server = pki.server("proxy");
     let ca = std::fs::read(pki.ca()).unwrap();
@@ -528,6 +528,7 @@ async fn grpc_is_served_over_tls_too() {
         .build()
         .unwrap();
     let proxy = Proxy::start_https(etcd.endpoints(), &https, |c| {
+        c.etcd_prefix = lease_proxy_testkit::prefix("grpc-tls");
         c.tls_cert = Some(server.cert.clone());
         c.tls_key = Some(server.key.clone());
     })
@@ -644,8 +645,8 @@ async fn a_keepalive_stream_renews_nothing_once_its_principal_is_removed() {
         line("acme", ACME) + &line("other", "other-token-9c"),
     )
     .unwrap();
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |c| c.auth_tokens = Some(tokens.clone())).await;
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |c| c.auth_tokens = Some(tokens.clone())).await;
     let grant = |token: &'static str| {
         send(
             http()
@@ -817,8 +818,8 @@ async fn renewals_of_a_confirmed_lease_read_no_marker_and_a_revoked_one_renews_n
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_renewals_on_one_stream_is_answered_in_full() {
     const BURST: usize = 5000;
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |_| {}).await;
     let mut c = client(&proxy.url).await;
     let id = c.lease_grant(60, None).await.unwrap().id();
     let ask = PbLeaseKeepAliveRequest { id };

@@ -69,8 +69,8 @@ async fn fifty_contenders_one_winner() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_handovers_strictly_increasing_tokens() {
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |_| {}).await;
     let keys = proxy.keyring();
     let mut last = 0u64;
     for i in 0..100 {
@@ -90,8 +90,8 @@ async fn hundred_handovers_strictly_increasing_tokens() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_holder_is_replaced_by_a_waiter() {
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |_| {}).await;
 
     // 1. A holder that stops renewing: its lease lapses after the TTL.
     let ttl = 3;
@@ -165,8 +165,8 @@ async fn dead_holder_is_replaced_by_a_waiter() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_keeps_the_lease_past_its_ttl() {
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |_| {}).await;
     let (_, grant) = acquire(&proxy, "singleton", "worker", 2).await;
     let secret = str_field(&grant, "secret");
     let until = Instant::now() + Duration::from_secs(5);
@@ -337,6 +337,7 @@ async fn idempotency_key_returns_the_same_grant() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_paginates_in_name_order() {
+    // Its own etcd: the test counts etcd's gRPC calls.
     let etcd = Etcd::single().await;
     let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
     for i in 0..7 {

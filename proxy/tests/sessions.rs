@@ -113,12 +113,12 @@ async fn a_session_holds_many_resources_on_one_lease_and_close_releases_all() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lapsed_session_releases_everything_and_its_grants_are_lost_everywhere() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let Storage {
         url: storage,
         log: received,
     } = Storage::start().await;
-    let proxy = Proxy::start(etcd.endpoints(), |c| c.upstream = Some(storage.clone())).await;
+    let proxy = Proxy::on(&etcd, |c| c.upstream = Some(storage.clone())).await;
     let other = proxy
         .replica(etcd.endpoints(), |c| c.upstream = Some(storage.clone()))
         .await;
@@ -189,8 +189,8 @@ async fn a_lapsed_session_releases_everything_and_its_grants_are_lost_everywhere
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn releasing_one_grant_of_a_session_keeps_the_others_and_is_never_renewed_after() {
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |_| {}).await;
     let other = proxy.replica(etcd.endpoints(), |_| {}).await;
     let s = session(&proxy, "robot-1", 30).await;
     // Released on one replica, renewed at once on the other: the other's watch-fed view may not

@@ -598,8 +598,8 @@ async fn the_namespace_cannot_be_escaped() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_blocks_the_next_and_tokens_rise() {
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |_| {}).await;
     let keys = proxy.keyring();
     let grant = |ttl: u64| {
         let url = format!("{}/v3/lease/grant", proxy.url);
@@ -693,7 +693,7 @@ async fn v3_call(base: &str, path: &str, body: String) -> (u16, Value, Option<St
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_token_never_fences_a_v1_resource() {
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let Storage {
         url: storage,
         log: received,
@@ -703,6 +703,7 @@ async fn a_lock_token_never_fences_a_v1_resource() {
     fencing::Keyring::create_file(&key_file, &fencing::KeyId::parse("k1").unwrap()).unwrap();
     let gateway = start_gateway(&storage, &key_file).await;
     let proxy = Proxy::start_with_keys(etcd.endpoints(), key_file, |c| {
+        c.etcd_prefix = lease_proxy_testkit::prefix("v3-lock");
         c.upstream = Some(gateway.clone());
     })
     .await;

@@ -41,8 +41,8 @@ const WAIT: Duration = Duration::from_secs(10);
 
 #[tokio::test]
 async fn events_name_every_grant_and_how_it_ended_in_revision_order() {
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |_| {}).await;
     let mut sse = Sse::open(&watch_url(&proxy, "ev-"), None).await;
     let first = sse.next(WAIT).await.unwrap();
     assert!(first.data.is_none() && first.id.is_some(), "{first:?}");
@@ -120,8 +120,8 @@ async fn events_name_every_grant_and_how_it_ended_in_revision_order() {
 
 #[tokio::test]
 async fn a_resumed_stream_loses_and_repeats_nothing_even_inside_one_revision() {
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |_| {}).await;
     let url = watch_url(&proxy, "");
     let mut whole = Sse::open(&url, None).await;
     let start = whole.next(WAIT).await.unwrap().id.unwrap();
@@ -402,8 +402,8 @@ async fn a_thousand_events_a_second_through_one_stream_with_a_stalled_reader_sta
 
 #[tokio::test]
 async fn streams_are_bounded_and_end_when_the_proxy_drains() {
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |c| c.max_watch_streams = 2).await;
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |c| c.max_watch_streams = 2).await;
     let url = watch_url(&proxy, "");
     let mut one = Sse::open(&url, None).await;
     let two = Sse::open(&url, None).await;
@@ -532,7 +532,7 @@ async fn resuming_across_a_leader_kill_and_replicas_loses_nothing() {
 async fn a_principal_sees_only_the_resources_it_may_read() {
     use sha2::{Digest, Sha256};
     let hash = |t: &str| hex::encode(Sha256::digest(t.as_bytes()));
-    let etcd = Etcd::single().await;
+    let etcd = Etcd::shared().await;
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");
     std::fs::write(
@@ -545,7 +545,7 @@ async fn a_principal_sees_only_the_resources_it_may_read() {
         ),
     )
     .unwrap();
-    let proxy = Proxy::start(etcd.endpoints(), |c| c.auth_tokens = Some(tokens.clone())).await;
+    let proxy = Proxy::on(&etcd, |c| c.auth_tokens = Some(tokens.clone())).await;
     let url = watch_url(&proxy, "");
     let client = reqwest::Client::new();
     for (token, status) in [
@@ -638,8 +638,8 @@ async fn a_principal_sees_only_the_resources_it_may_read() {
 /// is still its own): a release of one of them must not label the others' lapse a release.
 #[tokio::test]
 async fn grants_of_one_batch_are_told_apart_when_one_is_released_and_the_rest_lapse() {
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |c| {
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |c| {
         c.batch_linger = Duration::from_millis(50);
     })
     .await;
@@ -695,8 +695,8 @@ async fn grants_of_one_batch_are_told_apart_when_one_is_released_and_the_rest_la
 /// `--watch-max-duration`; a reading client resumes where the stream ended and loses nothing.
 #[tokio::test]
 async fn streams_end_at_their_longest_life_and_resume_without_loss() {
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |c| {
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |c| {
         c.max_watch_streams = 1;
         c.watch_max_duration = Duration::from_secs(2);
     })
@@ -873,8 +873,8 @@ async fn slot_comes_back(url: &str, failure: &str) {
 /// `released`, after renewing on for as long as its holder liked).
 #[tokio::test]
 async fn a_release_whose_client_resets_mid_request_is_finished_or_never_started() {
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |_| {}).await;
     let address = proxy.url.trim_start_matches("http://").to_owned();
     let mut kv = etcd.client().await;
     let (mut ended, mut untouched) = (0, 0);
@@ -886,7 +886,7 @@ async fn a_release_whose_client_resets_mid_request_is_finished_or_never_started(
         let lease = str_field(&grant, "lease_id");
         delete_then_reset(&address, &format!("/v1/leases/{resource}"), &secret, i).await;
         let marker = kv
-            .get(format!("/lease-proxy/ended/released/{lease}"), None)
+            .get(format!("{}ended/released/{lease}", proxy.prefix), None)
             .await
             .unwrap()
             .kvs()
@@ -910,8 +910,8 @@ async fn a_release_whose_client_resets_mid_request_is_finished_or_never_started(
 /// marker on a session that lives on.
 #[tokio::test]
 async fn a_session_close_whose_client_resets_mid_request_is_finished_or_never_started() {
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |_| {}).await;
     let address = proxy.url.trim_start_matches("http://").to_owned();
     let mut kv = etcd.client().await;
     for i in 0..40u64 {
@@ -921,7 +921,7 @@ async fn a_session_close_whose_client_resets_mid_request_is_finished_or_never_st
         let secret = str_field(&session, "secret");
         delete_then_reset(&address, &format!("/v1/sessions/{id}"), &secret, i).await;
         let marker = kv
-            .get(format!("/lease-proxy/ended/closed/{id}"), None)
+            .get(format!("{}ended/closed/{id}", proxy.prefix), None)
             .await
             .unwrap()
             .kvs()

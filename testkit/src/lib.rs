@@ -81,6 +81,8 @@ pub struct Etcd {
     extra_args: Vec<String>,
     /// The test command's etcd for the whole run ([`RUN_ETCD`]): not this process's to stop.
     external: bool,
+    /// Handed out by [`Etcd::shared`]: other tests use it at the same time.
+    shared: bool,
     _dir: Option<TempDir>,
 }
 
@@ -220,7 +222,9 @@ impl Etcd {
         if let Some(etcd) = running {
             return etcd;
         }
-        let etcd = Arc::new(Self::single().await);
+        let mut etcd = Self::single().await;
+        etcd.shared = true;
+        let etcd = Arc::new(etcd);
         *SHARED.lock().unwrap_or_else(PoisonError::into_inner) = Arc::downgrade(&etcd);
         etcd
     }
@@ -256,6 +260,7 @@ impl Etcd {
             security: None,
             extra_args: Vec::new(),
             external: true,
+            shared: true,
             _dir: None,
         }
     }
@@ -265,11 +270,22 @@ impl Etcd {
         self.external || m.child.is_some()
     }
 
-    /// Refuses to act on the processes of the run's etcd, which every test shares.
+    /// Refuses to stop, pause or restart a shared etcd ([`Etcd::shared`]).
     fn own(&self) {
         assert!(
-            !self.external,
-            "the run's etcd is shared by every test: start one of the test's own to stop it"
+            !self.shared,
+            "this etcd is shared with other tests: start one of the test's own to stop it"
+        );
+    }
+
+    /// Refuses to read etcd-wide state (its metrics, every key, every lease) of a shared etcd
+    /// ([`Etcd::shared`]): other tests change it meanwhile, so a count or a comparison read
+    /// there is wrong now and then, not always. `what` says what the caller reads.
+    pub fn alone(&self, what: &str) {
+        assert!(
+            !self.shared,
+            "{what} is etcd-wide and this etcd is shared with other tests: start one of the \
+             test's own (Etcd::single)"
         );
     }
 
@@ -317,6 +333,7 @@ impl Etcd {
             security,
             extra_args: Vec::new(),
             external: false,
+            shared: false,
             _dir: Some(dir),
         }
     }
@@ -568,12 +585,15 @@ impl Etcd {
 
 impl Drop for Etcd {
     fn drop(&mut self) {
-        if self.external {
-            return;
-        }
-        for i in 0..self.members.len() {
-            self.signal(i, "CONT");
-            self.kill(i);
+        // The run's etcd has no child here: only what this process started is stopped.
+        for m in &mut self.members {
+            if let Some(mut child) = m.child.take() {
+                let _ = Command::new("kill")
+                    .args(["-CONT", &child.id().to_string()])
+                    .status();
+                let _ = child.kill();
+                let _ = child.wait();
+            }
         }
     }
 }
@@ -716,6 +736,13 @@ mod tests {
         assert_eq!(etcd.leader().await, Some(0), "the run's etcd has no leader");
         let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| etcd.kill(0)));
         assert!(refused.is_err(), "a test killed the run's etcd");
+        let refused =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| etcd.alone("a metric")));
+        assert!(
+            refused.is_err(),
+            "a test read etcd-wide state of the run's etcd"
+        );
+        member.alone("a metric");
         drop(etcd);
         assert!(
             member.leader().await.is_some(),

@@ -100,6 +100,7 @@ pub struct Snapshot {
 }
 
 pub async fn snapshot(etcd: &Etcd) -> Snapshot {
+    etcd.alone("every key and lease");
     let mut client = etcd.client().await;
     let resp = client
         .get(
@@ -173,6 +174,7 @@ pub async fn metrics_text(base: &str) -> String {
 
 /// [`etcd_metric`] over the label sets containing `labels` (e.g. `grpc_method="Watch"`).
 pub async fn etcd_metric_where(etcd: &Etcd, name: &str, labels: &str) -> f64 {
+    etcd.alone("an etcd metric");
     let text = metrics_text(&etcd.endpoint(0)).await;
     text.lines()
         .filter(|l| {

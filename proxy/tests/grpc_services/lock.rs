@@ -4,11 +4,9 @@ use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_over_grpc_excludes_and_carries_a_fencing_token() {
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |c| {
-        c.v3_namespace = Some("/tenant-a/".into());
-    })
-    .await;
+    let etcd = Etcd::shared().await;
+    let namespace = lease_proxy_testkit::prefix("tenant-a");
+    let proxy = Proxy::on(&etcd, |c| c.v3_namespace = Some(namespace.clone())).await;
     let mut c = client(&proxy.url).await;
     let first = c.lease_grant(30, None).await.unwrap().id();
     let second = c.lease_grant(30, None).await.unwrap().id();
@@ -32,7 +30,7 @@ async fn lock_over_grpc_excludes_and_carries_a_fencing_token() {
     assert!(!token.is_empty());
     let mut raw = etcd.client().await;
     let stored = raw
-        .get([b"/tenant-a/".as_slice(), &key].concat(), None)
+        .get([namespace.as_bytes(), &key].concat(), None)
         .await
         .unwrap();
     assert_eq!(stored.kvs().len(), 1);
@@ -118,8 +116,8 @@ async fn lock_token(proxy: &Proxy, key: &[u8]) -> (u16, Option<String>) {
 /// earlier one out at the gateway.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_side_lock_holders_exchange_their_key_for_a_token() {
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |_| {}).await;
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |_| {}).await;
     let Storage {
         url: storage,
         log: received,

@@ -109,8 +109,8 @@ async fn a_watch_stream_ends_once_its_principal_is_removed() {
         line("acme", ACME) + &line("other", "other-token-31"),
     )
     .unwrap();
-    let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |c| c.auth_tokens = Some(tokens.clone())).await;
+    let etcd = Etcd::shared().await;
+    let proxy = Proxy::on(&etcd, |c| c.auth_tokens = Some(tokens.clone())).await;
 
     // etcd-client sends `authorization` only after an Authenticate; metadata by hand instead.
     let create: PbWatchRequest = WatchOptions::new().with_key("k").with_prefix().into();
