@@ -23,7 +23,7 @@ use crate::Config;
 struct Fixture {
     fleets: Fleets,
     _stop: tokio_util::sync::DropGuard,
-    _etcd: TestEtcd,
+    _etcd: std::sync::Arc<TestEtcd>,
     _dir: tempfile::TempDir,
 }
 
@@ -35,14 +35,17 @@ fn anyone(_: &[String]) -> crate::Result<()> {
 
 impl Fixture {
     async fn new(resources: &[&str]) -> Self {
-        let etcd = TestEtcd::single().await;
+        let etcd = TestEtcd::shared().await;
         let dir = tempfile::tempdir().expect("a temporary directory");
         let endpoints = etcd.endpoints().join(",");
         let data_dir = dir.path().display().to_string();
+        let prefix = lease_proxy_testkit::prefix("fleet");
         let config = Config::parse_from([
             "lease-proxy",
             "--etcd-endpoints",
             &endpoints,
+            "--etcd-prefix",
+            &prefix,
             "--data-dir",
             &data_dir,
         ]);

@@ -83,19 +83,7 @@ impl Leases {
             }
             _ => None,
         };
-        let record = HolderRecord {
-            // The member's name: the session's holder.
-            holder: session.holder.clone(),
-            lease_id: g.session,
-            secret_hash: session.secret_hash.clone(),
-            metadata: None,
-            acquired_at: unix_millis(),
-            ttl_seconds: session.ttl_seconds,
-            principal: session.principal.clone(),
-            idempotency: None,
-            session: true,
-            fleet: Some(g.fleet.to_owned()),
-        };
+        let record = fleet_record(&session, &g);
         let value = record.encode();
         let key = self.key(g.resource);
         let fleet_index = self.layout.fleet_grant(g.fleet, g.resource);
@@ -228,6 +216,23 @@ impl Leases {
                 }
             }
         });
+    }
+}
+
+/// The ownership record of a fleet's grant `g` on `session`: the member's name is the
+/// session's holder.
+fn fleet_record(session: &SessionRecord, g: &OnSession<'_>) -> HolderRecord {
+    HolderRecord {
+        holder: session.holder.clone(),
+        lease_id: g.session,
+        secret_hash: session.secret_hash.clone(),
+        metadata: None,
+        acquired_at: unix_millis(),
+        ttl_seconds: session.ttl_seconds,
+        principal: session.principal.clone(),
+        idempotency: None,
+        session: true,
+        fleet: Some(g.fleet.to_owned()),
     }
 }
 
