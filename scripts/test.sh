@@ -73,10 +73,12 @@ await_beside() {
 run_etcd_pid=""
 run_etcd_dir=""
 claim_port() {
-  local ports="${TMPDIR:-/tmp}/lease-proxy-test-ports" port fd
+  local ports="${TMPDIR:-/tmp}/lease-proxy-test-ports" port fd low
   mkdir -p "$ports"
+  low=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+  [ "$low" -gt 11000 ] || low=32768
   for _ in $(seq 200); do
-    port=$((20000 + RANDOM % 12000))
+    port=$((10000 + RANDOM % (low - 10000)))
     exec {fd}>"$ports/$port"
     if flock -n "$fd" && ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
       claimed_port=$port
