@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test suite, from a fresh Debian machine: installs what is missing (scripts/deps.sh), then
 # formatting, lints and every test. Integration tests share one etcd started here for the run, each
-# under a key prefix of its own; those that kill, pause or restart etcd start their own.
+# under a key prefix of its own; those that stop or compact etcd, or read its metrics or every
+# key, start their own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # A clean build gains nothing from incremental compilation's cache, which doubles the target dir.
@@ -91,8 +92,10 @@ claim_port() {
 }
 start_run_etcd() {
   local client peer url
-  claim_port && client=$claimed_port
-  claim_port && peer=$claimed_port
+  claim_port || return 1
+  client=$claimed_port
+  claim_port || return 1
+  peer=$claimed_port
   url="http://127.0.0.1:$client"
   run_etcd_dir=$(mktemp -d "${TMPDIR:-/tmp}/lease-proxy-run-etcd.XXXXXX")
   "${ETCD_BIN:-etcd}" --name run --data-dir "$run_etcd_dir/data" \
