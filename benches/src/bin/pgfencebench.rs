@@ -6,6 +6,10 @@
 //! - `temporal`: Temporal's hand-written fence (its SQL persistence's `readLockShard`): `BEGIN`,
 //!   a prepared `SELECT range_id FROM shards WHERE … FOR SHARE` whose answer the application
 //!   compares with the range it owns, the update, `COMMIT` (one round trip more, no signature);
+//! - `floor`: `BEGIN; SELECT bench_floor(aisle)` in one message, the update, `COMMIT`: the
+//!   cheapest check a package can make a writer pass through — a `SECURITY DEFINER` PL/pgSQL
+//!   function with a fixed `search_path` that reads the resource's mark row `FOR SHARE` and
+//!   nothing else (no token, no verdict, no gateway check): the bound for `admit`;
 //! - `admit`: `BEGIN; SELECT fencing.admit(aisle, token)` in one message, the update, `COMMIT`;
 //! - `trigger`: `BEGIN; SET LOCAL fencing.token = …` in one message, the update of a protected
 //!   table (`fencing.protect`, the ORM mode: the row trigger verifies the token), `COMMIT`.
@@ -101,22 +105,60 @@ async fn connect(url: &str) -> anyhow::Result<Client> {
 enum Side {
     Unfenced,
     Temporal,
+    Floor,
     Admit,
     Trigger,
 }
 
-const SIDES: [Side; 4] = [Side::Unfenced, Side::Temporal, Side::Admit, Side::Trigger];
+/// Every side, in the order of the enum (`Side as usize` indexes it).
+const SIDES: [Side; 5] = [
+    Side::Unfenced,
+    Side::Temporal,
+    Side::Floor,
+    Side::Admit,
+    Side::Trigger,
+];
+
+/// The sides checked inside the database, each compared with the unfenced and Temporal's.
+const FENCED: [Side; 3] = [Side::Floor, Side::Admit, Side::Trigger];
 
 impl Side {
     fn name(self) -> &'static str {
         match self {
             Side::Unfenced => "unfenced",
             Side::Temporal => "temporal",
+            Side::Floor => "floor",
             Side::Admit => "admit",
             Side::Trigger => "trigger",
         }
     }
+
+    /// The transaction's shape, for the JSON report.
+    fn shape(self) -> &'static str {
+        match self {
+            Side::Unfenced => "BEGIN | UPDATE stock SET qty = qty + 1 WHERE aisle = $1 | COMMIT",
+            Side::Temporal => {
+                "BEGIN | SELECT range_id FROM shards WHERE aisle = $1 FOR SHARE (compared) | UPDATE stock … | COMMIT"
+            }
+            Side::Floor => "BEGIN; SELECT bench_floor(aisle) | UPDATE stock … | COMMIT",
+            Side::Admit => "BEGIN; SELECT fencing.admit(aisle, token) | UPDATE stock … | COMMIT",
+            Side::Trigger => {
+                "BEGIN; SET LOCAL fencing.token = token | UPDATE guarded … (protected) | COMMIT"
+            }
+        }
+    }
 }
+
+/// The floor side's function: what any in-database check costs at least (a `SECURITY DEFINER`
+/// call with a fixed `search_path`, PL/pgSQL, one row read `FOR SHARE`), checking nothing.
+const FLOOR: &str = "CREATE FUNCTION bench_floor(resource text) RETURNS bytea
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    DECLARE mark bytea;
+    BEGIN
+        SELECT m.mark INTO mark FROM fencing.fence_marks AS m
+            WHERE m.resource = bench_floor.resource FOR SHARE;
+        RETURN mark;
+    END $$";
 
 /// The range id every worker owns in `shards` (Temporal's side compares with it).
 const RANGE_ID: i64 = 1;
@@ -160,6 +202,7 @@ async fn transaction(w: &Worker, side: Side) -> anyhow::Result<()> {
     // Tokens and aisles are the bench's own (url-safe and alphanumeric): quoted as literals.
     let begin = match side {
         Side::Unfenced | Side::Temporal => "BEGIN".to_owned(),
+        Side::Floor => format!("BEGIN; SELECT bench_floor('{}')", w.aisle),
         Side::Admit => format!("BEGIN; SELECT fencing.admit('{}', '{}')", w.aisle, w.token),
         Side::Trigger => format!("BEGIN; SET LOCAL fencing.token = '{}'", w.token),
     };
@@ -296,6 +339,7 @@ async fn run(args: &Args, scratch: &Scratch) -> anyhow::Result<()> {
          INSERT INTO shards SELECT aisle, {RANGE_ID} FROM stock;"
     ))
     .await?;
+    db.batch_execute(FLOOR).await?;
     let mut workers = Vec::new();
     for i in 0..most {
         let aisle = format!("aisle-{i}");
@@ -325,52 +369,57 @@ async fn run(args: &Args, scratch: &Scratch) -> anyhow::Result<()> {
     }
 
     let mut rows = Vec::new();
-    let mut md = String::from(
-        "| in flight | round | unfenced p50 / p99 ms | temporal p50 / p99 ms | admit p50 / p99 ms | trigger p50 / p99 ms | unfenced tx/s | temporal tx/s | admit tx/s | trigger tx/s | admit / temporal: p50, tx/s | trigger / temporal: p50, tx/s |\n|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
-    );
+    let mut md = String::from("| in flight | round |");
+    for side in SIDES {
+        md.push_str(&format!(" {} p50 / p99 ms |", side.name()));
+    }
+    for side in SIDES {
+        md.push_str(&format!(" {} tx/s |", side.name()));
+    }
+    for side in FENCED {
+        md.push_str(&format!(" {} / temporal: p50, tx/s |", side.name()));
+    }
+    md.push_str(&format!(
+        "\n|--:|--:|{}\n",
+        "--:|".repeat(2 * SIDES.len() + FENCED.len())
+    ));
     for &n in &args.concurrency {
         let cell = &workers[..n.max(1).min(workers.len())];
         for round in 0..args.rounds {
-            let mut got = [Run::default(); 4];
+            let mut got = [Run::default(); SIDES.len()];
             for k in 0..SIDES.len() {
                 let i = (k + round) % SIDES.len();
                 got[i] = measure(cell, SIDES[i], args.ops).await?;
             }
-            let [plain, temporal, admit, trigger] = got;
+            let run = |side: Side| &got[side as usize];
             let p50 = |r: &Run, of: &Run| ms(r.p50) / ms(of.p50).max(1e-9);
             let tput = |r: &Run, of: &Run| r.per_sec / of.per_sec.max(1e-9);
-            let pair = |r: &Run| format!("{:.3} / {:.3}", ms(r.p50), ms(r.p99));
-            md.push_str(&format!(
-                "| {n} | {round} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} / {:.2} | {:.2} / {:.2} |\n",
-                pair(&plain),
-                pair(&temporal),
-                pair(&admit),
-                pair(&trigger),
-                plain.per_sec,
-                temporal.per_sec,
-                admit.per_sec,
-                trigger.per_sec,
-                p50(&admit, &temporal),
-                tput(&admit, &temporal),
-                p50(&trigger, &temporal),
-                tput(&trigger, &temporal),
-            ));
-            rows.push(json!({
-                "in_flight": n,
-                "round": round,
-                Side::Unfenced.name(): plain.json(),
-                Side::Temporal.name(): temporal.json(),
-                Side::Admit.name(): admit.json(),
-                Side::Trigger.name(): trigger.json(),
-                "admit_p50_ratio": p50(&admit, &plain),
-                "admit_throughput_ratio": tput(&admit, &plain),
-                "trigger_p50_ratio": p50(&trigger, &plain),
-                "trigger_throughput_ratio": tput(&trigger, &plain),
-                "admit_temporal_p50_ratio": p50(&admit, &temporal),
-                "admit_temporal_throughput_ratio": tput(&admit, &temporal),
-                "trigger_temporal_p50_ratio": p50(&trigger, &temporal),
-                "trigger_temporal_throughput_ratio": tput(&trigger, &temporal),
-            }));
+            let (plain, temporal) = (run(Side::Unfenced), run(Side::Temporal));
+            md.push_str(&format!("| {n} | {round} |"));
+            for r in &got {
+                md.push_str(&format!(" {:.3} / {:.3} |", ms(r.p50), ms(r.p99)));
+            }
+            for r in &got {
+                md.push_str(&format!(" {:.0} |", r.per_sec));
+            }
+            let mut row = json!({ "in_flight": n, "round": round });
+            for side in SIDES {
+                row[side.name()] = run(side).json();
+            }
+            for side in FENCED {
+                let (r, key) = (run(side), side.name());
+                md.push_str(&format!(
+                    " {:.2} / {:.2} |",
+                    p50(r, temporal),
+                    tput(r, temporal)
+                ));
+                row[format!("{key}_p50_ratio")] = json!(p50(r, plain));
+                row[format!("{key}_throughput_ratio")] = json!(tput(r, plain));
+                row[format!("{key}_temporal_p50_ratio")] = json!(p50(r, temporal));
+                row[format!("{key}_temporal_throughput_ratio")] = json!(tput(r, temporal));
+            }
+            md.push('\n');
+            rows.push(row);
         }
     }
     if args.keep_database {
@@ -393,12 +442,10 @@ async fn run(args: &Args, scratch: &Scratch) -> anyhow::Result<()> {
     print!("{md}");
     if let Some(path) = &args.json {
         let report = json!({
-            "transactions": {
-                "unfenced": "BEGIN | UPDATE stock SET qty = qty + 1 WHERE aisle = $1 | COMMIT",
-                "temporal": "BEGIN | SELECT range_id FROM shards WHERE aisle = $1 FOR SHARE (compared) | UPDATE stock … | COMMIT",
-                "admit": "BEGIN; SELECT fencing.admit(aisle, token) | UPDATE stock … | COMMIT",
-                "trigger": "BEGIN; SET LOCAL fencing.token = token | UPDATE guarded … (protected) | COMMIT",
-            },
+            "transactions": SIDES
+                .iter()
+                .map(|s| (s.name().to_owned(), json!(s.shape())))
+                .collect::<serde_json::Map<_, _>>(),
             "cells": rows,
             "admit_parts_us": parts.iter().map(|(p, us)| json!({"part": p, "us": us})).collect::<Vec<_>>(),
             "admit_check": check.json(),
