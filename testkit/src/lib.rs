@@ -71,6 +71,20 @@ struct Member {
     child: Option<Child>,
 }
 
+impl Member {
+    /// SIGKILLs the process this member runs in, if this process started it, and reaps it
+    /// (resumed first, in case a test paused it).
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// A running etcd cluster (one or more members) owned by a test.
 #[derive(Debug)]
 pub struct Etcd {
@@ -557,10 +571,7 @@ impl Etcd {
     /// SIGKILLs member `i` (it can be started again with [`Etcd::restart`]).
     pub fn kill(&mut self, i: usize) {
         self.own();
-        if let Some(mut child) = self.members[i].child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.members[i].stop();
     }
 
     /// Starts a killed member again on the same ports and data directory.
@@ -587,13 +598,7 @@ impl Drop for Etcd {
     fn drop(&mut self) {
         // The run's etcd has no child here: only what this process started is stopped.
         for m in &mut self.members {
-            if let Some(mut child) = m.child.take() {
-                let _ = Command::new("kill")
-                    .args(["-CONT", &child.id().to_string()])
-                    .status();
-                let _ = child.kill();
-                let _ = child.wait();
-            }
+            m.stop();
         }
     }
 }
