@@ -16,7 +16,9 @@
 //!
 //! The mark raise (once per new holder: admit with a higher token, committed) is measured on its
 //! own against an admit of the current token, and a server-side breakdown of an admit's parts
-//! (an admit of a token it remembers as verified, and one it verifies: `_verify`).
+//! (an admit of a token it remembers as verified, and one it verifies: `_verify`). Last, what
+//! each side asks of the server per transaction: its transactions run in a loop inside the
+//! server (a procedure that commits), with no client and no round trip.
 //!
 //! It makes a scratch database on `--database-url` (a role that may create databases), installs
 //! the package there with a fresh key file, and drops it at the end:
@@ -261,6 +263,65 @@ async fn breakdown(db: &Client, w: &Worker) -> anyhow::Result<Vec<(String, f64)>
     Ok(out)
 }
 
+/// Runs `n` transactions of a side inside the server, one after another (a procedure that
+/// commits in its loop): no client, no round trip, commits not waiting for the disk.
+const SERVER_LOOP: &str = "CREATE PROCEDURE bench_loop(side text, n int, a text, t text)
+    LANGUAGE plpgsql AS $$
+    DECLARE shown text; mark bytea;
+    BEGIN
+        FOR i IN 1..n LOOP
+            IF side = 'temporal' THEN
+                PERFORM s.range_id FROM shards AS s WHERE s.aisle = a FOR SHARE;
+            ELSIF side = 'floor' THEN
+                mark := bench_floor(a);
+            ELSIF side = 'admit' THEN
+                shown := fencing.admit(a, t);
+            ELSIF side = 'trigger' THEN
+                PERFORM set_config('fencing.token', t, true);
+            END IF;
+            IF side = 'trigger' THEN
+                UPDATE guarded SET qty = qty + 1 WHERE aisle = a;
+            ELSE
+                UPDATE stock SET qty = qty + 1 WHERE aisle = a;
+            END IF;
+            COMMIT;
+        END LOOP;
+    END $$";
+
+/// The server's CPU per transaction of each side: `n` transactions in one server-side loop
+/// (`SERVER_LOOP`), the rounds interleaved, the least time of the rounds (what the others lost
+/// to the machine's other work), in µs per transaction. Without the client and the round trips
+/// this is what each side asks of PostgreSQL itself.
+async fn server_costs(
+    db: &Client,
+    w: &Worker,
+    n: u32,
+    rounds: usize,
+) -> anyhow::Result<Vec<(Side, f64)>> {
+    db.batch_execute(SERVER_LOOP).await?;
+    db.batch_execute("SET synchronous_commit = off").await?;
+    let call = |side: Side| {
+        format!(
+            "CALL bench_loop('{}', {n}, '{}', '{}')",
+            side.name(),
+            w.aisle,
+            w.token
+        )
+    };
+    let mut least = [f64::INFINITY; SIDES.len()];
+    for round in 0..rounds {
+        for k in 0..SIDES.len() {
+            let i = (k + round) % SIDES.len();
+            let t0 = Instant::now();
+            db.batch_execute(&call(SIDES[i])).await?;
+            let us = t0.elapsed().as_secs_f64() * 1e6 / f64::from(n);
+            least[i] = least[i].min(us);
+        }
+    }
+    db.batch_execute("RESET synchronous_commit").await?;
+    Ok(SIDES.iter().copied().zip(least).collect())
+}
+
 /// `n` admits committed one at a time: each a new holder's (a higher token: the raise) or the
 /// current holder's again (the check alone).
 async fn raises(db: &Client, keys: &Keyring, n: usize, higher: bool) -> anyhow::Result<Run> {
@@ -430,6 +491,16 @@ async fn run(args: &Args, scratch: &Scratch) -> anyhow::Result<()> {
     for (part, us) in &parts {
         md.push_str(&format!("| `{part}` | {us:.1} |\n"));
     }
+    let costs = server_costs(&db, &workers[0], 2000, 6).await?;
+    md.push_str("\nWhat each side asks of the server, per transaction (2,000 in one server-side loop, commits not waiting for the disk, least of 6 rounds, µs):\n\n| side | µs | above unfenced |\n|---|--:|--:|\n");
+    let unfenced = costs.first().map_or(0.0, |c| c.1);
+    for (side, us) in &costs {
+        md.push_str(&format!(
+            "| {} | {us:.1} | {:.1} |\n",
+            side.name(),
+            us - unfenced
+        ));
+    }
     let check = raises(&db, &keys, args.raises, false).await?;
     let raise = raises(&db, &keys, args.raises, true).await?;
     md.push_str(&format!(
@@ -447,6 +518,10 @@ async fn run(args: &Args, scratch: &Scratch) -> anyhow::Result<()> {
                 .map(|s| (s.name().to_owned(), json!(s.shape())))
                 .collect::<serde_json::Map<_, _>>(),
             "cells": rows,
+            "server_us_per_transaction": costs
+                .iter()
+                .map(|(side, us)| json!({"side": side.name(), "us": us}))
+                .collect::<Vec<_>>(),
             "admit_parts_us": parts.iter().map(|(p, us)| json!({"part": p, "us": us})).collect::<Vec<_>>(),
             "admit_check": check.json(),
             "admit_raise": raise.json(),
