@@ -599,9 +599,9 @@ async fn remembered(scratch: &Scratch, resource: &str) -> i64 {
 
 /// A remembered verdict (`fencing.verdicts`: a token that verified once is not verified again)
 /// cannot be planted: a writer and a gateway role can neither write the table nor call the
-/// functions that do; a writer's own `sha256` and `textsend` first on its search_path (made so
-/// that a forged token's digest is a remembered one's) are never called by the package; a
-/// forged token in the claim of a trigger-mode transaction is verified, and refused.
+/// functions that do; a writer's own `=` on text first on its search_path (made so that a forged
+/// token equals a remembered one) is never called by the package; a forged token in the claim of
+/// a trigger-mode transaction is verified, and refused.
 #[tokio::test]
 async fn a_remembered_verdict_cannot_be_planted() {
     let scratch = Scratch::new().await;
@@ -621,8 +621,8 @@ async fn a_remembered_verdict_cannot_be_planted() {
 
     for db in [&app, &gw] {
         for sql in [
-            "INSERT INTO fencing.verdicts SELECT 'aisle-2', digest, kid, token, shown FROM fencing.verdicts",
-            "INSERT INTO fencing.verdicts VALUES ('aisle-2', sha256('x'), 'k1', '\\x00000000000000000000000000000005', '0:5')",
+            "INSERT INTO fencing.verdicts (resource, wire, kid, token, shown) SELECT 'aisle-2', wire, kid, token, shown FROM fencing.verdicts",
+            "INSERT INTO fencing.verdicts (resource, wire, kid, token, shown) VALUES ('aisle-2', 'x', 'k1', '\\x00000000000000000000000000000005', '0:5')",
             "UPDATE fencing.verdicts SET resource = 'aisle-2'",
             "DELETE FROM fencing.verdicts",
             "TRUNCATE fencing.verdicts",
@@ -634,16 +634,13 @@ async fn a_remembered_verdict_cannot_be_planted() {
     }
     assert_eq!(remembered(&scratch, "aisle-2").await, 0);
 
-    // The writer's own digest functions, first on its search_path: the forged token's digest
-    // would be the valid one's.
-    let planted = format!(
-        "CREATE FUNCTION public.sha256(bytea) RETURNS bytea LANGUAGE sql AS
-             $$ SELECT pg_catalog.sha256(pg_catalog.textsend('{valid}'::text)) $$;
-         CREATE FUNCTION public.textsend(text) RETURNS bytea LANGUAGE sql AS
-             $$ SELECT pg_catalog.textsend('{valid}'::text) $$;
-         SET search_path = public, pg_catalog;"
-    );
-    assert_eq!(refusal(&app, &planted).await, None);
+    // The writer's own text equality, first on its search_path: every wire text would equal
+    // the remembered one.
+    let planted = "CREATE FUNCTION public.same(text, text) RETURNS boolean LANGUAGE sql AS
+             $$ SELECT true $$;
+         CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, FUNCTION = public.same);
+         SET search_path = public, pg_catalog;";
+    assert_eq!(refusal(&app, planted).await, None);
     assert_eq!(admit(&app, "aisle-1", &forged).await, Err("28F03".into()));
     for claim in [forged.clone(), format!("{forged} {valid}")] {
         let sql = format!(

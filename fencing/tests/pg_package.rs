@@ -95,7 +95,7 @@ async fn sql_clients_are_fenced_as_the_gateway_fences() {
 
     let first = scratch.install(&[]);
     assert!(first.status.success(), "{}", text(&first));
-    assert!(text(&first).contains("version 0 -> 2"), "{}", text(&first));
+    assert!(text(&first).contains("version 0 -> 3"), "{}", text(&first));
     let again = scratch.install(&[]);
     assert!(again.status.success(), "{}", text(&again));
     assert!(text(&again).contains("renewed"), "{}", text(&again));
@@ -196,6 +196,52 @@ async fn the_install_adopts_a_gateways_tables_and_shares_its_marks() {
     assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
     assert!(text(&refused).contains("newer"), "{}", text(&refused));
     db.batch_execute("DELETE FROM fencing.package_version WHERE version = 99")
+        .await
+        .unwrap();
+
+    // Version 2's verdicts (keyed by the wire text's SHA-256), with a row: the upgrade to 3
+    // forgets them and keys the table by the wire text.
+    let v2 = include_str!("../src/indb/sql/v2.sql").replace("@schema@", "fencing");
+    db.batch_execute(&format!(
+        "DELETE FROM fencing.package_version WHERE version = 3;
+         DROP TABLE fencing.verdicts;
+         {v2}
+         INSERT INTO fencing.keys (kid, secret, position) VALUES ('k2old', '\\x{:064}', 99);
+         INSERT INTO fencing.verdicts VALUES ('aisle-1', sha256('x'), 'k2old', '\\x{:032}', '0:0');
+         DO $$ BEGIN EXECUTE format('ALTER TABLE fencing.verdicts OWNER TO %I',
+             (SELECT t.tableowner FROM pg_tables AS t
+              WHERE t.schemaname = 'fencing' AND t.tablename = 'keys')); END $$;",
+        0, 0
+    ))
+    .await
+    .unwrap();
+    let upgraded = scratch.install(&[]);
+    assert!(upgraded.status.success(), "{}", text(&upgraded));
+    assert!(
+        text(&upgraded).contains("version 2 -> 3"),
+        "{}",
+        text(&upgraded)
+    );
+    let columns: Vec<String> = db
+        .query(
+            "SELECT a.attname::text FROM pg_attribute AS a
+             WHERE a.attrelid = 'fencing.verdicts'::regclass AND a.attnum > 0
+               AND NOT a.attisdropped ORDER BY a.attname",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(columns, ["kid", "resource", "shown", "token", "wire"]);
+    let left: i64 = db
+        .query_one("SELECT count(*) FROM fencing.verdicts", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0);
+    db.batch_execute("DELETE FROM fencing.keys WHERE kid = 'k2old'")
         .await
         .unwrap();
 

@@ -42,12 +42,13 @@ use tokio_postgres::Transaction;
 use session::{begin, connect, in_slices};
 
 /// The package version this binary installs.
-pub const PACKAGE_VERSION: i32 = 2;
+pub const PACKAGE_VERSION: i32 = 3;
 
 /// Each version's migration, applied once, in order, as the owner role.
 const MIGRATIONS: &[(i32, &str)] = &[
     (1, include_str!("sql/v1.sql")),
     (2, include_str!("sql/v2.sql")),
+    (3, include_str!("sql/v3.sql")),
 ];
 /// Replaced on every install.
 const FUNCTIONS: &str = include_str!("sql/functions.sql");
@@ -356,7 +357,7 @@ async fn protect_again(tx: &Transaction<'_>, schema: &str) -> Result<Vec<String>
                  JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
                  WHERE g.tgname = 'fence_guard' AND g.tgparentid = 0 AND p.proname = 'row_guard'
                    AND n.nspname = $1
-                   AND (g.tgnargs < 3 OR {schema}._unguarded_under(g.tgrelid) IS NOT NULL
+                   AND (g.tgnargs < 4 OR {schema}._unguarded_under(g.tgrelid) IS NOT NULL
                         OR NOT EXISTS (SELECT FROM pg_catalog.pg_trigger AS t
                                        WHERE t.tgrelid = g.tgrelid AND t.tgname = 'fence_guard_truncate')
                         OR (c.relkind = 'r' AND NOT c.relispartition
@@ -413,9 +414,10 @@ async fn create_as_owner(
             "GRANT USAGE ON SCHEMA {schema} TO {w};
              GRANT EXECUTE ON FUNCTION {schema}.admit(text, text), {schema}.admit_presented(text),
                  {schema}.mark(text), {schema}.protect(regclass, text), {schema}.unprotect(regclass),
-                 {schema}._resource_of(text, record), {schema}._unguarded_under(regclass),
+                 {schema}._resource_of(text, record), {schema}._resources_of(text, record, record),
+                 {schema}._unguarded_under(regclass),
                  {schema}._tree(regclass), {schema}._unguard(regclass),
-                 {schema}._guard(regclass, text, text, text, boolean), {schema}._enable(regclass)
+                 {schema}._guard(regclass, text, text, text, text, boolean), {schema}._enable(regclass)
              TO {w};"
         ))
         .await

@@ -72,9 +72,10 @@ BEGIN
             'FOR EACH STATEMENT EXECUTE FUNCTION @schema@.refuse_truncate()', rel.relid);
         IF NOT rel.relispartition THEN
             EXECUTE format('CREATE TRIGGER fence_guard AFTER INSERT OR UPDATE OR DELETE ON %s '
-                'FOR EACH ROW EXECUTE FUNCTION @schema@.row_guard(%L, %L, %L)', rel.relid, args[1],
+                'FOR EACH ROW EXECUTE FUNCTION @schema@.row_guard(%L, %L, %L%s)', rel.relid, args[1],
                 coalesce(args[2], format('SELECT (%s)::text FROM (SELECT ($1).*) AS fenced_row', args[1])),
-                coalesce(args[3], 'pinned'));
+                coalesce(args[3], 'pinned'),
+                CASE WHEN args[4] IS NULL THEN '' ELSE format(', %L', args[4]) END);
         END IF;
         IF rel.relkind = 'r' AND NOT rel.relispartition THEN
             EXECUTE format('CREATE TRIGGER fence_guard_tree BEFORE UPDATE OR DELETE ON %s '

@@ -171,8 +171,8 @@ BEGIN
 END
 $$;
 
--- Remembered verdicts (the `verdicts` table, v2.sql). A token that verified once for a resource
--- is not verified again: its holder's next transactions look it up by the SHA-256 of the wire
+-- Remembered verdicts (the `verdicts` table, v2.sql and v3.sql). A token that verified once for
+-- a resource is not verified again: its holder's next transactions look it up by the wire
 -- text's exact bytes and the resource, which only a token that verified for that very resource
 -- can match (a row is written only below, after `_verify` accepted it, by the owner). A token
 -- never verified, forged, altered or presented for another resource finds no row and costs the
@@ -198,7 +198,7 @@ BEGIN
     SELECT v.shown INTO shown
         FROM @schema@.verdicts AS v
         JOIN @schema@.fence_marks AS m ON m.resource = v.resource AND m.mark = v.token
-        WHERE v.resource = _recall.resource AND v.digest = sha256(textsend(_recall.wire))
+        WHERE v.resource = _recall.resource AND v.wire = _recall.wire
           AND NOT EXISTS (SELECT FROM @schema@.fence_inflight AS f
               WHERE f.resource = v.resource AND f.token < v.token
                 AND f.expires_at > clock_timestamp())
@@ -217,12 +217,11 @@ CREATE OR REPLACE FUNCTION @schema@._verified(
     resource text, wire text, OUT token bytea, OUT code text, OUT reason text)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    wire_digest bytea := sha256(textsend(wire));
     wire_kid text := split_part(wire, '.', 2);
     locked boolean;
 BEGIN
     SELECT v.token INTO token FROM @schema@.verdicts AS v
-        WHERE v.resource = _verified.resource AND v.digest = wire_digest;
+        WHERE v.resource = _verified.resource AND v.wire = _verified.wire;
     IF FOUND THEN
         RETURN;
     END IF;
@@ -231,8 +230,8 @@ BEGIN
     SELECT v.token, v.code, v.reason INTO token, code, reason
         FROM @schema@._verify(resource, wire) AS v;
     IF code IS NULL AND locked THEN
-        INSERT INTO @schema@.verdicts AS v (resource, digest, kid, token, shown)
-            VALUES (_verified.resource, wire_digest, wire_kid, _verified.token,
+        INSERT INTO @schema@.verdicts AS v (resource, wire, kid, token, shown)
+            VALUES (_verified.resource, _verified.wire, wire_kid, _verified.token,
                 @schema@._token_text(_verified.token))
             ON CONFLICT ON CONSTRAINT verdicts_pkey DO NOTHING;
     END IF;

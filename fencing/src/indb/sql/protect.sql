@@ -16,6 +16,9 @@
 -- all ENABLE ALWAYS. A table added under a protected one later is covered by protect run again,
 -- or at once by the event trigger a superuser's install creates (event_trigger.sql).
 
+-- Replaced by the one with the query for two rows.
+DROP FUNCTION IF EXISTS @schema@._guard(regclass, text, text, text, boolean);
+
 -- Evaluates a protected table's resource expression for one row: `query` (from protect, over
 -- the row `$1`) under fixed settings, so that one row means one resource whoever writes it.
 -- `::text` of a date, time, interval, float, money or bytea, and the parsing of literals and
@@ -41,11 +44,30 @@ BEGIN
 END
 $$;
 
+-- Both rows' resources at once, as `_resource_of` evaluates one: `query` (from protect) over
+-- the rows `$1` and `$2`, under the same fixed settings.
+CREATE OR REPLACE FUNCTION @schema@._resources_of(
+    query text, r1 record, r2 record, OUT first text, OUT second text)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @schema@, pg_temp
+SET DateStyle = 'ISO, MDY' SET IntervalStyle = 'postgres' SET TimeZone = 'UTC'
+SET extra_float_digits = 1 SET bytea_output = 'hex'
+SET lc_monetary = 'C' SET lc_numeric = 'C' SET lc_time = 'C'
+SET standard_conforming_strings = on SET array_nulls = on SET transform_null_equals = off
+SET quote_all_identifiers = off SET xmlbinary = 'base64' SET xmloption = 'content'
+SET default_text_search_config = 'pg_catalog.simple' AS $$
+BEGIN
+    EXECUTE query INTO first, second USING r1, r2;
+END
+$$;
+
 -- The row trigger (AFTER, so it checks the row as written, after every BEFORE trigger).
 -- TG_ARGV[0] is the resource expression over the row's columns, TG_ARGV[1] the query that
 -- evaluates it for the row `$1`, TG_ARGV[2] how: 'text' for a column of a text type, read as it
--- is (no setting changes it), 'pinned' for anything else (`_resource_of`). Triggers made by
--- older versions lack TG_ARGV[1] or TG_ARGV[2]: the general query, pinned.
+-- is (no setting changes it), 'pinned' for anything else (`_resource_of`); TG_ARGV[3] the query
+-- that evaluates it for the rows `$1` and `$2` at once (an UPDATE's new and old row: one
+-- dynamic statement planned instead of two). Triggers made by older versions lack some of
+-- them: the general query, pinned, one row at a time.
 CREATE OR REPLACE FUNCTION @schema@.row_guard() RETURNS trigger
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, @schema@, pg_temp AS $$
 DECLARE
@@ -55,6 +77,19 @@ DECLARE
     new_resource text;
     old_resource text;
 BEGIN
+    IF TG_OP = 'UPDATE' AND TG_NARGS > 3 THEN
+        IF as_text THEN
+            EXECUTE TG_ARGV[3] INTO new_resource, old_resource USING NEW, OLD;
+        ELSE
+            SELECT r.first, r.second INTO new_resource, old_resource
+                FROM @schema@._resources_of(TG_ARGV[3], NEW, OLD) AS r;
+        END IF;
+        PERFORM @schema@.admit_presented(new_resource);
+        IF old_resource IS DISTINCT FROM new_resource THEN
+            PERFORM @schema@.admit_presented(old_resource);
+        END IF;
+        RETURN NULL;
+    END IF;
     IF TG_OP IN ('INSERT', 'UPDATE') THEN
         IF as_text THEN
             EXECUTE query INTO new_resource USING NEW;
@@ -169,7 +204,7 @@ $$;
 -- enables them (`_enable`) comes once every table of the tree has its TRUNCATE refusal, which
 -- is what the event trigger, fired by ALTER TABLE, takes for "covered". Run as the owner.
 CREATE OR REPLACE FUNCTION @schema@._guard(
-    rel regclass, expression text, query text, how text, cloned boolean) RETURNS void
+    rel regclass, expression text, query text, how text, two_rows text, cloned boolean) RETURNS void
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, @schema@, pg_temp AS $$
 DECLARE
     kind "char" := (SELECT c.relkind FROM pg_class AS c WHERE c.oid = rel);
@@ -185,7 +220,8 @@ BEGIN
         'FOR EACH STATEMENT EXECUTE FUNCTION @schema@.refuse_truncate()', rel);
     IF NOT cloned THEN
         EXECUTE format('CREATE TRIGGER fence_guard AFTER INSERT OR UPDATE OR DELETE ON %s '
-            'FOR EACH ROW EXECUTE FUNCTION @schema@.row_guard(%L, %L, %L)', rel, expression, query, how);
+            'FOR EACH ROW EXECUTE FUNCTION @schema@.row_guard(%L, %L, %L, %L)',
+            rel, expression, query, how, two_rows);
     ELSIF NOT EXISTS (SELECT FROM pg_trigger AS g WHERE g.tgrelid = rel AND g.tgname = 'fence_guard') THEN
         RAISE EXCEPTION 'protect: partition % has no clone of its parent''s fence_guard trigger', rel;
     END IF;
@@ -231,6 +267,13 @@ DECLARE
     query text := CASE WHEN column_type IS NOT NULL
         THEN format('SELECT ($1).%I::text', resource_expression)
         ELSE format('SELECT (%s)::text FROM (SELECT ($1).*) AS fenced_row', resource_expression) END;
+    -- The same for `$1` and `$2` in one statement; `LIMIT 1` and a scalar subquery give what
+    -- `EXECUTE … INTO` gives of the one-row query: its first row, NULL for none.
+    two_rows text := CASE WHEN column_type IS NOT NULL
+        THEN format('SELECT ($1).%I::text, ($2).%I::text', resource_expression, resource_expression)
+        ELSE format('SELECT (SELECT (%s)::text FROM (SELECT ($1).*) AS fenced_row LIMIT 1), '
+            '(SELECT (%s)::text FROM (SELECT ($2).*) AS fenced_row LIMIT 1)',
+            resource_expression, resource_expression) END;
     how text := CASE WHEN column_type IN ('text'::regtype, 'character varying'::regtype,
         'character'::regtype, 'name'::regtype) THEN 'text' ELSE 'pinned' END;
     rel record;
@@ -241,7 +284,7 @@ BEGIN
         PERFORM @schema@._unguard(rel.relid);
     END LOOP;
     FOR rel IN SELECT t.relid, t.relispartition FROM @schema@._tree(tbl) AS t ORDER BY t.depth LOOP
-        PERFORM @schema@._guard(rel.relid, resource_expression, query, how,
+        PERFORM @schema@._guard(rel.relid, resource_expression, query, how, two_rows,
             rel.relid <> tbl AND rel.relispartition);
     END LOOP;
     FOR rel IN SELECT t.relid FROM @schema@._tree(tbl) AS t ORDER BY t.depth LOOP
