@@ -19,33 +19,17 @@
 -- Replaced by the one with the query for two rows.
 DROP FUNCTION IF EXISTS @schema@._guard(regclass, text, text, text, boolean);
 
--- Evaluates a protected table's resource expression for one row: `query` (from protect, over
--- the row `$1`) under fixed settings, so that one row means one resource whoever writes it.
--- `::text` of a date, time, interval, float, money or bytea, and the parsing of literals and
--- strings, follow the session's settings otherwise: a writer could make a row's resource the
--- name of another resource it holds a token for (`SET DateStyle = German`: 'day-06.12.2026' for
--- 'day-2026-12-06'). Not `timezone_abbreviations` (loading its file costs ~0.2 ms a row): an
--- expression that parses abbreviated time zones from text is the one still read under the
--- writer's choice.
-CREATE OR REPLACE FUNCTION @schema@._resource_of(query text, r record) RETURNS text
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @schema@, pg_temp
-SET DateStyle = 'ISO, MDY' SET IntervalStyle = 'postgres' SET TimeZone = 'UTC'
-SET extra_float_digits = 1 SET bytea_output = 'hex'
-SET lc_monetary = 'C' SET lc_numeric = 'C' SET lc_time = 'C'
-SET standard_conforming_strings = on SET array_nulls = on SET transform_null_equals = off
-SET quote_all_identifiers = off SET xmlbinary = 'base64' SET xmloption = 'content'
-SET default_text_search_config = 'pg_catalog.simple' AS $$
-DECLARE
-    resource text;
-BEGIN
-    EXECUTE query INTO resource USING r;
-    RETURN resource;
-END
-$$;
+-- Replaced by `_resources_of`, which evaluates one row's resource as well.
+DROP FUNCTION IF EXISTS @schema@._resource_of(text, record);
 
--- Both rows' resources at once, as `_resource_of` evaluates one: `query` (from protect) over
--- the rows `$1` and `$2`, under the same fixed settings.
+-- Evaluates a protected table's resource expression for two rows: `query` (from protect or
+-- row_guard, over the rows `$1` and `$2`, two columns) under fixed settings, so that one row
+-- means one resource whoever writes it. `::text` of a date, time, interval, float, money or
+-- bytea, and the parsing of literals and strings, follow the session's settings otherwise: a
+-- writer could make a row's resource the name of another resource it holds a token for (`SET
+-- DateStyle = German`: 'day-06.12.2026' for 'day-2026-12-06'). Not `timezone_abbreviations`
+-- (loading its file costs ~0.2 ms a row): an expression that parses abbreviated time zones from
+-- text is the one still read under the writer's choice.
 CREATE OR REPLACE FUNCTION @schema@._resources_of(
     query text, r1 record, r2 record, OUT first text, OUT second text)
 LANGUAGE plpgsql VOLATILE
@@ -64,7 +48,7 @@ $$;
 -- The row trigger (AFTER, so it checks the row as written, after every BEFORE trigger).
 -- TG_ARGV[0] is the resource expression over the row's columns, TG_ARGV[1] the query that
 -- evaluates it for the row `$1`, TG_ARGV[2] how: 'text' for a column of a text type, read as it
--- is (no setting changes it), 'pinned' for anything else (`_resource_of`); TG_ARGV[3] the query
+-- is (no setting changes it), 'pinned' for anything else (`_resources_of`); TG_ARGV[3] the query
 -- that evaluates it for the rows `$1` and `$2` at once (an UPDATE's new and old row: one
 -- dynamic statement planned instead of two). Triggers made by older versions lack some of
 -- them: the general query, pinned, one row at a time.
@@ -90,11 +74,17 @@ BEGIN
         END IF;
         RETURN NULL;
     END IF;
+    -- One row at a time (an INSERT, a DELETE, an UPDATE under an older trigger). Pinned, the
+    -- one-row query becomes a scalar subquery beside a NULL second column: its first row, NULL
+    -- for none, as `EXECUTE … INTO` gives.
+    IF NOT as_text THEN
+        query := format('SELECT (%s LIMIT 1), NULL::text', query);
+    END IF;
     IF TG_OP IN ('INSERT', 'UPDATE') THEN
         IF as_text THEN
             EXECUTE query INTO new_resource USING NEW;
         ELSE
-            new_resource := @schema@._resource_of(query, NEW);
+            SELECT r.first INTO new_resource FROM @schema@._resources_of(query, NEW, NEW) AS r;
         END IF;
         PERFORM @schema@.admit_presented(new_resource);
     END IF;
@@ -102,7 +92,7 @@ BEGIN
         IF as_text THEN
             EXECUTE query INTO old_resource USING OLD;
         ELSE
-            old_resource := @schema@._resource_of(query, OLD);
+            SELECT r.first INTO old_resource FROM @schema@._resources_of(query, OLD, OLD) AS r;
         END IF;
         IF TG_OP = 'DELETE' OR old_resource IS DISTINCT FROM new_resource THEN
             PERFORM @schema@.admit_presented(old_resource);
