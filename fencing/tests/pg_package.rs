@@ -200,7 +200,16 @@ async fn the_install_adopts_a_gateways_tables_and_shares_its_marks() {
         .unwrap();
 
     // Version 2's verdicts (keyed by the wire text's SHA-256), with a row: the upgrade to 3
-    // forgets them and keys the table by the wire text.
+    // forgets them and keys the table by the wire text. A writer's views over the functions it
+    // was granted do not stop the upgrade (no granted function is dropped or changes signature).
+    connect(&scratch.url_as(&scratch.role("app")))
+        .await
+        .batch_execute(
+            "CREATE VIEW public.pins AS SELECT fencing._resource_of('SELECT 1::text', ROW(1)) AS one
+                 WHERE fencing._guard(NULL, NULL, NULL, NULL, NULL) IS NULL",
+        )
+        .await
+        .unwrap();
     let v2 = include_str!("../src/indb/sql/v2.sql").replace("@schema@", "fencing");
     db.batch_execute(&format!(
         "DELETE FROM fencing.package_version WHERE version = 3;

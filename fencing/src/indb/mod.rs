@@ -414,10 +414,10 @@ async fn create_as_owner(
             "GRANT USAGE ON SCHEMA {schema} TO {w};
              GRANT EXECUTE ON FUNCTION {schema}.admit(text, text), {schema}.admit_presented(text),
                  {schema}.mark(text), {schema}.protect(regclass, text), {schema}.unprotect(regclass),
-                 {schema}._resources_of(text, record, record),
+                 {schema}._resource_of(text, record), {schema}._resources_of(text, record, record),
                  {schema}._unguarded_under(regclass),
                  {schema}._tree(regclass), {schema}._unguard(regclass),
-                 {schema}._guard(regclass, text, text, text, text, boolean), {schema}._enable(regclass)
+                 {schema}._guard(regclass, text, text, text, boolean), {schema}._enable(regclass)
              TO {w};"
         ))
         .await

@@ -212,7 +212,9 @@ $$;
 -- first — so the secret `_verify` then reads is the one in force until this transaction ends
 -- (a `pg sync-keys` deleting it waits, and its cascade then deletes the verdict; one that
 -- committed before makes the lock find nothing in READ COMMITTED, and fail with 40001 in
--- REPEATABLE READ or SERIALIZABLE) — and a valid token is remembered under that key.
+-- REPEATABLE READ or SERIALIZABLE) — and a valid token is remembered under that key. A
+-- remembered token takes no key row: a transaction whose snapshot predates a sync still finds
+-- its verdict (docs/POSTGRES.md, "Remembered verdicts").
 CREATE OR REPLACE FUNCTION @schema@._verified(
     resource text, wire text, OUT token bytea, OUT code text, OUT reason text)
 LANGUAGE plpgsql VOLATILE AS $$

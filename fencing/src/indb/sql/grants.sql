@@ -12,10 +12,10 @@ REVOKE ALL ON FUNCTION
     @schema@.admit(text, text), @schema@.admit_presented(text), @schema@.mark(text),
     @schema@.replace_keys(text[], bytea[]), @schema@.key_ids(),
     @schema@.protect(regclass, text), @schema@.unprotect(regclass),
-    @schema@._resources_of(text, record, record),
+    @schema@._resource_of(text, record), @schema@._resources_of(text, record, record),
     @schema@._tree(regclass),
     @schema@._unguarded_under(regclass), @schema@._unguard(regclass),
-    @schema@._guard(regclass, text, text, text, text, boolean), @schema@._enable(regclass)
+    @schema@._guard(regclass, text, text, text, boolean), @schema@._enable(regclass)
 FROM PUBLIC;
 -- Trigger functions cannot be called directly; a table owner needs EXECUTE to create the trigger.
 GRANT EXECUTE ON FUNCTION @schema@.row_guard(), @schema@.refuse_truncate(), @schema@.tree_guard()

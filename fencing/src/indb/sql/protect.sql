@@ -16,12 +16,6 @@
 -- all ENABLE ALWAYS. A table added under a protected one later is covered by protect run again,
 -- or at once by the event trigger a superuser's install creates (event_trigger.sql).
 
--- Replaced by the one with the query for two rows.
-DROP FUNCTION IF EXISTS @schema@._guard(regclass, text, text, text, boolean);
-
--- Replaced by `_resources_of`, which evaluates one row's resource as well.
-DROP FUNCTION IF EXISTS @schema@._resource_of(text, record);
-
 -- Evaluates a protected table's resource expression for two rows: `query` (from protect or
 -- row_guard, over the rows `$1` and `$2`, two columns) under fixed settings, so that one row
 -- means one resource whoever writes it. `::text` of a date, time, interval, float, money or
@@ -45,10 +39,21 @@ BEGIN
 END
 $$;
 
+-- One row's resource (`query` over the row `$1`), as `_resources_of` evaluates it: the query
+-- as a scalar subquery beside a NULL second column — its first row, NULL for none, as
+-- `EXECUTE … INTO` gives.
+CREATE OR REPLACE FUNCTION @schema@._resource_of(query text, r record) RETURNS text
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, @schema@, pg_temp AS $$
+BEGIN
+    RETURN (SELECT s.first FROM @schema@._resources_of(
+        format('SELECT (%s LIMIT 1), NULL::text', query), r, r) AS s);
+END
+$$;
+
 -- The row trigger (AFTER, so it checks the row as written, after every BEFORE trigger).
 -- TG_ARGV[0] is the resource expression over the row's columns, TG_ARGV[1] the query that
 -- evaluates it for the row `$1`, TG_ARGV[2] how: 'text' for a column of a text type, read as it
--- is (no setting changes it), 'pinned' for anything else (`_resources_of`); TG_ARGV[3] the query
+-- is (no setting changes it), 'pinned' for anything else (`_resource_of`); TG_ARGV[3] the query
 -- that evaluates it for the rows `$1` and `$2` at once (an UPDATE's new and old row: one
 -- dynamic statement planned instead of two). Triggers made by older versions lack some of
 -- them: the general query, pinned, one row at a time.
@@ -74,17 +79,11 @@ BEGIN
         END IF;
         RETURN NULL;
     END IF;
-    -- One row at a time (an INSERT, a DELETE, an UPDATE under an older trigger). Pinned, the
-    -- one-row query becomes a scalar subquery beside a NULL second column: its first row, NULL
-    -- for none, as `EXECUTE … INTO` gives.
-    IF NOT as_text THEN
-        query := format('SELECT (%s LIMIT 1), NULL::text', query);
-    END IF;
     IF TG_OP IN ('INSERT', 'UPDATE') THEN
         IF as_text THEN
             EXECUTE query INTO new_resource USING NEW;
         ELSE
-            SELECT r.first INTO new_resource FROM @schema@._resources_of(query, NEW, NEW) AS r;
+            new_resource := @schema@._resource_of(query, NEW);
         END IF;
         PERFORM @schema@.admit_presented(new_resource);
     END IF;
@@ -92,7 +91,7 @@ BEGIN
         IF as_text THEN
             EXECUTE query INTO old_resource USING OLD;
         ELSE
-            SELECT r.first INTO old_resource FROM @schema@._resources_of(query, OLD, OLD) AS r;
+            old_resource := @schema@._resource_of(query, OLD);
         END IF;
         IF TG_OP = 'DELETE' OR old_resource IS DISTINCT FROM new_resource THEN
             PERFORM @schema@.admit_presented(old_resource);
@@ -194,9 +193,18 @@ $$;
 -- enables them (`_enable`) comes once every table of the tree has its TRUNCATE refusal, which
 -- is what the event trigger, fired by ALTER TABLE, takes for "covered". Run as the owner.
 CREATE OR REPLACE FUNCTION @schema@._guard(
-    rel regclass, expression text, query text, how text, two_rows text, cloned boolean) RETURNS void
+    rel regclass, expression text, query text, how text, cloned boolean) RETURNS void
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, @schema@, pg_temp AS $$
 DECLARE
+    -- The same for `$1` and `$2` in one statement (row_guard's TG_ARGV[3]); `LIMIT 1` and a
+    -- scalar subquery give what `EXECUTE … INTO` gives of the one-row query: its first row,
+    -- NULL for none. (Derived here, not passed: the signature stays the one writers were
+    -- granted, so that nothing of theirs that depends on it can stop an upgrade.)
+    two_rows text := CASE WHEN query = format('SELECT ($1).%I::text', expression)
+        THEN format('SELECT ($1).%I::text, ($2).%I::text', expression, expression)
+        ELSE format('SELECT (SELECT (%s)::text FROM (SELECT ($1).*) AS fenced_row LIMIT 1), '
+            '(SELECT (%s)::text FROM (SELECT ($2).*) AS fenced_row LIMIT 1)',
+            expression, expression) END;
     kind "char" := (SELECT c.relkind FROM pg_class AS c WHERE c.oid = rel);
     partition boolean := (SELECT c.relispartition FROM pg_class AS c WHERE c.oid = rel);
 BEGIN
@@ -257,13 +265,6 @@ DECLARE
     query text := CASE WHEN column_type IS NOT NULL
         THEN format('SELECT ($1).%I::text', resource_expression)
         ELSE format('SELECT (%s)::text FROM (SELECT ($1).*) AS fenced_row', resource_expression) END;
-    -- The same for `$1` and `$2` in one statement; `LIMIT 1` and a scalar subquery give what
-    -- `EXECUTE … INTO` gives of the one-row query: its first row, NULL for none.
-    two_rows text := CASE WHEN column_type IS NOT NULL
-        THEN format('SELECT ($1).%I::text, ($2).%I::text', resource_expression, resource_expression)
-        ELSE format('SELECT (SELECT (%s)::text FROM (SELECT ($1).*) AS fenced_row LIMIT 1), '
-            '(SELECT (%s)::text FROM (SELECT ($2).*) AS fenced_row LIMIT 1)',
-            resource_expression, resource_expression) END;
     how text := CASE WHEN column_type IN ('text'::regtype, 'character varying'::regtype,
         'character'::regtype, 'name'::regtype) THEN 'text' ELSE 'pinned' END;
     rel record;
@@ -274,7 +275,7 @@ BEGIN
         PERFORM @schema@._unguard(rel.relid);
     END LOOP;
     FOR rel IN SELECT t.relid, t.relispartition FROM @schema@._tree(tbl) AS t ORDER BY t.depth LOOP
-        PERFORM @schema@._guard(rel.relid, resource_expression, query, how, two_rows,
+        PERFORM @schema@._guard(rel.relid, resource_expression, query, how,
             rel.relid <> tbl AND rel.relispartition);
     END LOOP;
     FOR rel IN SELECT t.relid FROM @schema@._tree(tbl) AS t ORDER BY t.depth LOOP
