@@ -41,12 +41,14 @@ $$;
 
 -- One row's resource (`query` over the row `$1`), as `_resources_of` evaluates it: the query
 -- as a scalar subquery beside a NULL second column — its first row, NULL for none, as
--- `EXECUTE … INTO` gives.
+-- `EXECUTE … INTO` gives. No `SET search_path` (a second save and restore of the setting on a
+-- row trigger's path): every name in it is schema-qualified, so no caller's path can change
+-- what it runs, and it runs as its caller, so a writer calling it directly gains nothing.
 CREATE OR REPLACE FUNCTION @schema@._resource_of(query text, r record) RETURNS text
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, @schema@, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     RETURN (SELECT s.first FROM @schema@._resources_of(
-        format('SELECT (%s LIMIT 1), NULL::text', query), r, r) AS s);
+        pg_catalog.format('SELECT (%s LIMIT 1), NULL::text', query), r, r) AS s);
 END
 $$;
 
