@@ -373,6 +373,10 @@ fn etcd_api(
             max_duration: config.v3_watch_max_duration,
             budgets: Arc::new(crate::etcdapi::WatchBudgets::new(base.metrics.clone())),
             hubs: Default::default(),
+            own_keepalives: crate::lease::WatchSlots::new(
+                config.keepalive_own_streams,
+                config.own_keepalive_streams_per_principal(),
+            ),
         },
     ))
 }

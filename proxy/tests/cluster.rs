@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use etcd_client::proto::{PbLeaseKeepAliveRequest, PbLeaseKeepAliveResponse};
 use tokio::time::Instant;
 
 const HOLDERS: usize = 20;
@@ -114,5 +115,60 @@ async fn leader_failover_loses_no_lease() {
         let (status, renewed) = renew(&proxy, resource, secret).await;
         assert_eq!(status, 200, "{resource}: {renewed}");
         assert_eq!(token(&renewed), *original);
+    }
+}
+
+/// A gRPC keepalive stream with several renewals under way renews on an etcd stream of its own
+/// (two such client streams: two etcd streams, beside the shared one that renews while they
+/// open). When the member under it stops answering (paused), the renewals on it, and those
+/// after, are answered through another member on the same client stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keepalive_stream_renews_through_a_paused_member() {
+    let etcd = Etcd::cluster(3).await;
+    let proxy = Proxy::start(etcd.endpoints(), |c| {
+        c.etcd_timeout = Duration::from_secs(3);
+    })
+    .await;
+    let mut c = etcd_client::Client::connect([&proxy.url], None)
+        .await
+        .unwrap();
+    let id = c.lease_grant(60, None).await.unwrap().id();
+    let ask = PbLeaseKeepAliveRequest { id };
+    let started = |etcd| async move {
+        let labels = "grpc_method=\"LeaseKeepAlive\"";
+        etcd_metric_where(etcd, "grpc_server_started_total", labels).await as u64
+    };
+    let before = started(&etcd).await;
+    let mut streams = Vec::new();
+    for _ in 0..2 {
+        let path = "/etcdserverpb.Lease/LeaseKeepAlive";
+        let mut stream = h2grpc::Stream::open(&proxy.url, path, &ask, None).await;
+        // Renewals sent at once, and again once answered, until on the stream's own.
+        for _ in 0..2 {
+            for _ in 0..10 {
+                stream.send(&ask).await;
+            }
+            for _ in 0..10 + 1 {
+                let answer: PbLeaseKeepAliveResponse = stream.next().await.unwrap();
+                assert_eq!(answer.ttl, 60);
+            }
+            stream.send(&ask).await;
+        }
+        let _: PbLeaseKeepAliveResponse = stream.next().await.unwrap();
+        streams.push(stream);
+    }
+    // The proxy's etcd streams are on the first member until it fails.
+    assert_eq!(started(&etcd).await - before, 3);
+
+    etcd.signal(0, "STOP");
+    let mut ttls = Vec::new();
+    for _ in 0..3 {
+        streams[0].send(&ask).await;
+        let answer = tokio::time::timeout(Duration::from_secs(10), streams[0].next()).await;
+        ttls.push(answer.map(|a: Option<PbLeaseKeepAliveResponse>| a.unwrap().ttl));
+    }
+    etcd.signal(0, "CONT");
+    for ttl in ttls {
+        assert_eq!(ttl.expect("answered with the first member paused"), 60);
     }
 }

@@ -397,7 +397,11 @@ async fn list_paginates_in_name_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewals_share_a_few_keepalive_streams() {
     let etcd = Etcd::single().await;
-    let proxy = Proxy::start(etcd.endpoints(), |c| c.keepalive_streams = 2).await;
+    let proxy = Proxy::start(etcd.endpoints(), |c| {
+        c.keepalive_streams = 2;
+        c.keepalive_own_streams = 1;
+    })
+    .await;
     // Counted from before the acquires: spare leases (granted ahead of demand) are renewed
     // through the same streams when they are taken.
     let streams_before = keepalive_streams_started(&etcd).await;
@@ -419,6 +423,31 @@ async fn renewals_share_a_few_keepalive_streams() {
         (1..=2).contains(&opened),
         "100 acquires and 300 renewals opened {opened} keepalive streams"
     );
+
+    // gRPC keepalive streams with several renewals under way renew on an etcd stream of their
+    // own, as many as allowed at once (here 1); the others over the shared streams, open
+    // already.
+    let mut c = etcd_client::Client::connect([&proxy.url], None)
+        .await
+        .unwrap();
+    let id = c.lease_grant(60, None).await.unwrap().id();
+    let ask = etcd_client::proto::PbLeaseKeepAliveRequest { id };
+    let before = keepalive_streams_started(&etcd).await;
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        let path = "/etcdserverpb.Lease/LeaseKeepAlive";
+        let mut stream = h2grpc::Stream::open(&proxy.url, path, &ask, None).await;
+        for _ in 0..20 {
+            stream.send(&ask).await;
+        }
+        for _ in 0..21 {
+            let answer: etcd_client::proto::PbLeaseKeepAliveResponse = stream.next().await.unwrap();
+            assert_eq!(answer.ttl, 60);
+        }
+        streams.push(stream);
+    }
+    let opened = keepalive_streams_started(&etcd).await - before;
+    assert_eq!(opened, 1, "3 gRPC streams opened {opened} etcd streams");
 }
 
 /// etcd's own count of unary calls of `method` it has handled.

@@ -122,6 +122,13 @@ pub struct Config {
     #[arg(long, env = "LEASE_PROXY_KEEPALIVE_STREAMS", default_value_t = 2)]
     pub keepalive_streams: usize,
 
+    /// Most etcd keepalive streams of their own at once on this replica, one for each gRPC
+    /// `LeaseKeepAlive` stream with several renewals under way (0–65536; with `--auth-tokens` a
+    /// quarter of them, at least 1, per principal). A stream past the bound renews over the
+    /// shared `--keepalive-streams` instead: the same answers, one hand-off more each.
+    #[arg(long, env = "LEASE_PROXY_KEEPALIVE_OWN_STREAMS", default_value_t = 256)]
+    pub keepalive_own_streams: usize,
+
     /// Threads serving requests and etcd's answers (1–1024; default one per CPU). Where the
     /// proxy shares its CPUs with etcd or other busy processes, fewer threads spend less CPU on
     /// waking each other: 1 cost 20–25 % less CPU per acquire and renewal on two shared cores
@@ -472,6 +479,13 @@ impl Config {
             self.quota_watch_streams
                 .unwrap_or((self.max_watch_streams / 4).max(1)),
         )
+    }
+
+    /// The etcd keepalive streams of their own one principal's gRPC keepalive streams may have
+    /// (a quarter of `--keepalive-own-streams`, at least 1); `None` without authentication.
+    pub(crate) fn own_keepalive_streams_per_principal(&self) -> Option<usize> {
+        self.auth_tokens.as_ref()?;
+        Some((self.keepalive_own_streams / 4).max(1))
     }
 
     /// The fleets one principal may have made (`--quota-fleets` or its default); `None`

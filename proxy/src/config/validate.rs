@@ -93,6 +93,9 @@ impl Config {
         if self.keepalive_streams == 0 || self.keepalive_streams > 64 {
             return fail("--keepalive-streams must be between 1 and 64".into());
         }
+        if self.keepalive_own_streams > 65_536 {
+            return fail("--keepalive-own-streams must be between 0 and 65536".into());
+        }
         if self.worker_threads.is_some_and(|n| n == 0 || n > 1024) {
             return fail("--worker-threads must be between 1 and 1024".into());
         }

@@ -12,7 +12,7 @@ pub(crate) use batch::{Batching, GroupCommit, ETCD_MAX_TXN_OPS};
 pub(crate) use create::{Companion, Counted, Create, Creation, Quota};
 pub(crate) use deletions::{Deleted, Deletions};
 pub(crate) use fleet::{Guarded, Listed, Unchanged};
-pub(crate) use keepalive::KeepAlive;
+pub(crate) use keepalive::{KeepAlive, Opened, Own, Renewed};
 pub(crate) use rewatch::reopening;
 
 use std::future::Future;

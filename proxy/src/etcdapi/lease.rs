@@ -24,7 +24,8 @@ use super::remembered::{Misses, Remembered};
 use super::request::{LeaseGrant, TimeToLive};
 use super::service::{Caller, Service};
 use super::status::{Code, Status, LEASE_NOT_FOUND};
-use crate::etcd::{prefix_end, Etcd, Header, RangePage};
+use crate::etcd::{prefix_end, Etcd, Header, Opened, RangePage, Renewed};
+use crate::lease::Slot;
 
 /// The marker keys of `/v3` leases.
 pub(crate) struct Markers {
@@ -282,26 +283,61 @@ impl Service {
         s: &Caller,
         id: i64,
     ) -> Result<PbLeaseKeepAliveResponse, Status> {
+        match self.judge_keep_alive(s, id).await? {
+            Judged::Ours => self.renew_ours(id).await,
+            Judged::Answer(answer) => Ok(answer),
+        }
+    }
+
+    /// Whether `s` may renew lease `id`: [`Judged::Ours`] if it is the caller's `/v3` lease, else
+    /// the answer etcd gives for a lease it does not know (no TTL).
+    pub(crate) async fn judge_keep_alive(&self, s: &Caller, id: i64) -> Result<Judged, Status> {
         // A stream outlives its authorisation: every renewal is judged again.
         s.still_authorised()?;
-        let (ttl, header) = match self.leases.lookup(id, s).await? {
-            Lookup::Ours => {
-                let renewed = self.keepalive.renew_with_header(id).await?;
-                if renewed.ttl <= 0 {
-                    self.leases.forget(id);
-                }
-                let header = match renewed.header {
-                    Some(h) => h,
-                    None => self.etcd.header().await?,
-                };
-                (renewed.ttl.max(0), header)
-            }
-            Lookup::NotOurs(header) => (0, header),
-        };
-        Ok(PbLeaseKeepAliveResponse {
-            header: Some(header.into()),
-            id,
-            ttl,
+        Ok(match self.leases.lookup(id, s).await? {
+            Lookup::Ours => Judged::Ours,
+            Lookup::NotOurs(header) => Judged::Answer(PbLeaseKeepAliveResponse {
+                header: Some(header.into()),
+                id,
+                ttl: 0,
+            }),
         })
     }
+
+    /// Renews lease `id`, judged the caller's, over the proxy's shared keepalive streams.
+    pub(crate) async fn renew_ours(&self, id: i64) -> Result<PbLeaseKeepAliveResponse, Status> {
+        let mut renewed = self.keepalive.renew_with_header(id).await?;
+        if renewed.header.is_none() {
+            renewed.header = Some(self.etcd.header().await?);
+        }
+        Ok(self.renewed(id, renewed))
+    }
+
+    /// The answer to a renewal of lease `id` etcd answered with `renewed` (with a header).
+    pub(crate) fn renewed(&self, id: i64, renewed: Renewed) -> PbLeaseKeepAliveResponse {
+        if renewed.ttl <= 0 {
+            self.leases.forget(id);
+        }
+        PbLeaseKeepAliveResponse {
+            header: renewed.header.map(Into::into),
+            id,
+            ttl: renewed.ttl.max(0),
+        }
+    }
+
+    /// An etcd keepalive stream of the caller's own, opened with lease `id` (judged the
+    /// caller's), and the slot it holds while open; `None` when the caller's principal, or the
+    /// replica, has as many open as `--keepalive-own-streams` allows.
+    pub(crate) async fn open_keep_alive(&self, s: &Caller, id: i64) -> Option<(Opened, Slot)> {
+        let slot = self.streams.own_keepalives.take(s.owner.as_deref()).ok()?;
+        Some((self.keepalive.open_own(id).await, slot))
+    }
+}
+
+/// Whether a renewal is the caller's to make.
+pub(crate) enum Judged {
+    /// The caller's `/v3` lease: renew it.
+    Ours,
+    /// Not the caller's: etcd's answer for a lease it does not know.
+    Answer(PbLeaseKeepAliveResponse),
 }

@@ -31,6 +31,7 @@ mod service;
 mod status;
 mod watch;
 
+pub(crate) use lease::Judged;
 #[cfg(test)]
 pub(crate) use namespace::Namespace;
 pub(crate) use request::Lock;

@@ -61,6 +61,9 @@ pub(crate) struct Streams {
     pub(crate) budgets: Arc<super::watch::Budgets>,
     /// The replica's shared etcd watches.
     pub(crate) hubs: Arc<super::watch::Hubs>,
+    /// Bounds the gRPC keepalive streams that renew on an etcd stream of their own, per
+    /// principal too.
+    pub(crate) own_keepalives: WatchSlots,
 }
 
 /// What a front learnt of who calls: the principal (`None` with authentication off), and its
