@@ -133,33 +133,15 @@ async fn a_keepalive_stream_renews_through_a_paused_member() {
         .await
         .unwrap();
     let id = c.lease_grant(60, None).await.unwrap().id();
-    let ask = PbLeaseKeepAliveRequest { id };
-    let started = |etcd| async move {
-        let labels = "grpc_method=\"LeaseKeepAlive\"";
-        etcd_metric_where(etcd, "grpc_server_started_total", labels).await as u64
-    };
-    let before = started(&etcd).await;
+    let before = keepalive_streams_started(&etcd).await;
     let mut streams = Vec::new();
     for _ in 0..2 {
-        let path = "/etcdserverpb.Lease/LeaseKeepAlive";
-        let mut stream = h2grpc::Stream::open(&proxy.url, path, &ask, None).await;
-        // Renewals sent at once, and again once answered, until on the stream's own.
-        for _ in 0..2 {
-            for _ in 0..10 {
-                stream.send(&ask).await;
-            }
-            for _ in 0..10 + 1 {
-                let answer: PbLeaseKeepAliveResponse = stream.next().await.unwrap();
-                assert_eq!(answer.ttl, 60);
-            }
-            stream.send(&ask).await;
-        }
-        let _: PbLeaseKeepAliveResponse = stream.next().await.unwrap();
-        streams.push(stream);
+        streams.push(keepalive_burst(&proxy.url, id, 20, 60).await);
     }
     // The proxy's etcd streams are on the first member until it fails.
-    assert_eq!(started(&etcd).await - before, 3);
+    assert_eq!(keepalive_streams_started(&etcd).await - before, 3);
 
+    let ask = PbLeaseKeepAliveRequest { id };
     etcd.signal(0, "STOP");
     let mut ttls = Vec::new();
     for _ in 0..3 {

@@ -431,20 +431,10 @@ async fn renewals_share_a_few_keepalive_streams() {
         .await
         .unwrap();
     let id = c.lease_grant(60, None).await.unwrap().id();
-    let ask = etcd_client::proto::PbLeaseKeepAliveRequest { id };
     let before = keepalive_streams_started(&etcd).await;
     let mut streams = Vec::new();
     for _ in 0..3 {
-        let path = "/etcdserverpb.Lease/LeaseKeepAlive";
-        let mut stream = h2grpc::Stream::open(&proxy.url, path, &ask, None).await;
-        for _ in 0..20 {
-            stream.send(&ask).await;
-        }
-        for _ in 0..21 {
-            let answer: etcd_client::proto::PbLeaseKeepAliveResponse = stream.next().await.unwrap();
-            assert_eq!(answer.ttl, 60);
-        }
-        streams.push(stream);
+        streams.push(keepalive_burst(&proxy.url, id, 20, 60).await);
     }
     let opened = keepalive_streams_started(&etcd).await - before;
     assert_eq!(opened, 1, "3 gRPC streams opened {opened} etcd streams");
@@ -454,10 +444,4 @@ async fn renewals_share_a_few_keepalive_streams() {
 async fn grpc_calls(etcd: &Etcd, method: &str) -> u64 {
     let labels = format!("grpc_method=\"{method}\"");
     etcd_metric_where(etcd, "grpc_server_handled_total", &labels).await as u64
-}
-
-/// etcd's own count of LeaseKeepAlive streams it has accepted.
-async fn keepalive_streams_started(etcd: &Etcd) -> u64 {
-    let labels = "grpc_method=\"LeaseKeepAlive\"";
-    etcd_metric_where(etcd, "grpc_server_started_total", labels).await as u64
 }

@@ -186,6 +186,29 @@ pub async fn etcd_metric_where(etcd: &Etcd, name: &str, labels: &str) -> f64 {
         .sum()
 }
 
+/// etcd's own count of LeaseKeepAlive streams it has accepted.
+pub async fn keepalive_streams_started(etcd: &Etcd) -> u64 {
+    let labels = "grpc_method=\"LeaseKeepAlive\"";
+    etcd_metric_where(etcd, "grpc_server_started_total", labels).await as u64
+}
+
+/// A gRPC keepalive stream through the proxy at `url` with `burst` renewals of lease `id` sent
+/// at once (so several are under way) and each answered with TTL `ttl`.
+pub async fn keepalive_burst(url: &str, id: i64, burst: usize, ttl: i64) -> h2grpc::Stream {
+    use etcd_client::proto::{PbLeaseKeepAliveRequest, PbLeaseKeepAliveResponse};
+    let ask = PbLeaseKeepAliveRequest { id };
+    let path = "/etcdserverpb.Lease/LeaseKeepAlive";
+    let mut stream = h2grpc::Stream::open(url, path, &ask, None).await;
+    for _ in 1..burst {
+        stream.send(&ask).await;
+    }
+    for _ in 0..burst {
+        let answer: PbLeaseKeepAliveResponse = stream.next().await.expect("an answer");
+        assert_eq!(answer.ttl, ttl);
+    }
+    stream
+}
+
 /// Raft proposals etcd has committed: every write (put, delete, txn with a write, lease grant
 /// and revoke) is one; reads and lease renewals are none.
 pub async fn etcd_proposals(etcd: &Etcd) -> u64 {
