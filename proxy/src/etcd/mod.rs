@@ -6,13 +6,15 @@ mod create;
 mod deletions;
 mod fleet;
 mod keepalive;
+mod own;
 mod rewatch;
 
 pub(crate) use batch::{Batching, GroupCommit, ETCD_MAX_TXN_OPS};
 pub(crate) use create::{Companion, Counted, Create, Creation, Quota};
 pub(crate) use deletions::{Deleted, Deletions};
 pub(crate) use fleet::{Guarded, Listed, Unchanged};
-pub(crate) use keepalive::{KeepAlive, Opened, Own, Renewed};
+pub(crate) use keepalive::{KeepAlive, Renewed};
+pub(crate) use own::{Opened, Own};
 pub(crate) use rewatch::reopening;
 
 use std::future::Future;
